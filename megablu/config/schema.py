@@ -1,0 +1,320 @@
+"""Typed configuration: one pydantic model per section, YAML is data only.
+
+Every section forbids unknown keys, and fields whose silent default once cost a run (the
+seed's YaRN original length defaulting to 1024 cost 27 pp) have no default at all.
+Cross-field invariants live in `check_invariants`, which returns *every* violation with
+the field, the values and the fix, so `megablu config check` can list them all at once.
+"""
+from __future__ import annotations
+
+import math
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# --------------------------------------------------------------------------- model
+class ModelConfig(Section):
+    """A Llama/Qwen2-style decoder. Defaults are none: an arm states its shape."""
+
+    n_layers: int = Field(gt=0)
+    d_model: int = Field(gt=0)
+    n_heads: int = Field(gt=0)
+    n_kv_heads: int = Field(gt=0)
+    head_dim: Optional[int] = Field(default=None, gt=0, description="default d_model // n_heads")
+    ffn_dim: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    tie_embeddings: bool = False
+    norm_eps: float = Field(default=1e-5, gt=0)
+    qkv_bias: bool = False  # Qwen2 has q/k/v biases, Llama does not
+    init_std: float = Field(default=0.02, gt=0)
+
+    @model_validator(mode="after")
+    def _heads(self):
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"model.n_heads={self.n_heads} is not a multiple of model.n_kv_heads={self.n_kv_heads}; "
+                f"GQA needs each kv head shared by a whole number of query heads")
+        if self.head_dim is None and self.d_model % self.n_heads:
+            raise ValueError(f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}; "
+                             f"set model.head_dim explicitly")
+        if self.resolved_head_dim % 2:
+            raise ValueError(f"model head_dim={self.resolved_head_dim} must be even for RoPE")
+        return self
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    def n_params(self) -> int:
+        d, hd = self.d_model, self.resolved_head_dim
+        attn = d * hd * (self.n_heads + 2 * self.n_kv_heads) + self.n_heads * hd * d
+        if self.qkv_bias:
+            attn += hd * (self.n_heads + 2 * self.n_kv_heads)
+        mlp = 3 * d * self.ffn_dim
+        block = attn + mlp + 2 * d
+        emb = self.vocab_size * d * (1 if self.tie_embeddings else 2)
+        return self.n_layers * block + emb + d
+
+
+# --------------------------------------------------------------------------- rope
+class YarnConfig(Section):
+    """YaRN (Peng et al. 2023), computed exactly as transformers' `_compute_yarn_parameters`."""
+
+    factor: float = Field(gt=1.0)
+    # No default, on purpose: the length the parent was ACTUALLY trained at.
+    original_max_position: int = Field(gt=0)
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: Optional[float] = Field(default=None, gt=0, description="default 0.1 ln(factor) + 1")
+
+
+class RopeConfig(Section):
+    theta: float = Field(gt=0)
+    yarn: Optional[YarnConfig] = None
+
+
+# --------------------------------------------------------------------------- tokenizer
+class TokenizerConfig(Section):
+    """Which tokenizer; megablu.data.tokenizer builds it and records its identity."""
+
+    kind: Literal["tiktoken", "tiktoken_file", "sentencepiece", "hf", "byte"]
+    name: Optional[str] = Field(default=None, description="tiktoken encoding name, e.g. cl100k_base")
+    path: Optional[str] = Field(default=None, description="rank file / .model / tokenizer.json")
+
+    @model_validator(mode="after")
+    def _need(self):
+        if self.kind == "tiktoken" and not self.name:
+            raise ValueError("tokenizer.kind=tiktoken needs tokenizer.name (e.g. cl100k_base)")
+        if self.kind in ("tiktoken_file", "sentencepiece", "hf") and not self.path:
+            raise ValueError(f"tokenizer.kind={self.kind} needs tokenizer.path")
+        return self
+
+
+# --------------------------------------------------------------------------- parallel
+class ParallelConfig(Section):
+    sp: int = Field(default=1, ge=1, description="Ulysses sequence-parallel degree")
+    zero_stage: Literal[0, 1, 2, 3] = 1
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    # ZeRO-3 reduce-scatter changes how gradients are averaged; megablu corrects the loss
+    # scale for either choice (see parallel/sequence.py), so this is free to set.
+    reduce_scatter: bool = True
+
+    @model_validator(mode="after")
+    def _offload(self):
+        if self.offload_params and self.zero_stage != 3:
+            raise ValueError(f"parallel.offload_params needs parallel.zero_stage=3 (got {self.zero_stage})")
+        if self.offload_optimizer and self.zero_stage == 0:
+            raise ValueError("parallel.offload_optimizer needs parallel.zero_stage >= 1 (got 0)")
+        return self
+
+
+# --------------------------------------------------------------------------- data
+class DataConfig(Section):
+    window: int = Field(gt=0, description="training sequence length T in tokens")
+    path: Optional[str] = Field(default=None, description="dataset dir made by `megablu data build/import`")
+    bucket: str = Field(default="all", description="length bucket (b0..b6) or 'all'")
+    split: str = "train"
+    # fit: only documents that fit, padded; truncate: longer documents cut to the window;
+    # pack: documents concatenated with EOT and cut into windows.
+    mode: Literal["fit", "truncate", "pack"] = "pack"
+    max_epochs: float = Field(default=2.0, gt=0, description="error if the run would cycle the data more")
+    prefetch: int = Field(default=4, ge=0)
+    seed: int = 0
+
+
+# --------------------------------------------------------------------------- train
+class TrainConfig(Section):
+    max_steps: int = Field(gt=0)
+    tokens_per_step: int = Field(gt=0, description="= micro_batch * window * grad_accum * dp, exactly")
+    micro_batch: int = Field(default=1, gt=0)
+    weight_decay: float = Field(default=0.1, ge=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    grad_clip: float = Field(default=1.0, ge=0, description="0 disables clipping")
+    seed: int = 1234
+    dtype: Literal["bf16", "fp32"] = "bf16"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    log_every: int = Field(default=1, gt=0)
+    probe_steps: int = Field(default=0, ge=0, description="steps measured as the memory/speed probe")
+
+
+class ScheduleConfig(Section):
+    kind: Literal["wsd", "cosine"]
+    lr: float = Field(gt=0, description="peak learning rate")
+    min_lr: float = Field(default=0.0, ge=0)
+    warmup_steps: int = Field(ge=0)
+    decay_start: Optional[int] = Field(default=None, ge=0, description="wsd: first step of the decay tail")
+    decay_shape: Literal["cosine", "linear"] = "cosine"
+
+
+class CheckpointConfig(Section):
+    every_steps: int = Field(default=0, ge=0, description="0: only the final checkpoint")
+    keep: int = Field(default=2, ge=1)
+    save_final: bool = True
+
+
+class MemoryConfig(Section):
+    recompute: Literal["none", "selective", "full"] = "none"
+    loss_chunk: int = Field(default=0, ge=0, description="tokens per vocab-loss chunk; 0 = unchunked")
+    ops: Literal["auto", "torch", "cuda"] = "auto"
+
+
+class GateConfig(Section):
+    parent: Optional[str] = Field(default=None, description="parent eval json to gate against")
+    short_lengths: list[int] = [1024, 4096]
+    margin_pp: float = Field(default=5.0, ge=0)
+
+
+class EvalConfig(Section):
+    lengths: list[int] = []
+    max_new: int = Field(default=24, gt=0)
+    pad: int = Field(default=256, gt=0)
+    tasks: list[Literal["passkey", "needle", "multikey"]] = ["passkey"]
+    n: int = Field(default=50, gt=0, description="prompts per (task, length)")
+    seed: int = 0
+    at_steps: list[int] = []
+    final: bool = False
+    haystack: Optional[str] = Field(default=None, description="dataset dir whose val text is the haystack")
+    gate: GateConfig = GateConfig()
+
+
+class HubConfig(Section):
+    repo: Optional[str] = None
+    private: bool = True
+
+
+# --------------------------------------------------------------------------- root
+class Config(Section):
+    name: str
+    model: ModelConfig
+    rope: RopeConfig
+    tokenizer: TokenizerConfig
+    parallel: ParallelConfig = ParallelConfig()
+    data: DataConfig
+    train: TrainConfig
+    schedule: ScheduleConfig
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    memory: MemoryConfig = MemoryConfig()
+    eval: EvalConfig = EvalConfig()
+    hub: HubConfig = HubConfig()
+    init_from: Optional[str] = Field(default=None, description="parent checkpoint (weights only)")
+    runs_dir: str = "runs"
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not v or any(c in v for c in "/\\ \t\n"):
+            raise ValueError(f"name={v!r} must be non-empty without slashes or spaces (it names run dirs)")
+        return v
+
+
+# --------------------------------------------------------------------------- invariants
+def eval_padded_len(length: int, max_new: int, pad: int) -> int:
+    """prompt + generated tokens, rounded up to a multiple of pad (the seed's PAD rule)."""
+    return math.ceil((length + max_new) / pad) * pad
+
+
+def grad_accum_steps(cfg: Config, world_size: int) -> int:
+    dp = world_size // cfg.parallel.sp
+    per = cfg.train.micro_batch * cfg.data.window * dp
+    return cfg.train.tokens_per_step // per
+
+
+def check_invariants(cfg: Config, world_size: Optional[int] = None,
+                     device: Optional[str] = None) -> list[str]:
+    """Every cross-field violation as 'field: values; fix'. Empty list = valid.
+
+    world_size and device are what the launch will use; when given, topology-dependent
+    invariants (sp vs world, tokens_per_step exactness, bf16 on CPU) are checked too.
+    """
+    errs: list[str] = []
+    T = cfg.data.window
+
+    # YaRN: factor * original_max_position == window, exactly.
+    y = cfg.rope.yarn
+    if y is not None:
+        prod = y.factor * y.original_max_position
+        if prod != T:
+            errs.append(
+                f"rope.yarn: factor*original_max_position = {y.factor}*{y.original_max_position} = {prod:g} "
+                f"!= data.window {T}; set rope.yarn.factor={T / y.original_max_position:g} "
+                f"(original_max_position must be the length the parent was actually trained at)")
+
+    # Schedule.
+    s, steps = cfg.schedule, cfg.train.max_steps
+    if s.kind == "wsd":
+        if s.decay_start is None:
+            errs.append("schedule.decay_start: required for schedule.kind=wsd (first step of the decay tail)")
+        else:
+            if s.decay_start > steps - 2:
+                errs.append(
+                    f"schedule.decay_start={s.decay_start} > train.max_steps-2 = {steps - 2}: leaves no decay "
+                    f"tail (need >= 2 steps); set schedule.decay_start <= {steps - 2}")
+            if s.warmup_steps >= s.decay_start:
+                errs.append(f"schedule.warmup_steps={s.warmup_steps} >= schedule.decay_start={s.decay_start}; "
+                            f"warmup must end before the decay starts")
+    else:
+        if s.decay_start is not None:
+            errs.append(f"schedule.decay_start={s.decay_start} has no effect with schedule.kind=cosine; remove it")
+        if s.warmup_steps >= steps:
+            errs.append(f"schedule.warmup_steps={s.warmup_steps} >= train.max_steps={steps}; nothing left to decay")
+    if s.min_lr > s.lr:
+        errs.append(f"schedule.min_lr={s.min_lr} > schedule.lr={s.lr}")
+
+    # Eval lengths: prompt + max_new padded to `pad` must fit the window.
+    e = cfg.eval
+    for L in e.lengths:
+        padded = eval_padded_len(L, e.max_new, e.pad)
+        if padded > T:
+            fit = (T // e.pad) * e.pad - e.max_new
+            errs.append(f"eval.lengths: {L} + max_new {e.max_new} pads to {padded} at pad {e.pad} > data.window "
+                        f"{T}; the longest length that fits is {fit}")
+    for st in e.at_steps:
+        if not 0 < st <= steps:
+            errs.append(f"eval.at_steps: {st} is outside 1..train.max_steps={steps}")
+    if (e.at_steps or e.final) and not e.lengths:
+        errs.append("eval.lengths: empty but eval.at_steps/eval.final ask for evaluation")
+    for L in e.gate.short_lengths:
+        if e.gate.parent and L not in e.lengths:
+            errs.append(f"eval.gate.short_lengths: {L} is not in eval.lengths {e.lengths}; the gate cannot check it")
+
+    # Checkpointing.
+    if cfg.checkpoint.every_steps > steps:
+        errs.append(f"checkpoint.every_steps={cfg.checkpoint.every_steps} > train.max_steps={steps}: "
+                    f"no intermediate checkpoint would be written")
+
+    # Model vs tokenizer / data.
+    m = cfg.model
+    if m.n_kv_heads > m.n_heads:
+        errs.append(f"model.n_kv_heads={m.n_kv_heads} > model.n_heads={m.n_heads}")
+
+    # Topology.
+    sp = cfg.parallel.sp
+    if world_size is not None:
+        if sp > world_size:
+            errs.append(f"parallel.sp={sp} > world size {world_size}: launch at least {sp} processes "
+                        f"(deepspeed --num_gpus {sp}) or lower parallel.sp")
+        elif world_size % sp:
+            errs.append(f"parallel.sp={sp} does not divide world size {world_size}; use an sp in "
+                        f"{[d for d in range(1, world_size + 1) if world_size % d == 0]}")
+        else:
+            dp = world_size // sp
+            per = cfg.train.micro_batch * T * dp
+            if cfg.train.tokens_per_step % per:
+                lo = max(per, (cfg.train.tokens_per_step // per) * per)
+                errs.append(
+                    f"train.tokens_per_step={cfg.train.tokens_per_step} is not micro_batch*window*grad_accum*dp "
+                    f"= {cfg.train.micro_batch}*{T}*k*{dp} for an integer k; nearest exact values: {lo} "
+                    f"(k={lo // per}) or {lo + per} (k={lo // per + 1})")
+    if device == "cpu" and cfg.train.dtype == "bf16":
+        errs.append("train.dtype=bf16 on a CPU run: set train.dtype=fp32 (bf16 training is for GPUs)")
+    if device == "cpu" and cfg.parallel.offload_optimizer:
+        errs.append("parallel.offload_optimizer on a CPU run has no effect; set it false")
+    return errs

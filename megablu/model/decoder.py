@@ -1,0 +1,221 @@
+"""BluModel: a Llama/Qwen2-style decoder. Architecture only (no deepspeed import).
+
+Layout convention: activations are (B, T, d); attention works on (B, T, H, D) so that
+DeepSpeed's DistributedAttention (scatter heads, gather sequence) can wrap the inner
+kernel `Attention.core` unchanged (parallel/ulysses.py swaps it from outside).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..config.schema import MemoryConfig, ModelConfig, RopeConfig
+from ..ops.cross_entropy import linear_cross_entropy
+from .rope import RotaryEmbedding, apply_rotary
+
+
+class RMSNorm(nn.Module):
+    """x * rsqrt(mean(x^2) + eps) in fp32, cast back, then * weight (HF LlamaRMSNorm order)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+@dataclass
+class KVCache:
+    """Per-layer keys/values (B, S, Hkv_local, D) after RoPE, for incremental decoding.
+
+    `seq_sharded` tells a sequence-parallel attention whether the current call's inputs are
+    slices of one sequence across ranks (prefill) or the same tokens on every rank (decode).
+    """
+
+    n_layers: int
+    seq_sharded: bool = False
+    k: list = field(default_factory=list)
+    v: list = field(default_factory=list)
+
+    def __post_init__(self):
+        self.k = [None] * self.n_layers
+        self.v = [None] * self.n_layers
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        if self.k[layer] is None:
+            self.k[layer], self.v[layer] = k, v
+        else:
+            self.k[layer] = torch.cat([self.k[layer], k], dim=1)
+            self.v[layer] = torch.cat([self.v[layer], v], dim=1)
+        return self.k[layer], self.v[layer]
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k[0] is None else self.k[0].shape[1]
+
+
+class LocalAttention(nn.Module):
+    """Causal SDPA on (B, T, H, D) q and (B, S, Hkv, D) k/v; GQA without materialising repeats."""
+
+    def __init__(self, layer_idx: int = 0):
+        super().__init__()
+        self.layer_idx = layer_idx
+
+    def forward(self, q, k, v, cache: Optional[KVCache] = None):
+        tq = q.shape[1]
+        if cache is not None:
+            k, v = cache.append(self.layer_idx, k, v)
+        tk = k.shape[1]
+        # (B, T, H, D) -> (B, H, T, D)
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+        gqa = q.shape[1] != k.shape[1]
+        if tq == tk:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        elif tq == 1:
+            out = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+        else:
+            # new tokens attend to the whole past plus causally among themselves (bottom-right aligned)
+            i = torch.arange(tq, device=q.device)[:, None] + (tk - tq)
+            mask = torch.arange(tk, device=q.device)[None, :] <= i
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        return out.transpose(1, 2)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.resolved_head_dim
+        d, hd = cfg.d_model, self.head_dim
+        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.n_heads * hd, d, bias=False)
+        # The inner kernel; apply_ulysses replaces it with a sequence-parallel wrapper.
+        self.core: nn.Module = LocalAttention(layer_idx)
+
+    def forward(self, x, cos, sin, cache: Optional[KVCache] = None):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        q, k = apply_rotary(q, k, cos, sin)
+        out = self.core(q, k, v, cache) if cache is not None else self.core(q, k, v)
+        return self.o_proj(out.reshape(B, T, self.n_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)
+        self.up_proj = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)
+        self.down_proj = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.self_attn = Attention(cfg, layer_idx)
+        self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def _mlp_part(self, h):
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+    def forward(self, x, cos, sin, cache: Optional[KVCache] = None, recompute: str = "none"):
+        if recompute == "full" and cache is None and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, cos, sin, use_reentrant=False)
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, cache)
+        if recompute == "selective" and cache is None and torch.is_grad_enabled():
+            # attention's inputs/outputs stay saved (never recompute attention); the MLP,
+            # the second norm and their (B, T, ffn) intermediates are recomputed.
+            return checkpoint(self._mlp_part, h, use_reentrant=False)
+        return self._mlp_part(h)
+
+    def _forward(self, x, cos, sin):
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return self._mlp_part(h)
+
+
+class LMHead(nn.Module):
+    """Final projection; holds (or ties) the weight so ZeRO-3 gathers it when called."""
+
+    def __init__(self, d: int, vocab: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab, d))
+
+    def forward(self, h: torch.Tensor, labels: Optional[torch.Tensor] = None, chunk: int = 0):
+        if labels is None:
+            return F.linear(h, self.weight)
+        return linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.weight, labels.reshape(-1), chunk)
+
+
+class BluModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, rope: RopeConfig, memory: Optional[MemoryConfig] = None):
+        super().__init__()
+        memory = memory or MemoryConfig()
+        self.cfg, self.rope_cfg = cfg, rope
+        self.recompute = memory.recompute
+        self.loss_chunk = memory.loss_chunk
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.rotary = RotaryEmbedding(cfg.resolved_head_dim, rope)
+        self.lm_head = LMHead(cfg.d_model, cfg.vocab_size)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self, seed: Optional[int] = None):
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        std = self.cfg.init_std
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                # GPT-2 style residual scaling: keeps the residual stream's variance ~constant in depth
+                p.copy_(torch.randn(p.shape, generator=gen) * std / math.sqrt(2 * self.cfg.n_layers))
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
+                labels: Optional[torch.Tensor] = None, cache: Optional[KVCache] = None):
+        """Logits (B, T, V) without labels; with labels, (sum of CE, labelled-token count).
+
+        position_ids (B, T) are global positions: under sequence parallelism each rank
+        passes the positions of its own slice.
+        """
+        B, T = input_ids.shape
+        if position_ids is None:
+            start = cache.length if cache is not None and not cache.seq_sharded else 0
+            position_ids = torch.arange(start, start + T, device=input_ids.device).expand(B, T)
+        h = self.embed_tokens(input_ids)
+        cos, sin = self.rotary(position_ids, h.dtype)
+        for layer in self.layers:
+            h = layer(h, cos, sin, cache, self.recompute)
+        h = self.norm(h)
+        if labels is None:
+            return self.lm_head(h)
+        return self.lm_head(h, labels, self.loss_chunk)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,110 @@
+"""Interop with transformers' LlamaForCausalLM / Qwen2ForCausalLM (same weights, same math).
+
+BluModel's parameter names are HF's without the leading `model.`, so the mapping is a
+prefix. transformers is imported lazily: it is an interop dependency, not a core one.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from ..config.schema import ModelConfig, RopeConfig, YarnConfig
+from .decoder import BluModel
+
+
+def _rope_params(hf_config) -> dict:
+    rp = getattr(hf_config, "rope_parameters", None)
+    if rp is None:  # transformers 4.x
+        rp = dict(getattr(hf_config, "rope_scaling", None) or {})
+        rp.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    return dict(rp)
+
+
+def configs_from_hf(hf_config) -> tuple[ModelConfig, RopeConfig]:
+    arch = (getattr(hf_config, "architectures", None) or [""])[0]
+    qkv_bias = hf_config.model_type == "qwen2"
+    if hf_config.model_type == "llama" and getattr(hf_config, "attention_bias", False):
+        raise ValueError("Llama with attention_bias=True (o_proj bias) is not supported by BluModel")
+    if getattr(hf_config, "mlp_bias", False):
+        raise ValueError("mlp_bias=True is not supported by BluModel")
+    if getattr(hf_config, "hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act={hf_config.hidden_act!r}: BluModel implements SwiGLU (silu) only")
+    model = ModelConfig(
+        n_layers=hf_config.num_hidden_layers, d_model=hf_config.hidden_size,
+        n_heads=hf_config.num_attention_heads,
+        n_kv_heads=getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads,
+        head_dim=getattr(hf_config, "head_dim", None), ffn_dim=hf_config.intermediate_size,
+        vocab_size=hf_config.vocab_size, tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        norm_eps=hf_config.rms_norm_eps, qkv_bias=qkv_bias)
+    rp = _rope_params(hf_config)
+    kind = rp.get("rope_type", rp.get("type", "default"))
+    yarn = None
+    if kind == "yarn":
+        yarn = YarnConfig(factor=rp["factor"], original_max_position=rp["original_max_position_embeddings"],
+                          beta_fast=rp.get("beta_fast") or 32.0, beta_slow=rp.get("beta_slow") or 1.0,
+                          truncate=rp.get("truncate", True), attention_factor=rp.get("attention_factor"))
+        if rp.get("mscale") and rp.get("mscale_all_dim"):
+            raise ValueError("YaRN with mscale/mscale_all_dim (DeepSeek style) is not supported")
+    elif kind != "default":
+        raise ValueError(f"rope_type={kind!r} is not supported (default or yarn); arch {arch}")
+    return model, RopeConfig(theta=rp["rope_theta"], yarn=yarn)
+
+
+def from_hf(hf_model, memory=None) -> BluModel:
+    """BluModel with the weights of a transformers Llama/Qwen2 causal LM."""
+    model_cfg, rope_cfg = configs_from_hf(hf_model.config)
+    model = BluModel(model_cfg, rope_cfg, memory)
+    sd = {}
+    for k, v in hf_model.state_dict().items():
+        if k.startswith("model."):
+            k = k[len("model."):]
+        if "rotary_emb" in k:
+            continue
+        sd[k] = v
+    if model_cfg.tie_embeddings:
+        sd.pop("lm_head.weight", None)
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    missing = [m for m in missing if not (model_cfg.tie_embeddings and m == "lm_head.weight")]
+    if missing or unexpected:
+        raise ValueError(f"from_hf: missing {missing}, unexpected {unexpected}")
+    return model.to(next(hf_model.parameters()).dtype)
+
+
+def hf_config_dict(model_cfg: ModelConfig, rope_cfg: RopeConfig, max_position: Optional[int] = None) -> dict:
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": rope_cfg.theta}
+    if rope_cfg.yarn is not None:
+        y = rope_cfg.yarn
+        rope = {"rope_type": "yarn", "rope_theta": rope_cfg.theta, "factor": y.factor,
+                "original_max_position_embeddings": y.original_max_position, "beta_fast": y.beta_fast,
+                "beta_slow": y.beta_slow, "truncate": y.truncate}
+        if y.attention_factor is not None:
+            rope["attention_factor"] = y.attention_factor
+        max_position = max_position or int(y.factor * y.original_max_position)
+    return dict(
+        model_type="qwen2" if model_cfg.qkv_bias else "llama",
+        architectures=["Qwen2ForCausalLM" if model_cfg.qkv_bias else "LlamaForCausalLM"],
+        hidden_size=model_cfg.d_model, num_hidden_layers=model_cfg.n_layers,
+        num_attention_heads=model_cfg.n_heads, num_key_value_heads=model_cfg.n_kv_heads,
+        head_dim=model_cfg.resolved_head_dim, intermediate_size=model_cfg.ffn_dim,
+        vocab_size=model_cfg.vocab_size, tie_word_embeddings=model_cfg.tie_embeddings,
+        rms_norm_eps=model_cfg.norm_eps, hidden_act="silu", attention_bias=False,
+        max_position_embeddings=max_position or 4096, rope_parameters=rope)
+
+
+def to_hf(model: BluModel, max_position: Optional[int] = None):
+    """A transformers model with this BluModel's weights (Llama, or Qwen2 when qkv_bias)."""
+    import transformers
+
+    d = hf_config_dict(model.cfg, model.rope_cfg, max_position)
+    cls_cfg = transformers.Qwen2Config if model.cfg.qkv_bias else transformers.LlamaConfig
+    cls = transformers.Qwen2ForCausalLM if model.cfg.qkv_bias else transformers.LlamaForCausalLM
+    d.pop("model_type")
+    d.pop("architectures")
+    hf = cls(cls_cfg(**d))
+    sd = {("lm_head.weight" if k == "lm_head.weight" else f"model.{k}"): v for k, v in model.state_dict().items()}
+    missing, unexpected = hf.load_state_dict(sd, strict=False)
+    missing = [m for m in missing if "rotary" not in m and not (model.cfg.tie_embeddings and m == "lm_head.weight")]
+    if missing or unexpected:
+        raise ValueError(f"to_hf: missing {missing}, unexpected {unexpected}")
+    return hf.to(next(model.parameters()).dtype)

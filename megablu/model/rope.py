@@ -1,0 +1,83 @@
+"""Rotary position embedding with optional YaRN.
+
+The YaRN math follows transformers' `modeling_rope_utils._compute_yarn_parameters`
+(Peng et al. 2023, "YaRN: Efficient Context Window Extension of Large Language Models"):
+per-frequency blend of interpolated (inv_freq / factor) and extrapolated (inv_freq)
+frequencies over a linear ramp between the correction dims of beta_fast and beta_slow
+rotations, and an attention factor 0.1 ln(factor) + 1 that scales both cos and sin.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import nn
+
+from ..config.schema import RopeConfig
+
+
+def default_inv_freq(dim: int, theta: float) -> torch.Tensor:
+    # (dim/2,) fp32: theta^(-2i/dim)
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+
+
+def yarn_inv_freq(dim: int, theta: float, factor: float, original_max_position: int,
+                  beta_fast: float = 32.0, beta_slow: float = 1.0, truncate: bool = True,
+                  attention_factor: Optional[float] = None) -> tuple[torch.Tensor, float]:
+    """(inv_freq (dim/2,), attention_factor), equal to transformers' YaRN parameters."""
+    if attention_factor is None:
+        attention_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+    def correction_dim(n_rot: float) -> float:
+        # the dim index whose wavelength completes n_rot rotations over the original length
+        return (dim * math.log(original_max_position / (n_rot * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+
+    pos_freqs = theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    inv_extra = 1.0 / pos_freqs              # high frequencies: keep (extrapolate)
+    inv_inter = 1.0 / (factor * pos_freqs)   # low frequencies: interpolate
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    extra_weight = 1 - ramp
+    inv_freq = inv_inter * (1 - extra_weight) + inv_extra * extra_weight
+    return inv_freq, float(attention_factor)
+
+
+class RotaryEmbedding(nn.Module):
+    """position_ids (B, T) -> cos, sin (B, T, D), fp32 math, scaled by the YaRN attention factor."""
+
+    def __init__(self, head_dim: int, rope: RopeConfig):
+        super().__init__()
+        if rope.yarn is None:
+            inv_freq, scale = default_inv_freq(head_dim, rope.theta), 1.0
+        else:
+            y = rope.yarn
+            inv_freq, scale = yarn_inv_freq(head_dim, rope.theta, y.factor, y.original_max_position,
+                                            y.beta_fast, y.beta_slow, y.truncate, y.attention_factor)
+        # Not persistent: derived from the config, so a checkpoint never carries a stale table.
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.attention_scaling = scale
+
+    @torch.no_grad()
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        # (B, T, 1) * (D/2,) -> (B, T, D/2); fp32 so positions near 1M keep their precision
+        freqs = position_ids[..., None].float() * self.inv_freq.float()
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """q (B, T, H, D), k (B, T, Hkv, D); cos/sin (B, T, D). Reference (pure torch) path."""
+    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin

@@ -1,0 +1,44 @@
+"""megablu: long-context training for small decoder LMs on DeepSpeed.
+
+`pip install -e .` installs the package and the `megablu` command. The CUDA ops in csrc/
+are JIT-built on first use; `MEGABLU_BUILD_OPS=1 pip install .` builds them ahead of time.
+"""
+import os
+
+from setuptools import find_packages, setup
+
+ext_modules, cmdclass = [], {}
+if os.environ.get("MEGABLU_BUILD_OPS") == "1":
+    # Imported lazily: a plain install must not need torch at setup time.
+    from megablu.ops.builder import aot_extension  # noqa: E402
+    from torch.utils.cpp_extension import BuildExtension
+
+    ext_modules = [aot_extension()]
+    cmdclass = {"build_ext": BuildExtension}
+
+setup(
+    name="megablu",
+    version="0.1.0",
+    description="Long-context (YaRN + Ulysses SP + ZeRO) training and evaluation on DeepSpeed",
+    packages=find_packages(include=["megablu", "megablu.*"]),
+    package_data={"megablu": ["assets/*", "../csrc/**/*"]},
+    include_package_data=True,
+    python_requires=">=3.10",
+    # Versions pinned for CI live in requirements.txt; these are the compatible ranges.
+    install_requires=[
+        "torch>=2.4",
+        "deepspeed>=0.19",
+        "pydantic>=2.6",
+        "pyyaml>=6",
+        "tiktoken>=0.7",
+        "sentencepiece>=0.2",
+        "huggingface_hub>=0.24",
+        "safetensors>=0.4",
+        "tqdm>=4.66",
+        "numpy>=1.26",
+    ],
+    extras_require={"hf": ["transformers>=4.56"], "test": ["pytest>=8", "transformers>=4.56"]},
+    entry_points={"console_scripts": ["megablu=megablu.cli:main"]},
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
+)
