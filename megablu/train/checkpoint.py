@@ -1,0 +1,755 @@
+"""Checkpoints that cannot be lost or loaded half-right.
+
+Layout of one run (the run id is the directory name, see runs.py):
+
+  runs/<run_id>/checkpoints/
+    step_0000100/                      published only by an atomic rename, complete
+      manifest.json                    every file + size + sha256, topology, step, meta
+      model.safetensors                consolidated weights (BluModel names): init_from / export
+      client_state/rank_00000.pt       per-rank trainer state (step, tokens, loader, schedule, RNG)
+      ds/mp_rank_00_model_states.pt    DeepSpeed's own files (engine.save_checkpoint, tag "ds")
+      ds/zero_pp_rank_*_optim_states.pt
+      pinned                           optional marker: keep-N never deletes this step
+    latest                             "step_0000100": written last, atomically, a hint only
+    .tmp-step_0000200/                 a save in progress (or killed): never read, cleaned
+    .trash-step_0000050-<pid>/         a pruned step being deleted: never read, cleaned
+
+The seed's traps and what makes each impossible here:
+- a 3-of-4 shard set loaded silently: the manifest names every file (and rank 0 checks
+  that every rank's DeepSpeed files exist with the size its writer recorded before the
+  manifest is written); `load` checks every file's size and sha256 on all ranks before
+  any rank calls DeepSpeed, and refuses naming the files.
+- a failed save only warned: every write goes through a recording proxy of DeepSpeed's
+  checkpoint engine that catches the error instead of leaving the other ranks in a
+  collective; the ranks then exchange their status and every rank raises CheckpointError.
+- keep-N pruned another run's shard: pruning looks only inside this run's directory and
+  only at complete steps whose manifest names this run; never the newest, never pinned.
+- kill -9 at any point: a step is visible only after `rename(.tmp-step, step)`, and
+  `latest()` trusts nothing it has not verified, so the newest complete step wins.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import time
+import zipfile
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+WEIGHTS = "model.safetensors"
+LATEST = "latest"
+PIN = "pinned"
+DS_TAG = "ds"
+CLIENT_DIR = "client_state"
+CKPT_DIR = "checkpoints"
+TMP_PREFIX = ".tmp-"
+TRASH_PREFIX = ".trash-"
+FORMAT_VERSION = 1
+_STEP_RE = re.compile(r"^step_(\d{7,})$")
+# files that may sit in a step dir without being in its manifest
+_UNLISTED_OK = {MANIFEST, PIN}
+
+PathLike = Union[str, Path]
+
+
+class CheckpointError(Exception):
+    """A checkpoint could not be saved, verified or loaded. Never just a warning."""
+
+
+def step_name(step: int) -> str:
+    return f"step_{step:07d}"
+
+
+def step_of(path: PathLike) -> Optional[int]:
+    m = _STEP_RE.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+# --------------------------------------------------------------------------- RNG
+def get_rng_state() -> dict:
+    """python / numpy / torch (+cuda) generator states, for exact resume."""
+    st = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def set_rng_state(st: dict) -> None:
+    random.setstate(st["python"])
+    np.random.set_state(st["numpy"])
+    torch.set_rng_state(st["torch"])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+# --------------------------------------------------------------------------- small helpers
+def sha256_file(path: PathLike, bufsize: int = 1 << 23) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(bufsize)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def _fsync_file(path: PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: PathLike) -> None:
+    try:
+        _fsync_file(path)
+    except OSError:  # some filesystems refuse fsync on directories; the rename is still atomic
+        pass
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _jsonable(x: Any) -> Any:
+    """client_state summary for the manifest: plain values kept, tensors/arrays described."""
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x] if len(x) <= 64 else f"<{type(x).__name__} len={len(x)}>"
+    if isinstance(x, (bool, int, float, str)) or x is None:
+        return x
+    if isinstance(x, torch.Tensor):
+        return x.item() if x.numel() == 1 else f"<tensor {tuple(x.shape)} {x.dtype}>"
+    if isinstance(x, np.ndarray):
+        return f"<ndarray {x.shape} {x.dtype}>"
+    if isinstance(x, (np.integer, np.floating)):
+        return x.item()
+    return f"<{type(x).__name__}>"
+
+
+def _manifest_digest(m: dict) -> str:
+    body = {k: v for k, v in m.items() if k != "manifest_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------- distributed
+def _dist():
+    import torch.distributed as dist
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def _rank() -> int:
+    d = _dist()
+    return d.get_rank() if d else 0
+
+
+def _world() -> int:
+    d = _dist()
+    return d.get_world_size() if d else 1
+
+
+def _all_gather(obj: Any) -> list:
+    d = _dist()
+    if d is None:
+        return [obj]
+    out = [None] * d.get_world_size()
+    d.all_gather_object(out, obj)
+    return out
+
+
+def _bcast(obj: Any) -> Any:
+    d = _dist()
+    if d is None:
+        return obj
+    box = [obj]
+    d.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+# --------------------------------------------------------------------------- verification
+def read_manifest(path: PathLike) -> dict:
+    """The manifest of a step dir; CheckpointError if absent, unreadable or altered."""
+    p = Path(path) / MANIFEST
+    try:
+        m = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no {MANIFEST} (incomplete or not a megablu checkpoint)") from None
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{p}: unreadable manifest: {e}") from None
+    if not isinstance(m, dict) or m.get("manifest_sha256") != _manifest_digest(m):
+        raise CheckpointError(f"{p}: manifest checksum mismatch (edited or corrupted)")
+    return m
+
+
+def _check_files(root: Path, files: dict, names: list[str], deep: bool) -> list[str]:
+    problems = []
+    for rel in names:
+        ent = files[rel]
+        f = root / rel
+        try:
+            size = f.stat().st_size
+        except FileNotFoundError:
+            problems.append(f"missing {rel}")
+            continue
+        if size != ent["size"]:
+            problems.append(f"size {rel}: {size} bytes, manifest says {ent['size']}")
+        elif deep and sha256_file(f) != ent["sha256"]:
+            problems.append(f"checksum {rel}: sha256 differs from manifest (corrupted)")
+    return problems
+
+
+def _listed_problems(root: Path, m: dict) -> list[str]:
+    """Structure checks: unlisted files, DeepSpeed shard count vs recorded partitions."""
+    problems = []
+    files = m["files"]
+    for f in sorted(root.rglob("*")):
+        if f.is_file():
+            rel = f.relative_to(root).as_posix()
+            if rel not in files and rel not in _UNLISTED_OK:
+                problems.append(f"unlisted file {rel} (not written by this save)")
+    parts = m.get("zero_partitions", 0)
+    if m.get("zero_stage", 0) >= 1:
+        optim = [r for r in files if r.startswith(f"{DS_TAG}/") and r.endswith("optim_states.pt")]
+        if len(optim) != parts:
+            problems.append(f"manifest lists {len(optim)} optimizer shards, expected {parts} ZeRO partitions")
+    return problems
+
+
+def verify_checkpoint(path: PathLike, deep: bool = True) -> list[str]:
+    """Problems with a step dir (empty list = complete and intact).
+
+    deep=False checks presence and sizes only (fast); deep=True also every sha256.
+    """
+    root = Path(path)
+    try:
+        m = read_manifest(root)
+    except CheckpointError as e:
+        return [str(e)]
+    problems = _listed_problems(root, m)
+    problems += _check_files(root, m["files"], sorted(m["files"]), deep)
+    return problems
+
+
+def _verify_collective(root: Path) -> list[str]:
+    """verify_checkpoint with the hashing split over ranks; identical result on every rank."""
+    try:
+        m = read_manifest(root)
+        names = sorted(m["files"])
+        r, w = _rank(), _world()
+        mine = _listed_problems(root, m) if r == 0 else []
+        # presence/size for all files on every rank (cheap, and catches per-node views);
+        # sha256 only for this rank's share of the files
+        mine += _check_files(root, m["files"], names, deep=False)
+        sizes_bad = {p.split(" ", 2)[1] for p in mine if p.startswith(("missing ", "size "))}
+        share = [n for i, n in enumerate(names) if i % w == r and n not in sizes_bad]
+        mine += _check_files(root, m["files"], share, deep=True)
+    except CheckpointError as e:
+        mine = [str(e)]
+    except Exception as e:  # never leave the other ranks waiting in the gather
+        mine = [f"rank {_rank()}: verification failed: {type(e).__name__}: {e}"]
+    out: list[str] = []
+    for ps in _all_gather(mine):
+        for p in ps:
+            if p not in out:
+                out.append(p)
+    return out
+
+
+# --------------------------------------------------------------------------- save internals
+class _RecordingEngine:
+    """Wraps DeepSpeed's checkpoint engine for one save.
+
+    Every `save(state, path)` is fsynced, read back (zip CRC check of torch's format, size,
+    sha256) and recorded; an exception is recorded instead of raised so that this rank
+    still takes part in DeepSpeed's remaining collectives and no rank hangs. The error is
+    raised on every rank after the status exchange.
+    """
+
+    def __init__(self, inner, root: Path):
+        self._inner, self._root = inner, root
+        self.written: dict[str, dict] = {}
+        self.errors: list[str] = []
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def save(self, state_dict, path):
+        rel = Path(path).resolve().relative_to(self._root.resolve()).as_posix()
+        if self.errors:  # after a failure write nothing more; the save is void anyway
+            return
+        try:
+            self._inner.save(state_dict, path)
+            _fsync_file(path)
+            if zipfile.is_zipfile(path):
+                with zipfile.ZipFile(path) as z:
+                    bad = z.testzip()
+                if bad is not None:
+                    raise OSError(f"read-back CRC error in member {bad}")
+            self.written[rel] = {"size": os.path.getsize(path), "sha256": sha256_file(path)}
+        except Exception as e:
+            self.errors.append(f"write {rel}: {type(e).__name__}: {e}")
+
+
+def _consolidated_state(engine) -> Optional[dict]:
+    """Full weights on rank 0 (None elsewhere). Collective under ZeRO-3."""
+    if engine.zero_optimization_partition_weights():
+        return engine._zero3_consolidated_16bit_state_dict()
+    if _rank() != 0:
+        return None
+    return engine.module.state_dict()
+
+
+def save_weights(sd: dict, path: PathLike, extra_meta: Optional[dict] = None) -> None:
+    """safetensors file of a state dict; tensors sharing storage are stored once + alias."""
+    from safetensors.torch import save_file
+
+    tensors, aliases, seen = {}, {}, {}
+    for k, v in sd.items():
+        if not isinstance(v, torch.Tensor):
+            continue
+        key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), v.dtype) if v.numel() else None
+        if key is not None and key in seen:
+            aliases[k] = seen[key]
+            continue
+        if key is not None:
+            seen[key] = k
+        tensors[k] = v.detach().to("cpu").contiguous()
+    meta = {"format": "pt", "aliases": json.dumps(aliases)}
+    meta.update({k: str(v) for k, v in (extra_meta or {}).items()})
+    save_file(tensors, str(path), metadata=meta)
+    _fsync_file(path)
+
+
+def _zero_partitions(engine) -> int:
+    if not engine.zero_optimization():
+        return 0
+    d = _dist()
+    return d.get_world_size(engine.optimizer.dp_process_group) if d else 1
+
+
+def _expected_ds_files(engine, root: Path) -> list[str]:
+    """DeepSpeed files this rank must have written (checked by rank 0 before the manifest)."""
+    out = []
+    base = root / DS_TAG
+    if engine.save_non_zero_checkpoint:
+        out.append(Path(engine._get_ckpt_name(str(root), DS_TAG)).resolve().relative_to(root.resolve()).as_posix())
+    if engine.save_zero_checkpoint:
+        out.append(Path(engine._get_zero_ckpt_name(str(root), DS_TAG)).resolve().relative_to(root.resolve()).as_posix())
+    del base
+    return out
+
+
+# --------------------------------------------------------------------------- manager
+class CheckpointManager:
+    """Saves, finds, verifies, loads and prunes the checkpoints of one run.
+
+    run_dir: the allocated run directory (its name is the run id).
+    keep: how many newest complete unpinned checkpoints keep-N leaves (pinned ones extra).
+    meta: recorded in every manifest and checked on load: config_hash, tokenizer
+      (identity), dp, sp, world_size, zero_stage; model/rope (config dicts, for export)
+      when given.
+    on_phase: optional callback(phase_name) called on every rank at each save phase
+      (fault-injection tests kill the process there).
+    """
+
+    PHASES = ("prepare", "gather_weights", "ds_save", "client_state", "weights", "status", "manifest",
+              "publish", "latest", "prune", "done")
+
+    def __init__(self, run_dir: PathLike, keep: int, meta: dict,
+                 on_phase: Optional[Callable[[str], None]] = None):
+        if keep < 1:
+            raise ValueError(f"keep={keep}: at least the newest checkpoint must be kept")
+        self.run_dir = Path(run_dir)
+        self.run_id = self.run_dir.resolve().name
+        self.ckpt_dir = self.run_dir / CKPT_DIR
+        self.keep = keep
+        self.meta = dict(meta)
+        self.on_phase = on_phase
+        self.loaded_manifest: Optional[dict] = None
+        if _rank() == 0:
+            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+            self.cleanup()
+
+    # ------------------------------------------------------------------ listing
+    def _phase(self, name: str) -> None:
+        if self.on_phase is not None:
+            self.on_phase(name)
+
+    def steps(self) -> list[Path]:
+        """Published step dirs, oldest first (not verified)."""
+        if not self.ckpt_dir.is_dir():
+            return []
+        return sorted((p for p in self.ckpt_dir.iterdir() if p.is_dir() and step_of(p) is not None),
+                      key=lambda p: step_of(p))
+
+    def cleanup(self) -> None:
+        """Remove leftovers of killed saves/prunes (.tmp-*, .trash-*). Rank 0, not during a save."""
+        for p in self.ckpt_dir.iterdir() if self.ckpt_dir.is_dir() else []:
+            if p.name.startswith((TMP_PREFIX, TRASH_PREFIX)):
+                log.info("removing leftover %s", p)
+                shutil.rmtree(p, ignore_errors=True)
+
+    def latest(self, deep: bool = True) -> Optional[Path]:
+        """Newest verified checkpoint of this run (the `latest` pointer is only a hint)."""
+        hint = None
+        try:
+            hint = (self.ckpt_dir / LATEST).read_text().strip()
+        except OSError:
+            pass
+        cands = list(reversed(self.steps()))
+        if hint and (self.ckpt_dir / hint) in cands:
+            cands.remove(self.ckpt_dir / hint)
+            # the pointer names the newest published step unless a save was killed between
+            # rename and pointer update; a newer verified step then wins anyway
+            cands.insert(0, self.ckpt_dir / hint)
+            cands.sort(key=lambda p: -step_of(p))
+        for p in cands:
+            problems = verify_checkpoint(p, deep=deep)
+            if not problems:
+                m = read_manifest(p)
+                if m.get("run_id") != self.run_id:
+                    log.error("%s belongs to run %s, not %s: ignored", p, m.get("run_id"), self.run_id)
+                    continue
+                return p
+            log.error("checkpoint %s is not usable: %s", p, "; ".join(problems))
+        return None
+
+    # ------------------------------------------------------------------ save
+    def save(self, engine, step: int, client_state: dict, pin: bool = False) -> Path:
+        """Collective. Publish step_<step> or raise CheckpointError on every rank."""
+        rank, world = _rank(), _world()
+        name = step_name(step)
+        final = self.ckpt_dir / name
+        tmp = self.ckpt_dir / f"{TMP_PREFIX}{name}"
+        t0 = time.time()
+
+        # -- prepare: rank 0 makes a fresh temp dir; the gather doubles as a barrier
+        self._phase("prepare")
+        err = None
+        if rank == 0:
+            try:
+                self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+                (tmp / CLIENT_DIR).mkdir(parents=True)
+            except Exception as e:
+                err = f"rank 0: cannot create {tmp}: {type(e).__name__}: {e}"
+        self._raise_if_any(_all_gather(err), name, tmp)
+
+        # -- consolidated weights (collective under ZeRO-3, so outside any try on one rank)
+        self._phase("gather_weights")
+        errors: list[str] = []
+        try:
+            full_sd = _consolidated_state(engine)
+        except Exception as e:
+            full_sd, errors = None, [f"gather weights: {type(e).__name__}: {e}"]
+
+        # -- DeepSpeed's own files, every write recorded
+        self._phase("ds_save")
+        rec = _RecordingEngine(engine.checkpoint_engine, tmp)
+        engine.checkpoint_engine = rec
+        try:
+            engine.save_checkpoint(str(tmp), tag=DS_TAG, client_state={"megablu_step": step}, save_latest=False)
+        except Exception as e:
+            errors.append(f"engine.save_checkpoint: {type(e).__name__}: {e}")
+        finally:
+            engine.checkpoint_engine = rec._inner
+        errors += rec.errors
+        expected = _expected_ds_files(engine, tmp)
+
+        # -- this rank's trainer state (RNG differs per rank)
+        self._phase("client_state")
+        written = dict(rec.written)
+        if not errors:
+            try:
+                rel = f"{CLIENT_DIR}/rank_{rank:05d}.pt"
+                buf = io.BytesIO()
+                torch.save(client_state, buf)
+                data = buf.getvalue()
+                with open(tmp / rel, "wb") as f:
+                    n = f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                if n != len(data) or os.path.getsize(tmp / rel) != len(data):
+                    raise OSError(f"short write: {os.path.getsize(tmp / rel)} of {len(data)} bytes")
+                written[rel] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            except Exception as e:
+                errors.append(f"write client_state: {type(e).__name__}: {e}")
+
+        # -- consolidated safetensors (rank 0)
+        self._phase("weights")
+        if rank == 0 and not errors:
+            try:
+                save_weights(full_sd, tmp / WEIGHTS, {"step": step, "run_id": self.run_id})
+                written[WEIGHTS] = {"size": os.path.getsize(tmp / WEIGHTS), "sha256": sha256_file(tmp / WEIGHTS)}
+            except Exception as e:
+                errors.append(f"write {WEIGHTS}: {type(e).__name__}: {e}")
+        del full_sd
+
+        # -- every rank's status; any failure -> all raise
+        self._phase("status")
+        status = _all_gather({"rank": rank, "errors": errors, "written": written, "expected": expected})
+        self._raise_if_any([("; ".join(s["errors"]) and f"rank {s['rank']}: " + "; ".join(s["errors"]))
+                            or None for s in status], name, tmp)
+
+        # -- rank 0: cross-check, manifest, publish, pointer, prune
+        err = None
+        if rank == 0:
+            try:
+                self._phase("manifest")
+                self._write_manifest(engine, tmp, step, client_state, pin, status, world)
+                self._phase("publish")
+                self._publish(tmp, final)
+                self._phase("latest")
+                _atomic_write_text(self.ckpt_dir / LATEST, name + "\n")
+                self._phase("prune")
+                self.prune(newest=final)
+            except Exception as e:
+                err = f"rank 0: {type(e).__name__}: {e}"
+        self._raise_if_any([_bcast(err)], name, tmp if not final.exists() else None)
+        self._phase("done")
+        if rank == 0:
+            log.info("saved %s (%.1fs)", final, time.time() - t0)
+        return final
+
+    def _raise_if_any(self, errs: list, name: str, tmp: Optional[Path]) -> None:
+        errs = [e for e in errs if e]
+        if not errs:
+            return
+        if _rank() == 0 and tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"save {self.run_id}/{name} failed; nothing published: " + " | ".join(errs))
+
+    def _write_manifest(self, engine, tmp: Path, step: int, client_state: dict, pin: bool,
+                        status: list, world: int) -> None:
+        files: dict[str, dict] = {}
+        for s in status:
+            for rel in s["expected"]:
+                if rel not in s["written"]:
+                    raise CheckpointError(f"rank {s['rank']} did not record writing {rel}")
+            files.update(s["written"])
+        # every recorded file must be visible here with the writer's size (a shared filesystem)
+        for rel, ent in files.items():
+            p = tmp / rel
+            if not p.is_file() or p.stat().st_size != ent["size"]:
+                raise CheckpointError(f"{rel}: written by a rank but missing or of another size on rank 0 "
+                                      f"(checkpoint dirs must be on a filesystem shared by all ranks)")
+        # files written outside the checkpoint engine (DeepSpeed's recovery scripts)
+        for p in sorted(tmp.rglob("*")):
+            rel = p.relative_to(tmp).as_posix()
+            if p.is_file() and rel not in files:
+                files[rel] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
+        parts = _zero_partitions(engine)
+        n_optim = sum(1 for r in files if r.startswith(f"{DS_TAG}/") and r.endswith("optim_states.pt"))
+        if engine.zero_optimization() and n_optim != parts:
+            raise CheckpointError(f"{n_optim} optimizer shards written, expected {parts} ZeRO partitions")
+        m = {
+            "format": FORMAT_VERSION, "run_id": self.run_id, "step": step, "created_unix": time.time(),
+            "world_size": world, "dp": self.meta.get("dp"), "sp": self.meta.get("sp"),
+            "zero_stage": int(engine.zero_optimization_stage()), "zero_partitions": parts,
+            "config_hash": self.meta.get("config_hash"), "tokenizer": self.meta.get("tokenizer"),
+            "meta": _jsonable(self.meta), "pinned": bool(pin),
+            "client_state": _jsonable({k: v for k, v in client_state.items() if k != "rng"}),
+            "files": dict(sorted(files.items())),
+        }
+        m["manifest_sha256"] = _manifest_digest(m)
+        _atomic_write_text(tmp / MANIFEST, json.dumps(m, indent=1) + "\n")
+        if pin:
+            (tmp / PIN).write_text("pinned at save\n")
+        _fsync_dir(tmp)
+
+    def _publish(self, tmp: Path, final: Path) -> None:
+        """rename(tmp, final); an existing final (same step saved again) is moved aside first."""
+        trash = None
+        if final.exists():
+            trash = self.ckpt_dir / f"{TRASH_PREFIX}{final.name}-{os.getpid()}"
+            os.replace(final, trash)
+        os.replace(tmp, final)
+        _fsync_dir(self.ckpt_dir)
+        if trash is not None:
+            shutil.rmtree(trash, ignore_errors=True)
+
+    # ------------------------------------------------------------------ keep-N
+    def pin(self, step_dir: PathLike) -> None:
+        (Path(step_dir) / PIN).write_text("pinned\n")
+
+    def prune(self, newest: Optional[Path] = None) -> list[Path]:
+        """Delete this run's complete checkpoints beyond the newest `keep` (pinned ones stay).
+
+        Only dirs named step_N inside this run's checkpoints dir, whose manifest is intact,
+        names this run and lists files that are all present with their sizes, and that are
+        older than `newest` (the step just published, or the newest verified one).
+        Returns what was deleted.
+        """
+        newest = newest or self.latest(deep=True)
+        if newest is None:
+            return []
+        complete = []
+        for p in self.steps():
+            if step_of(p) >= step_of(newest) and p != newest:
+                continue
+            problems = verify_checkpoint(p, deep=False)
+            if problems:
+                log.warning("keep-N: %s is incomplete, left alone: %s", p, "; ".join(problems))
+                continue
+            if read_manifest(p).get("run_id") != self.run_id:
+                log.warning("keep-N: %s names another run, left alone", p)
+                continue
+            complete.append(p)
+        unpinned = [p for p in complete if not (p / PIN).exists() and p != newest]
+        n_keep_more = self.keep - 1  # newest is always kept and counts
+        victims = unpinned[:max(0, len(unpinned) - n_keep_more)]
+        for p in victims:
+            trash = self.ckpt_dir / f"{TRASH_PREFIX}{p.name}-{os.getpid()}"
+            os.replace(p, trash)  # atomic: a kill leaves a dot-dir, never a half step
+            shutil.rmtree(trash)
+            log.info("keep-N(%d): deleted %s", self.keep, p)
+        return victims
+
+    # ------------------------------------------------------------------ load
+    def check_compatible(self, m: dict) -> None:
+        """Same tokenizer and config as this run; raise naming both values otherwise."""
+        for key in ("tokenizer", "config_hash"):
+            mine, theirs = self.meta.get(key), m.get(key)
+            if mine is not None and theirs is not None and mine != theirs:
+                raise CheckpointError(f"checkpoint {key}={theirs!r} but this run has {key}={mine!r}; "
+                                      f"use init_from (weights only) to start from another config")
+
+    def load(self, engine, path: PathLike, load_optimizer: bool = True) -> dict:
+        """Collective. Verify everything on all ranks, then DeepSpeed load; returns client_state.
+
+        A run dir may be given (its newest verified step is used).
+        """
+        root = Path(path)
+        if not (root / MANIFEST).exists() and (root / CKPT_DIR).is_dir():
+            newest = CheckpointManager(root, 1, {}).latest() if _rank() == 0 else None
+            newest = _bcast(str(newest) if newest else None)
+            if newest is None:
+                raise CheckpointError(f"{root}: no verified checkpoint in this run")
+            root = Path(newest)
+        problems = _verify_collective(root)
+        if problems:
+            raise CheckpointError(f"{root}: refusing to load, checkpoint is not intact: " + "; ".join(problems))
+        m = read_manifest(root)
+        self.check_compatible(m)
+        stage = int(engine.zero_optimization_stage())
+        if m["zero_stage"] != stage:
+            raise CheckpointError(f"{root}: saved with ZeRO stage {m['zero_stage']}, this run uses {stage}; "
+                                  f"resume needs the same stage (init_from loads weights for any stage)")
+        parts = _zero_partitions(engine)
+        if m["zero_partitions"] != parts:
+            raise CheckpointError(
+                f"{root}: saved with {m['zero_partitions']} ZeRO partitions (world {m['world_size']}, dp {m['dp']}, "
+                f"sp {m['sp']}); this run has {parts} (world {_world()}). Resharding the optimizer is not "
+                f"supported: resume with the saved world size, or start with init_from={root} (weights only)")
+        load_path, _ = engine.load_checkpoint(str(root), tag=DS_TAG, load_module_strict=True,
+                                              load_optimizer_states=load_optimizer,
+                                              load_lr_scheduler_states=load_optimizer)
+        if load_path is None:
+            raise CheckpointError(f"{root}: DeepSpeed could not load the checkpoint")
+        # per-rank trainer state: this rank's file when the world size matches, else rank 0's
+        r = _rank() if m["world_size"] == _world() else 0
+        if m["world_size"] != _world():
+            log.warning("world size %d -> %d: per-rank RNG states are taken from rank 0", m["world_size"], _world())
+        client = torch.load(root / CLIENT_DIR / f"rank_{r:05d}.pt", map_location="cpu", weights_only=False)
+        self.loaded_manifest = m
+        return client
+
+
+# --------------------------------------------------------------------------- weights (init_from, export)
+def resolve_weights(path: PathLike) -> tuple[list[Path], Optional[dict]]:
+    """safetensors files for a step dir, a run dir (newest verified), an export dir or a file.
+
+    Returns (files, manifest or None). Raises CheckpointError with what was looked for.
+    """
+    p = Path(path)
+    if p.is_file() and p.suffix == ".safetensors":
+        return [p], None
+    if not p.is_dir():
+        raise CheckpointError(f"init_from {p}: no such file or directory")
+    if (p / CKPT_DIR).is_dir() and not (p / MANIFEST).exists():
+        newest = CheckpointManager(p, 1, {}).latest() if _rank() == 0 else None
+        newest = _bcast(str(newest) if newest else None)
+        if newest is None:
+            raise CheckpointError(f"init_from {p}: run has no verified checkpoint")
+        p = Path(newest)
+    m = None
+    if (p / MANIFEST).exists():
+        problems = verify_checkpoint(p)
+        if problems:
+            raise CheckpointError(f"init_from {p}: not intact: " + "; ".join(problems))
+        m = read_manifest(p)
+    if (p / WEIGHTS).is_file():
+        return [p / WEIGHTS], m
+    idx = p / "model.safetensors.index.json"
+    if idx.is_file():
+        shards = sorted(set(json.loads(idx.read_text())["weight_map"].values()))
+        missing = [s for s in shards if not (p / s).is_file()]
+        if missing:
+            raise CheckpointError(f"init_from {p}: index names missing shards {missing}")
+        return [p / s for s in shards], m
+    raise CheckpointError(f"init_from {p}: no {WEIGHTS} or model.safetensors.index.json "
+                          f"(expected a checkpoint step dir, a run dir or an exported HF dir)")
+
+
+def read_weights(path: PathLike) -> dict[str, torch.Tensor]:
+    """State dict in BluModel names (HF `model.` prefix stripped, aliases restored)."""
+    from safetensors import safe_open
+
+    files, _ = resolve_weights(path)
+    sd: dict[str, torch.Tensor] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as h:
+            meta = h.metadata() or {}
+            part = {k: h.get_tensor(k) for k in h.keys()}
+        for alias, target in json.loads(meta.get("aliases", "{}")).items():
+            part[alias] = part[target]
+        sd.update(part)
+    out = {}
+    for k, v in sd.items():
+        k2 = k[len("model."):] if k.startswith("model.") else k
+        out[k2] = v
+    return out
+
+
+@torch.no_grad()
+def load_weights(model: torch.nn.Module, path: PathLike) -> None:
+    """init_from: copy weights into model; names and shapes must match exactly.
+
+    A tied lm_head may be absent from the file (HF exports omit it).
+    """
+    sd = read_weights(path)
+    own = model.state_dict(keep_vars=True)
+    tied = {k for k in own if k == "lm_head.weight" and "embed_tokens.weight" in own
+            and own[k].data_ptr() == own["embed_tokens.weight"].data_ptr()}
+    missing = [k for k in own if k not in sd and k not in tied]
+    unexpected = [k for k in sd if k not in own]
+    shapes = [f"{k}: file {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}"
+              for k in own if k in sd and tuple(sd[k].shape) != tuple(own[k].shape)]
+    if missing or unexpected or shapes:
+        raise CheckpointError(f"init_from {path}: weights do not match the model: missing {missing[:8]}"
+                              f"{'...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}, shapes {shapes[:8]}")
+    for k, t in own.items():
+        if k in sd:
+            t.copy_(sd[k].to(t.dtype))
