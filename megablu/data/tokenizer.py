@@ -246,6 +246,22 @@ def _load_tiktoken_file(path: Path, eot: Optional[str]) -> Tokenizer:
     return TiktokenTokenizer(enc, f"tiktoken_file:v{eot_id + 1}:{ident}", eot_id)
 
 
+ASSETS = Path(__file__).parent / "assets"
+_ASSET_SUFFIX = {"tiktoken_file": ".tiktoken", "sentencepiece": ".model", "hf": ".json"}
+
+
+def resolve_asset(path: str, kind: str) -> Path:
+    """'megablu:NAME' -> a tokenizer shipped in megablu/data/assets (e.g. megablu:stdlib4k); else the path."""
+    if path.startswith("megablu:"):
+        name = path.split(":", 1)[1]
+        p = ASSETS / (name + _ASSET_SUFFIX.get(kind, ""))
+        if not p.is_file():
+            have = sorted(x.name for x in ASSETS.glob("*")) if ASSETS.is_dir() else []
+            raise TokenizerError(f"tokenizer.path={path!r}: no shipped asset {p.name} in {ASSETS} (have {have})")
+        return p
+    return Path(path).expanduser()
+
+
 def load_tokenizer(cfg: TokenizerConfig) -> Tokenizer:
     """Build the tokenizer `cfg` names. Raises TokenizerError with what is missing and the fix."""
     kind = cfg.kind
@@ -253,7 +269,7 @@ def load_tokenizer(cfg: TokenizerConfig) -> Tokenizer:
         return ByteTokenizer()
     if kind == "tiktoken":
         return _load_tiktoken(cfg.name)
-    path = Path(cfg.path).expanduser()
+    path = resolve_asset(cfg.path, kind)
     if kind == "hf" and path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file():

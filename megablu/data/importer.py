@@ -1,0 +1,87 @@
+"""`megablu data import`: flat token shards (the seed's cp_data_by_length format) -> megablu shards.
+
+The seed's files (e.g. `cp_data_by_length/b3_16384_32768/train_shard_00000.bin`) are a flat
+little-endian uint16 or uint32 token stream with an end-of-text id between documents and
+no header. Import splits the stream at EOT into documents (empty ones dropped), re-buckets
+them by length and writes a dataset with a manifest, so verify / loader / haystack work on it.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .shards import DEFAULT_EDGES, DEFAULT_SHARD_TOKENS, DataError, DatasetWriter
+from .tokenizer import load_tokenizer, parse_tokenizer_spec
+
+log = logging.getLogger(__name__)
+
+
+def _split_from_name(p: Path) -> str:
+    n = p.name.lower()
+    if n.startswith("val"):
+        return "val"
+    if n.startswith("train"):
+        return "train"
+    raise DataError(f"{p}: cannot tell train from val by its name (train_* / val_*); pass --split train|val")
+
+
+def import_flat(inputs: list[str], out, *, dtype: str, eot: int, tokenizer: Optional[str] = None,
+                identity: Optional[str] = None, vocab_size: Optional[int] = None, split: str = "auto",
+                edges=DEFAULT_EDGES, shard_tokens: int = DEFAULT_SHARD_TOKENS, overwrite: bool = False,
+                license: str = "unknown", provenance: Optional[str] = None) -> dict:
+    """Import flat token files; returns the manifest. Nothing is left at `out` on error."""
+    if tokenizer:
+        tok = load_tokenizer(parse_tokenizer_spec(tokenizer))
+        if identity and identity != tok.identity:
+            raise DataError(f"--identity {identity!r} contradicts --tokenizer {tokenizer} ({tok.identity})")
+        if eot != tok.eot_id:
+            raise DataError(f"--eot {eot} but tokenizer {tok.identity} has eot_id {tok.eot_id}")
+        info = {"identity": tok.identity, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id}
+    elif identity and vocab_size:
+        info = {"identity": identity, "vocab_size": int(vocab_size), "eot_id": int(eot)}
+    else:
+        raise DataError("import needs --tokenizer, or --identity with --vocab-size, to record the data's tokenizer")
+    if not 0 <= eot < info["vocab_size"]:
+        raise DataError(f"--eot {eot} is outside the vocab (size {info['vocab_size']})")
+    dt = np.dtype(dtype).newbyteorder("<")
+    paths = [Path(p) for p in inputs]
+    for p in paths:
+        if not p.is_file():
+            raise DataError(f"input {p} does not exist")
+        if p.stat().st_size % dt.itemsize:
+            raise DataError(f"{p}: {p.stat().st_size} bytes is not a whole number of {dtype} tokens "
+                            f"(truncated, or not {dtype})")
+    info["imported"] = {"dtype": dtype, "eot": int(eot)}
+    with DatasetWriter(Path(out), info, edges=edges, split_info={"rule": "from the imported file names/--split"},
+                       shard_tokens=shard_tokens, overwrite=overwrite) as w:
+        for p in paths:
+            sp = _split_from_name(p) if split == "auto" else split
+            toks = np.memmap(p, dtype=dt, mode="r")
+            if len(toks) == 0:
+                raise DataError(f"{p}: empty file")
+            mx = int(toks.max())
+            if mx >= info["vocab_size"]:
+                raise DataError(f"{p}: token id {mx} >= vocab size {info['vocab_size']}: wrong --dtype "
+                                f"({dtype}) or wrong tokenizer")
+            if dt.itemsize == 2 and len(toks) >= 64:
+                head = np.asarray(toks[: min(len(toks), 1 << 20) // 2 * 2]).reshape(-1, 2)
+                if (head[:, 1] == 0).mean() > 0.9 and (head[:, 0] == 0).mean() < 0.5:
+                    raise DataError(f"{p}: every second uint16 is 0, so the file looks like uint32 tokens; "
+                                    f"pass --dtype uint32")
+            cuts = np.nonzero(toks == eot)[0]
+            if len(cuts) == 0 and len(toks) > 1 << 20:
+                raise DataError(f"{p}: no EOT id {eot} in {len(toks):,} tokens: wrong --eot or --dtype")
+            bounds = np.concatenate([[-1], cuts, [len(toks)]])
+            n = 0
+            for a, b in zip(bounds[:-1], bounds[1:]):
+                if b - a <= 1:
+                    continue
+                w.add(np.asarray(toks[a + 1:b]), sp, {"source": p.name, "license": license,
+                                                     "provenance": provenance or str(p.resolve()),
+                                                     "path": f"{p.name}@{a + 1}"})
+                n += 1
+            log.info("%s: %d documents, %d tokens -> split %s", p, n, len(toks) - len(cuts), sp)
+        return w.finish({"build": {"imported_from": [str(p) for p in paths]}})
