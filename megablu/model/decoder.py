@@ -60,6 +60,11 @@ class KVCache:
             self.v[layer] = torch.cat([self.v[layer], v], dim=1)
         return self.k[layer], self.v[layer]
 
+    def truncate(self, length: int) -> None:
+        """Drop cached positions >= length (e.g. the end padding of an sp-sharded prefill)."""
+        self.k = [None if t is None else t[:, :length] for t in self.k]
+        self.v = [None if t is None else t[:, :length] for t in self.v]
+
     @property
     def length(self) -> int:
         return 0 if self.k[0] is None else self.k[0].shape[1]

@@ -60,14 +60,17 @@ class RotaryEmbedding(nn.Module):
             y = rope.yarn
             inv_freq, scale = yarn_inv_freq(head_dim, rope.theta, y.factor, y.original_max_position,
                                             y.beta_fast, y.beta_slow, y.truncate, y.attention_factor)
-        # Not persistent: derived from the config, so a checkpoint never carries a stale table.
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        # A plain attribute, not a buffer: module.bfloat16() (DeepSpeed does it) must not round
+        # the frequencies, and a checkpoint must never carry a stale table.
+        self.inv_freq = inv_freq
         self.attention_scaling = scale
 
     @torch.no_grad()
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        # (B, T, 1) * (D/2,) -> (B, T, D/2); fp32 so positions near 1M keep their precision
-        freqs = position_ids[..., None].float() * self.inv_freq.float()
+        if self.inv_freq.device != position_ids.device:
+            self.inv_freq = self.inv_freq.to(position_ids.device)
+        # (B, T, 1) * (D/2,) -> (B, T, D/2), fp32 as in transformers
+        freqs = position_ids[..., None].float() * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
 

@@ -1,0 +1,36 @@
+"""One optimizer step over grad_accum micro-batches with SP-correct loss normalisation."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from ..ops.cross_entropy import IGNORE_INDEX
+from ..parallel.groups import Groups
+from ..parallel.sequence import global_token_count, loss_scale, shard_batch
+
+
+def forward_backward(engine, micro_batches: list[dict], groups: Groups, zero_stage: int,
+                     reduce_scatter: bool, apply_step: bool = True) -> float:
+    """Run fwd+bwd on each FULL micro-batch (sharded here along T); return the token-mean loss.
+
+    All ranks of one sp group must pass the same micro-batches. With apply_step=False the
+    gradients are left reduced but unapplied (for parity tests: deepspeed.utils.safe_get_full_grad).
+    """
+    dev = engine.device
+    micro = [shard_batch(m, groups) for m in micro_batches]
+    counts = [int((m["labels"] != IGNORE_INDEX).sum()) for m in micro]
+    total = max(1, global_token_count(counts, groups, dev))
+    scale = loss_scale(groups, len(micro), zero_stage, reduce_scatter)
+    loss_acc = torch.zeros((), dtype=torch.float64, device=dev)
+    for i, m in enumerate(micro):
+        loss_sum, _ = engine(m["input_ids"].to(dev), position_ids=m["position_ids"].to(dev),
+                             labels=m["labels"].to(dev))
+        engine.backward(loss_sum / total * scale)
+        if apply_step or i < len(micro) - 1:
+            engine.step()
+        loss_acc += loss_sum.detach().double()
+    if groups.world_size > 1:
+        dist.all_reduce(loss_acc, group=groups.world_group)
+    return float(loss_acc.item()) / total

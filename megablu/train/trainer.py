@@ -1,0 +1,273 @@
+"""The training loop: DeepSpeed engine + Ulysses SP + ZeRO, exact resume, metrics, checkpoints.
+
+Trainer(cfg).train() does, in order: init_distributed -> groups (dp x sp) -> run dir
+(allocated or resumed) -> tokenizer + data (verified) -> BluModel (init_from weights) ->
+apply_ulysses -> deepspeed.initialize -> resume state -> steps -> final checkpoint/eval.
+The config was validated against the world size before this point (launch/ext32k.py).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from ..config import Config, config_hash, grad_accum_steps, to_yaml
+from ..model.decoder import BluModel
+from ..parallel.groups import Groups, build_groups
+from ..parallel.ulysses import apply_ulysses
+from .metrics import MetricsWriter
+from .schedule import lr_at
+from .step import forward_backward
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(cfg: Config) -> str:
+    if cfg.train.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if cfg.train.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("train.device=cuda but CUDA is not available on this machine")
+    return cfg.train.device
+
+
+def deepspeed_config(cfg: Config, grad_accum: int, dp: int, device: str) -> dict:
+    z = cfg.parallel
+    zero: dict = {"stage": z.zero_stage}
+    if z.zero_stage == 3:
+        zero["reduce_scatter"] = z.reduce_scatter
+    if z.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": device == "cuda"}
+    if z.offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": device == "cuda"}
+    ds = {
+        "train_micro_batch_size_per_gpu": cfg.train.micro_batch,
+        "gradient_accumulation_steps": grad_accum,
+        "train_batch_size": cfg.train.micro_batch * grad_accum * dp,
+        "gradient_clipping": cfg.train.grad_clip,
+        "zero_optimization": zero,
+        "steps_per_print": 10 ** 9,
+        "wall_clock_breakdown": False,
+    }
+    if cfg.train.dtype == "bf16":
+        ds["bf16"] = {"enabled": True}
+    if z.offload_optimizer:
+        # ZeRO-Offload steps the optimizer on the CPU with DeepSpeed's CPU Adam
+        ds["optimizer"] = {"type": "AdamW", "params": {
+            "lr": cfg.schedule.lr, "betas": list(cfg.train.betas), "eps": cfg.train.eps,
+            "weight_decay": cfg.train.weight_decay}}
+    return ds
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices only (not norms, biases)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (decay if p.dim() >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+class Trainer:
+    def __init__(self, cfg: Config, *, resume: Optional[str] = None, local_rank: Optional[int] = None):
+        self.cfg = cfg
+        self.resume = resume
+        self.local_rank = int(os.environ.get("LOCAL_RANK", 0)) if local_rank is None else local_rank
+        self.device = resolve_device(cfg)
+
+    # ------------------------------------------------------------------ setup
+    def _init_distributed(self) -> Groups:
+        import deepspeed
+
+        if self.device == "cuda":
+            torch.cuda.set_device(self.local_rank)
+        deepspeed.init_distributed(dist_backend="nccl" if self.device == "cuda" else "gloo")
+        ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or None
+        return build_groups(self.cfg.parallel.sp, ranks_per_node)
+
+    def _broadcast(self, obj):
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def _run_dir(self) -> Path:
+        from .runs import allocate_run, find_run
+
+        path = None
+        if _rank0():
+            if self.resume:
+                path = str(find_run(self.cfg.runs_dir, self.resume))
+            else:
+                path = str(allocate_run(self.cfg.runs_dir, self.cfg.name))
+        return Path(self._broadcast(path))
+
+    def _build_model(self) -> BluModel:
+        cfg = self.cfg
+        torch.manual_seed(cfg.train.seed)
+        model = BluModel(cfg.model, cfg.rope, cfg.memory)
+        model.reset_parameters(seed=cfg.train.seed)
+        if cfg.init_from and not self.resume:
+            from .checkpoint import load_weights
+
+            load_weights(model, cfg.init_from)
+            log.info("initialised weights from %s", cfg.init_from)
+        return model
+
+    def setup(self) -> None:
+        import deepspeed
+
+        cfg = self.cfg
+        self.groups = g = self._init_distributed()
+        self.grad_accum = grad_accum_steps(cfg, g.world_size)
+        self.run_dir = self._run_dir()
+        if _rank0():
+            log.info("topology: %s", g.describe())
+            log.info("run dir: %s; grad_accum %d; tokens/step %d", self.run_dir, self.grad_accum,
+                     cfg.train.tokens_per_step)
+            (self.run_dir / "config.resolved.yaml").write_text(to_yaml(cfg))
+
+        from ..data.tokenizer import load_tokenizer
+
+        self.tokenizer = load_tokenizer(cfg.tokenizer)
+        if self.tokenizer.vocab_size > cfg.model.vocab_size:
+            raise ValueError(f"tokenizer vocab {self.tokenizer.vocab_size} > model.vocab_size "
+                             f"{cfg.model.vocab_size}; raise model.vocab_size")
+
+        from ..data.loader import build_loader
+
+        total_seqs = cfg.train.max_steps * cfg.train.tokens_per_step // cfg.data.window
+        self.loader = build_loader(cfg.data, self.tokenizer.identity, micro_batch=cfg.train.micro_batch,
+                                   dp_rank=g.dp_rank, dp_size=g.dp, total_sequences=total_seqs)
+
+        model = self._build_model()
+        apply_ulysses(model, g)
+        self.model = model
+        ds_cfg = deepspeed_config(cfg, self.grad_accum, g.dp, self.device)
+        opt = None
+        if "optimizer" not in ds_cfg:
+            fused = {"fused": True} if self.device == "cuda" else {}
+            opt = torch.optim.AdamW(param_groups(model, cfg.train.weight_decay), lr=cfg.schedule.lr,
+                                    betas=cfg.train.betas, eps=cfg.train.eps, **fused)
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=opt, model_parameters=None if opt is not None else param_groups(
+                model, cfg.train.weight_decay), config=ds_cfg, mpu=g if g.sp > 1 else None)
+
+        from .checkpoint import CheckpointManager
+
+        self.ckpt = CheckpointManager(self.run_dir, cfg.checkpoint.keep, meta={
+            "config_hash": config_hash(cfg), "tokenizer": self.tokenizer.identity, "world_size": g.world_size,
+            "dp": g.dp, "sp": g.sp, "zero_stage": cfg.parallel.zero_stage})
+        self.step, self.tokens_seen = 0, 0
+        if self.resume:
+            self._load_resume()
+        self.metrics = MetricsWriter(self.run_dir, self.step) if _rank0() else None
+
+    def _load_resume(self) -> None:
+        from .checkpoint import CheckpointError, set_rng_state
+
+        path = self.ckpt.latest()
+        if path is None:
+            raise CheckpointError(f"resume: no verified checkpoint in {self.run_dir}/checkpoints")
+        state = self.ckpt.load(self.engine, path)
+        self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
+        self.loader.load_state_dict(state["loader"])
+        set_rng_state(state["rng"])
+        if _rank0():
+            log.info("resumed from %s at step %d (%d tokens seen)", path, self.step, self.tokens_seen)
+
+    def _client_state(self) -> dict:
+        from .checkpoint import get_rng_state
+
+        return {"step": self.step, "tokens_seen": self.tokens_seen, "loader": self.loader.state_dict(),
+                "rng": get_rng_state(), "schedule": {"kind": self.cfg.schedule.kind, "lr": self._lr}}
+
+    # ------------------------------------------------------------------ loop
+    def _train_step(self) -> tuple[float, Optional[float]]:
+        """One optimizer step over grad_accum micro-batches; returns (token-mean loss, grad norm)."""
+        micro = [self.loader.next_batch() for _ in range(self.grad_accum)]
+        loss = forward_backward(self.engine, micro, self.groups, self.cfg.parallel.zero_stage,
+                                self.cfg.parallel.reduce_scatter)
+        gn = self.engine.get_global_grad_norm()
+        return loss, (float(gn) if gn is not None else None)
+
+    def _set_lr(self) -> None:
+        self._lr = lr_at(self.step, self.cfg.schedule, self.cfg.train.max_steps)
+        for pg in self.optimizer.param_groups:
+            pg["lr"] = self._lr
+
+    def train(self) -> dict:
+        from tqdm import tqdm
+
+        self.setup()
+        cfg, g = self.cfg, self.groups
+        losses: list[float] = []
+        tok_s: list[float] = []
+        bar = tqdm(total=cfg.train.max_steps, initial=self.step, disable=not _rank0(), file=sys.stderr,
+                   desc=cfg.name, dynamic_ncols=True)
+        if self.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        while self.step < cfg.train.max_steps:
+            self._set_lr()
+            t0 = time.perf_counter()
+            loss, gnorm = self._train_step()
+            if self.device == "cuda":
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            self.step += 1
+            self.tokens_seen += cfg.train.tokens_per_step
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"loss is {loss} at step {self.step}; stopping (no checkpoint written)")
+            mem = torch.cuda.max_memory_allocated() / 1e9 if self.device == "cuda" else 0.0
+            row = {"step": self.step, "loss": loss, "lr": self._lr, "tokens_seen": self.tokens_seen,
+                   "step_time_s": dt, "tokens_per_s": cfg.train.tokens_per_step / dt, "max_mem_gb": mem,
+                   "grad_norm": gnorm if gnorm is not None else ""}
+            losses.append(loss)
+            tok_s.append(row["tokens_per_s"])
+            if self.metrics is not None:
+                self.metrics.write(row)
+                bar.set_postfix(loss=f"{loss:.4f}", lr=f"{self._lr:.2e}", tok_s=f"{row['tokens_per_s']:.0f}")
+                bar.update(1)
+            self._maybe_checkpoint_and_eval()
+        bar.close()
+        if self.metrics is not None:
+            self.metrics.close()
+        summary = {"run_dir": str(self.run_dir), "steps": self.step, "tokens_seen": self.tokens_seen,
+                   "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
+                   "mean_tokens_per_s": sum(tok_s[1:] or tok_s) / max(1, len(tok_s[1:] or tok_s)),
+                   "world": g.describe()}
+        if _rank0():
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    def _maybe_checkpoint_and_eval(self) -> None:
+        cfg, s = self.cfg, self.step
+        last = s == cfg.train.max_steps
+        do_eval = s in cfg.eval.at_steps or (last and cfg.eval.final)
+        every = cfg.checkpoint.every_steps
+        if do_eval or (every and s % every == 0) or (last and cfg.checkpoint.save_final):
+            self.ckpt.save(self.engine, s, self._client_state(), pin=do_eval)
+        if do_eval:
+            self._evaluate()
+
+    def _evaluate(self) -> None:
+        from ..eval.harness import run_eval
+
+        self.engine.eval()
+        try:
+            run_eval(self.engine.module, self.tokenizer, self.cfg.eval, self.cfg.data.window,
+                     sp_group=self.groups.sp_group if self.groups.sp > 1 else None, step=self.step,
+                     out_dir=self.run_dir / "eval", rank=self.groups.rank)
+        finally:
+            self.engine.train()
