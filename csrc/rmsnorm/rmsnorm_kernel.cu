@@ -1,0 +1,243 @@
+// Fused residual add + RMSNorm, forward and backward. fp32 accumulation, bf16/fp16/fp32 I/O.
+//
+// Forward, per row of d (HF LlamaRMSNorm order, with the residual add of the block):
+//   r    = round_T(x + residual)                 (the new residual stream, as `h = x + a`)
+//   rstd = rsqrt(mean(r^2) + eps)                (fp32, saved for backward: 4 B per row)
+//   y    = round_T(w * round_T(r * rstd))        (HF casts the normalised x before * w)
+// Backward, with xhat = r * rstd, gw = w * gy (fp32):
+//   dr = rstd * (gw - xhat * mean(gw * xhat)) + g_r          (g_r: grad of the residual out)
+//   dw = sum_rows gy * round_T(xhat)                          (fp32 partials per block)
+// dr is the gradient of both x and residual (r = x + residual).
+//
+// Layout: one warp owns one row; lane l holds vectors l, l+32, ... (VPT of them, VEC
+// elements each) in registers, so a row is read once and the sum of squares is a warp
+// shuffle reduction (no shared memory, no block barrier) in the forward.
+#include "megablu_common.cuh"
+#include "megablu_ops.h"
+
+namespace megablu {
+namespace {
+
+constexpr int kWarps = kRmsNormWarps;
+
+template <typename T, int VEC, int VPT>
+__global__ void __launch_bounds__(kWarps * 32) rmsnorm_fwd_kernel(RmsNormFwdArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (row >= a.rows) return;
+  const int64_t nvec = a.d / VEC;
+  const T* x = static_cast<const T*>(a.x) + row * a.d;
+  const T* res = a.residual ? static_cast<const T*>(a.residual) + row * a.d : nullptr;
+  const T* w = static_cast<const T*>(a.weight);
+
+  float r[VPT][VEC];
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int64_t j = lane + 32 * i;
+    if (j < nvec) {
+      const Vec<T, VEC> xv = load_vec<T, VEC>(x + j * VEC);
+      if (res) {
+        const Vec<T, VEC> rv = load_vec<T, VEC>(res + j * VEC);
+        Vec<T, VEC> out;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          out.v[e] = from_f<T>(to_f(xv.v[e]) + to_f(rv.v[e]));
+          r[i][e] = to_f(out.v[e]);
+        }
+        store_vec<T, VEC>(static_cast<T*>(a.r_out) + row * a.d + j * VEC, out);
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) r[i][e] = to_f(xv.v[e]);
+      }
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) ss += r[i][e] * r[i][e];
+    }
+  }
+  ss = warp_sum(ss);
+  const float rstd = rsqrtf(ss / static_cast<float>(a.d) + a.eps);
+  if (lane == 0) a.rstd[row] = rstd;
+
+  T* y = static_cast<T*>(a.y) + row * a.d;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int64_t j = lane + 32 * i;
+    if (j < nvec) {
+      const Vec<T, VEC> wv = load_vec<T, VEC>(w + j * VEC);
+      Vec<T, VEC> out;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) out.v[e] = from_f<T>(to_f(wv.v[e]) * round_to<T>(r[i][e] * rstd));
+      store_vec<T, VEC>(y + j * VEC, out);
+    }
+  }
+}
+
+// Grid-stride over rows (a warp at a time) so each block accumulates dw for many rows in
+// registers, then once into shared memory, then one fp32 row of dw_partial per block.
+// Registers hold only the dw accumulators (fp32) and the row's gy and r in storage type;
+// w is re-read per row (d elements, L1-resident) to keep occupancy at 2+ blocks per SM.
+template <typename T, int VEC, int VPT>
+__global__ void __launch_bounds__(kWarps * 32) rmsnorm_bwd_kernel(RmsNormBwdArgs a) {
+  extern __shared__ float dw_smem[];   // (d,)
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int64_t nvec = a.d / VEC;
+  const T* w = static_cast<const T*>(a.weight);
+  const float inv_d = 1.f / static_cast<float>(a.d);
+
+  for (int64_t j = threadIdx.x; j < a.d; j += blockDim.x) dw_smem[j] = 0.f;
+
+  float dw[VPT][VEC];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i)
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) dw[i][e] = 0.f;
+
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < a.rows;
+       row += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const T* gy = static_cast<const T*>(a.gy) + row * a.d;
+    const T* rr = static_cast<const T*>(a.r) + row * a.d;
+    const float rstd = a.rstd[row];
+    Vec<T, VEC> gv[VPT], rv[VPT];
+    float dot = 0.f;   // sum over the row of (w*gy) * xhat
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t j = lane + 32 * i;
+      if (j < nvec) {
+        gv[i] = load_vec<T, VEC>(gy + j * VEC);
+        rv[i] = load_vec<T, VEC>(rr + j * VEC);
+        const Vec<T, VEC> wv = load_vec<T, VEC>(w + j * VEC);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) dot += to_f(gv[i].v[e]) * to_f(wv.v[e]) * (to_f(rv[i].v[e]) * rstd);
+      }
+    }
+    const float mean_dot = warp_sum(dot) * inv_d;
+    T* dr = static_cast<T*>(a.dr) + row * a.d;
+    const T* gres = a.g_res ? static_cast<const T*>(a.g_res) + row * a.d : nullptr;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t j = lane + 32 * i;
+      if (j < nvec) {
+        const Vec<T, VEC> wv = load_vec<T, VEC>(w + j * VEC);
+        Vec<T, VEC> ev;
+        if (gres) ev = load_vec<T, VEC>(gres + j * VEC);
+        Vec<T, VEC> out;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const float g = to_f(gv[i].v[e]);
+          const float xh = to_f(rv[i].v[e]) * rstd;
+          const float extra = gres ? to_f(ev.v[e]) : 0.f;
+          dw[i][e] += g * round_to<T>(xh);
+          out.v[e] = from_f<T>(rstd * (g * to_f(wv.v[e]) - xh * mean_dot) + extra);
+        }
+        store_vec<T, VEC>(dr + j * VEC, out);
+      }
+    }
+  }
+
+  __syncthreads();   // dw_smem zeroed by all threads
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int64_t j = lane + 32 * i;
+    if (j < nvec) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) atomicAdd(&dw_smem[j * VEC + e], dw[i][e]);
+    }
+  }
+  __syncthreads();
+  float* out = a.dw_partial + static_cast<int64_t>(blockIdx.x) * a.d;
+  for (int64_t j = threadIdx.x; j < a.d; j += blockDim.x) out[j] = dw_smem[j];
+}
+
+// vpt is rounded up by the binding to one of the instantiated values below.
+#define MEGABLU_RMS_VPT(KERNEL, T, VEC, ...)                                   \
+  switch (a.vpt) {                                                             \
+    case 1: KERNEL<T, VEC, 1><<<__VA_ARGS__>>>(a); break;                      \
+    case 2: KERNEL<T, VEC, 2><<<__VA_ARGS__>>>(a); break;                      \
+    case 3: KERNEL<T, VEC, 3><<<__VA_ARGS__>>>(a); break;                      \
+    case 4: KERNEL<T, VEC, 4><<<__VA_ARGS__>>>(a); break;                      \
+    case 6: KERNEL<T, VEC, 6><<<__VA_ARGS__>>>(a); break;                      \
+    case 8: KERNEL<T, VEC, 8><<<__VA_ARGS__>>>(a); break;                      \
+    default: return cudaErrorInvalidValue;                                     \
+  }
+
+template <typename T>
+cudaError_t fwd_typed(const RmsNormFwdArgs& a, cudaStream_t s) {
+  if (a.rows == 0) return cudaSuccess;
+  const int64_t blocks = (a.rows + kWarps - 1) / kWarps;
+  constexpr int V = 16 / sizeof(T);
+  if (a.vec == V) {
+    MEGABLU_RMS_VPT(rmsnorm_fwd_kernel, T, V, blocks, kWarps * 32, 0, s)
+  } else {
+    return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t bwd_typed(const RmsNormBwdArgs& a, cudaStream_t s) {
+  if (a.rows == 0 || a.blocks == 0) return cudaSuccess;
+  const size_t smem = sizeof(float) * a.d;
+  constexpr int V = 16 / sizeof(T);
+  if (a.vec == V) {
+    MEGABLU_RMS_VPT(rmsnorm_bwd_kernel, T, V, a.blocks, kWarps * 32, smem, s)
+  } else {
+    return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t rmsnorm_fwd_launch(const RmsNormFwdArgs& a, cudaStream_t s) {
+  switch (a.dtype) {
+    case DType::F32: return fwd_typed<float>(a, s);
+    case DType::F16: return fwd_typed<__half>(a, s);
+    case DType::BF16: return fwd_typed<__nv_bfloat16>(a, s);
+  }
+  return cudaErrorInvalidValue;
+}
+
+namespace {
+template <typename T>
+int bwd_grid_typed(const RmsNormBwdArgs& a) {
+  constexpr int V = 16 / sizeof(T);
+  const void* fn = nullptr;
+  switch (a.vpt) {
+    case 1: fn = reinterpret_cast<const void*>(rmsnorm_bwd_kernel<T, V, 1>); break;
+    case 2: fn = reinterpret_cast<const void*>(rmsnorm_bwd_kernel<T, V, 2>); break;
+    case 3: fn = reinterpret_cast<const void*>(rmsnorm_bwd_kernel<T, V, 3>); break;
+    case 4: fn = reinterpret_cast<const void*>(rmsnorm_bwd_kernel<T, V, 4>); break;
+    case 6: fn = reinterpret_cast<const void*>(rmsnorm_bwd_kernel<T, V, 6>); break;
+    case 8: fn = reinterpret_cast<const void*>(rmsnorm_bwd_kernel<T, V, 8>); break;
+    default: return 0;
+  }
+  int dev = 0, sms = 0, per_sm = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kWarps * 32, sizeof(float) * a.d);
+  const int64_t need = (a.rows + kWarps - 1) / kWarps;
+  const int64_t cap = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+  return static_cast<int>(need < cap ? need : cap);
+}
+}  // namespace
+
+int rmsnorm_bwd_grid(const RmsNormBwdArgs& a) {
+  switch (a.dtype) {
+    case DType::F32: return bwd_grid_typed<float>(a);
+    case DType::F16: return bwd_grid_typed<__half>(a);
+    case DType::BF16: return bwd_grid_typed<__nv_bfloat16>(a);
+  }
+  return 0;
+}
+
+cudaError_t rmsnorm_bwd_launch(const RmsNormBwdArgs& a, cudaStream_t s) {
+  switch (a.dtype) {
+    case DType::F32: return bwd_typed<float>(a, s);
+    case DType::F16: return bwd_typed<__half>(a, s);
+    case DType::BF16: return bwd_typed<__nv_bfloat16>(a, s);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace megablu

@@ -1,0 +1,89 @@
+"""Which implementation an op runs: the CUDA extension or the pure-torch reference.
+
+The choice is made once (`set_impl`, from the `memory.ops` config field) and can be
+overridden per call (`impl=`) or in a block (`use_impl`), so tests force either path
+(the nanochat `flash_attention._override_impl` pattern). "auto" picks CUDA when the
+tensors are on a GPU and the extension builds, else torch; each decision is logged once
+with its reason. "cuda" never falls back silently: it raises with the reason.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Iterator, Optional
+
+import torch
+
+from . import builder
+
+log = logging.getLogger(__name__)
+
+IMPLS = ("auto", "torch", "cuda")
+_mode = "auto"
+_logged: set[tuple[str, str]] = set()
+
+
+def set_impl(mode: str) -> None:
+    """Process-wide default: "auto" | "torch" | "cuda"."""
+    global _mode
+    if mode not in IMPLS:
+        raise ValueError(f"megablu ops: impl must be one of {IMPLS}, got {mode!r}")
+    _mode = mode
+
+
+def get_impl() -> str:
+    return _mode
+
+
+@contextlib.contextmanager
+def use_impl(mode: str) -> Iterator[None]:
+    """Temporarily force an implementation (tests, benchmarks)."""
+    prev = _mode
+    set_impl(mode)
+    try:
+        yield
+    finally:
+        set_impl(prev)
+
+
+def _log_once(key: str, msg: str) -> None:
+    if (key, msg) not in _logged:
+        _logged.add((key, msg))
+        log.info(msg)
+
+
+def resolve(op: str, tensors: tuple, unsupported: Optional[str] = None, impl: Optional[str] = None) -> str:
+    """"cuda" or "torch" for this call of `op`.
+
+    `unsupported` is the op's reason why the CUDA kernel cannot take these inputs (shape,
+    dtype, grad of a table ...) or None when it can.
+    """
+    mode = impl or _mode
+    if mode not in IMPLS:
+        raise ValueError(f"megablu ops: impl must be one of {IMPLS}, got {mode!r}")
+    if mode == "torch":
+        return "torch"
+    devices = {t.device.type for t in tensors if isinstance(t, torch.Tensor)}
+    if devices != {"cuda"}:
+        if mode == "cuda":
+            raise ValueError(f"megablu {op}: impl='cuda' needs CUDA tensors, got devices {sorted(devices)}")
+        _log_once("torch", f"megablu ops: using the torch reference ops (tensors on {sorted(devices)})")
+        return "torch"
+    try:
+        builder.load()
+    except Exception as e:  # noqa: BLE001 - build failures of any kind mean "no kernels"
+        if mode == "cuda":
+            raise RuntimeError(f"megablu {op}: impl='cuda' but the extension did not build: {e}") from e
+        _log_once("torch", f"megablu ops: using the torch reference ops (extension build failed: "
+                           f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+        return "torch"
+    if unsupported is not None:
+        if mode == "cuda":
+            raise ValueError(f"megablu {op}: impl='cuda' cannot run these inputs: {unsupported}")
+        _log_once(op, f"megablu {op}: torch reference for inputs the kernel does not take ({unsupported})")
+        return "torch"
+    if ("cuda", "") not in _logged:
+        _logged.add(("cuda", ""))
+        log.info("megablu ops: using CUDA kernels (extension %s_%s, tensors on cuda)", builder.EXT_PREFIX,
+                 builder.source_hash())
+    return "cuda"
