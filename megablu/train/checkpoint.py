@@ -277,6 +277,25 @@ def _verify_collective(root: Path) -> list[str]:
 
 
 # --------------------------------------------------------------------------- save internals
+def _check_readable(path: PathLike) -> None:
+    """Read a just-written torch file back: catches short writes the filesystem did not report.
+
+    torch's zip format carries a CRC32 per member (testzip reads and checks them all); a
+    legacy-format file is loaded.
+    """
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic == b"PK\x03\x04":
+        if not zipfile.is_zipfile(path):
+            raise OSError("read-back: not a complete zip archive (short write?)")
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+        if bad is not None:
+            raise OSError(f"read-back: CRC error in zip member {bad}")
+    else:
+        torch.load(path, map_location="cpu", weights_only=False)
+
+
 class _RecordingEngine:
     """Wraps DeepSpeed's checkpoint engine for one save.
 
@@ -286,8 +305,8 @@ class _RecordingEngine:
     raised on every rank after the status exchange.
     """
 
-    def __init__(self, inner, root: Path):
-        self._inner, self._root = inner, root
+    def __init__(self, inner, root: Path, phase: Callable[[str], None]):
+        self._inner, self._root, self._phase = inner, root, phase
         self.written: dict[str, dict] = {}
         self.errors: list[str] = []
 
@@ -299,13 +318,10 @@ class _RecordingEngine:
         if self.errors:  # after a failure write nothing more; the save is void anyway
             return
         try:
+            self._phase("ds_write")
             self._inner.save(state_dict, path)
             _fsync_file(path)
-            if zipfile.is_zipfile(path):
-                with zipfile.ZipFile(path) as z:
-                    bad = z.testzip()
-                if bad is not None:
-                    raise OSError(f"read-back CRC error in member {bad}")
+            _check_readable(path)
             self.written[rel] = {"size": os.path.getsize(path), "sha256": sha256_file(path)}
         except Exception as e:
             self.errors.append(f"write {rel}: {type(e).__name__}: {e}")
@@ -373,7 +389,7 @@ class CheckpointManager:
       (fault-injection tests kill the process there).
     """
 
-    PHASES = ("prepare", "gather_weights", "ds_save", "client_state", "weights", "status", "manifest",
+    PHASES = ("prepare", "gather_weights", "ds_save", "ds_write", "client_state", "weights", "status", "manifest",
               "publish", "latest", "prune", "done")
 
     def __init__(self, run_dir: PathLike, keep: int, meta: dict,
@@ -467,7 +483,7 @@ class CheckpointManager:
 
         # -- DeepSpeed's own files, every write recorded
         self._phase("ds_save")
-        rec = _RecordingEngine(engine.checkpoint_engine, tmp)
+        rec = _RecordingEngine(engine.checkpoint_engine, tmp, self._phase)
         engine.checkpoint_engine = rec
         try:
             engine.save_checkpoint(str(tmp), tag=DS_TAG, client_state={"megablu_step": step}, save_latest=False)

@@ -1,0 +1,552 @@
+"""Fault injection against real DeepSpeed engines on CPU ranks (gloo).
+
+Each scenario runs in one driver subprocess (`python test_checkpoint_faults.py SCENARIO`)
+that imports torch/deepspeed once and then forks the ranks of every trial, so a trial
+costs ~1 s instead of a fresh interpreter. Ranks train a tiny BluModel whose batches
+depend on the torch, python and numpy RNGs (so exact resume needs all three restored),
+save every 2 steps with keep=2, and can be told to kill -9 themselves at a save phase,
+to fail a write (ENOSPC, or a silent short write), or to load a given checkpoint.
+
+After every trial the driver checks the filesystem invariants and resumes:
+  - every published step dir verifies (size + sha256 of every file): zero corrupted loads
+  - the newest step whose save returned on rank 0 is still there and verified: zero lost
+  - a resume continues from the newest verified step and its losses equal, bit for bit,
+    those of an uninterrupted run.
+The default pytest run does every save phase on each rank plus a few random-time kills;
+MEGABLU_SLOW=1 (or -m slow) runs the long random sweep (count in docs/RELIABILITY.md).
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve()
+STEPS, EVERY, KEEP = 6, 2, 2
+MODEL = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, ffn_dim=64, vocab_size=97)
+
+
+# =========================================================================== rank side
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, world: int, port: int, spec: dict, tdir: Path) -> int:
+    os.environ.update(DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import deepspeed
+
+    from megablu.config.schema import ModelConfig, RopeConfig
+    from megablu.model.decoder import BluModel
+    from megablu.train.checkpoint import CheckpointError, CheckpointManager, get_rng_state, set_rng_state
+
+    torch.set_num_threads(1)
+    cur = {"step": 0}
+    plog = open(tdir / f"phase_{rank}.log", "a", buffering=1)
+    kill = spec.get("kill")  # [phase, step, rank]
+
+    def hook(name: str) -> None:
+        plog.write(f"{cur['step']} {name}\n")
+        if kill and kill[0] == name and kill[1] == cur["step"] and kill[2] == rank:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    fault = spec.get("fault")  # {"kind": "enospc"|"short", "rank": r, "step": s}
+    if fault and fault["rank"] == rank:
+        real_save = torch.save
+
+        def bad_save(obj, f, *a, **k):
+            if isinstance(f, str) and f.endswith("optim_states.pt") and cur["step"] == fault["step"]:
+                real_save(obj, f, *a, **k)
+                data = Path(f).read_bytes()
+                Path(f).write_bytes(data[: len(data) // 2])
+                if fault["kind"] == "enospc":
+                    raise OSError(28, "No space left on device", f)
+                return None  # silent short write: no error from the filesystem
+            return real_save(obj, f, *a, **k)
+
+        torch.save = bad_save
+
+    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+    torch.manual_seed(0)
+    model = BluModel(ModelConfig(**MODEL), RopeConfig(theta=10000))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    stage = spec.get("stage", 2)
+    eng, *_ = deepspeed.initialize(model=model, optimizer=opt, config={
+        "train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0.0, "zero_allow_untested_optimizer": True,
+        "zero_optimization": {"stage": stage}, "steps_per_print": 10 ** 9})
+    meta = {"config_hash": spec.get("config_hash", "cfg0"), "tokenizer": "bytes-97", "dp": world, "sp": 1,
+            "world_size": world, "zero_stage": stage, "model": MODEL, "rope": {"theta": 10000.0}}
+    mgr = CheckpointManager(spec["run_dir"], keep=spec.get("keep", KEEP), meta=meta, on_phase=hook)
+    torch.manual_seed(1000 + rank)
+    random.seed(rank)
+    np.random.seed(rank)
+    (tdir / f"ready_{rank}").write_text("1")
+
+    def bcast(x):
+        box = [x]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    start = 0
+    try:
+        if spec.get("load"):
+            cs = mgr.load(eng, spec["load"])
+            start = cs["step"]
+            set_rng_state(cs["rng"])
+        elif spec.get("resume"):
+            p = bcast(str(mgr.latest()) if rank == 0 and mgr.latest() else None)
+            if p:
+                cs = mgr.load(eng, p)
+                set_rng_state(cs["rng"])
+                start = cs["step"]
+        if rank == 0:
+            (tdir / "start").write_text(str(start))
+        losses = open(tdir / f"losses_{rank}.txt", "a", buffering=1)
+        tokens = 0 if start == 0 else cs["tokens_seen"]
+        for step in range(start + 1, spec.get("steps", STEPS) + 1):
+            cur["step"] = step
+            hook("train")
+            # the batch depends on all three RNGs: exact resume needs each restored
+            T = 12 + random.randint(0, 3) + int(np.random.randint(0, 3))
+            x = torch.randint(0, 97, (1, T))
+            s, n = eng(x, labels=x)
+            loss = s / n
+            eng.backward(loss)
+            eng.step()
+            tokens += T * world
+            losses.write(f"{step} {loss.item()!r}\n")
+            if step % spec.get("every", EVERY) == 0 or step == spec.get("steps", STEPS):
+                cs = {"step": step, "tokens_seen": tokens, "loader": {"index": step},
+                      "schedule": {"step": step}, "rng": get_rng_state()}
+                mgr.save(eng, step, cs, pin=step in spec.get("pin", []))
+                hook("saved")
+    except CheckpointError as e:
+        (tdir / f"ckpt_error_{rank}.txt").write_text(str(e))
+        return 3
+    dist.barrier()
+    return 0
+
+
+# =========================================================================== driver side
+def trial(spec: dict, world: int = 2, kill_after: float | None = None, timeout: float = 60.0) -> dict:
+    """Fork `world` ranks running spec; optionally SIGKILL all after kill_after s of training."""
+    tdir = Path(tempfile.mkdtemp(prefix="ckt-"))
+    port = _free_port()
+    pids = []
+    for r in range(world):
+        pid = os.fork()
+        if pid == 0:  # child
+            code = 1
+            try:
+                sys.stdout.flush()
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, 1)  # DeepSpeed prints to stdout; the driver's stdout is its result
+                code = _rank_main(r, world, port, spec, tdir)
+            except BaseException:
+                (tdir / f"traceback_{r}.txt").write_text(traceback.format_exc())
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    if kill_after is not None:
+        t0 = time.time()
+        while not all((tdir / f"ready_{r}").exists() for r in range(world)) and time.time() - t0 < timeout:
+            time.sleep(0.005)
+        time.sleep(kill_after)
+        for p in pids:
+            _kill(p)
+    status: dict[int, int] = {}
+    t0 = time.time()
+    first_fail = None
+    while len(status) < world:
+        for r, p in enumerate(pids):
+            if r in status:
+                continue
+            done, st = os.waitpid(p, os.WNOHANG)
+            if done:
+                status[r] = -os.WTERMSIG(st) if os.WIFSIGNALED(st) else os.WEXITSTATUS(st)
+                if status[r] != 0 and first_fail is None:
+                    first_fail = time.time()
+        # a dead rank takes the job down, like the deepspeed launcher (after a grace period
+        # in which the survivors must raise on their own)
+        if first_fail is not None and time.time() - first_fail > 15:
+            for r, p in enumerate(pids):
+                if r not in status:
+                    _kill(p)
+        if time.time() - t0 > timeout:
+            for r, p in enumerate(pids):
+                if r not in status:
+                    _kill(p)
+        time.sleep(0.005)
+    out = {"rc": [status[r] for r in range(world)], "tdir": str(tdir)}
+    for name in ("start",):
+        f = tdir / name
+        out[name] = int(f.read_text()) if f.exists() else None
+    out["errors"] = {r: (tdir / f"ckpt_error_{r}.txt").read_text() for r in range(world)
+                     if (tdir / f"ckpt_error_{r}.txt").exists()}
+    out["tracebacks"] = {r: (tdir / f"traceback_{r}.txt").read_text() for r in range(world)
+                         if (tdir / f"traceback_{r}.txt").exists()}
+    out["losses"] = _losses(tdir / "losses_0.txt")
+    out["phases"] = [ln.split() for ln in (tdir / "phase_0.log").read_text().splitlines()] \
+        if (tdir / "phase_0.log").exists() else []
+    out["phases1"] = [ln.split() for ln in (tdir / "phase_1.log").read_text().splitlines()] \
+        if (tdir / "phase_1.log").exists() else []
+    return out
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _losses(path: Path) -> dict[int, float]:
+    if not path.exists():
+        return {}
+    out = {}
+    for ln in path.read_text().splitlines():
+        s, v = ln.split()
+        out[int(s)] = float(v)
+    return out
+
+
+def fs_check(run_dir: Path) -> dict:
+    """Invariants that must hold at any instant: published steps verify, pointer sane."""
+    from megablu.train.checkpoint import CKPT_DIR, LATEST, step_of, verify_checkpoint
+
+    ck = run_dir / CKPT_DIR
+    steps, corrupted = [], []
+    for p in sorted(ck.iterdir()) if ck.is_dir() else []:
+        if step_of(p) is not None:
+            probs = verify_checkpoint(p)
+            (corrupted if probs else steps).append(step_of(p))
+            if probs:
+                print(f"CORRUPTED {p}: {probs}", file=sys.stderr)
+    latest = (ck / LATEST).read_text().strip() if (ck / LATEST).exists() else None
+    latest_ok = latest is None or (step_of(latest) in steps)
+    return {"verified": steps, "corrupted": corrupted, "latest": latest, "latest_ok": latest_ok,
+            "tmp": sorted(p.name for p in ck.iterdir() if p.name.startswith(".")) if ck.is_dir() else []}
+
+
+def new_run(base: Path, name: str = "t") -> Path:
+    from megablu.train.runs import allocate_run
+    return allocate_run(base, name)
+
+
+def reference(base: Path, world: int = 2, stage: int = 2) -> dict[int, float]:
+    res = trial({"run_dir": str(new_run(base, "ref")), "stage": stage}, world)
+    assert res["rc"] == [0] * world, res
+    return res["losses"]
+
+
+def _last_done_step(phases: list) -> int:
+    done = [int(s) for s, ph in phases if ph == "done"]
+    return max(done, default=0)
+
+
+def kill_case(base: Path, ref: dict, kill=None, kill_after=None, world=2, stage=2) -> dict:
+    """Kill (by phase or after a delay), check invariants, resume, compare with ref."""
+    run = new_run(base)
+    spec = {"run_dir": str(run), "stage": stage}
+    if kill:
+        spec["kill"] = kill
+    res = trial(spec, world, kill_after=kill_after)
+    killed = any(rc < 0 for rc in res["rc"])
+    last = res["phases"][-1] if res["phases"] else ["0", "start"]
+    fs = fs_check(run)
+    done = _last_done_step(res["phases"])
+    # the newest step whose save returned is never pruned (keep >= 1), so it must be there
+    lost = done > 0 and done not in fs["verified"]
+    res2 = trial({"run_dir": str(run), "stage": stage, "resume": True}, world)
+    fs2 = fs_check(run)
+    mism = [s for s, v in res2["losses"].items() if ref.get(s) != v]
+    ok = (res2["rc"] == [0] * world and not fs["corrupted"] and fs["latest_ok"] and not lost and not mism
+          and not fs2["corrupted"] and not fs2["tmp"] and res2["start"] >= done
+          and sorted(res2["losses"]) == list(range(res2["start"] + 1, STEPS + 1)))
+    out = {"kill": kill, "kill_after": kill_after, "killed": killed, "phase_at_kill": last,
+           "rc": res["rc"], "verified_after_kill": fs["verified"], "corrupted": fs["corrupted"],
+           "latest": fs["latest"], "leftovers": fs["tmp"], "last_done": done, "lost": lost,
+           "resumed_from": res2["start"], "resume_rc": res2["rc"], "loss_mismatch": mism,
+           "after_resume_leftovers": fs2["tmp"], "ok": ok}
+    if not ok:
+        out["debug"] = {"tb": res["tracebacks"], "tb2": res2["tracebacks"], "err2": res2["errors"]}
+    shutil.rmtree(res["tdir"], ignore_errors=True)
+    shutil.rmtree(res2["tdir"], ignore_errors=True)
+    return out
+
+
+# save phases reached by each rank (rank 1 never runs rank 0's manifest..prune)
+PHASES_BOTH = ["train", "prepare", "gather_weights", "ds_save", "ds_write", "client_state", "weights", "status"]
+PHASES_R0 = ["manifest", "publish", "latest", "prune", "done", "saved"]
+
+
+def scenario_kills(base: Path, n_random: int, seed: int = 0, ref=None) -> dict:
+    ref = ref or reference(base)
+    cases = []
+    for ph in PHASES_BOTH + PHASES_R0:
+        for r in ([0, 1] if ph in PHASES_BOTH else [0]):
+            cases.append(kill_case(base, ref, kill=[ph, 4, r]))
+    # the first save (no older checkpoint to fall back to) and the last one
+    for ph in ["ds_write", "publish", "latest"]:
+        cases.append(kill_case(base, ref, kill=[ph, 2, 0]))
+        cases.append(kill_case(base, ref, kill=[ph, 6, 0]))
+    rng = random.Random(seed)
+    # how long the training loop takes after 'ready', to spread random kills over it
+    t0 = time.time()
+    trial({"run_dir": str(new_run(base)), "stage": 2}, 2)
+    loop = max(0.3, time.time() - t0 - 0.5)
+    for _ in range(n_random):
+        cases.append(kill_case(base, ref, kill_after=rng.uniform(0, loop)))
+    return {"ref": ref, "cases": cases}
+
+
+def scenario_faults(base: Path, ref=None) -> dict:
+    """Failing writes on one rank, damaged shards, and resume after each."""
+    from megablu.train.checkpoint import CKPT_DIR, MANIFEST, step_name
+
+    ref = ref or reference(base)
+    out = {}
+    for kind in ("enospc", "short"):
+        run = new_run(base)
+        res = trial({"run_dir": str(run), "fault": {"kind": kind, "rank": 1, "step": 4}})
+        fs = fs_check(run)
+        res2 = trial({"run_dir": str(run), "resume": True})
+        out[f"write_{kind}_rank1"] = {
+            "rc": res["rc"], "errors": res["errors"], "verified": fs["verified"], "latest": fs["latest"],
+            "leftovers": fs["tmp"], "resumed_from": res2["start"], "resume_rc": res2["rc"],
+            "loss_mismatch": [s for s, v in res2["losses"].items() if ref.get(s) != v],
+            "tb": res["tracebacks"]}
+    # a complete run, then damage its newest step in three ways
+    good = new_run(base, "good")
+    assert trial({"run_dir": str(good)})["rc"] == [0, 0]
+    for dmg in ("delete", "truncate", "flip", "manifest_edit", "extra_shard"):
+        run = new_run(base, f"dmg_{dmg}")
+        shutil.rmtree(run)
+        shutil.copytree(good, run)
+        step6 = run / CKPT_DIR / step_name(6)
+        shard = step6 / "ds" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+        if dmg == "delete":
+            shard.unlink()
+        elif dmg == "truncate":
+            shard.write_bytes(shard.read_bytes()[:-100])
+        elif dmg == "flip":
+            b = bytearray(shard.read_bytes())
+            b[len(b) // 2] ^= 0x01
+            shard.write_bytes(bytes(b))
+        elif dmg == "manifest_edit":
+            m = json.loads((step6 / MANIFEST).read_text())
+            del m["files"]["ds/zero_pp_rank_1_mp_rank_00_optim_states.pt"]  # "3 of 4" by editing
+            (step6 / MANIFEST).write_text(json.dumps(m))
+        elif dmg == "extra_shard":
+            shutil.copy(shard, step6 / "ds" / "zero_pp_rank_2_mp_rank_00_optim_states.pt")
+        # the run dir was copied: manifests name run "good"; rename so they belong to this run
+        _rebrand(run, good.name)
+        explicit = trial({"run_dir": str(run), "load": str(step6)})
+        res2 = trial({"run_dir": str(run), "resume": True})
+        out[f"damage_{dmg}"] = {
+            "explicit_rc": explicit["rc"], "explicit_errors": explicit["errors"],
+            "resumed_from": res2["start"], "resume_rc": res2["rc"],
+            "loss_mismatch": [s for s, v in res2["losses"].items() if ref.get(s) != v],
+            "tb": explicit["tracebacks"] or res2["tracebacks"]}
+    return out
+
+
+def _rebrand(run: Path, old_id: str) -> None:
+    """Re-sign manifests of a copied run with the new run id (as the run itself would have)."""
+    from megablu.train.checkpoint import CKPT_DIR, MANIFEST, _manifest_digest, step_of
+
+    for p in (run / CKPT_DIR).iterdir():
+        if step_of(p) is None or not (p / MANIFEST).exists():
+            continue
+        m = json.loads((p / MANIFEST).read_text())
+        if m.get("manifest_sha256") != _manifest_digest(m):
+            continue  # deliberately damaged manifest stays damaged
+        m["run_id"] = run.name
+        m["manifest_sha256"] = _manifest_digest(m)
+        (p / MANIFEST).write_text(json.dumps(m, indent=1))
+
+
+def scenario_keep(base: Path) -> dict:
+    """Two runs of the same name in one runs dir, keep=1, pinned step, a foreign step dir."""
+    from megablu.train.checkpoint import CKPT_DIR, step_name
+
+    a, b = new_run(base, "same"), new_run(base, "same")
+    ra = trial({"run_dir": str(a), "keep": 1, "steps": 4})
+    # plant a copy of run A's step 2 inside run B (the seed's prefix collision)
+    (b / CKPT_DIR).mkdir(parents=True, exist_ok=True)
+    shutil.copytree(a / CKPT_DIR / step_name(4), b / CKPT_DIR / step_name(1))
+    rb = trial({"run_dir": str(b), "keep": 1, "pin": [2], "steps": 8})
+    fa, fb = fs_check(a), fs_check(b)
+    return {"ids": [a.name, b.name], "rc": [ra["rc"], rb["rc"]], "a": fa, "b": fb,
+            "tb": [ra["tracebacks"], rb["tracebacks"]]}
+
+
+def scenario_topology(base: Path) -> dict:
+    """Resume on another world size: stage 0 works; ZeRO 1-3 refused with a clear message."""
+    out = {}
+    for stage in (0, 2, 3):
+        run = new_run(base, f"topo{stage}")
+        r1 = trial({"run_dir": str(run), "stage": stage, "steps": 4}, world=2)
+        r2 = trial({"run_dir": str(run), "stage": stage, "resume": True, "steps": 6}, world=1)
+        out[f"stage{stage}"] = {"save_rc": r1["rc"], "resume_rc": r2["rc"], "start": r2["start"],
+                                "errors": r2["errors"], "tb": r1["tracebacks"] or r2["tracebacks"]}
+    # exact resume under ZeRO-3 (same world)
+    ref = reference(base, stage=3)
+    out["stage3_kill"] = kill_case(base, ref, kill=["publish", 4, 0], stage=3)
+    return out
+
+
+def scenario_all(base: Path, n_random: int) -> dict:
+    ref = reference(base)
+    out = {}
+    for name, fn in [("kills", lambda: scenario_kills(base, n_random, ref=ref)),
+                     ("faults", lambda: scenario_faults(base, ref=ref)),
+                     ("keep", lambda: scenario_keep(base)), ("topology", lambda: scenario_topology(base))]:
+        t0 = time.time()
+        out[name] = fn()
+        out[name]["seconds"] = round(time.time() - t0, 1)
+    return out
+
+
+SCENARIOS = {"kills": scenario_kills, "faults": scenario_faults, "keep": scenario_keep,
+             "topology": scenario_topology, "all": scenario_all}
+
+
+def _driver_main(argv: list[str]) -> None:
+    sys.path.insert(0, str(ROOT))
+    os.environ["DS_ACCELERATOR"] = "cpu"
+    import logging
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    # import everything heavy once, before forking ranks (no torch op runs in the parent)
+    import deepspeed  # noqa: F401
+    import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401  (pulls torch._dynamo: ~6 s)
+    import megablu.train.checkpoint  # noqa: F401
+    name = argv[0]
+    base = Path(argv[1])
+    kw = json.loads(argv[2]) if len(argv) > 2 else {}
+    t0 = time.time()
+    res = SCENARIOS[name](base, **kw)
+    res["seconds"] = round(time.time() - t0, 1)
+    sys.stdout.write(json.dumps(res) + "\n")
+
+
+def run_scenario(name: str, base: Path, timeout: int = 900, **kw) -> dict:
+    env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, str(HERE), name, str(base), json.dumps(kw)], capture_output=True,
+                       text=True, timeout=timeout, env=env, cwd=str(ROOT))
+    assert p.returncode == 0, p.stderr[-4000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+# =========================================================================== tests
+SLOW = os.environ.get("MEGABLU_SLOW") == "1"
+N_RANDOM_DEFAULT, N_RANDOM_SLOW = 3, 100
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """One driver run for the whole module (imports torch/deepspeed once)."""
+    return run_scenario("all", tmp_path_factory.mktemp("ckfaults"), n_random=N_RANDOM_DEFAULT)
+
+
+def _assert_cases(cases):
+    bad = [c for c in cases if not c["ok"]]
+    assert not bad, json.dumps(bad, indent=1)[:6000]
+    assert sum(len(c["corrupted"]) for c in cases) == 0
+    assert not any(c["lost"] for c in cases)
+
+
+def _check_kills(res):
+    cases = res["cases"]
+    _assert_cases(cases)
+    for c in cases:  # every deterministic kill really killed the job
+        if c["kill"]:
+            assert c["killed"], c
+    hit = {c["phase_at_kill"][1] for c in cases if c["killed"]}
+    assert set(PHASES_BOTH + PHASES_R0) <= hit, hit
+    # some resumes came from a checkpoint, some started over (kill in the first save)
+    assert any(c["resumed_from"] > 0 for c in cases) and any(c["resumed_from"] == 0 for c in cases)
+
+
+def test_kill9_every_save_phase_then_exact_resume(results):
+    _check_kills(results["kills"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SLOW, reason="long random kill sweep: MEGABLU_SLOW=1")
+def test_kill9_random_sweep(tmp_path):
+    res = run_scenario("kills", tmp_path, timeout=3600, n_random=N_RANDOM_SLOW, seed=1)
+    _check_kills(res)
+    from collections import Counter
+    print(json.dumps({"cases": len(res["cases"]), "seconds": res["seconds"],
+                      "phase_at_kill": Counter(c["phase_at_kill"][1] for c in res["cases"] if c["killed"])}))
+
+
+def test_failing_write_on_one_rank_is_fatal_everywhere(results):
+    out = results["faults"]
+    for kind in ("enospc", "short"):
+        c = out[f"write_{kind}_rank1"]
+        # both ranks raise, the job exits non-zero, nothing from the failed step is published
+        assert c["rc"] == [3, 3], c
+        assert set(c["errors"]) == {"0", "1"}, c
+        for msg in c["errors"].values():
+            assert "step_0000004 failed; nothing published" in msg and "rank 1" in msg, msg
+            assert ("No space left" in msg) if kind == "enospc" else ("short write" in msg), msg
+        assert c["verified"] == [2] and c["latest"] == "step_0000002" and c["leftovers"] == [], c
+        assert c["resumed_from"] == 2 and c["resume_rc"] == [0, 0] and c["loss_mismatch"] == [], c
+
+
+def test_damaged_shard_refused_by_name_and_resume_falls_back(results):
+    out = results["faults"]
+    expect = {"delete": "missing ds/zero_pp_rank_1", "truncate": "size ds/zero_pp_rank_1",
+              "flip": "checksum ds/zero_pp_rank_1", "manifest_edit": "manifest checksum mismatch",
+              "extra_shard": "unlisted file ds/zero_pp_rank_2"}
+    for dmg, needle in expect.items():
+        c = out[f"damage_{dmg}"]
+        assert c["explicit_rc"] == [3, 3], c          # explicit load refused on every rank
+        for msg in c["explicit_errors"].values():
+            assert "refusing to load" in msg and needle in msg, (dmg, msg)
+        # resume skips the damaged newest step and continues exactly from the previous one
+        assert c["resumed_from"] == 4 and c["resume_rc"] == [0, 0] and c["loss_mismatch"] == [], c
+
+
+def test_keep_n_two_runs_pinned_and_foreign(results):
+    out = results["keep"]
+    assert out["ids"] == ["same-0001", "same-0002"]
+    assert out["rc"] == [[0, 0], [0, 0]], out
+    # run A (keep=1) kept its newest; run B's pruning never touched A
+    assert out["a"]["verified"] == [4] and out["a"]["corrupted"] == []
+    # run B: newest (8) kept, pinned 2 kept, foreign step_1 (manifest names run A) left alone
+    assert out["b"]["verified"] == [1, 2, 8], out["b"]
+
+
+def test_resume_on_other_world_size(results):
+    out = results["topology"]
+    s0 = out["stage0"]
+    assert s0["save_rc"] == [0, 0] and s0["resume_rc"] == [0] and s0["start"] == 4, s0
+    for st in ("stage2", "stage3"):
+        c = out[st]
+        assert c["save_rc"] == [0, 0] and c["resume_rc"] == [3], c
+        assert "ZeRO partitions" in c["errors"]["0"] and "init_from" in c["errors"]["0"], c
+    assert out["stage3_kill"]["ok"], out["stage3_kill"]
+
+
+if __name__ == "__main__":
+    _driver_main(sys.argv[1:])
