@@ -1,5 +1,188 @@
-"""Subcommands of this area (placeholder until the area's work lands)."""
+"""`megablu eval` and `megablu compare`. Tables go to stdout, logs to stderr.
+
+    megablu eval --ckpt runs/ext32k/checkpoints/step_750 --config yaml_configs/ext32k.yaml
+    megablu eval --hf path/to/hf_model_dir --config yaml_configs/x.yaml --step 0 --arm parent
+    megablu compare runs/l2 runs/l3@400 runs/ext32k/eval/step_750.json --plot cmp.png
+
+Exit codes: 0 ok; 2 invalid input (config, tokenizer, checkpoint, eval setup); 1 the
+short-context gate failed (or anything else).
+"""
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def _device_and_dtype(cfg):
+    import torch
+
+    dev = cfg.train.device
+    if dev == "auto":
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if (dev == "cuda" and cfg.train.dtype == "bf16") else torch.float32
+    return torch.device(dev), dtype
+
+
+def _step_from_path(path: str):
+    m = re.search(r"step[_-]?(\d+)", Path(path).name) or re.search(r"step[_-]?(\d+)", str(path))
+    return int(m.group(1)) if m else None
+
+
+def _eval(args) -> int:
+    from ..config import ConfigError, load_config
+    from .harness import run_eval
+    from .prompts import EvalError
+    from .report import load_result, markdown
+
+    try:
+        cfg = load_config(args.config, args.set)
+    except ConfigError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    try:
+        from ..data.tokenizer import TokenizerError, load_tokenizer
+    except ImportError as e:
+        print(f"megablu eval: tokenizer support unavailable ({e})", file=sys.stderr)
+        return 2
+    try:
+        tok = load_tokenizer(cfg.tokenizer)
+    except TokenizerError as e:
+        print(f"megablu eval: tokenizer: {e}", file=sys.stderr)
+        return 2
+
+    device, dtype = _device_and_dtype(cfg)
+    try:
+        model = _load_model(args, cfg)
+    except Exception as e:  # CLI boundary: any failure to build the model is invalid input, reported
+        print(f"megablu eval: cannot load weights: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    model = model.to(device=device, dtype=dtype).eval()
+
+    step = args.step if args.step is not None else _step_from_path(args.ckpt or args.hf or "")
+    if step is None:
+        print("megablu eval: cannot tell the step from the checkpoint path; pass --step", file=sys.stderr)
+        return 2
+    arm = args.arm or cfg.name
+    out = Path(args.out) if args.out else Path(cfg.runs_dir) / cfg.name / "eval"
+    eval_cfg = cfg.eval
+    if args.lengths:
+        eval_cfg = eval_cfg.model_copy(update={"lengths": args.lengths})
+    if args.n:
+        eval_cfg = eval_cfg.model_copy(update={"n": args.n})
+    try:
+        parent = load_result(args.gate_parent) if args.gate_parent else None
+        res = run_eval(model, tok, eval_cfg, cfg.data.window, step=step, out_dir=out, rank=0, arm=arm,
+                       parent=parent, batch_tokens=args.batch_tokens)
+    except EvalError as e:
+        print(f"megablu eval: {e}", file=sys.stderr)
+        return 2
+    print(markdown([res]))
+    gate = res.get("gate")
+    if gate is not None:
+        print(gate["message"], file=sys.stderr)
+        if not gate["passed"]:
+            return 1
+    return 0
+
+
+def _load_model(args, cfg):
+    from ..model.decoder import BluModel
+
+    if bool(args.ckpt) == bool(args.hf):
+        raise ValueError("give exactly one of --ckpt (a megablu checkpoint) or --hf (a transformers model dir)")
+    if args.hf:
+        from transformers import AutoModelForCausalLM
+
+        from ..model.hf import configs_from_hf, from_hf
+
+        hf = AutoModelForCausalLM.from_pretrained(args.hf, dtype="float32")
+        m_cfg, _ = configs_from_hf(hf.config)
+        if m_cfg != cfg.model:
+            raise ValueError(f"--hf model shape {m_cfg} differs from the config's model section {cfg.model}")
+        model = BluModel(cfg.model, cfg.rope)   # the config's rope (e.g. YaRN) over the HF weights
+        model.load_state_dict(from_hf(hf).state_dict())
+        return model
+    from ..train.checkpoint import load_weights  # another area's module: imported only when needed
+
+    model = BluModel(cfg.model, cfg.rope)
+    load_weights(model, args.ckpt)
+    return model
+
+
+def _compare(args) -> int:
+    from ..config.schema import GateConfig
+    from .gate import check_gate
+    from .prompts import EvalError
+    from .report import load_result, markdown, plot
+
+    try:
+        results = [load_result(s) for s in args.runs]
+    except EvalError as e:
+        print(f"megablu compare: {e}", file=sys.stderr)
+        return 2
+    if not 0 <= args.baseline < len(results):
+        print(f"megablu compare: --baseline {args.baseline} out of range 0..{len(results) - 1}", file=sys.stderr)
+        return 2
+    digests = {}
+    for r in results:
+        for c in r["cells"]:
+            digests.setdefault((c["task"], c["length"]), set()).add(c["digest"])
+    for (task, L), ds in digests.items():
+        if len(ds) > 1:
+            log.warning("%s@%d: arms were evaluated on different prompts (seed, n or tokenizer differ); "
+                        "differences there are not paired", task, L)
+    text = markdown(results, baseline=args.baseline, threshold=args.threshold)
+    print(text)
+    if args.md:
+        Path(args.md).write_text(text + "\n")
+    if args.plot:
+        try:
+            plot(results, Path(args.plot))
+        except EvalError as e:
+            print(f"megablu compare: {e}", file=sys.stderr)
+            return 2
+        log.info("plot written to %s", args.plot)
+    rc = 0
+    if args.gate_parent:
+        try:
+            parent = load_result(args.gate_parent)
+        except EvalError as e:
+            print(f"megablu compare: {e}", file=sys.stderr)
+            return 2
+        gcfg = GateConfig(parent=args.gate_parent, short_lengths=args.short_lengths, margin_pp=args.margin_pp)
+        for r in results:
+            g = check_gate(r, parent, gcfg)
+            print(f"{r['arm']}@{r['step']}: {g.message}", file=sys.stderr)
+            rc = rc or (0 if g.passed else 1)
+    return rc
 
 
 def register(sub) -> None:
-    return None
+    e = sub.add_parser("eval", help="evaluate a checkpoint: passkey/needle accuracy per length, gate, report")
+    e.add_argument("--config", required=True, help="the run's YAML (model, rope, tokenizer, eval, data.window)")
+    e.add_argument("--ckpt", help="megablu checkpoint (weights are loaded with train.checkpoint.load_weights)")
+    e.add_argument("--hf", help="a transformers Llama/Qwen2 directory instead of --ckpt (imported with from_hf)")
+    e.add_argument("--set", action="append", default=[], metavar="a.b=v", help="config override (repeatable)")
+    e.add_argument("--step", type=int, help="step recorded in the result (default: parsed from --ckpt)")
+    e.add_argument("--arm", help="arm name in reports (default: config name)")
+    e.add_argument("--out", help="output dir (default: <runs_dir>/<name>/eval)")
+    e.add_argument("--lengths", type=int, nargs="+", help="override eval.lengths")
+    e.add_argument("--n", type=int, help="override eval.n")
+    e.add_argument("--gate-parent", help="parent result (json, run dir, or RUN@STEP); default eval.gate.parent")
+    e.add_argument("--batch-tokens", type=int, default=16384, help="prompts per batch = max(1, this // length)")
+    e.set_defaults(func=_eval)
+
+    c = sub.add_parser("compare", help="compare eval results of several arms: table, differences, plot, gate")
+    c.add_argument("runs", nargs="+", metavar="RUN_OR_JSON", help="step_<N>.json, a run dir (latest step), or RUN@STEP")
+    c.add_argument("--baseline", type=int, default=0, help="index of the arm differences are taken against")
+    c.add_argument("--plot", help="write a PNG: accuracy vs log2 length, one line per arm, 95%% bands")
+    c.add_argument("--md", help="also write the markdown tables to this file")
+    c.add_argument("--threshold", type=float, default=85.6, help="effective-length threshold in %% (RULER: 85.6)")
+    c.add_argument("--gate-parent", help="gate every arm against this parent result; exit 1 if any fails")
+    c.add_argument("--short-lengths", type=int, nargs="+", default=[1024, 4096])
+    c.add_argument("--margin-pp", type=float, default=5.0)
+    c.set_defaults(func=_compare)

@@ -1,0 +1,64 @@
+"""Short-context gate: an arm may not buy long-context accuracy with short-context accuracy.
+
+The seed's 2026-09-02 cache bug lifted 16k from 0 to 14-17% while 4k fell from 74% to 16%,
+and perplexity looked fine. So a drop at any short length (default 1024 and 4096) of more
+than margin_pp below the parent fails, whatever the long lengths did. A short length the
+gate cannot check (missing in either result) fails too: an unchecked gate is not a pass.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .report import cells_by
+from .stats import newcombe
+
+
+@dataclass
+class GateResult:
+    passed: bool
+    message: str
+    checks: list = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"passed": self.passed, "message": self.message, "checks": self.checks}
+
+
+def check_gate(result: dict, parent: dict, gate_cfg) -> GateResult:
+    """gate_cfg: megablu.config.schema.GateConfig (short_lengths, margin_pp)."""
+    margin = float(gate_cfg.margin_pp)
+    checks, failures, missing = [], [], []
+    parent_tasks = {c["task"] for c in parent["cells"]}
+    tasks = [t for t in dict.fromkeys(c["task"] for c in result["cells"]) if t in parent_tasks]
+    if not tasks:
+        missing.append(f"any task (arm has {sorted({c['task'] for c in result['cells']})}, parent has "
+                       f"{sorted(parent_tasks)})")
+    for task in tasks:
+        mine, theirs = cells_by(result, task), cells_by(parent, task)
+        for L in gate_cfg.short_lengths:
+            if L not in mine or L not in theirs:
+                missing.append(f"{task}@{L} ({'arm' if L not in mine else 'parent'} has no result)")
+                continue
+            a, b = mine[L], theirs[L]
+            d = newcombe(a["correct"], a["n"], b["correct"], b["n"])
+            drop = b["acc_pp"] - a["acc_pp"]
+            ok = drop <= margin
+            checks.append({"task": task, "length": L, "acc_pp": a["acc_pp"], "parent_acc_pp": b["acc_pp"],
+                           "drop_pp": drop, **d.as_dict(), "passed": ok})
+            if not ok:
+                failures.append(f"{task}@{L}: {a['acc_pp']:.1f}% vs parent {b['acc_pp']:.1f}% = drop {drop:.1f} pp "
+                                f"> margin {margin:g} pp (95% diff [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}])")
+    # what the long lengths did, so the message shows the trade the gate refuses
+    gains = []
+    for task in tasks:
+        mine, theirs = cells_by(result, task), cells_by(parent, task)
+        for L in sorted(set(mine) & set(theirs)):
+            if L not in gate_cfg.short_lengths:
+                gains.append(f"{task}@{L} {mine[L]['acc_pp'] - theirs[L]['acc_pp']:+.1f} pp")
+    pname = f"{parent.get('arm')}@{parent.get('step')}"
+    if failures or missing:
+        msg = (f"SHORT-CONTEXT GATE FAILED against {pname}: " + "; ".join(failures + [f"cannot check {m}" for m in missing])
+               + (f". Long lengths: {', '.join(gains)} -- a long-context gain does not excuse a short-context loss"
+                  if gains else ""))
+        return GateResult(False, msg, checks)
+    return GateResult(True, f"short-context gate passed against {pname} (margin {margin:g} pp at "
+                            f"{list(gate_cfg.short_lengths)})", checks)

@@ -1,0 +1,134 @@
+"""Statistics that decide whether an arm is better: intervals, differences, slope, effective length.
+
+All accuracies are fractions in [0, 1] inside the functions; reports show percentage points.
+- Wilson score interval (Wilson 1927), no continuity correction.
+- Difference of two independent proportions: Newcombe's hybrid score interval (Newcombe
+  1998, "Interval estimation for the difference between independent proportions",
+  method 10), built from the two Wilson intervals. "Resolvable" = the interval excludes 0.
+- Slope in pp per doubling: ordinary least squares of accuracy (pp) on log2(length). Its
+  sampling interval propagates each point's binomial variance through the OLS weights
+  (with the Agresti-Coull p~ = (k+2)/(n+4) so 0/n and n/n points are not certain); with
+  >= 3 lengths a second, t-based interval from the fit residuals is given too.
+- Effective length (RULER, Hsieh et al. 2024): the longest length whose accuracy is >= the
+  threshold (85.6 = Llama2-7B at 4k).
+- Sample size per arm to resolve a difference: normal approximation for two proportions,
+  n = (z_{1-a/2} + z_{power})^2 (p1 q1 + p2 q2) / (p1 - p2)^2.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Optional, Sequence
+
+RULER_THRESHOLD = 85.6
+
+
+def z_of(conf: float = 0.95) -> float:
+    return NormalDist().inv_cdf(0.5 + conf / 2)
+
+
+def wilson(k: int, n: int, conf: float = 0.95) -> tuple[float, float, float]:
+    """(p, lo, hi) for k successes in n trials."""
+    if n <= 0:
+        raise ValueError(f"wilson: n={n} must be > 0")
+    if not 0 <= k <= n:
+        raise ValueError(f"wilson: k={k} outside 0..n={n}")
+    z = z_of(conf)
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return p, max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass(frozen=True)
+class Difference:
+    diff: float          # p1 - p2
+    lo: float
+    hi: float
+
+    @property
+    def resolvable(self) -> bool:
+        """The interval excludes zero: the sign of the difference is resolved at this confidence."""
+        return self.lo > 0 or self.hi < 0
+
+    def as_dict(self) -> dict:
+        return {"diff_pp": 100 * self.diff, "ci_pp": [100 * self.lo, 100 * self.hi],
+                "resolvable": self.resolvable}
+
+
+def newcombe(k1: int, n1: int, k2: int, n2: int, conf: float = 0.95) -> Difference:
+    """Interval for p1 - p2 (Newcombe 1998, method 10)."""
+    p1, l1, u1 = wilson(k1, n1, conf)
+    p2, l2, u2 = wilson(k2, n2, conf)
+    d = p1 - p2
+    lo = d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2)
+    hi = d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
+    return Difference(d, lo, hi)
+
+
+@dataclass(frozen=True)
+class Slope:
+    pp_per_doubling: float
+    ci_pp: tuple[float, float]                       # binomial sampling interval
+    fit_ci_pp: Optional[tuple[float, float]]         # t-interval from residuals (>= 3 lengths)
+    intercept_pp: float                              # accuracy (pp) at log2(length) = 0
+
+    def as_dict(self) -> dict:
+        return {"pp_per_doubling": self.pp_per_doubling, "ci_pp": list(self.ci_pp),
+                "fit_ci_pp": list(self.fit_ci_pp) if self.fit_ci_pp else None}
+
+
+def slope_per_doubling(lengths: Sequence[int], correct: Sequence[int], n: Sequence[int],
+                       conf: float = 0.95) -> Slope:
+    """OLS slope of accuracy (pp) on log2(length), with intervals (see module docstring)."""
+    if len(lengths) < 2 or len(set(lengths)) < 2:
+        raise ValueError(f"slope needs >= 2 distinct lengths, got {list(lengths)}")
+    x = [math.log2(L) for L in lengths]
+    y = [100 * k / m for k, m in zip(correct, n)]
+    xb, yb = sum(x) / len(x), sum(y) / len(y)
+    sxx = sum((xi - xb) ** 2 for xi in x)
+    c = [(xi - xb) / sxx for xi in x]                 # slope = sum(c_i * y_i)
+    b = sum(ci * yi for ci, yi in zip(c, y))
+    a = yb - b * xb
+    # Var(y_i) in pp^2 from the binomial, with Agresti-Coull p~ so extremes keep a variance
+    var = sum(ci * ci * 1e4 * ((k + 2) / (m + 4)) * (1 - (k + 2) / (m + 4)) / m for ci, k, m in zip(c, correct, n))
+    z = z_of(conf)
+    ci = (b - z * math.sqrt(var), b + z * math.sqrt(var))
+    fit = None
+    dof = len(x) - 2
+    if dof >= 1:
+        from scipy.stats import t as student_t  # scipy only for the t quantile
+
+        rss = sum((yi - (a + b * xi)) ** 2 for xi, yi in zip(x, y))
+        se = math.sqrt(rss / dof / sxx)
+        tq = float(student_t.ppf(0.5 + conf / 2, dof))
+        fit = (b - tq * se, b + tq * se)
+    return Slope(b, ci, fit, a)
+
+
+def effective_length(acc_pp_by_length: dict[int, float], threshold: float = RULER_THRESHOLD) -> Optional[int]:
+    """The longest length whose accuracy (pp) is >= threshold; None if no length reaches it."""
+    ok = [L for L, a in acc_pp_by_length.items() if a >= threshold]
+    return max(ok) if ok else None
+
+
+def effective_length_contiguous(acc_pp_by_length: dict[int, float],
+                                threshold: float = RULER_THRESHOLD) -> Optional[int]:
+    """The longest length L such that every length <= L reaches the threshold (stricter)."""
+    best = None
+    for L in sorted(acc_pp_by_length):
+        if acc_pp_by_length[L] < threshold:
+            break
+        best = L
+    return best
+
+
+def n_to_resolve(p1: float, p2: float, conf: float = 0.95, power: float = 0.8) -> int:
+    """Prompts per arm so a true difference p1 - p2 is resolved with the given power."""
+    if p1 == p2:
+        raise ValueError("n_to_resolve: p1 == p2, no finite sample resolves a zero difference")
+    za, zb = z_of(conf), NormalDist().inv_cdf(power)
+    n = (za + zb) ** 2 * (p1 * (1 - p1) + p2 * (1 - p2)) / (p1 - p2) ** 2
+    return math.ceil(n - 1e-9)

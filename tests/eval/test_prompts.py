@@ -1,0 +1,113 @@
+"""Prompts: exact lengths in the model's tokenizer, seeded determinism, keys paired across lengths,
+needles where they should be, and the errors that replace an empty report."""
+import re
+
+import pytest
+
+from megablu.config.schema import EvalConfig
+from megablu.eval.harness import build_prompts, check_lengths
+from megablu.eval.needle import Haystack, NeedleBuilder
+from megablu.eval.passkey import NEEDLE, PasskeyBuilder
+from megablu.eval.prompts import EvalError, is_correct, prompt_digest
+
+LENGTHS = [300, 777, 2048]
+
+
+@pytest.mark.parametrize("tok_name", ["byte_tok", "bpe_tok"])
+def test_passkey_exact_length_and_content(request, tok_name):
+    tok = request.getfixturevalue(tok_name)
+    b = PasskeyBuilder(tok, seed=3, n=10)
+    for L in LENGTHS:
+        for i in range(10):
+            p = b.build(L, i)
+            assert len(p.ids) == L
+            text = tok.decode(list(p.ids))
+            assert text.startswith("There is an important info hidden")
+            assert text.endswith("What is the pass key? The pass key is")
+            assert text.count(f"The pass key is {p.answer}. Remember it. {p.answer} is the pass key.") == 1
+            assert re.fullmatch(r"\d{5}", p.answer)
+    # the same prompt index carries the same key at every length (lengths are paired)
+    assert len({b.build(L, 4).answer for L in LENGTHS}) == 1
+
+
+def test_passkey_depth_is_where_the_needle_is(bpe_tok):
+    n = 8
+    b = PasskeyBuilder(bpe_tok, seed=0, n=n)
+    L = 4000
+    for i in range(n):
+        p = b.build(L, i)
+        # stratified: prompt i's depth lies in its stratum (up to one filler sentence of snapping)
+        slack = len(b.unit) / (L - b.min_length())
+        assert i / n - slack <= p.depth <= (i + 1) / n + slack
+        needle = bpe_tok.encode(NEEDLE.format(key=p.answer))
+        pos = p.meta["needle_pos"]
+        assert list(p.ids[pos:pos + len(needle)]) == needle
+
+
+def test_prompts_are_deterministic_and_seeded(bpe_tok, haystack_docs):
+    cfg = EvalConfig(lengths=[512, 1500], tasks=["passkey", "needle", "multikey"], n=6, seed=7)
+    a = build_prompts(cfg, bpe_tok, haystack=haystack_docs)
+    b = build_prompts(cfg, bpe_tok, haystack=lambda: iter(haystack_docs))   # a callable source, same text
+    assert a == b
+    assert {k: prompt_digest(v) for k, v in a.items()} == {k: prompt_digest(v) for k, v in b.items()}
+    c = build_prompts(cfg.model_copy(update={"seed": 8}), bpe_tok, haystack=haystack_docs)
+    assert all(prompt_digest(a[k]) != prompt_digest(c[k]) for k in a)
+    # adding a length leaves the other lengths' prompts unchanged
+    d = build_prompts(cfg.model_copy(update={"lengths": [512, 1000, 1500]}), bpe_tok, haystack=haystack_docs)
+    assert all(d[k] == a[k] for k in a)
+    for (task, L), ps in a.items():
+        assert len(ps) == 6 and all(len(p.ids) == L for p in ps)
+
+
+@pytest.mark.parametrize("task", ["needle", "multikey"])
+def test_needle_in_real_text(bpe_tok, haystack_docs, task):
+    hay = Haystack(haystack_docs, bpe_tok, 2 * 3000)
+    b = NeedleBuilder(task, bpe_tok, seed=1, n=5, haystack=hay)
+    for i in range(5):
+        p = b.build(3000, i)
+        assert len(p.ids) == 3000
+        text = bpe_tok.decode(list(p.ids))
+        key = p.meta["key"]
+        assert text.count(f"One of the special magic numbers for {key} is: {p.answer}.") == 1
+        assert text.endswith(f"The special magic number for {key} mentioned in the provided text is")
+        assert "def " in text  # the haystack is the real stdlib text
+        distractors = p.meta["distractors"]
+        assert len(distractors) == (3 if task == "multikey" else 0)
+        for k, v in distractors:
+            assert k != key and v != p.answer
+            assert f"One of the special magic numbers for {k} is: {v}." in text
+        # the needle starts right after a sentence end or newline (snapped), or at the exact depth
+        pos = text.index("One of the special magic numbers for " + key)
+        assert 0.0 <= p.depth <= 1.0 and pos > 0
+
+
+def test_scoring_is_exact_digits():
+    assert is_correct(" 43140. Remember it.", "43140")
+    assert not is_correct(" 4314", "43140")
+    assert not is_correct(" 431400", "43140")
+    assert not is_correct(" the key", "43140")
+    assert is_correct("43140", "43140")
+
+
+def test_pad_rule_is_the_seeds():
+    ok = EvalConfig(lengths=[1024, 4096, 16360, 32744], max_new=24, pad=256)
+    check_lengths(ok, 32768)                       # 32744 + 24 = 32768 exactly
+    bad = ok.model_copy(update={"lengths": [32745]})
+    with pytest.raises(EvalError, match=r"32745 \+ max_new 24 pads to 33024 .*longest that fits is 32744"):
+        check_lengths(bad, 32768)
+    with pytest.raises(EvalError, match="empty"):
+        check_lengths(EvalConfig(lengths=[]), 32768)
+
+
+def test_errors_instead_of_empty_reports(byte_tok):
+    cfg = EvalConfig(lengths=[512], tasks=["passkey"], n=2)
+    with pytest.raises(EvalError, match="no tokenizer"):
+        build_prompts(cfg, None)
+    with pytest.raises(EvalError, match="haystack"):
+        build_prompts(cfg.model_copy(update={"tasks": ["needle"]}), byte_tok)
+    with pytest.raises(EvalError, match="only .* tokens of text"):
+        build_prompts(cfg.model_copy(update={"tasks": ["needle"]}), byte_tok, haystack="too short")
+    with pytest.raises(EvalError, match="shorter than the prompt"):
+        build_prompts(cfg.model_copy(update={"lengths": [50]}), byte_tok)
+    with pytest.raises(EvalError, match="outside the model vocabulary"):
+        build_prompts(cfg, byte_tok, vocab_size=100)
