@@ -20,6 +20,7 @@ continues exactly (and without repeats or gaps even when dp_size or micro_batch 
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -177,6 +178,41 @@ class SequenceSpace:
 
 
 # --------------------------------------------------------------------------- loader
+def _make_batch(space: SequenceSpace, mb: int, dp: int, rank: int, g0: int, k: int) -> dict:
+    """Local batch k of dp rank `rank`: global sequences g0 + (k*dp + rank)*mb + j, j < mb."""
+    import torch
+
+    T = space.T
+    buf = np.zeros((mb, T + 1), dtype=np.int64)
+    lab = np.full((mb, T), IGNORE, dtype=np.int64)
+    base = g0 + (k * dp + rank) * mb
+    for j in range(mb):
+        n = space.sequence(base + j, buf[j])
+        if n < T + 1:
+            buf[j, n:] = space.eot  # a valid id under the padding; labels there are IGNORE
+        lab[j, :n - 1] = buf[j, 1:n]
+    return {"input_ids": torch.from_numpy(buf[:, :T].copy()), "labels": torch.from_numpy(lab)}
+
+
+def _prefetch(make, k0: int, q: queue.Queue, stop: threading.Event) -> None:
+    """Background producer: batches k0, k0+1, ... into q until stop is set (an exception is queued and ends it)."""
+    k = k0
+    while not stop.is_set():
+        try:
+            item = make(k)
+        except BaseException as e:  # surfaced by next_batch
+            item = e
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                break
+            except queue.Full:
+                continue
+        if isinstance(item, BaseException):
+            return
+        k += 1
+
+
 class Loader:
     def __init__(self, space: SequenceSpace, *, micro_batch: int, dp_rank: int, dp_size: int, prefetch: int,
                  identity: dict, stats: dict):
@@ -194,35 +230,7 @@ class Loader:
 
     # -- batches
     def _make(self, k: int) -> dict:
-        import torch
-
-        T = self.space.T
-        buf = np.zeros((self.mb, T + 1), dtype=np.int64)
-        lab = np.full((self.mb, T), IGNORE, dtype=np.int64)
-        base = self._g0 + (k * self.dp + self.rank) * self.mb
-        for j in range(self.mb):
-            n = self.space.sequence(base + j, buf[j])
-            if n < T + 1:
-                buf[j, n:] = self.space.eot  # a valid id under the padding; labels there are IGNORE
-            lab[j, :n - 1] = buf[j, 1:n]
-        return {"input_ids": torch.from_numpy(buf[:, :T].copy()), "labels": torch.from_numpy(lab)}
-
-    def _worker(self, k0: int, q: queue.Queue, stop: threading.Event):
-        k = k0
-        while not stop.is_set():
-            try:
-                item = self._make(k)
-            except BaseException as e:  # surfaced by next_batch
-                item = e
-            while not stop.is_set():
-                try:
-                    q.put(item, timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
-            if isinstance(item, BaseException):
-                return
-            k += 1
+        return _make_batch(self.space, self.mb, self.dp, self.rank, self._g0, k)
 
     def _stop_thread(self):
         if self._thread is not None:
@@ -236,7 +244,9 @@ class Loader:
         else:
             if self._thread is None:
                 self._q, self._stop = queue.Queue(maxsize=self.prefetch), threading.Event()
-                self._thread = threading.Thread(target=self._worker, args=(self._k, self._q, self._stop),
+                # the thread holds no reference to self, so a dropped Loader is collected and stops it
+                make = functools.partial(_make_batch, self.space, self.mb, self.dp, self.rank, self._g0)
+                self._thread = threading.Thread(target=_prefetch, args=(make, self._k, self._q, self._stop),
                                                 name="megablu-data-prefetch", daemon=True)
                 self._thread.start()
             b = self._q.get()

@@ -222,3 +222,29 @@ def test_missing_dataset(tmp_path):
     (tmp_path / "half").mkdir()
     with pytest.raises(DataError, match="manifest.json is missing"):
         build_loader(_cfg(tmp_path / "half"), IDENT, micro_batch=1, dp_rank=0, dp_size=1)
+
+
+def test_prefetch_thread_stops_when_loader_dropped(dataset):
+    import gc
+
+    root, _ = dataset
+    L = build_loader(_cfg(root, prefetch=2), IDENT, micro_batch=1, dp_rank=0, dp_size=1)
+    L.next_batch()
+    t = L._thread
+    assert t.is_alive()
+    del L
+    gc.collect()
+    t.join(timeout=5)
+    assert not t.is_alive()
+
+
+def test_error_in_prefetch_thread_surfaces(dataset):
+    root, _ = dataset
+    L = build_loader(_cfg(root, prefetch=2), IDENT, micro_batch=1, dp_rank=0, dp_size=1)
+
+    def boom(g, out):
+        raise DataError(f"cannot read sequence {g}")
+
+    L.space.sequence = boom
+    with pytest.raises(DataError, match="cannot read sequence 0"):
+        L.next_batch()
