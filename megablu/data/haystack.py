@@ -9,10 +9,16 @@ The stream is the bucket's documents joined by a blank line ("\n\n" encoded), in
 seed-dependent order starting at a seed-dependent document, so different seeds give
 different haystacks and the same seed always the same one. A request longer than the
 bucket's text is an error (a haystack that repeats itself is easy to search).
+
+For the eval harness (megablu.eval.harness.load_haystack), which re-tokenizes text itself:
+
+    src = haystack_source("data_cache/demo_cl100k@b2", tokenizer)   # "DIR" = all buckets
+    for doc in src(): ...                                            # val documents as str, stable order
 """
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable, Iterable, Optional
 
 import numpy as np
 
@@ -59,3 +65,25 @@ class Haystack:
 
     def text(self, n_tokens: int, seed: int = 0) -> str:
         return self.tokenizer.decode(self.tokens(n_tokens, seed))
+
+    def documents(self) -> Iterable[str]:
+        """The bucket's documents as text, in manifest order (stable)."""
+        for d in range(len(self.table)):
+            yield self.tokenizer.decode(self.table.doc(d).tolist())
+
+
+def split_spec(path: str) -> tuple[str, str]:
+    """'DIR@b2' -> ('DIR', 'b2'); 'DIR' -> ('DIR', 'all')."""
+    if "@" in path and not Path(path).exists():
+        root, _, bucket = path.rpartition("@")
+        return root, bucket
+    return path, "all"
+
+
+def haystack_source(path: str, tokenizer: Tokenizer, bucket: Optional[str] = None,
+                    split: str = "val") -> Callable[[], Iterable[str]]:
+    """A callable yielding the val documents of `path` ('DIR' or 'DIR@b2') as text; checked now
+    (tokenizer identity, non-empty bucket, shard sizes), read lazily."""
+    root, b = split_spec(path)
+    hs = Haystack(root, tokenizer, bucket=bucket or b, split=split)
+    return hs.documents

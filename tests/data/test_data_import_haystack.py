@@ -94,6 +94,23 @@ def test_haystack(tmp_path):
         hs.tokens(10 ** 6)
 
 
+def test_haystack_source_for_eval_harness(tmp_path):
+    from megablu.data.haystack import haystack_source
+
+    root = _haystack_ds(tmp_path)
+    tok = ByteTokenizer()
+    src = haystack_source(str(root), tok)
+    docs = list(src())
+    texts = {p.read_text() for p in (tmp_path / "src").iterdir()}
+    assert docs and set(docs) <= texts and docs == list(src())  # real documents, stable order
+    m = json.loads((root / "manifest.json").read_text())
+    assert len(docs) == sum(c.get("val", {}).get("documents", 0) for c in m["counts"].values())
+    b1 = list(haystack_source(f"{root}@b1", tok)())
+    assert b1 and all(len(d) >= 1000 for d in b1)
+    with pytest.raises(DataError, match="not in this dataset"):
+        haystack_source(f"{root}@b7", tok)
+
+
 def test_haystack_tokenizer_mismatch(tmp_path, monkeypatch):
     root = _haystack_ds(tmp_path)
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tk"))
