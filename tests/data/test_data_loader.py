@@ -248,3 +248,39 @@ def test_error_in_prefetch_thread_surfaces(dataset):
     L.space.sequence = boom
     with pytest.raises(DataError, match="cannot read sequence 0"):
         L.next_batch()
+
+
+def test_resume_with_other_dp_and_micro_batch_continues_the_global_order(dataset):
+    root, _ = dataset
+    ref = build_loader(_cfg(root), IDENT, micro_batch=1, dp_rank=0, dp_size=1)
+    seqs = [ref.next_batch()["input_ids"][0] for _ in range(20)]
+    a = build_loader(_cfg(root), IDENT, micro_batch=2, dp_rank=1, dp_size=2)
+    for _ in range(3):
+        a.next_batch()
+    sd = a.state_dict()
+    assert sd["sequences_consumed"] == 12  # 3 batches x 2 ranks x 2 sequences
+    b = build_loader(_cfg(root), IDENT, micro_batch=4, dp_rank=0, dp_size=1)
+    b.load_state_dict(sd)
+    assert torch.equal(b.next_batch()["input_ids"], torch.stack(seqs[12:16]))
+
+
+@pytest.mark.parametrize("T,sp", [(96, 4), (98, 4), (100, 3)])
+def test_sp_shard_batch_against_unsharded(dataset, T, sp):
+    """Every sp rank builds the same loader and keeps its T/sp slice (megablu.parallel.sequence);
+    the slices put back together are the unsharded batch, positions included."""
+    from megablu.parallel.groups import Groups
+    from megablu.parallel.sequence import shard_batch
+
+    root, _ = dataset
+    full = build_loader(_cfg(root, window=T), IDENT, micro_batch=2, dp_rank=0, dp_size=2).next_batch()
+    parts = []
+    for r in range(sp):
+        g = Groups(world_size=2 * sp, rank=r, sp=sp, dp=2, sp_rank=r, dp_rank=0)
+        b = build_loader(_cfg(root, window=T), IDENT, micro_batch=2, dp_rank=0, dp_size=2).next_batch()
+        parts.append(shard_batch(b, g, pad_id=EOT))
+    ids = torch.cat([p["input_ids"] for p in parts], 1)[:, :T]
+    lab = torch.cat([p["labels"] for p in parts], 1)
+    pos = torch.cat([p["position_ids"] for p in parts], 1)
+    assert torch.equal(ids, full["input_ids"]) and torch.equal(lab[:, :T], full["labels"])
+    assert (lab[:, T:] == IGNORE).all()  # padding added for T % sp carries no label
+    assert torch.equal(pos[0], torch.arange(pos.shape[1]))
