@@ -76,8 +76,11 @@ def iter_documents(sources: list[Source], max_docs: Optional[int] = None,
         if p.is_dir():
             files, used = [], {pat: 0 for pat in src.include}
             for dirpath, dirnames, filenames in os.walk(p):
-                dirnames.sort()
+                # hidden directories (.git, .venv) and __pycache__ are never documents
+                dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != "__pycache__")
                 for fn in sorted(filenames):
+                    if fn.startswith("."):
+                        continue
                     rel = os.path.relpath(os.path.join(dirpath, fn), p).replace(os.sep, "/")
                     if src.include:
                         hits = [pat for pat in src.include if _match(rel, [pat])]

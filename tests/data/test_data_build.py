@@ -24,6 +24,10 @@ def make_tree(root: Path, n=30, seed=0):
         k = int(rng.integers(2, 120))
         (sub / f"m{i:02d}.py").write_text(" ".join(rng.choice(words, size=k)) + f"\n# file {i}\n")
     (root / "README.txt").write_text("not python\n")
+    (root / ".git").mkdir()
+    (root / ".git" / "objects.py").write_bytes(b"\xff\x00 binary")  # hidden dirs are skipped
+    (root / "__pycache__").mkdir()
+    (root / "__pycache__" / "m00.cpython-311.py").write_bytes(b"\xff")
     return root
 
 
@@ -33,8 +37,8 @@ def test_build_buckets_split_and_manifest(tmp_path):
     m = build_dataset([Source(str(src), include=["*.py"], license="CC0")], BYTE, out, edges=[128, 256, 512],
                       val_fraction=0.2, workers=1, progress=False)
     assert m == read_manifest(out)
-    files = sorted(src.rglob("*.py"))
-    assert m["build"]["documents_seen"] == len(files)
+    files = sorted(f for f in src.rglob("*.py") if ".git" not in f.parts and "__pycache__" not in f.parts)
+    assert m["build"]["documents_seen"] == len(files) == 30
     # every document's bucket follows its byte length; the split follows the hash rule
     for e in m["shards"]:
         b = next(x for x in m["buckets"] if x["name"] == e["bucket"])
@@ -60,6 +64,7 @@ def test_tokens_roundtrip(tmp_path):
     src = make_tree(tmp_path / "src", n=5)
     out = tmp_path / "ds"
     m = build_dataset([Source(str(src), include=["*.py"])], BYTE, out, workers=1, progress=False, val_fraction=0)
+    assert m["build"]["documents_seen"] == 5
     e = m["shards"][0]
     toks = np.fromfile(out / e["tokens"], dtype="<u2")
     off = np.fromfile(out / e["index"], dtype="<u8")
