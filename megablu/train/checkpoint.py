@@ -276,6 +276,32 @@ def _verify_collective(root: Path) -> list[str]:
     return out
 
 
+def newest_verified(run_dir: PathLike, deep: bool = True) -> Optional[Path]:
+    """Newest step of a run that verifies and names this run. Read-only; not collective.
+
+    The `latest` pointer is not trusted: a save killed between publishing the step and
+    updating the pointer leaves it one behind, and a damaged newest step must be skipped.
+    Steps are tried newest first; every unusable one is logged with its problems.
+    """
+    run_dir = Path(run_dir)
+    run_id = run_dir.resolve().name
+    ck = run_dir / CKPT_DIR
+    if not ck.is_dir():
+        return None
+    cands = sorted((p for p in ck.iterdir() if p.is_dir() and step_of(p) is not None), key=step_of, reverse=True)
+    for p in cands:
+        problems = verify_checkpoint(p, deep=deep)
+        if problems:
+            log.error("checkpoint %s is not usable: %s", p, "; ".join(problems))
+            continue
+        owner = read_manifest(p).get("run_id")
+        if owner != run_id:
+            log.error("%s belongs to run %s, not %s: ignored", p, owner, run_id)
+            continue
+        return p
+    return None
+
+
 # --------------------------------------------------------------------------- save internals
 def _check_readable(path: PathLike) -> None:
     """Read a just-written torch file back: catches short writes the filesystem did not report.
@@ -403,9 +429,7 @@ class CheckpointManager:
         self.meta = dict(meta)
         self.on_phase = on_phase
         self.loaded_manifest: Optional[dict] = None
-        if _rank() == 0:
-            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-            self.cleanup()
+        self._cleaned = False  # leftovers are removed by this run's first save, never by a reader
 
     # ------------------------------------------------------------------ listing
     def _phase(self, name: str) -> None:
@@ -427,29 +451,8 @@ class CheckpointManager:
                 shutil.rmtree(p, ignore_errors=True)
 
     def latest(self, deep: bool = True) -> Optional[Path]:
-        """Newest verified checkpoint of this run (the `latest` pointer is only a hint)."""
-        hint = None
-        try:
-            hint = (self.ckpt_dir / LATEST).read_text().strip()
-        except OSError:
-            pass
-        cands = list(reversed(self.steps()))
-        if hint and (self.ckpt_dir / hint) in cands:
-            cands.remove(self.ckpt_dir / hint)
-            # the pointer names the newest published step unless a save was killed between
-            # rename and pointer update; a newer verified step then wins anyway
-            cands.insert(0, self.ckpt_dir / hint)
-            cands.sort(key=lambda p: -step_of(p))
-        for p in cands:
-            problems = verify_checkpoint(p, deep=deep)
-            if not problems:
-                m = read_manifest(p)
-                if m.get("run_id") != self.run_id:
-                    log.error("%s belongs to run %s, not %s: ignored", p, m.get("run_id"), self.run_id)
-                    continue
-                return p
-            log.error("checkpoint %s is not usable: %s", p, "; ".join(problems))
-        return None
+        """Newest verified checkpoint of this run. Read-only; not collective."""
+        return newest_verified(self.run_dir, deep=deep)
 
     # ------------------------------------------------------------------ save
     def save(self, engine, step: int, client_state: dict, pin: bool = False) -> Path:
@@ -466,6 +469,9 @@ class CheckpointManager:
         if rank == 0:
             try:
                 self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+                if not self._cleaned:  # leftovers of a killed save/prune of this run
+                    self.cleanup()
+                    self._cleaned = True
                 if tmp.exists():
                     shutil.rmtree(tmp)
                 (tmp / CLIENT_DIR).mkdir(parents=True)
@@ -659,7 +665,7 @@ class CheckpointManager:
         """
         root = Path(path)
         if not (root / MANIFEST).exists() and (root / CKPT_DIR).is_dir():
-            newest = CheckpointManager(root, 1, {}).latest() if _rank() == 0 else None
+            newest = newest_verified(root) if _rank() == 0 else None
             newest = _bcast(str(newest) if newest else None)
             if newest is None:
                 raise CheckpointError(f"{root}: no verified checkpoint in this run")
@@ -674,14 +680,17 @@ class CheckpointManager:
             raise CheckpointError(f"{root}: saved with ZeRO stage {m['zero_stage']}, this run uses {stage}; "
                                   f"resume needs the same stage (init_from loads weights for any stage)")
         parts = _zero_partitions(engine)
-        if m["zero_partitions"] != parts:
-            raise CheckpointError(
-                f"{root}: saved with {m['zero_partitions']} ZeRO partitions (world {m['world_size']}, dp {m['dp']}, "
-                f"sp {m['sp']}); this run has {parts} (world {_world()}). Resharding the optimizer is not "
-                f"supported: resume with the saved world size, or start with init_from={root} (weights only)")
-        load_path, _ = engine.load_checkpoint(str(root), tag=DS_TAG, load_module_strict=True,
-                                              load_optimizer_states=load_optimizer,
-                                              load_lr_scheduler_states=load_optimizer)
+        if m["zero_partitions"] == parts:
+            load_path, _ = engine.load_checkpoint(str(root), tag=DS_TAG, load_module_strict=True,
+                                                  load_optimizer_states=load_optimizer,
+                                                  load_lr_scheduler_states=load_optimizer)
+        else:
+            # another data-parallel world: DeepSpeed's universal checkpoint reshards the
+            # optimizer (per-parameter fp32 master, exp_avg, exp_avg_sq, step)
+            log.warning("%s: %d ZeRO partitions saved (world %s, dp %s, sp %s), %d now (world %d): "
+                        "resharding through a universal checkpoint", root, m["zero_partitions"],
+                        m["world_size"], m["dp"], m["sp"], parts, _world())
+            load_path = self._load_resharded(engine, root, m, load_optimizer)
         if load_path is None:
             raise CheckpointError(f"{root}: DeepSpeed could not load the checkpoint")
         # per-rank trainer state: this rank's file when the world size matches, else rank 0's
@@ -691,6 +700,45 @@ class CheckpointManager:
         client = torch.load(root / CLIENT_DIR / f"rank_{r:05d}.pt", map_location="cpu", weights_only=False)
         self.loaded_manifest = m
         return client
+
+
+    def _load_resharded(self, engine, root: Path, m: dict, load_optimizer: bool):
+        """Convert root/ds to a universal checkpoint (rank 0), then every rank loads its share."""
+        import argparse
+        import contextlib
+        import sys
+
+        udir = self.ckpt_dir / f"{TMP_PREFIX}universal-{root.name}-{m['manifest_sha256'][:12]}"
+        err = None
+        if _rank() == 0:
+            try:
+                from deepspeed.checkpoint import ds_to_universal
+
+                shutil.rmtree(udir, ignore_errors=True)
+                args = argparse.Namespace(input_folder=str(root / DS_TAG), output_folder=str(udir / DS_TAG),
+                                          num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False,
+                                          strict=True, no_strict=False, inject_missing_state=True)
+                with contextlib.redirect_stdout(sys.stderr):  # it prints progress; stdout is for results
+                    ds_to_universal.main(args)
+            except BaseException as e:  # SystemExit included: the converter exits on bad input
+                err = f"rank 0: universal conversion of {root / DS_TAG} failed: {type(e).__name__}: {e}"
+        errs = [e for e in _all_gather(err) if e]
+        if errs:
+            raise CheckpointError(f"{root}: cannot reshard {m['zero_partitions']} -> {_zero_partitions(engine)} "
+                                  f"ZeRO partitions: {' | '.join(errs)}; resume with the saved world size "
+                                  f"(world {m['world_size']}, dp {m['dp']}, sp {m['sp']}) or use init_from")
+        cfg = engine._config
+        cfg.load_universal_checkpoint = True
+        try:
+            load_path, _ = engine.load_checkpoint(str(udir), tag=DS_TAG, load_module_strict=True,
+                                                  load_optimizer_states=load_optimizer,
+                                                  load_lr_scheduler_states=load_optimizer)
+        finally:
+            cfg.load_universal_checkpoint = False
+        _all_gather(None)  # every rank has read the universal files
+        if _rank() == 0:
+            shutil.rmtree(udir, ignore_errors=True)
+        return load_path
 
 
 # --------------------------------------------------------------------------- weights (init_from, export)
@@ -705,11 +753,11 @@ def resolve_weights(path: PathLike) -> tuple[list[Path], Optional[dict]]:
     if not p.is_dir():
         raise CheckpointError(f"init_from {p}: no such file or directory")
     if (p / CKPT_DIR).is_dir() and not (p / MANIFEST).exists():
-        newest = CheckpointManager(p, 1, {}).latest() if _rank() == 0 else None
-        newest = _bcast(str(newest) if newest else None)
+        newest = newest_verified(p)
         if newest is None:
             raise CheckpointError(f"init_from {p}: run has no verified checkpoint")
-        p = Path(newest)
+        log.info("init_from %s: newest verified step is %s", p, newest.name)
+        p = newest
     m = None
     if (p / MANIFEST).exists():
         problems = verify_checkpoint(p)

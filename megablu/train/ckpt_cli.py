@@ -48,7 +48,7 @@ def _run_dir_of(step_dir: Path) -> Path:
 
 def resolve_step(path: PathLike) -> Path:
     """A verified step dir: the given one, or a run's newest verified one."""
-    from .checkpoint import MANIFEST, CheckpointError, CheckpointManager, verify_checkpoint
+    from .checkpoint import MANIFEST, CheckpointError, newest_verified, verify_checkpoint
 
     p = Path(path)
     if (p / MANIFEST).exists():
@@ -57,7 +57,7 @@ def resolve_step(path: PathLike) -> Path:
             raise CheckpointError(f"{p}: not intact: " + "; ".join(problems))
         return p
     _step_dirs(p)  # raises when p is neither
-    newest = CheckpointManager(p, 1, {}).latest()
+    newest = newest_verified(p)
     if newest is None:
         raise CheckpointError(f"{p}: no verified checkpoint")
     return newest

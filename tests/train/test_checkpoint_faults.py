@@ -104,6 +104,17 @@ def _rank_main(rank: int, world: int, port: int, spec: dict, tdir: Path) -> int:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def full_state() -> dict:
+        """Full fp32 master weights and Adam moments per parameter (collective under ZeRO)."""
+        from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+        st = {n: [safe_get_full_fp32_param(p), safe_get_full_optimizer_state(p, "exp_avg"),
+                  safe_get_full_optimizer_state(p, "exp_avg_sq")] for n, p in eng.module.named_parameters()}
+        # Adam's step count (bias correction) per flat/partitioned group
+        steps = {float(v["step"]) for v in eng.optimizer.optimizer.state.values() if "step" in v}
+        st["__adam_steps__"] = [torch.tensor(sorted(steps))]
+        return st
+
     start = 0
     try:
         if spec.get("load"):
@@ -118,6 +129,12 @@ def _rank_main(rank: int, world: int, port: int, spec: dict, tdir: Path) -> int:
                 start = cs["step"]
         if rank == 0:
             (tdir / "start").write_text(str(start))
+        if spec.get("expect_state"):  # resharded resume: state equals the saving run's, exactly
+            st = full_state()
+            if rank == 0:
+                want = torch.load(spec["expect_state"], weights_only=False)
+                bad = [n for n in want if not all(torch.equal(a, b) for a, b in zip(want[n], st[n]))]
+                (tdir / "state_match.json").write_text(json.dumps({"n": len(want), "mismatch": bad}))
         losses = open(tdir / f"losses_{rank}.txt", "a", buffering=1)
         tokens = 0 if start == 0 else cs["tokens_seen"]
         for step in range(start + 1, spec.get("steps", STEPS) + 1):
@@ -137,6 +154,10 @@ def _rank_main(rank: int, world: int, port: int, spec: dict, tdir: Path) -> int:
                       "schedule": {"step": step}, "rng": get_rng_state()}
                 mgr.save(eng, step, cs, pin=step in spec.get("pin", []))
                 hook("saved")
+        if spec.get("dump_state"):
+            st = full_state()
+            if rank == 0:
+                torch.save(st, spec["dump_state"])
     except CheckpointError as e:
         (tdir / f"ckpt_error_{rank}.txt").write_text(str(e))
         return 3
@@ -174,6 +195,7 @@ def trial(spec: dict, world: int = 2, kill_after: float | None = None, timeout: 
     status: dict[int, int] = {}
     t0 = time.time()
     first_fail = None
+    t_ready = None
     while len(status) < world:
         for r, p in enumerate(pids):
             if r in status:
@@ -193,8 +215,12 @@ def trial(spec: dict, world: int = 2, kill_after: float | None = None, timeout: 
             for r, p in enumerate(pids):
                 if r not in status:
                     _kill(p)
+        if t_ready is None and all((tdir / f"ready_{r}").exists() for r in range(world)):
+            t_ready = time.time()
         time.sleep(0.005)
-    out = {"rc": [status[r] for r in range(world)], "tdir": str(tdir)}
+    # how long the ranks ran after all were ready (the span random kills are spread over)
+    out = {"rc": [status[r] for r in range(world)], "tdir": str(tdir),
+           "loop_s": time.time() - (t_ready or time.time())}
     for name in ("start",):
         f = tdir / name
         out[name] = int(f.read_text()) if f.exists() else None
@@ -203,6 +229,8 @@ def trial(spec: dict, world: int = 2, kill_after: float | None = None, timeout: 
     out["tracebacks"] = {r: (tdir / f"traceback_{r}.txt").read_text() for r in range(world)
                          if (tdir / f"traceback_{r}.txt").exists()}
     out["losses"] = _losses(tdir / "losses_0.txt")
+    out["state_match"] = json.loads((tdir / "state_match.json").read_text()) \
+        if (tdir / "state_match.json").exists() else None
     out["phases"] = [ln.split() for ln in (tdir / "phase_0.log").read_text().splitlines()] \
         if (tdir / "phase_0.log").exists() else []
     out["phases1"] = [ln.split() for ln in (tdir / "phase_1.log").read_text().splitlines()] \
@@ -269,7 +297,8 @@ def kill_case(base: Path, ref: dict, kill=None, kill_after=None, world=2, stage=
         spec["kill"] = kill
     res = trial(spec, world, kill_after=kill_after)
     killed = any(rc < 0 for rc in res["rc"])
-    last = res["phases"][-1] if res["phases"] else ["0", "start"]
+    plog = res["phases1"] if kill and kill[2] == 1 else res["phases"]
+    last = plog[-1] if plog else ["0", "start"]
     fs = fs_check(run)
     done = _last_done_step(res["phases"])
     # the newest step whose save returned is never pruned (keep >= 1), so it must be there
@@ -297,24 +326,24 @@ PHASES_BOTH = ["train", "prepare", "gather_weights", "ds_save", "ds_write", "cli
 PHASES_R0 = ["manifest", "publish", "latest", "prune", "done", "saved"]
 
 
-def scenario_kills(base: Path, n_random: int, seed: int = 0, ref=None) -> dict:
+def scenario_kills(base: Path, n_random: int, seed: int = 0, ref=None, full: bool = False) -> dict:
+    """kill -9 at every save phase (rank 0: all; rank 1: the phases it runs), in the first and
+    last save too, then n_random kills at uniformly random times of the training loop."""
     ref = ref or reference(base)
     cases = []
+    rank1 = PHASES_BOTH if full else ["train", "ds_write", "client_state", "status"]
     for ph in PHASES_BOTH + PHASES_R0:
-        for r in ([0, 1] if ph in PHASES_BOTH else [0]):
+        for r in [0, 1] if ph in rank1 else [0]:
             cases.append(kill_case(base, ref, kill=[ph, 4, r]))
-    # the first save (no older checkpoint to fall back to) and the last one
-    for ph in ["ds_write", "publish", "latest"]:
-        cases.append(kill_case(base, ref, kill=[ph, 2, 0]))
-        cases.append(kill_case(base, ref, kill=[ph, 6, 0]))
+    # the first save (nothing older to fall back to) and the last one
+    for ph, st in ([("ds_write", 2), ("publish", 2), ("latest", 2), ("ds_write", 6), ("publish", 6),
+                    ("latest", 6)] if full else [("publish", 2), ("latest", 6)]):
+        cases.append(kill_case(base, ref, kill=[ph, st, 0]))
     rng = random.Random(seed)
-    # how long the training loop takes after 'ready', to spread random kills over it
-    t0 = time.time()
-    trial({"run_dir": str(new_run(base)), "stage": 2}, 2)
-    loop = max(0.3, time.time() - t0 - 0.5)
+    loop = trial({"run_dir": str(new_run(base)), "stage": 2}, 2)["loop_s"]
     for _ in range(n_random):
         cases.append(kill_case(base, ref, kill_after=rng.uniform(0, loop)))
-    return {"ref": ref, "cases": cases}
+    return {"ref": ref, "loop_s": loop, "cases": cases}
 
 
 def scenario_faults(base: Path, ref=None) -> dict:
@@ -399,14 +428,19 @@ def scenario_keep(base: Path) -> dict:
 
 
 def scenario_topology(base: Path) -> dict:
-    """Resume on another world size: stage 0 works; ZeRO 1-3 refused with a clear message."""
+    """Resume on another world size: stage 0 directly, ZeRO 1-3 resharded (universal ckpt)."""
     out = {}
-    for stage in (0, 2, 3):
+    for stage, w_save, w_resume in ((0, 2, 1), (1, 2, 1), (2, 2, 1), (2, 1, 2), (3, 2, 1)):
         run = new_run(base, f"topo{stage}")
-        r1 = trial({"run_dir": str(run), "stage": stage, "steps": 4}, world=2)
-        r2 = trial({"run_dir": str(run), "stage": stage, "resume": True, "steps": 6}, world=1)
-        out[f"stage{stage}"] = {"save_rc": r1["rc"], "resume_rc": r2["rc"], "start": r2["start"],
-                                "errors": r2["errors"], "tb": r1["tracebacks"] or r2["tracebacks"]}
+        dump = base / f"state_{stage}_{w_save}.pt"
+        r1 = trial({"run_dir": str(run), "stage": stage, "steps": 4,
+                    **({"dump_state": str(dump)} if stage else {})}, world=w_save)
+        r2 = trial({"run_dir": str(run), "stage": stage, "resume": True, "steps": 6,
+                    **({"expect_state": str(dump)} if stage else {})}, world=w_resume)
+        out[f"stage{stage}_w{w_save}to{w_resume}"] = {
+            "save_rc": r1["rc"], "resume_rc": r2["rc"], "start": r2["start"], "errors": r2["errors"],
+            "state_match": r2["state_match"], "resumed_steps": sorted(r2["losses"]),
+            "leftovers": fs_check(run)["tmp"], "tb": r1["tracebacks"] or r2["tracebacks"]}
     # exact resume under ZeRO-3 (same world)
     ref = reference(base, stage=3)
     out["stage3_kill"] = kill_case(base, ref, kill=["publish", 4, 0], stage=3)
@@ -463,7 +497,10 @@ N_RANDOM_DEFAULT, N_RANDOM_SLOW = 3, 100
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     """One driver run for the whole module (imports torch/deepspeed once)."""
-    return run_scenario("all", tmp_path_factory.mktemp("ckfaults"), n_random=N_RANDOM_DEFAULT)
+    base = tmp_path_factory.mktemp("ckfaults")
+    res = run_scenario("all", base, n_random=N_RANDOM_DEFAULT)
+    res["_base"] = base
+    return res
 
 
 def _assert_cases(cases):
@@ -492,7 +529,7 @@ def test_kill9_every_save_phase_then_exact_resume(results):
 @pytest.mark.slow
 @pytest.mark.skipif(not SLOW, reason="long random kill sweep: MEGABLU_SLOW=1")
 def test_kill9_random_sweep(tmp_path):
-    res = run_scenario("kills", tmp_path, timeout=3600, n_random=N_RANDOM_SLOW, seed=1)
+    res = run_scenario("kills", tmp_path, timeout=3600, n_random=N_RANDOM_SLOW, seed=1, full=True)
     _check_kills(res)
     from collections import Counter
     print(json.dumps({"cases": len(res["cases"]), "seconds": res["seconds"],
@@ -538,14 +575,89 @@ def test_keep_n_two_runs_pinned_and_foreign(results):
 
 
 def test_resume_on_other_world_size(results):
+    """World size change on resume: stage 0 loads directly; ZeRO 1-3 are resharded through a
+    universal checkpoint and every parameter's fp32 master, exp_avg, exp_avg_sq and Adam's
+    step count equal the saving run's, bit for bit; training then continues."""
     out = results["topology"]
-    s0 = out["stage0"]
-    assert s0["save_rc"] == [0, 0] and s0["resume_rc"] == [0] and s0["start"] == 4, s0
-    for st in ("stage2", "stage3"):
-        c = out[st]
-        assert c["save_rc"] == [0, 0] and c["resume_rc"] == [3], c
-        assert "ZeRO partitions" in c["errors"]["0"] and "init_from" in c["errors"]["0"], c
+    for key in ("stage0_w2to1", "stage1_w2to1", "stage2_w2to1", "stage2_w1to2", "stage3_w2to1"):
+        c = out[key]
+        n_resume = int(key[-1])
+        assert c["save_rc"] == [0] * int(key.split("_w")[1][0]) and c["resume_rc"] == [0] * n_resume, c
+        assert c["start"] == 4 and c["resumed_steps"] == [5, 6] and c["leftovers"] == [], c
+        if not key.startswith("stage0"):
+            assert c["state_match"] == {"n": 22, "mismatch": []}, c
     assert out["stage3_kill"]["ok"], out["stage3_kill"]
+
+
+def _cli(argv, capsys):
+    from megablu.cli import main
+    rc = main(argv)
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def test_cli_verify_list_export_roundtrip(results, tmp_path, capsys):
+    """`ckpt verify|list|export` on the engine-made run; the export loads in transformers."""
+    import torch
+    import transformers
+
+    from megablu.config.schema import ModelConfig, RopeConfig
+    from megablu.model.decoder import BluModel
+    from megablu.model.hf import from_hf, to_hf
+    from megablu.train.checkpoint import load_weights
+
+    good = results["_base"] / "good-0001"
+    rc, out, _ = _cli(["ckpt", "verify", str(good)], capsys)
+    assert rc == 0 and out.split() == ["OK", str(good / "checkpoints/step_0000004"),
+                                       "OK", str(good / "checkpoints/step_0000006")]
+    rc, out, _ = _cli(["ckpt", "list", str(results["_base"]), "--json"], capsys)
+    rows = {r["path"]: r for r in json.loads(out)}
+    assert rc == 0 and rows[str(good / "checkpoints/step_0000006")]["status"] == "ok"
+    assert rows[str(good / "checkpoints/step_0000006")]["flags"] == "latest"
+    assert rows[str(good / "checkpoints/step_0000006")]["topology"] == "w2/dp2/sp1/z2"
+    dmg = results["_base"] / "dmg_flip-0001" / "checkpoints/step_0000006"
+    assert rows[str(dmg)]["status"] == "ok"  # list is size-only by default; --verify hashes
+    rc, out, _ = _cli(["ckpt", "verify", str(dmg)], capsys)
+    assert rc == 2 and "checksum ds/zero_pp_rank_1_mp_rank_00_optim_states.pt" in out
+
+    # export: run dir -> newest verified step -> HF dir
+    rc, out, err = _cli(["ckpt", "export", str(good), "--out", str(tmp_path / "hf")], capsys)
+    assert rc == 0 and out.strip() == str(tmp_path / "hf"), err
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert type(hf).__name__ == "LlamaForCausalLM"
+    blu = BluModel(ModelConfig(**MODEL), RopeConfig(theta=10000))
+    load_weights(blu, good / "checkpoints/step_0000006")     # consolidated weights of the step
+    x = torch.randint(0, 97, (2, 24))
+    with torch.no_grad():
+        ref = blu(x)
+        assert torch.allclose(hf(x).logits, ref, atol=1e-5, rtol=1e-5)
+        back = from_hf(hf)                                    # HF -> BluModel -> HF
+        assert torch.equal(back(x), ref)
+        assert torch.equal(to_hf(back)(x).logits, hf(x).logits)
+    blu2 = BluModel(ModelConfig(**MODEL), RopeConfig(theta=10000))
+    load_weights(blu2, tmp_path / "hf")                       # init_from an export
+    assert all(torch.equal(a, b) for a, b in zip(blu.state_dict().values(), blu2.state_dict().values()))
+    # refuses to overwrite; a damaged step is never exported
+    rc, _, err = _cli(["ckpt", "export", str(good), "--out", str(tmp_path / "hf")], capsys)
+    assert rc == 2 and "not empty" in err
+    rc, _, err = _cli(["ckpt", "export", str(dmg), "--out", str(tmp_path / "hf2")], capsys)
+    assert rc == 2 and "checksum" in err and not (tmp_path / "hf2").exists()
+
+
+def test_hub_upload_with_model_card_to_local_stand_in(results, tmp_path, capsys):
+    good = results["_base"] / "good-0001"
+    (good / "eval").mkdir(exist_ok=True)
+    (good / "eval" / "passkey.json").write_text(json.dumps({"rows": [{"length": 1024, "acc": 0.8},
+                                                                     {"length": 4096, "acc": 0.62}]}))
+    rc, out, err = _cli(["hub", "upload", str(good), "--to-local", str(tmp_path / "repo")], capsys)
+    assert rc == 0, err
+    assert sorted(out.split()) == ["README.md", "config.json", "megablu_export.json", "model.safetensors"]
+    card = (tmp_path / "repo" / "README.md").read_text()
+    assert "step 6" in card and "| 4096 | 0.62 |" in card and "bytes-97" in card
+    # and it downloads back, verified
+    rc, out, err = _cli(["hub", "download", "me/x", "--from-local", str(tmp_path / "repo"), "--include", "*.json",
+                         "--include", "model.safetensors", "--local-dir", str(tmp_path / "dl")], capsys)
+    assert rc == 0 and len(out.split()) == 3, err
 
 
 if __name__ == "__main__":

@@ -1,0 +1,90 @@
+"""Checkpoint pieces that need no DeepSpeed engine: RNG capture, weights files, init_from.
+
+Engine-level save/load/kill tests: test_checkpoint_faults.py.
+"""
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from megablu.config.schema import ModelConfig, RopeConfig, YarnConfig
+from megablu.model.decoder import BluModel
+from megablu.train.checkpoint import (CheckpointError, get_rng_state, load_weights, read_weights, save_weights,
+                                      set_rng_state, verify_checkpoint)
+
+TINY = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, ffn_dim=64, vocab_size=97)
+
+
+def _model(seed=0, **kw):
+    torch.manual_seed(seed)
+    return BluModel(ModelConfig(**{**TINY, **kw}), RopeConfig(theta=10000))
+
+
+def test_rng_state_roundtrip_all_three_generators():
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    st = get_rng_state()
+    a = (random.random(), np.random.rand(), torch.rand(3))
+    random.seed(9), np.random.seed(9), torch.manual_seed(9)
+    set_rng_state(st)
+    b = (random.random(), np.random.rand(), torch.rand(3))
+    assert a[0] == b[0] and a[1] == b[1] and torch.equal(a[2], b[2])
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_weights_roundtrip_exact(tmp_path, tie):
+    src, dst = _model(0, tie_embeddings=tie), _model(1, tie_embeddings=tie)
+    save_weights(src.state_dict(), tmp_path / "model.safetensors")
+    load_weights(dst, tmp_path / "model.safetensors")
+    for (k, a), (_, b) in zip(src.state_dict().items(), dst.state_dict().items()):
+        assert torch.equal(a, b), k
+    if tie:  # stored once, restored as an alias, still tied after loading
+        assert dst.lm_head.weight.data_ptr() == dst.embed_tokens.weight.data_ptr()
+
+
+def test_shape_mismatch_and_missing_are_named(tmp_path):
+    save_weights(_model(0).state_dict(), tmp_path / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"mlp.gate_proj.weight: file \(64, 32\) vs model \(80, 32\)"):
+        load_weights(_model(0, ffn_dim=80), tmp_path / "model.safetensors")
+    sd = _model(0).state_dict()
+    del sd["layers.1.self_attn.k_proj.weight"]
+    save_weights(sd, tmp_path / "partial.safetensors")
+    with pytest.raises(CheckpointError, match=r"missing \['layers.1.self_attn.k_proj.weight'\]"):
+        load_weights(_model(0), tmp_path / "partial.safetensors")
+
+
+def test_init_from_clear_error_when_absent(tmp_path):
+    with pytest.raises(CheckpointError, match="no such file"):
+        load_weights(_model(), tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="expected a checkpoint step dir, a run dir or an exported HF dir"):
+        load_weights(_model(), tmp_path / "empty")
+
+
+def test_init_from_hf_directory_saved_by_transformers(tmp_path):
+    """A transformers save_pretrained dir (HF names, tied lm_head omitted) loads into BluModel."""
+    from megablu.model.hf import to_hf
+
+    rope = RopeConfig(theta=10000, yarn=YarnConfig(factor=2.0, original_max_position=64))
+    torch.manual_seed(0)
+    src = BluModel(ModelConfig(**TINY, tie_embeddings=True), rope)
+    to_hf(src).save_pretrained(tmp_path / "hf")
+    dst = BluModel(ModelConfig(**TINY, tie_embeddings=True), rope)
+    load_weights(dst, tmp_path / "hf")
+    x = torch.randint(0, 97, (1, 20))
+    assert torch.equal(src(x), dst(x))
+
+
+def test_verify_reports_missing_manifest(tmp_path):
+    assert "no manifest.json" in verify_checkpoint(tmp_path)[0]
+    (tmp_path / "manifest.json").write_text(json.dumps({"files": {}}))
+    assert "checksum mismatch" in verify_checkpoint(tmp_path)[0]
+
+
+def test_read_weights_strips_hf_prefix(tmp_path):
+    sd = {"model.norm.weight": torch.ones(4), "lm_head.weight": torch.zeros(2, 4)}
+    save_weights(sd, tmp_path / "model.safetensors")
+    assert sorted(read_weights(tmp_path / "model.safetensors")) == ["lm_head.weight", "norm.weight"]
