@@ -49,7 +49,7 @@ def _cache_file(root: Path) -> Path:
 
 
 def verify_for_training(root: Path, manifest: dict, shards: list[dict]) -> None:
-    """Structure of every selected shard; sha256 of each file once (cached by size + mtime + hash).
+    """Structure of every selected shard; sha256 of each file once (cached by size + mtime + inode).
 
     Raises DataError listing every bad file."""
     cf = _cache_file(root)
@@ -67,13 +67,15 @@ def verify_for_training(root: Path, manifest: dict, shards: list[dict]) -> None:
             f = root / rel
             st = f.stat()
             c = cache.get(rel)
-            if c and c["size"] == st.st_size and c["mtime_ns"] == st.st_mtime_ns and c["sha256"] == want:
+            # a copied file (new inode, even with its mtime kept) or a rewritten one is hashed again
+            if (c and c["size"] == st.st_size and c["mtime_ns"] == st.st_mtime_ns and c.get("ino") == st.st_ino
+                    and c["sha256"] == want):
                 continue
             got = sha256_file(f)
             if got != want:
                 errs.append(f"{f}: sha256 {got[:16]}... != manifest {want[:16]}... (corrupted or modified)")
                 continue
-            cache[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": got}
+            cache[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "sha256": got}
             changed = True
     if errs:
         raise DataError(f"dataset {root} failed verification:\n  " + "\n  ".join(errs))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 FORMAT = "megablu-shards"
 VERSION = 1
@@ -134,6 +137,10 @@ class DatasetWriter:
         self.tmp = self.out.with_name(f".{self.out.name}.tmp-{os.getpid()}")
         if self.tmp.exists():
             shutil.rmtree(self.tmp)
+        stale = sorted(p.name for p in self.out.parent.glob(f".{self.out.name}.tmp-*")) if self.out.parent.exists() else []
+        if stale:
+            log.warning("partial build(s) %s next to %s: an interrupted or concurrent build; delete them if no "
+                        "build is running", stale, self.out)
         self.tmp.mkdir(parents=True)
         self.overwrite = overwrite
         self.tok_info = dict(tokenizer_info)

@@ -170,3 +170,20 @@ def test_bad_manifest(tmp_path, capsys):
     (root / "manifest.json").write_text("{not json")
     rc, err = _verify_cli(root, capsys)
     assert rc == 2 and "manifest.json: not valid JSON" in err
+
+
+def test_corrupted_copy_with_preserved_mtime_is_seen(ds):
+    """`cp -p` keeps size and mtime; the new inode still forces a re-hash."""
+    import shutil
+
+    cfg = DataConfig(path=str(ds), window=64)
+    build_loader(cfg, IDENT, micro_batch=1, dp_rank=0, dp_size=1)
+    f = ds / _shard(ds)["tokens"]
+    b = bytearray(f.read_bytes())
+    b[1] ^= 1
+    tmp = f.with_name("x.tmp")
+    tmp.write_bytes(bytes(b))
+    shutil.copystat(f, tmp)
+    os.replace(tmp, f)
+    with pytest.raises(DataError, match=f"{f}: sha256"):
+        build_loader(cfg, IDENT, micro_batch=1, dp_rank=0, dp_size=1)
