@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import glob
 import logging
-import os
 import platform
 import re
 import shutil

@@ -187,3 +187,18 @@ def test_corrupted_copy_with_preserved_mtime_is_seen(ds):
     os.replace(tmp, f)
     with pytest.raises(DataError, match=f"{f}: sha256"):
         build_loader(cfg, IDENT, micro_batch=1, dp_rank=0, dp_size=1)
+
+
+def test_jsonl_not_utf8_and_gzip(tmp_path):
+    import gzip
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
+    with pytest.raises(DataError, match=r"bad.jsonl:2: not UTF-8"):
+        build_dataset([Source(str(bad))], BYTE, tmp_path / "o", workers=1, progress=False)
+    assert not (tmp_path / "o").exists()
+    good = tmp_path / "good.jsonl.gz"
+    with gzip.open(good, "wt", encoding="utf-8") as f:
+        f.write('{"text": "héllo"}\n\n{"text": "wörld!"}\n')
+    m = build_dataset([Source(str(good))], BYTE, tmp_path / "o", workers=1, progress=False, val_fraction=0)
+    assert m["counts"]["b0"]["train"] == {"documents": 2, "tokens": len("héllo".encode()) + len("wörld!".encode())}

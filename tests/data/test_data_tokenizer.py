@@ -1,6 +1,5 @@
 import base64
 import hashlib
-import json
 import sys
 
 import pytest
