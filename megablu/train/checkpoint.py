@@ -650,18 +650,22 @@ class CheckpointManager:
         return victims
 
     # ------------------------------------------------------------------ load
-    def check_compatible(self, m: dict) -> None:
-        """Same tokenizer and config as this run; raise naming both values otherwise."""
-        for key in ("tokenizer", "config_hash"):
+    def check_compatible(self, m: dict, allow_config_change: bool = False) -> None:
+        """Same tokenizer (always) and config hash (unless allowed) as this run."""
+        keys = ("tokenizer",) if allow_config_change else ("tokenizer", "config_hash")
+        for key in keys:
             mine, theirs = self.meta.get(key), m.get(key)
             if mine is not None and theirs is not None and mine != theirs:
-                raise CheckpointError(f"checkpoint {key}={theirs!r} but this run has {key}={mine!r}; "
-                                      f"use init_from (weights only) to start from another config")
+                hint = ("a checkpoint is only valid with the tokenizer it was trained with" if key == "tokenizer"
+                        else "resume with the run's config.resolved.yaml, pass allow_config_change=True "
+                             "for a deliberate change, or use init_from (weights only)")
+                raise CheckpointError(f"checkpoint {key}={theirs!r} but this run has {key}={mine!r}; {hint}")
 
-    def load(self, engine, path: PathLike, load_optimizer: bool = True) -> dict:
+    def load(self, engine, path: PathLike, load_optimizer: bool = True, allow_config_change: bool = False) -> dict:
         """Collective. Verify everything on all ranks, then DeepSpeed load; returns client_state.
 
-        A run dir may be given (its newest verified step is used).
+        A run dir may be given (its newest verified step is used). A different ZeRO
+        partition count (world size) is resharded; a different ZeRO stage is refused.
         """
         root = Path(path)
         if not (root / MANIFEST).exists() and (root / CKPT_DIR).is_dir():
@@ -674,7 +678,7 @@ class CheckpointManager:
         if problems:
             raise CheckpointError(f"{root}: refusing to load, checkpoint is not intact: " + "; ".join(problems))
         m = read_manifest(root)
-        self.check_compatible(m)
+        self.check_compatible(m, allow_config_change)
         stage = int(engine.zero_optimization_stage())
         if m["zero_stage"] != stage:
             raise CheckpointError(f"{root}: saved with ZeRO stage {m['zero_stage']}, this run uses {stage}; "

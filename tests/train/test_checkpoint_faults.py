@@ -91,7 +91,7 @@ def _rank_main(rank: int, world: int, port: int, spec: dict, tdir: Path) -> int:
     eng, *_ = deepspeed.initialize(model=model, optimizer=opt, config={
         "train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0.0, "zero_allow_untested_optimizer": True,
         "zero_optimization": {"stage": stage}, "steps_per_print": 10 ** 9})
-    meta = {"config_hash": spec.get("config_hash", "cfg0"), "tokenizer": "bytes-97", "dp": world, "sp": 1,
+    meta = {"config_hash": spec.get("config_hash", "cfg0"), "tokenizer": spec.get("tokenizer", "bytes-97"), "dp": world, "sp": 1,
             "world_size": world, "zero_stage": stage, "model": MODEL, "rope": {"theta": 10000.0}}
     mgr = CheckpointManager(spec["run_dir"], keep=spec.get("keep", KEEP), meta=meta, on_phase=hook)
     torch.manual_seed(1000 + rank)
@@ -394,6 +394,10 @@ def scenario_faults(base: Path, ref=None) -> dict:
             "resumed_from": res2["start"], "resume_rc": res2["rc"],
             "loss_mismatch": [s for s, v in res2["losses"].items() if ref.get(s) != v],
             "tb": explicit["tracebacks"] or res2["tracebacks"]}
+    # resuming with another tokenizer or config is refused before anything is loaded
+    for key, val in (("tokenizer", "tiktoken-cl100k"), ("config_hash", "cfg-other")):
+        r = trial({"run_dir": str(good), "resume": True, key: val})
+        out[f"mismatch_{key}"] = {"rc": r["rc"], "errors": r["errors"]}
     return out
 
 
@@ -562,6 +566,13 @@ def test_damaged_shard_refused_by_name_and_resume_falls_back(results):
             assert "refusing to load" in msg and needle in msg, (dmg, msg)
         # resume skips the damaged newest step and continues exactly from the previous one
         assert c["resumed_from"] == 4 and c["resume_rc"] == [0, 0] and c["loss_mismatch"] == [], c
+
+
+def test_resume_refuses_other_tokenizer_or_config(results):
+    for key, val in (("tokenizer", "tiktoken-cl100k"), ("config_hash", "cfg-other")):
+        c = results["faults"][f"mismatch_{key}"]
+        assert c["rc"] == [3, 3], c
+        assert f"{key}=" in c["errors"]["0"] and val in c["errors"]["0"], c
 
 
 def test_keep_n_two_runs_pinned_and_foreign(results):
