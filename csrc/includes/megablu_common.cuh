@@ -24,20 +24,53 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float
 // Round a float through the storage type (mirrors an intermediate torch tensor of dtype T).
 template <typename T> __device__ __forceinline__ float round_to(float v) { return to_f(from_f<T>(v)); }
 
-// VEC elements loaded/stored as one aligned access (16 B = one LDG.128 when VEC*sizeof(T)==16).
+// VEC elements loaded/stored as one aligned access (16 B = one LDG.128 / STG.128). The
+// accesses go through integer vector types: a plain struct copy lets nvcc split a store
+// into 2-byte pieces once the elements were written one by one.
 template <typename T, int VEC>
 struct alignas(sizeof(T) * VEC) Vec {
   T v[VEC];
 };
 
+template <int BYTES> struct RawVec;                     // the integer type of one access
+template <> struct RawVec<2> { using type = unsigned short; };
+template <> struct RawVec<4> { using type = unsigned int; };
+template <> struct RawVec<8> { using type = uint2; };
+template <> struct RawVec<16> { using type = uint4; };
+
 template <typename T, int VEC>
 __device__ __forceinline__ Vec<T, VEC> load_vec(const T* p) {
-  return *reinterpret_cast<const Vec<T, VEC>*>(p);
+  constexpr int B = sizeof(T) * VEC;
+  constexpr int A = B > 16 ? 16 : B;                    // 32-byte vectors: two 16-byte accesses
+  using R = typename RawVec<A>::type;
+  union { Vec<T, VEC> v; R r[B / A]; } u;
+#pragma unroll
+  for (int i = 0; i < B / A; ++i) u.r[i] = reinterpret_cast<const R*>(p)[i];
+  return u.v;
 }
+
+// 16- and 8-byte stores are issued as explicit vector PTX stores: with a computed
+// (row, column) address nvcc otherwise splits them into 2- or 4-byte stores (seen for
+// sm_90 with CUDA 13). Generic addresses of global memory are valid global addresses.
+__device__ __forceinline__ void store_raw(void* p, const uint4& r) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(r.x), "r"(r.y), "r"(r.z), "r"(r.w)
+               : "memory");
+}
+__device__ __forceinline__ void store_raw(void* p, const uint2& r) {
+  asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(r.x), "r"(r.y) : "memory");
+}
+__device__ __forceinline__ void store_raw(void* p, unsigned int r) { *reinterpret_cast<unsigned int*>(p) = r; }
+__device__ __forceinline__ void store_raw(void* p, unsigned short r) { *reinterpret_cast<unsigned short*>(p) = r; }
 
 template <typename T, int VEC>
 __device__ __forceinline__ void store_vec(T* p, const Vec<T, VEC>& v) {
-  *reinterpret_cast<Vec<T, VEC>*>(p) = v;
+  constexpr int B = sizeof(T) * VEC;
+  constexpr int A = B > 16 ? 16 : B;
+  using R = typename RawVec<A>::type;
+  union { Vec<T, VEC> v; R r[B / A]; } u;
+  u.v = v;
+#pragma unroll
+  for (int i = 0; i < B / A; ++i) store_raw(reinterpret_cast<R*>(p) + i, u.r[i]);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -40,6 +40,7 @@ std::vector<at::Tensor> rmsnorm_fwd(const at::Tensor& x, const c10::optional<at:
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == d && weight.is_contiguous() &&
                   weight.scalar_type() == x.scalar_type() && weight.device() == x.device(),
               "rmsnorm: weight must be contiguous (", d, ",) of x's dtype and device");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(weight.data_ptr()) % 16 == 0, "rmsnorm: weight not 16-byte aligned");
   const auto [vec, vpt] = plan(d, x.element_size());
 
   const c10::cuda::CUDAGuard guard(x.device());

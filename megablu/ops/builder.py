@@ -36,8 +36,11 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
 EXT_PREFIX = "megablu_ops"
 AOT_NAME = "megablu.ops._megablu_ops"
-CXX_FLAGS = ["-O3", "-std=c++17"]
-NVCC_FLAGS = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo"]
+# No -std here: torch's build adds the standard its headers need (C++17 or C++20 by version).
+CXX_FLAGS = ["-O3"]
+NVCC_FLAGS = ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
+TORCH_NVCC_DEFINES = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
+                      "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"]
 
 _loaded = None          # the module, once built/loaded in this process
 _load_error: Optional[BaseException] = None
@@ -162,8 +165,18 @@ def _run(cmd: list[str]) -> tuple[int, str]:
 
 
 def nvcc_cmd(nvcc: str, src: Path, out: Path, arch: str = "90") -> list[str]:
-    return [nvcc, "-c", *NVCC_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas=-v",
+    # the kernels need no torch header: C++17 suffices, and proves they do not rely on C++20;
+    # torch's build defines the __CUDA_NO_*__ macros, so the check does too
+    return [nvcc, "-c", "-std=c++17", *TORCH_NVCC_DEFINES, *NVCC_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas=-v",
             f"-I{csrc_dir() / 'includes'}", str(src), "-o", str(out)]
+
+
+def _torch_wants_cxx20() -> bool:
+    import inspect
+
+    import torch.utils.cpp_extension as ce
+
+    return "-std=c++20" in inspect.getsource(ce)
 
 
 def _binding_cmd(src: Path, stub: Path, nvcc: str) -> Optional[list[str]]:
@@ -177,7 +190,8 @@ def _binding_cmd(src: Path, stub: Path, nvcc: str) -> Optional[list[str]]:
         return None
     cuda_inc = Path(nvcc).resolve().parents[1] / "include"
     incs = [csrc_dir() / "includes", stub, *map(Path, include_paths()), cuda_inc, Path(sysconfig.get_paths()["include"])]
-    return [cxx, "-fsyntax-only", "-std=c++17", f"-DTORCH_EXTENSION_NAME={EXT_PREFIX}", *[f"-I{p}" for p in incs],
+    std = "-std=c++20" if _torch_wants_cxx20() else "-std=c++17"
+    return [cxx, "-fsyntax-only", std, f"-DTORCH_EXTENSION_NAME={EXT_PREFIX}", *[f"-I{p}" for p in incs],
             str(src)]
 
 

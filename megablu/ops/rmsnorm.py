@@ -67,8 +67,11 @@ class _AddRmsNormFn(torch.autograd.Function):
         shape = x.shape
         x2 = _rows(x)
         res2 = _rows(residual) if residual is not None else None
-        y, r, rstd = builder.load().rmsnorm_fwd(x2, res2, weight, eps)
-        ctx.save_for_backward(r, weight, rstd)
+        # a parameter can be a view into a flat (ZeRO) buffer at any offset: the kernel's
+        # 16-byte loads need an aligned copy then (dw is still this weight's gradient)
+        w = weight if weight.data_ptr() % 16 == 0 else weight.clone()
+        y, r, rstd = builder.load().rmsnorm_fwd(x2, res2, w, eps)
+        ctx.save_for_backward(r, w, rstd)
         ctx.has_res = residual is not None
         ctx.set_materialize_grads(False)
         if ctx.has_res:

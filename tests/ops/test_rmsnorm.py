@@ -129,3 +129,21 @@ def test_cuda_matches_torch_bf16_closely():
     ty, _ = add_rms_norm(x, res, w, EPS, impl="torch")
     same = (y == ty).float().mean().item()
     assert same > 0.99, f"only {same:.4f} of elements equal torch's bf16 result"
+
+
+@cuda
+def test_cuda_misaligned_views():
+    """Weight as a view into a flat buffer at an odd offset (ZeRO flattening) and x at an
+    offset that breaks 16-byte alignment: still exact grads into the flat buffers."""
+    dtype, (N, d) = torch.bfloat16, (37, 576)
+    x, res, w, gy, gr = _inputs((N, d), dtype, "cuda")
+    wflat = torch.cat([torch.zeros(1, device="cuda", dtype=dtype), w]).requires_grad_()
+    xflat = torch.cat([torch.zeros(3, device="cuda", dtype=dtype), x.flatten()]).requires_grad_()
+    wv, xv = wflat[1:], xflat[3:].view(N, d)
+    assert wv.data_ptr() % 16 and xv.data_ptr() % 16
+    y, r = add_rms_norm(xv, res, wv, EPS, impl="cuda")
+    torch.autograd.backward((y, r), (gy, gr))
+    ty, _, tdx, tdw, _ = _truth(x, res, w, gy, gr)
+    assert_close(y, ty, dtype, what="y")
+    assert_close(xflat.grad[3:].view(N, d), tdx, dtype, what="dx")
+    assert_close(wflat.grad[1:], tdw, dtype, reduction=True, what="dw")

@@ -1,0 +1,214 @@
+"""Op microbenchmarks: GB/s of the fused CUDA ops (forward, backward) against the pure-torch
+reference and against the GPU's measured HBM bandwidth (a large device-to-device copy).
+
+    source launch/device_env.sh && python bench/ops_bench.py [--T 32768 131072] [--compile]
+
+Shapes are blu-0.5b's (d=1024, 16 heads x 64, 4 kv heads, SwiGLU 2816, bf16, B=1) unless
+overridden. Bytes are the op's unavoidable traffic (each input read once, each output
+written once), the same for both implementations, so GB/s compares time directly.
+Backward is timed as `torch.autograd.grad` over a retained graph, for both paths.
+Prints a markdown table per T (stdout) and writes ops_bench.json under $OUT when set.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from megablu.ops import builder  # noqa: E402
+from megablu.ops.rmsnorm import add_rms_norm  # noqa: E402
+from megablu.ops.rope import apply_rotary  # noqa: E402
+from megablu.ops.swiglu import swiglu  # noqa: E402
+
+
+def timed(fn, iters: int, reps: int = 5) -> float:
+    """Median over `reps` of the mean time (ms) of `iters` back-to-back calls."""
+    fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(iters):
+            fn()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b) / iters)
+    return statistics.median(out)
+
+
+def hbm_bandwidth(gib: float = 4.0, iters: int = 20) -> float:
+    """GB/s of a large D2D copy (read + write counted), the practical HBM ceiling."""
+    n = int(gib * 2**30) // 2
+    x = torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_()
+    y = torch.empty_like(x)
+    ms = timed(lambda: y.copy_(x), iters)
+    del x, y
+    return 2 * n * 2 / (ms * 1e-3) / 1e9
+
+
+class Case:
+    """One op at one shape: builds inputs, forward closures per impl, bytes moved."""
+
+    def __init__(self, name, make, fwd_bytes, bwd_bytes):
+        self.name, self.make, self.fwd_bytes, self.bwd_bytes = name, make, fwd_bytes, bwd_bytes
+
+
+def cases(T: int, B: int, d: int, H: int, Hkv: int, D: int, ffn: int, dtype):
+    es = torch.tensor([], dtype=dtype).element_size()
+    N = B * T
+    dev = "cuda"
+
+    def rope_make():
+        q = torch.randn(B, T, H, D, device=dev, dtype=dtype, requires_grad=True)
+        k = torch.randn(B, T, Hkv, D, device=dev, dtype=dtype, requires_grad=True)
+        ang = torch.arange(T, device=dev, dtype=torch.float32)[:, None] * torch.rand(D // 2, device=dev)
+        ang = torch.cat([ang, ang], -1).expand(B, T, D)
+        cos, sin = (ang.cos() * 1.1).to(dtype).contiguous(), (ang.sin() * 1.1).to(dtype).contiguous()
+        grads = (torch.randn_like(q), torch.randn_like(k))
+        return (q, k), lambda impl: apply_rotary(q, k, cos, sin, impl=impl), grads
+
+    def rms_make():
+        x = torch.randn(B, T, d, device=dev, dtype=dtype, requires_grad=True)
+        res = torch.randn(B, T, d, device=dev, dtype=dtype, requires_grad=True)
+        w = torch.rand(d, device=dev, dtype=dtype).add_(0.5).requires_grad_()
+        grads = (torch.randn_like(x), torch.randn_like(x))
+        return (x, res, w), lambda impl: add_rms_norm(x, res, w, 1e-5, impl=impl), grads
+
+    def swiglu_make():
+        g = torch.randn(B, T, ffn, device=dev, dtype=dtype, requires_grad=True)
+        u = torch.randn(B, T, ffn, device=dev, dtype=dtype, requires_grad=True)
+        grads = (torch.randn_like(g),)
+        return (g, u), lambda impl: (swiglu(g, u, impl=impl),), grads
+
+    qk = N * (H + Hkv) * D * es
+    table = 2 * N * D * es
+    return [
+        # read q,k + cos,sin; write q',k'  (backward: the same with grads)
+        Case(f"rope q{H}/k{Hkv}x{D}", rope_make, 2 * qk + table, 2 * qk + table),
+        # fwd: read x,res (+w); write y,r (+rstd)   bwd: read gy,gr,r (+rstd); write dr
+        Case(f"add+rmsnorm d={d}", rms_make, 4 * N * d * es + 4 * N, 4 * N * d * es + 4 * N),
+        # fwd: read gate,up; write out        bwd: read grad,gate,up; write dgate,dup
+        Case(f"swiglu F={ffn}", swiglu_make, 3 * N * ffn * es, 5 * N * ffn * es),
+    ]
+
+
+def bench_case(c: Case, impl: str, iters: int):
+    """(forward ms, backward ms) of one implementation."""
+    inputs, fwd, grads = c.make()
+    f_ms = timed(lambda: fwd(impl), iters)
+    outs = fwd(impl)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    b_ms = timed(lambda: torch.autograd.grad(outs, inputs, grads[: len(outs)], retain_graph=True), iters)
+    del outs
+    return f_ms, b_ms
+
+
+def check(c: Case) -> float:
+    """max |cuda - torch| / max |torch| over forward outputs and input grads (sanity)."""
+    inputs, fwd, grads = c.make()
+    worst = 0.0
+    res = {}
+    for impl in ("cuda", "torch"):
+        outs = fwd(impl)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        gs = torch.autograd.grad(outs, inputs, grads[: len(outs)])
+        res[impl] = [o.detach().float() for o in outs] + [g.float() for g in gs]
+    for a, b in zip(res["cuda"], res["torch"]):
+        worst = max(worst, float((a - b).abs().max() / b.abs().max().clamp_min(1e-30)))
+    return worst
+
+
+def compiled_case(c: Case, iters: int):
+    """torch.compile of the reference expression (Inductor-fused), for context."""
+    inputs, fwd, grads = c.make()
+    cf = torch.compile(lambda: fwd("torch"))
+    f_ms = timed(cf, iters)
+    outs = cf()
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    b_ms = timed(lambda: torch.autograd.grad(outs, inputs, grads[: len(outs)], retain_graph=True), iters)
+    return f_ms, b_ms
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--T", type=int, nargs="+", default=[32768, 131072])
+    ap.add_argument("--B", type=int, default=1)
+    ap.add_argument("--d", type=int, default=1024)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--ffn", type=int, default=2816)
+    ap.add_argument("--layers", type=int, default=36, help="for the per-step elementwise estimate")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--compile", action="store_true", help="also time torch.compile of the reference")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("ops_bench: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    dtype = torch.bfloat16
+    t0 = time.perf_counter()
+    ext = builder.load()
+    print(f"extension {builder.EXT_PREFIX}_{ext.source_hash()} ready in {time.perf_counter() - t0:.1f} s",
+          file=sys.stderr)
+    bw = hbm_bandwidth()
+    dev = torch.cuda.get_device_name()
+    result = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "device": dev,
+              "torch": torch.__version__, "cuda": torch.version.cuda, "dtype": str(dtype),
+              "hbm_copy_GBps": bw, "shapes": vars(args), "rows": [], "per_step": []}
+    print(f"# op microbenchmarks ({dev}, torch {torch.__version__}, bf16, B={args.B})\n")
+    print(f"Measured HBM bandwidth (D2D copy, 4 GiB): **{bw:.0f} GB/s**\n")
+    for T in args.T:
+        print(f"## T = {T}\n")
+        hdr = "| op | dir | MB | cuda ms | cuda GB/s | % HBM | torch ms | torch GB/s | speedup |"
+        if args.compile:
+            hdr += " compile ms | compile GB/s |"
+        print(hdr)
+        print("|" + "---|" * (hdr.count("|") - 1))
+        step = {"T": T, "cuda_ms": 0.0, "torch_ms": 0.0, "compile_ms": 0.0}
+        for c in cases(T, args.B, args.d, args.heads, args.kv_heads, args.head_dim, args.ffn, dtype):
+            err = check(c)
+            cu = bench_case(c, "cuda", args.iters)
+            tr = bench_case(c, "torch", args.iters)
+            co = compiled_case(c, args.iters) if args.compile else None
+            # per layer: 2 norms, 1 rope, 1 swiglu
+            mult = args.layers * (2 if "rmsnorm" in c.name else 1)
+            for i, (direction, nbytes) in enumerate((("fwd", c.fwd_bytes), ("bwd", c.bwd_bytes))):
+                gbs = nbytes / (cu[i] * 1e-3) / 1e9
+                tgbs = nbytes / (tr[i] * 1e-3) / 1e9
+                row = {"T": T, "op": c.name, "dir": direction, "MB": nbytes / 1e6, "cuda_ms": cu[i],
+                       "cuda_GBps": gbs, "pct_hbm": 100 * gbs / bw, "torch_ms": tr[i], "torch_GBps": tgbs,
+                       "speedup": tr[i] / cu[i], "max_rel_err_vs_torch": err}
+                line = (f"| {c.name} | {direction} | {nbytes / 1e6:.0f} | {cu[i]:.3f} | {gbs:.0f} | "
+                        f"{100 * gbs / bw:.0f}% | {tr[i]:.3f} | {tgbs:.0f} | {tr[i] / cu[i]:.2f}x |")
+                if co is not None:
+                    row.update(compile_ms=co[i], compile_GBps=nbytes / (co[i] * 1e-3) / 1e9)
+                    line += f" {co[i]:.3f} | {row['compile_GBps']:.0f} |"
+                    step["compile_ms"] += mult * co[i]
+                print(line)
+                result["rows"].append(row)
+                step["cuda_ms"] += mult * cu[i]
+                step["torch_ms"] += mult * tr[i]
+            print(f"<!-- {c.name}: max rel err cuda vs torch (outputs and grads) {err:.2e} -->")
+        result["per_step"].append(step)
+        print(f"\nElementwise ops per training step ({args.layers} layers x (2 norms + rope + swiglu), fwd+bwd, "
+              f"no recompute): cuda {step['cuda_ms']:.1f} ms, torch {step['torch_ms']:.1f} ms"
+              + (f", torch.compile {step['compile_ms']:.1f} ms" if args.compile else "") + "\n")
+    out = os.environ.get("OUT")
+    if out:
+        p = Path(out) / "ops_bench.json"
+        p.write_text(json.dumps(result, indent=1))
+        print(f"wrote {p}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
