@@ -290,15 +290,21 @@ def load_tokenizer(cfg: TokenizerConfig) -> Tokenizer:
 def parse_tokenizer_spec(spec: str) -> TokenizerConfig:
     """CLI form -> config: 'byte', 'tiktoken:cl100k_base', 'tiktoken_file:PATH', 'sentencepiece:PATH',
     'hf:PATH' (an optional '#EOT' suffix names the EOT token, e.g. 'hf:tok.json#</s>')."""
+    from pydantic import ValidationError
+
     kind, _, rest = spec.partition(":")
     eot = None
     if "#" in rest:
         rest, _, eot = rest.rpartition("#")
-    if kind == "byte":
-        return TokenizerConfig(kind="byte")
-    if kind == "tiktoken":
-        return TokenizerConfig(kind="tiktoken", name=rest or None)
-    if kind in ("tiktoken_file", "sentencepiece", "hf"):
-        return TokenizerConfig(kind=kind, path=rest or None, eot=eot)
+    try:
+        if kind == "byte":
+            return TokenizerConfig(kind="byte")
+        if kind == "tiktoken":
+            return TokenizerConfig(kind="tiktoken", name=rest or None)
+        if kind in ("tiktoken_file", "sentencepiece", "hf"):
+            return TokenizerConfig(kind=kind, path=rest or None, eot=eot)
+    except ValidationError as e:
+        raise TokenizerError(f"--tokenizer {spec!r}: " + "; ".join(x["msg"].removeprefix("Value error, ")
+                                                                   for x in e.errors())) from None
     raise TokenizerError(f"--tokenizer {spec!r}: expected byte | tiktoken:NAME | tiktoken_file:PATH | "
                          f"sentencepiece:PATH | hf:PATH")

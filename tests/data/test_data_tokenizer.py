@@ -128,3 +128,10 @@ def test_config_rejects_useless_fields():
         TokenizerConfig(kind="byte", path="/x")
     with pytest.raises(ValueError, match="needs tokenizer.name"):
         TokenizerConfig(kind="tiktoken")
+
+
+def test_spec_errors_are_tokenizer_errors():
+    with pytest.raises(TokenizerError, match=r"--tokenizer 'tiktoken:': tokenizer.kind=tiktoken needs tokenizer.name"):
+        parse_tokenizer_spec("tiktoken:")
+    with pytest.raises(TokenizerError, match="needs tokenizer.path"):
+        parse_tokenizer_spec("hf:")
