@@ -84,10 +84,13 @@ def _model_info(model) -> dict:
 
 def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int, *, sp_group=None, step: int,
              out_dir: Path, rank: int, haystack: Optional[HaystackSource] = None, arm: Optional[str] = None,
-             parent: Optional[dict] = None, batch_tokens: int = 16384, prefill_chunk: int = 2048) -> dict:
+             parent: Optional[dict] = None, batch_tokens: int = 16384, prefill_chunk: int = 2048,
+             plot: bool = True) -> dict:
     """Evaluate `model` (collective over sp_group when given); rank 0 writes out_dir/step_<step>.json.
 
-    Returns the result dict on every rank. When eval.gate.parent is set (or `parent`, a loaded
+    Also writes step_<step>.md and, when `plot`, step_<step>.png. Prompts of one length are
+    batched max(1, batch_tokens // length) at a time; prefill runs in prefill_chunk-token
+    chunks on one rank. Returns the result dict on every rank. When eval.gate.parent is set (or `parent`, a loaded
     result, is passed), result["gate"] holds the short-context gate; callers fail the run when
     result["gate"]["passed"] is False (`megablu eval` exits 1).
     """
@@ -144,7 +147,7 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
             (log.info if res["gate"]["passed"] else log.error)("%s", res["gate"]["message"])
     if rank == 0:
         path = report.write_result(res, out_dir / f"step_{step}.json")
-        report.write_artifacts(res, out_dir, step)
+        report.write_artifacts(res, out_dir, step, plot=plot)
         log.info("eval results written to %s", path)
     return res
 

@@ -99,13 +99,45 @@ def slope_per_doubling(lengths: Sequence[int], correct: Sequence[int], n: Sequen
     fit = None
     dof = len(x) - 2
     if dof >= 1:
-        from scipy.stats import t as student_t  # scipy only for the t quantile
-
         rss = sum((yi - (a + b * xi)) ** 2 for xi, yi in zip(x, y))
         se = math.sqrt(rss / dof / sxx)
-        tq = float(student_t.ppf(0.5 + conf / 2, dof))
+        tq = t_quantile(conf, dof)
         fit = (b - tq * se, b + tq * se)
     return Slope(b, ci, fit, a)
+
+
+def _t_central(t: float, v: int) -> float:
+    """P(|T| < t) for Student's t with integer v dof (Abramowitz & Stegun 26.7.3-4, exact series)."""
+    th = math.atan(t / math.sqrt(v))
+    c2 = math.cos(th) ** 2
+    total, term = 1.0, 1.0
+    if v % 2:
+        for k in range(1, (v - 3) // 2 + 1):
+            term *= 2 * k / (2 * k + 1) * c2
+            total += term
+        return 2 / math.pi * (th + (math.sin(th) * math.cos(th) * total if v > 1 else 0.0))
+    for k in range(1, (v - 2) // 2 + 1):
+        term *= (2 * k - 1) / (2 * k) * c2
+        total += term
+    return math.sin(th) * total
+
+
+def t_quantile(conf: float, v: int) -> float:
+    """t such that P(|T| < t) = conf (two-sided), by bisection on the exact central probability.
+
+    Pure Python so the stats need no scipy at run time (importing scipy.stats costs seconds)."""
+    if v < 1 or int(v) != v:
+        raise ValueError(f"t_quantile: dof={v} must be a positive integer")
+    lo, hi = 0.0, 1.0
+    while _t_central(hi, int(v)) < conf:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if _t_central(mid, int(v)) < conf:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
 
 
 def effective_length(acc_pp_by_length: dict[int, float], threshold: float = RULER_THRESHOLD) -> Optional[int]:

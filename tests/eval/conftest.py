@@ -75,7 +75,17 @@ class OracleModel(torch.nn.Module):
             st["decoded"] += 1
         if st["target"] is None or T > 1:
             st["target"] = [self._answer(s) for s in st["seen"]]
-        logits = torch.full((B, T, self.cfg.vocab_size), -1e4)
+        # only the last position is read by generate.py; (B, 1, V) keeps a 100k vocab cheap
+        logits = torch.full((B, 1, self.cfg.vocab_size), -1e4)
         for b in range(B):
             logits[b, -1, st["target"][b][st["decoded"]]] = 0.0
         return logits
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread():
+    """One intra-op thread: on a shared 2-core box, 2 threads spin against other jobs (20x slower)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

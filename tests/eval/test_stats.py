@@ -6,7 +6,7 @@ import pytest
 from scipy import stats as sps
 
 from megablu.eval.stats import (effective_length, effective_length_contiguous, n_to_resolve, newcombe,
-                                slope_per_doubling, wilson, z_of)
+                                slope_per_doubling, t_quantile, wilson, z_of)
 
 
 @pytest.mark.parametrize("k,n", [(0, 10), (1, 10), (5, 10), (10, 10), (73, 100), (35, 100), (1, 3), (49, 50)])
@@ -95,3 +95,9 @@ def test_n_to_resolve_by_hand():
     assert half <= 0.2 < z_of() * math.sqrt(0.48 / (n - 1))
     with pytest.raises(ValueError):
         n_to_resolve(0.5, 0.5)
+
+
+@pytest.mark.parametrize("dof", [1, 2, 3, 4, 5, 8, 13, 30])
+@pytest.mark.parametrize("conf", [0.9, 0.95, 0.99])
+def test_t_quantile_matches_scipy(dof, conf):
+    assert t_quantile(conf, dof) == pytest.approx(sps.t.ppf(0.5 + conf / 2, dof), rel=1e-9)
