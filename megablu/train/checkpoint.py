@@ -229,7 +229,7 @@ def _listed_problems(root: Path, m: dict) -> list[str]:
             if rel not in files and rel not in _UNLISTED_OK:
                 problems.append(f"unlisted file {rel} (not written by this save)")
     parts = m.get("zero_partitions", 0)
-    if m.get("zero_stage", 0) >= 1:
+    if parts:
         optim = [r for r in files if r.startswith(f"{DS_TAG}/") and r.endswith("optim_states.pt")]
         if len(optim) != parts:
             problems.append(f"manifest lists {len(optim)} optimizer shards, expected {parts} ZeRO partitions")
@@ -384,21 +384,22 @@ def save_weights(sd: dict, path: PathLike, extra_meta: Optional[dict] = None) ->
 
 
 def _zero_partitions(engine) -> int:
-    if not engine.zero_optimization():
+    """How many optimizer shard files DeepSpeed writes: ZeRO 1-3 and the bf16 optimizer
+    partition over the (sequence-)data-parallel group; 0 = one full copy in the model file."""
+    if not engine.save_zero_checkpoint:
         return 0
     d = _dist()
-    return d.get_world_size(engine.optimizer.dp_process_group) if d else 1
+    group = getattr(engine.optimizer, "dp_process_group", None)
+    return d.get_world_size(group) if d else 1
 
 
 def _expected_ds_files(engine, root: Path) -> list[str]:
     """DeepSpeed files this rank must have written (checked by rank 0 before the manifest)."""
     out = []
-    base = root / DS_TAG
     if engine.save_non_zero_checkpoint:
         out.append(Path(engine._get_ckpt_name(str(root), DS_TAG)).resolve().relative_to(root.resolve()).as_posix())
     if engine.save_zero_checkpoint:
         out.append(Path(engine._get_zero_ckpt_name(str(root), DS_TAG)).resolve().relative_to(root.resolve()).as_posix())
-    del base
     return out
 
 
@@ -416,7 +417,7 @@ class CheckpointManager:
     """
 
     PHASES = ("prepare", "gather_weights", "ds_save", "ds_write", "client_state", "weights", "status", "manifest",
-              "publish", "latest", "prune", "done")
+              "publish", "replace", "latest", "prune", "done")
 
     def __init__(self, run_dir: PathLike, keep: int, meta: dict,
                  on_phase: Optional[Callable[[str], None]] = None):
@@ -444,8 +445,21 @@ class CheckpointManager:
                       key=lambda p: step_of(p))
 
     def cleanup(self) -> None:
-        """Remove leftovers of killed saves/prunes (.tmp-*, .trash-*). Rank 0, not during a save."""
-        for p in self.ckpt_dir.iterdir() if self.ckpt_dir.is_dir() else []:
+        """Remove leftovers of killed saves/prunes (.tmp-*, .trash-*). Rank 0, not during a save.
+
+        A complete `.trash-step_N-*` whose step_N is absent is put back first: a re-save of
+        an existing step moves the old one aside before publishing the new one, and a kill
+        between the two renames must not lose it.
+        """
+        if not self.ckpt_dir.is_dir():
+            return
+        for p in sorted(self.ckpt_dir.iterdir()):
+            if p.name.startswith(TRASH_PREFIX):
+                step = self.ckpt_dir / p.name[len(TRASH_PREFIX):].rsplit("-", 1)[0]
+                if step_of(step) is not None and not step.exists() and not verify_checkpoint(p):
+                    log.warning("restoring %s from %s (a save was killed while replacing it)", step, p)
+                    os.replace(p, step)
+                    continue
             if p.name.startswith((TMP_PREFIX, TRASH_PREFIX)):
                 log.info("removing leftover %s", p)
                 shutil.rmtree(p, ignore_errors=True)
@@ -536,20 +550,24 @@ class CheckpointManager:
                             or None for s in status], name, tmp)
 
         # -- rank 0: cross-check, manifest, publish, pointer, prune
-        err = None
+        err, published = None, False
         if rank == 0:
             try:
                 self._phase("manifest")
                 self._write_manifest(engine, tmp, step, client_state, pin, status, world)
                 self._phase("publish")
                 self._publish(tmp, final)
+                published = True
                 self._phase("latest")
                 _atomic_write_text(self.ckpt_dir / LATEST, name + "\n")
                 self._phase("prune")
                 self.prune(newest=final)
             except Exception as e:
                 err = f"rank 0: {type(e).__name__}: {e}"
-        self._raise_if_any([_bcast(err)], name, tmp if not final.exists() else None)
+        err, published = _bcast((err, published))
+        if err and published:  # the step is complete and verified; what followed failed
+            raise CheckpointError(f"save {self.run_id}/{name}: step published, then failed: {err}")
+        self._raise_if_any([err], name, tmp)
         self._phase("done")
         if rank == 0:
             log.info("saved %s (%.1fs)", final, time.time() - t0)
@@ -584,7 +602,7 @@ class CheckpointManager:
                 files[rel] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
         parts = _zero_partitions(engine)
         n_optim = sum(1 for r in files if r.startswith(f"{DS_TAG}/") and r.endswith("optim_states.pt"))
-        if engine.zero_optimization() and n_optim != parts:
+        if n_optim != parts:
             raise CheckpointError(f"{n_optim} optimizer shards written, expected {parts} ZeRO partitions")
         m = {
             "format": FORMAT_VERSION, "run_id": self.run_id, "step": step, "created_unix": time.time(),
@@ -607,6 +625,7 @@ class CheckpointManager:
         if final.exists():
             trash = self.ckpt_dir / f"{TRASH_PREFIX}{final.name}-{os.getpid()}"
             os.replace(final, trash)
+            self._phase("replace")  # a kill here leaves both aside; cleanup() restores the old one
         os.replace(tmp, final)
         _fsync_dir(self.ckpt_dir)
         if trash is not None:

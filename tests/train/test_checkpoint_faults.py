@@ -168,7 +168,9 @@ def _rank_main(rank: int, world: int, port: int, spec: dict, tdir: Path) -> int:
 # =========================================================================== driver side
 def trial(spec: dict, world: int = 2, kill_after: float | None = None, timeout: float = 60.0) -> dict:
     """Fork `world` ranks running spec; optionally SIGKILL all after kill_after s of training."""
-    tdir = Path(tempfile.mkdtemp(prefix="ckt-"))
+    trials = Path(spec["run_dir"]).parent / ".trials"  # beside the runs, removed with them
+    trials.mkdir(exist_ok=True)
+    tdir = Path(tempfile.mkdtemp(prefix="ckt-", dir=trials))
     port = _free_port()
     pids = []
     for r in range(world):
@@ -394,6 +396,19 @@ def scenario_faults(base: Path, ref=None) -> dict:
             "resumed_from": res2["start"], "resume_rc": res2["rc"],
             "loss_mismatch": [s for s, v in res2["losses"].items() if ref.get(s) != v],
             "tb": explicit["tracebacks"] or res2["tracebacks"]}
+    # re-saving an existing step (resume from 4 by hand, run to 6 again), killed between
+    # moving the old step 6 aside and publishing the new one: the old one comes back
+    run = new_run(base, "resave")
+    shutil.rmtree(run)
+    shutil.copytree(good, run)
+    _rebrand(run, good.name)
+    r = trial({"run_dir": str(run), "load": str(run / CKPT_DIR / step_name(4)), "kill": ["replace", 6, 0]})
+    fs = fs_check(run)
+    r2 = trial({"run_dir": str(run), "resume": True})
+    fs2 = fs_check(run)
+    out["resave_kill"] = {"rc": r["rc"], "after_kill": fs, "resume_rc": r2["rc"], "resumed_from": r2["start"],
+                          "after_resume": fs2, "loss_mismatch": [s for s, v in {**r["losses"], **r2["losses"]}.items()
+                                                                 if ref.get(s) != v]}
     # resuming with another tokenizer or config is refused before anything is loaded
     for key, val in (("tokenizer", "tiktoken-cl100k"), ("config_hash", "cfg-other")):
         r = trial({"run_dir": str(good), "resume": True, key: val})
@@ -499,12 +514,19 @@ N_RANDOM_DEFAULT, N_RANDOM_SLOW = 3, 100
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    """One driver run for the whole module (imports torch/deepspeed once)."""
-    base = tmp_path_factory.mktemp("ckfaults")
-    res = run_scenario("all", base, n_random=N_RANDOM_DEFAULT)
-    res["_base"] = base
-    return res
+def results():
+    """One driver run for the whole module (imports torch/deepspeed once).
+
+    Its own temp dir, not pytest's basetemp: concurrent pytest sessions on a shared
+    machine prune each other's old basetemps, which removed the runs mid-module once.
+    """
+    base = Path(tempfile.mkdtemp(prefix="megablu-ckfaults-"))
+    try:
+        res = run_scenario("all", base, n_random=N_RANDOM_DEFAULT)
+        res["_base"] = base
+        yield res
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _assert_cases(cases):
@@ -532,8 +554,12 @@ def test_kill9_every_save_phase_then_exact_resume(results):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not SLOW, reason="long random kill sweep: MEGABLU_SLOW=1")
-def test_kill9_random_sweep(tmp_path):
-    res = run_scenario("kills", tmp_path, timeout=3600, n_random=N_RANDOM_SLOW, seed=1, full=True)
+def test_kill9_random_sweep():
+    base = Path(tempfile.mkdtemp(prefix="megablu-cksweep-"))
+    try:
+        res = run_scenario("kills", base, timeout=3600, n_random=N_RANDOM_SLOW, seed=1, full=True)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
     _check_kills(res)
     from collections import Counter
     print(json.dumps({"cases": len(res["cases"]), "seconds": res["seconds"],
@@ -568,6 +594,17 @@ def test_damaged_shard_refused_by_name_and_resume_falls_back(results):
         assert c["resumed_from"] == 4 and c["resume_rc"] == [0, 0] and c["loss_mismatch"] == [], c
 
 
+def test_kill_while_replacing_a_step_loses_nothing(results):
+    c = results["faults"]["resave_kill"]
+    assert c["rc"][0] == -9, c
+    assert c["after_kill"]["verified"] == [4] and c["after_kill"]["corrupted"] == [], c
+    assert any(n.startswith(".trash-step_0000006") for n in c["after_kill"]["tmp"]), c
+    # the next save restores the old step 6, then replaces it; nothing left over
+    assert c["resume_rc"] == [0, 0] and c["resumed_from"] == 4, c
+    assert c["after_resume"]["verified"] == [4, 6] and c["after_resume"]["tmp"] == [], c
+    assert c["loss_mismatch"] == [], c
+
+
 def test_resume_refuses_other_tokenizer_or_config(results):
     for key, val in (("tokenizer", "tiktoken-cl100k"), ("config_hash", "cfg-other")):
         c = results["faults"][f"mismatch_{key}"]
@@ -598,6 +635,22 @@ def test_resume_on_other_world_size(results):
         if not key.startswith("stage0"):
             assert c["state_match"] == {"n": 22, "mismatch": []}, c
     assert out["stage3_kill"]["ok"], out["stage3_kill"]
+
+
+def test_consolidated_weights_equal_fp32_master(results):
+    """model.safetensors of a ZeRO-1/2/3 step == the full fp32 master weights at that step
+    (so init_from and export are topology-free and exact)."""
+    import torch
+
+    from megablu.train.checkpoint import read_weights
+
+    base = results["_base"]
+    for stage in (1, 2, 3):
+        want = torch.load(base / f"state_{stage}_2.pt", weights_only=False)
+        got = read_weights(base / f"topo{stage}-0001" / "checkpoints" / "step_0000004")
+        assert sorted(got) == sorted(k for k in want if k != "__adam_steps__")
+        for k, v in got.items():
+            assert torch.equal(v, want[k][0]), (stage, k)
 
 
 def _cli(argv, capsys):
