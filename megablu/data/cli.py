@@ -1,4 +1,4 @@
-"""`megablu data ...`: build, import, verify, stats, train-tokenizer, demo-corpus.
+"""`megablu data ...`: build, import, verify, stats, sample, train-tokenizer, demo-corpus.
 
 Results (stats tables, 'ok') go to stdout; progress and logs to stderr. Exit 2 on any data
 or tokenizer problem, with the file named.
@@ -111,6 +111,38 @@ def _stats(args) -> int:
 
 
 @_errors
+def _sample(args) -> int:
+    """Print what the model sees: the first loader sequences, decoded, EOT shown as <|EOT|>."""
+    from ..config.schema import DataConfig
+    from .loader import IGNORE, build_loader
+    from .tokenizer import load_tokenizer
+
+    tok = load_tokenizer(_tokcfg(args.tokenizer))
+    cfg = DataConfig(path=args.dir, window=args.window, mode=args.mode, bucket=args.bucket, split=args.split,
+                     prefetch=0, seed=args.seed)
+    loader = build_loader(cfg, tok.identity, micro_batch=1, dp_rank=0, dp_size=1)
+    for i in range(args.n):
+        b = loader.next_batch()
+        ids, lab = b["input_ids"][0].tolist(), b["labels"][0]
+        real = int((lab != IGNORE).sum())
+        seq = ids[:real] + [int(lab[real - 1])]  # the T+1 tokens: inputs, then the last target
+        parts, cur = [], []
+        for t in seq:
+            if t == tok.eot_id:
+                parts += [tok.decode(cur), "<|EOT|>"]
+                cur = []
+            else:
+                cur.append(t)
+        parts.append(tok.decode(cur))
+        text = "".join(parts)
+        if args.max_chars and len(text) > args.max_chars:
+            text = text[:args.max_chars] + f" [... {len(text) - args.max_chars} more chars]"
+        print(f"=== sequence {i}: {real} labelled of {cfg.window} positions, {seq.count(tok.eot_id)} EOT ===")
+        print(text)
+    return 0
+
+
+@_errors
 def _import(args) -> int:
     from .build import stats_table
     from .importer import import_flat
@@ -156,7 +188,7 @@ def _demo(args) -> int:
 
 
 def register(sub) -> None:
-    data = sub.add_parser("data", help="datasets: build, import, verify, stats, train-tokenizer, demo-corpus")
+    data = sub.add_parser("data", help="datasets: build, import, verify, stats, sample, train-tokenizer, demo-corpus")
     ds = data.add_subparsers(dest="data_cmd", required=True)
     tok_help = "byte | tiktoken:cl100k_base | tiktoken:o200k_base | tiktoken_file:PATH | sentencepiece:PATH | hf:PATH"
 
@@ -196,6 +228,18 @@ def register(sub) -> None:
     s.add_argument("dir")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_stats)
+
+    sm = ds.add_parser("sample", help="print the first loader sequences, decoded (what the model sees)")
+    sm.add_argument("dir")
+    sm.add_argument("--tokenizer", required=True, help=tok_help)
+    sm.add_argument("--window", type=int, default=512)
+    sm.add_argument("--mode", choices=["fit", "truncate", "pack"], default="pack")
+    sm.add_argument("--bucket", default="all")
+    sm.add_argument("--split", choices=["train", "val"], default="train")
+    sm.add_argument("--seed", type=int, default=0)
+    sm.add_argument("-n", type=int, default=1)
+    sm.add_argument("--max-chars", type=int, default=2000)
+    sm.set_defaults(func=_sample)
 
     i = ds.add_parser("import", help="import flat uint16/uint32 token shards with an EOT separator")
     i.add_argument("--input", action="append", required=True, help="flat .bin token file (repeatable)")

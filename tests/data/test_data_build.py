@@ -153,3 +153,23 @@ def test_cli_subprocess_exit_codes(tmp_path):
     r = subprocess.run([sys.executable, "-m", "megablu.cli", "data", "verify", str(tmp_path / "nope")],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "nope" in r.stderr and r.stdout == ""
+
+
+def test_cli_sample_shows_documents_and_eot(tmp_path, capsys):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("first document")
+    (src / "b.txt").write_text("second document")
+    out = tmp_path / "ds"
+    assert run_cli("data", "build", "--input", str(src), "--tokenizer", "byte", "--out", str(out), "--val-fraction",
+                   "0", "--no-progress") == 0
+    capsys.readouterr()
+    assert run_cli("data", "sample", str(out), "--tokenizer", "byte", "--mode", "fit", "--window", "64", "-n",
+                   "2") == 0
+    o = capsys.readouterr().out
+    assert "<|EOT|>first document<|EOT|>" in o and "<|EOT|>second document<|EOT|>" in o
+    # [EOT] doc [EOT]: len(doc) + 1 labelled positions
+    assert {"=== sequence 0: 15 labelled of 64 positions, 2 EOT ===",
+            "=== sequence 1: 16 labelled of 64 positions, 2 EOT ==="} <= set(o.splitlines()) or \
+        {"=== sequence 0: 16 labelled of 64 positions, 2 EOT ===",
+         "=== sequence 1: 15 labelled of 64 positions, 2 EOT ==="} <= set(o.splitlines())

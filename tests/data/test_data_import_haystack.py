@@ -142,3 +142,14 @@ def test_shipped_stdlib4k():
     s = "import os\n\ndef main():\n    print('passkey 90210')\n"
     assert t.decode(t.encode(s)) == s
     assert len(t.encode("90210")) == 5  # one digit per token
+
+
+def test_eval_harness_reads_the_haystack(tmp_path):
+    """The handshake with megablu.eval: load_haystack(path, tokenizer) -> the needle Haystack."""
+    harness = pytest.importorskip("megablu.eval.harness")
+    needle = pytest.importorskip("megablu.eval.needle")
+    root = _haystack_ds(tmp_path)
+    tok = ByteTokenizer()
+    src = harness.load_haystack(f"{root}@b1", tok)
+    hay = needle.Haystack(src, tok, 1500)
+    assert len(hay.ids) >= 1500 and "lorem ipsum" in tok.decode(hay.ids[:400])
