@@ -52,12 +52,13 @@ __device__ __forceinline__ Vec<T, VEC> load_vec(const T* p) {
 // 16- and 8-byte stores are issued as explicit vector PTX stores: with a computed
 // (row, column) address nvcc otherwise splits them into 2- or 4-byte stores (seen for
 // sm_90 with CUDA 13). Generic addresses of global memory are valid global addresses.
+// No "memory" clobber: no kernel reads back what it stores, and a clobber would pin every
+// later load (e.g. of the L1-resident weight) behind each store.
 __device__ __forceinline__ void store_raw(void* p, const uint4& r) {
-  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(r.x), "r"(r.y), "r"(r.z), "r"(r.w)
-               : "memory");
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(r.x), "r"(r.y), "r"(r.z), "r"(r.w));
 }
 __device__ __forceinline__ void store_raw(void* p, const uint2& r) {
-  asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(r.x), "r"(r.y) : "memory");
+  asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(r.x), "r"(r.y));
 }
 __device__ __forceinline__ void store_raw(void* p, unsigned int r) { *reinterpret_cast<unsigned int*>(p) = r; }
 __device__ __forceinline__ void store_raw(void* p, unsigned short r) { *reinterpret_cast<unsigned short*>(p) = r; }

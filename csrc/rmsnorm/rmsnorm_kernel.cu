@@ -26,29 +26,38 @@ __global__ void __launch_bounds__(kWarps * 32) rmsnorm_fwd_kernel(RmsNormFwdArgs
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (row >= a.rows) return;
   const int64_t nvec = a.d / VEC;
-  const T* x = static_cast<const T*>(a.x) + row * a.d;
-  const T* res = a.residual ? static_cast<const T*>(a.residual) + row * a.d : nullptr;
-  const T* w = static_cast<const T*>(a.weight);
+  // __restrict__: outputs never alias inputs, so loads may be hoisted above stores
+  const T* __restrict__ x = static_cast<const T*>(a.x) + row * a.d;
+  const T* __restrict__ res = a.residual ? static_cast<const T*>(a.residual) + row * a.d : nullptr;
+  const T* __restrict__ w = static_cast<const T*>(a.weight);
 
+  // all of the row's loads first (one memory round trip), then the sum and the r stores
+  Vec<T, VEC> xv[VPT], rv[VPT];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int64_t j = lane + 32 * i;
+    if (j < nvec) {
+      xv[i] = load_vec<T, VEC>(x + j * VEC);
+      if (res) rv[i] = load_vec<T, VEC>(res + j * VEC);
+    }
+  }
   float r[VPT][VEC];
   float ss = 0.f;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int64_t j = lane + 32 * i;
     if (j < nvec) {
-      const Vec<T, VEC> xv = load_vec<T, VEC>(x + j * VEC);
       if (res) {
-        const Vec<T, VEC> rv = load_vec<T, VEC>(res + j * VEC);
         Vec<T, VEC> out;
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
-          out.v[e] = from_f<T>(to_f(xv.v[e]) + to_f(rv.v[e]));
+          out.v[e] = from_f<T>(to_f(xv[i].v[e]) + to_f(rv[i].v[e]));   // torch's add in T
           r[i][e] = to_f(out.v[e]);
         }
         store_vec<T, VEC>(static_cast<T*>(a.r_out) + row * a.d + j * VEC, out);
       } else {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) r[i][e] = to_f(xv.v[e]);
+        for (int e = 0; e < VEC; ++e) r[i][e] = to_f(xv[i].v[e]);
       }
 #pragma unroll
       for (int e = 0; e < VEC; ++e) ss += r[i][e] * r[i][e];
@@ -58,7 +67,7 @@ __global__ void __launch_bounds__(kWarps * 32) rmsnorm_fwd_kernel(RmsNormFwdArgs
   const float rstd = rsqrtf(ss / static_cast<float>(a.d) + a.eps);
   if (lane == 0) a.rstd[row] = rstd;
 
-  T* y = static_cast<T*>(a.y) + row * a.d;
+  T* __restrict__ y = static_cast<T*>(a.y) + row * a.d;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int64_t j = lane + 32 * i;
@@ -72,33 +81,32 @@ __global__ void __launch_bounds__(kWarps * 32) rmsnorm_fwd_kernel(RmsNormFwdArgs
   }
 }
 
-// Grid-stride over rows (a warp at a time) so each block accumulates dw for many rows in
-// registers, then once into shared memory, then one fp32 row of dw_partial per block.
-// Registers hold only the dw accumulators (fp32) and the row's gy and r in storage type;
-// w is re-read per row (d elements, L1-resident) to keep occupancy at 2+ blocks per SM.
+// Grid-stride over rows (a warp at a time); each block accumulates dw for all its rows in
+// shared memory (fp32 atomics: fire-and-forget RED.ADD, contended only when two warps hit
+// the same column in the same cycle), then writes one fp32 row of dw_partial. Registers
+// hold only the row's gy, r and grad_r in storage type (w is re-read per row from L1), so
+// rows up to 1024 bf16 run 2 blocks (16 warps) per SM at <= 128 registers (ptxas spills
+// ~10 bytes for bf16 d=1024); wider rows run one block per SM without spilling.
 template <typename T, int VEC, int VPT>
-__global__ void __launch_bounds__(kWarps * 32) rmsnorm_bwd_kernel(RmsNormBwdArgs a) {
-  extern __shared__ float dw_smem[];   // (d,)
+__global__ void __launch_bounds__(kWarps * 32, (VPT <= 4 ? 2 : 1)) rmsnorm_bwd_kernel(RmsNormBwdArgs a) {
+  extern __shared__ float dw_smem[];   // (VEC, d / VEC): column j*VEC+e at e*nvec + j
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int64_t nvec = a.d / VEC;
-  const T* w = static_cast<const T*>(a.weight);
+  const T* __restrict__ w = static_cast<const T*>(a.weight);
   const float inv_d = 1.f / static_cast<float>(a.d);
 
   for (int64_t j = threadIdx.x; j < a.d; j += blockDim.x) dw_smem[j] = 0.f;
 
-  float dw[VPT][VEC];
-#pragma unroll
-  for (int i = 0; i < VPT; ++i)
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) dw[i][e] = 0.f;
+  __syncthreads();   // dw_smem zeroed before any warp adds to it
 
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < a.rows;
        row += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const T* gy = static_cast<const T*>(a.gy) + row * a.d;
-    const T* rr = static_cast<const T*>(a.r) + row * a.d;
+    const T* __restrict__ gy = static_cast<const T*>(a.gy) + row * a.d;
+    const T* __restrict__ rr = static_cast<const T*>(a.r) + row * a.d;
     const float rstd = a.rstd[row];
-    Vec<T, VEC> gv[VPT], rv[VPT];
+    const T* __restrict__ gres = a.g_res ? static_cast<const T*>(a.g_res) + row * a.d : nullptr;
+    Vec<T, VEC> gv[VPT], rv[VPT], ev[VPT];
     float dot = 0.f;   // sum over the row of (w*gy) * xhat
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
@@ -106,28 +114,27 @@ __global__ void __launch_bounds__(kWarps * 32) rmsnorm_bwd_kernel(RmsNormBwdArgs
       if (j < nvec) {
         gv[i] = load_vec<T, VEC>(gy + j * VEC);
         rv[i] = load_vec<T, VEC>(rr + j * VEC);
+        if (gres) ev[i] = load_vec<T, VEC>(gres + j * VEC);   // issued with the others
         const Vec<T, VEC> wv = load_vec<T, VEC>(w + j * VEC);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) dot += to_f(gv[i].v[e]) * to_f(wv.v[e]) * (to_f(rv[i].v[e]) * rstd);
       }
     }
     const float mean_dot = warp_sum(dot) * inv_d;
-    T* dr = static_cast<T*>(a.dr) + row * a.d;
-    const T* gres = a.g_res ? static_cast<const T*>(a.g_res) + row * a.d : nullptr;
+    T* __restrict__ dr = static_cast<T*>(a.dr) + row * a.d;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int64_t j = lane + 32 * i;
       if (j < nvec) {
         const Vec<T, VEC> wv = load_vec<T, VEC>(w + j * VEC);
-        Vec<T, VEC> ev;
-        if (gres) ev = load_vec<T, VEC>(gres + j * VEC);
         Vec<T, VEC> out;
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
           const float g = to_f(gv[i].v[e]);
           const float xh = to_f(rv[i].v[e]) * rstd;
-          const float extra = gres ? to_f(ev.v[e]) : 0.f;
-          dw[i][e] += g * round_to<T>(xh);
+          const float extra = gres ? to_f(ev[i].v[e]) : 0.f;
+          // element-major layout (e * nvec + j): lanes hit consecutive banks, no conflicts
+          atomicAdd(&dw_smem[e * nvec + j], g * round_to<T>(xh));
           out.v[e] = from_f<T>(rstd * (g * to_f(wv.v[e]) - xh * mean_dot) + extra);
         }
         store_vec<T, VEC>(dr + j * VEC, out);
@@ -135,18 +142,9 @@ __global__ void __launch_bounds__(kWarps * 32) rmsnorm_bwd_kernel(RmsNormBwdArgs
     }
   }
 
-  __syncthreads();   // dw_smem zeroed by all threads
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    const int64_t j = lane + 32 * i;
-    if (j < nvec) {
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) atomicAdd(&dw_smem[j * VEC + e], dw[i][e]);
-    }
-  }
-  __syncthreads();
+  __syncthreads();   // every warp's rows added
   float* out = a.dw_partial + static_cast<int64_t>(blockIdx.x) * a.d;
-  for (int64_t j = threadIdx.x; j < a.d; j += blockDim.x) out[j] = dw_smem[j];
+  for (int64_t c = threadIdx.x; c < a.d; c += blockDim.x) out[c] = dw_smem[(c % VEC) * nvec + c / VEC];
 }
 
 // vpt is rounded up by the binding to one of the instantiated values below.

@@ -28,11 +28,21 @@ __global__ void __launch_bounds__(256) rope_kernel(RopeArgs a) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= total) return;
 
-  const int64_t tok = idx / per_tok;                   // b * T + t
-  const int64_t rem = idx - tok * per_tok;
-  const int64_t head = rem / chunks;
-  const int64_t c = (rem - head * chunks) * VEC;       // element offset inside the half
-  const int64_t b = tok / a.T, t = tok - b * a.T;
+  int64_t tok, head, c, b, t;
+  if (total <= 0xffffffffll) {
+    // 32-bit divisions (~20 instructions each instead of ~100 for 64-bit)
+    const uint32_t i = static_cast<uint32_t>(idx), pt = static_cast<uint32_t>(per_tok);
+    const uint32_t ch = static_cast<uint32_t>(chunks), TT32 = static_cast<uint32_t>(a.T);
+    const uint32_t tk = i / pt, rem = i - tk * pt, hd = rem / ch, bb = tk / TT32;
+    tok = tk; head = hd; c = static_cast<int64_t>(rem - hd * ch) * VEC; b = bb; t = tk - bb * TT32;
+  } else {
+    tok = idx / per_tok;                                // b * T + t
+    const int64_t rem = idx - tok * per_tok;
+    head = rem / chunks;
+    c = (rem - head * chunks) * VEC;                    // element offset inside the half
+    b = tok / a.T;
+    t = tok - b * a.T;
+  }
 
   const T* src;
   T* dst;
