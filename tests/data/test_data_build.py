@@ -173,3 +173,28 @@ def test_cli_sample_shows_documents_and_eot(tmp_path, capsys):
             "=== sequence 1: 16 labelled of 64 positions, 2 EOT ==="} <= set(o.splitlines()) or \
         {"=== sequence 0: 16 labelled of 64 positions, 2 EOT ===",
          "=== sequence 1: 15 labelled of 64 positions, 2 EOT ==="} <= set(o.splitlines())
+
+
+FIXTURE = Path(__file__).parent / "fixtures" / "corpus"
+
+
+def test_fixture_corpus_end_to_end(tmp_path):
+    """CI's end-to-end run: `megablu data build` + `verify` + `sample` as processes on the shipped fixture.
+    The exact table pins the split rule and the bucketing (a change to either shows up here)."""
+    out = tmp_path / "fx"
+    cmd = [sys.executable, "-m", "megablu.cli", "data"]
+    r = subprocess.run(cmd + ["build", "--input", str(FIXTURE), "--tokenizer", "byte", "--bucket-edges", "512,1024",
+                              "--val-fraction", "0.3", "--out", str(out), "--workers", "2"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[3:] == ["| b0 | 0-512 | 8 | 1,720 | 5 | 927 |", "| b1 | 512-1k | 1 | 841 | 1 | 892 |",
+                                         "| b2 | >= 1k | 1 | 2,022 | 0 | 0 |", "| all | | 10 | 4,583 | 6 | 1,819 |"]
+    r = subprocess.run(cmd + ["verify", str(out), "--tokenizer", "byte", "--check-ids"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("ok "), r.stderr
+    r = subprocess.run(cmd + ["sample", str(out), "--tokenizer", "byte", "--window", "256", "--split", "val"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "<|EOT|>" in r.stdout, r.stderr
+    m = read_manifest(out)
+    metas = [json.loads(x) for e in m["shards"] for x in (out / e["meta"]).read_text().splitlines()]
+    assert sorted(x["path"] for x in metas if x["path"].startswith("notes")) == [f"notes.jsonl:{i}" for i in range(1, 9)]
+    assert any(x["path"] == "prose/ünïcode.txt" for x in metas)
