@@ -191,7 +191,7 @@ def test_fixture_corpus_end_to_end(tmp_path):
                                          "| b2 | >= 1k | 1 | 2,022 | 0 | 0 |", "| all | | 10 | 4,583 | 6 | 1,819 |"]
     r = subprocess.run(cmd + ["verify", str(out), "--tokenizer", "byte", "--check-ids"], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.startswith("ok "), r.stderr
-    r = subprocess.run(cmd + ["sample", str(out), "--tokenizer", "byte", "--window", "256", "--split", "val"],
+    r = subprocess.run(cmd + ["sample", str(out), "--tokenizer", "byte", "--window", "1024", "--mode", "fit", "--split", "val"],
                        capture_output=True, text=True)
     assert r.returncode == 0 and "<|EOT|>" in r.stdout, r.stderr
     m = read_manifest(out)
