@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import itertools
 import json
 import logging
 import multiprocessing as mp
@@ -62,11 +63,20 @@ def _match(rel: str, pats: list[str]) -> bool:
     return any(fnmatch.fnmatchcase(rel, p) or fnmatch.fnmatchcase(base, p) for p in pats)
 
 
-def iter_documents(sources: list[Source], max_docs: Optional[int] = None,
-                   max_bytes: Optional[int] = None) -> Iterator[Doc]:
-    """Documents of all sources in a deterministic order. Raises DataError for a missing input
-    or an --include pattern that matches no file."""
-    n_docs = n_bytes = 0
+@dataclass
+class InputFile:
+    src: Source
+    key: str          # "<source>/<relative path>"
+    path: str
+    rel: str
+    meta: dict        # source, license, provenance
+    size: int
+
+
+def list_inputs(sources: list[Source]) -> list[InputFile]:
+    """Every input file, in a deterministic order, before anything is read. Raises DataError for a
+    missing input or an --include pattern that matches no file (so a bad command fails at once)."""
+    out = []
     for src in sources:
         p = Path(src.path)
         name = src.name or p.name or str(p)
@@ -101,18 +111,27 @@ def iter_documents(sources: list[Source], max_docs: Optional[int] = None,
             if src.include and not _match(p.name, src.include):
                 raise DataError(f"--include {src.include} does not match the input file {p}")
             items = [(f"{name}/{p.name}", str(p), p.name)]
-        for key, path, rel in items:
-            if path.endswith(".jsonl") or path.endswith(".jsonl.gz"):
-                for d in _iter_jsonl(path, key, src, base_meta):
-                    yield d
-                    n_docs += 1
-                    n_bytes += len(d.text)
-                    if (max_docs and n_docs >= max_docs) or (max_bytes and n_bytes >= max_bytes):
-                        return
-                continue
-            yield Doc(key=key, path=path, meta={**base_meta, "path": rel})
+        out += [InputFile(src, key, path, rel, base_meta, os.path.getsize(path)) for key, path, rel in items]
+    return out
+
+
+def _is_jsonl(path: str) -> bool:
+    return path.endswith(".jsonl") or path.endswith(".jsonl.gz")
+
+
+def iter_documents(sources: list[Source], max_docs: Optional[int] = None, max_bytes: Optional[int] = None,
+                   inputs: Optional[list[InputFile]] = None) -> Iterator[Doc]:
+    """Documents of all sources in a deterministic order (JSONL read lazily, line by line)."""
+    n_docs = n_bytes = 0
+    for f in inputs if inputs is not None else list_inputs(sources):
+        if _is_jsonl(f.path):
+            docs = _iter_jsonl(f.path, f.key, f.src, f.meta)
+        else:
+            docs = iter([Doc(key=f.key, path=f.path, meta={**f.meta, "path": f.rel})])
+        for d in docs:
+            yield d
             n_docs += 1
-            n_bytes += os.path.getsize(path)
+            n_bytes += len(d.text.encode("utf-8", errors="surrogatepass")) if d.text is not None else f.size
             if (max_docs and n_docs >= max_docs) or (max_bytes and n_bytes >= max_bytes):
                 return
 
@@ -165,20 +184,26 @@ def _tokenize(doc: Doc):
     return np.asarray(ids, dtype=np.uint32), None, len(text.encode("utf-8", errors="surrogatepass"))
 
 
-def tokenize_stream(docs: Iterable[Doc], tok_cfg: TokenizerConfig, workers: int,
-                    chunksize: int = 4) -> Iterator[tuple[Doc, np.ndarray, Optional[str], int]]:
-    """(doc, tokens, error, n_bytes) in input order, tokenized by `workers` processes."""
+def tokenize_stream(docs: Iterable[Doc], tok_cfg: TokenizerConfig, workers: int, chunksize: int = 4,
+                    block: int = 512) -> Iterator[tuple[Doc, np.ndarray, Optional[str], int]]:
+    """(doc, tokens, error, n_bytes) in input order, tokenized by `workers` processes.
+
+    Documents are taken `block` at a time, so a large JSONL never sits in memory whole."""
     cfg = tok_cfg.model_dump()
     if workers <= 1:
         _init_worker(cfg)
         for d in docs:
             yield (d, *_tokenize(d))
         return
-    docs = list(docs) if not isinstance(docs, list) else docs
+    it = iter(docs)
     ctx = mp.get_context("fork")
     with ctx.Pool(workers, initializer=_init_worker, initargs=(cfg,)) as pool:
-        for d, r in zip(docs, pool.imap(_tokenize, docs, chunksize=chunksize)):
-            yield (d, *r)
+        while True:
+            chunk = list(itertools.islice(it, block))
+            if not chunk:
+                return
+            for d, r in zip(chunk, pool.imap(_tokenize, chunk, chunksize=chunksize)):
+                yield (d, *r)
 
 
 def build_dataset(sources: list[Source], tok_cfg: TokenizerConfig, out, *, edges=DEFAULT_EDGES,
@@ -193,24 +218,30 @@ def build_dataset(sources: list[Source], tok_cfg: TokenizerConfig, out, *, edges
     if not 0 <= val_fraction < 1:
         raise DataError(f"--val-fraction {val_fraction} must be in [0, 1)")
     tok = load_tokenizer(tok_cfg)
-    docs = list(iter_documents(sources, max_docs=max_docs, max_bytes=max_bytes))
-    if not docs:
-        raise DataError(f"no documents in {[s.path for s in sources]}")
+    inputs = list_inputs(sources)
+    total = sum(f.size for f in inputs)
+    if max_bytes:
+        total = min(total, max_bytes)
     workers = workers or max(1, min(os.cpu_count() or 1, 8))
-    workers = min(workers, max(1, len(docs) // 4))
+    if len(inputs) < 4 * workers and not any(_is_jsonl(f.path) for f in inputs):
+        workers = max(1, len(inputs) // 4)  # a handful of files: process start-up would dominate
     tok_info = {"identity": tok.identity, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id,
                 "config": tok_cfg.model_dump(exclude_none=True)}
     split_info = {"val_fraction": val_fraction, "seed": split_seed,
                   "rule": "val iff sha256(f'{seed}:{key}')[:8] / 2**64 < val_fraction; key = <source>/<path>[:line]"}
     skipped_utf8, skipped_short, n_bytes = [], 0, 0
-    log.info("tokenizing %d documents with %s on %d worker(s)", len(docs), tok.identity, workers)
+    log.info("tokenizing %d input file(s), %.1f MB, with %s on %d worker(s)", len(inputs), total / 1e6,
+             tok.identity, workers)
+    n_docs = 0
     with DatasetWriter(Path(out), tok_info, edges=edges, split_info=split_info, shard_tokens=shard_tokens,
                        overwrite=overwrite) as w:
-        bar = tqdm(total=len(docs), unit="doc", file=sys.stderr, disable=not progress, mininterval=1.0,
+        bar = tqdm(total=total, unit="B", unit_scale=True, file=sys.stderr, disable=not progress, mininterval=1.0,
                    desc="tokenize")
+        docs = iter_documents(sources, max_docs=max_docs, max_bytes=max_bytes, inputs=inputs)
         for d, ids, err, nb in tokenize_stream(docs, tok_cfg, workers):
-            bar.update(1)
+            bar.update(nb)
             n_bytes += nb
+            n_docs += 1
             if err is not None:
                 if skip_bad_utf8 and "not UTF-8" in err:
                     skipped_utf8.append(err)
@@ -224,9 +255,11 @@ def build_dataset(sources: list[Source], tok_cfg: TokenizerConfig, out, *, edges
             meta["n_tokens"] = int(len(ids))
             w.add(ids, split_of(d.key, val_fraction, split_seed), meta)
         bar.close()
+        if n_docs == 0:
+            raise DataError(f"no documents in {[s.path for s in sources]}")
         for e in skipped_utf8:
             log.warning("skipped %s", e)
-        extra = {"build": {"inputs": [s.path for s in sources], "documents_seen": len(docs),
+        extra = {"build": {"inputs": [s.path for s in sources], "documents_seen": n_docs,
                            "skipped_not_utf8": len(skipped_utf8), "skipped_short": skipped_short,
                            "text_bytes": n_bytes, "min_tokens": min_tokens}}
         extra.update(extra_manifest or {})
