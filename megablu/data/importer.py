@@ -17,6 +17,7 @@ from .shards import DEFAULT_EDGES, DEFAULT_SHARD_TOKENS, DataError, DatasetWrite
 from .tokenizer import load_tokenizer, parse_tokenizer_spec
 
 log = logging.getLogger(__name__)
+_BLOCK = 1 << 26  # tokens scanned at a time
 
 
 def _split_from_name(p: Path) -> str:
@@ -62,7 +63,7 @@ def import_flat(inputs: list[str], out, *, dtype: str, eot: int, tokenizer: Opti
             toks = np.memmap(p, dtype=dt, mode="r")
             if len(toks) == 0:
                 raise DataError(f"{p}: empty file")
-            mx = int(toks.max())
+            mx = max(int(toks[i:i + _BLOCK].max()) for i in range(0, len(toks), _BLOCK))
             if mx >= info["vocab_size"]:
                 raise DataError(f"{p}: token id {mx} >= vocab size {info['vocab_size']}: wrong --dtype "
                                 f"({dtype}) or wrong tokenizer")
@@ -71,7 +72,9 @@ def import_flat(inputs: list[str], out, *, dtype: str, eot: int, tokenizer: Opti
                 if (head[:, 1] == 0).mean() > 0.9 and (head[:, 0] == 0).mean() < 0.5:
                     raise DataError(f"{p}: every second uint16 is 0, so the file looks like uint32 tokens; "
                                     f"pass --dtype uint32")
-            cuts = np.nonzero(toks == eot)[0]
+            # EOT positions, found block by block (a 1 GB shard never becomes a 1 GB bool array)
+            cuts = np.concatenate([np.nonzero(toks[i:i + _BLOCK] == eot)[0] + i
+                                   for i in range(0, len(toks), _BLOCK)])
             if len(cuts) == 0 and len(toks) > 1 << 20:
                 raise DataError(f"{p}: no EOT id {eot} in {len(toks):,} tokens: wrong --eot or --dtype")
             bounds = np.concatenate([[-1], cuts, [len(toks)]])
