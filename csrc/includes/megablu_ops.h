@@ -9,7 +9,8 @@
 
 namespace megablu {
 
-// Storage dtypes the kernels support; the bindings map torch dtypes onto these.
+// Storage dtypes; the kernels are instantiated for F32 and BF16 (F16 launches return
+// cudaErrorInvalidValue). The bindings map torch dtypes onto these.
 enum class DType : int { F32 = 0, F16 = 1, BF16 = 2 };
 
 // ---- RoPE --------------------------------------------------------------------------------

@@ -88,7 +88,12 @@ cudaError_t launch_typed(const RopeArgs& a, cudaStream_t stream) {
   const int threads = 256;
   const int64_t blocks = (total + threads - 1) / threads;
   switch (a.vec) {
-    case 8: rope_kernel<T, TT, 8><<<blocks, threads, 0, stream>>>(a); break;
+    case 8:
+      if constexpr (sizeof(T) == 2) {   // 8-wide = 16 bytes only for 2-byte types
+        rope_kernel<T, TT, 8><<<blocks, threads, 0, stream>>>(a);
+        break;
+      }
+      return cudaErrorInvalidValue;
     case 4: rope_kernel<T, TT, 4><<<blocks, threads, 0, stream>>>(a); break;
     case 2: rope_kernel<T, TT, 2><<<blocks, threads, 0, stream>>>(a); break;
     case 1: rope_kernel<T, TT, 1><<<blocks, threads, 0, stream>>>(a); break;
@@ -102,8 +107,7 @@ cudaError_t launch_typed(const RopeArgs& a, cudaStream_t stream) {
 cudaError_t rope_launch(const RopeArgs& a, cudaStream_t stream) {
   switch (a.dtype) {
     case DType::F32: return launch_typed<float, float>(a, stream);
-    case DType::F16:
-      return a.table_f32 ? launch_typed<__half, float>(a, stream) : launch_typed<__half, __half>(a, stream);
+    case DType::F16: return cudaErrorInvalidValue;   // not built: megablu trains in bf16
     case DType::BF16:
       return a.table_f32 ? launch_typed<__nv_bfloat16, float>(a, stream)
                          : launch_typed<__nv_bfloat16, __nv_bfloat16>(a, stream);

@@ -71,32 +71,34 @@ __global__ void __launch_bounds__(256) swiglu_bwd_kernel(SwigluBwdArgs a) {
   store_vec<T, VEC>(static_cast<T*>(a.d_up) + row * a.dup_rs + c, du);
 }
 
-template <typename T, typename Args, typename Kernel8, typename Kernel4, typename Kernel2, typename Kernel1>
-cudaError_t launch_vec(const Args& a, cudaStream_t s, Kernel8 k8, Kernel4 k4, Kernel2 k2, Kernel1 k1) {
-  const int64_t total = a.rows * (a.cols / a.vec);
-  if (total == 0) return cudaSuccess;
-  const int threads = 256;
-  const int64_t blocks = (total + threads - 1) / threads;
-  switch (a.vec) {
-    case 8: k8<<<blocks, threads, 0, s>>>(a); break;
-    case 4: k4<<<blocks, threads, 0, s>>>(a); break;
-    case 2: k2<<<blocks, threads, 0, s>>>(a); break;
-    case 1: k1<<<blocks, threads, 0, s>>>(a); break;
-    default: return cudaErrorInvalidValue;
-  }
+// KERNEL<T, vec> for the vector width the binding picked (8 only for 2-byte types: 16 B)
+#define MEGABLU_SWIGLU_LAUNCH(KERNEL)                                                   \
+  const int64_t total = a.rows * (a.cols / a.vec);                                      \
+  if (total == 0) return cudaSuccess;                                                   \
+  const int threads = 256;                                                              \
+  const int64_t blocks = (total + threads - 1) / threads;                               \
+  switch (a.vec) {                                                                      \
+    case 8:                                                                             \
+      if constexpr (sizeof(T) == 2) {                                                   \
+        KERNEL<T, 8><<<blocks, threads, 0, s>>>(a);                                     \
+        break;                                                                          \
+      }                                                                                 \
+      return cudaErrorInvalidValue;                                                     \
+    case 4: KERNEL<T, 4><<<blocks, threads, 0, s>>>(a); break;                          \
+    case 2: KERNEL<T, 2><<<blocks, threads, 0, s>>>(a); break;                          \
+    case 1: KERNEL<T, 1><<<blocks, threads, 0, s>>>(a); break;                          \
+    default: return cudaErrorInvalidValue;                                              \
+  }                                                                                     \
   return cudaGetLastError();
-}
 
 template <typename T>
 cudaError_t fwd_typed(const SwigluFwdArgs& a, cudaStream_t s) {
-  return launch_vec<T>(a, s, swiglu_fwd_kernel<T, 8>, swiglu_fwd_kernel<T, 4>, swiglu_fwd_kernel<T, 2>,
-                       swiglu_fwd_kernel<T, 1>);
+  MEGABLU_SWIGLU_LAUNCH(swiglu_fwd_kernel)
 }
 
 template <typename T>
 cudaError_t bwd_typed(const SwigluBwdArgs& a, cudaStream_t s) {
-  return launch_vec<T>(a, s, swiglu_bwd_kernel<T, 8>, swiglu_bwd_kernel<T, 4>, swiglu_bwd_kernel<T, 2>,
-                       swiglu_bwd_kernel<T, 1>);
+  MEGABLU_SWIGLU_LAUNCH(swiglu_bwd_kernel)
 }
 
 }  // namespace
@@ -104,7 +106,7 @@ cudaError_t bwd_typed(const SwigluBwdArgs& a, cudaStream_t s) {
 cudaError_t swiglu_fwd_launch(const SwigluFwdArgs& a, cudaStream_t s) {
   switch (a.dtype) {
     case DType::F32: return fwd_typed<float>(a, s);
-    case DType::F16: return fwd_typed<__half>(a, s);
+    case DType::F16: return cudaErrorInvalidValue;   // not built: megablu trains in bf16
     case DType::BF16: return fwd_typed<__nv_bfloat16>(a, s);
   }
   return cudaErrorInvalidValue;
@@ -113,7 +115,7 @@ cudaError_t swiglu_fwd_launch(const SwigluFwdArgs& a, cudaStream_t s) {
 cudaError_t swiglu_bwd_launch(const SwigluBwdArgs& a, cudaStream_t s) {
   switch (a.dtype) {
     case DType::F32: return bwd_typed<float>(a, s);
-    case DType::F16: return bwd_typed<__half>(a, s);
+    case DType::F16: return cudaErrorInvalidValue;
     case DType::BF16: return bwd_typed<__nv_bfloat16>(a, s);
   }
   return cudaErrorInvalidValue;

@@ -19,6 +19,8 @@ from . import builder
 log = logging.getLogger(__name__)
 
 IMPLS = ("auto", "torch", "cuda")
+# dtypes the kernels are built for (fp16 is not: megablu trains in bf16; it runs the reference)
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 _mode = "auto"
 _logged: set[tuple[str, str]] = set()
 

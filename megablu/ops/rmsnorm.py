@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 from . import builder
-from .dispatch import resolve
+from .dispatch import KERNEL_DTYPES, resolve
 
 # kernel limits (csrc/rmsnorm/rmsnorm.cpp): d a multiple of 16 bytes, at most 32*8 vectors
 _MAX_VECS = 256
@@ -92,7 +92,7 @@ class _AddRmsNormFn(torch.autograd.Function):
 
 
 def _unsupported(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor) -> Optional[str]:
-    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+    if x.dtype not in KERNEL_DTYPES:
         return f"dtype {x.dtype}"
     if weight.dtype != x.dtype:
         return f"weight dtype {weight.dtype} != x dtype {x.dtype}"

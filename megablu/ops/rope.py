@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 
 from . import builder
-from .dispatch import resolve
+from .dispatch import KERNEL_DTYPES, resolve
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -86,7 +86,7 @@ class _RopeFn(torch.autograd.Function):
 
 
 def _unsupported(q, k, cos, sin) -> Optional[str]:
-    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16) or k.dtype != q.dtype:
+    if q.dtype not in KERNEL_DTYPES or k.dtype != q.dtype:
         return f"dtypes q={q.dtype} k={k.dtype}"
     if cos.dtype != sin.dtype or cos.dtype not in (q.dtype, torch.float32):
         return f"table dtype {cos.dtype} with q {q.dtype}"

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from . import builder
-from .dispatch import resolve
+from .dispatch import KERNEL_DTYPES, resolve
 
 
 def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -75,7 +75,7 @@ class _SwigluPackedFn(torch.autograd.Function):
 
 
 def _unsupported(gate: torch.Tensor, up: torch.Tensor) -> Optional[str]:
-    if gate.dtype not in (torch.float32, torch.float16, torch.bfloat16) or up.dtype != gate.dtype:
+    if gate.dtype not in KERNEL_DTYPES or up.dtype != gate.dtype:
         return f"dtypes gate={gate.dtype} up={up.dtype}"
     if gate.shape != up.shape:
         return f"shapes gate={tuple(gate.shape)} up={tuple(up.shape)}"
