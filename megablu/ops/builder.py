@@ -188,7 +188,10 @@ def _binding_cmd(src: Path, stub: Path, nvcc: str) -> Optional[list[str]]:
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if cxx is None:
         return None
-    cuda_inc = Path(nvcc).resolve().parents[1] / "include"
+    homes = [os.environ.get("CUDA_HOME"), str(Path(nvcc).resolve().parents[1]), "/usr/local/cuda"]
+    cuda_inc = next((Path(h) / "include" for h in homes if h and (Path(h) / "include/cuda_runtime.h").is_file()), None)
+    if cuda_inc is None:
+        return None
     incs = [csrc_dir() / "includes", stub, *map(Path, include_paths()), cuda_inc, Path(sysconfig.get_paths()["include"])]
     std = "-std=c++20" if _torch_wants_cxx20() else "-std=c++17"
     return [cxx, "-fsyntax-only", std, f"-DTORCH_EXTENSION_NAME={EXT_PREFIX}", *[f"-I{p}" for p in incs],
@@ -216,7 +219,8 @@ def compile_only(arch: str = "90", bindings: bool = False, jobs: Optional[int] =
         for p in cpps:
             cmd = _binding_cmd(p, stub, nvcc)
             if cmd is None:
-                print(f"compile-only: skip {p.relative_to(root.parent)} (torch headers or c++ missing)", file=sys.stderr)
+                print(f"compile-only: skip {p.relative_to(root.parent)} (torch headers, CUDA headers or c++ missing)",
+                      file=sys.stderr)
             else:
                 jobs_list.append((p, cmd))
         with cf.ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 2) as ex:

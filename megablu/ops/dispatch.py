@@ -14,8 +14,6 @@ from typing import Iterator, Optional
 
 import torch
 
-from . import builder
-
 log = logging.getLogger(__name__)
 
 IMPLS = ("auto", "torch", "cuda")
@@ -48,6 +46,14 @@ def use_impl(mode: str) -> Iterator[None]:
         set_impl(prev)
 
 
+def ext():
+    """The built extension module (imported lazily: `python -m megablu.ops.builder` must be
+    able to run as __main__ without the package having imported it first)."""
+    from . import builder
+
+    return builder.load()
+
+
 def _log_once(key: str, msg: str) -> None:
     if (key, msg) not in _logged:
         _logged.add((key, msg))
@@ -71,6 +77,8 @@ def resolve(op: str, tensors: tuple, unsupported: Optional[str] = None, impl: Op
             raise ValueError(f"megablu {op}: impl='cuda' needs CUDA tensors, got devices {sorted(devices)}")
         _log_once("torch", f"megablu ops: using the torch reference ops (tensors on {sorted(devices)})")
         return "torch"
+    from . import builder
+
     try:
         builder.load()
     except Exception as e:  # noqa: BLE001 - build failures of any kind mean "no kernels"

@@ -20,8 +20,7 @@ from typing import Optional
 
 import torch
 
-from . import builder
-from .dispatch import KERNEL_DTYPES, resolve
+from .dispatch import KERNEL_DTYPES, ext, resolve
 
 # kernel limits (csrc/rmsnorm/rmsnorm.cpp): d a multiple of 16 bytes, at most 32*8 vectors
 _MAX_VECS = 256
@@ -70,7 +69,7 @@ class _AddRmsNormFn(torch.autograd.Function):
         # a parameter can be a view into a flat (ZeRO) buffer at any offset: the kernel's
         # 16-byte loads need an aligned copy then (dw is still this weight's gradient)
         w = weight if weight.data_ptr() % 16 == 0 else weight.clone()
-        y, r, rstd = builder.load().rmsnorm_fwd(x2, res2, w, eps)
+        y, r, rstd = ext().rmsnorm_fwd(x2, res2, w, eps)
         ctx.save_for_backward(r, w, rstd)
         ctx.has_res = residual is not None
         ctx.set_materialize_grads(False)
@@ -85,7 +84,7 @@ class _AddRmsNormFn(torch.autograd.Function):
             return None, None, None, None
         gy = _rows(grad_y) if grad_y is not None else torch.zeros_like(r)
         gr = _rows(grad_r) if grad_r is not None else None
-        dr, dw = builder.load().rmsnorm_bwd(gy, gr, r, weight, rstd)
+        dr, dw = ext().rmsnorm_bwd(gy, gr, r, weight, rstd)
         shape = grad_y.shape if grad_y is not None else grad_r.shape
         dr = dr.view(shape)
         return dr, (dr if ctx.has_res else None), (dw if ctx.needs_input_grad[2] else None), None

@@ -16,8 +16,7 @@ from typing import Optional
 
 import torch
 
-from . import builder
-from .dispatch import KERNEL_DTYPES, resolve
+from .dispatch import KERNEL_DTYPES, ext, resolve
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -62,7 +61,7 @@ def _table(t: torch.Tensor) -> torch.Tensor:
 class _RopeFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, cos, sin):
-        oq, ok = builder.load().rope_apply(q, k, cos, sin, False)
+        oq, ok = ext().rope_apply(q, k, cos, sin, False)
         ctx.save_for_backward(cos, sin)
         ctx.heads = (q.shape[2], k.shape[2])
         ctx.set_materialize_grads(False)
@@ -81,7 +80,7 @@ class _RopeFn(torch.autograd.Function):
             gk = ref.new_zeros(ref.shape[:2] + (ctx.heads[1], ref.shape[3]))
         gq = gq if gq.stride(-1) == 1 else gq.contiguous()
         gk = gk if gk.stride(-1) == 1 else gk.contiguous()
-        dq, dk = builder.load().rope_apply(gq, gk, cos, sin, True)
+        dq, dk = ext().rope_apply(gq, gk, cos, sin, True)
         return dq, dk, None, None
 
 

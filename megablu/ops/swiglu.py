@@ -15,8 +15,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from . import builder
-from .dispatch import KERNEL_DTYPES, resolve
+from .dispatch import KERNEL_DTYPES, ext, resolve
 
 
 def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -44,7 +43,7 @@ class _SwigluFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up):
         g2, u2 = _rows(gate), _rows(up)
-        out = builder.load().swiglu_fwd(g2, u2)
+        out = ext().swiglu_fwd(g2, u2)
         ctx.save_for_backward(g2, u2)
         ctx.shapes = (gate.shape, up.shape)
         return out.view(gate.shape)
@@ -52,7 +51,7 @@ class _SwigluFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         g2, u2 = ctx.saved_tensors
-        dg, du = builder.load().swiglu_bwd(_rows(grad), g2, u2, False)
+        dg, du = ext().swiglu_bwd(_rows(grad), g2, u2, False)
         return dg.view(ctx.shapes[0]), du.view(ctx.shapes[1])
 
 
@@ -61,7 +60,7 @@ class _SwigluPackedFn(torch.autograd.Function):
     def forward(ctx, gate_up):
         f = gate_up.shape[-1] // 2
         gu2 = _rows(gate_up)
-        out = builder.load().swiglu_fwd(gu2[:, :f], gu2[:, f:])
+        out = ext().swiglu_fwd(gu2[:, :f], gu2[:, f:])
         ctx.save_for_backward(gu2)
         ctx.shape = gate_up.shape
         return out.view(*gate_up.shape[:-1], f)
@@ -70,7 +69,7 @@ class _SwigluPackedFn(torch.autograd.Function):
     def backward(ctx, grad):
         (gu2,) = ctx.saved_tensors
         f = gu2.shape[1] // 2
-        (dgu,) = builder.load().swiglu_bwd(_rows(grad), gu2[:, :f], gu2[:, f:], True)
+        (dgu,) = ext().swiglu_bwd(_rows(grad), gu2[:, :f], gu2[:, f:], True)
         return dgu.view(ctx.shape)
 
 

@@ -64,7 +64,7 @@ def test_cpu_torch_path_equals_block():
 def test_cuda_kernels_match_block(dtype):
     outs = _run("cuda", dtype, 300, "cuda")
     names = ["out", "dx"] + [n for n, _ in Block(CFG, 0).named_parameters()]
-    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
     for name, a, b in zip(names, outs["fused"], outs["block"]):
         # relative to the tensor's scale: bf16 grads are sums over 600 tokens
         err = float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-12))
