@@ -76,7 +76,7 @@ def _eval(args) -> int:
     try:
         parent = load_result(args.gate_parent) if args.gate_parent else None
         res = run_eval(model, tok, eval_cfg, cfg.data.window, step=step, out_dir=out, rank=0, arm=arm,
-                       parent=parent, batch_tokens=args.batch_tokens)
+                       parent=parent, batch_tokens=args.batch_tokens, plot=not args.no_plot)
     except EvalError as e:
         print(f"megablu eval: {e}", file=sys.stderr)
         return 2
@@ -101,7 +101,9 @@ def _load_model(args, cfg):
 
         hf = AutoModelForCausalLM.from_pretrained(args.hf, dtype="float32")
         m_cfg, _ = configs_from_hf(hf.config)
-        if m_cfg != cfg.model:
+        shape = lambda m: (m.n_layers, m.d_model, m.n_heads, m.n_kv_heads, m.resolved_head_dim, m.ffn_dim,  # noqa
+                           m.vocab_size, m.tie_embeddings, m.qkv_bias, m.norm_eps)
+        if shape(m_cfg) != shape(cfg.model):
             raise ValueError(f"--hf model shape {m_cfg} differs from the config's model section {cfg.model}")
         model = BluModel(cfg.model, cfg.rope)   # the config's rope (e.g. YaRN) over the HF weights
         model.load_state_dict(from_hf(hf).state_dict())
@@ -174,6 +176,7 @@ def register(sub) -> None:
     e.add_argument("--n", type=int, help="override eval.n")
     e.add_argument("--gate-parent", help="parent result (json, run dir, or RUN@STEP); default eval.gate.parent")
     e.add_argument("--batch-tokens", type=int, default=16384, help="prompts per batch = max(1, this // length)")
+    e.add_argument("--no-plot", action="store_true", help="skip step_<N>.png (json and md are always written)")
     e.set_defaults(func=_eval)
 
     c = sub.add_parser("compare", help="compare eval results of several arms: table, differences, plot, gate")

@@ -1,0 +1,88 @@
+"""`megablu compare` and `megablu eval` as a user runs them: stdout is the table, logs on stderr,
+exit 1 on a failed gate, 2 on invalid input; a real --ckpt and an HF --hf directory."""
+import json
+
+import pytest
+import torch
+import yaml
+
+from megablu.cli import main
+from megablu.config.schema import EvalConfig
+from megablu.eval.report import make_result, write_result
+
+from .conftest import tiny_model
+
+
+def _res(arm, step, acc, n=50):
+    cells = []
+    for L, a in acc.items():
+        k = round(a * n / 100)
+        cells.append({"task": "passkey", "length": L, "n": n, "correct": k, "acc_pp": 100 * k / n,
+                      "ci_pp": [0, 100], "padded_len": L, "digest": "d", "seconds": 0, "by_depth": []})
+    samples = [{"task": "passkey", "length": L, "correct": True} for L in acc]
+    return make_result(cells, samples, arm=arm, step=step, window=32768, eval_cfg=EvalConfig(lengths=list(acc)),
+                       tokenizer_identity="t", sp=1)
+
+
+def test_compare_table_plot_and_gate(tmp_path, capsys):
+    write_result(_res("l2", 400, {1024: 90, 4096: 80, 16360: 36}), tmp_path / "l2" / "eval" / "step_400.json")
+    write_result(_res("l2", 100, {1024: 10, 4096: 10, 16360: 10}), tmp_path / "l2" / "eval" / "step_100.json")
+    write_result(_res("ext", 750, {1024: 90, 4096: 20, 16360: 60}), tmp_path / "ext.json")
+    png = tmp_path / "cmp.png"
+    rc = main(["compare", str(tmp_path / "l2"), str(tmp_path / "ext.json"), "--plot", str(png),
+               "--gate-parent", str(tmp_path / "l2@400")])
+    out, err = capsys.readouterr()
+    assert rc == 1                                            # ext collapsed at 4096
+    assert "| l2@400 | 90.0 | 80.0 | 36.0 |" in out            # a run dir means its latest step
+    assert "| ext@750 | 90.0 | 20.0 | 60.0 |" in out
+    assert "-60.0*" in out and "+24.0*" in out                 # resolvable differences are starred
+    assert "SHORT-CONTEXT GATE FAILED" in err and "passkey@4096" in err
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert main(["compare", str(tmp_path / "l2@100"), str(tmp_path / "l2@400")]) == 0
+    assert main(["compare", str(tmp_path / "missing")]) == 2
+
+
+def _config(tmp_path, extra_eval=None):
+    cfg = {"name": "tiny", "runs_dir": str(tmp_path / "runs"),
+           "model": {"n_layers": 2, "d_model": 32, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 64, "vocab_size": 257},
+           "rope": {"theta": 10000.0}, "tokenizer": {"kind": "byte"}, "data": {"window": 512},
+           "train": {"max_steps": 10, "tokens_per_step": 512, "dtype": "fp32", "device": "cpu"},
+           "schedule": {"kind": "cosine", "lr": 1e-3, "warmup_steps": 1},
+           "eval": {"lengths": [300, 480], "n": 2, "max_new": 6, "pad": 32, **(extra_eval or {})}}
+    p = tmp_path / "tiny.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    return p
+
+
+def test_eval_from_checkpoint_file(tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    cfg = _config(tmp_path)
+    ck = tmp_path / "step_5" / "model.safetensors"
+    ck.parent.mkdir()
+    save_file({k: v.contiguous() for k, v in tiny_model(seed=3).state_dict().items()}, str(ck))
+    rc = main(["eval", "--config", str(cfg), "--ckpt", str(ck)])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "| tiny@5 | 0.0 | 0.0 |" in out
+    res = json.loads((tmp_path / "runs" / "tiny" / "eval" / "step_5.json").read_text())
+    assert res["step"] == 5 and [c["length"] for c in res["cells"]] == [300, 480]
+
+
+def test_eval_hf_dir_and_invalid_inputs(tmp_path, capsys):
+    from megablu.model.hf import to_hf
+
+    hf_dir = tmp_path / "hf"
+    to_hf(tiny_model(seed=4)).save_pretrained(str(hf_dir))
+    cfg = _config(tmp_path)
+    assert main(["eval", "--config", str(cfg), "--hf", str(hf_dir), "--step", "0", "--arm", "parent",
+                 "--out", str(tmp_path / "o"), "--no-plot"]) == 0
+    assert (tmp_path / "o" / "step_0.json").exists()
+    # gate against a parent that collapsed nothing: the arm (same weights) passes
+    assert main(["eval", "--config", str(cfg), "--hf", str(hf_dir), "--step", "1", "--out", str(tmp_path / "o"),
+                 "--gate-parent", str(tmp_path / "o" / "step_0.json"), "--set", "eval.gate.short_lengths=[300]", "--no-plot"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--config", str(cfg), "--ckpt", str(tmp_path / "nope.safetensors"), "--step", "1"]) == 2
+    assert "cannot load weights" in capsys.readouterr().err
+    assert main(["eval", "--config", str(cfg), "--hf", str(hf_dir), "--step", "1", "--lengths", "600"]) == 2
+    assert "do not fit the window" in capsys.readouterr().err

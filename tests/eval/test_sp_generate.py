@@ -1,0 +1,56 @@
+"""sp=2 generation equals one-rank generation (gloo, 2 CPU ranks): Ulysses-sharded prefill with
+end padding (odd prompt lengths), the owner-rank broadcast of the first token, cache truncation,
+replicated decode; even heads and SmolLM2-like uneven heads (3 q heads, 1 kv head); and a whole
+run_eval under sp, written by rank 0 only."""
+import pytest
+import torch
+
+from megablu.config.schema import EvalConfig, RopeConfig, YarnConfig
+from megablu.eval.generate import greedy_generate
+from tests.dist_utils import run_distributed
+
+from .conftest import tiny_model
+
+ROPE = RopeConfig(theta=10000.0, yarn=YarnConfig(factor=2.0, original_max_position=256))
+CASES = [(4, 2, 61), (4, 2, 64), (3, 1, 61)]      # (heads, kv heads, prompt length)
+MAX_NEW = 6
+
+
+def _model(h, kv):
+    return tiny_model(vocab=257, d=8 * h, h=h, kv=kv, seed=5, rope=ROPE).double()
+
+
+def _prompts(L):
+    return torch.randint(0, 257, (2, L), generator=torch.Generator().manual_seed(L))
+
+
+def _worker(rank, world, out_dir):
+    torch.set_num_threads(1)
+    from megablu.data.tokenizer import ByteTokenizer
+    from megablu.eval.harness import run_eval
+    from megablu.parallel.groups import build_groups
+    from megablu.parallel.ulysses import apply_ulysses
+
+    g = build_groups(2)
+    gens = []
+    for h, kv, L in CASES:
+        m = apply_ulysses(_model(h, kv), g)
+        gens.append(greedy_generate(m, _prompts(L), MAX_NEW, sp_group=g.sp_group))
+    m = apply_ulysses(_model(4, 2), g)
+    cfg = EvalConfig(lengths=[301], tasks=["passkey"], n=2, max_new=MAX_NEW, pad=32)
+    res = run_eval(m, ByteTokenizer(), cfg, 512, sp_group=g.sp_group, step=3, out_dir=out_dir, rank=rank, plot=False)
+    return gens, res["samples"], res["sp"]
+
+
+def test_sp2_generation_equals_one_rank(tmp_path):
+    from megablu.data.tokenizer import ByteTokenizer
+    from megablu.eval.harness import run_eval
+
+    gens, samples, sp = run_distributed(_worker, 2, str(tmp_path / "sp"))
+    for (h, kv, L), got in zip(CASES, gens):
+        ref = greedy_generate(_model(h, kv), _prompts(L), MAX_NEW)
+        assert torch.equal(got, ref), (h, kv, L)
+    cfg = EvalConfig(lengths=[301], tasks=["passkey"], n=2, max_new=MAX_NEW, pad=32)
+    ref = run_eval(_model(4, 2), ByteTokenizer(), cfg, 512, step=3, out_dir=tmp_path / "one", rank=0, plot=False)
+    assert sp == 2 and samples == ref["samples"]
+    assert sorted(p.name for p in (tmp_path / "sp").iterdir()) == ["step_3.json", "step_3.md"]
