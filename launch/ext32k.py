@@ -38,22 +38,26 @@ def main(argv=None) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO if rank == 0 else logging.WARNING,
                         format=f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s")
 
-    from megablu.config import ConfigError, load_config
+    from megablu.config import ConfigError, apply_overrides, build_config, config_warnings, load_config, load_raw
+    from megablu.train.trainer import preflight
 
     world = int(os.environ.get("WORLD_SIZE", 1))
-    want = load_config_device = None
     try:
-        from megablu.config import load_raw, apply_overrides, build_config
-
-        raw = build_config(apply_overrides(load_raw(args.config), args.set), args.config)
-        want = raw.train.device
-        load_config_device = ("cuda" if torch.cuda.is_available() else "cpu") if want == "auto" else want
-        cfg = load_config(args.config, args.set, world_size=world, device=load_config_device)
+        # the device decides one invariant (bf16 on CPU), so resolve it from the raw config first
+        want = build_config(apply_overrides(load_raw(args.config), args.set), args.config).train.device
+        device = ("cuda" if torch.cuda.is_available() else "cpu") if want == "auto" else want
+        cfg = load_config(args.config, args.set, world_size=world, device=device)
+        problems = preflight(cfg, resume=args.resume)
+        if problems:
+            raise ConfigError(problems, args.config)
     except ConfigError as e:
         if rank == 0:
             print(str(e), file=sys.stderr)
         return 2
-    if load_config_device == "cpu":
+    if rank == 0:
+        for w in config_warnings(cfg):
+            logging.warning("config: %s", w)
+    if device == "cpu":
         # DeepSpeed picks its accelerator at import; on CPU it must be told before that
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
 

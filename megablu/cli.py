@@ -26,13 +26,15 @@ _SUBCOMMAND_MODULES = [
 
 
 def _config_check(args) -> int:
-    from .config import ConfigError, load_config, to_yaml
+    from .config import ConfigError, config_warnings, load_config, to_yaml
 
     try:
         cfg = load_config(args.file, args.set, world_size=args.world_size, device=args.device)
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return 2
+    for w in config_warnings(cfg):
+        print(f"warning: {w}", file=sys.stderr)
     sys.stdout.write(to_yaml(cfg))
     return 0
 

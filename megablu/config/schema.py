@@ -160,6 +160,9 @@ class TrainConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     log_every: int = Field(default=1, gt=0)
     probe_steps: int = Field(default=0, ge=0, description="steps measured as the memory/speed probe")
+    # Time-sliced jobs (e.g. a SLURM limit): stop after this step, checkpoint, exit 0; the
+    # schedule is still the full max_steps one, and `--resume RUN` continues it exactly.
+    stop_after: Optional[int] = Field(default=None, gt=0)
 
 
 class ScheduleConfig(Section):
@@ -302,11 +305,6 @@ def check_invariants(cfg: Config, world_size: Optional[int] = None,
         if e.gate.parent and L not in e.lengths:
             errs.append(f"eval.gate.short_lengths: {L} is not in eval.lengths {e.lengths}; the gate cannot check it")
 
-    # Checkpointing.
-    if cfg.checkpoint.every_steps > steps:
-        errs.append(f"checkpoint.every_steps={cfg.checkpoint.every_steps} > train.max_steps={steps}: "
-                    f"no intermediate checkpoint would be written")
-
     # Model vs tokenizer / data.
     m = cfg.model
     if m.n_kv_heads > m.n_heads:
@@ -335,3 +333,16 @@ def check_invariants(cfg: Config, world_size: Optional[int] = None,
     if device == "cpu" and cfg.parallel.offload_optimizer:
         errs.append("parallel.offload_optimizer on a CPU run has no effect; set it false")
     return errs
+
+
+def config_warnings(cfg: Config) -> list[str]:
+    """Options that have no effect in this setup: legal, but worth a line on stderr."""
+    w = []
+    if cfg.checkpoint.every_steps > cfg.train.max_steps:
+        w.append(f"checkpoint.every_steps={cfg.checkpoint.every_steps} > train.max_steps={cfg.train.max_steps}: "
+                 f"only the final checkpoint will be written")
+    if cfg.parallel.zero_stage != 3 and not cfg.parallel.reduce_scatter:
+        w.append("parallel.reduce_scatter=false only affects ZeRO stage 3")
+    if cfg.eval.gate.parent is None and not (cfg.eval.at_steps or cfg.eval.final) and cfg.eval.lengths:
+        w.append("eval.lengths set but neither eval.at_steps nor eval.final: no evaluation will run in training")
+    return w

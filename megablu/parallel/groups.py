@@ -47,6 +47,13 @@ class Groups:
     def get_sequence_data_parallel_rank(self) -> int:
         return self.rank
 
+    # checkpoint naming asks for the model-parallel layout: megablu has none
+    def get_model_parallel_world_size(self) -> int:
+        return 1
+
+    def get_model_parallel_rank(self) -> int:
+        return 0
+
     # DeepSpeed recognises a sequence-parallel mpu (its own parallel_state_sp) by this
     # attribute; it then partitions ZeRO-3 parameters over the same dp*sp group it reduces
     # gradients over. Exposing get_data_parallel_group instead makes zero.Init partition

@@ -93,6 +93,10 @@ class Trainer:
 
         if self.device == "cuda":
             torch.cuda.set_device(self.local_rank)
+        else:
+            # CPU ranks share the cores: one rank per core-share, no oversubscription
+            local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
         deepspeed.init_distributed(dist_backend="nccl" if self.device == "cuda" else "gloo")
         ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or None
         return build_groups(self.cfg.parallel.sp, ranks_per_node)
@@ -218,7 +222,8 @@ class Trainer:
                    desc=cfg.name, dynamic_ncols=True)
         if self.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        while self.step < cfg.train.max_steps:
+        stop = min(cfg.train.max_steps, cfg.train.stop_after or cfg.train.max_steps)
+        while self.step < stop:
             self._set_lr()
             t0 = time.perf_counter()
             loss, gnorm = self._train_step()
@@ -239,7 +244,7 @@ class Trainer:
                 self.metrics.write(row)
                 bar.set_postfix(loss=f"{loss:.4f}", lr=f"{self._lr:.2e}", tok_s=f"{row['tokens_per_s']:.0f}")
                 bar.update(1)
-            self._maybe_checkpoint_and_eval()
+            self._maybe_checkpoint_and_eval(stopping=self.step == stop)
         bar.close()
         if self.metrics is not None:
             self.metrics.close()
@@ -251,12 +256,12 @@ class Trainer:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
 
-    def _maybe_checkpoint_and_eval(self) -> None:
+    def _maybe_checkpoint_and_eval(self, stopping: bool = False) -> None:
         cfg, s = self.cfg, self.step
         last = s == cfg.train.max_steps
         do_eval = s in cfg.eval.at_steps or (last and cfg.eval.final)
         every = cfg.checkpoint.every_steps
-        if do_eval or (every and s % every == 0) or (last and cfg.checkpoint.save_final):
+        if do_eval or (every and s % every == 0) or (last and cfg.checkpoint.save_final) or (stopping and not last):
             self.ckpt.save(self.engine, s, self._client_state(), pin=do_eval)
         if do_eval:
             self._evaluate()
@@ -271,3 +276,17 @@ class Trainer:
                      out_dir=self.run_dir / "eval", rank=self.groups.rank)
         finally:
             self.engine.train()
+
+
+def preflight(cfg: Config, resume: Optional[str] = None) -> list[str]:
+    """Filesystem checks run by the entry before any rank initialises (missing parent, data)."""
+    problems = []
+    if cfg.init_from and not resume and not Path(cfg.init_from).exists():
+        problems.append(f"init_from: parent checkpoint {cfg.init_from} does not exist; give a run dir, a "
+                        f"checkpoint step dir or an exported model dir")
+    if cfg.data.path and not Path(cfg.data.path, "manifest.json").is_file():
+        problems.append(f"data.path: {cfg.data.path} has no manifest.json; build it with `megablu data build` "
+                        f"or `megablu data import`")
+    if resume and not (Path(resume).is_dir() or Path(cfg.runs_dir, resume).is_dir()):
+        problems.append(f"--resume {resume}: no such run (looked in {cfg.runs_dir}/)")
+    return problems

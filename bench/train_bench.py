@@ -1,0 +1,127 @@
+"""Training-step memory and speed of BluModel (and, side by side, HF transformers' Llama).
+
+One fwd+bwd per measurement, bf16, batch 1, no optimizer (the baseline table in
+shared/device/README.md is measured the same way). For each (impl, mode, T):
+peak GB, MB/token (peak minus weights+grads, over T), step seconds, tokens/s, MFU.
+MFU counts model flops only (6 N per token + causal attention 6 L T H D), no recompute,
+against the H200's dense bf16 peak of 989 TF/s.
+
+  python bench/train_bench.py --T 16384,32768 --modes none,selective,full --loss-chunk 4096 --hf
+Writes $OUT/train_bench.json when OUT is set and prints a markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from megablu.config.schema import MemoryConfig, ModelConfig, RopeConfig, YarnConfig  # noqa: E402
+from megablu.model.decoder import BluModel  # noqa: E402
+
+PEAK_TFLOPS = 989.0
+BLU05B = ModelConfig(n_layers=36, d_model=1024, n_heads=16, n_kv_heads=4, ffn_dim=2816, vocab_size=100352)
+
+
+def flops_per_token(cfg: ModelConfig, T: int) -> float:
+    n = cfg.n_params() - cfg.vocab_size * cfg.d_model * (0 if cfg.tie_embeddings else 1)  # input embedding is a lookup
+    attn = 6 * cfg.n_layers * T * cfg.n_heads * cfg.resolved_head_dim  # causal: half of 12
+    return 6 * n + attn
+
+
+def build(impl: str, mode: str, T: int, loss_chunk: int):
+    rope = RopeConfig(theta=500000.0, yarn=YarnConfig(factor=T / 16384, original_max_position=16384)) \
+        if T > 16384 else RopeConfig(theta=500000.0)
+    if impl == "megablu":
+        m = BluModel(BLU05B, rope, MemoryConfig(recompute=mode, loss_chunk=loss_chunk))
+        return m.to("cuda", torch.bfloat16)
+    import transformers
+
+    from megablu.model.hf import hf_config_dict
+
+    d = hf_config_dict(BLU05B, rope)
+    d.pop("model_type"), d.pop("architectures")
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**d, attn_implementation="sdpa"))
+    if mode == "full":
+        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return hf.to("cuda", torch.bfloat16)
+
+
+def step(model, impl: str, ids: torch.Tensor):
+    if impl == "megablu":
+        s, n = model(ids, labels=ids)
+        loss = s / n
+    else:
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return loss
+
+
+def measure(impl: str, mode: str, T: int, loss_chunk: int, iters: int) -> dict:
+    row = {"impl": impl, "mode": mode, "T": T, "loss_chunk": loss_chunk if impl == "megablu" else None}
+    model = None
+    try:
+        model = build(impl, mode, T, loss_chunk)
+        static = sum(p.numel() * p.element_size() * 2 for p in model.parameters())  # weights + grads
+        ids = torch.randint(0, BLU05B.vocab_size, (1, T), device="cuda")
+        step(model, impl, ids)  # warmup (cuDNN autotune, allocator)
+        model.zero_grad(set_to_none=False)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            step(model, impl, ids)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        peak = torch.cuda.max_memory_allocated()
+        dt = sorted(times)[len(times) // 2]
+        row.update(peak_gb=peak / 1e9, mb_per_token=(peak - static) / T / 1e6, step_s=dt, tokens_per_s=T / dt,
+                   mfu=flops_per_token(BLU05B, T) * T / dt / 1e12 / PEAK_TFLOPS)
+    except torch.cuda.OutOfMemoryError:
+        row.update(oom=True)
+    finally:
+        del model
+        gc.collect()
+        torch.cuda.empty_cache()
+    return row
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--T", default="16384,32768")
+    p.add_argument("--modes", default="none,selective,full")
+    p.add_argument("--loss-chunk", type=int, default=4096)
+    p.add_argument("--hf", action="store_true", help="also HF Llama (plain and gradient checkpointing)")
+    p.add_argument("--iters", type=int, default=3)
+    a = p.parse_args()
+    rows = []
+    for T in [int(x) for x in a.T.split(",")]:
+        for mode in a.modes.split(","):
+            rows.append(measure("megablu", mode, T, a.loss_chunk, a.iters))
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        if a.hf:
+            for mode in ("none", "full"):
+                rows.append(measure("hf", mode, T, 0, a.iters))
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print("| impl | recompute | T | loss chunk | peak GB | MB/token | step s | tokens/s | MFU |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if r.get("oom"):
+            print(f"| {r['impl']} | {r['mode']} | {r['T']} | {r['loss_chunk']} | OOM | | | | |")
+        else:
+            print(f"| {r['impl']} | {r['mode']} | {r['T']} | {r['loss_chunk']} | {r['peak_gb']:.1f} | "
+                  f"{r['mb_per_token']:.3f} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | {r['mfu']:.0%} |")
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "train_bench.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""One test per config invariant: rejected with the field, the values and the fix."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from megablu.config import ConfigError, load_config
+from megablu.config.schema import eval_padded_len
+
+ROOT = Path(__file__).resolve().parents[2]
+EXT = ROOT / "yaml_configs" / "ext32k.yaml"
+
+
+def errors(sets, world=2, device="cuda", path=EXT):
+    try:
+        load_config(path, sets, world_size=world, device=device)
+    except ConfigError as e:
+        return e.errors
+    return []
+
+
+def test_shipped_ext32k_is_valid():
+    assert errors([]) == []
+
+
+def test_yarn_product_must_equal_window():
+    errs = errors(["rope.yarn.original_max_position=1024"])  # the seed's silent default
+    assert len(errs) == 1
+    assert "2.0*1024 = 2048 != data.window 32768" in errs[0] and "factor=32" in errs[0]
+
+
+def test_yarn_original_length_has_no_default():
+    errs = errors(["rope.yarn={factor: 2.0}"])
+    assert any(e.startswith("rope.yarn.original_max_position: required") for e in errs)
+
+
+def test_wsd_needs_two_step_tail():
+    assert errors(["schedule.decay_start=748"]) == []         # 750 - 2: allowed
+    errs = errors(["schedule.decay_start=749"])
+    assert any("decay_start=749 > train.max_steps-2 = 748" in e for e in errs)
+    errs = errors(["schedule.decay_start=750"])                # the seed's CP_STABLE == CP_MAX_STEPS
+    assert any("leaves no decay tail" in e for e in errs)
+
+
+def test_warmup_before_decay():
+    errs = errors(["schedule.warmup_steps=700"])
+    assert any("warmup_steps=700 >= schedule.decay_start=675" in e for e in errs)
+
+
+def test_eval_pad_rule_edges():
+    assert eval_padded_len(32744, 24, 256) == 32768
+    assert eval_padded_len(32745, 24, 256) == 33024
+    assert errors(["eval.lengths=[1024, 4096, 32744]"]) == []
+    errs = errors(["eval.lengths=[1024, 4096, 32745]"])
+    assert len(errs) == 1 and "32745 + max_new 24 pads to 33024" in errs[0] and "32744" in errs[0]
+
+
+def test_sp_must_divide_world_and_fit():
+    errs = errors([], world=1)
+    assert any("parallel.sp=2 > world size 1" in e for e in errs)
+    errs = errors(["parallel.sp=4", "train.tokens_per_step=1048576"], world=6)
+    assert any("parallel.sp=4 does not divide world size 6" in e for e in errs)
+
+
+def test_tokens_per_step_exact_and_suggests_values():
+    errs = errors(["train.tokens_per_step=1000000"])
+    assert len(errs) == 1
+    assert "1*32768*k*1" in errs[0] and "983040 (k=30) or 1015808 (k=31)" in errs[0]
+    # with dp=2 (world 4, sp 2) 1,048,576 is still exact: k=16
+    assert errors([], world=4) == []
+
+
+def test_bf16_on_cpu_rejected():
+    errs = errors([], device="cpu")
+    assert any("train.dtype=bf16 on a CPU run" in e for e in errs)
+
+
+def test_unknown_key_and_missing_field():
+    errs = errors(["train.max_step=10"])
+    assert any(e.startswith("train.max_step: unknown key") for e in errs)
+    errs = errors(["data.window=null"])
+    assert any(e.startswith("data.window") for e in errs)
+
+
+def test_every_violation_listed_at_once():
+    errs = errors(["rope.yarn.original_max_position=1024", "schedule.decay_start=750",
+                   "eval.lengths=[1024, 4096, 32745]", "train.tokens_per_step=1000000"], device="cpu")
+    assert len(errs) == 5
+
+
+def test_inherit_one_level(tmp_path):
+    base = tmp_path / "a.yaml"
+    base.write_text(yaml.safe_dump({"inherit": "b.yaml"}))
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"inherit": "a.yaml", "name": "x"}))
+    with pytest.raises(ConfigError, match="one level only"):
+        load_config(tmp_path / "c.yaml")
+
+
+def test_cli_check_exit_codes():
+    ok = subprocess.run([sys.executable, "-m", "megablu.cli", "config", "check", str(EXT), "--world-size", "2"],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0 and "original_max_position: 16384" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "megablu.cli", "config", "check", str(EXT), "--world-size", "2",
+                          "--set", "rope.yarn.original_max_position=1024", "--set", "eval.lengths=[32745]"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert "rope.yarn" in bad.stderr and "eval.lengths" in bad.stderr
+
+
+def test_entry_rejects_before_any_rank_works(tmp_path):
+    """launch/ext32k.py validates against WORLD_SIZE before init_distributed: exit 2, no run dir."""
+    env = {"WORLD_SIZE": "1", "RANK": "0", "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, str(ROOT / "launch" / "ext32k.py"), "--config", str(EXT),
+                        "--set", f"runs_dir={tmp_path}/runs"], capture_output=True, text=True, env=env)
+    assert r.returncode == 2
+    assert "parallel.sp=2 > world size 1" in r.stderr
+    assert not (tmp_path / "runs").exists()
