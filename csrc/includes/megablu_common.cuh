@@ -5,7 +5,9 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#ifndef MEGABLU_HOST_EMULATION   // the emulator (tests/ops/emulator) provides the builtins
 #include <cuda_runtime.h>
+#endif
 
 #include <cstdint>
 
@@ -54,12 +56,17 @@ __device__ __forceinline__ Vec<T, VEC> load_vec(const T* p) {
 // sm_90 with CUDA 13). Generic addresses of global memory are valid global addresses.
 // No "memory" clobber: no kernel reads back what it stores, and a clobber would pin every
 // later load (e.g. of the L1-resident weight) behind each store.
+#ifdef __CUDA_ARCH__
 __device__ __forceinline__ void store_raw(void* p, const uint4& r) {
   asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(r.x), "r"(r.y), "r"(r.z), "r"(r.w));
 }
 __device__ __forceinline__ void store_raw(void* p, const uint2& r) {
   asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(r.x), "r"(r.y));
 }
+#else
+__device__ __forceinline__ void store_raw(void* p, const uint4& r) { *reinterpret_cast<uint4*>(p) = r; }
+__device__ __forceinline__ void store_raw(void* p, const uint2& r) { *reinterpret_cast<uint2*>(p) = r; }
+#endif
 __device__ __forceinline__ void store_raw(void* p, unsigned int r) { *reinterpret_cast<unsigned int*>(p) = r; }
 __device__ __forceinline__ void store_raw(void* p, unsigned short r) { *reinterpret_cast<unsigned short*>(p) = r; }
 

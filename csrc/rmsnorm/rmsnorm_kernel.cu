@@ -147,6 +147,9 @@ __global__ void __launch_bounds__(kWarps * 32, (VPT <= 4 ? 2 : 1)) rmsnorm_bwd_k
   for (int64_t c = threadIdx.x; c < a.d; c += blockDim.x) out[c] = dw_smem[(c % VEC) * nvec + c / VEC];
 }
 
+// Launchers. Left out when tests/ops/emulator compiles the kernels above as host code
+// (MEGABLU_HOST_EMULATION) to run their exact index and rounding logic on a CPU.
+#ifndef MEGABLU_HOST_EMULATION
 // vpt is rounded up by the binding to one of the instantiated values below.
 #define MEGABLU_RMS_VPT(KERNEL, T, VEC, ...)                                   \
   switch (a.vpt) {                                                             \
@@ -237,5 +240,9 @@ cudaError_t rmsnorm_bwd_launch(const RmsNormBwdArgs& a, cudaStream_t s) {
   }
   return cudaErrorInvalidValue;
 }
+
+#else
+}  // namespace
+#endif
 
 }  // namespace megablu

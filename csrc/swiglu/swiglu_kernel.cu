@@ -71,6 +71,9 @@ __global__ void __launch_bounds__(256) swiglu_bwd_kernel(SwigluBwdArgs a) {
   store_vec<T, VEC>(static_cast<T*>(a.d_up) + row * a.dup_rs + c, du);
 }
 
+// Launchers. Left out when tests/ops/emulator compiles the kernels above as host code
+// (MEGABLU_HOST_EMULATION) to run their exact index and rounding logic on a CPU.
+#ifndef MEGABLU_HOST_EMULATION
 // KERNEL<T, vec> for the vector width the binding picked (8 only for 2-byte types: 16 B)
 #define MEGABLU_SWIGLU_LAUNCH(KERNEL)                                                   \
   const int64_t total = a.rows * (a.cols / a.vec);                                      \
@@ -120,5 +123,9 @@ cudaError_t swiglu_bwd_launch(const SwigluBwdArgs& a, cudaStream_t s) {
   }
   return cudaErrorInvalidValue;
 }
+
+#else
+}  // namespace
+#endif
 
 }  // namespace megablu
