@@ -153,13 +153,13 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
 
 
 def load_haystack(path: str, tokenizer: TokenizerLike) -> HaystackSource:
-    """The val text of the dataset at `path`, through megablu.data.haystack (imported lazily)."""
+    """The val documents of the dataset at `path` ('DIR' or 'DIR@b2'), via megablu.data.haystack.
+
+    Checked now (tokenizer identity, non-empty bucket), read lazily by the needle builder."""
+    from ..data.haystack import haystack_source
+    from ..data.shards import DataError
+
     try:
-        from ..data import haystack as hs
-    except ImportError as e:
-        raise EvalError(f"eval.haystack={path!r}: megablu.data.haystack is not available ({e})") from None
-    for name in ("haystack_source", "load_haystack", "val_texts"):
-        fn = getattr(hs, name, None)
-        if fn is not None:
-            return fn(path) if name != "haystack_source" else fn(path, tokenizer)
-    raise EvalError("megablu.data.haystack defines none of haystack_source / load_haystack / val_texts")
+        return haystack_source(path, tokenizer)
+    except DataError as e:
+        raise EvalError(f"eval.haystack={path!r}: {e}") from None

@@ -64,3 +64,39 @@ def load_models(yarn_factor: float = 2.0):
     yarn = BluModel(base.cfg, rope)
     yarn.load_state_dict(base.state_dict(), strict=True)
     return base, yarn.eval()
+
+
+def main(argv=None) -> int:
+    """Measure one arm cell by cell (each cell's json written as soon as it is done):
+        python -m tests.eval._smollm2 --arm yarn2 --lengths 13800 4584 --n 3 --out /tmp/smol
+    Used to record docs/RESULTS.md on a slow CPU, where both arms run as two processes."""
+    import argparse
+    import logging
+    import sys
+
+    import torch
+
+    from megablu.config.schema import EvalConfig
+    from megablu.eval.harness import run_eval
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--arm", choices=["native", "yarn2"], required=True)
+    ap.add_argument("--lengths", type=int, nargs="+", default=[13800, 4584])
+    ap.add_argument("--n", type=int, default=3)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    torch.set_num_threads(a.threads)
+    tok = load_tokenizer()
+    base, yarn = load_models(2.0)
+    model = yarn if a.arm == "yarn2" else base
+    for L in a.lengths:
+        cfg = EvalConfig(lengths=[L], tasks=["passkey"], n=a.n, max_new=24, pad=256, seed=0)
+        run_eval(model, tok, cfg, 16384, step=0, out_dir=Path(a.out) / f"smollm2-{a.arm}-{L}" / "eval", rank=0,
+                 arm=f"smollm2-{a.arm}", batch_tokens=4608, prefill_chunk=1024, plot=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

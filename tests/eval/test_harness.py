@@ -76,3 +76,24 @@ def test_run_eval_refuses_meaningless_setups(tmp_path, byte_tok, bpe_tok):
     with pytest.raises(EvalError, match="haystack"):
         run_eval(m, byte_tok, cfg.model_copy(update={"tasks": ["needle"]}), 512, step=0, out_dir=tmp_path, rank=0, plot=False)
     assert not list(tmp_path.iterdir())
+
+
+def test_haystack_from_a_dataset_val_split(tmp_path, byte_tok, bpe_tok, haystack_docs):
+    """eval.haystack names a dataset dir; its val documents (megablu.data.haystack) are the haystack."""
+    import numpy as np
+
+    from megablu.data.shards import DatasetWriter
+
+    root = tmp_path / "ds"
+    meta = {"identity": byte_tok.identity, "vocab_size": byte_tok.vocab_size, "eot_id": byte_tok.eot_id}
+    with DatasetWriter(root, meta, edges=(1024, 1 << 20)) as w:
+        for i, doc in enumerate(haystack_docs[:3]):
+            w.add(np.asarray(byte_tok.encode(doc), dtype=np.int64), "val", {"source": "stdlib", "license": "PSF",
+                                                                            "key": f"stdlib/{i}"})
+        w.finish()
+    cfg = EvalConfig(lengths=[600], tasks=["needle"], n=2, max_new=8, pad=32, haystack=str(root))
+    res = run_eval(OracleModel(byte_tok), byte_tok, cfg, 1024, step=0, out_dir=tmp_path / "a" / "eval", rank=0,
+                   plot=False)
+    assert res["cells"][0]["acc_pp"] == 100.0
+    with pytest.raises(EvalError, match="haystack data tokenized with"):
+        run_eval(OracleModel(bpe_tok), bpe_tok, cfg, 1024, step=0, out_dir=tmp_path / "b" / "eval", rank=0)
