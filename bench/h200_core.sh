@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU op tests + op bench, a few blu-0.5b training steps at T=16384 through
 # the real entry (deepspeed --num_gpus 1), and the model memory/speed bench. Writes under $OUT.
-# run from the repo root on the H200 with carry [".whl", "data_cache/demo_cl100k"].
+# run from the repo root on the H200 with carry [".whl", "data_cache/gpu_cl100k"].
 set -u
 source launch/device_env.sh
 mkdir -p "$OUT"
@@ -10,7 +10,7 @@ python -c "import torch, deepspeed, transformers; print(torch.__version__, deeps
 ( time timeout 200 python -m pytest -q -p no:cacheprovider tests/ops ) > "$OUT/ops_tests.txt" 2>&1
 timeout 120 python bench/ops_bench.py > "$OUT/ops_bench.md" 2> "$OUT/ops_bench.err"
 timeout 240 deepspeed --num_gpus 1 launch/ext32k.py --config yaml_configs/l2.yaml \
-  --set data.path=data_cache/demo_cl100k --set data.mode=pack --set data.bucket=all --set parallel.sp=1 \
+  --set data.path=data_cache/gpu_cl100k --set data.mode=pack --set data.bucket=all --set parallel.sp=1 \
   --set train.max_steps=6 --set train.tokens_per_step=65536 --set runs_dir="$OUT/runs" \
   --set checkpoint.every_steps=0 --set checkpoint.save_final=false --set eval.final=false \
   --set schedule.warmup_steps=2 --set schedule.decay_start=3 > "$OUT/train16k.out" 2> "$OUT/train16k.err"
