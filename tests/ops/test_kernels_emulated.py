@@ -206,3 +206,162 @@ def test_swiglu_kernels(emu, dtype, vec, packed):
         # the kernel mirrors torch's roundings: bit-identical to the bf16 expression almost everywhere
         same = (out == F.silu(gate) * up).float().mean().item()
         assert same > 0.95, same
+
+
+# --------------------------------------------------------------------------- autograd wrappers
+class EmulatedExt:
+    """The extension's Python API (csrc/megablu_ops.cpp) on CPU tensors, backed by the
+    emulated kernels: lets the autograd Functions in megablu/ops run their CUDA-path code
+    (saved tensors, missing grads, views, packed grads) without a GPU. Output allocation
+    and vector-width choice follow the C++ bindings."""
+
+    def __init__(self, lib):
+        self.lib = lib
+
+    @staticmethod
+    def _vec(max_vec, divisible, ptrs):
+        v = max_vec
+        while v > 1:
+            if all(x % v == 0 for x in divisible) and all(p % (v * es) == 0 for p, es in ptrs):
+                return v
+            v //= 2
+        return 1
+
+    def rope_apply(self, q, k, cos, sin, backward):
+        es, ts = q.element_size(), cos.element_size()
+        strides = [_st(q, 0), _st(q, 1), _st(q, 2), _st(k, 0), _st(k, 1), _st(k, 2), _st(cos, 0), _st(cos, 1),
+                   _st(sin, 0), _st(sin, 1)]
+        vec = self._vec(16 // es, [q.shape[3] // 2, *strides],
+                        [(q.data_ptr(), es), (k.data_ptr(), es), (cos.data_ptr(), ts), (sin.data_ptr(), ts)])
+        return list(_rope_emu(self.lib, q, k, cos, sin, vec, backward))
+
+    @staticmethod
+    def _plan(d, es):
+        vec = 16 // es
+        need = (d // vec + 31) // 32
+        return vec, next(v for v in (1, 2, 3, 4, 6, 8) if need <= v)
+
+    def rmsnorm_fwd(self, x, residual, weight, eps):
+        rows, d = x.shape
+        vec, vpt = self._plan(d, x.element_size())
+        assert weight.data_ptr() % 16 == 0 and x.is_contiguous()
+        y, rstd = torch.empty_like(x), torch.empty(rows, dtype=torch.float32)
+        r = torch.empty_like(x) if residual is not None else x
+        a = RmsFwdArgs(x.data_ptr(), residual.data_ptr() if residual is not None else None, weight.data_ptr(),
+                       y.data_ptr(), r.data_ptr() if residual is not None else None, rstd.data_ptr(), rows, d, eps,
+                       DT[x.dtype], vec, vpt)
+        assert self.lib.emu_rmsnorm_fwd(ctypes.byref(a)) == 0
+        return [y, r, rstd]
+
+    def rmsnorm_bwd(self, gy, g_res, r, weight, rstd):
+        rows, d = r.shape
+        vec, vpt = self._plan(d, r.element_size())
+        blocks = min((rows + 7) // 8, 3)
+        dr, part = torch.empty_like(r), torch.zeros(max(blocks, 1), d, dtype=torch.float32)
+        a = RmsBwdArgs(gy.data_ptr(), g_res.data_ptr() if g_res is not None else None, r.data_ptr(),
+                       weight.data_ptr(), rstd.data_ptr(), dr.data_ptr(), part.data_ptr(), rows, d, blocks,
+                       DT[r.dtype], vec, vpt)
+        assert self.lib.emu_rmsnorm_bwd(ctypes.byref(a)) == 0
+        return [dr, part.sum(0).to(weight.dtype)]
+
+    def swiglu_fwd(self, gate, up):
+        rows, cols = gate.shape
+        es = gate.element_size()
+        grs, urs = (cols if rows == 1 else gate.stride(0)), (cols if rows == 1 else up.stride(0))
+        vec = self._vec(16 // es, [cols, grs, urs], [(gate.data_ptr(), es), (up.data_ptr(), es)])
+        out = torch.empty(rows, cols, dtype=gate.dtype)
+        a = SwFwdArgs(gate.data_ptr(), up.data_ptr(), out.data_ptr(), rows, cols, grs, urs, DT[gate.dtype], vec)
+        assert self.lib.emu_swiglu_fwd(ctypes.byref(a)) == 0
+        return out
+
+    def swiglu_bwd(self, grad, gate, up, packed):
+        rows, cols = gate.shape
+        es = gate.element_size()
+        if packed:
+            dgu = torch.empty(rows, 2 * cols, dtype=gate.dtype)
+            dg, du = dgu[:, :cols], dgu[:, cols:]
+        else:
+            dg, du = torch.empty(rows, cols, dtype=gate.dtype), torch.empty(rows, cols, dtype=gate.dtype)
+        rs = [grad.stride(0), gate.stride(0), up.stride(0), dg.stride(0)]
+        vec = self._vec(16 // es, [cols, *rs], [(t.data_ptr(), es) for t in (grad, gate, up, dg, du)])
+        a = SwBwdArgs(grad.data_ptr(), gate.data_ptr(), up.data_ptr(), dg.data_ptr(), du.data_ptr(), rows, cols,
+                      *rs, du.stride(0), DT[gate.dtype], vec)
+        assert self.lib.emu_swiglu_bwd(ctypes.byref(a)) == 0
+        return [dgu] if packed else [dg, du]
+
+
+@pytest.fixture
+def emulated_ext(emu, monkeypatch):
+    import importlib
+
+    fake = EmulatedExt(emu)
+    # importlib: megablu.ops re-exports functions named like their modules (ops.swiglu ...)
+    for name in ("rope", "rmsnorm", "swiglu"):
+        monkeypatch.setattr(importlib.import_module(f"megablu.ops.{name}"), "ext", lambda: fake)
+    return fake
+
+
+@pytest.mark.parametrize("use_k", [True, False])
+def test_rope_function(emulated_ext, use_k):
+    from megablu.ops.rope import _RopeFn
+
+    B, T, H, Hkv, D = 1, 6, 4, 2, 32
+    q, k = _rand(B, T, H, D, dtype=torch.float32, seed=0), _rand(B, T, Hkv, D, dtype=torch.float32, seed=1)
+    ang = torch.arange(T, dtype=torch.float32)[:, None] * torch.rand(D // 2)
+    cos, sin = torch.cat([ang, ang], -1)[None].cos(), torch.cat([ang, ang], -1)[None].sin()
+    outs = {}
+    for name in ("emulated", "reference"):
+        qc, kc = q.clone().requires_grad_(), k.clone().requires_grad_()
+        oq, ok = _RopeFn.apply(qc, kc, cos, sin) if name == "emulated" else model_apply_rotary(qc, kc, cos, sin)
+        (oq.square().sum() + (ok.square().sum() if use_k else 0)).backward()
+        outs[name] = (oq, ok, qc.grad, kc.grad if kc.grad is not None else torch.zeros_like(kc))
+    for a, b in zip(outs["emulated"], outs["reference"]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["add", "add_y_only", "plain", "misaligned_weight"])
+def test_rmsnorm_function(emulated_ext, mode):
+    from megablu.ops.rmsnorm import _AddRmsNormFn, rms_norm_reference
+
+    shape, eps = (2, 5, 64), 1e-5
+    x, res = _rand(*shape, dtype=torch.float32, seed=0), _rand(*shape, dtype=torch.float32, seed=1)
+    wbuf = 1 + 0.3 * _rand(65, dtype=torch.float32, seed=2)
+    gy, gr = _rand(*shape, dtype=torch.float32, seed=3), _rand(*shape, dtype=torch.float32, seed=4)
+    outs = {}
+    for name in ("emulated", "reference"):
+        wb = wbuf.clone().requires_grad_()
+        w = wb[1:] if mode == "misaligned_weight" else wb[:64]
+        xc, rc = x.clone().requires_grad_(), res.clone().requires_grad_()
+        use_res = mode != "plain"
+        if name == "emulated":
+            o = _AddRmsNormFn.apply(xc, rc if use_res else None, w, eps)
+            y, r = (o if use_res else (o, xc))
+        else:
+            y, r = rms_norm_reference(xc, w, eps, rc if use_res else None)
+        loss = (y * gy).sum() + ((r * gr).sum() if mode in ("add", "misaligned_weight") else 0)
+        loss.backward()
+        outs[name] = (y, xc.grad, wb.grad, rc.grad if use_res else torch.zeros(1))
+    for a, b in zip(outs["emulated"], outs["reference"]):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_swiglu_function(emulated_ext, packed):
+    from megablu.ops.swiglu import _SwigluFn, _SwigluPackedFn
+
+    gate, up = _rand(2, 3, 40, dtype=torch.float32, seed=0), _rand(2, 3, 40, dtype=torch.float32, seed=1)
+    grad = _rand(2, 3, 40, dtype=torch.float32, seed=2)
+    outs = {}
+    for name in ("emulated", "reference"):
+        if packed:
+            gu = torch.cat([gate, up], -1).requires_grad_()
+            o = _SwigluPackedFn.apply(gu) if name == "emulated" else F.silu(gu[..., :40]) * gu[..., 40:]
+            o.backward(grad)
+            outs[name] = (o, gu.grad)
+        else:
+            g, u = gate.clone().requires_grad_(), up.clone().requires_grad_()
+            o = _SwigluFn.apply(g, u) if name == "emulated" else F.silu(g) * u
+            o.backward(grad)
+            outs[name] = (o, g.grad, u.grad)
+    for a, b in zip(outs["emulated"], outs["reference"]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
