@@ -205,16 +205,21 @@ def main() -> int:
                 step["cuda_ms"] += mult * cu[i]
                 step["torch_ms"] += mult * tr[i]
             print(f"<!-- {c.name}: max rel err cuda vs torch (outputs and grads) {err:.2e} -->")
+            save(result)
         result["per_step"].append(step)
+        save(result)
         print(f"\nElementwise ops per training step ({args.layers} layers x (2 norms + rope + swiglu), fwd+bwd, "
               f"no recompute): cuda {step['cuda_ms']:.1f} ms, torch {step['torch_ms']:.1f} ms"
               + (f", torch.compile {step['compile_ms']:.1f} ms" if step["compile_ms"] else "") + "\n")
+    save(result)
+    return 0
+
+
+def save(result: dict) -> None:
+    """ops_bench.json under $OUT (rewritten after every op, so a timeout keeps what ran)."""
     out = os.environ.get("OUT")
     if out:
-        p = Path(out) / "ops_bench.json"
-        p.write_text(json.dumps(result, indent=1))
-        print(f"wrote {p}", file=sys.stderr)
-    return 0
+        (Path(out) / "ops_bench.json").write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
