@@ -175,9 +175,14 @@ def main() -> int:
         print("|" + "---|" * (hdr.count("|") - 1))
         step = {"T": T, "cuda_ms": 0.0, "torch_ms": 0.0, "compile_ms": 0.0}
         for c in cases(T, args.B, args.d, args.heads, args.kv_heads, args.head_dim, args.ffn, dtype):
-            err = check(c)
-            cu = bench_case(c, "cuda", args.iters)
-            tr = bench_case(c, "torch", args.iters)
+            try:
+                err = check(c)
+                cu = bench_case(c, "cuda", args.iters)
+                tr = bench_case(c, "torch", args.iters)
+            except Exception as e:  # noqa: BLE001 - one op failing must not hide the others
+                print(f"| {c.name} | FAILED: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} |")
+                result["rows"].append({"T": T, "op": c.name, "error": f"{type(e).__name__}: {e}"})
+                continue
             co = None
             if args.compile and T == args.T[0]:   # Inductor compiles per shape: first T only
                 try:
