@@ -15,24 +15,24 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .. import ops
 from ..config.schema import MemoryConfig, ModelConfig, RopeConfig
 from ..ops.cross_entropy import linear_cross_entropy
-from .rope import RotaryEmbedding, apply_rotary
+from .rope import RotaryEmbedding
 
 
 class RMSNorm(nn.Module):
-    """x * rsqrt(mean(x^2) + eps) in fp32, cast back, then * weight (HF LlamaRMSNorm order)."""
+    """x * rsqrt(mean(x^2) + eps) in fp32, cast back, then * weight (HF LlamaRMSNorm order).
 
-    def __init__(self, dim: int, eps: float):
+    `impl` picks the kernel (megablu.ops: fused CUDA or the pure-torch reference)."""
+
+    def __init__(self, dim: int, eps: float, impl: Optional[str] = None):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        self.eps, self.impl = eps, impl
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return ops.rms_norm(x, self.weight, self.eps, impl=self.impl)
 
 
 @dataclass
@@ -98,8 +98,9 @@ class LocalAttention(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, impl: Optional[str] = None):
         super().__init__()
+        self.impl = impl
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.resolved_head_dim
         d, hd = cfg.d_model, self.head_dim
         self.q_proj = nn.Linear(d, self.n_heads * hd, bias=cfg.qkv_bias)
@@ -114,7 +115,7 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, k, cos, sin)
+        q, k = ops.apply_rotary(q, k, cos, sin, impl=self.impl)
         out = self.core(q, k, v, cache) if cache is not None else self.core(q, k, v)
         return self.o_proj(out.reshape(B, T, self.n_heads * self.head_dim))
 
@@ -122,40 +123,46 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, impl: Optional[str] = None):
         super().__init__()
+        self.impl = impl
         self.gate_proj = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)
         self.up_proj = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)
         self.down_proj = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=False)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x), impl=self.impl))
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, impl: Optional[str] = None):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.self_attn = Attention(cfg, layer_idx)
-        self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mlp = MLP(cfg)
+        self.impl = impl
+        self.input_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps, impl)
+        self.self_attn = Attention(cfg, layer_idx, impl)
+        self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps, impl)
+        self.mlp = MLP(cfg, impl)
 
     def _mlp_part(self, h):
         return h + self.mlp(self.post_attention_layernorm(h))
 
-    def forward(self, x, cos, sin, cache: Optional[KVCache] = None, recompute: str = "none"):
-        if recompute == "full" and cache is None and torch.is_grad_enabled():
-            return checkpoint(self._forward, x, cos, sin, use_reentrant=False)
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, cache)
-        if recompute == "selective" and cache is None and torch.is_grad_enabled():
-            # attention's inputs/outputs stay saved (never recompute attention); the MLP,
-            # the second norm and their (B, T, ffn) intermediates are recomputed.
-            return checkpoint(self._mlp_part, h, use_reentrant=False)
-        return self._mlp_part(h)
+    def _attn_mlp(self, x, cos, sin, cache=None):
+        a = self.self_attn(self.input_layernorm(x), cos, sin, cache)
+        # fused residual add + norm: h = x + a, y = rmsnorm(h) in one pass
+        n = self.post_attention_layernorm
+        y, h = ops.add_rms_norm(a, x, n.weight, n.eps, impl=self.impl)
+        return h + self.mlp(y)
 
-    def _forward(self, x, cos, sin):
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return self._mlp_part(h)
+    def forward(self, x, cos, sin, cache: Optional[KVCache] = None, recompute: str = "none"):
+        train = cache is None and torch.is_grad_enabled()
+        if recompute == "full" and train:
+            return checkpoint(self._attn_mlp, x, cos, sin, use_reentrant=False)
+        if recompute == "selective" and train:
+            # attention's inputs/outputs stay saved (attention is never recomputed); the
+            # second norm, the MLP and its (B, T, ffn) intermediates are recomputed from h.
+            h = x + self.self_attn(self.input_layernorm(x), cos, sin)
+            return checkpoint(self._mlp_part, h, use_reentrant=False)
+        return self._attn_mlp(x, cos, sin, cache)
 
 
 class LMHead(nn.Module):
@@ -176,11 +183,12 @@ class BluModel(nn.Module):
         super().__init__()
         memory = memory or MemoryConfig()
         self.cfg, self.rope_cfg = cfg, rope
+        impl = memory.ops  # auto: fused CUDA ops on GPU when built, pure torch otherwise
         self.recompute = memory.recompute
         self.loss_chunk = memory.loss_chunk
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
-        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.layers = nn.ModuleList(Block(cfg, i, impl) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps, impl)
         self.rotary = RotaryEmbedding(cfg.resolved_head_dim, rope)
         self.lm_head = LMHead(cfg.d_model, cfg.vocab_size)
         if cfg.tie_embeddings:
