@@ -35,11 +35,11 @@ def flops_per_token(cfg: ModelConfig, T: int) -> float:
     return 6 * n + attn
 
 
-def build(impl: str, mode: str, T: int, loss_chunk: int):
+def build(impl: str, mode: str, T: int, loss_chunk: int, ops: str = "auto"):
     rope = RopeConfig(theta=500000.0, yarn=YarnConfig(factor=T / 16384, original_max_position=16384)) \
         if T > 16384 else RopeConfig(theta=500000.0)
     if impl == "megablu":
-        m = BluModel(BLU05B, rope, MemoryConfig(recompute=mode, loss_chunk=loss_chunk))
+        m = BluModel(BLU05B, rope, MemoryConfig(recompute=mode, loss_chunk=loss_chunk, ops=ops))
         return m.to("cuda", torch.bfloat16)
     import transformers
 
@@ -63,11 +63,12 @@ def step(model, impl: str, ids: torch.Tensor):
     return loss
 
 
-def measure(impl: str, mode: str, T: int, loss_chunk: int, iters: int) -> dict:
-    row = {"impl": impl, "mode": mode, "T": T, "loss_chunk": loss_chunk if impl == "megablu" else None}
+def measure(impl: str, mode: str, T: int, loss_chunk: int, iters: int, ops: str = "auto") -> dict:
+    row = {"impl": impl if impl == "hf" else f"megablu/{ops}", "mode": mode, "T": T,
+           "loss_chunk": loss_chunk if impl == "megablu" else None}
     model = None
     try:
-        model = build(impl, mode, T, loss_chunk)
+        model = build(impl, mode, T, loss_chunk, ops)
         static = sum(p.numel() * p.element_size() * 2 for p in model.parameters())  # weights + grads
         ids = torch.randint(0, BLU05B.vocab_size, (1, T), device="cuda")
         step(model, impl, ids)  # warmup (cuDNN autotune, allocator)
@@ -100,12 +101,14 @@ def main():
     p.add_argument("--loss-chunk", type=int, default=4096)
     p.add_argument("--hf", action="store_true", help="also HF Llama (plain and gradient checkpointing)")
     p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--ops", default="cuda", help="megablu elementwise ops: cuda, torch or both (cuda,torch)")
     a = p.parse_args()
     rows = []
     for T in [int(x) for x in a.T.split(",")]:
         for mode in a.modes.split(","):
-            rows.append(measure("megablu", mode, T, a.loss_chunk, a.iters))
-            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+            for ops in a.ops.split(","):
+                rows.append(measure("megablu", mode, T, a.loss_chunk, a.iters, ops))
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         if a.hf:
             for mode in ("none", "full"):
                 rows.append(measure("hf", mode, T, 0, a.iters))

@@ -120,7 +120,17 @@ def to_yaml(cfg: Config) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
 
 
+# Fields that describe one invocation, not the run: a resume may change them freely.
+_SESSION_FIELDS = {("train", "stop_after"), ("runs_dir",)}
+
+
 def config_hash(cfg: Config) -> str:
-    """Stable hash of the resolved config (recorded in checkpoints)."""
-    blob = json.dumps(cfg.model_dump(mode="json"), sort_keys=True).encode()
+    """Stable hash of the resolved config (recorded in checkpoints; a resume must match it)."""
+    d = cfg.model_dump(mode="json")
+    for path in _SESSION_FIELDS:
+        node = d
+        for k in path[:-1]:
+            node = node[k]
+        node.pop(path[-1], None)
+    blob = json.dumps(d, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

@@ -37,7 +37,9 @@ def launch(ranks, sets, resume=None):
     if resume:
         cmd += ["--resume", resume]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-4000:]
+    if r.returncode != 0:
+        errs = [ln for ln in (r.stderr + r.stdout).splitlines() if "Error" in ln or "error" in ln]
+        pytest.fail(f"launch {sets} resume={resume} exit {r.returncode}:\n" + "\n".join(errs[-15:]))
     return json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1])
 
 
