@@ -119,10 +119,10 @@ def _compare(args) -> int:
     from ..config.schema import GateConfig
     from .gate import check_gate
     from .prompts import EvalError
-    from .report import load_result, markdown, plot
+    from .report import load_result, markdown, merge_results, plot
 
     try:
-        results = [load_result(s) for s in args.runs]
+        results = merge_results([load_result(s) for s in args.runs])
     except EvalError as e:
         print(f"megablu compare: {e}", file=sys.stderr)
         return 2

@@ -56,7 +56,8 @@ def check_gate(result: dict, parent: dict, gate_cfg) -> GateResult:
                 gains.append(f"{task}@{L} {mine[L]['acc_pp'] - theirs[L]['acc_pp']:+.1f} pp")
     pname = f"{parent.get('arm')}@{parent.get('step')}"
     if failures or missing:
-        msg = (f"SHORT-CONTEXT GATE FAILED against {pname}: " + "; ".join(failures + [f"cannot check {m}" for m in missing])
+        problems = failures + [f"cannot check {m}" for m in missing]
+        msg = (f"SHORT-CONTEXT GATE FAILED against {pname}: " + "; ".join(problems)
                + (f". Long lengths: {', '.join(gains)} -- a long-context gain does not excuse a short-context loss"
                   if gains else ""))
         return GateResult(False, msg, checks)

@@ -124,6 +124,31 @@ def load_result(spec: str | Path) -> dict:
     return res
 
 
+def merge_results(results: Sequence[dict]) -> list[dict]:
+    """One result per arm@step: cells measured in separate runs (e.g. one length per job) are joined.
+
+    The same (task, length) twice for one arm@step is an error unless identical."""
+    merged: dict[tuple, dict] = {}
+    for r in results:
+        key = (r["arm"], r["step"])
+        if key not in merged:
+            merged[key] = {**r, "cells": list(r["cells"]), "samples": list(r.get("samples", []))}
+            continue
+        m = merged[key]
+        have = {(c["task"], c["length"]): c for c in m["cells"]}
+        for c in r["cells"]:
+            old = have.get((c["task"], c["length"]))
+            if old is not None and old != c:
+                raise EvalError(f"{r['arm']}@{r['step']}: two different results for {c['task']}@{c['length']} "
+                                f"({m.get('_path')} and {r.get('_path')})")
+            if old is None:
+                m["cells"].append(c)
+        m["samples"] += r.get("samples", [])
+    for m in merged.values():
+        m["cells"].sort(key=lambda c: (c["task"], c["length"]))
+    return list(merged.values())
+
+
 def cells_by(res: dict, task: str) -> dict[int, dict]:
     return {c["length"]: c for c in res["cells"] if c["task"] == task}
 

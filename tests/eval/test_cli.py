@@ -80,7 +80,8 @@ def test_eval_hf_dir_and_invalid_inputs(tmp_path, capsys):
     assert (tmp_path / "o" / "step_0.json").exists()
     # gate against a parent that collapsed nothing: the arm (same weights) passes
     assert main(["eval", "--config", str(cfg), "--hf", str(hf_dir), "--step", "1", "--out", str(tmp_path / "o"),
-                 "--gate-parent", str(tmp_path / "o" / "step_0.json"), "--set", "eval.gate.short_lengths=[300]", "--no-plot"]) == 0
+                 "--gate-parent", str(tmp_path / "o" / "step_0.json"), "--set", "eval.gate.short_lengths=[300]",
+                 "--no-plot"]) == 0
     capsys.readouterr()
     assert main(["eval", "--config", str(cfg), "--ckpt", str(tmp_path / "nope.safetensors"), "--step", "1"]) == 2
     assert "cannot load weights" in capsys.readouterr().err

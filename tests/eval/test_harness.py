@@ -49,13 +49,15 @@ def test_tiny_model_same_prompts_every_arm(tmp_path, byte_tok):
 def test_gate_inside_run_eval(tmp_path, bpe_tok):
     cfg = EvalConfig(lengths=[400, 1600], tasks=["passkey"], n=3, max_new=8, pad=64,
                      gate=GateConfig(short_lengths=[400], margin_pp=5))
-    good = run_eval(OracleModel(bpe_tok), bpe_tok, cfg, 2048, step=1, out_dir=tmp_path / "p" / "eval", rank=0, plot=False)
+    good = run_eval(OracleModel(bpe_tok), bpe_tok, cfg, 2048, step=1, out_dir=tmp_path / "p" / "eval", rank=0,
+                    plot=False)
     cfg2 = cfg.model_copy(update={"gate": GateConfig(parent=str(tmp_path / "p"), short_lengths=[400])})
     # an arm that lost the short length (oracle fails everywhere): the gate fails
     bad = run_eval(OracleModel(bpe_tok, max_ok_len=0), bpe_tok, cfg2, 2048, step=2,
                    out_dir=tmp_path / "c" / "eval", rank=0, plot=False)
     assert bad["gate"]["passed"] is False and "passkey@400" in bad["gate"]["message"]
-    ok = run_eval(OracleModel(bpe_tok), bpe_tok, cfg2, 2048, step=2, out_dir=tmp_path / "d" / "eval", rank=0, plot=False)
+    ok = run_eval(OracleModel(bpe_tok), bpe_tok, cfg2, 2048, step=2, out_dir=tmp_path / "d" / "eval", rank=0,
+                  plot=False)
     assert ok["gate"]["passed"] is True
     assert good["gate"] is None
     # a parent that does not exist fails before any generation
@@ -74,7 +76,8 @@ def test_run_eval_refuses_meaningless_setups(tmp_path, byte_tok, bpe_tok):
     with pytest.raises(EvalError, match="ids > model vocab"):
         run_eval(m, bpe_tok, cfg, 512, step=0, out_dir=tmp_path, rank=0)      # cl100k on a 257-token model
     with pytest.raises(EvalError, match="haystack"):
-        run_eval(m, byte_tok, cfg.model_copy(update={"tasks": ["needle"]}), 512, step=0, out_dir=tmp_path, rank=0, plot=False)
+        run_eval(m, byte_tok, cfg.model_copy(update={"tasks": ["needle"]}), 512, step=0, out_dir=tmp_path, rank=0,
+                 plot=False)
     assert not list(tmp_path.iterdir())
 
 

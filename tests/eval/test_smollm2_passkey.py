@@ -3,8 +3,9 @@
 Expected (DESIGN.md): passes at ~4.6k tokens (inside its 8192 training length), fails at
 ~13.8k without YaRN, passes at ~13.8k with YaRN factor 2 (no fine-tuning). Run with
     MEGABLU_SLOW=1 .venv/bin/pytest tests/eval/test_smollm2_passkey.py -s
-MEGABLU_SMOLLM2_N (default 4) prompts per length; MEGABLU_EVAL_OUT keeps the result JSONs.
-Measured numbers are recorded in docs/RESULTS.md.
+MEGABLU_SMOLLM2_N (default 3) prompts per length; MEGABLU_EVAL_OUT keeps the result JSONs.
+Measured numbers are recorded in docs/RESULTS.md. With n this small the assertions are
+majority votes (>= 60% / <= 40%), not resolved differences; RESULTS.md gives the intervals.
 """
 import os
 import tempfile
@@ -32,7 +33,7 @@ def test_smollm2_passkey_yarn():
     from megablu.eval.report import markdown
 
     torch.set_num_threads(int(os.environ.get("MEGABLU_THREADS", "2")))
-    n = int(os.environ.get("MEGABLU_SMOLLM2_N", "4"))
+    n = int(os.environ.get("MEGABLU_SMOLLM2_N", "3"))
     tok = _smollm2.load_tokenizer()
     base, yarn = _smollm2.load_models(2.0)
     cfg = EvalConfig(lengths=LENGTHS, tasks=["passkey"], n=n, max_new=24, pad=256, seed=0)
@@ -43,6 +44,6 @@ def test_smollm2_passkey_yarn():
                              batch_tokens=4608, prefill_chunk=1024)
     print("\n" + markdown([res["smollm2-native"], res["smollm2-yarn2"]]))
     acc = {k: {c["length"]: c["acc_pp"] for c in r["cells"]} for k, r in res.items()}
-    assert acc["smollm2-native"][4584] >= 75, acc
-    assert acc["smollm2-native"][13800] <= 25, acc
-    assert acc["smollm2-yarn2"][13800] >= 75, acc
+    assert acc["smollm2-native"][4584] >= 60, acc     # inside the 8192 training length: retrieves
+    assert acc["smollm2-native"][13800] <= 40, acc    # 1.7x beyond it without YaRN: collapses
+    assert acc["smollm2-yarn2"][13800] >= 60, acc     # YaRN x2, no fine-tuning: retrieves again
