@@ -106,12 +106,15 @@ def main() -> int:
                static_gb=round(m1 - slope * t1, 2), tok_s_at_fit=round(t2 / s2), fit_T=t2, budget_gb=round(budget, 1))
     T = int((budget - (m1 - slope * t1)) / slope) // 4096 * 4096
     row["predicted_T"] = T
+    print(json.dumps(row), flush=True)         # the fit survives a verification that runs out of time
     for attempt in range(3):
         try:
             mem, sec = step(T)
             row.update(max_T=T, verified=True, mem_at_max_gb=round(mem, 1), tok_s_at_max=round(T / sec))
             break
-        except torch.OutOfMemoryError:
+        except (torch.OutOfMemoryError, RuntimeError) as e:   # DeepSpeed hooks may rewrap the OOM
+            if not isinstance(e, torch.OutOfMemoryError) and "out of memory" not in str(e):
+                raise
             # an OOM mid-step can leave ZeRO state half-done; the next attempt still measures memory
             torch.cuda.empty_cache()
             row.setdefault("oom_at", []).append(T)
