@@ -1,0 +1,424 @@
+"""Analytical GPU memory model per rank, the fit table, and its calibration by probes.
+
+Everything is bytes per GPU (1 GB = 1e9 B, as docs/BENCHMARKS.md and the probe report).
+A training step's peak is
+
+    peak = persistent (params, grads, optimizer by ZeRO stage/offload)
+         + max(forward end:  saved activations of every layer + loss working set,
+               backward:     saved activations + one layer's recomputed working set + grads in flight,
+               optimizer step: the fp32 gradient partition)
+
+Saved activations per token per layer follow megablu/model/decoder.py and the ops it calls
+(bf16 = 2 B; d = d_model, F = ffn_dim, q = H*D, kv = Hkv*D):
+- ops=torch (the reference path, what BENCHMARKS measured): each RMSNorm keeps r.float()
+  (4d), the normalised bf16 (2d) and its output y (2d, saved by the next linear); SwiGLU
+  keeps gate, up, silu(gate) and the product (4F in bf16).
+- ops=cuda (fused kernels): each norm keeps only r (2d) + rstd; SwiGLU keeps gate and up.
+- attention (both): post-RoPE q, k, v, the output and the fp32 LSE (SDPA saves them).
+Recompute (Block.forward): none = all of the above; selective = the attention half plus h
+(the checkpointed MLP input), the MLP half is rebuilt in backward; full = the layer input
+only, the whole layer is rebuilt in backward (its working set is then live once).
+Loss (ops/cross_entropy.py, chunk c): the forward holds at most 10*c*V bytes at once
+(fp32 logits, fp32 exp, bf16 grad) plus the fp32 grad of the head weight (4*V*d) and
+grad_hidden (2d per token); unchunked it is three fp32 [T, V] (12 V B per token, 94% of
+HF's 1.29 MB/token with checkpointing, shared/device/README.md).
+Under Ulysses SP a rank holds T/sp tokens; the attention output is saved twice (before and
+after the all-to-all back) and kv heads replicated to a multiple of sp grow k and v.
+ZeRO shards over every rank that holds the same parameters (dp*sp = world; DeepSpeed
+partitions over its sequence-data-parallel group).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Iterable, Optional, Union
+
+from .config.schema import Config, ModelConfig
+
+log = logging.getLogger(__name__)
+
+GB = 1e9
+BF16 = 2
+FP32 = 4
+PEAK_TFLOPS_H200 = 989.0            # dense bf16, shared/device/README.md
+COMFORTABLE = 0.80                  # <= 80% of the GPU: comfortable (issue 6: T=1M within 80%)
+# DeepSpeed defaults the trainer does not override (runtime/zero/config.py)
+ZERO_REDUCE_BUCKET = 5e8            # elements, stage 2/3 contiguous gradient bucket
+ZERO3_PREFETCH_BUCKET = 5e7         # elements, stage 3 parameter prefetch
+ALLOC_SLACK = 0.05                  # caching-allocator fragmentation over max_memory_allocated
+CUDA_CONTEXT_GB = 0.8               # CUDA context + library handles, outside the allocator
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the memory model needs; `from_config` fills it from a Config."""
+
+    model: ModelConfig
+    window: int
+    gpus: int = 1
+    sp: int = 1
+    zero_stage: int = 1
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    recompute: str = "none"
+    loss_chunk: int = 0
+    micro_batch: int = 1
+    ops: str = "cuda"               # cuda: fused kernels (GPU default); torch: reference ops
+    optimizer: bool = True          # False: fwd+bwd only (BENCHMARKS rows), grads kept bf16
+
+    @classmethod
+    def from_config(cls, cfg: Config, *, gpus: Optional[int] = None, window: Optional[int] = None,
+                    sp: Optional[int] = None, ops: Optional[str] = None) -> "Setup":
+        p = cfg.parallel
+        g = gpus if gpus is not None else p.sp
+        return cls(model=cfg.model, window=window or cfg.data.window, gpus=g,
+                   sp=sp if sp is not None else min(p.sp, g) if gpus is None else g,
+                   zero_stage=p.zero_stage, offload_optimizer=p.offload_optimizer,
+                   offload_params=p.offload_params, recompute=cfg.memory.recompute,
+                   loss_chunk=cfg.memory.loss_chunk, micro_batch=cfg.train.micro_batch,
+                   ops=ops or ("torch" if cfg.memory.ops == "torch" else "cuda"))
+
+    @property
+    def tokens_per_rank(self) -> int:
+        return self.micro_batch * math.ceil(self.window / self.sp)
+
+    @property
+    def shards(self) -> int:
+        return self.gpus  # dp * sp ranks hold the same parameters
+
+    def describe(self) -> str:
+        off = "+opt-offload" if self.offload_optimizer else ""
+        off += "+param-offload" if self.offload_params else ""
+        return (f"gpus={self.gpus} sp={self.sp} zero={self.zero_stage}{off} recompute={self.recompute} "
+                f"loss_chunk={self.loss_chunk} ops={self.ops}")
+
+
+@dataclass
+class Calibration:
+    """Corrections fitted from probes: activations x act_scale, static + static_offset_gb."""
+
+    act_scale: float = 1.0
+    static_offset_gb: float = 0.0
+    source: list = field(default_factory=list)
+
+    def save(self, path: Union[str, Path]) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+
+def load_calibration(path: Union[str, Path]) -> Calibration:
+    """A calibration JSON, or a probe.json (calibrated on the spot)."""
+    data = json.loads(Path(path).read_text())
+    if "act_scale" in data:
+        return Calibration(**data)
+    return calibrate(data)
+
+
+@dataclass
+class Estimate:
+    setup: Setup
+    terms: dict            # name -> bytes (the peak's composition)
+    phase: str             # which phase is the peak
+    static: float          # bytes before the first step (params + optimizer states)
+    per_token: float       # bytes per token per rank of saved activations (after calibration)
+
+    @property
+    def allocated(self) -> float:
+        """What torch.cuda.max_memory_allocated reports at the peak."""
+        return sum(self.terms.values())
+
+    @property
+    def allocated_gb(self) -> float:
+        return self.allocated / GB
+
+    @property
+    def gpu_gb(self) -> float:
+        """Device memory needed: allocated + allocator slack + CUDA context."""
+        return self.allocated_gb * (1 + ALLOC_SLACK) + CUDA_CONTEXT_GB
+
+    @property
+    def limiting(self) -> str:
+        return max(self.terms.items(), key=lambda kv: kv[1])[0]
+
+
+# --------------------------------------------------------------------------- activations
+def _kv_rep(m: ModelConfig, sp: int) -> int:
+    """kv replication of parallel/ulysses.head_plan (its padded-heads branch expands to MHA)."""
+    if sp == 1:
+        return 1
+    if m.n_heads % sp == 0:
+        for r in range(1, m.n_heads // m.n_kv_heads + 1):
+            if (m.n_kv_heads * r) % sp == 0 and m.n_heads % (m.n_kv_heads * r) == 0:
+                return r
+    return m.n_heads // m.n_kv_heads
+
+
+def layer_bytes_per_token(m: ModelConfig, ops: str, sp: int = 1) -> dict:
+    """Saved bytes per token per layer, by part: attn half, MLP half, the layer input, h."""
+    d, F, hd = m.d_model, m.ffn_dim, m.resolved_head_dim
+    q, kv = m.n_heads * hd, m.n_kv_heads * hd * _kv_rep(m, sp)
+    # norm: torch keeps r.float() (4d) + the normalised bf16 (2d); cuda keeps r (2d); + rstd
+    norm = (FP32 * d + BF16 * d + FP32) if ops == "torch" else (BF16 * d + FP32)
+    attn = (norm + BF16 * d                         # norm + its output y (q/k/v proj input)
+            + BF16 * (q + 2 * kv)                   # post-RoPE q, k, v (SDPA)
+            + BF16 * q + FP32 * m.n_heads)          # attention output + LSE
+    if sp > 1:
+        attn += BF16 * q                            # output saved again after the all-to-all back
+    mlp = (norm + BF16 * d                          # second norm + its output (gate/up input)
+           + BF16 * F * (4 if ops == "torch" else 3))  # gate, up, (silu(gate)), down input
+    return {"attn": attn, "mlp": mlp, "input": BF16 * d, "h": BF16 * d,
+            "bwd_extra": BF16 * (2 * F + 3 * d) + FP32 * q,   # grads in flight + fp32 dq accumulator
+            "a2a": 3 * BF16 * (2 * q + 2 * kv) if sp > 1 else 0}
+
+
+def saved_per_token(m: ModelConfig, recompute: str, ops: str, sp: int = 1) -> float:
+    """Bytes per token per rank saved for backward over all layers + head + RoPE tables."""
+    lb = layer_bytes_per_token(m, ops, sp)
+    if recompute == "none":
+        # the layer input is kept by the first norm (as r, or as r.float() on the torch path)
+        per_layer = lb["attn"] + lb["mlp"]
+    elif recompute == "selective":
+        per_layer = lb["attn"] + lb["h"]
+    elif recompute == "full":
+        per_layer = lb["input"]
+    else:
+        raise ValueError(f"memory.recompute must be none|selective|full, got {recompute!r}")
+    d, hd = m.d_model, m.resolved_head_dim
+    final_norm = (FP32 * d + BF16 * d) if ops == "torch" else BF16 * d
+    rope = 2 * BF16 * hd                            # cos, sin (B, T, D), shared by all layers
+    ids = 3 * 8                                     # input ids, labels, positions (int64)
+    return m.n_layers * per_layer + final_norm + rope + ids
+
+
+def loss_bytes(m: ModelConfig, tokens: int, chunk: int) -> tuple[float, float]:
+    """(bytes independent of T, bytes per token) of the loss at its forward peak."""
+    V, d = m.vocab_size, m.d_model
+    if chunk <= 0:
+        return 0.0, 12.0 * V + BF16 * d
+    c = min(chunk, tokens)
+    # fp32 logits + fp32 exp + bf16 grad (10cV), or logits + bf16 grad + the (V, d) bf16
+    # product and its fp32 copy (6cV + 6Vd); the fp32 grad_w (4Vd) lives throughout
+    return max(10.0 * c * V, 6.0 * c * V + 6.0 * V * d) + FP32 * V * d, BF16 * d  # + grad_hidden
+
+
+# --------------------------------------------------------------------------- the estimate
+def estimate(s: Setup, calib: Optional[Calibration] = None) -> Estimate:
+    calib = calib or Calibration()
+    m, N, K = s.model, s.model.n_params(), s.shards
+    t = s.tokens_per_rank
+    terms: dict[str, float] = {}
+    # --- persistent: parameters, gradients, optimizer states
+    biggest = max(m.vocab_size * m.d_model, m.n_params() // max(1, m.n_layers) // 2)
+    if s.zero_stage == 3:
+        gathered = BF16 * (2 * biggest + ZERO3_PREFETCH_BUCKET)
+        terms["params (bf16)"] = gathered + (0 if s.offload_params else BF16 * N / K)
+    else:
+        terms["params (bf16)"] = BF16 * N
+    if not s.optimizer or s.zero_stage <= 1:
+        terms["grads (bf16)"] = BF16 * N
+    else:
+        terms["grads (bf16)"] = BF16 * (N / K + min(ZERO_REDUCE_BUCKET, N))
+    if s.optimizer and not s.offload_optimizer:
+        terms["optimizer (fp32 master+Adam)"] = 12.0 * N / (K if s.zero_stage >= 1 else 1)
+    # before the first step: params and optimizer states (grads appear in the first backward)
+    static = terms["params (bf16)"] + terms.get("optimizer (fp32 master+Adam)", 0.0)
+    terms["static correction"] = calib.static_offset_gb * GB
+    static += terms["static correction"]
+
+    # --- phases (activations scale with act_scale)
+    a = calib.act_scale
+    per_tok = saved_per_token(m, s.recompute, s.ops, s.sp) * a
+    lb = layer_bytes_per_token(m, s.ops, s.sp)
+    loss_const, loss_tok = loss_bytes(m, t, s.loss_chunk)
+    fwd_end = per_tok * t + (loss_const + loss_tok * t) * a
+    rebuilt = {"none": 0.0, "selective": lb["mlp"], "full": lb["attn"] + lb["mlp"]}[s.recompute]
+    layer_ws = (rebuilt + lb["bwd_extra"] + lb["a2a"]) * a
+    bwd = per_tok * t + layer_ws * t + BF16 * m.vocab_size * m.d_model  # + embedding grad transient
+    step = FP32 * N / K if (s.optimizer and not s.offload_optimizer) else 0.0
+    phases = {"forward end": fwd_end, "backward": bwd, "optimizer step": step}
+    phase = max(phases, key=phases.get)
+    if phase == "forward end":
+        terms[f"activations ({s.recompute}, {m.n_layers} layers)"] = per_tok * t
+        terms["loss" + (f" (chunk {s.loss_chunk})" if s.loss_chunk else " (unchunked fp32 [T, V])")] = \
+            (loss_const + loss_tok * t) * a
+    elif phase == "backward":
+        terms[f"activations ({s.recompute}, {m.n_layers} layers)"] = per_tok * t
+        terms["backward working set (one layer" + (" + all-to-all" if s.sp > 1 else "") + ")"] = \
+            bwd - per_tok * t
+    else:
+        terms["optimizer step (fp32 grad partition)"] = step
+    return Estimate(setup=s, terms=terms, phase=phase, static=static, per_token=per_tok)
+
+
+def flops_per_token(m: ModelConfig, window: int) -> float:
+    """Model flops per token: 6N (input embedding excluded: a lookup) + causal attention 6 L T H D."""
+    n = m.n_params() - (0 if m.tie_embeddings else m.vocab_size * m.d_model)
+    return 6.0 * n + 6.0 * m.n_layers * window * m.n_heads * m.resolved_head_dim
+
+
+# --------------------------------------------------------------------------- calibration
+def _setup_from_probe(p: dict) -> Setup:
+    ctx = p.get("setup")
+    if not ctx:
+        raise ValueError("probe json has no 'setup' section; it was not written by megablu's probe")
+    ctx = dict(ctx)
+    ctx["model"] = ModelConfig(**ctx["model"])
+    return Setup(**{k: v for k, v in ctx.items() if k in Setup.__dataclass_fields__})
+
+
+def calibrate(probes: Union[dict, Iterable[dict]]) -> Calibration:
+    """Fit act_scale and static_offset_gb to measured probes (probe.json dicts).
+
+    Each probe gives the static memory before the first step and the peak. The static
+    offset is the mean (measured - predicted) static; the activation scale is the least-
+    squares ratio of measured to predicted (peak - static) over all probes.
+    """
+    probes = [probes] if isinstance(probes, dict) else list(probes)
+    offs, num, den, src = [], 0.0, 0.0, []
+    for p in probes:
+        if p.get("oom") or p.get("peak_gb") is None:
+            continue
+        s = _setup_from_probe(p)
+        e = estimate(s)
+        static_pred = e.static
+        if p.get("static_gb") is not None:
+            offs.append(p["static_gb"] * GB - static_pred)
+        dyn_pred = e.allocated - static_pred
+        dyn_meas = p["peak_gb"] * GB - (p["static_gb"] * GB if p.get("static_gb") is not None else static_pred)
+        num += dyn_pred * dyn_meas
+        den += dyn_pred * dyn_pred
+        src.append({"window": s.window, "recompute": s.recompute, "peak_gb": p["peak_gb"]})
+    if den == 0:
+        raise ValueError("calibrate: no probe with a measured peak (all OOM or empty)")
+    scale = num / den
+    if not 0.5 <= scale <= 2.0:
+        log.warning("calibration: activation scale %.2f is far from 1; check the probe's setup", scale)
+    off = sum(offs) / len(offs) / GB if offs else 0.0
+    return Calibration(act_scale=scale, static_offset_gb=off, source=src)
+
+
+# --------------------------------------------------------------------------- fit table
+_COSTS = {  # rough relative step time, from docs/BENCHMARKS.md where measured (32k)
+    "recompute=selective": 1.04,   # 1.074 / 1.030 s
+    "recompute=full": 1.26,        # 1.294 / 1.030 s
+    "loss_chunk=4096": 1.0,
+    "zero_stage=2": 1.02,          # estimate
+    "zero_stage=3": 1.15,          # estimate
+    "offload_optimizer": 1.3,      # estimate
+    "offload_params": 2.0,         # estimate
+}
+
+
+def verdict(frac: float) -> str:
+    if frac <= COMFORTABLE:
+        return "comfortable"
+    if frac <= 1.0:
+        return "tight-probe-first"
+    return "impossible"
+
+
+def _apply(s: Setup, change: str) -> Optional[Setup]:
+    if change.startswith("recompute="):
+        order = ["none", "selective", "full"]
+        new = change.split("=")[1]
+        return replace(s, recompute=new) if order.index(new) > order.index(s.recompute) else None
+    if change == "loss_chunk=4096":
+        return replace(s, loss_chunk=4096) if s.loss_chunk <= 0 else None
+    if change.startswith("zero_stage="):
+        z = int(change.split("=")[1])
+        return replace(s, zero_stage=z) if z > s.zero_stage else None
+    if change == "offload_optimizer":
+        return replace(s, offload_optimizer=True, zero_stage=max(1, s.zero_stage)) \
+            if not s.offload_optimizer else None
+    if change == "offload_params":
+        return replace(s, offload_params=True, zero_stage=3) if not s.offload_params else None
+    raise ValueError(change)
+
+
+def suggest(s: Setup, gpu_gb: float, calib: Optional[Calibration] = None,
+            max_gpus: int = 64) -> Optional[str]:
+    """The cheapest change (product of relative step costs) that makes `s` comfortable,
+    or failing that, fit; more GPUs (sp x2, x4 ...) only when no switch on these GPUs does."""
+    import itertools
+
+    changes = list(_COSTS)
+    best: dict[str, tuple] = {}
+    gpu_options = [s.gpus * 2 ** k for k in range(0, 7) if s.gpus * 2 ** k <= max_gpus]
+    for gi, g in enumerate(gpu_options):
+        base = replace(s, gpus=g, sp=min(g, s.sp * g // s.gpus))
+        for r in range(0, 4):
+            for combo in itertools.combinations(changes, r):
+                cur, ok = base, True
+                for c in combo:
+                    nxt = _apply(cur, c)
+                    if nxt is None:
+                        ok = False
+                        break
+                    cur = nxt
+                if not ok or (gi == 0 and not combo):
+                    continue
+                frac = estimate(cur, calib).gpu_gb / gpu_gb
+                cost = math.prod(_COSTS[c] for c in combo)
+                desc = ", ".join([f"{g} GPUs (sp={cur.sp})"] * (gi > 0) + [f"parallel.{c}" if "offload" in c or
+                                  "zero" in c else f"memory.{c}" for c in combo])
+                for kind, lim in (("comfortable", COMFORTABLE), ("fits", 1.0)):
+                    if frac <= lim and (kind not in best or (gi, cost) < best[kind][:2]):
+                        best[kind] = (gi, cost, desc, frac)
+        if "comfortable" in best:
+            break
+    pick = best.get("comfortable") or best.get("fits")
+    if pick is None:
+        return None
+    return f"{pick[2]} -> {pick[3]:.0%} ({'comfortable' if pick[3] <= COMFORTABLE else 'tight'})"
+
+
+def parse_tokens(text: str) -> list[int]:
+    """'16k,32k,1M' -> [16384, 32768, 1048576]."""
+    out = []
+    for part in text.split(","):
+        p = part.strip().lower()
+        if not p:
+            continue
+        mult = {"k": 1024, "m": 1024 ** 2}.get(p[-1], 1)
+        out.append(int(float(p[:-1] if mult > 1 else p) * mult))
+    return out
+
+
+def fit_table(cfg: Config, gpus: list[int], windows: list[int], gpu_gb: float,
+              calib: Optional[Calibration] = None, ops: Optional[str] = None) -> list[dict]:
+    rows = []
+    for g in gpus:
+        for w in windows:
+            s = Setup.from_config(cfg, gpus=g, window=w, ops=ops)
+            e = estimate(s, calib)
+            frac = e.gpu_gb / gpu_gb
+            v = verdict(frac)
+            rows.append({"gpus": g, "sp": s.sp, "window": w, "tokens_per_rank": s.tokens_per_rank,
+                         "gb_per_gpu": e.gpu_gb, "frac": frac, "verdict": v, "limiting": e.limiting,
+                         "phase": e.phase,
+                         "suggestion": suggest(s, gpu_gb, calib) if v != "comfortable" else None})
+    return rows
+
+
+def _fmt_tokens(n: int) -> str:
+    if n % 1024 ** 2 == 0:
+        return f"{n // 1024 ** 2}M"
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def format_table(rows: list[dict], gpu_gb: float) -> str:
+    lines = [f"| GPUs | sp | target | tok/rank | GB/GPU | % of {gpu_gb:g} GB | verdict | limiting term |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['gpus']} | {r['sp']} | {_fmt_tokens(r['window'])} | {r['tokens_per_rank']:,} | "
+                     f"{r['gb_per_gpu']:.1f} | {r['frac']:.1%} | {r['verdict']} | {r['limiting']} |")
+    sugg = [r for r in rows if r["verdict"] != "comfortable"]
+    if sugg:
+        lines.append("")
+        lines.append("Cheapest change to fit:")
+        for r in sugg:
+            lines.append(f"- {r['gpus']} GPUs, {_fmt_tokens(r['window'])}: "
+                         f"{r['suggestion'] or 'nothing in reach (more GPUs than 64, or offload of activations)'}")
+    return "\n".join(lines)
