@@ -58,7 +58,7 @@ def test_uneven_nodes_from_a_hostfile():
 def test_errors(world, per_node, sp, msg):
     t = resolve(world, per_node, sp)
     assert not t.ok and any(msg in e for e in t.errors), t.errors
-    assert f"error: " in t.format()
+    assert "error: " in t.format()
 
 
 def test_ranks_per_node_from_either_launcher():
