@@ -224,8 +224,9 @@ def estimate(s: Setup, calib: Optional[Calibration] = None) -> Estimate:
         terms["optimizer (fp32 master+Adam)"] = 12.0 * N / (K if s.zero_stage >= 1 else 1)
     # before the first step: params and optimizer states (grads appear in the first backward)
     static = terms["params (bf16)"] + terms.get("optimizer (fp32 master+Adam)", 0.0)
-    terms["static correction"] = calib.static_offset_gb * GB
-    static += terms["static correction"]
+    if calib.static_offset_gb:
+        terms["static correction (probe)"] = calib.static_offset_gb * GB
+        static += calib.static_offset_gb * GB
 
     # --- phases (activations scale with act_scale)
     a = calib.act_scale

@@ -1,0 +1,145 @@
+"""The probe: the first steps of a run measured for memory and speed, with a clean OOM abort.
+
+    result = run_probe(step_fn, steps=3, tokens_per_rank=T // sp, device="cuda",
+                       tokens_per_step=tokens this rank processes per step_fn call,
+                       flops_per_token=plan.flops_per_token(model, T), setup=setup_dict(cfg, world),
+                       out=run_dir / "probe.json")
+
+step_fn(i) runs step i (a whole optimizer step of the run). Measured: memory allocated
+before the first step (static: weights, optimizer states), the peak of
+torch.cuda.max_memory_allocated over the steps, per-token MB = (peak - static) / tokens
+per rank (activations + grads + loss working set, per token of one micro-batch), step time
+(median of the steps after the first, which pays cuDNN autotuning and allocator growth),
+tokens/s per rank and MFU = model flops (6N + causal attention 6 L T H D per token, no
+recompute) / step time / 989 TF/s (H200 dense bf16).
+
+On torch.cuda.OutOfMemoryError the probe raises ProbeOOM, carrying what was measured so
+far and the planner's suggestion for the same setup, and writes probe.json with oom=true.
+On CPU there is no memory accounting: memory fields are None, timings are real.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Optional, Union
+
+import torch
+
+log = logging.getLogger(__name__)
+
+GB = 1e9
+
+
+class ProbeOOM(RuntimeError):
+    """Out of memory during the probe; `measured` holds the numbers, `suggestion` the planner's fix."""
+
+    def __init__(self, measured: dict, suggestion: Optional[str], cause: str):
+        self.measured, self.suggestion = measured, suggestion
+        m = measured
+        lines = [f"probe: CUDA out of memory in step {m['steps_done'] + 1} of {m['steps']} "
+                 f"({m['tokens_per_rank']:,} tokens per rank)",
+                 f"  static before the first step: {_gb(m.get('static_gb'))}; "
+                 f"peak reached before the failure: {_gb(m.get('peak_gb'))}"
+                 + (f" of {m['gpu_total_gb']:.1f} GB" if m.get("gpu_total_gb") else ""),
+                 f"  planner predicted: {_gb(m.get('planned_gb'))}",
+                 f"  cause: {cause}"]
+        lines.append(f"  suggestion: {suggestion}" if suggestion else
+                     "  suggestion: none from the planner (no setup switch fits); use more GPUs")
+        super().__init__("\n".join(lines))
+
+
+def _gb(x: Optional[float]) -> str:
+    return "n/a" if x is None else f"{x:.2f} GB"
+
+
+def setup_dict(cfg, world_size: int, ops_used: Optional[str] = None) -> dict:
+    """The planner's Setup for this run as plain JSON (probe.json 'setup'; calibrate() reads it)."""
+    p = cfg.parallel
+    return {"model": cfg.model.model_dump(), "window": cfg.data.window, "gpus": world_size, "sp": p.sp,
+            "zero_stage": p.zero_stage, "offload_optimizer": p.offload_optimizer,
+            "offload_params": p.offload_params, "recompute": cfg.memory.recompute,
+            "loss_chunk": cfg.memory.loss_chunk, "micro_batch": cfg.train.micro_batch,
+            "ops": ops_used or ("torch" if cfg.memory.ops == "torch" else "cuda"), "optimizer": True}
+
+
+def _planner(setup: Optional[dict], gpu_total_gb: Optional[float]) -> tuple[Optional[float], Optional[str]]:
+    """(predicted GB allocated, cheapest fitting change) for the probe's setup, if known."""
+    if not setup:
+        return None, None
+    try:
+        from .. import plan
+
+        s = plan._setup_from_probe({"setup": setup})
+        est = plan.estimate(s)
+        return est.allocated_gb, plan.suggest(s, gpu_total_gb or 141.0)
+    except Exception as e:  # noqa: BLE001 - a planner bug must not hide the OOM report
+        log.warning("probe: planner failed on this setup: %s", e)
+        return None, None
+
+
+def _write(out: Optional[Union[str, Path]], result: dict) -> None:
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+def run_probe(step_fn: Callable[[int], object], *, steps: int, tokens_per_rank: int, device: str,
+              tokens_per_step: Optional[int] = None, flops_per_token: Optional[float] = None,
+              peak_tflops: float = 989.0, setup: Optional[dict] = None,
+              out: Optional[Union[str, Path]] = None) -> dict:
+    """Run step_fn(0..steps-1), measure, write `out` (probe.json) and return the result dict."""
+    if steps <= 0:
+        raise ValueError(f"probe: steps must be > 0, got {steps}")
+    cuda = device == "cuda" and torch.cuda.is_available()
+    tokens_per_step = tokens_per_step or tokens_per_rank
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    static = torch.cuda.memory_allocated() if cuda else None
+    gpu_total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / GB if cuda else None
+    planned, _ = _planner(setup, gpu_total)
+    times: list[float] = []
+    peaks: list[float] = []
+    result = {"steps": steps, "steps_done": 0, "device": device, "tokens_per_rank": tokens_per_rank,
+              "tokens_per_step": tokens_per_step, "static_gb": static / GB if cuda else None,
+              "gpu_total_gb": gpu_total, "planned_gb": planned, "setup": setup, "oom": False}
+
+    def summarise():
+        peak = max(peaks) if peaks else (torch.cuda.max_memory_allocated() if cuda else None)
+        result.update(steps_done=len(times), step_times_s=times, peak_gb=peak / GB if peak is not None else None)
+        if peak is not None and static is not None:
+            result["per_token_mb"] = (peak - static) / tokens_per_rank / 1e6
+        if times:
+            dt = statistics.median(times[1:] or times)
+            result.update(step_time_s=dt, tokens_per_s=tokens_per_step / dt)
+            if flops_per_token:
+                result["mfu"] = flops_per_token * tokens_per_step / dt / (peak_tflops * 1e12)
+
+    for i in range(steps):
+        t0 = time.perf_counter()
+        try:
+            step_fn(i)
+            if cuda:
+                torch.cuda.synchronize()
+        except torch.cuda.OutOfMemoryError as e:
+            summarise()
+            result["oom"] = True
+            result["error"] = str(e).splitlines()[0] if str(e) else "CUDA out of memory"
+            _, suggestion = _planner(setup, gpu_total)
+            result["suggestion"] = suggestion
+            _write(out, result)
+            raise ProbeOOM(result, suggestion, result["error"]) from None
+        times.append(time.perf_counter() - t0)
+        if cuda:
+            peaks.append(torch.cuda.max_memory_allocated())
+    summarise()
+    _write(out, result)
+    log.info("probe: peak %s (static %s, %s MB/token/rank), %.3f s/step, %.0f tokens/s%s",
+             _gb(result["peak_gb"]), _gb(result["static_gb"]),
+             f"{result['per_token_mb']:.3f}" if "per_token_mb" in result else "n/a",
+             result["step_time_s"], result["tokens_per_s"],
+             f", MFU {result['mfu']:.0%}" if "mfu" in result else "")
+    return result
