@@ -109,8 +109,11 @@ def _probe(args) -> int:
               file=sys.stderr)
         return 1
     probe = json.loads(found[-1].read_text())
-    gpus = args.gpus or cfg.parallel.sp
-    est = plan.estimate(plan.Setup.from_config(cfg, gpus=gpus, ops=probe.get("setup", {}).get("ops")))
+    if probe.get("setup"):
+        setup = plan._setup_from_probe(probe)   # what the run actually was (world, sp, ops used)
+    else:
+        setup = plan.Setup.from_config(cfg, gpus=args.gpus or cfg.parallel.sp, sp=cfg.parallel.sp)
+    est = plan.estimate(setup)
     probe["planned_gb"] = est.allocated_gb
     if probe.get("peak_gb"):
         probe["plan_error"] = est.allocated_gb / probe["peak_gb"] - 1

@@ -62,7 +62,17 @@ def setup_dict(cfg, world_size: int, ops_used: Optional[str] = None) -> dict:
             "zero_stage": p.zero_stage, "offload_optimizer": p.offload_optimizer,
             "offload_params": p.offload_params, "recompute": cfg.memory.recompute,
             "loss_chunk": cfg.memory.loss_chunk, "micro_batch": cfg.train.micro_batch,
-            "ops": ops_used or ("torch" if cfg.memory.ops == "torch" else "cuda"), "optimizer": True}
+            "ops": ops_used or ("torch" if cfg.memory.ops == "torch" else "cuda"),
+            "ops_config": cfg.memory.ops, "optimizer": True}
+
+
+def _ops_used(device: str) -> str:
+    """Which elementwise ops the model ran: the CUDA extension is loaded once it was used."""
+    if device != "cuda":
+        return "torch"
+    from ..ops import builder
+
+    return "cuda" if getattr(builder, "_loaded", None) is not None else "torch"
 
 
 def _planner(setup: Optional[dict], gpu_total_gb: Optional[float]) -> tuple[Optional[float], Optional[str]]:
@@ -133,6 +143,8 @@ def run_probe(step_fn: Callable[[int], object], *, steps: int, tokens_per_rank: 
             _write(out, result)
             raise ProbeOOM(result, suggestion, result["error"]) from None
         times.append(time.perf_counter() - t0)
+        if i == 0 and setup is not None and setup.get("ops_config") == "auto":
+            setup["ops"] = _ops_used(device)  # auto falls back to torch when the build fails
         if cuda:
             peaks.append(torch.cuda.max_memory_allocated())
     summarise()

@@ -1,0 +1,73 @@
+"""The probe on CPU: timings, probe.json contents, and the OOM path (a real torch.cuda.OutOfMemoryError)."""
+import json
+import statistics
+
+import pytest
+import torch
+
+from megablu import plan
+from megablu.config import load_config
+from megablu.train.probe import ProbeOOM, run_probe, setup_dict
+
+
+def test_probe_measures_steps_and_writes_json(tmp_path):
+    calls = []
+
+    def step(i):
+        calls.append(i)
+        torch.ones(64, 64) @ torch.ones(64, 64)
+
+    out = tmp_path / "run" / "probe.json"
+    r = run_probe(step, steps=3, tokens_per_rank=1000, tokens_per_step=4000, device="cpu",
+                  flops_per_token=1e6, out=out)
+    assert calls == [0, 1, 2]
+    saved = json.loads(out.read_text())
+    assert saved == json.loads(json.dumps(r))
+    assert saved["steps_done"] == 3 and saved["oom"] is False and len(saved["step_times_s"]) == 3
+    # median of the steps after the first; throughput per rank from tokens_per_step
+    assert saved["step_time_s"] == pytest.approx(statistics.median(saved["step_times_s"][1:]))
+    assert saved["tokens_per_s"] == pytest.approx(4000 / saved["step_time_s"])
+    assert saved["mfu"] == pytest.approx(1e6 * 4000 / saved["step_time_s"] / 989e12)
+    assert saved["peak_gb"] is None and saved["static_gb"] is None   # no memory accounting on CPU
+
+
+def test_probe_oom_is_a_clean_abort_with_numbers_and_suggestion(tmp_path):
+    cfg = load_config("yaml_configs/l2.yaml", ["parallel.sp=1", "data.window=1048576",
+                                               "rope.yarn={factor: 64, original_max_position: 16384}"])
+    setup = setup_dict(cfg, world_size=1)
+    assert setup["ops"] == "cuda" and setup["ops_config"] == "auto"
+
+    def step(i):
+        if i == 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 49.00 GiB")
+
+    out = tmp_path / "probe.json"
+    with pytest.raises(ProbeOOM) as ei:
+        run_probe(step, steps=3, tokens_per_rank=1048576, device="cpu", setup=setup, out=out)
+    e = ei.value
+    msg = str(e)
+    assert "out of memory in step 2 of 3" in msg and "1,048,576 tokens per rank" in msg
+    assert "Tried to allocate 49.00 GiB" in msg
+    assert e.measured["steps_done"] == 1 and len(e.measured["step_times_s"]) == 1
+    # the planner's view of the same setup rides along: predicted GB and the cheapest fix
+    est = plan.estimate(plan.Setup.from_config(cfg, gpus=1))
+    assert e.measured["planned_gb"] == pytest.approx(est.allocated_gb)
+    assert e.suggestion and e.suggestion in msg
+    saved = json.loads(out.read_text())
+    assert saved["oom"] is True and saved["suggestion"] == e.suggestion and saved["steps_done"] == 1
+    assert saved["error"].startswith("CUDA out of memory")
+    assert saved["setup"]["ops"] == "torch"   # step 0 ran on CPU: the reference ops
+
+
+def test_probe_json_setup_calibrates_the_planner():
+    cfg = load_config("yaml_configs/l2.yaml", ["parallel.sp=1"])
+    s = setup_dict(cfg, world_size=1)
+    est = plan.estimate(plan.Setup.from_config(cfg, gpus=1))
+    probe = {"setup": s, "static_gb": est.static / 1e9, "peak_gb": est.allocated_gb}
+    cal = plan.calibrate(probe)
+    assert cal.act_scale == pytest.approx(1.0, rel=1e-6) and cal.static_offset_gb == pytest.approx(0, abs=1e-9)
+
+
+def test_probe_rejects_zero_steps():
+    with pytest.raises(ValueError):
+        run_probe(lambda i: None, steps=0, tokens_per_rank=1, device="cpu")
