@@ -686,8 +686,17 @@ def test_cli_verify_list_export_roundtrip(results, tmp_path, capsys):
     assert rc == 0 and rows[str(good / "checkpoints/step_0000006")]["status"] == "ok"
     assert rows[str(good / "checkpoints/step_0000006")]["flags"] == "latest"
     assert rows[str(good / "checkpoints/step_0000006")]["topology"] == "w2/dp2/sp1/z2"
-    dmg = results["_base"] / "dmg_flip-0001" / "checkpoints/step_0000006"
-    assert rows[str(dmg)]["status"] == "ok"  # list is size-only by default; --verify hashes
+    # a flipped byte in a copy of step 6: list (sizes only by default) vs verify (sha256)
+    dmg = tmp_path / "dmg" / "checkpoints" / "step_0000006"
+    shutil.copytree(good / "checkpoints/step_0000006", dmg)
+    shard = dmg / "ds/zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    b = bytearray(shard.read_bytes())
+    b[len(b) // 3] ^= 0x10
+    shard.write_bytes(bytes(b))
+    rc, out, _ = _cli(["ckpt", "list", str(tmp_path / "dmg"), "--json"], capsys)
+    assert rc == 0 and json.loads(out)[0]["status"] == "ok"
+    rc, out, _ = _cli(["ckpt", "list", str(tmp_path / "dmg"), "--json", "--verify"], capsys)
+    assert rc == 0 and json.loads(out)[0]["status"] == "BAD"
     rc, out, _ = _cli(["ckpt", "verify", str(dmg)], capsys)
     assert rc == 2 and "checksum ds/zero_pp_rank_1_mp_rank_00_optim_states.pt" in out
 
