@@ -169,7 +169,9 @@ def layer_bytes_per_token(m: ModelConfig, ops: str, sp: int = 1) -> dict:
     mlp = (norm + BF16 * d                          # second norm + its output (gate/up input)
            + BF16 * F * (4 if ops == "torch" else 3))  # gate, up, (silu(gate)), down input
     return {"attn": attn, "mlp": mlp, "input": BF16 * d, "h": BF16 * d,
-            "bwd_extra": BF16 * (2 * F + 3 * d) + FP32 * q,   # grads in flight + fp32 dq accumulator
+            # grads in flight at the layer's worst point, the MLP backward: d(down input) and
+            # d(gate), d(up) (3F) while the down input is already freed (-F), + the residual grad
+            "bwd_extra": BF16 * (2 * F + d),
             "a2a": 3 * BF16 * (2 * q + 2 * kv) if sp > 1 else 0}
 
 
@@ -236,7 +238,7 @@ def estimate(s: Setup, calib: Optional[Calibration] = None) -> Estimate:
     fwd_end = per_tok * t + (loss_const + loss_tok * t) * a
     rebuilt = {"none": 0.0, "selective": lb["mlp"], "full": lb["attn"] + lb["mlp"]}[s.recompute]
     layer_ws = (rebuilt + lb["bwd_extra"] + lb["a2a"]) * a
-    bwd = per_tok * t + layer_ws * t + BF16 * m.vocab_size * m.d_model  # + embedding grad transient
+    bwd = per_tok * t + layer_ws * t
     step = FP32 * N / K if (s.optimizer and not s.offload_optimizer) else 0.0
     phases = {"forward end": fwd_end, "backward": bwd, "optimizer step": step}
     phase = max(phases, key=phases.get)

@@ -135,8 +135,7 @@ def test_fit_table_and_suggestion():
     assert by[(2, 65536)]["verdict"] == "comfortable" and by[(2, 65536)]["tokens_per_rank"] == 32768
     one_m = by[(1, 1048576)]
     assert one_m["verdict"] == "impossible" and one_m["suggestion"]
-    # the suggestion really fits: re-estimate the setup it names is not possible from text, so
-    # check that the cheapest single switch (full recompute) at 2 GPUs 1M is what it says
+    # at 2 GPUs, 1M the cheapest switch is full recompute (selective keeps attention's tensors)
     assert "recompute=full" in by[(2, 1048576)]["suggestion"]
     text = plan.format_table(rows, 141.0)
     assert "| 2 | 2 | 64k | 32,768 |" in text and "Cheapest change to fit:" in text
@@ -149,8 +148,8 @@ def test_suggestion_prefers_loss_chunk_when_loss_limits():
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-c", "import sys; from megablu.cli import build_parser\n"
-                           "import megablu.plan_cli as pc, argparse, logging\n"
+    # the subcommands as `megablu` will register them (cli._SUBCOMMAND_MODULES)
+    return subprocess.run([sys.executable, "-c", "import sys, argparse\nimport megablu.plan_cli as pc\n"
                            "p = argparse.ArgumentParser(); s = p.add_subparsers(dest='c', required=True)\n"
                            "pc.register(s); a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))", *args],
                           capture_output=True, text=True, timeout=120)
