@@ -75,7 +75,7 @@ class Setup:
         p = cfg.parallel
         g = gpus if gpus is not None else p.sp
         return cls(model=cfg.model, window=window or cfg.data.window, gpus=g,
-                   sp=sp if sp is not None else min(p.sp, g) if gpus is None else g,
+                   sp=sp if sp is not None else (g if gpus is not None else p.sp),
                    zero_stage=p.zero_stage, offload_optimizer=p.offload_optimizer,
                    offload_params=p.offload_params, recompute=cfg.memory.recompute,
                    loss_chunk=cfg.memory.loss_chunk, micro_batch=cfg.train.micro_batch,
@@ -224,8 +224,10 @@ def estimate(s: Setup, calib: Optional[Calibration] = None) -> Estimate:
         terms["grads (bf16)"] = BF16 * (N / K + min(ZERO_REDUCE_BUCKET, N))
     if s.optimizer and not s.offload_optimizer:
         terms["optimizer (fp32 master+Adam)"] = 12.0 * N / (K if s.zero_stage >= 1 else 1)
-    # before the first step: params and optimizer states (grads appear in the first backward)
-    static = terms["params (bf16)"] + terms.get("optimizer (fp32 master+Adam)", 0.0)
+    # before the first step: params and the fp32 master partition (DeepSpeed allocates it at
+    # initialize; torch Adam creates its two moments lazily at the first step, grads appear
+    # in the first backward), i.e. 4 of the 12 B/param
+    static = terms["params (bf16)"] + terms.get("optimizer (fp32 master+Adam)", 0.0) / 3
     if calib.static_offset_gb:
         terms["static correction (probe)"] = calib.static_offset_gb * GB
         static += calib.static_offset_gb * GB
@@ -374,7 +376,11 @@ def suggest(s: Setup, gpu_gb: float, calib: Optional[Calibration] = None,
     pick = best.get("comfortable") or best.get("fits")
     if pick is None:
         return None
-    return f"{pick[2]} -> {pick[3]:.0%} ({'comfortable' if pick[3] <= COMFORTABLE else 'tight'})"
+    text = f"{pick[2]} -> {pick[3]:.0%} ({'comfortable' if pick[3] <= COMFORTABLE else 'tight'})"
+    tight = best.get("fits")
+    if tight is not None and tight[0] < pick[0]:
+        text += f"; on {gpu_options[tight[0]]} GPUs: {tight[2]} -> {tight[3]:.0%} (tight, probe first)"
+    return text
 
 
 def parse_tokens(text: str) -> list[int]:
@@ -390,11 +396,16 @@ def parse_tokens(text: str) -> list[int]:
 
 
 def fit_table(cfg: Config, gpus: list[int], windows: list[int], gpu_gb: float,
-              calib: Optional[Calibration] = None, ops: Optional[str] = None) -> list[dict]:
+              calib: Optional[Calibration] = None, ops: Optional[str] = None,
+              sp: Optional[int] = None) -> list[dict]:
+    """One row per (gpus, window); sp = gpus, or a fixed sp (dp = gpus / sp; others skipped)."""
     rows = []
     for g in gpus:
+        if sp is not None and (g % sp or sp > g):
+            log.warning("plan: %d GPUs is not a multiple of sp=%d; row skipped", g, sp)
+            continue
         for w in windows:
-            s = Setup.from_config(cfg, gpus=g, window=w, ops=ops)
+            s = Setup.from_config(cfg, gpus=g, window=w, ops=ops, sp=sp)
             e = estimate(s, calib)
             frac = e.gpu_gb / gpu_gb
             v = verdict(frac)

@@ -50,13 +50,14 @@ def _plan(args) -> int:
     calib = plan.load_calibration(args.calibration) if args.calibration else None
     if calib is not None:
         log.info("calibration: activations x%.3f, static %+.2f GB", calib.act_scale, calib.static_offset_gb)
-    rows = plan.fit_table(cfg, gpus, windows, args.gpu_gb, calib, ops=args.ops)
+    sp = cfg.parallel.sp if args.sp == "config" else None
+    rows = plan.fit_table(cfg, gpus, windows, args.gpu_gb, calib, ops=args.ops, sp=sp)
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
         print(f"{cfg.name}: {cfg.model.n_params() / 1e9:.3f}B params; zero={cfg.parallel.zero_stage} "
               f"recompute={cfg.memory.recompute} loss_chunk={cfg.memory.loss_chunk} "
-              f"micro_batch={cfg.train.micro_batch}; sp = GPUs; verdict: <= 80% comfortable, <= 100% "
+              f"micro_batch={cfg.train.micro_batch}; sp = {'GPUs' if sp is None else sp}; verdict: <= 80% comfortable, <= 100% "
               f"tight (probe first), else impossible")
         print(plan.format_table(rows, args.gpu_gb))
     return 0
@@ -132,6 +133,8 @@ def register(sub) -> None:
     p.add_argument("--calibration", default=None, help="probe.json or a calibration json")
     p.add_argument("--ops", choices=["cuda", "torch"], default=None,
                    help="model the fused CUDA ops (default unless memory.ops=torch) or the torch reference")
+    p.add_argument("--sp", choices=["gpus", "config"], default="gpus",
+                   help="sp = the GPU count (default) or the config's parallel.sp (dp = GPUs / sp)")
     p.add_argument("--json", action="store_true", help="rows as JSON instead of the table")
     p.set_defaults(func=_plan)
 

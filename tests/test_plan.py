@@ -178,3 +178,11 @@ def test_probe_cli_dry_run_builds_the_entry_command():
         assert f"--set {s}" in cmd
     # the probe's overrides come after the user's so they win
     assert cmd.index("parallel.sp=1") < cmd.index("train.max_steps=3")
+
+
+def test_fit_table_with_the_configs_sp_shards_zero_over_dp_times_sp():
+    cfg = load_config("yaml_configs/l2.yaml", [])   # sp=2
+    rows = plan.fit_table(cfg, [1, 2, 4], [32768], 141.0, sp=cfg.parallel.sp)
+    assert [(r["gpus"], r["sp"], r["tokens_per_rank"]) for r in rows] == [(2, 2, 16384), (4, 2, 16384)]
+    # same tokens per rank; 4 GPUs shard the optimizer over 4 ranks instead of 2
+    assert rows[1]["gb_per_gpu"] < rows[0]["gb_per_gpu"]

@@ -112,13 +112,13 @@ def run_probe(step_fn: Callable[[int], object], *, steps: int, tokens_per_rank: 
     gpu_total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / GB if cuda else None
     planned, _ = _planner(setup, gpu_total)
     times: list[float] = []
-    peaks: list[float] = []
     result = {"steps": steps, "steps_done": 0, "device": device, "tokens_per_rank": tokens_per_rank,
               "tokens_per_step": tokens_per_step, "static_gb": static / GB if cuda else None,
               "gpu_total_gb": gpu_total, "planned_gb": planned, "setup": setup, "oom": False}
 
     def summarise():
-        peak = max(peaks) if peaks else (torch.cuda.max_memory_allocated() if cuda else None)
+        # the running max since the reset: every finished step and, after an OOM, the failed one
+        peak = torch.cuda.max_memory_allocated() if cuda else None
         result.update(steps_done=len(times), step_times_s=times, peak_gb=peak / GB if peak is not None else None)
         if peak is not None and static is not None:
             result["per_token_mb"] = (peak - static) / tokens_per_rank / 1e6
@@ -145,8 +145,6 @@ def run_probe(step_fn: Callable[[int], object], *, steps: int, tokens_per_rank: 
         times.append(time.perf_counter() - t0)
         if i == 0 and setup is not None and setup.get("ops_config") == "auto":
             setup["ops"] = _ops_used(device)  # auto falls back to torch when the build fails
-        if cuda:
-            peaks.append(torch.cuda.max_memory_allocated())
     summarise()
     _write(out, result)
     log.info("probe: peak %s (static %s, %s MB/token/rank), %.3f s/step, %.0f tokens/s%s",
