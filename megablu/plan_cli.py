@@ -104,12 +104,15 @@ def _probe(args) -> int:
     # child stdout carries DeepSpeed's prints and the summary line; logs go to our stderr
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ))
     sys.stderr.write(proc.stdout)
-    found = sorted(Path(runs_dir).glob("*/probe.json"))
+    # rank 0 writes probe.json; a rank that ran out of memory writes probe.rank<r>.json
+    found = sorted(Path(runs_dir).glob("*/probe*.json"))
     if not found:
         print(f"probe: the run exited {proc.returncode} without writing probe.json under {runs_dir}",
               file=sys.stderr)
         return 1
-    probe = json.loads(found[-1].read_text())
+    probes = [(json.loads(f.read_text()), f) for f in found]
+    probe, path = next(((p, f) for p, f in probes if p.get("oom")), probes[0])
+    found = [path]
     if probe.get("setup"):
         setup = plan._setup_from_probe(probe)   # what the run actually was (world, sp, ops used)
     else:

@@ -99,8 +99,13 @@ def _write(out: Optional[Union[str, Path]], result: dict) -> None:
 def run_probe(step_fn: Callable[[int], object], *, steps: int, tokens_per_rank: int, device: str,
               tokens_per_step: Optional[int] = None, flops_per_token: Optional[float] = None,
               peak_tflops: float = 989.0, setup: Optional[dict] = None,
-              out: Optional[Union[str, Path]] = None) -> dict:
-    """Run step_fn(0..steps-1), measure, write `out` (probe.json) and return the result dict."""
+              out: Optional[Union[str, Path]] = None, world_size: int = 1) -> dict:
+    """Run step_fn(0..steps-1), measure, write `out` (probe.json) and return the result dict.
+
+    tokens_per_rank: tokens of one micro-batch on this rank (micro_batch * T / sp), the unit
+    whose activations are alive at the peak; tokens_per_step: tokens this rank processes per
+    step_fn call (default tokens_per_rank); tokens_per_s is per rank, x world_size for all.
+    """
     if steps <= 0:
         raise ValueError(f"probe: steps must be > 0, got {steps}")
     cuda = device == "cuda" and torch.cuda.is_available()
@@ -113,7 +118,7 @@ def run_probe(step_fn: Callable[[int], object], *, steps: int, tokens_per_rank: 
     planned, _ = _planner(setup, gpu_total)
     times: list[float] = []
     result = {"steps": steps, "steps_done": 0, "device": device, "tokens_per_rank": tokens_per_rank,
-              "tokens_per_step": tokens_per_step, "static_gb": static / GB if cuda else None,
+              "tokens_per_step": tokens_per_step, "world_size": world_size, "static_gb": static / GB if cuda else None,
               "gpu_total_gb": gpu_total, "planned_gb": planned, "setup": setup, "oom": False}
 
     def summarise():
@@ -124,7 +129,8 @@ def run_probe(step_fn: Callable[[int], object], *, steps: int, tokens_per_rank: 
             result["per_token_mb"] = (peak - static) / tokens_per_rank / 1e6
         if times:
             dt = statistics.median(times[1:] or times)
-            result.update(step_time_s=dt, tokens_per_s=tokens_per_step / dt)
+            result.update(step_time_s=dt, tokens_per_s=tokens_per_step / dt,
+                          tokens_per_s_all_ranks=tokens_per_step * world_size / dt)
             if flops_per_token:
                 result["mfu"] = flops_per_token * tokens_per_step / dt / (peak_tflops * 1e12)
 
