@@ -186,3 +186,48 @@ def test_fit_table_with_the_configs_sp_shards_zero_over_dp_times_sp():
     assert [(r["gpus"], r["sp"], r["tokens_per_rank"]) for r in rows] == [(2, 2, 16384), (4, 2, 16384)]
     # same tokens per rank; 4 GPUs shard the optimizer over 4 ranks instead of 2
     assert rows[1]["gb_per_gpu"] < rows[0]["gb_per_gpu"]
+
+
+FAKE_DEEPSPEED = r'''#!{py}
+# stands in for `deepspeed ... launch/ext32k.py`: writes the probe.json the trainer would
+import json, sys
+from pathlib import Path
+from megablu.config import load_config
+from megablu.train.probe import setup_dict
+a = sys.argv[1:]
+cfg_path = a[a.index("--config") + 1]
+sets = [a[i + 1] for i, x in enumerate(a) if x == "--set"]
+cfg = load_config(cfg_path, sets)
+run = Path(cfg.runs_dir) / (cfg.name + "-0001")
+run.mkdir(parents=True)
+oom = {oom}
+print("[deepspeed] chatter on stdout")
+res = {{"setup": setup_dict(cfg, int(a[a.index("--num_gpus") + 1])), "steps": cfg.train.probe_steps,
+       "static_gb": 5.0, "peak_gb": None if oom else 20.0, "oom": oom}}
+(run / ("probe.rank1.json" if oom else "probe.json")).write_text(json.dumps(res))
+sys.exit(1 if oom else 0)
+'''
+
+
+@pytest.mark.parametrize("oom", [False, True])
+def test_probe_cli_reads_the_runs_probe_json(tmp_path, oom):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    ds = bindir / "deepspeed"
+    ds.write_text(FAKE_DEEPSPEED.format(py=sys.executable, oom=oom))
+    ds.chmod(0o755)
+    env = {**__import__("os").environ, "PATH": f"{bindir}:{__import__('os').environ['PATH']}"}
+    r = subprocess.run([sys.executable, "-c", "import sys, argparse\nimport megablu.plan_cli as pc\n"
+                        "p = argparse.ArgumentParser(); s = p.add_subparsers(dest='c', required=True)\n"
+                        "pc.register(s); a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))",
+                        "probe", "--config", "yaml_configs/l2.yaml", "--gpus", "1", "--set", "parallel.sp=1",
+                        "--set", f"runs_dir={tmp_path / 'runs'}"], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert "chatter on stdout" in r.stderr          # the child's stdout is a log, not our result
+    out = json.loads(r.stdout)
+    assert out["setup"]["gpus"] == 1 and out["steps"] == 3
+    if oom:
+        assert r.returncode == 1 and out["oom"] is True and out["probe_json"].endswith("probe.rank1.json")
+    else:
+        assert r.returncode == 0
+        assert out["plan_error"] == pytest.approx(out["planned_gb"] / 20.0 - 1)
