@@ -212,7 +212,9 @@ def estimate(s: Setup, calib: Optional[Calibration] = None) -> Estimate:
     t = s.tokens_per_rank
     terms: dict[str, float] = {}
     # --- persistent: parameters, gradients, optimizer states
-    biggest = max(m.vocab_size * m.d_model, m.n_params() // max(1, m.n_layers) // 2)
+    # ZeRO-3 gathers one module at a time (+ prefetch): the largest is the embedding/head or a block
+    emb = m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
+    biggest = max(m.vocab_size * m.d_model, (N - emb - m.d_model) // m.n_layers)
     if s.zero_stage == 3:
         gathered = BF16 * (2 * biggest + ZERO3_PREFETCH_BUCKET)
         terms["params (bf16)"] = gathered + (0 if s.offload_params else BF16 * N / K)
