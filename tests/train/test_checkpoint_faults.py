@@ -517,7 +517,7 @@ def run_scenario(name: str, base: Path, timeout: int = 900, **kw) -> dict:
 
 # =========================================================================== tests
 SLOW = os.environ.get("MEGABLU_SLOW") == "1"
-N_RANDOM_DEFAULT, N_RANDOM_SLOW = 3, 100
+N_RANDOM_DEFAULT, N_RANDOM_SLOW = 3, 60
 
 
 @pytest.fixture(scope="module")
