@@ -1,7 +1,6 @@
 """hub download/upload verification against a local stand-in of the repo (no network)."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest

@@ -20,7 +20,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Optional, Union
+from typing import Union
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +87,6 @@ def export_checkpoint(src: PathLike, out: PathLike, force: bool = False) -> tupl
 
     Returns (out dir, source manifest, run dir). Written into a temp dir, then renamed.
     """
-    import torch
-
     from ..model.hf import hf_config_dict
     from .checkpoint import CheckpointError, read_manifest, read_weights, save_weights, sha256_file
 
@@ -127,7 +125,6 @@ def export_checkpoint(src: PathLike, out: PathLike, force: bool = False) -> tupl
         shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, out)
-    del torch
     return out, m, run_dir
 
 
