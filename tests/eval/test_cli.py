@@ -87,3 +87,13 @@ def test_eval_hf_dir_and_invalid_inputs(tmp_path, capsys):
     assert "cannot load weights" in capsys.readouterr().err
     assert main(["eval", "--config", str(cfg), "--hf", str(hf_dir), "--step", "1", "--lengths", "600"]) == 2
     assert "do not fit the window" in capsys.readouterr().err
+
+
+def test_compare_joins_cells_measured_separately(tmp_path, capsys):
+    write_result(_res("a", 1, {1024: 90}), tmp_path / "a1024.json")
+    write_result(_res("a", 1, {4096: 70}), tmp_path / "a4096.json")
+    write_result(_res("a", 1, {4096: 10}), tmp_path / "clash.json")
+    assert main(["compare", str(tmp_path / "a1024.json"), str(tmp_path / "a4096.json")]) == 0
+    assert "| a@1 | 90.0 | 70.0 | -10.0 [" in capsys.readouterr().out
+    assert main(["compare", str(tmp_path / "a4096.json"), str(tmp_path / "clash.json")]) == 2
+    assert "two different results for passkey@4096" in capsys.readouterr().err
