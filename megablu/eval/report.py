@@ -184,7 +184,7 @@ def markdown(results: Sequence[dict], *, baseline: int = 0, threshold: float = R
             base = results[baseline]
             bc = cells_by(base, task)
             lines += [f"Difference to {_label(base)} in pp, Newcombe 95% interval; * = resolvable; "
-                      f"n/arm = prompts per arm to resolve the observed difference (80% power):", "",
+                      f"n/arm (unresolved cells) = prompts per arm to resolve the observed difference at 80% power:", "",
                       "| arm | " + " | ".join(str(L) for L in lengths) + " |", "|---|" + "---|" * len(lengths)]
             for j, r in enumerate(results):
                 if j == baseline:
@@ -197,10 +197,11 @@ def markdown(results: Sequence[dict], *, baseline: int = 0, threshold: float = R
                     a, b = cs[L], bc[L]
                     d = newcombe(a["correct"], a["n"], b["correct"], b["n"])
                     pa, pb = a["correct"] / a["n"], b["correct"] / b["n"]
-                    need = f"n/arm {n_to_resolve(pa, pb)}" if pa != pb else "n/arm inf"
+                    # prompts per arm needed: only meaningful while the difference is unresolved
+                    need = "" if d.resolvable else (f" n/arm {n_to_resolve(pa, pb)}" if pa != pb else " n/arm inf")
                     flag = "*" if d.resolvable else ""
                     warn = "" if a["digest"] == b["digest"] else " (prompts differ)"
-                    row.append(f"{100 * d.diff:+.1f}{flag} [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}] {need}{warn}")
+                    row.append(f"{100 * d.diff:+.1f}{flag} [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}]{need}{warn}")
                 lines.append(f"| {_label(r)} | " + " | ".join(row) + " |")
             lines.append("")
     return "\n".join(lines)

@@ -163,4 +163,4 @@ def n_to_resolve(p1: float, p2: float, conf: float = 0.95, power: float = 0.8) -
         raise ValueError("n_to_resolve: p1 == p2, no finite sample resolves a zero difference")
     za, zb = z_of(conf), NormalDist().inv_cdf(power)
     n = (za + zb) ** 2 * (p1 * (1 - p1) + p2 * (1 - p2)) / (p1 - p2) ** 2
-    return math.ceil(n - 1e-9)
+    return max(1, math.ceil(n - 1e-9))
