@@ -184,7 +184,8 @@ def markdown(results: Sequence[dict], *, baseline: int = 0, threshold: float = R
             base = results[baseline]
             bc = cells_by(base, task)
             lines += [f"Difference to {_label(base)} in pp, Newcombe 95% interval; * = resolvable; "
-                      f"n/arm (unresolved cells) = prompts per arm to resolve the observed difference at 80% power:", "",
+                      f"n/arm (unresolved cells) = prompts per arm to resolve the observed difference at 80% "
+                      f"power:", "",
                       "| arm | " + " | ".join(str(L) for L in lengths) + " |", "|---|" + "---|" * len(lengths)]
             for j, r in enumerate(results):
                 if j == baseline:
