@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/h200_out}; mkdir -p "$OUT"
 t0=$SECONDS
 # CPU Adam for the offload rows builds on the host CPUs while the GPU validates the planner.
 python -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()" \
-  > "$OUT/cpu_adam_prebuild.log" 2>&1 &
+  > /tmp/cpu_adam_prebuild.log 2>&1 &
 timeout "${PROBE_S:-230}" python -m megablu.train.probe validate --T 16k,64k,128k \
   --modes none,selective,full --ops auto > "$OUT/probe_validate.md" 2> "$OUT/probe_validate.err"
 echo "probe validate exit $? after $((SECONDS - t0)) s" >> "$OUT/probe_validate.md"
