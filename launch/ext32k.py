@@ -18,6 +18,7 @@ initialises distributed state; every violation is listed and the exit code is 2.
 Results (the run summary) go to stdout on rank 0; logs go to stderr.
 """
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ def main(argv=None) -> int:
                         format=f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s")
 
     from megablu.config import ConfigError, apply_overrides, build_config, config_warnings, load_config, load_raw
+    from megablu.parallel.topology import ranks_per_node_from_env, resolve
     from megablu.train.trainer import preflight
 
     world = int(os.environ.get("WORLD_SIZE", 1))
@@ -48,6 +50,8 @@ def main(argv=None) -> int:
         device = ("cuda" if torch.cuda.is_available() else "cpu") if want == "auto" else want
         cfg = load_config(args.config, args.set, world_size=world, device=device)
         problems = preflight(cfg, resume=args.resume)
+        topo = resolve(world, ranks_per_node_from_env(), cfg.parallel.sp)
+        problems += [f"parallel.sp: {e}" for e in topo.errors]
         if problems:
             raise ConfigError(problems, args.config)
     except ConfigError as e:
@@ -55,15 +59,37 @@ def main(argv=None) -> int:
             print(str(e), file=sys.stderr)
         return 2
     if rank == 0:
+        print(topo.format(), file=sys.stderr)   # nodes, dp x sp, which ranks share a node
         for w in config_warnings(cfg):
             logging.warning("config: %s", w)
     if device == "cpu":
         # DeepSpeed picks its accelerator at import; on CPU it must be told before that
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if "RANK" not in os.environ:
+        # started as plain `python launch/ext32k.py`: a world of one (else DeepSpeed looks for MPI)
+        import socket
 
-    from megablu.train.trainer import Trainer
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", str(port)))
 
-    summary = Trainer(cfg, resume=args.resume, local_rank=args.local_rank).train()
+    from megablu.train.probe import ProbeOOM
+    from megablu.train.trainer import GateFailed, Trainer
+
+    try:
+        # libraries print chatter on stdout (DeepSpeed's op builds); stdout is for the result only
+        with contextlib.redirect_stdout(sys.stderr):
+            summary = Trainer(cfg, resume=args.resume, local_rank=args.local_rank).train()
+    except ProbeOOM as e:   # the numbers measured so far and the planner's way out
+        print(str(e), file=sys.stderr)
+        return 1
+    except GateFailed as e:   # trained and saved, but worse at short context than the parent
+        if rank == 0:
+            print(json.dumps(e.summary))
+            print(f"eval gate FAILED: {e}", file=sys.stderr)
+        return 1
     if rank == 0:
         print(json.dumps(summary))
     return 0

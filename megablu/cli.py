@@ -22,6 +22,7 @@ _SUBCOMMAND_MODULES = [
     "megablu.data.cli",
     "megablu.eval.cli",
     "megablu.train.ckpt_cli",
+    "megablu.plan_cli",
 ]
 
 

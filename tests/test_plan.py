@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -231,3 +232,13 @@ def test_probe_cli_reads_the_runs_probe_json(tmp_path, oom):
     else:
         assert r.returncode == 0
         assert out["plan_error"] == pytest.approx(out["planned_gb"] / 20.0 - 1)
+
+
+def test_megablu_command_has_plan_and_probe():
+    r = subprocess.run([sys.executable, "-m", "megablu.cli", "plan", "--config", "yaml_configs/ext32k.yaml",
+                        "--gpus", "2", "--windows", "64k"], capture_output=True, text=True,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0, r.stderr
+    assert "| 2 | 2 | 64k | 32,768 |" in r.stdout and "comfortable" in r.stdout
+    h = subprocess.run([sys.executable, "-m", "megablu.cli", "probe", "--help"], capture_output=True, text=True)
+    assert h.returncode == 0 and "--config" in h.stdout

@@ -159,7 +159,8 @@ class TrainConfig(Section):
     dtype: Literal["bf16", "fp32"] = "bf16"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     log_every: int = Field(default=1, gt=0)
-    probe_steps: int = Field(default=0, ge=0, description="steps measured as the memory/speed probe")
+    probe_steps: int = Field(default=3, ge=0, description="first steps of the run measured as the "
+                             "memory/speed probe (probe.json in the run dir; 0 = off)")
     # Time-sliced jobs (e.g. a SLURM limit): stop after this step, checkpoint, exit 0; the
     # schedule is still the full max_steps one, and `--resume RUN` continues it exactly.
     stop_after: Optional[int] = Field(default=None, gt=0)

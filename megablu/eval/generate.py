@@ -51,7 +51,7 @@ def greedy_generate(model, input_ids: torch.Tensor, max_new: int, *, sp_group=No
     cache = KVCache(_n_layers(model))
     chunk = prefill_chunk if prefill_chunk > 0 else L
     for s in range(0, L, chunk):
-        logits = model(input_ids[:, s:s + chunk], cache=cache)
+        logits = model(input_ids[:, s:s + chunk], cache=cache, logits_index=-1)
     tok = logits[:, -1].argmax(-1)                           # (B,)
     out = [tok]
     for _ in range(max_new - 1):
@@ -82,9 +82,11 @@ def _generate_sp(model, input_ids: torch.Tensor, max_new: int, group) -> torch.T
         input_ids = torch.cat([input_ids, input_ids[:, -1:].expand(B, Lp - L)], 1)
     pos = torch.arange(r * per, (r + 1) * per, device=dev).expand(B, per)
     cache = KVCache(_n_layers(model), seq_sharded=True)
-    logits = model(input_ids[:, r * per:(r + 1) * per], position_ids=pos, cache=cache)   # (B, L/sp, V)
     owner = (L - 1) // per
-    tok = logits[:, (L - 1) - owner * per].argmax(-1) if r == owner else torch.zeros(B, dtype=torch.long, device=dev)
+    # only the owner of position L-1 needs its logits; the others compute one cheap row
+    at = (L - 1) - owner * per if r == owner else -1
+    logits = model(input_ids[:, r * per:(r + 1) * per], position_ids=pos, cache=cache, logits_index=at)  # (B, 1, V)
+    tok = logits[:, 0].argmax(-1) if r == owner else torch.zeros(B, dtype=torch.long, device=dev)
     tok = tok.contiguous()
     dist.broadcast(tok, src=dist.get_global_rank(group, owner), group=group)
     cache.truncate(L)

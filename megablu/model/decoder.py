@@ -211,11 +211,13 @@ class BluModel(nn.Module):
                 p.copy_(torch.randn(p.shape, generator=gen) * std)
 
     def forward(self, input_ids: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
-                labels: Optional[torch.Tensor] = None, cache: Optional[KVCache] = None):
+                labels: Optional[torch.Tensor] = None, cache: Optional[KVCache] = None,
+                logits_index: Optional[int] = None):
         """Logits (B, T, V) without labels; with labels, (sum of CE, labelled-token count).
 
         position_ids (B, T) are global positions: under sequence parallelism each rank
-        passes the positions of its own slice.
+        passes the positions of its own slice. logits_index (e.g. -1) returns the logits of
+        that one position only, (B, 1, V): a long prefill never holds [T, V] logits.
         """
         B, T = input_ids.shape
         if position_ids is None:
@@ -225,6 +227,9 @@ class BluModel(nn.Module):
         cos, sin = self.rotary(position_ids, h.dtype)
         for layer in self.layers:
             h = layer(h, cos, sin, cache, self.recompute)
+        if labels is None and logits_index is not None:
+            i = logits_index % T
+            h = h[:, i:i + 1]
         h = self.norm(h)
         if labels is None:
             return self.lm_head(h)

@@ -5,7 +5,8 @@
                        flops_per_token=plan.flops_per_token(model, T), setup=setup_dict(cfg, world),
                        out=run_dir / "probe.json")
 
-step_fn(i) runs step i (a whole optimizer step of the run). Measured: memory allocated
+step_fn(i) runs step i (a whole optimizer step of the run); it may return the seconds it spent
+on work that is not the step (a checkpoint save or an eval that fell on it), which are not timed. Measured: memory allocated
 before the first step (static: weights, optimizer states), the peak of
 torch.cuda.max_memory_allocated over the steps, per-token MB = (peak - static) / tokens
 per rank (activations + grads + loss working set, per token of one micro-batch), step time
@@ -137,7 +138,7 @@ def run_probe(step_fn: Callable[[int], object], *, steps: int, tokens_per_rank: 
     for i in range(steps):
         t0 = time.perf_counter()
         try:
-            step_fn(i)
+            aside = step_fn(i)
             if cuda:
                 torch.cuda.synchronize()
         except torch.cuda.OutOfMemoryError as e:
@@ -148,7 +149,8 @@ def run_probe(step_fn: Callable[[int], object], *, steps: int, tokens_per_rank: 
             result["suggestion"] = suggestion
             _write(out, result)
             raise ProbeOOM(result, suggestion, result["error"]) from None
-        times.append(time.perf_counter() - t0)
+        # a step_fn may return the seconds it spent outside the step itself (checkpoint, eval)
+        times.append(time.perf_counter() - t0 - (aside if isinstance(aside, (int, float)) else 0.0))
         if i == 0 and setup is not None and setup.get("ops_config") == "auto":
             setup["ops"] = _ops_used(device)  # auto falls back to torch when the build fails
     summarise()

@@ -76,6 +76,14 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+class GateFailed(RuntimeError):
+    """The run's final eval failed the short-context gate (the checkpoint is saved)."""
+
+    def __init__(self, message: str, summary: dict):
+        super().__init__(message)
+        self.summary = summary
+
+
 def _rank0() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
@@ -86,19 +94,22 @@ class Trainer:
         self.resume = resume
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0)) if local_rank is None else local_rank
         self.device = resolve_device(cfg)
+        self._gate_failure: Optional[str] = None
 
     # ------------------------------------------------------------------ setup
     def _init_distributed(self) -> Groups:
         import deepspeed
 
+        from ..parallel.topology import ranks_per_node_from_env
+
+        # deepspeed's launcher sets LOCAL_SIZE, torchrun LOCAL_WORLD_SIZE
+        ranks_per_node = ranks_per_node_from_env()
         if self.device == "cuda":
             torch.cuda.set_device(self.local_rank)
         else:
             # CPU ranks share the cores: one rank per core-share, no oversubscription
-            local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // (ranks_per_node or 1)))
         deepspeed.init_distributed(dist_backend="nccl" if self.device == "cuda" else "gloo")
-        ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or None
         return build_groups(self.cfg.parallel.sp, ranks_per_node)
 
     def _broadcast(self, obj):
@@ -123,10 +134,19 @@ class Trainer:
         model = BluModel(cfg.model, cfg.rope, cfg.memory)
         model.reset_parameters(seed=cfg.train.seed)
         if cfg.init_from and not self.resume:
-            from .checkpoint import load_weights
+            from .checkpoint import load_weights, newest_verified
 
-            load_weights(model, cfg.init_from)
-            log.info("initialised weights from %s", cfg.init_from)
+            # a run dir means its newest verified checkpoint: decided once, on rank 0, so that
+            # a save landing meanwhile cannot give two ranks two different parents
+            src = cfg.init_from
+            if _rank0() and Path(src, "checkpoints").is_dir():
+                found = newest_verified(src)
+                if found is None:
+                    raise FileNotFoundError(f"init_from: run {src} has no verified checkpoint")
+                src = str(found)
+            src = self._broadcast(src) if dist.is_initialized() else src
+            load_weights(model, src)
+            log.info("initialised weights from %s", src)
         return model
 
     def setup(self) -> None:
@@ -140,7 +160,12 @@ class Trainer:
             log.info("topology: %s", g.describe())
             log.info("run dir: %s; grad_accum %d; tokens/step %d", self.run_dir, self.grad_accum,
                      cfg.train.tokens_per_step)
-            (self.run_dir / "config.resolved.yaml").write_text(to_yaml(cfg))
+            resolved = self.run_dir / "config.resolved.yaml"
+            if self.resume and resolved.exists():
+                # keep the run's original; record what this resume ran with beside it
+                (self.run_dir / f"config.resume.{int(time.time())}.yaml").write_text(to_yaml(cfg))
+            else:
+                resolved.write_text(to_yaml(cfg))
 
         from ..data.tokenizer import load_tokenizer
 
@@ -172,7 +197,10 @@ class Trainer:
 
         self.ckpt = CheckpointManager(self.run_dir, cfg.checkpoint.keep, meta={
             "config_hash": config_hash(cfg), "tokenizer": self.tokenizer.identity, "world_size": g.world_size,
-            "dp": g.dp, "sp": g.sp, "zero_stage": cfg.parallel.zero_stage})
+            "dp": g.dp, "sp": g.sp, "zero_stage": cfg.parallel.zero_stage,
+            # enough to export or evaluate a checkpoint without the YAML it came from
+            "model": cfg.model.model_dump(mode="json"), "rope": cfg.rope.model_dump(mode="json"),
+            "window": cfg.data.window})
         self.step, self.tokens_seen = 0, 0
         if self.resume:
             self._load_resume()
@@ -181,7 +209,10 @@ class Trainer:
     def _load_resume(self) -> None:
         from .checkpoint import CheckpointError, set_rng_state
 
-        path = self.ckpt.latest()
+        # verified once on rank 0 (sha256 of every file), then every rank loads the same step
+        path = self.ckpt.latest() if _rank0() else None
+        path = self._broadcast(str(path) if path else None) if dist.is_initialized() else path
+        path = Path(path) if path else None
         if path is None:
             raise CheckpointError(f"resume: no verified checkpoint in {self.run_dir}/checkpoints")
         state = self.ckpt.load(self.engine, path)
@@ -223,28 +254,16 @@ class Trainer:
         if self.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         stop = min(cfg.train.max_steps, cfg.train.stop_after or cfg.train.max_steps)
+        self._losses, self._tok_s = losses, tok_s
+
+        def one_step(_i: int = 0) -> float:
+            return self._one_step(bar, stop)
+
+        n_probe = min(cfg.train.probe_steps, stop - self.step)
+        if n_probe > 0:
+            self._probe(one_step, n_probe)
         while self.step < stop:
-            self._set_lr()
-            t0 = time.perf_counter()
-            loss, gnorm = self._train_step()
-            if self.device == "cuda":
-                torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
-            self.step += 1
-            self.tokens_seen += cfg.train.tokens_per_step
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"loss is {loss} at step {self.step}; stopping (no checkpoint written)")
-            mem = torch.cuda.max_memory_allocated() / 1e9 if self.device == "cuda" else 0.0
-            row = {"step": self.step, "loss": loss, "lr": self._lr, "tokens_seen": self.tokens_seen,
-                   "step_time_s": dt, "tokens_per_s": cfg.train.tokens_per_step / dt, "max_mem_gb": mem,
-                   "grad_norm": gnorm if gnorm is not None else ""}
-            losses.append(loss)
-            tok_s.append(row["tokens_per_s"])
-            if self.metrics is not None:
-                self.metrics.write(row)
-                bar.set_postfix(loss=f"{loss:.4f}", lr=f"{self._lr:.2e}", tok_s=f"{row['tokens_per_s']:.0f}")
-                bar.update(1)
-            self._maybe_checkpoint_and_eval(stopping=self.step == stop)
+            one_step()
         bar.close()
         if self.metrics is not None:
             self.metrics.close()
@@ -252,9 +271,62 @@ class Trainer:
                    "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
                    "mean_tokens_per_s": sum(tok_s[1:] or tok_s) / max(1, len(tok_s[1:] or tok_s)),
                    "world": g.describe()}
+        if self._gate_failure:
+            summary["gate"] = self._gate_failure
         if _rank0():
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        if self._gate_failure:
+            raise GateFailed(self._gate_failure, summary)
         return summary
+
+    def _probe(self, one_step, n: int) -> None:
+        """The run's first n steps, measured: probe.json in the run dir (ProbeOOM on OOM)."""
+        from .. import plan
+        from .probe import ProbeOOM, run_probe, setup_dict
+
+        cfg, g = self.cfg, self.groups
+        rank0 = g.rank == 0
+        name = "probe.json" if self.step == 0 else f"probe.step{self.step}.json"
+        try:
+            run_probe(one_step, steps=n, device=self.device,
+                      tokens_per_rank=cfg.train.micro_batch * cfg.data.window // g.sp,
+                      tokens_per_step=cfg.train.tokens_per_step // g.world_size,
+                      flops_per_token=plan.flops_per_token(cfg.model, cfg.data.window),
+                      setup=setup_dict(cfg, g.world_size), world_size=g.world_size,
+                      out=self.run_dir / name if rank0 else None)
+        except ProbeOOM as e:
+            if not rank0:   # rank 0 wrote probe.json; the rank that ran out writes its own
+                (self.run_dir / f"probe.rank{g.rank}.json").write_text(json.dumps(e.measured, indent=2) + "\n")
+            raise
+
+    def _one_step(self, bar, stop: int) -> float:
+        """One optimizer step: lr, fwd/bwd over grad_accum micro-batches, metrics, checkpoint/eval.
+
+        Returns the seconds spent on the checkpoint/eval after the step (the probe does not time them)."""
+        cfg, losses, tok_s = self.cfg, self._losses, self._tok_s
+        self._set_lr()
+        t0 = time.perf_counter()
+        loss, gnorm = self._train_step()
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        self.step += 1
+        self.tokens_seen += cfg.train.tokens_per_step
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"loss is {loss} at step {self.step}; stopping (no checkpoint written)")
+        mem = torch.cuda.max_memory_allocated() / 1e9 if self.device == "cuda" else 0.0
+        row = {"step": self.step, "loss": loss, "lr": self._lr, "tokens_seen": self.tokens_seen,
+               "step_time_s": dt, "tokens_per_s": cfg.train.tokens_per_step / dt, "max_mem_gb": mem,
+               "grad_norm": gnorm if gnorm is not None else ""}
+        losses.append(loss)
+        tok_s.append(row["tokens_per_s"])
+        if self.metrics is not None:
+            self.metrics.write(row)
+            bar.set_postfix(loss=f"{loss:.4f}", lr=f"{self._lr:.2e}", tok_s=f"{row['tokens_per_s']:.0f}")
+            bar.update(1)
+        t1 = time.perf_counter()
+        self._maybe_checkpoint_and_eval(stopping=self.step == stop)
+        return time.perf_counter() - t1
 
     def _maybe_checkpoint_and_eval(self, stopping: bool = False) -> None:
         cfg, s = self.cfg, self.step
@@ -267,15 +339,24 @@ class Trainer:
             self._evaluate()
 
     def _evaluate(self) -> None:
+        """Evaluate (collective over the sp group); the final eval's gate decides the exit code.
+
+        Every dp group evaluates the same prompts; only rank 0 writes. The short-context gate
+        (eval.gate.parent) is logged at every eval; when the final eval of the run fails it,
+        the run ends with GateFailed after its checkpoint is safely published.
+        """
         from ..eval.harness import run_eval
 
         self.engine.eval()
         try:
-            run_eval(self.engine.module, self.tokenizer, self.cfg.eval, self.cfg.data.window,
-                     sp_group=self.groups.sp_group if self.groups.sp > 1 else None, step=self.step,
-                     out_dir=self.run_dir / "eval", rank=self.groups.rank)
+            res = run_eval(self.engine.module, self.tokenizer, self.cfg.eval, self.cfg.data.window,
+                           sp_group=self.groups.sp_group if self.groups.sp > 1 else None, step=self.step,
+                           out_dir=self.run_dir / "eval", rank=self.groups.rank)
         finally:
             self.engine.train()
+        gate = res.get("gate")
+        if gate is not None and not gate["passed"] and self.step == self.cfg.train.max_steps:
+            self._gate_failure = gate["message"]
 
 
 def preflight(cfg: Config, resume: Optional[str] = None) -> list[str]:
@@ -287,6 +368,21 @@ def preflight(cfg: Config, resume: Optional[str] = None) -> list[str]:
     if cfg.data.path and not Path(cfg.data.path, "manifest.json").is_file():
         problems.append(f"data.path: {cfg.data.path} has no manifest.json; build it with `megablu data build` "
                         f"or `megablu data import`")
+    if cfg.eval.gate.parent:
+        from ..eval.prompts import EvalError
+        from ..eval.report import load_result
+
+        try:   # a gate that cannot be checked is found after hours of training otherwise
+            load_result(cfg.eval.gate.parent)
+        except EvalError as e:
+            problems.append(f"eval.gate.parent: {e}")
+    if cfg.eval.haystack:
+        from ..data.haystack import split_spec
+
+        hay = split_spec(cfg.eval.haystack)[0]
+        if not Path(hay, "manifest.json").is_file():
+            problems.append(f"eval.haystack: {hay} has no manifest.json; give a dataset dir built with "
+                            f"`megablu data build` (optionally DIR@bucket)")
     if resume and not (Path(resume).is_dir() or Path(cfg.runs_dir, resume).is_dir()):
         problems.append(f"--resume {resume}: no such run (looked in {cfg.runs_dir}/)")
     return problems

@@ -117,3 +117,21 @@ def test_entry_rejects_before_any_rank_works(tmp_path):
     assert r.returncode == 2
     assert "parallel.sp=2 > world size 1" in r.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_entry_preflight_lists_every_missing_input(tmp_path):
+    """Missing parent, data without a manifest, a gate parent that is no eval result, a haystack
+    that is no dataset: all listed at once, exit 2, before any rank or run dir exists."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "notes.json").write_text("{}")
+    env = {"WORLD_SIZE": "2", "RANK": "0", "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, str(ROOT / "launch" / "ext32k.py"), "--config", str(EXT),
+                        "--set", f"runs_dir={tmp_path}/runs", "--set", f"init_from={tmp_path}/no_parent",
+                        "--set", f"data.path={tmp_path}/data", "--set", f"eval.gate.parent={tmp_path}/notes.json",
+                        "--set", f"eval.haystack={tmp_path}/nowhere@b2", "--set", "train.device=cpu",
+                        "--set", "train.dtype=fp32"], capture_output=True, text=True, env=env)
+    assert r.returncode == 2, r.stderr
+    for field in ("init_from:", "data.path:", "eval.gate.parent:", "eval.haystack:"):
+        assert field in r.stderr, (field, r.stderr)
+    assert "not a megablu eval result" in r.stderr and f"{tmp_path}/nowhere has no manifest.json" in r.stderr
+    assert not (tmp_path / "runs").exists()

@@ -65,7 +65,7 @@ class OracleModel(torch.nn.Module):
         ans = m.group(1) if len(ids) <= self.max_ok_len else "1" + m.group(1)[1:][::-1]
         return self.tok.encode(" " + ans + ".") + [self.tok.eot_id] * 64
 
-    def forward(self, input_ids, position_ids=None, cache=None):
+    def forward(self, input_ids, position_ids=None, cache=None, logits_index=None):
         B, T = input_ids.shape
         st = cache.__dict__.setdefault("_oracle", {"seen": [[] for _ in range(B)], "decoded": 0, "target": None})
         if T > 1:

@@ -32,3 +32,46 @@ def test_autoeval_then_resume(tmp_path):
     assert pinned == ["step_0000002", "step_0000004"]                  # evaluated checkpoints are kept
     final = json.loads((run / "eval" / "step_4.json").read_text())      # eval.final at the last step
     assert final["step"] == 4 and [c["digest"] for c in final["cells"]] == [c["digest"] for c in res["cells"]]
+
+
+def test_final_gate_failure_fails_the_run_after_saving(tmp_path):
+    """A parent that scored 100% at the short length and an arm that did not: the run trains,
+    publishes its checkpoint and eval, then exits 1 naming the gate (the seed's cache bug would
+    have been caught here)."""
+    import os
+
+    from tests.dist_utils import free_port
+    from tests.train.test_resume import ROOT, TINY
+
+    stdlib = sysconfig.get_paths()["stdlib"]
+    data = tmp_path / "stdlib"
+    r = subprocess.run([sys.executable, "-m", "megablu.cli", "data", "build", "--input", f"{stdlib}/json",
+                        "--include", "*.py", "--tokenizer", "tiktoken_file:megablu:stdlib4k", "--out", str(data),
+                        "--no-progress", "--workers", "1"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    n = 3
+    parent = {"schema": "megablu.eval/1", "arm": "parent", "step": 40, "window": 512, "tokenizer": "x", "sp": 1, "samples": [],
+              "cells": [{"task": "passkey", "length": 232, "n": n, "correct": n, "acc_pp": 100.0}]}
+    (tmp_path / "parent.json").write_text(json.dumps(parent))
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "1", "--master_port", str(free_port()),
+           str(ROOT / "launch" / "ext32k.py"), "--config", str(TINY)]
+    for s in [f"runs_dir={tmp_path}/runs", f"data.path={data}", "parallel.sp=1", "train.micro_batch=1",
+              "train.tokens_per_step=512", "train.max_steps=2", "schedule.kind=cosine", "schedule.decay_start=null",
+              "schedule.warmup_steps=0", "checkpoint.every_steps=0",
+              "data.max_epochs=100", "eval.lengths=[232]", f"eval.n={n}", "eval.final=true",
+              f"eval.gate.parent={tmp_path / 'parent.json'}", "eval.gate.short_lengths=[232]"]:
+        cmd += ["--set", s]
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "DS_ACCELERATOR": "cpu"}, cwd=ROOT)
+    assert "SHORT-CONTEXT GATE FAILED" in r.stderr, r.stderr[-3000:]
+    runs = list((tmp_path / "runs").glob("tiny_cpu_ext-*"))
+    assert len(runs) == 1
+    final = json.loads((runs[0] / "eval" / "step_2.json").read_text())
+    assert final["cells"][0]["acc_pp"] < 95.0          # the premise: a 2-step model cannot find the key
+    assert final["gate"]["passed"] is False
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "SHORT-CONTEXT GATE FAILED" in r.stderr
+    assert (runs[0] / "checkpoints" / "step_0000002" / "manifest.json").is_file()   # saved before failing
+    summary = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1])
+    assert summary["steps"] == 2 and "GATE FAILED" in summary["gate"]
+    probe = json.loads((runs[0] / "probe.json").read_text())   # every run measures its first steps
+    assert probe["steps_done"] == 2 and probe["tokens_per_s"] > 0 and probe["setup"]["window"] == 512
