@@ -174,12 +174,20 @@ def download(repo: Repo, includes: list[str], local_dir: PathLike) -> dict[str, 
 
 
 def _eval_table(run_dir: Path) -> str:
-    """Markdown table of the run's eval results (any eval/*.json with rows of flat values)."""
-    rows = []
+    """Markdown of the run's eval results: the harness's eval/step_<N>.json as the arm x length
+    table of `megablu compare` (accuracy, slope, effective length per evaluated step); any other
+    eval/*.json with rows of flat values as a plain table."""
+    from .eval.report import SCHEMA, markdown
+
+    results, rows = [], []
     for f in sorted((run_dir / "eval").glob("*.json")) if (run_dir / "eval").is_dir() else []:
         try:
             d = json.loads(f.read_text())
         except ValueError:
+            continue
+        if isinstance(d, dict) and d.get("schema") == SCHEMA:
+            if d.get("cells"):
+                results.append(d)
             continue
         items = d.get("rows") or d.get("results") if isinstance(d, dict) else d
         if isinstance(d, dict) and items is None:
@@ -188,12 +196,17 @@ def _eval_table(run_dir: Path) -> str:
             if isinstance(r, dict):
                 rows.append({"file": f.name, **{k: v for k, v in r.items()
                                                   if isinstance(v, (int, float, str, bool))}})
-    if not rows:
+    parts = []
+    if results:
+        parts.append(markdown(sorted(results, key=lambda r: (str(r.get("arm")), r.get("step", 0)))))
+    if rows:
+        keys = list(dict.fromkeys(k for r in rows for k in r))
+        lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+        lines += ["| " + " | ".join(str(r.get(k, "")) for k in keys) + " |" for r in rows]
+        parts.append("\n".join(lines))
+    if not parts:
         return "_no eval results recorded in this run_\n"
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(str(r.get(k, "")) for k in keys) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+    return "\n\n".join(parts).rstrip() + "\n"
 
 
 def model_card(run_dir: Path, manifest: dict, hf_config: dict) -> str:

@@ -88,3 +88,24 @@ def test_checksum_is_checked_when_the_listing_has_one(repo, tmp_path):
 def test_no_include_is_refused(repo, tmp_path):
     with pytest.raises(HubError, match="include"):
         download(LocalRepo(repo), [], tmp_path / "dl")
+
+
+def test_model_card_shows_the_harness_eval_results(tmp_path):
+    """The card's eval table is built from the run's real eval/step_<N>.json (megablu.eval/1):
+    arm x length accuracies per evaluated step, not the files' metadata."""
+    from megablu.config.schema import EvalConfig
+    from megablu.eval.report import make_result, write_artifacts, write_result
+    from megablu.hub import model_card
+
+    run = tmp_path / "ext-0001"
+    for step, acc in ((2, {1024: 100.0, 4096: 50.0}), (4, {1024: 100.0, 4096: 75.0})):
+        cells = [{"task": "passkey", "length": L, "n": 4, "correct": round(a * 4 / 100), "acc_pp": a,
+                  "ci_pp": [0.0, 100.0], "digest": "d"} for L, a in acc.items()]
+        res = make_result(cells, [{"task": "passkey"}], arm=run.name, step=step, window=8192,
+                          eval_cfg=EvalConfig(lengths=list(acc)), tokenizer_identity="t", sp=1)
+        write_result(res, run / "eval" / f"step_{step}.json")
+        write_artifacts(res, run / "eval", step, plot=False)
+    card = model_card(run, {"run_id": run.name, "step": 4}, {"architectures": ["LlamaForCausalLM"]})
+    assert "| arm | 1024 | 4096 | pp/doubling [95%] | eff. length |" in card
+    assert "| ext-0001@2 | 100.0 | 50.0 |" in card and "| ext-0001@4 | 100.0 | 75.0 |" in card
+    assert "created_utc" not in card and "no eval results" not in card
