@@ -56,18 +56,21 @@ def _eval(args) -> int:
 
     device, dtype = _device_and_dtype(cfg)
     try:
-        model = _load_model(args, cfg)
+        model, prov = _load_model(args, cfg, tok.identity)
     except Exception as e:  # CLI boundary: any failure to build the model is invalid input, reported
         print(f"megablu eval: cannot load weights: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     model = model.to(device=device, dtype=dtype).eval()
 
     step = args.step if args.step is not None else _step_from_path(args.ckpt or args.hf or "")
+    step = prov.get("step") if step is None else step
     if step is None:
         print("megablu eval: cannot tell the step from the checkpoint path; pass --step", file=sys.stderr)
         return 2
-    arm = args.arm or cfg.name
-    out = Path(args.out) if args.out else Path(cfg.runs_dir) / cfg.name / "eval"
+    # a checkpoint of a run: results go where the trainer's auto-eval puts them, under the run's id
+    run = _run_dir_of(Path(args.ckpt)) if args.ckpt else None
+    arm = args.arm or (run.name if run else cfg.name)
+    out = Path(args.out) if args.out else (run / "eval" if run else Path(cfg.runs_dir) / cfg.name / "eval")
     eval_cfg = cfg.eval
     if args.lengths:
         eval_cfg = eval_cfg.model_copy(update={"lengths": args.lengths})
@@ -89,7 +92,16 @@ def _eval(args) -> int:
     return 0
 
 
-def _load_model(args, cfg):
+def _run_dir_of(ckpt: Path):
+    """The run dir holding a checkpoint (a run dir, runs/<id>/checkpoints/step_N, or a file in it), else None."""
+    d = ckpt if ckpt.is_dir() else ckpt.parent
+    if (d / "checkpoints").is_dir() and not (d / "manifest.json").exists():
+        return d
+    return d.parent.parent if d.parent.name == "checkpoints" else None
+
+
+def _load_model(args, cfg, tokenizer: str):
+    """(BluModel with the weights, their provenance {tokenizer, run_id, step} or {})."""
     from ..model.decoder import BluModel
 
     if bool(args.ckpt) == bool(args.hf):
@@ -107,12 +119,12 @@ def _load_model(args, cfg):
             raise ValueError(f"--hf model shape {m_cfg} differs from the config's model section {cfg.model}")
         model = BluModel(cfg.model, cfg.rope)   # the config's rope (e.g. YaRN) over the HF weights
         model.load_state_dict(from_hf(hf).state_dict())
-        return model
+        return model, {}
     from ..train.checkpoint import load_weights  # another area's module: imported only when needed
 
     model = BluModel(cfg.model, cfg.rope)
-    load_weights(model, args.ckpt)
-    return model
+    prov = load_weights(model, args.ckpt, tokenizer=tokenizer)   # refuses weights of another tokenizer
+    return model, prov
 
 
 def _compare(args) -> int:
@@ -170,8 +182,8 @@ def register(sub) -> None:
     e.add_argument("--hf", help="a transformers Llama/Qwen2 directory instead of --ckpt (imported with from_hf)")
     e.add_argument("--set", action="append", default=[], metavar="a.b=v", help="config override (repeatable)")
     e.add_argument("--step", type=int, help="step recorded in the result (default: parsed from --ckpt)")
-    e.add_argument("--arm", help="arm name in reports (default: config name)")
-    e.add_argument("--out", help="output dir (default: <runs_dir>/<name>/eval)")
+    e.add_argument("--arm", help="arm name in reports (default: the checkpoint's run id, else the config name)")
+    e.add_argument("--out", help="output dir (default: the checkpoint's <run>/eval, else <runs_dir>/<name>/eval)")
     e.add_argument("--lengths", type=int, nargs="+", help="override eval.lengths")
     e.add_argument("--n", type=int, help="override eval.n")
     e.add_argument("--gate-parent", help="parent result (json, run dir, or RUN@STEP); default eval.gate.parent")

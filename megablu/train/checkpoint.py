@@ -802,9 +802,26 @@ def resolve_weights(path: PathLike) -> tuple[list[Path], Optional[dict]]:
 
 def read_weights(path: PathLike) -> dict[str, torch.Tensor]:
     """State dict in BluModel names (HF `model.` prefix stripped, aliases restored)."""
+    return read_weights_and_provenance(path)[0]
+
+
+def _provenance(first: Path, m: Optional[dict]) -> dict:
+    """tokenizer / run_id / step recorded beside the weights: the step's manifest, or an export's
+    megablu_export.json (also for a weights file given inside such a dir); {} for foreign weights."""
+    if m is None:
+        d = first.parent
+        if (d / MANIFEST).is_file():
+            m = read_manifest(d)
+        elif (d / "megablu_export.json").is_file():
+            m = json.loads((d / "megablu_export.json").read_text())
+    return {k: m.get(k) for k in ("tokenizer", "run_id", "step")} if m else {}
+
+
+def read_weights_and_provenance(path: PathLike) -> tuple[dict[str, torch.Tensor], dict]:
+    """(read_weights(path), _provenance of those weights)."""
     from safetensors import safe_open
 
-    files, _ = resolve_weights(path)
+    files, m = resolve_weights(path)
     sd: dict[str, torch.Tensor] = {}
     for f in files:
         with safe_open(str(f), framework="pt") as h:
@@ -817,16 +834,22 @@ def read_weights(path: PathLike) -> dict[str, torch.Tensor]:
     for k, v in sd.items():
         k2 = k[len("model."):] if k.startswith("model.") else k
         out[k2] = v
-    return out
+    return out, _provenance(files[0], m)
 
 
 @torch.no_grad()
-def load_weights(model: torch.nn.Module, path: PathLike) -> None:
+def load_weights(model: torch.nn.Module, path: PathLike, tokenizer: Optional[str] = None) -> dict:
     """init_from: copy weights into model; names and shapes must match exactly.
 
-    A tied lm_head may be absent from the file (HF exports omit it).
+    A tied lm_head may be absent from the file (HF exports omit it). `tokenizer` (an identity)
+    must equal the one recorded with the weights, when they record one: embeddings trained
+    with another tokenizer have the right shape and mean nothing. Returns the provenance
+    {tokenizer, run_id, step} ({} for weights megablu did not write).
     """
-    sd = read_weights(path)
+    sd, prov = read_weights_and_provenance(path)
+    if tokenizer is not None and prov.get("tokenizer") not in (None, tokenizer):
+        raise CheckpointError(f"{path}: weights trained with tokenizer {prov['tokenizer']!r}, but the tokenizer "
+                              f"here is {tokenizer!r}; configure the tokenizer the weights were trained with")
     own = model.state_dict(keep_vars=True)
     tied = {k for k in own if k == "lm_head.weight" and "embed_tokens.weight" in own
             and own[k].data_ptr() == own["embed_tokens.weight"].data_ptr()}
@@ -840,3 +863,4 @@ def load_weights(model: torch.nn.Module, path: PathLike) -> None:
     for k, t in own.items():
         if k in sd:
             t.copy_(sd[k].to(t.dtype))
+    return prov

@@ -97,3 +97,39 @@ def test_compare_joins_cells_measured_separately(tmp_path, capsys):
     assert "| a@1 | 90.0 | 70.0 | -10.0 [" in capsys.readouterr().out
     assert main(["compare", str(tmp_path / "a4096.json"), str(tmp_path / "clash.json")]) == 2
     assert "two different results for passkey@4096" in capsys.readouterr().err
+
+
+def _ckpt_step(run, step, tokenizer):
+    """A published checkpoint step as the trainer writes it (weights + self-checksummed manifest)."""
+    from megablu.train.checkpoint import _manifest_digest, save_weights, sha256_file
+
+    d = run / "checkpoints" / f"step_{step:07d}"
+    d.mkdir(parents=True)
+    save_weights({k: v.contiguous() for k, v in tiny_model(seed=3).state_dict().items()}, d / "model.safetensors")
+    f = d / "model.safetensors"
+    m = {"format": 1, "run_id": run.name, "step": step, "tokenizer": tokenizer, "zero_partitions": 0,
+         "files": {"model.safetensors": {"size": f.stat().st_size, "sha256": sha256_file(f)}}}
+    m["manifest_sha256"] = _manifest_digest(m)
+    (d / "manifest.json").write_text(json.dumps(m))
+    return d
+
+
+def test_eval_of_a_run_checkpoint_checks_tokenizer_and_writes_into_the_run(tmp_path, capsys):
+    """`megablu eval --ckpt runs/<id>/checkpoints/step_N`: results land in runs/<id>/eval/step_N.json
+    under the run id (where the trainer's auto-eval writes, so compare merges them), and weights
+    recorded with another tokenizer are refused (exit 2) instead of scoring garbage."""
+    from megablu.data.tokenizer import ByteTokenizer
+
+    cfg = _config(tmp_path)
+    run = tmp_path / "runs" / "tiny-0003"
+    step = _ckpt_step(run, 5, ByteTokenizer().identity)
+    assert main(["eval", "--config", str(cfg), "--ckpt", str(step), "--no-plot"]) == 0
+    assert "| tiny-0003@5 |" in capsys.readouterr().out
+    assert json.loads((run / "eval" / "step_5.json").read_text())["arm"] == "tiny-0003"
+    other = _ckpt_step(tmp_path / "runs" / "tiny-0004", 7, "tiktoken:cl100k_base:223921b76ee99bde")
+    for path in (other, other / "model.safetensors", other.parents[1]):   # step dir, its file, the run dir
+        assert main(["eval", "--config", str(cfg), "--ckpt", str(path), "--no-plot"]) == 2
+        err = capsys.readouterr().err
+        assert "weights trained with tokenizer 'tiktoken:cl100k_base:223921b76ee99bde'" in err
+        assert ByteTokenizer().identity in err
+    assert not (tmp_path / "runs" / "tiny-0004" / "eval").exists()
