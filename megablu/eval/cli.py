@@ -77,7 +77,14 @@ def _eval(args) -> int:
     if args.n:
         eval_cfg = eval_cfg.model_copy(update={"n": args.n})
     try:
-        parent = load_result(args.gate_parent) if args.gate_parent else None
+        gate_src = args.gate_parent or eval_cfg.gate.parent
+        parent = load_result(gate_src) if gate_src else None
+        if parent is not None:   # a parent the gate cannot use is found now, not after the generation
+            from .gate import parent_problems
+
+            problems = parent_problems(parent, eval_cfg.gate, eval_cfg.tasks)
+            if problems:
+                raise EvalError("; ".join(problems))
         res = run_eval(model, tok, eval_cfg, cfg.data.window, step=step, out_dir=out, rank=0, arm=arm,
                        parent=parent, batch_tokens=args.batch_tokens, plot=not args.no_plot)
     except EvalError as e:

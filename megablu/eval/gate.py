@@ -23,6 +23,22 @@ class GateResult:
         return {"passed": self.passed, "message": self.message, "checks": self.checks}
 
 
+def parent_problems(parent: dict, gate_cfg, tasks) -> list[str]:
+    """Why `parent` cannot gate an eval of `tasks` ([] if it can): check_gate fails as unchecked
+    a parent that shares no task with the arm, or lacks a short length of a shared task. A
+    caller about to spend hours on generation (or on training) asks this first."""
+    have = {(c["task"], c["length"]) for c in parent.get("cells", [])}
+    name = parent.get("_path") or f"{parent.get('arm')}@{parent.get('step')}"
+    shared = [t for t in dict.fromkeys(tasks) if any(t == h for h, _ in have)]
+    missing = [f"{t}@{L}" for t in shared for L in gate_cfg.short_lengths if (t, L) not in have] if shared \
+        else [f"any of the tasks {list(dict.fromkeys(tasks))}"]
+    if not missing:
+        return []
+    return [f"gate parent {name} has no result for {', '.join(missing)} (it has "
+            f"{', '.join(f'{t}@{L}' for t, L in sorted(have)) or 'nothing'}), so the gate could not be checked; "
+            f"evaluate the parent at eval.gate.short_lengths {list(gate_cfg.short_lengths)} first"]
+
+
 def check_gate(result: dict, parent: dict, gate_cfg) -> GateResult:
     """gate_cfg: megablu.config.schema.GateConfig (short_lengths, margin_pp)."""
     margin = float(gate_cfg.margin_pp)

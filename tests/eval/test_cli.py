@@ -133,3 +133,15 @@ def test_eval_of_a_run_checkpoint_checks_tokenizer_and_writes_into_the_run(tmp_p
         assert "weights trained with tokenizer 'tiktoken:cl100k_base:223921b76ee99bde'" in err
         assert ByteTokenizer().identity in err
     assert not (tmp_path / "runs" / "tiny-0004" / "eval").exists()
+
+
+def test_eval_refuses_a_gate_parent_without_the_short_lengths(tmp_path, capsys):
+    write_result(_res("l2", 400, {4096: 80, 8192: 62}), tmp_path / "l2.json")
+    cfg = _config(tmp_path, {"gate": {"parent": str(tmp_path / "l2.json"), "short_lengths": [300]}})
+    ck = tmp_path / "step_5" / "model.safetensors"
+    ck.parent.mkdir()
+    from safetensors.torch import save_file
+    save_file({k: v.contiguous() for k, v in tiny_model(seed=3).state_dict().items()}, str(ck))
+    assert main(["eval", "--config", str(cfg), "--ckpt", str(ck), "--no-plot"]) == 2
+    assert "has no result for passkey@300" in capsys.readouterr().err
+    assert not (tmp_path / "runs" / "tiny" / "eval" / "step_5.json").exists()   # nothing was generated

@@ -35,3 +35,20 @@ def test_unchecked_short_length_fails():
     assert not g.passed and "cannot check passkey@1024 (arm has no result)" in g.message
     g = check_gate(result("x", {1024: 95.0, 4096: 80.0}, task="needle"), PARENT, GATE)
     assert not g.passed and "cannot check any task" in g.message
+
+
+def test_parent_problems_predicts_an_unchecked_gate():
+    """parent_problems (asked before hours of generation) names exactly what check_gate would
+    fail as unchecked: the seed's l2 arm was evaluated at 4096/8192/16360 only, so it cannot
+    gate the 32k extension's 1024 check."""
+    from megablu.eval.gate import parent_problems
+
+    perfect = result("arm", {1024: 100.0, 4096: 100.0})
+    assert parent_problems(PARENT, GATE, ["passkey"]) == [] and check_gate(perfect, PARENT, GATE).passed
+    l2 = result("l2", {4096: 80.0, 8192: 62.0, 16360: 35.0})
+    (msg,) = parent_problems(l2, GATE, ["passkey"])
+    assert "l2@0 has no result for passkey@1024 (it has passkey@4096, passkey@8192, passkey@16360)" in msg
+    assert not check_gate(perfect, l2, GATE).passed
+    (msg,) = parent_problems(l2, GATE, ["needle"])
+    assert "no result for any of the tasks ['needle']" in msg
+    assert parent_problems(l2, GateConfig(short_lengths=[4096]), ["passkey", "needle"]) == []
