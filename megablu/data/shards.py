@@ -267,6 +267,22 @@ def select_shards(manifest: dict, bucket: str, split: str, root="") -> list[dict
     return [e for e in manifest["shards"] if e["bucket"] in want and e["split"] == split]
 
 
+def _hash_problems(root: Path, entry: dict, named: list[str]) -> list[str]:
+    """sha256 of each of the shard's files against the manifest, except files already in `named`."""
+    errs = []
+    for rel, want in entry.get("sha256", {}).items():
+        f = root / rel
+        if any(e.startswith(f"{f}: ") for e in named):
+            continue
+        if not f.is_file():
+            errs.append(f"{f}: missing (listed in {root / MANIFEST})")
+            continue
+        got = sha256_file(f)
+        if got != want:
+            errs.append(f"{f}: sha256 {got[:16]}... != manifest {want[:16]}... (corrupted or modified)")
+    return errs
+
+
 def verify_shard(root: Path, entry: dict, dtype: str, check_hash: bool = True,
                  vocab_size: Optional[int] = None) -> list[str]:
     """Problems with one shard, each naming the file; [] if it is sound."""
@@ -276,8 +292,8 @@ def verify_shard(root: Path, entry: dict, dtype: str, check_hash: bool = True,
     for f in (tok, idx):
         if not f.is_file():
             errs.append(f"{f}: missing (listed in {root / MANIFEST})")
-    if errs:
-        return errs
+    if errs:  # the shard's other files are still checked, so every bad file is named
+        return errs + (_hash_problems(root, entry, errs) if check_hash else [])
     n_tok, n_doc = int(entry["n_tokens"]), int(entry["documents"])
     size = tok.stat().st_size
     if size != n_tok * item:
@@ -296,15 +312,8 @@ def verify_shard(root: Path, entry: dict, dtype: str, check_hash: bool = True,
             errs.append(f"{idx}: offsets run {int(off[0])}..{int(off[-1])}, expected 0..{n_tok} (index/token mismatch)")
         elif n_doc and np.any(np.diff(off.astype(np.int64)) <= 0):
             errs.append(f"{idx}: offsets are not strictly increasing (an empty or negative-length document)")
-    if check_hash and not errs:
-        for rel, want in entry.get("sha256", {}).items():
-            f = root / rel
-            if not f.is_file():
-                errs.append(f"{f}: missing (listed in {root / MANIFEST})")
-                continue
-            got = sha256_file(f)
-            if got != want:
-                errs.append(f"{f}: sha256 {got[:16]}... != manifest {want[:16]}... (corrupted or modified)")
+    if check_hash:
+        errs += _hash_problems(root, entry, errs)
     if vocab_size is not None and not errs and n_tok:
         mx = int(np.memmap(tok, dtype=np.dtype(dtype).newbyteorder("<"), mode="r").max())
         if mx >= vocab_size:

@@ -202,3 +202,20 @@ def test_jsonl_not_utf8_and_gzip(tmp_path):
         f.write('{"text": "héllo"}\n\n{"text": "wörld!"}\n')
     m = build_dataset([Source(str(good))], BYTE, tmp_path / "o", workers=1, progress=False, val_fraction=0)
     assert m["counts"]["b0"]["train"] == {"documents": 2, "tokens": len("héllo".encode()) + len("wörld!".encode())}
+
+
+def test_verify_names_every_bad_file_of_a_shard(ds, capsys):
+    """A truncated .tok does not hide a damaged .meta.jsonl of the same shard, nor a missing .tok
+    its damaged .idx: `data verify` lists every bad file (exit 2)."""
+    a, b = _shard(ds, "b1"), _shard(ds, "b2")
+    (ds / a["tokens"]).write_bytes((ds / a["tokens"]).read_bytes()[:-4])
+    (ds / a["meta"]).write_text((ds / a["meta"]).read_text().replace("CC0", "CC1"))
+    (ds / b["tokens"]).unlink()
+    off = np.fromfile(ds / b["index"], dtype="<u8")
+    off[0] = 1
+    off.tofile(ds / b["index"])
+    bad = [ds / a["tokens"], ds / a["meta"], ds / b["tokens"], ds / b["index"]]
+    errs = verify_dataset(ds)
+    assert len(errs) == 4 and all(any(x.startswith(f"{f}: ") for x in errs) for f in bad), errs
+    rc, err = _verify_cli(ds, capsys)
+    assert rc == 2 and all(str(f) in err for f in bad) and "4 problem(s)" in err
