@@ -58,6 +58,9 @@ TMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".trash-"
 FORMAT_VERSION = 1
 _STEP_RE = re.compile(r"^step_(\d{7,})$")
+# config-derived meta fields worth naming when a resume's config hash differs (dp and world
+# size are left out: they follow the launch, and a world-size change is resharded)
+_CONFIG_META = ("sp", "zero_stage", "model", "rope", "window")
 # files that may sit in a step dir without being in its manifest
 _UNLISTED_OK = {MANIFEST, PIN}
 
@@ -678,6 +681,22 @@ class CheckpointManager:
                 hint = ("a checkpoint is only valid with the tokenizer it was trained with" if key == "tokenizer"
                         else "resume with the run's config.resolved.yaml, pass allow_config_change=True "
                              "for a deliberate change, or use init_from (weights only)")
+                if key == "config_hash":
+                    # name what differs among the fields the manifest records (a changed sp or
+                    # ZeRO stage is the usual reason; the hash alone says nothing)
+                    saved, now = m.get("meta") or {}, _jsonable(self.meta)
+                    diff = []
+                    for k in _CONFIG_META:
+                        a, b = saved.get(k), now.get(k)
+                        if k not in saved or k not in now or a == b:
+                            continue
+                        if isinstance(a, dict) and isinstance(b, dict):   # model/rope: the fields that differ
+                            diff += [f"{k}.{j} saved {a.get(j)!r}, now {b.get(j)!r}"
+                                     for j in sorted(set(a) | set(b)) if a.get(j) != b.get(j)]
+                        else:
+                            diff.append(f"{k} saved {a!r}, now {b!r}")
+                    if diff:
+                        hint = "differs: " + "; ".join(diff) + "; " + hint
                 raise CheckpointError(f"checkpoint {key}={theirs!r} but this run has {key}={mine!r}; {hint}")
 
     def load(self, engine, path: PathLike, load_optimizer: bool = True, allow_config_change: bool = False) -> dict:

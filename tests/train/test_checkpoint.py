@@ -88,3 +88,22 @@ def test_read_weights_strips_hf_prefix(tmp_path):
     sd = {"model.norm.weight": torch.ones(4), "lm_head.weight": torch.zeros(2, 4)}
     save_weights(sd, tmp_path / "model.safetensors")
     assert sorted(read_weights(tmp_path / "model.safetensors")) == ["lm_head.weight", "norm.weight"]
+
+
+def test_config_hash_refusal_names_what_changed(tmp_path):
+    """A resume whose config hash differs says which recorded field changed (e.g. parallel.sp),
+    not only two opaque hashes."""
+    from megablu.train.checkpoint import CheckpointManager
+
+    meta = {"config_hash": "aaa", "tokenizer": "t", "dp": 1, "sp": 2, "zero_stage": 1,
+            "model": {"n_layers": 2, "d_model": 32}, "rope": {"theta": 1e4, "yarn": None}, "window": 512}
+    saved = {"config_hash": "aaa", "tokenizer": "t", "meta": dict(meta)}
+    mgr = CheckpointManager(tmp_path / "run-0001", keep=1, meta={**meta, "config_hash": "bbb", "sp": 1, "dp": 2,
+                                                                 "rope": {"theta": 1e4, "yarn": {"factor": 2.0}}})
+    with pytest.raises(CheckpointError) as e:
+        mgr.check_compatible(saved)
+    msg = str(e.value)
+    assert "config_hash='aaa' but this run has config_hash='bbb'" in msg
+    assert "sp saved 2, now 1" in msg and "rope.yarn saved None, now {'factor': 2.0}" in msg
+    assert "dp saved" not in msg and "model." not in msg          # unchanged fields are not listed
+    mgr.check_compatible(saved, allow_config_change=True)    # a deliberate change
