@@ -496,7 +496,9 @@ def _driver_main(argv: list[str]) -> None:
     # in init_distributed. A rank killed while that load rebuilds it (another session's
     # build flags change its version) leaves a stale lock in the shared torch_extensions
     # cache that hangs every later DeepSpeed start on the machine; the ranks here skip it.
-    deepspeed.comm.torch.build_shm_op = lambda: None
+    # (through sys.modules: the attribute `deepspeed.comm.torch` is the torch package itself,
+    # which deepspeed/comm imports under that name, so patching it there does nothing)
+    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     import megablu.train.checkpoint  # noqa: F401
     name = argv[0]
     base = Path(argv[1])
