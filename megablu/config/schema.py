@@ -185,6 +185,11 @@ class MemoryConfig(Section):
     recompute: Literal["none", "selective", "full"] = "none"
     loss_chunk: int = Field(default=0, ge=0, description="tokens per vocab-loss chunk; 0 = unchunked")
     ops: Literal["auto", "torch", "cuda"] = "auto"
+    mlp_tiles: int = Field(default=1, ge=1, description="sequence tiles of the SwiGLU MLP (one tile's "
+                           "(tokens, ffn) intermediates alive at a time, fwd and bwd); 1 = untiled")
+    offload_activations: bool = Field(default=False, description="each block's saved activations to pinned "
+                                      "host memory in the forward, prefetched back one block ahead in the "
+                                      "backward (CUDA side stream)")
 
 
 class GateConfig(Section):
@@ -333,6 +338,23 @@ def check_invariants(cfg: Config, world_size: Optional[int] = None,
         errs.append("train.dtype=bf16 on a CPU run: set train.dtype=fp32 (bf16 training is for GPUs)")
     if device == "cpu" and cfg.parallel.offload_optimizer:
         errs.append("parallel.offload_optimizer on a CPU run has no effect; set it false")
+
+    # Memory switches (model/tiled.py, model/offload.py).
+    mem = cfg.memory
+    rows = cfg.train.micro_batch * math.ceil(T / sp)       # tokens a rank's MLP tiles split
+    if mem.mlp_tiles > rows:
+        errs.append(f"memory.mlp_tiles={mem.mlp_tiles} > tokens per rank {rows} (train.micro_batch*ceil(data.window"
+                    f"/parallel.sp) = {cfg.train.micro_batch}*ceil({T}/{sp})): a tile needs at least one token; "
+                    f"set memory.mlp_tiles <= {rows}")
+    if mem.offload_activations and mem.recompute == "none" and mem.mlp_tiles == 1:
+        # the same GPU saving as selective (about two layers' saved sets stay on the GPU),
+        # for ~3x the host link traffic and host memory: the (T, ffn) intermediates
+        errs.append(f"memory.offload_activations with memory.recompute=none and memory.mlp_tiles=1 copies every "
+                    f"layer's (T, ffn) MLP intermediates ({3 * 2 * m.ffn_dim} B/token/layer in bf16) to host and "
+                    f"back each step; set memory.recompute=selective (or full), or memory.mlp_tiles >= 2")
+    if device == "cpu" and mem.offload_activations:
+        errs.append("memory.offload_activations on a CPU run has no effect (activations already live in host "
+                    "memory); set it false")
     return errs
 
 
@@ -346,4 +368,8 @@ def config_warnings(cfg: Config) -> list[str]:
         w.append("parallel.reduce_scatter=false only affects ZeRO stage 3")
     if cfg.eval.gate.parent is None and not (cfg.eval.at_steps or cfg.eval.final) and cfg.eval.lengths:
         w.append("eval.lengths set but neither eval.at_steps nor eval.final: no evaluation will run in training")
+    if cfg.memory.mlp_tiles > 1 and cfg.memory.recompute == "none":
+        w.append("memory.mlp_tiles>1 with memory.recompute=none: the tiles recompute the MLP anyway; "
+                 "recompute=selective with the same tiles saves h instead of the norm state and its output, "
+                 "for one more (cheap) norm")
     return w

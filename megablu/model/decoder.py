@@ -3,10 +3,16 @@
 Layout convention: activations are (B, T, d); attention works on (B, T, H, D) so that
 DeepSpeed's DistributedAttention (scatter heads, gather sequence) can wrap the inner
 kernel `Attention.core` unchanged (parallel/ulysses.py swaps it from outside).
+
+Memory switches (config `memory:`), all exact (same loss and gradients as the plain path):
+recompute none|selective|full (Block.forward), mlp_tiles (the SwiGLU MLP over sequence
+tiles, model/tiled.py) and offload_activations (saved activations to pinned host memory,
+model/offload.py).
 """
 from __future__ import annotations
 
 import math
+import contextlib
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -18,7 +24,9 @@ from torch.utils.checkpoint import checkpoint
 from .. import ops
 from ..config.schema import MemoryConfig, ModelConfig, RopeConfig
 from ..ops.cross_entropy import linear_cross_entropy
+from .offload import ActivationOffload
 from .rope import RotaryEmbedding
+from .tiled import tiled
 
 
 class RMSNorm(nn.Module):
@@ -121,30 +129,40 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(silu(gate(x)) * up(x)); over `tiles` sequence tiles when tiles > 1
+    (one tile's (rows, ffn) intermediates alive at a time, forward and backward)."""
 
-    def __init__(self, cfg: ModelConfig, impl: Optional[str] = None):
+    def __init__(self, cfg: ModelConfig, impl: Optional[str] = None, tiles: int = 1):
         super().__init__()
-        self.impl = impl
+        self.impl, self.tiles = impl, tiles
         self.gate_proj = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)
         self.up_proj = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)
         self.down_proj = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=False)
 
-    def forward(self, x):
+    def dense(self, x):
         return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x), impl=self.impl))
+
+    def forward(self, x):
+        if self.tiles <= 1:
+            return self.dense(x)
+        return tiled(self.dense, x, self.tiles, self.parameters())
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int, impl: Optional[str] = None):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, impl: Optional[str] = None, mlp_tiles: int = 1):
         super().__init__()
         self.impl = impl
         self.input_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps, impl)
         self.self_attn = Attention(cfg, layer_idx, impl)
         self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps, impl)
-        self.mlp = MLP(cfg, impl)
+        self.mlp = MLP(cfg, impl, mlp_tiles)
 
     def _mlp_part(self, h):
         return h + self.mlp(self.post_attention_layernorm(h))
+
+    def _norm_mlp(self, h):
+        """Row-wise: the second norm and the untiled MLP (the function tiled under selective)."""
+        return self.mlp.dense(self.post_attention_layernorm(h))
 
     def _attn_mlp(self, x, cos, sin, cache=None):
         a = self.self_attn(self.input_layernorm(x), cos, sin, cache)
@@ -153,15 +171,24 @@ class Block(nn.Module):
         y, h = ops.add_rms_norm(a, x, n.weight, n.eps, impl=self.impl)
         return h + self.mlp(y)
 
-    def forward(self, x, cos, sin, cache: Optional[KVCache] = None, recompute: str = "none"):
+    def forward(self, x, cos, sin, cache: Optional[KVCache] = None, recompute: str = "none",
+                offload: bool = False):
+        """`offload`: the caller offloads saved tensors (model/offload.py); checkpoints are then
+        reentrant, which saves their inputs with save_for_backward where the hooks see them
+        (the non-reentrant checkpoint holds them by Python reference, on the GPU)."""
         train = cache is None and torch.is_grad_enabled()
         if recompute == "full" and train:
-            return checkpoint(self._attn_mlp, x, cos, sin, use_reentrant=False)
+            return checkpoint(self._attn_mlp, x, cos, sin, use_reentrant=offload)
         if recompute == "selective" and train:
             # attention's inputs/outputs stay saved (attention is never recomputed); the
             # second norm, the MLP and its (B, T, ffn) intermediates are recomputed from h.
             h = x + self.self_attn(self.input_layernorm(x), cos, sin)
-            return checkpoint(self._mlp_part, h, use_reentrant=False)
+            if self.mlp.tiles > 1:
+                # the tiled MLP already rebuilds its tiles from its saved input: tiling the
+                # norm with it saves exactly h, with no checkpoint and no third MLP forward
+                ps = (self.post_attention_layernorm.weight, *self.mlp.parameters())
+                return h + tiled(self._norm_mlp, h, self.mlp.tiles, ps)
+            return checkpoint(self._mlp_part, h, use_reentrant=offload)
         return self._attn_mlp(x, cos, sin, cache)
 
 
@@ -186,8 +213,10 @@ class BluModel(nn.Module):
         impl = memory.ops  # auto: fused CUDA ops on GPU when built, pure torch otherwise
         self.recompute = memory.recompute
         self.loss_chunk = memory.loss_chunk
+        # saved activations of every block to pinned host memory (training steps only)
+        self.offload: Optional[ActivationOffload] = ActivationOffload() if memory.offload_activations else None
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.layers = nn.ModuleList(Block(cfg, i, impl) for i in range(cfg.n_layers))
+        self.layers = nn.ModuleList(Block(cfg, i, impl, memory.mlp_tiles) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps, impl)
         self.rotary = RotaryEmbedding(cfg.resolved_head_dim, rope)
         self.lm_head = LMHead(cfg.d_model, cfg.vocab_size)
@@ -225,8 +254,15 @@ class BluModel(nn.Module):
             position_ids = torch.arange(start, start + T, device=input_ids.device).expand(B, T)
         h = self.embed_tokens(input_ids)
         cos, sin = self.rotary(position_ids, h.dtype)
+        off = self.offload if cache is None and torch.is_grad_enabled() else None
+        if off is not None:
+            off.begin()
         for layer in self.layers:
-            h = layer(h, cos, sin, cache, self.recompute)
+            # cos/sin are shared by every layer: saved by reference, not copied per layer
+            with off.block(layer, keep=(cos, sin)) if off is not None else contextlib.nullcontext():
+                h = layer(h, cos, sin, cache, self.recompute, offload=off is not None)
+        if off is not None:
+            off.end()
         if labels is None and logits_index is not None:
             i = logits_index % T
             h = h[:, i:i + 1]

@@ -1,0 +1,278 @@
+"""memory.mlp_tiles and memory.offload_activations: same loss and every gradient as the plain
+path, under each recompute mode and both op paths; what goes to host; one tile alive.
+
+On CPU the offload runs with copy_cpu=True and min_bytes=0: every saved tensor it would move
+goes through the pack (host copy, dedup) and unpack (restore the view) path, without streams.
+ops="cuda" runs the CUDA ops' autograd Functions (which save other tensors: r/rstd, gate/up
+row views, cos/sin) with a torch stand-in for the compiled extension, so that path composes
+with tiles and offload on a GPU-less machine too. The streams are checked on a GPU (below).
+"""
+import collections
+import importlib
+import weakref
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from megablu.config.schema import MemoryConfig, ModelConfig, RopeConfig
+from megablu.model.decoder import BluModel
+from megablu.model.offload import MIN_BYTES, ActivationOffload
+from megablu.model.tiled import tile_bounds, tiled
+from megablu.ops.rope import rope_backward_reference, rope_reference
+from megablu.ops.swiglu import swiglu_backward_reference
+
+CFG = ModelConfig(n_layers=3, d_model=64, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=97)
+ROPE = RopeConfig(theta=10000.0)
+B, T = 2, 37                       # B*T = 74 rows: 3 tiles of 25, 25, 24
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+class TorchExt:
+    """The compiled extension's API (csrc/*/*.cpp) in torch: the kernels' closed forms."""
+
+    def __init__(self):
+        self.calls = collections.Counter()
+
+    def __getattribute__(self, name):
+        if name.endswith(("_fwd", "_bwd", "_apply")):
+            object.__getattribute__(self, "calls")[name] += 1
+        return object.__getattribute__(self, name)
+
+    def swiglu_fwd(self, gate, up):
+        return F.silu(gate) * up
+
+    def swiglu_bwd(self, grad, gate, up, packed):
+        dg, du = swiglu_backward_reference(grad, gate, up)
+        return [torch.cat([dg, du], -1)] if packed else [dg, du]
+
+    def rmsnorm_fwd(self, x, residual, weight, eps):
+        r = x + residual if residual is not None else x
+        rstd = torch.rsqrt(r.float().pow(2).mean(-1) + eps)
+        return [weight * (r.float() * rstd[:, None]).to(r.dtype), r, rstd]
+
+    def rmsnorm_bwd(self, gy, g_res, r, weight, rstd):
+        xhat = r.float() * rstd[:, None]
+        gw = gy.float() * weight.float()
+        dr = rstd[:, None] * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
+        if g_res is not None:
+            dr = dr + g_res.float()
+        return [dr.to(r.dtype), (gy.float() * xhat.to(r.dtype).float()).sum(0).to(weight.dtype)]
+
+    def rope_apply(self, q, k, cos, sin, backward):
+        return list((rope_backward_reference if backward else rope_reference)(q, k, cos, sin))
+
+
+@pytest.fixture
+def torch_ext_as_cuda(monkeypatch):
+    """ops="cuda" on CPU tensors: the ops' autograd Functions with TorchExt as the extension."""
+    fake = TorchExt()
+    for name in ("rope", "rmsnorm", "swiglu"):
+        mod = importlib.import_module(f"megablu.ops.{name}")
+        monkeypatch.setattr(mod, "ext", lambda: fake)
+        monkeypatch.setattr(mod, "resolve", lambda op, tensors, unsupported=None, impl=None:
+                            "torch" if impl == "torch" or unsupported else "cuda")
+    return fake
+
+
+def batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, CFG.vocab_size, (B, T + 1), generator=g)
+    labels = ids[:, 1:].clone()
+    labels[0, :5] = -100
+    return ids[:, :-1], labels
+
+
+def build(memory: MemoryConfig, min_bytes=0, device="cpu", dtype=torch.float32):
+    m = BluModel(CFG, ROPE, memory)
+    m.reset_parameters(seed=0)
+    m = m.to(device=device, dtype=dtype)
+    if m.offload is not None:
+        m.offload = ActivationOffload(min_bytes=min_bytes, copy_cpu=True)
+    return m
+
+
+def step(model, ids, labels, backwards=1):
+    s, n = model(ids, labels=labels)
+    loss = s / n
+    for i in range(backwards):
+        loss.backward(retain_graph=i + 1 < backwards)
+    return loss.detach(), {k: p.grad.detach().clone() for k, p in model.named_parameters()}
+
+
+def assert_same(got, ref, what):
+    torch.testing.assert_close(got[0], ref[0], msg=lambda m: f"{what} loss: {m}")
+    assert got[1].keys() == ref[1].keys()
+    for k in ref[1]:
+        torch.testing.assert_close(got[1][k], ref[1][k], msg=lambda m: f"{what} grad {k}: {m}")
+
+
+# --------------------------------------------------------------------------- gradient equality
+@pytest.mark.parametrize("ops", ["torch", "cuda"])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+@pytest.mark.parametrize("tiles,offload", [(3, False), (1, True), (3, True)])
+def test_switches_match_plain_path(request, ops, recompute, tiles, offload):
+    fake = request.getfixturevalue("torch_ext_as_cuda") if ops == "cuda" else None
+    ids, labels = batch()
+    ref = step(build(MemoryConfig(ops=ops)), ids, labels)
+    m = build(MemoryConfig(ops=ops, recompute=recompute, mlp_tiles=tiles, offload_activations=offload))
+    got = step(m, ids, labels)
+    assert_same(got, ref, f"ops={ops} recompute={recompute} tiles={tiles} offload={offload}")
+    if fake is not None:   # every kernel of the block ran, forward and backward
+        assert set(fake.calls) == {"rmsnorm_fwd", "rmsnorm_bwd", "rope_apply", "swiglu_fwd", "swiglu_bwd"}
+    if offload:
+        assert m.offload.host_bytes > 0
+
+
+@pytest.mark.parametrize("tiles", [2, 74, 200])      # 200 > B*T rows: one row per tile
+def test_tile_counts_match_plain_path(tiles):
+    ids, labels = batch(1)
+    ref = step(build(MemoryConfig()), ids, labels)
+    assert_same(step(build(MemoryConfig(mlp_tiles=tiles, loss_chunk=16)), ids, labels), ref, f"tiles={tiles}")
+
+
+def test_offload_survives_a_second_backward():
+    """retain_graph: a block's device copies are dropped after its last unpack; a second
+    backward fetches them from host again (grads double exactly)."""
+    ids, labels = batch(2)
+    ref = step(build(MemoryConfig()), ids, labels)
+    loss, grads = step(build(MemoryConfig(mlp_tiles=3, offload_activations=True)), ids, labels, backwards=2)
+    assert_same((loss, {k: g / 2 for k, g in grads.items()}), ref, "two backwards")
+
+
+def test_no_grad_forward_tiled_equals_plain_and_offload_idle():
+    ids, _ = batch(3)
+    with torch.no_grad():
+        ref = build(MemoryConfig())(ids)
+        m = build(MemoryConfig(mlp_tiles=4, offload_activations=True))
+        got = m(ids)
+    torch.testing.assert_close(got, ref)
+    assert m.offload.host_bytes == 0          # inference saves nothing: nothing offloaded
+
+
+# --------------------------------------------------------------------------- what goes to host
+def _host_bytes(memory: MemoryConfig, min_bytes=0):
+    m = build(memory, min_bytes=min_bytes)
+    ids, labels = batch()
+    s, n = m(ids, labels=labels)
+    hb = m.offload.host_bytes
+    (s / n).backward()
+    return hb
+
+
+def test_full_recompute_offloads_the_layer_inputs_only():
+    # one (B, T, d) fp32 input per layer; weights, cos/sin and nothing else
+    assert _host_bytes(MemoryConfig(recompute="full", offload_activations=True)) == CFG.n_layers * B * T * 64 * 4
+    assert _host_bytes(MemoryConfig(recompute="full", mlp_tiles=3, offload_activations=True)) == \
+        CFG.n_layers * B * T * 64 * 4
+
+
+def test_host_bytes_follow_the_recompute_mode():
+    none = _host_bytes(MemoryConfig(offload_activations=True))
+    none_tiled = _host_bytes(MemoryConfig(mlp_tiles=3, offload_activations=True))
+    sel = _host_bytes(MemoryConfig(recompute="selective", offload_activations=True))
+    sel_tiled = _host_bytes(MemoryConfig(recompute="selective", mlp_tiles=3, offload_activations=True))
+    full = _host_bytes(MemoryConfig(recompute="full", offload_activations=True))
+    ffn_rows = B * T * CFG.ffn_dim * 4
+    # untiled 'none' saves (T, ffn) MLP intermediates: at least gate, up and the product
+    assert none - none_tiled >= 3 * ffn_rows
+    # selective keeps h (the checkpoint's input, or the tiled norm+MLP's input): the same set
+    assert sel == sel_tiled
+    assert full < sel < none_tiled
+    # the nothing-small rule: at the default threshold this tiny model's storages all stay
+    assert max(sel, none) < MIN_BYTES * CFG.n_layers * 20
+    assert _host_bytes(MemoryConfig(recompute="selective", offload_activations=True), min_bytes=MIN_BYTES) == 0
+
+
+def test_offload_copies_a_storage_once_and_never_a_weight():
+    lin1, lin2 = torch.nn.Linear(16, 8), torch.nn.Linear(16, 8)
+    x = torch.randn(5, 16, requires_grad=True)
+    off = ActivationOffload(min_bytes=0, copy_cpu=True)
+    off.begin()
+    with off.block(torch.nn.ModuleList([lin1, lin2])):
+        y = torch.tanh(x)                          # saves its output y
+        out = lin1(y) + lin2(y.view(5, 16))        # both linears save y (or a view of it) and a weight
+    off.end()
+    assert off.host_bytes == y.numel() * 4         # y once; x is not saved; weights by reference
+    out.square().sum().backward()
+    gx, g1 = x.grad.clone(), lin1.weight.grad.clone()
+    x.grad = None
+    lin1.weight.grad = None
+    (lin1(torch.tanh(x)) + lin2(torch.tanh(x))).square().sum().backward()
+    torch.testing.assert_close(gx, x.grad)
+    torch.testing.assert_close(g1, lin1.weight.grad)
+
+
+# --------------------------------------------------------------------------- tiles
+def test_tile_bounds():
+    assert tile_bounds(74, 3) == [(0, 25), (25, 50), (50, 74)]
+    assert tile_bounds(2, 8) == [(0, 1), (1, 2)]
+    assert tile_bounds(0, 4) == []
+    assert tile_bounds(10, 1) == [(0, 10)]
+
+
+def test_one_tile_of_intermediates_alive_forward_and_backward():
+    """The (rows, ffn) intermediate of a tile is gone before the next tile's is made, in the
+    forward and in the backward's recompute; the forward saves the input only."""
+    torch.manual_seed(0)
+    w1 = (0.1 * torch.randn(96, 64)).requires_grad_()
+    w2 = (0.1 * torch.randn(64, 96)).requires_grad_()
+    alive, rows_seen = [], []
+
+    def fn(t):
+        assert all(r() is None for r in alive), "a previous tile's intermediate is still alive"
+        h = F.silu(t @ w1.t())                     # (rows, ffn)
+        alive.append(weakref.ref(h))
+        rows_seen.append(t.shape[0])
+        return h @ w2.t()
+
+    x = torch.randn(B, T, 64, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+        y = tiled(fn, x, 3, (w1, w2))
+    assert saved == [x.shape]                      # only the tiled input is saved for backward
+    alive.clear()
+    y.backward(torch.ones_like(y))
+    assert rows_seen == [25, 25, 24] * 2           # forward, then the backward's recompute
+    gx, g1, g2 = x.grad, w1.grad, w2.grad
+    x.grad = w1.grad = w2.grad = None
+    alive.clear()
+    fn(x.reshape(-1, 64)).backward(torch.ones(B * T, 64))
+    for a, b in ((gx, x.grad.view(B, T, 64)), (g1, w1.grad), (g2, w2.grad)):
+        torch.testing.assert_close(a, b)
+
+
+# --------------------------------------------------------------------------- GPU: the streams
+@cuda
+@pytest.mark.parametrize("recompute,tiles", [("none", 4), ("selective", 1), ("selective", 4), ("full", 4)])
+def test_cuda_streams_match_plain_path(recompute, tiles):
+    """Real side-stream copies and pinned memory (min_bytes=0: everything moves), fp32."""
+    ids, labels = (t.cuda() for t in batch())
+    ref = step(build(MemoryConfig(ops="torch"), device="cuda"), ids, labels)
+    m = build(MemoryConfig(ops="torch", recompute=recompute, mlp_tiles=tiles, offload_activations=True),
+              device="cuda")
+    m.offload = ActivationOffload(min_bytes=0)
+    got = step(m, ids, labels)
+    assert m.offload.host_bytes > 0
+    assert_same(got, ref, f"cuda recompute={recompute} tiles={tiles}")
+
+
+@cuda
+def test_cuda_offload_and_tiles_lower_the_peak():
+    cfg = ModelConfig(n_layers=4, d_model=256, n_heads=4, n_kv_heads=2, ffn_dim=1024, vocab_size=1000)
+    ids = torch.randint(0, 1000, (1, 8192), device="cuda")
+    peaks = {}
+    for name, mem in (("plain", MemoryConfig(recompute="selective", loss_chunk=1024)),
+                      ("tiles", MemoryConfig(recompute="selective", loss_chunk=1024, mlp_tiles=8)),
+                      ("offload", MemoryConfig(recompute="selective", loss_chunk=1024, offload_activations=True))):
+        m = BluModel(cfg, ROPE, mem).cuda()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        s, n = m(ids, labels=ids)
+        (s / n).backward()
+        torch.cuda.synchronize()
+        peaks[name] = torch.cuda.max_memory_allocated() - base
+        del m, s, n
+    assert peaks["tiles"] < peaks["plain"] and peaks["offload"] < peaks["plain"], peaks
