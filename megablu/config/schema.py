@@ -368,6 +368,9 @@ def config_warnings(cfg: Config) -> list[str]:
         w.append("parallel.reduce_scatter=false only affects ZeRO stage 3")
     if cfg.eval.gate.parent is None and not (cfg.eval.at_steps or cfg.eval.final) and cfg.eval.lengths:
         w.append("eval.lengths set but neither eval.at_steps nor eval.final: no evaluation will run in training")
+    if cfg.rope.yarn is not None and cfg.init_from and not (cfg.eval.final and cfg.eval.gate.parent):
+        w.append("a YaRN extension of init_from without eval.final and eval.gate.parent: nothing will tell whether "
+                 "it got worse at short context; set eval.final=true and eval.gate.parent=<the parent's eval json>")
     if cfg.memory.mlp_tiles > 1 and cfg.memory.recompute == "none":
         w.append("memory.mlp_tiles>1 with memory.recompute=none: the tiles recompute the MLP anyway; "
                  "recompute=selective with the same tiles saves h instead of the norm state and its output, "

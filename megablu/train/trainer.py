@@ -109,6 +109,11 @@ class Trainer:
         else:
             # CPU ranks share the cores: one rank per core-share, no oversubscription
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // (ranks_per_node or 1)))
+            # DeepSpeed JIT-builds a shared-memory all-reduce for CPU inference at init; training
+            # never uses it, and a build killed midway leaves a lock that hangs every later launch
+            ds_torch = sys.modules.get("deepspeed.comm.torch")
+            if ds_torch is not None and hasattr(ds_torch, "build_shm_op"):
+                ds_torch.build_shm_op = lambda: None
         deepspeed.init_distributed(dist_backend="nccl" if self.device == "cuda" else "gloo")
         return build_groups(self.cfg.parallel.sp, ranks_per_node)
 
@@ -145,7 +150,8 @@ class Trainer:
                     raise FileNotFoundError(f"init_from: run {src} has no verified checkpoint")
                 src = str(found)
             src = self._broadcast(src) if dist.is_initialized() else src
-            load_weights(model, src)
+            # embeddings trained with another tokenizer have the right shape and mean nothing
+            load_weights(model, src, tokenizer=self.tokenizer.identity)
             log.info("initialised weights from %s", src)
         return model
 
@@ -205,6 +211,12 @@ class Trainer:
         if self.resume:
             self._load_resume()
         self.metrics = MetricsWriter(self.run_dir, self.step) if _rank0() else None
+        if self.resume and self.step > 0 and self._eval_due(self.step):
+            # killed between the save of an eval step and its result: evaluate that step now
+            done = self._broadcast((self.run_dir / "eval" / f"step_{self.step}.json").exists())
+            if not done:
+                log.info("step %d was due an eval that did not finish before the stop: evaluating now", self.step)
+                self._evaluate()
 
     def _load_resume(self) -> None:
         from .checkpoint import CheckpointError, set_rng_state
@@ -328,10 +340,13 @@ class Trainer:
         self._maybe_checkpoint_and_eval(stopping=self.step == stop)
         return time.perf_counter() - t1
 
+    def _eval_due(self, s: int) -> bool:
+        return s in self.cfg.eval.at_steps or (s == self.cfg.train.max_steps and self.cfg.eval.final)
+
     def _maybe_checkpoint_and_eval(self, stopping: bool = False) -> None:
         cfg, s = self.cfg, self.step
         last = s == cfg.train.max_steps
-        do_eval = s in cfg.eval.at_steps or (last and cfg.eval.final)
+        do_eval = self._eval_due(s)
         every = cfg.checkpoint.every_steps
         if do_eval or (every and s % every == 0) or (last and cfg.checkpoint.save_final) or (stopping and not last):
             self.ckpt.save(self.engine, s, self._client_state(), pin=do_eval)
@@ -369,13 +384,21 @@ def preflight(cfg: Config, resume: Optional[str] = None) -> list[str]:
         problems.append(f"data.path: {cfg.data.path} has no manifest.json; build it with `megablu data build` "
                         f"or `megablu data import`")
     if cfg.eval.gate.parent:
+        from ..eval.gate import parent_problems
         from ..eval.prompts import EvalError
         from ..eval.report import load_result
 
         try:   # a gate that cannot be checked is found after hours of training otherwise
-            load_result(cfg.eval.gate.parent)
+            parent = load_result(cfg.eval.gate.parent)
+            problems += [f"eval.gate.parent: {p}" for p in parent_problems(parent, cfg.eval.gate, cfg.eval.tasks)]
         except EvalError as e:
             problems.append(f"eval.gate.parent: {e}")
+    from ..data.tokenizer import TokenizerError, load_tokenizer
+
+    try:   # every rank needs it, and the eval would build zero prompts without it
+        load_tokenizer(cfg.tokenizer)
+    except (TokenizerError, OSError) as e:
+        problems.append(f"tokenizer: {e}")
     if cfg.eval.haystack:
         from ..data.haystack import split_spec
 

@@ -121,7 +121,8 @@ def test_entry_rejects_before_any_rank_works(tmp_path):
 
 def test_entry_preflight_lists_every_missing_input(tmp_path):
     """Missing parent, data without a manifest, a gate parent that is no eval result, a haystack
-    that is no dataset: all listed at once, exit 2, before any rank or run dir exists."""
+    that is no dataset, a tokenizer file that is not there: all listed at once, exit 2, before
+    any rank or run dir exists."""
     (tmp_path / "data").mkdir()
     (tmp_path / "notes.json").write_text("{}")
     env = {"WORLD_SIZE": "2", "RANK": "0", "PATH": "/usr/bin:/bin"}
@@ -129,9 +130,22 @@ def test_entry_preflight_lists_every_missing_input(tmp_path):
                         "--set", f"runs_dir={tmp_path}/runs", "--set", f"init_from={tmp_path}/no_parent",
                         "--set", f"data.path={tmp_path}/data", "--set", f"eval.gate.parent={tmp_path}/notes.json",
                         "--set", f"eval.haystack={tmp_path}/nowhere@b2", "--set", "train.device=cpu",
+                        "--set", "tokenizer.kind=sentencepiece", "--set", "tokenizer.name=null",
+                        "--set", f"tokenizer.path={tmp_path}/gone.model",
                         "--set", "train.dtype=fp32"], capture_output=True, text=True, env=env)
     assert r.returncode == 2, r.stderr
-    for field in ("init_from:", "data.path:", "eval.gate.parent:", "eval.haystack:"):
+    for field in ("init_from:", "data.path:", "eval.gate.parent:", "eval.haystack:", "tokenizer:"):
         assert field in r.stderr, (field, r.stderr)
     assert "not a megablu eval result" in r.stderr and f"{tmp_path}/nowhere has no manifest.json" in r.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_extension_without_a_gate_is_warned():
+    from megablu.config import config_warnings
+
+    tiny = ROOT / "yaml_configs" / "tiny_cpu_ext.yaml"
+    cfg = load_config(tiny, ["init_from=runs/x"], world_size=2, device="cpu")
+    assert any("eval.gate.parent" in w for w in config_warnings(cfg))
+    gated = load_config(tiny, ["init_from=runs/x", "eval.final=true", "eval.gate.parent=runs/x",
+                               "eval.lengths=[232]", "eval.gate.short_lengths=[232]"], world_size=2, device="cpu")
+    assert not any("eval.gate.parent" in w for w in config_warnings(gated))

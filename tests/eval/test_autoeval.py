@@ -75,3 +75,31 @@ def test_final_gate_failure_fails_the_run_after_saving(tmp_path):
     assert summary["steps"] == 2 and "GATE FAILED" in summary["gate"]
     probe = json.loads((runs[0] / "probe.json").read_text())   # every run measures its first steps
     assert probe["steps_done"] == 2 and probe["tokens_per_s"] > 0 and probe["setup"]["window"] == 512
+
+
+def test_eval_step_killed_before_its_result_is_evaluated_on_resume(tmp_path):
+    """A stop between an eval step's checkpoint and its result (simulated: the result deleted)
+    is evaluated on resume before training goes on; a run whose result exists is not re-evaluated."""
+    from tests.train.test_resume import launch
+
+    stdlib = sysconfig.get_paths()["stdlib"]
+    data = tmp_path / "stdlib"
+    r = subprocess.run([sys.executable, "-m", "megablu.cli", "data", "build", "--input", f"{stdlib}/json",
+                        "--include", "*.py", "--tokenizer", "tiktoken_file:megablu:stdlib4k", "--out", str(data),
+                        "--no-progress", "--workers", "1"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    common = [f"runs_dir={tmp_path}/runs", f"data.path={data}", "parallel.sp=1", "train.micro_batch=1",
+              "train.tokens_per_step=512", "train.max_steps=4", "schedule.warmup_steps=1", "schedule.decay_start=2",
+              "checkpoint.every_steps=0", "data.max_epochs=100", "eval.lengths=[232]", "eval.n=2",
+              "eval.at_steps=[2]", "eval.final=false", "train.probe_steps=0"]
+    first = launch(1, common + ["train.stop_after=2"])
+    run = Path(first["run_dir"])
+    result = run / "eval" / "step_2.json"
+    assert result.is_file()
+    result.unlink()                                               # as if killed before the eval finished
+    for f in (run / "eval").glob("step_2.*"):
+        f.unlink()
+    resumed = launch(1, common, resume=str(run))
+    assert resumed["steps"] == 4
+    again = json.loads(result.read_text())
+    assert again["step"] == 2 and again["cells"][0]["n"] == 2
