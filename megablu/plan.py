@@ -24,6 +24,14 @@ grad_hidden (2d per token); unchunked it is three fp32 [T, V] (12 V B per token,
 HF's 1.29 MB/token with checkpointing, shared/device/README.md).
 Under Ulysses SP a rank holds T/sp tokens; the attention output is saved twice (before and
 after the all-to-all back) and kv heads replicated to a multiple of sp grow k and v.
+memory.mlp_tiles = n (model/tiled.py): the MLP's (T, ffn) tensors are never saved (its input
+is), and the backward rebuilds them one tile at a time: the ffn parts of the rebuilt working
+set and of the grads in flight shrink by n; + the tiled dx and fp32 weight-grad sums.
+memory.offload_activations (model/offload.py): the layers' saved sets live in pinned host
+memory (`host_gb`); on the GPU about two layers' sets remain (forward: the block running +
+one block's copies in flight; backward: the block running + the one prefetched), plus what
+is outside the blocks (final norm, RoPE tables, ids). Storages under 1 MiB stay on the GPU
+(rstd; ignored here).
 ZeRO shards over every rank that holds the same parameters (dp*sp = world; DeepSpeed
 partitions over its sequence-data-parallel group).
 """
@@ -68,6 +76,8 @@ class Setup:
     micro_batch: int = 1
     ops: str = "cuda"               # cuda: fused kernels (GPU default); torch: reference ops
     optimizer: bool = True          # False: fwd+bwd only (BENCHMARKS rows), grads kept bf16
+    mlp_tiles: int = 1              # memory.mlp_tiles
+    offload_activations: bool = False   # memory.offload_activations
 
     @classmethod
     def from_config(cls, cfg: Config, *, gpus: Optional[int] = None, window: Optional[int] = None,
@@ -79,7 +89,8 @@ class Setup:
                    zero_stage=p.zero_stage, offload_optimizer=p.offload_optimizer,
                    offload_params=p.offload_params, recompute=cfg.memory.recompute,
                    loss_chunk=cfg.memory.loss_chunk, micro_batch=cfg.train.micro_batch,
-                   ops=ops or ("torch" if cfg.memory.ops == "torch" else "cuda"))
+                   ops=ops or ("torch" if cfg.memory.ops == "torch" else "cuda"),
+                   mlp_tiles=cfg.memory.mlp_tiles, offload_activations=cfg.memory.offload_activations)
 
     @property
     def tokens_per_rank(self) -> int:
@@ -92,7 +103,9 @@ class Setup:
     def describe(self) -> str:
         off = "+opt-offload" if self.offload_optimizer else ""
         off += "+param-offload" if self.offload_params else ""
-        return (f"gpus={self.gpus} sp={self.sp} zero={self.zero_stage}{off} recompute={self.recompute} "
+        mem = f" mlp_tiles={self.mlp_tiles}" if self.mlp_tiles > 1 else ""
+        mem += " +act-offload" if self.offload_activations else ""
+        return (f"gpus={self.gpus} sp={self.sp} zero={self.zero_stage}{off} recompute={self.recompute}{mem} "
                 f"loss_chunk={self.loss_chunk} ops={self.ops}")
 
 
@@ -122,7 +135,12 @@ class Estimate:
     terms: dict            # name -> bytes (the peak's composition)
     phase: str             # which phase is the peak
     static: float          # bytes before the first step (params + optimizer states)
-    per_token: float       # bytes per token per rank of saved activations (after calibration)
+    per_token: float       # bytes per token per rank of saved activations on the GPU (after calibration)
+    host: float = 0.0      # pinned host bytes per rank for offloaded activations
+
+    @property
+    def host_gb(self) -> float:
+        return self.host / GB
 
     @property
     def allocated(self) -> float:
@@ -169,29 +187,65 @@ def layer_bytes_per_token(m: ModelConfig, ops: str, sp: int = 1) -> dict:
     mlp = (norm + BF16 * d                          # second norm + its output (gate/up input)
            + BF16 * F * (4 if ops == "torch" else 3))  # gate, up, (silu(gate)), down input
     return {"attn": attn, "mlp": mlp, "input": BF16 * d, "h": BF16 * d,
+            "mlp_ffn": BF16 * F * (4 if ops == "torch" else 3),   # the (T, ffn) part of "mlp"
             # grads in flight at the layer's worst point, the MLP backward: d(down input) and
             # d(gate), d(up) (3F) while the down input is already freed (-F), + the residual grad
             "bwd_extra": BF16 * (2 * F + d),
             "a2a": 3 * BF16 * (2 * q + 2 * kv) if sp > 1 else 0}
 
 
-def saved_per_token(m: ModelConfig, recompute: str, ops: str, sp: int = 1) -> float:
-    """Bytes per token per rank saved for backward over all layers + head + RoPE tables."""
-    lb = layer_bytes_per_token(m, ops, sp)
+def saved_per_layer(lb: dict, recompute: str, mlp_tiles: int = 1) -> float:
+    """Bytes per token one layer saves for backward (lb = layer_bytes_per_token)."""
     if recompute == "none":
-        # the layer input is kept by the first norm (as r, or as r.float() on the torch path)
-        per_layer = lb["attn"] + lb["mlp"]
-    elif recompute == "selective":
-        per_layer = lb["attn"] + lb["h"]
-    elif recompute == "full":
-        per_layer = lb["input"]
-    else:
-        raise ValueError(f"memory.recompute must be none|selective|full, got {recompute!r}")
+        # the layer input is kept by the first norm (as r, or as r.float() on the torch path);
+        # tiled, the MLP saves its input y only (in lb["mlp"] as the norm's output), not the ffn part
+        return lb["attn"] + lb["mlp"] - (lb["mlp_ffn"] if mlp_tiles > 1 else 0)
+    if recompute == "selective":
+        return lb["attn"] + lb["h"]      # tiled or not: the checkpoint / the tiled norm+MLP keeps h
+    if recompute == "full":
+        return lb["input"]
+    raise ValueError(f"memory.recompute must be none|selective|full, got {recompute!r}")
+
+
+def outside_layers_per_token(m: ModelConfig, ops: str) -> float:
+    """Saved bytes per token outside the blocks: final norm, RoPE tables, ids."""
     d, hd = m.d_model, m.resolved_head_dim
     final_norm = (FP32 * d + BF16 * d) if ops == "torch" else BF16 * d
     rope = 2 * BF16 * hd                            # cos, sin (B, T, D), shared by all layers
     ids = 3 * 8                                     # input ids, labels, positions (int64)
-    return m.n_layers * per_layer + final_norm + rope + ids
+    return final_norm + rope + ids
+
+
+OFFLOAD_RESIDENT_LAYERS = 2   # model/offload.py: the block running + one in flight / prefetched
+
+
+def saved_per_token(m: ModelConfig, recompute: str, ops: str, sp: int = 1, mlp_tiles: int = 1,
+                    offload: bool = False) -> float:
+    """Bytes per token per rank saved for backward on the GPU over all layers + head + RoPE tables."""
+    per_layer = saved_per_layer(layer_bytes_per_token(m, ops, sp), recompute, mlp_tiles)
+    layers = min(OFFLOAD_RESIDENT_LAYERS, m.n_layers) if offload else m.n_layers
+    return layers * per_layer + outside_layers_per_token(m, ops)
+
+
+def host_per_token(m: ModelConfig, recompute: str, ops: str, sp: int = 1, mlp_tiles: int = 1) -> float:
+    """Pinned host bytes per token per rank with memory.offload_activations: every layer's saved set."""
+    return m.n_layers * saved_per_layer(layer_bytes_per_token(m, ops, sp), recompute, mlp_tiles)
+
+
+def layer_working_set(lb: dict, recompute: str, mlp_tiles: int = 1) -> float:
+    """Bytes per token live at one layer's backward beyond the saved sets: what the recompute
+    rebuilds (the MLP's ffn part one tile at a time when tiled) + the grads in flight."""
+    n = max(1, mlp_tiles)
+    ffn, rest = lb["mlp_ffn"], lb["mlp"] - lb["mlp_ffn"]
+    if n == 1:
+        rebuilt = {"none": 0.0, "selective": lb["mlp"], "full": lb["attn"] + lb["mlp"]}[recompute]
+        return rebuilt + lb["bwd_extra"] + lb["a2a"]
+    rebuilt = {"none": ffn / n,                        # the tiles' ffn tensors
+               "selective": (rest + ffn) / n,          # norm + MLP rebuilt per tile
+               "full": lb["attn"] + rest + ffn / n}[recompute]
+    d2 = lb["h"]                                        # BF16 * d
+    grads = (lb["bwd_extra"] - d2) / n + d2 + d2        # ffn grads per tile + residual grad + tiled dx
+    return rebuilt + grads + lb["a2a"]
 
 
 def loss_bytes(m: ModelConfig, tokens: int, chunk: int) -> tuple[float, float]:
@@ -236,27 +290,32 @@ def estimate(s: Setup, calib: Optional[Calibration] = None) -> Estimate:
 
     # --- phases (activations scale with act_scale)
     a = calib.act_scale
-    per_tok = saved_per_token(m, s.recompute, s.ops, s.sp) * a
+    per_tok = saved_per_token(m, s.recompute, s.ops, s.sp, s.mlp_tiles, s.offload_activations) * a
     lb = layer_bytes_per_token(m, s.ops, s.sp)
     loss_const, loss_tok = loss_bytes(m, t, s.loss_chunk)
     fwd_end = per_tok * t + (loss_const + loss_tok * t) * a
-    rebuilt = {"none": 0.0, "selective": lb["mlp"], "full": lb["attn"] + lb["mlp"]}[s.recompute]
-    layer_ws = (rebuilt + lb["bwd_extra"] + lb["a2a"]) * a
-    bwd = per_tok * t + layer_ws * t
+    layer_ws = layer_working_set(lb, s.recompute, s.mlp_tiles) * a
+    # tiled: fp32 sums of the MLP weights' grads over tiles (model/tiled.py), one layer at a time
+    tile_acc = FP32 * 3 * m.d_model * m.ffn_dim if s.mlp_tiles > 1 else 0.0
+    bwd = per_tok * t + layer_ws * t + tile_acc
+    host = host_per_token(m, s.recompute, s.ops, s.sp, s.mlp_tiles) * a * t if s.offload_activations else 0.0
     step = FP32 * N / K if (s.optimizer and not s.offload_optimizer) else 0.0
     phases = {"forward end": fwd_end, "backward": bwd, "optimizer step": step}
     phase = max(phases, key=phases.get)
+    act = f"activations ({s.recompute}, " + (f"{min(OFFLOAD_RESIDENT_LAYERS, m.n_layers)} of {m.n_layers} layers "
+                                             f"on the GPU, rest on host)" if s.offload_activations
+                                             else f"{m.n_layers} layers)")
     if phase == "forward end":
-        terms[f"activations ({s.recompute}, {m.n_layers} layers)"] = per_tok * t
+        terms[act] = per_tok * t
         terms["loss" + (f" (chunk {s.loss_chunk})" if s.loss_chunk else " (unchunked fp32 [T, V])")] = \
             (loss_const + loss_tok * t) * a
     elif phase == "backward":
-        terms[f"activations ({s.recompute}, {m.n_layers} layers)"] = per_tok * t
+        terms[act] = per_tok * t
         terms["backward working set (one layer" + (" + all-to-all" if s.sp > 1 else "") + ")"] = \
             bwd - per_tok * t
     else:
         terms["optimizer step (fp32 grad partition)"] = step
-    return Estimate(setup=s, terms=terms, phase=phase, static=static, per_token=per_tok)
+    return Estimate(setup=s, terms=terms, phase=phase, static=static, per_token=per_tok, host=host)
 
 
 def flops_per_token(m: ModelConfig, window: int) -> float:
@@ -315,6 +374,11 @@ _COSTS = {  # rough relative step time, from docs/BENCHMARKS.md where measured (
     "zero_stage=3": 1.15,          # estimate
     "offload_optimizer": 1.3,      # estimate
     "offload_params": 2.0,         # estimate
+    # unmeasured until bench/train_bench.py --modes selective+tiles,selective+offload runs on
+    # the H200: tiles add no forward to selective (the tiles ARE its MLP recompute), only
+    # smaller GEMMs; the offload hides behind long-T attention if the host link keeps up
+    "mlp_tiles=8": 1.02,           # estimate
+    "offload_activations": 1.3,    # estimate (as offload_optimizer)
 }
 
 
@@ -341,13 +405,21 @@ def _apply(s: Setup, change: str) -> Optional[Setup]:
             if not s.offload_optimizer else None
     if change == "offload_params":
         return replace(s, offload_params=True, zero_stage=3) if not s.offload_params else None
+    if change == "mlp_tiles=8":
+        return replace(s, mlp_tiles=8) if s.mlp_tiles < 8 and s.tokens_per_rank >= 8 else None
+    if change == "offload_activations":
+        # config invariant: not with recompute=none and an untiled MLP
+        ok = not s.offload_activations and (s.recompute != "none" or s.mlp_tiles > 1)
+        return replace(s, offload_activations=True) if ok else None
     raise ValueError(change)
 
 
 def suggest(s: Setup, gpu_gb: float, calib: Optional[Calibration] = None,
-            max_gpus: int = 64) -> Optional[str]:
+            max_gpus: int = 64, host_gb: Optional[float] = None) -> Optional[str]:
     """The cheapest change (product of relative step costs) that makes `s` comfortable,
-    or failing that, fit; more GPUs (sp x2, x4 ...) only when no switch on these GPUs does."""
+    or failing that, fit; more GPUs (sp x2, x4 ...) only when no switch on these GPUs does.
+    host_gb: pinned host memory per GPU that offloaded activations may take (None: no limit);
+    a change that offloads activations says how much it needs."""
     import itertools
 
     changes = list(_COSTS)
@@ -366,10 +438,16 @@ def suggest(s: Setup, gpu_gb: float, calib: Optional[Calibration] = None,
                     cur = nxt
                 if not ok or (gi == 0 and not combo):
                     continue
-                frac = estimate(cur, calib).gpu_gb / gpu_gb
+                e = estimate(cur, calib)
+                if host_gb is not None and e.host_gb > host_gb:
+                    continue
+                frac = e.gpu_gb / gpu_gb
                 cost = math.prod(_COSTS[c] for c in combo)
-                desc = ", ".join([f"{g} GPUs (sp={cur.sp})"] * (gi > 0) + [f"parallel.{c}" if "offload" in c or
-                                  "zero" in c else f"memory.{c}" for c in combo])
+                desc = ", ".join([f"{g} GPUs (sp={cur.sp})"] * (gi > 0) + [
+                    f"parallel.{c}" if c in ("offload_optimizer", "offload_params") or c.startswith("zero")
+                    else f"memory.{c}" for c in combo])
+                if e.host:
+                    desc += f" [{e.host_gb:.0f} GB pinned host per GPU]"
                 for kind, lim in (("comfortable", COMFORTABLE), ("fits", 1.0)):
                     if frac <= lim and (kind not in best or (gi, cost) < best[kind][:2]):
                         best[kind] = (gi, cost, desc, frac)
@@ -399,8 +477,9 @@ def parse_tokens(text: str) -> list[int]:
 
 def fit_table(cfg: Config, gpus: list[int], windows: list[int], gpu_gb: float,
               calib: Optional[Calibration] = None, ops: Optional[str] = None,
-              sp: Optional[int] = None) -> list[dict]:
-    """One row per (gpus, window); sp = gpus, or a fixed sp (dp = gpus / sp; others skipped)."""
+              sp: Optional[int] = None, host_gb: Optional[float] = None) -> list[dict]:
+    """One row per (gpus, window); sp = gpus, or a fixed sp (dp = gpus / sp; others skipped).
+    host_gb: pinned host memory per GPU the suggestions may use for offloaded activations."""
     rows = []
     for g in gpus:
         if sp is not None and (g % sp or sp > g):
@@ -412,9 +491,10 @@ def fit_table(cfg: Config, gpus: list[int], windows: list[int], gpu_gb: float,
             frac = e.gpu_gb / gpu_gb
             v = verdict(frac)
             rows.append({"gpus": g, "sp": s.sp, "window": w, "tokens_per_rank": s.tokens_per_rank,
-                         "gb_per_gpu": e.gpu_gb, "frac": frac, "verdict": v, "limiting": e.limiting,
+                         "gb_per_gpu": e.gpu_gb, "host_gb_per_gpu": e.host_gb, "frac": frac, "verdict": v,
+                         "limiting": e.limiting,
                          "phase": e.phase,
-                         "suggestion": suggest(s, gpu_gb, calib) if v != "comfortable" else None})
+                         "suggestion": suggest(s, gpu_gb, calib, host_gb=host_gb) if v != "comfortable" else None})
     return rows
 
 
@@ -430,11 +510,17 @@ def format_table(rows: list[dict], gpu_gb: float) -> str:
     for r in rows:
         lines.append(f"| {r['gpus']} | {r['sp']} | {_fmt_tokens(r['window'])} | {r['tokens_per_rank']:,} | "
                      f"{r['gb_per_gpu']:.1f} | {r['frac']:.1%} | {r['verdict']} | {r['limiting']} |")
+    hosts = [r for r in rows if r.get("host_gb_per_gpu")]
+    if hosts:
+        lines.append("")
+        lines.append("Pinned host memory for offloaded activations (memory.offload_activations), per GPU: " +
+                     ", ".join(f"{r['gpus']} GPUs {_fmt_tokens(r['window'])}: {r['host_gb_per_gpu']:.1f} GB"
+                               for r in hosts))
     sugg = [r for r in rows if r["verdict"] != "comfortable"]
     if sugg:
         lines.append("")
         lines.append("Cheapest change to fit:")
         for r in sugg:
             lines.append(f"- {r['gpus']} GPUs, {_fmt_tokens(r['window'])}: "
-                         f"{r['suggestion'] or 'nothing in reach (more GPUs than 64, or offload of activations)'}")
+                         f"{r['suggestion'] or 'nothing in reach (more GPUs than 64)'}")
     return "\n".join(lines)

@@ -1,0 +1,97 @@
+"""The planner's terms for memory.mlp_tiles and memory.offload_activations: hand-checked bytes,
+GPU activations independent of depth when offloaded, the host memory they need, suggestions."""
+import pytest
+
+from megablu import plan
+from megablu.config import load_config
+from megablu.config.schema import ModelConfig
+
+BLU05B = ModelConfig(n_layers=36, d_model=1024, n_heads=16, n_kv_heads=4, ffn_dim=2816, vocab_size=100352)
+TINY = ModelConfig(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=1000)
+# TINY, cuda ops (test_plan.test_activation_terms_hand_checked): attn 660, mlp 1028 of which
+# the ffn part (gate, up, down input) 3*2*128 = 768; h = input = 2*64; outside the layers 216
+ATTN, MLP, FFN, H, OUT = 660, 1028, 768, 128, 2 * 64 + 2 * 2 * 16 + 24
+
+
+def test_hand_checked_parts():
+    lb = plan.layer_bytes_per_token(TINY, "cuda")
+    assert (lb["attn"], lb["mlp"], lb["mlp_ffn"], lb["h"]) == (ATTN, MLP, FFN, H)
+    assert plan.layer_bytes_per_token(TINY, "torch")["mlp_ffn"] == 4 * 2 * 128   # + silu(gate)
+    assert plan.outside_layers_per_token(TINY, "cuda") == OUT
+
+
+def test_tiles_drop_the_saved_ffn_part_only_without_recompute():
+    assert plan.saved_per_token(TINY, "none", "cuda", mlp_tiles=4) == 2 * (ATTN + MLP - FFN) + OUT
+    for r in ("selective", "full"):   # these never saved the ffn part
+        assert plan.saved_per_token(TINY, r, "cuda", mlp_tiles=4) == plan.saved_per_token(TINY, r, "cuda")
+
+
+def test_tiles_shrink_the_backward_working_set():
+    lb = plan.layer_bytes_per_token(TINY, "cuda")
+    # untiled full: the whole layer rebuilt + grads in flight 2*(2F + d)
+    assert plan.layer_working_set(lb, "full") == ATTN + MLP + 2 * (2 * 128 + 64)
+    # 4 tiles: attention + norm/y rebuilt, the ffn part per tile, ffn grads per tile, residual grad + dx
+    assert plan.layer_working_set(lb, "full", 4) == ATTN + (MLP - FFN) + FFN / 4 + 2 * 2 * 128 / 4 + H + H
+    assert plan.layer_working_set(lb, "selective", 4) == MLP / 4 + 2 * 2 * 128 / 4 + H + H
+    assert plan.layer_working_set(lb, "none", 4) == FFN / 4 + 2 * 2 * 128 / 4 + H + H
+    # blu-0.5b, full recompute, 1M tokens (the backward is the peak): 8 tiles save the
+    # working-set difference per token, minus the fp32 sums of the three MLP weights' grads
+    t = 1048576
+    e1, e8 = (plan.estimate(plan.Setup(BLU05B, t, recompute="full", loss_chunk=4096, mlp_tiles=n)) for n in (1, 8))
+    assert e1.phase == e8.phase == "backward" and e8.per_token == e1.per_token
+    lb = plan.layer_bytes_per_token(BLU05B, "cuda")
+    saved = (plan.layer_working_set(lb, "full") - plan.layer_working_set(lb, "full", 8)) * t - 4 * 3 * 1024 * 2816
+    assert e1.allocated - e8.allocated == pytest.approx(saved)
+    assert saved / 1e9 > 20
+
+
+def test_offload_gpu_activations_independent_of_depth_and_host_holds_all():
+    deep = TINY.model_copy(update={"n_layers": 8})
+    for m in (TINY, deep):
+        assert plan.saved_per_token(m, "selective", "cuda", offload=True) == 2 * (ATTN + H) + OUT
+        assert plan.host_per_token(m, "selective", "cuda") == m.n_layers * (ATTN + H)
+    assert plan.saved_per_token(deep, "full", "cuda", offload=True) == 2 * H + OUT
+    e = plan.estimate(plan.Setup(deep, 1024, recompute="full", loss_chunk=256, offload_activations=True))
+    assert e.host == 8 * H * 1024 and e.host_gb == pytest.approx(8 * H * 1024 / 1e9)
+    assert plan.estimate(plan.Setup(deep, 1024, recompute="full", loss_chunk=256)).host == 0
+
+
+def test_blu05b_at_1m_tokens_on_one_gpu():
+    def est(**kw):
+        return plan.estimate(plan.Setup(BLU05B, 1048576, loss_chunk=4096, **kw))
+
+    assert est(recompute="selective").gpu_gb > 141                  # 36 layers x 11 KB/token
+    off = est(recompute="selective", offload_activations=True)
+    assert off.gpu_gb < 0.8 * 141
+    # host: 36 layers x (attention half 9284 B + h 2048 B) per token
+    assert off.host_gb == pytest.approx(36 * (9284 + 2048) * 1048576 / 1e9)
+    tiled = est(recompute="selective", offload_activations=True, mlp_tiles=8)
+    assert tiled.gpu_gb < off.gpu_gb                                  # the MLP rebuild per tile
+    # full + offload keeps only the layer inputs on host (the ALST recipe)
+    assert est(recompute="full", offload_activations=True).host_gb == pytest.approx(36 * 2048 * 1048576 / 1e9)
+
+
+def test_setup_from_config_and_describe():
+    cfg = load_config("yaml_configs/l2.yaml", ["memory.mlp_tiles=8", "memory.offload_activations=true"])
+    s = plan.Setup.from_config(cfg, gpus=1, window=65536)
+    assert s.mlp_tiles == 8 and s.offload_activations
+    assert "mlp_tiles=8 +act-offload" in s.describe()
+
+
+def test_table_reports_host_memory_and_suggestion_respects_a_host_limit():
+    cfg = load_config("yaml_configs/l2.yaml", [])
+    rows = plan.fit_table(cfg, [1], plan.parse_tokens("1M"), 141.0)
+    assert "memory.offload_activations" in rows[0]["suggestion"] and "GB pinned host per GPU" in rows[0]["suggestion"]
+    limited = plan.fit_table(cfg, [1], plan.parse_tokens("1M"), 141.0, host_gb=10.0)
+    assert "offload_activations" not in (limited[0]["suggestion"] or "")
+    on = load_config("yaml_configs/l2.yaml", ["memory.offload_activations=true"])
+    rows = plan.fit_table(on, [1, 2], plan.parse_tokens("1M"), 141.0)
+    assert all(r["verdict"] == "comfortable" for r in rows)
+    text = plan.format_table(rows, 141.0)
+    assert "Pinned host memory for offloaded activations" in text and "1 GPUs 1M: 427.8 GB" in text
+
+
+def test_suggestions_obey_the_offload_invariant():
+    s = plan.Setup(BLU05B, 1048576, recompute="none", loss_chunk=4096)
+    assert plan._apply(s, "offload_activations") is None               # untiled MLP intermediates
+    assert plan._apply(plan._apply(s, "mlp_tiles=8"), "offload_activations").offload_activations
