@@ -2,11 +2,17 @@
 
 One fwd+bwd per measurement, bf16, batch 1, no optimizer (the baseline table in
 shared/device/README.md is measured the same way). For each (impl, mode, T):
-peak GB, MB/token (peak minus weights+grads, over T), step seconds, tokens/s, MFU.
+peak GB, MB/token (peak minus weights+grads, over T), step seconds, tokens/s, MFU, and for
+offloaded modes the bytes copied to pinned host memory per step (host GB).
 MFU counts model flops only (6 N per token + causal attention 6 L T H D), no recompute,
 against the H200's dense bf16 peak of 989 TF/s.
 
+A mode is `<recompute>[+tiles[N]][+offload]`: recompute none|selective|full, the MLP over N
+sequence tiles (memory.mlp_tiles; N defaults to --mlp-tiles), saved activations offloaded
+to pinned host memory (memory.offload_activations).
+
   python bench/train_bench.py --T 16384,32768 --modes none,selective,full --loss-chunk 4096 --hf
+  python bench/train_bench.py --T 32768,131072 --modes selective,selective+tiles,selective+offload,full+tiles+offload
 Writes $OUT/train_bench.json when OUT is set and prints a markdown table.
 """
 from __future__ import annotations
@@ -35,11 +41,25 @@ def flops_per_token(cfg: ModelConfig, T: int) -> float:
     return 6 * n + attn
 
 
-def build(impl: str, mode: str, T: int, loss_chunk: int, ops: str = "auto"):
+def parse_mode(mode: str, default_tiles: int = 8) -> dict:
+    """'selective+tiles16+offload' -> MemoryConfig fields (recompute, mlp_tiles, offload_activations)."""
+    recompute, *flags = mode.split("+")
+    out = {"recompute": recompute, "mlp_tiles": 1, "offload_activations": False}
+    for f in flags:
+        if f.startswith("tiles"):
+            out["mlp_tiles"] = int(f[5:]) if f[5:] else default_tiles
+        elif f == "offload":
+            out["offload_activations"] = True
+        else:
+            raise ValueError(f"mode {mode!r}: unknown flag {f!r} (tiles[N], offload)")
+    return out
+
+
+def build(impl: str, mode: str, T: int, loss_chunk: int, ops: str = "auto", mlp_tiles: int = 8):
     rope = RopeConfig(theta=500000.0, yarn=YarnConfig(factor=T / 16384, original_max_position=16384)) \
         if T > 16384 else RopeConfig(theta=500000.0)
     if impl == "megablu":
-        m = BluModel(BLU05B, rope, MemoryConfig(recompute=mode, loss_chunk=loss_chunk, ops=ops))
+        m = BluModel(BLU05B, rope, MemoryConfig(loss_chunk=loss_chunk, ops=ops, **parse_mode(mode, mlp_tiles)))
         return m.to("cuda", torch.bfloat16)
     import transformers
 
@@ -63,12 +83,13 @@ def step(model, impl: str, ids: torch.Tensor):
     return loss
 
 
-def measure(impl: str, mode: str, T: int, loss_chunk: int, iters: int, ops: str = "auto") -> dict:
+def measure(impl: str, mode: str, T: int, loss_chunk: int, iters: int, ops: str = "auto",
+            mlp_tiles: int = 8) -> dict:
     row = {"impl": impl if impl == "hf" else f"megablu/{ops}", "mode": mode, "T": T,
            "loss_chunk": loss_chunk if impl == "megablu" else None}
     model = None
     try:
-        model = build(impl, mode, T, loss_chunk, ops)
+        model = build(impl, mode, T, loss_chunk, ops, mlp_tiles)
         static = sum(p.numel() * p.element_size() * 2 for p in model.parameters())  # weights + grads
         ids = torch.randint(0, BLU05B.vocab_size, (1, T), device="cuda")
         step(model, impl, ids)  # warmup (cuDNN autotune, allocator)
@@ -83,8 +104,10 @@ def measure(impl: str, mode: str, T: int, loss_chunk: int, iters: int, ops: str 
             times.append(time.perf_counter() - t0)
         peak = torch.cuda.max_memory_allocated()
         dt = sorted(times)[len(times) // 2]
+        off = getattr(model, "offload", None)
         row.update(peak_gb=peak / 1e9, mb_per_token=(peak - static) / T / 1e6, step_s=dt, tokens_per_s=T / dt,
-                   mfu=flops_per_token(BLU05B, T) * T / dt / 1e12 / PEAK_TFLOPS)
+                   mfu=flops_per_token(BLU05B, T) * T / dt / 1e12 / PEAK_TFLOPS,
+                   host_gb=off.host_bytes / 1e9 if off is not None else 0.0)
     except torch.cuda.OutOfMemoryError:
         row.update(oom=True)
     finally:
@@ -97,7 +120,9 @@ def measure(impl: str, mode: str, T: int, loss_chunk: int, iters: int, ops: str 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--T", default="16384,32768")
-    p.add_argument("--modes", default="none,selective,full")
+    p.add_argument("--modes", default="none,selective,full",
+                   help="comma list of <recompute>[+tiles[N]][+offload], e.g. selective+tiles,full+tiles16+offload")
+    p.add_argument("--mlp-tiles", type=int, default=8, help="N of a bare '+tiles'")
     p.add_argument("--loss-chunk", type=int, default=4096)
     p.add_argument("--hf", action="store_true", help="also HF Llama (plain and gradient checkpointing)")
     p.add_argument("--iters", type=int, default=3)
@@ -107,21 +132,22 @@ def main():
     for T in [int(x) for x in a.T.split(",")]:
         for mode in a.modes.split(","):
             for ops in a.ops.split(","):
-                rows.append(measure("megablu", mode, T, a.loss_chunk, a.iters, ops))
+                rows.append(measure("megablu", mode, T, a.loss_chunk, a.iters, ops, a.mlp_tiles))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         if a.hf:
             for mode in ("none", "full"):
                 rows.append(measure("hf", mode, T, 0, a.iters))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print("| impl | recompute | T | loss chunk | peak GB | MB/token | step s | tokens/s | MFU |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| impl | mode | T | loss chunk | peak GB | MB/token | step s | tokens/s | MFU | host GB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r.get("oom"):
-            print(f"| {r['impl']} | {r['mode']} | {r['T']} | {r['loss_chunk']} | OOM | | | | |")
+            print(f"| {r['impl']} | {r['mode']} | {r['T']} | {r['loss_chunk']} | OOM | | | | | |")
         else:
             print(f"| {r['impl']} | {r['mode']} | {r['T']} | {r['loss_chunk']} | {r['peak_gb']:.1f} | "
-                  f"{r['mb_per_token']:.3f} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | {r['mfu']:.0%} |")
+                  f"{r['mb_per_token']:.3f} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | {r['mfu']:.0%} | "
+                  f"{r.get('host_gb', 0.0):.1f} |")
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "train_bench.json").write_text(json.dumps(rows, indent=1))
 

@@ -245,22 +245,24 @@ def test_one_tile_of_intermediates_alive_forward_and_backward():
 
 # --------------------------------------------------------------------------- GPU: the streams
 @cuda
-@pytest.mark.parametrize("recompute,tiles", [("none", 4), ("selective", 1), ("selective", 4), ("full", 4)])
-def test_cuda_streams_match_plain_path(recompute, tiles):
-    """Real side-stream copies and pinned memory (min_bytes=0: everything moves), fp32."""
+@pytest.mark.parametrize("ops", ["torch", "cuda"])
+@pytest.mark.parametrize("recompute,tiles", [("none", 4), ("selective", 1), ("selective", 4), ("full", 1),
+                                             ("full", 4)])
+def test_cuda_streams_match_plain_path(ops, recompute, tiles):
+    """Real side-stream copies and pinned memory (min_bytes=0: everything moves), fp32;
+    ops="cuda" runs the compiled kernels inside the tiles."""
     ids, labels = (t.cuda() for t in batch())
-    ref = step(build(MemoryConfig(ops="torch"), device="cuda"), ids, labels)
-    m = build(MemoryConfig(ops="torch", recompute=recompute, mlp_tiles=tiles, offload_activations=True),
-              device="cuda")
+    ref = step(build(MemoryConfig(ops=ops), device="cuda"), ids, labels)
+    m = build(MemoryConfig(ops=ops, recompute=recompute, mlp_tiles=tiles, offload_activations=True), device="cuda")
     m.offload = ActivationOffload(min_bytes=0)
     got = step(m, ids, labels)
     assert m.offload.host_bytes > 0
-    assert_same(got, ref, f"cuda recompute={recompute} tiles={tiles}")
+    assert_same(got, ref, f"cuda ops={ops} recompute={recompute} tiles={tiles}")
 
 
 @cuda
 def test_cuda_offload_and_tiles_lower_the_peak():
-    cfg = ModelConfig(n_layers=4, d_model=256, n_heads=4, n_kv_heads=2, ffn_dim=1024, vocab_size=1000)
+    cfg = ModelConfig(n_layers=8, d_model=256, n_heads=4, n_kv_heads=2, ffn_dim=1024, vocab_size=1000)
     ids = torch.randint(0, 1000, (1, 8192), device="cuda")
     peaks = {}
     for name, mem in (("plain", MemoryConfig(recompute="selective", loss_chunk=1024)),

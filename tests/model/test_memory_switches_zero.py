@@ -54,6 +54,9 @@ CASES = [
     dict(stage=2, sp=1, T=31, memory=dict(recompute="full", mlp_tiles=2, offload_activations=True)),
     dict(stage=3, sp=2, T=32, memory=dict(recompute="none", mlp_tiles=3)),
     dict(stage=3, sp=1, T=32, memory=dict(recompute="selective", mlp_tiles=3, offload_activations=True)),
+    # offload without tiles: the reentrant checkpoints (their inputs go to host) under ZeRO
+    dict(stage=3, sp=2, T=32, memory=dict(recompute="full", offload_activations=True)),
+    dict(stage=2, sp=2, T=31, memory=dict(recompute="selective", offload_activations=True)),
 ]
 
 
