@@ -2,8 +2,9 @@
 
 One fwd+bwd per measurement, bf16, batch 1, no optimizer (the baseline table in
 shared/device/README.md is measured the same way). For each (impl, mode, T):
-peak GB, MB/token (peak minus weights+grads, over T), step seconds, tokens/s, MFU, and for
-offloaded modes the bytes copied to pinned host memory per step (host GB).
+peak GB, the planner's prediction of it (megablu/plan.py, same setup), MB/token (peak minus
+weights+grads, over T), step seconds, tokens/s, MFU, and for offloaded modes the bytes
+copied to pinned host memory per step (host GB).
 MFU counts model flops only (6 N per token + causal attention 6 L T H D), no recompute,
 against the H200's dense bf16 peak of 989 TF/s.
 
@@ -30,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from megablu.config.schema import MemoryConfig, ModelConfig, RopeConfig, YarnConfig  # noqa: E402
 from megablu.model.decoder import BluModel  # noqa: E402
+from megablu.plan import Setup, estimate  # noqa: E402
 
 PEAK_TFLOPS = 989.0
 BLU05B = ModelConfig(n_layers=36, d_model=1024, n_heads=16, n_kv_heads=4, ffn_dim=2816, vocab_size=100352)
@@ -105,6 +107,10 @@ def measure(impl: str, mode: str, T: int, loss_chunk: int, iters: int, ops: str 
         peak = torch.cuda.max_memory_allocated()
         dt = sorted(times)[len(times) // 2]
         off = getattr(model, "offload", None)
+        if impl == "megablu":   # the planner's prediction for the same step (no optimizer, no ZeRO)
+            s = Setup(BLU05B, T, zero_stage=0, optimizer=False, loss_chunk=loss_chunk,
+                      ops="torch" if ops == "torch" else "cuda", **parse_mode(mode, mlp_tiles))
+            row["planned_gb"] = estimate(s).allocated_gb
         row.update(peak_gb=peak / 1e9, mb_per_token=(peak - static) / T / 1e6, step_s=dt, tokens_per_s=T / dt,
                    mfu=flops_per_token(BLU05B, T) * T / dt / 1e12 / PEAK_TFLOPS,
                    host_gb=off.host_bytes / 1e9 if off is not None else 0.0)
@@ -139,13 +145,14 @@ def main():
                 rows.append(measure("hf", mode, T, 0, a.iters))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print("| impl | mode | T | loss chunk | peak GB | MB/token | step s | tokens/s | MFU | host GB |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| impl | mode | T | loss chunk | peak GB | planned GB | MB/token | step s | tokens/s | MFU | host GB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r.get("oom"):
-            print(f"| {r['impl']} | {r['mode']} | {r['T']} | {r['loss_chunk']} | OOM | | | | | |")
+            print(f"| {r['impl']} | {r['mode']} | {r['T']} | {r['loss_chunk']} | OOM | | | | | | |")
         else:
-            print(f"| {r['impl']} | {r['mode']} | {r['T']} | {r['loss_chunk']} | {r['peak_gb']:.1f} | "
+            planned = f"{r['planned_gb']:.1f}" if "planned_gb" in r else ""
+            print(f"| {r['impl']} | {r['mode']} | {r['T']} | {r['loss_chunk']} | {r['peak_gb']:.1f} | {planned} | "
                   f"{r['mb_per_token']:.3f} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | {r['mfu']:.0%} | "
                   f"{r.get('host_gb', 0.0):.1f} |")
     if os.environ.get("OUT"):

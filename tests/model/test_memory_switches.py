@@ -181,7 +181,6 @@ def test_host_bytes_follow_the_recompute_mode():
     assert sel == sel_tiled
     assert full < sel < none_tiled
     # the nothing-small rule: at the default threshold this tiny model's storages all stay
-    assert max(sel, none) < MIN_BYTES * CFG.n_layers * 20
     assert _host_bytes(MemoryConfig(recompute="selective", offload_activations=True), min_bytes=MIN_BYTES) == 0
 
 
