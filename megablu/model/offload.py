@@ -30,14 +30,17 @@ block i's backward. When block i's last saved tensor has been unpacked its devic
 are dropped. GPU activation memory is then about two blocks' saved sets, whatever the
 depth; host memory holds all of them (megablu/plan.py: `host_gb`).
 
-Why long T hides the transfer. The bytes to move per layer grow like T (per token: ~11 KB
-with selective recompute for blu-0.5b, 2 KB with full), the compute per layer like
-T * (linear flops + T * attention flops): per token the linear part is fixed and the causal
-attention part grows with T. On an H200 (~50 GB/s per direction on PCIe Gen5 x16 at best,
-hundreds of TF/s achieved bf16) the forward of a blu-0.5b layer at T=32k takes roughly as
-long as copying its selective saved set; at 128k attention is ~4x the linear work and the
-copy hides behind it; the layer-input-only copy of `full` hides at any T worth running. The
-backward does ~2x the forward's work against the same bytes, so it hides earlier.
+Why long T hides the transfer. The bytes to move per layer grow like T (per token: 11.3 KB
+with selective recompute for blu-0.5b, 2 KB with full; megablu/plan.py), the compute per
+layer like T * (linear flops + T * attention flops): per token the linear part is fixed and
+the causal attention part grows with T, so past some T every copy hides. Estimate for
+blu-0.5b on an H200 (host link ~50 GB/s per direction, PCIe Gen5 x16, not measured here):
+at T=32k a layer's forward takes ~9.5 ms (a third of the measured 1.03 s fwd+bwd step, over
+36 layers) and its selective saved set (370 MB) ~7.4 ms to copy: about even; at 128k the
+forward work per token is ~3x that at 32k (causal attention 2*T*H*D = 268 MFLOP against
+22.5 MFLOP of linears) and the copy needs about a quarter of it; the layer-input-only
+copy of `full` (67 MB at 32k) hides at any T worth running. The backward does ~2x the
+forward's work against the same bytes, so it hides earlier. bench/train_bench.py measures it.
 
 On CPU tensors there is nothing to offload: pack returns the tensor (no-op), unless
 `copy_cpu=True` (the tests), which runs the whole pack/dedup/restore path with plain CPU
