@@ -63,6 +63,7 @@ def setup_dict(cfg, world_size: int, ops_used: Optional[str] = None) -> dict:
             "zero_stage": p.zero_stage, "offload_optimizer": p.offload_optimizer,
             "offload_params": p.offload_params, "recompute": cfg.memory.recompute,
             "loss_chunk": cfg.memory.loss_chunk, "micro_batch": cfg.train.micro_batch,
+            "mlp_tiles": cfg.memory.mlp_tiles, "offload_activations": cfg.memory.offload_activations,
             "ops": ops_used or ("torch" if cfg.memory.ops == "torch" else "cuda"),
             "ops_config": cfg.memory.ops, "optimizer": True}
 

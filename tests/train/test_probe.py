@@ -71,3 +71,14 @@ def test_probe_json_setup_calibrates_the_planner():
 def test_probe_rejects_zero_steps():
     with pytest.raises(ValueError):
         run_probe(lambda i: None, steps=0, tokens_per_rank=1, device="cpu")
+
+
+def test_probe_setup_keeps_the_memory_switches():
+    """A probe of a tiled/offloaded run calibrates the planner for that setup, not the plain one."""
+    cfg = load_config("yaml_configs/l2.yaml", ["parallel.sp=1", "memory.mlp_tiles=8",
+                                               "memory.offload_activations=true"], device="cuda")
+    s = plan._setup_from_probe({"setup": setup_dict(cfg, world_size=1)})
+    assert s.mlp_tiles == 8 and s.offload_activations is True
+    plain = plan.estimate(plan.Setup.from_config(load_config("yaml_configs/l2.yaml", ["parallel.sp=1"]), gpus=1))
+    assert plan.estimate(s).allocated_gb == pytest.approx(plan.estimate(plan.Setup.from_config(cfg, gpus=1)).allocated_gb)
+    assert plan.estimate(s).allocated_gb < plain.allocated_gb
