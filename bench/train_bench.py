@@ -86,7 +86,7 @@ def step(model, impl: str, ids: torch.Tensor):
 
 
 def measure(impl: str, mode: str, T: int, loss_chunk: int, iters: int, ops: str = "auto",
-            mlp_tiles: int = 8) -> dict:
+            mlp_tiles: int = 8, warmup: bool = True) -> dict:
     row = {"impl": impl if impl == "hf" else f"megablu/{ops}", "mode": mode, "T": T,
            "loss_chunk": loss_chunk if impl == "megablu" else None}
     model = None
@@ -94,7 +94,10 @@ def measure(impl: str, mode: str, T: int, loss_chunk: int, iters: int, ops: str 
         model = build(impl, mode, T, loss_chunk, ops, mlp_tiles)
         static = sum(p.numel() * p.element_size() * 2 for p in model.parameters())  # weights + grads
         ids = torch.randint(0, BLU05B.vocab_size, (1, T), device="cuda")
-        step(model, impl, ids)  # warmup (cuDNN autotune, allocator)
+        if warmup:
+            step(model, impl, ids)  # warmup (cuDNN autotune, allocator)
+        else:   # very long T: one step is minutes; its time includes the first-call costs
+            row["warmup"] = False
         model.zero_grad(set_to_none=False)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -133,12 +136,14 @@ def main():
     p.add_argument("--hf", action="store_true", help="also HF Llama (plain and gradient checkpointing)")
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--ops", default="cuda", help="megablu elementwise ops: cuda, torch or both (cuda,torch)")
+    p.add_argument("--no-warmup", action="store_true", help="measure the first step (very long T: one step only)")
+    p.add_argument("--json", default="train_bench.json", help="file name under $OUT for the rows")
     a = p.parse_args()
     rows = []
     for T in [int(x) for x in a.T.split(",")]:
         for mode in a.modes.split(","):
             for ops in a.ops.split(","):
-                rows.append(measure("megablu", mode, T, a.loss_chunk, a.iters, ops, a.mlp_tiles))
+                rows.append(measure("megablu", mode, T, a.loss_chunk, a.iters, ops, a.mlp_tiles, not a.no_warmup))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         if a.hf:
             for mode in ("none", "full"):
@@ -156,7 +161,7 @@ def main():
                   f"{r['mb_per_token']:.3f} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | {r['mfu']:.0%} | "
                   f"{r.get('host_gb', 0.0):.1f} |")
     if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "train_bench.json").write_text(json.dumps(rows, indent=1))
+        Path(os.environ["OUT"], a.json).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":
