@@ -490,9 +490,12 @@ def fit_table(cfg: Config, gpus: list[int], windows: list[int], gpu_gb: float,
             e = estimate(s, calib)
             frac = e.gpu_gb / gpu_gb
             v = verdict(frac)
+            limiting = e.limiting
+            if host_gb is not None and e.host_gb > host_gb:   # offloaded activations need the host too
+                v, limiting = "impossible", f"pinned host memory {e.host_gb:.0f} GB > {host_gb:g} GB per GPU"
             rows.append({"gpus": g, "sp": s.sp, "window": w, "tokens_per_rank": s.tokens_per_rank,
                          "gb_per_gpu": e.gpu_gb, "host_gb_per_gpu": e.host_gb, "frac": frac, "verdict": v,
-                         "limiting": e.limiting,
+                         "limiting": limiting,
                          "phase": e.phase,
                          "suggestion": suggest(s, gpu_gb, calib, host_gb=host_gb) if v != "comfortable" else None})
     return rows

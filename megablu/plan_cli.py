@@ -51,7 +51,7 @@ def _plan(args) -> int:
     if calib is not None:
         log.info("calibration: activations x%.3f, static %+.2f GB", calib.act_scale, calib.static_offset_gb)
     sp = cfg.parallel.sp if args.sp == "config" else None
-    rows = plan.fit_table(cfg, gpus, windows, args.gpu_gb, calib, ops=args.ops, sp=sp)
+    rows = plan.fit_table(cfg, gpus, windows, args.gpu_gb, calib, ops=args.ops, sp=sp, host_gb=args.host_gb)
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
@@ -133,6 +133,9 @@ def register(sub) -> None:
     p.add_argument("--gpus", default=None, help="comma list, e.g. 1,2,4,8 (sp = GPUs); default: parallel.sp")
     p.add_argument("--windows", default=None, help="comma list, e.g. 16k,32k,64k,1M; default: data.window")
     p.add_argument("--gpu-gb", type=float, default=141.0, help="GPU memory in GB (1e9 B); H200: 141")
+    p.add_argument("--host-gb", type=float, default=None,
+                   help="pinned host memory per GPU for offloaded activations (e.g. 110 on a 128 GB 1-GPU host); "
+                        "a row needing more is impossible, and suggestions stay within it")
     p.add_argument("--calibration", default=None, help="probe.json or a calibration json")
     p.add_argument("--ops", choices=["cuda", "torch"], default=None,
                    help="model the fused CUDA ops (default unless memory.ops=torch) or the torch reference")

@@ -95,3 +95,13 @@ def test_suggestions_obey_the_offload_invariant():
     s = plan.Setup(BLU05B, 1048576, recompute="none", loss_chunk=4096)
     assert plan._apply(s, "offload_activations") is None               # untiled MLP intermediates
     assert plan._apply(plan._apply(s, "mlp_tiles=8"), "offload_activations").offload_activations
+
+
+def test_fit_table_refuses_rows_beyond_the_host_memory():
+
+    cfg = load_config("yaml_configs/ext32k.yaml", ["memory.recompute=full", "memory.mlp_tiles=16",
+                                                   "memory.offload_activations=true"], device="cuda")
+    free = plan.fit_table(cfg, [1], [2 ** 21], 141.0)
+    capped = plan.fit_table(cfg, [1], [2 ** 21], 141.0, host_gb=110)
+    assert free[0]["host_gb_per_gpu"] > 110 and free[0]["verdict"] != "impossible"
+    assert capped[0]["verdict"] == "impossible" and "pinned host memory" in capped[0]["limiting"]
