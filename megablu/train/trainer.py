@@ -227,12 +227,33 @@ class Trainer:
         path = Path(path) if path else None
         if path is None:
             raise CheckpointError(f"resume: no verified checkpoint in {self.run_dir}/checkpoints")
-        state = self.ckpt.load(self.engine, path)
+        state = self.ckpt.load(self.engine, path, allow_config_change=self._sp_change_only(path))
         self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
         self.loader.load_state_dict(state["loader"])
         set_rng_state(state["rng"])
         if _rank0():
             log.info("resumed from %s at step %d (%d tokens seen)", path, self.step, self.tokens_seen)
+
+    def _sp_change_only(self, path: Path) -> bool:
+        """True when the checkpoint's config differs from this run's in parallel.sp alone.
+
+        Ulysses shards activations, not weights: the weights and ZeRO partitions (over all
+        dp x sp ranks) do not depend on sp, and the loader's position is global, so such a
+        resume continues the same run (tokens_per_step fixed; grad accumulation follows dp).
+        """
+        from .checkpoint import read_manifest
+
+        m = read_manifest(path)
+        saved_sp = m.get("sp")
+        if m.get("config_hash") == config_hash(self.cfg) or saved_sp in (None, self.cfg.parallel.sp):
+            return False
+        same = self.cfg.model_copy(update={"parallel": self.cfg.parallel.model_copy(update={"sp": saved_sp})})
+        if config_hash(same) != m.get("config_hash"):
+            return False   # more than sp changed: check_compatible refuses and names the fields
+        if _rank0():
+            log.warning("resume: parallel.sp %s -> %s (dp %s -> %s); weights, optimizer and data position carry "
+                        "over unchanged", saved_sp, self.cfg.parallel.sp, m.get("dp"), self.groups.dp)
+        return True
 
     def _client_state(self) -> dict:
         from .checkpoint import get_rng_state

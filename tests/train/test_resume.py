@@ -59,3 +59,20 @@ def test_split_run_with_resume_equals_straight_run(dataset, tmp_path):
     a, b = rows(straight["run_dir"]), rows(first["run_dir"])
     assert [r[0] for r in b] == [1, 2, 3, 4, 5, 6]
     assert a == b          # identical losses and learning rates, as strings (bit for bit)
+
+
+def test_resume_with_another_sp_continues_the_same_run(dataset, tmp_path):
+    """2 ranks: 3 steps at sp=1 (dp 2), resumed at sp=2 (dp 1) for 3 more == 6 steps at sp=2.
+    Same global sequences per step (the loader's position is global) and the same weights and
+    optimizer state (Ulysses does not shard weights), so the losses agree to float rounding."""
+    common = [f"runs_dir={tmp_path}/runs", f"data.path={dataset}", "train.max_steps=6", "schedule.warmup_steps=2",
+              "schedule.decay_start=3", "checkpoint.every_steps=0", "data.max_epochs=100", "train.probe_steps=0"]
+    straight = launch(2, common + ["parallel.sp=2"])
+    first = launch(2, common + ["parallel.sp=1", "train.stop_after=3"])
+    resumed = launch(2, common + ["parallel.sp=2"], resume=first["run_dir"])
+    assert resumed["steps"] == 6 and "sp 2" in resumed["world"]
+    a, b = rows(straight["run_dir"]), rows(first["run_dir"])
+    assert [r[0] for r in b] == [1, 2, 3, 4, 5, 6]
+    assert [r[2] for r in a] == [r[2] for r in b]                       # the schedule did not move
+    for (s, la, _), (_, lb, _) in zip(a, b):
+        assert float(la) == pytest.approx(float(lb), rel=1e-4), s
