@@ -13,6 +13,8 @@ on offline clusters with a mirrored repo; `HfRepo` is the network implementation
 """
 from __future__ import annotations
 
+import contextlib
+
 import hashlib
 import json
 import logging
@@ -118,8 +120,19 @@ class LocalRepo(Repo):
         shutil.copytree(folder, self.root, dirs_exist_ok=True)
 
 
+@contextlib.contextmanager
+def _hub_errors(what: str):
+    """Network, auth and not-found failures of huggingface_hub as one HubError naming the call."""
+    try:
+        yield
+    except HubError:
+        raise
+    except Exception as e:  # noqa: BLE001 - HfHubHTTPError, requests' and OS errors alike
+        raise HubError(f"{what}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else e!r}") from e
+
+
 class HfRepo(Repo):
-    """huggingface_hub behind the Repo interface."""
+    """huggingface_hub behind the Repo interface (its failures become HubError: exit 2)."""
 
     def __init__(self, repo_id: str, repo_type: str = "model", revision: Optional[str] = None,
                  private: bool = True):
@@ -132,23 +145,26 @@ class HfRepo(Repo):
         from huggingface_hub.hf_api import RepoFile
 
         out = []
-        for e in self.api.list_repo_tree(self.repo_id, recursive=True, revision=self.revision,
-                                         repo_type=self.repo_type):
-            if isinstance(e, RepoFile):
-                sha = e.lfs.sha256 if getattr(e, "lfs", None) is not None else None
-                out.append(RemoteFile(e.path, int(e.size), sha))
+        with _hub_errors(f"listing {self.repo_type} repo {self.repo_id}"):
+            for e in self.api.list_repo_tree(self.repo_id, recursive=True, revision=self.revision,
+                                             repo_type=self.repo_type):
+                if isinstance(e, RepoFile):
+                    sha = e.lfs.sha256 if getattr(e, "lfs", None) is not None else None
+                    out.append(RemoteFile(e.path, int(e.size), sha))
         return out
 
     def fetch(self, path: str, local_dir: Path) -> None:
         from huggingface_hub import hf_hub_download
 
-        hf_hub_download(self.repo_id, path, repo_type=self.repo_type, revision=self.revision,
-                        local_dir=str(local_dir))
+        with _hub_errors(f"downloading {path} from {self.repo_id}"):
+            hf_hub_download(self.repo_id, path, repo_type=self.repo_type, revision=self.revision,
+                            local_dir=str(local_dir))
 
     def upload(self, folder: Path, message: str) -> None:
-        self.api.create_repo(self.repo_id, repo_type=self.repo_type, private=self.private, exist_ok=True)
-        self.api.upload_folder(repo_id=self.repo_id, folder_path=str(folder), repo_type=self.repo_type,
-                               commit_message=message)
+        with _hub_errors(f"uploading {folder} to {self.repo_id}"):
+            self.api.create_repo(self.repo_id, repo_type=self.repo_type, private=self.private, exist_ok=True)
+            self.api.upload_folder(repo_id=self.repo_id, folder_path=str(folder), repo_type=self.repo_type,
+                                   commit_message=message)
 
 
 # --------------------------------------------------------------------------- operations

@@ -109,3 +109,22 @@ def test_model_card_shows_the_harness_eval_results(tmp_path):
     assert "| arm | 1024 | 4096 | pp/doubling [95%] | eff. length |" in card
     assert "| ext-0001@2 | 100.0 | 50.0 |" in card and "| ext-0001@4 | 100.0 | 75.0 |" in card
     assert "created_utc" not in card and "no eval results" not in card
+
+
+def test_hf_failures_become_hub_errors(monkeypatch, tmp_path):
+    """A network/auth failure inside huggingface_hub is a HubError naming the call (CLI exit 2),
+    not a traceback; no network is touched (the API methods are replaced)."""
+    import huggingface_hub
+
+    from megablu.hub import HfRepo, HubError
+
+    def offline(*a, **k):
+        raise ConnectionError("Max retries exceeded with url: /api/models/org/m")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_tree", offline)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
+    repo = HfRepo("org/m")
+    with pytest.raises(HubError, match="listing model repo org/m: ConnectionError: .?Max retries"):
+        repo.list_files()
+    with pytest.raises(HubError, match="downloading a.bin from org/m"):
+        repo.fetch("a.bin", tmp_path)
