@@ -314,6 +314,9 @@ def verify_shard(root: Path, entry: dict, dtype: str, check_hash: bool = True,
             errs.append(f"{idx}: offsets are not strictly increasing (an empty or negative-length document)")
     if check_hash:
         errs += _hash_problems(root, entry, errs)
+    else:   # no hashing, but every listed file (the .meta.jsonl provenance too) must be there
+        errs += [f"{root / rel}: missing (listed in {root / MANIFEST})" for rel in entry.get("sha256", {})
+                 if not (root / rel).is_file() and not any(e.startswith(f"{root / rel}: ") for e in errs)]
     if vocab_size is not None and not errs and n_tok:
         mx = int(np.memmap(tok, dtype=np.dtype(dtype).newbyteorder("<"), mode="r").max())
         if mx >= vocab_size:

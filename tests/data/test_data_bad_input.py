@@ -219,3 +219,14 @@ def test_verify_names_every_bad_file_of_a_shard(ds, capsys):
     assert len(errs) == 4 and all(any(x.startswith(f"{f}: ") for x in errs) for f in bad), errs
     rc, err = _verify_cli(ds, capsys)
     assert rc == 2 and all(str(f) in err for f in bad) and "4 problem(s)" in err
+
+
+def test_missing_provenance_file_found_without_hashing(ds):
+    """`verify --no-hash` still names a listed file that is gone (the per-document .meta.jsonl)."""
+    e = _shard(ds)
+    metas = [ds / rel for rel in e["sha256"] if rel not in (e["tokens"], e["index"])]
+    assert metas, e
+    metas[0].unlink()
+    for check_hash in (True, False):
+        errs = verify_dataset(ds, check_hash=check_hash)
+        assert len(errs) == 1 and f"{metas[0]}: missing" in errs[0], (check_hash, errs)
