@@ -125,13 +125,19 @@ class Trainer:
     def _run_dir(self) -> Path:
         from .runs import allocate_run, find_run
 
-        path = None
+        path, err = None, None
         if _rank0():
-            if self.resume:
-                path = str(find_run(self.cfg.runs_dir, self.resume))
-            else:
-                path = str(allocate_run(self.cfg.runs_dir, self.cfg.name))
-        return Path(self._broadcast(path))
+            try:
+                if self.resume:
+                    path = str(find_run(self.cfg.runs_dir, self.resume))
+                else:
+                    path = str(allocate_run(self.cfg.runs_dir, self.cfg.name))
+            except Exception as e:  # noqa: BLE001 - re-raised on every rank below
+                err = f"{type(e).__name__}: {e}"
+        path, err = self._broadcast((path, err))
+        if err:   # every rank raises, none waits on a collective rank 0 left
+            raise RuntimeError(f"run dir: {err}")
+        return Path(path)
 
     def _build_model(self) -> BluModel:
         cfg = self.cfg
@@ -146,10 +152,10 @@ class Trainer:
             src = cfg.init_from
             if _rank0() and Path(src, "checkpoints").is_dir():
                 found = newest_verified(src)
-                if found is None:
-                    raise FileNotFoundError(f"init_from: run {src} has no verified checkpoint")
-                src = str(found)
+                src = str(found) if found is not None else None
             src = self._broadcast(src) if dist.is_initialized() else src
+            if src is None:   # every rank raises, none waits on a collective rank 0 left
+                raise FileNotFoundError(f"init_from: run {cfg.init_from} has no verified checkpoint")
             # embeddings trained with another tokenizer have the right shape and mean nothing
             load_weights(model, src, tokenizer=self.tokenizer.identity)
             log.info("initialised weights from %s", src)
