@@ -83,7 +83,7 @@ def _model_info(model) -> dict:
 
 
 def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int, *, sp_group=None, step: int,
-             out_dir: Path, rank: int, haystack: Optional[HaystackSource] = None, arm: Optional[str] = None,
+             out_dir: Path, rank: int, dp_group=None, haystack: Optional[HaystackSource] = None, arm: Optional[str] = None,
              parent: Optional[dict] = None, batch_tokens: int = 16384, prefill_chunk: int = 2048,
              plot: bool = True) -> dict:
     """Evaluate `model` (collective over sp_group when given); rank 0 writes out_dir/step_<step>.json.
@@ -92,7 +92,9 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
     batched max(1, batch_tokens // length) at a time; prefill runs in prefill_chunk-token
     chunks on one rank. Returns the result dict on every rank. When eval.gate.parent is set (or `parent`, a loaded
     result, is passed), result["gate"] holds the short-context gate; callers fail the run when
-    result["gate"]["passed"] is False (`megablu eval` exits 1).
+    result["gate"]["passed"] is False (`megablu eval` exits 1). With dp_group (the ranks that
+    share this rank's sp position across data-parallel groups), each dp group generates every
+    dp-th prompt and the samples are gathered: the same result, dp times sooner.
     """
     out_dir = Path(out_dir)
     check_lengths(eval_cfg, window)
@@ -111,24 +113,32 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
     model.eval()
     samples, cells = [], []
     try:
+        dp = torch.distributed.get_world_size(dp_group) if dp_group is not None else 1
+        dp_rank = torch.distributed.get_rank(dp_group) if dp_group is not None else 0
         for (task, L), ps in prompts.items():
             t0 = time.perf_counter()
             bs = max(1, batch_tokens // L)
-            n_ok = 0
-            for s in range(0, len(ps), bs):
-                batch = ps[s:s + bs]
+            mine, done = ps[dp_rank::dp], []
+            for s in range(0, len(mine), bs):
+                batch = mine[s:s + bs]
                 ids = torch.tensor([p.ids for p in batch], dtype=torch.long)
                 gen = greedy_generate(model, ids, eval_cfg.max_new, sp_group=sp_group,
                                       prefill_chunk=prefill_chunk).tolist()
                 for p, g in zip(batch, gen):
                     text = tokenizer.decode(cut_at_eot(g, tokenizer.eot_id))
                     ok = is_correct(text, p.answer)
-                    n_ok += ok
-                    samples.append({"task": task, "length": L, "index": p.index, "answer": p.answer,
-                                    "got": extract_answer(text), "output": text, "correct": bool(ok),
-                                    "depth": round(p.depth, 4)})
+                    done.append({"task": task, "length": L, "index": p.index, "answer": p.answer,
+                                 "got": extract_answer(text), "output": text, "correct": bool(ok),
+                                 "depth": round(p.depth, 4)})
+            if dp > 1:   # every dp group's share, back in prompt order
+                parts = [None] * dp
+                torch.distributed.all_gather_object(parts, done, group=dp_group)
+                order = {p.index: i for i, p in enumerate(ps)}
+                done = sorted((x for part in parts for x in part), key=lambda x: order[x["index"]])
+            samples += done
+            n_ok = sum(x["correct"] for x in done)
             dt = time.perf_counter() - t0
-            cells.append(report.cell(task, L, samples[-len(ps):], eval_cfg, ps, dt))
+            cells.append(report.cell(task, L, done, eval_cfg, ps, dt))
             if rank == 0:
                 log.info("eval step %d %s@%d: %d/%d correct (%.1f%%) in %.1fs", step, task, L, n_ok, len(ps),
                          100 * n_ok / len(ps), dt)

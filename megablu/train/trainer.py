@@ -383,7 +383,7 @@ class Trainer:
     def _evaluate(self) -> None:
         """Evaluate (collective over the sp group); the final eval's gate decides the exit code.
 
-        Every dp group evaluates the same prompts; only rank 0 writes. The short-context gate
+        The dp groups split the prompts (gathered back); only rank 0 writes. The short-context gate
         (eval.gate.parent) is logged at every eval; when the final eval of the run fails it,
         the run ends with GateFailed after its checkpoint is safely published.
         """
@@ -393,6 +393,7 @@ class Trainer:
         try:
             res = run_eval(self.engine.module, self.tokenizer, self.cfg.eval, self.cfg.data.window,
                            sp_group=self.groups.sp_group if self.groups.sp > 1 else None, step=self.step,
+                           dp_group=self.groups.dp_group if self.groups.dp > 1 else None,
                            out_dir=self.run_dir / "eval", rank=self.groups.rank)
         finally:
             self.engine.train()

@@ -54,3 +54,31 @@ def test_sp2_generation_equals_one_rank(tmp_path):
     ref = run_eval(_model(4, 2), ByteTokenizer(), cfg, 512, step=3, out_dir=tmp_path / "one", rank=0, plot=False)
     assert sp == 2 and samples == ref["samples"]
     assert sorted(p.name for p in (tmp_path / "sp").iterdir()) == ["step_3.json", "step_3.md"]
+
+
+def _dp_worker(rank, world, out_dir):
+    torch.set_num_threads(1)
+    from megablu.data.tokenizer import ByteTokenizer
+    from megablu.eval.harness import run_eval
+    from megablu.parallel.groups import build_groups
+
+    g = build_groups(1)                       # 2 ranks, sp=1: two data-parallel groups
+    cfg = EvalConfig(lengths=[269, 301], tasks=["passkey"], n=5, max_new=MAX_NEW, pad=32)
+    res = run_eval(_model(4, 2), ByteTokenizer(), cfg, 512, dp_group=g.dp_group, step=3, out_dir=out_dir,
+                   rank=rank, plot=False, batch_tokens=301)   # several batches per rank
+    both = [None, None]
+    torch.distributed.all_gather_object(both, res["samples"])   # what each rank returned
+    return both, res["cells"]
+
+
+def test_dp_groups_split_the_prompts_and_gather_the_same_result(tmp_path):
+    from megablu.data.tokenizer import ByteTokenizer
+    from megablu.eval.harness import run_eval
+
+    (s0, s1), c0 = run_distributed(_dp_worker, 2, str(tmp_path / "dp"))
+    cfg = EvalConfig(lengths=[269, 301], tasks=["passkey"], n=5, max_new=MAX_NEW, pad=32)
+    ref = run_eval(_model(4, 2), ByteTokenizer(), cfg, 512, step=3, out_dir=tmp_path / "one", rank=0, plot=False,
+                   batch_tokens=301)
+    assert s0 == s1 == ref["samples"]
+    strip = [{k: v for k, v in c.items() if k != "seconds"} for c in ref["cells"]]
+    assert [{k: v for k, v in c.items() if k != "seconds"} for c in c0] == strip
