@@ -19,6 +19,7 @@ z3_opt_params (both offloads: zero3_offload_params + parallel.offload_optimizer=
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -108,6 +109,7 @@ def main() -> int:
     row["predicted_T"] = T
     print(json.dumps(row), flush=True)         # the fit survives a verification that runs out of time
     for attempt in range(3):
+        oom = False
         try:
             mem, sec = step(T)
             row.update(max_T=T, verified=True, mem_at_max_gb=round(mem, 1), tok_s_at_max=round(T / sec))
@@ -115,7 +117,13 @@ def main() -> int:
         except (torch.OutOfMemoryError, RuntimeError) as e:   # DeepSpeed hooks may rewrap the OOM
             if not isinstance(e, torch.OutOfMemoryError) and "out of memory" not in str(e):
                 raise
-            # an OOM mid-step can leave ZeRO state half-done; the next attempt still measures memory
+            oom = True
+        if oom:
+            # free the failed step's activations before retrying: the exception's traceback held
+            # their frames until the except block ended (a retry inside it starts with them alive);
+            # an OOM mid-step can leave ZeRO state half-done, the next attempt still measures memory
+            engine.zero_grad()
+            gc.collect()
             torch.cuda.empty_cache()
             row.setdefault("oom_at", []).append(T)
             T = int(T * 0.9) // 4096 * 4096
