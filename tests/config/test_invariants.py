@@ -149,3 +149,17 @@ def test_extension_without_a_gate_is_warned():
     gated = load_config(tiny, ["init_from=runs/x", "eval.final=true", "eval.gate.parent=runs/x",
                                "eval.lengths=[232]", "eval.gate.short_lengths=[232]"], world_size=2, device="cpu")
     assert not any("eval.gate.parent" in w for w in config_warnings(gated))
+
+
+# world size, device each shipped arm is meant for (tiny arms run on CPU ranks)
+SHIPPED = {"tiny_cpu.yaml": (1, "cpu"), "tiny_cpu_ext.yaml": (2, "cpu"), "ext64k_4gpu.yaml": (4, "cuda"),
+           "zero3_offload_params.yaml": (1, "cuda"), "zero2_offload_opt.yaml": (1, "cuda"),
+           "zero3_offload_opt.yaml": (1, "cuda"), "frugal_1m_1gpu.yaml": (1, "cuda")}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "yaml_configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_arm_is_valid_for_its_launch(path):
+    world, device = SHIPPED.get(path.name, (yaml.safe_load(path.read_text()).get("parallel", {}).get("sp", 2), "cuda"))
+    if path.name.startswith("rep_"):
+        world = 1
+    load_config(path, world_size=world, device=device)   # raises ConfigError listing every violation
