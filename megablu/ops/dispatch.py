@@ -5,6 +5,11 @@ overridden per call (`impl=`) or in a block (`use_impl`), so tests force either 
 (the nanochat `flash_attention._override_impl` pattern). "auto" picks CUDA when the
 tensors are on a GPU and the extension builds, else torch; each decision is logged once
 with its reason. "cuda" never falls back silently: it raises with the reason.
+
+NVIDIA apex is not consulted (yet): its only counterpart here is a plain FusedRMSNorm, which
+would replace the final norm alone (every block norm is megablu's one-kernel residual add +
+RMSNorm) and rounds in another order than HF (scale in fp32 before the cast). apex stays
+optional and is never required.
 """
 from __future__ import annotations
 
