@@ -2,20 +2,18 @@
 checkpointing + DeepSpeed's TiledMLP (ceil(T/8192) shards) + TiledFusedLogitsLoss (logits
 shards of ~1 GiB fp32), as shared/device/README.md's baseline was measured.
 
-Measured exactly like bench/train_bench.py (one fwd+bwd, bf16, batch 1, no optimizer, peak
-minus weights+grads over T, median of `iters` after a warm-up), so its rows sit in the same
-table:
+Measured by bench/train_bench.py's own `measure` (impl "alst": one fwd+bwd, bf16, batch 1, no
+optimizer, peak minus weights+grads over T, median of `iters` after a warm-up), so its rows
+sit in the same table:
   python bench/alst_peer.py --T 32768,131072            # GPU: prints JSON rows + a markdown table
   python bench/alst_peer.py --check                     # CPU: the peer's loss/grads == plain HF
 """
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -75,42 +73,6 @@ def build(cfg, rope, device: str, dtype: torch.dtype, alst: bool = True):
     return hf.to(device, dtype)
 
 
-def measure(T: int, iters: int) -> dict:
-    from megablu.config.schema import RopeConfig, YarnConfig
-    from train_bench import BLU05B, PEAK_TFLOPS, flops_per_token
-
-    rope = RopeConfig(theta=500000.0, yarn=YarnConfig(factor=T / 16384, original_max_position=16384)) \
-        if T > 16384 else RopeConfig(theta=500000.0)
-    row = {"impl": "alst-peer (HF + ckpt + TiledMLP + TiledFusedLogitsLoss)", "mode": "full", "T": T}
-    model = None
-    try:
-        model = build(BLU05B, rope, "cuda", torch.bfloat16)
-        model.train()
-        static = sum(p.numel() * p.element_size() * 2 for p in model.parameters())
-        ids = torch.randint(0, BLU05B.vocab_size, (1, T), device="cuda")
-        tiled_loss(model, ids).backward()
-        model.zero_grad(set_to_none=False)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        times = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            tiled_loss(model, ids).backward()
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-        peak = torch.cuda.max_memory_allocated()
-        dt = sorted(times)[len(times) // 2]
-        row.update(peak_gb=peak / 1e9, mb_per_token=(peak - static) / T / 1e6, step_s=dt, tokens_per_s=T / dt,
-                   mfu=flops_per_token(BLU05B, T) * T / dt / 1e12 / PEAK_TFLOPS)
-    except torch.cuda.OutOfMemoryError:
-        row.update(oom=True)
-    finally:
-        del model
-        gc.collect()
-        torch.cuda.empty_cache()
-    return row
-
-
 def check_on_cpu() -> None:
     """The peer computes what plain HF computes: same loss and grads (fp32, tiny shape)."""
     import deepspeed.comm  # noqa: F401  (TiledMLP imports it)
@@ -146,9 +108,11 @@ def main() -> int:
     if a.check:
         check_on_cpu()
         return 0
+    from train_bench import measure   # the same method as megablu's rows
+
     rows = []
     for T in (int(t) for t in a.T.split(",")):
-        r = measure(T, a.iters)
+        r = measure("alst", "full", T, 0, a.iters)
         rows.append(r)
         print(json.dumps(r), file=sys.stderr, flush=True)
     print("| impl | T | peak GB | MB/token | step s | tokens/s | MFU |\n|---|---|---|---|---|---|---|")

@@ -63,6 +63,10 @@ def build(impl: str, mode: str, T: int, loss_chunk: int, ops: str = "auto", mlp_
     if impl == "megablu":
         m = BluModel(BLU05B, rope, MemoryConfig(loss_chunk=loss_chunk, ops=ops, **parse_mode(mode, mlp_tiles)))
         return m.to("cuda", torch.bfloat16)
+    if impl == "alst":   # the ALST-style peer (bench/alst_peer.py)
+        import alst_peer
+
+        return alst_peer.build(BLU05B, rope, "cuda", torch.bfloat16).train()
     import transformers
 
     from megablu.model.hf import hf_config_dict
@@ -79,6 +83,10 @@ def step(model, impl: str, ids: torch.Tensor):
     if impl == "megablu":
         s, n = model(ids, labels=ids)
         loss = s / n
+    elif impl == "alst":
+        import alst_peer
+
+        loss = alst_peer.tiled_loss(model, ids)
     else:
         loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
@@ -87,7 +95,7 @@ def step(model, impl: str, ids: torch.Tensor):
 
 def measure(impl: str, mode: str, T: int, loss_chunk: int, iters: int, ops: str = "auto",
             mlp_tiles: int = 8, warmup: bool = True) -> dict:
-    row = {"impl": impl if impl == "hf" else f"megablu/{ops}", "mode": mode, "T": T,
+    row = {"impl": f"megablu/{ops}" if impl == "megablu" else impl, "mode": mode, "T": T,
            "loss_chunk": loss_chunk if impl == "megablu" else None}
     model = None
     try:

@@ -5,20 +5,13 @@ evaluates again at the end (eval.final) on the same prompts."""
 import json
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 
-def test_autoeval_then_resume(tmp_path):
+def test_autoeval_then_resume(tmp_path, stdlib_data):
     from tests.train.test_resume import launch, rows
 
-    stdlib = sysconfig.get_paths()["stdlib"]
-    data = tmp_path / "stdlib"
-    r = subprocess.run([sys.executable, "-m", "megablu.cli", "data", "build", "--input", f"{stdlib}/json",
-                        "--input", f"{stdlib}/email", "--include", "*.py", "--tokenizer",
-                        "tiktoken_file:megablu:stdlib4k", "--out", str(data), "--no-progress", "--workers", "1"],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    data = stdlib_data
     common = [f"runs_dir={tmp_path}/runs", f"data.path={data}", "train.max_steps=4", "schedule.warmup_steps=1",
               "schedule.decay_start=2", "checkpoint.every_steps=0", "checkpoint.keep=1", "data.max_epochs=100",
               "eval.lengths=[232,488]", "eval.n=2", "eval.at_steps=[2]", "eval.final=true"]
@@ -34,7 +27,7 @@ def test_autoeval_then_resume(tmp_path):
     assert final["step"] == 4 and [c["digest"] for c in final["cells"]] == [c["digest"] for c in res["cells"]]
 
 
-def test_final_gate_failure_fails_the_run_after_saving(tmp_path):
+def test_final_gate_failure_fails_the_run_after_saving(tmp_path, stdlib_data):
     """A parent that scored 100% at the short length and an arm that did not: the run trains,
     publishes its checkpoint and eval, then exits 1 naming the gate (the seed's cache bug would
     have been caught here)."""
@@ -43,12 +36,7 @@ def test_final_gate_failure_fails_the_run_after_saving(tmp_path):
     from tests.dist_utils import free_port
     from tests.train.test_resume import ROOT, TINY
 
-    stdlib = sysconfig.get_paths()["stdlib"]
-    data = tmp_path / "stdlib"
-    r = subprocess.run([sys.executable, "-m", "megablu.cli", "data", "build", "--input", f"{stdlib}/json",
-                        "--include", "*.py", "--tokenizer", "tiktoken_file:megablu:stdlib4k", "--out", str(data),
-                        "--no-progress", "--workers", "1"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    data = stdlib_data
     n = 3
     parent = {"schema": "megablu.eval/1", "arm": "parent", "step": 40, "window": 512, "tokenizer": "x", "sp": 1, "samples": [],
               "cells": [{"task": "passkey", "length": 232, "n": n, "correct": n, "acc_pp": 100.0}]}
@@ -77,17 +65,12 @@ def test_final_gate_failure_fails_the_run_after_saving(tmp_path):
     assert probe["steps_done"] == 2 and probe["tokens_per_s"] > 0 and probe["setup"]["window"] == 512
 
 
-def test_eval_step_killed_before_its_result_is_evaluated_on_resume(tmp_path):
+def test_eval_step_killed_before_its_result_is_evaluated_on_resume(tmp_path, stdlib_data):
     """A stop between an eval step's checkpoint and its result (simulated: the result deleted)
     is evaluated on resume before training goes on; a run whose result exists is not re-evaluated."""
     from tests.train.test_resume import launch
 
-    stdlib = sysconfig.get_paths()["stdlib"]
-    data = tmp_path / "stdlib"
-    r = subprocess.run([sys.executable, "-m", "megablu.cli", "data", "build", "--input", f"{stdlib}/json",
-                        "--include", "*.py", "--tokenizer", "tiktoken_file:megablu:stdlib4k", "--out", str(data),
-                        "--no-progress", "--workers", "1"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    data = stdlib_data
     common = [f"runs_dir={tmp_path}/runs", f"data.path={data}", "parallel.sp=1", "train.micro_batch=1",
               "train.tokens_per_step=512", "train.max_steps=4", "schedule.warmup_steps=1", "schedule.decay_start=2",
               "checkpoint.every_steps=0", "data.max_epochs=100", "eval.lengths=[232]", "eval.n=2",

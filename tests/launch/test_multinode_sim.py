@@ -10,7 +10,6 @@ import math
 import os
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 from tests.dist_utils import free_port
@@ -31,14 +30,8 @@ def _check(r: subprocess.CompletedProcess, what: str) -> None:
     assert r.returncode == 0, f"{what} exit {r.returncode}:\n" + "\n".join((r.stderr + r.stdout).splitlines()[-25:])
 
 
-def test_two_simulated_nodes_equal_one_node(tmp_path):
-    stdlib = sysconfig.get_paths()["stdlib"]
-    data = tmp_path / "stdlib"
-    r = subprocess.run([sys.executable, "-m", "megablu.cli", "data", "build", "--input", f"{stdlib}/json",
-                        "--input", f"{stdlib}/email", "--include", "*.py", "--tokenizer",
-                        "tiktoken_file:megablu:stdlib4k", "--out", str(data), "--no-progress", "--workers", "1"],
-                       capture_output=True, text=True)
-    _check(r, "data build")
+def test_two_simulated_nodes_equal_one_node(tmp_path, stdlib_data):
+    data = stdlib_data
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHON": sys.executable}
     common = ["--config", "yaml_configs/tiny_cpu_ext.yaml", "--device", "cpu",
               "--set", f"runs_dir={tmp_path}/runs", "--set", f"data.path={data}", "--set", "train.max_steps=4",

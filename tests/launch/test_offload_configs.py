@@ -11,7 +11,6 @@ import csv
 import os
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -65,13 +64,8 @@ def _train_in_process(rank, world, sets):
             "optimizer": type(getattr(t.engine.optimizer, "optimizer", t.engine.optimizer)).__name__}
 
 
-def test_offload_configs_train_on_cpu(tmp_path):
-    stdlib = sysconfig.get_paths()["stdlib"]
-    data = tmp_path / "stdlib"
-    r = subprocess.run([sys.executable, "-m", "megablu.cli", "data", "build", "--input", f"{stdlib}/json",
-                        "--include", "*.py", "--tokenizer", "tiktoken_file:megablu:stdlib4k", "--out", str(data),
-                        "--no-progress", "--workers", "1"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+def test_offload_configs_train_on_cpu(tmp_path, stdlib_data):
+    data = stdlib_data
     common = [f"runs_dir={tmp_path}/runs", f"data.path={data}", "train.max_steps=3", "schedule.warmup_steps=1",
               "checkpoint.every_steps=0", "checkpoint.save_final=false", "data.max_epochs=100"]
 

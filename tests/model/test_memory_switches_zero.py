@@ -14,15 +14,12 @@ from megablu.config.schema import MemoryConfig
 from megablu.model.decoder import BluModel
 from megablu.model.offload import ActivationOffload
 from tests.dist_utils import run_distributed
-from tests.parallel.test_sp_parity import ROPE, _global_batch, _model_cfg, _reference
+from tests.parallel.test_sp_parity import ROPE, _model_cfg, _reference, engine_grads
 
 
 def _worker(rank, world, cases):
-    import deepspeed
-
     from megablu.parallel.groups import build_groups
     from megablu.parallel.ulysses import apply_ulysses
-    from megablu.train.step import forward_backward
 
     results = []
     for c in cases:
@@ -32,20 +29,7 @@ def _worker(rank, world, cases):
         if model.offload is not None:   # CPU: the copy path (every saved tensor through pack/unpack)
             model.offload = ActivationOffload(min_bytes=0, copy_cpu=True)
         apply_ulysses(model, g)
-        ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
-              "zero_optimization": {"stage": c["stage"]}, "steps_per_print": 10 ** 9,
-              "zero_allow_untested_optimizer": True}
-        opt = torch.optim.SGD(model.parameters(), lr=1.0)
-        before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=ds, mpu=g)
-        ids, labels = _global_batch(g.dp, c["T"])
-        micro = [{"input_ids": ids[g.dp_rank][None], "labels": labels[g.dp_rank][None]}]
-        loss = forward_backward(engine, micro, g, c["stage"], True)
-        params = list(engine.module.named_parameters())
-        with deepspeed.zero.GatheredParameters([p for _, p in params], enabled=c["stage"] == 3):
-            grads = {n: before[n] - p.detach().clone() for n, p in params}
-        results.append((loss, grads))
-        engine.destroy() if hasattr(engine, "destroy") else None
+        results.append(engine_grads(model, g, c["stage"], c["T"]))
     return results
 
 

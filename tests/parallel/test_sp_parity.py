@@ -39,12 +39,37 @@ def _reference(h, kv, T, n_seq):
     return float(loss), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
-def _worker(rank, world, cases):
+def engine_grads(model, g, stage: int, T: int, ga: int = 1, rs: bool = True):
+    """One DeepSpeed step of `model` (already Ulysses-wrapped) on this rank's share of the global
+    batch: (token-mean loss, every parameter's reduced gradient).
+
+    Plain SGD at lr 1: the update of every parameter IS minus its reduced gradient, read back
+    through ZeRO's own gather (robust for stages 0-3)."""
     import deepspeed
 
+    from megablu.train.step import forward_backward
+
+    ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": ga, "gradient_clipping": 0.0,
+          "zero_optimization": {"stage": stage, **({"reduce_scatter": rs} if stage == 3 else {})},
+          "steps_per_print": 10 ** 9, "zero_allow_untested_optimizer": True}
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=ds, mpu=g)
+    ids, labels = _global_batch(g.dp * ga, T)
+    # dp replica d takes sequences [d*ga, (d+1)*ga): one per micro-batch
+    micro = [{"input_ids": ids[g.dp_rank * ga + i][None], "labels": labels[g.dp_rank * ga + i][None]}
+             for i in range(ga)]
+    loss = forward_backward(engine, micro, g, stage, rs)
+    params = list(engine.module.named_parameters())
+    with deepspeed.zero.GatheredParameters([p for _, p in params], enabled=stage == 3):
+        grads = {n: before[n] - p.detach().clone() for n, p in params}
+    engine.destroy() if hasattr(engine, "destroy") else None
+    return loss, grads
+
+
+def _worker(rank, world, cases):
     from megablu.parallel.groups import build_groups
     from megablu.parallel.ulysses import apply_ulysses
-    from megablu.train.step import forward_backward
 
     results = []
     for c in cases:
@@ -52,25 +77,7 @@ def _worker(rank, world, cases):
         model = BluModel(_model_cfg(c["h"], c["kv"]), ROPE)
         model.reset_parameters(seed=0)
         apply_ulysses(model, g)
-        ga = c.get("ga", 1)
-        ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": ga, "gradient_clipping": 0.0,
-              "zero_optimization": {"stage": c["stage"], **({"reduce_scatter": c["rs"]} if c["stage"] == 3 else {})},
-              "steps_per_print": 10 ** 9, "zero_allow_untested_optimizer": True}
-        # plain SGD at lr 1: the update of every parameter IS minus its reduced gradient,
-        # read back through ZeRO's own gather (robust for stages 0-3)
-        opt = torch.optim.SGD(model.parameters(), lr=1.0)
-        before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=ds, mpu=g)
-        ids, labels = _global_batch(g.dp * ga, c["T"])
-        # dp replica d takes sequences [d*ga, (d+1)*ga): one per micro-batch
-        micro = [{"input_ids": ids[g.dp_rank * ga + i][None], "labels": labels[g.dp_rank * ga + i][None]}
-                 for i in range(ga)]
-        loss = forward_backward(engine, micro, g, c["stage"], c.get("rs", True))
-        params = list(engine.module.named_parameters())
-        with deepspeed.zero.GatheredParameters([p for _, p in params], enabled=c["stage"] == 3):
-            grads = {n: before[n] - p.detach().clone() for n, p in params}
-        results.append((loss, grads))
-        engine.destroy() if hasattr(engine, "destroy") else None
+        results.append(engine_grads(model, g, c["stage"], c["T"], c.get("ga", 1), c.get("rs", True)))
     return results
 
 

@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -16,16 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "yaml_configs" / "tiny_cpu_ext.yaml"
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    out = tmp_path_factory.mktemp("data") / "stdlib"
-    stdlib = sysconfig.get_paths()["stdlib"]
-    r = subprocess.run([sys.executable, "-m", "megablu.cli", "data", "build", "--input", f"{stdlib}/json",
-                        "--input", f"{stdlib}/email", "--include", "*.py", "--tokenizer",
-                        "tiktoken_file:megablu:stdlib4k", "--out", str(out), "--no-progress", "--workers", "1"],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return out
+@pytest.fixture
+def dataset(stdlib_data):
+    return stdlib_data
 
 
 def launch(ranks, sets, resume=None):
