@@ -78,23 +78,7 @@ PRE_END=$(( BUDGET * 68 / 100 ))    # pretrain must be done (h200: 377 s)
 EXT_END=$(( BUDGET * 84 / 100 ))    # extension arms (h200: 466 s)
 EVAL_END=$(( BUDGET * 96 / 100 ))   # every eval (h200: 532 s); then compare + report
 
-now() { echo $(( SECONDS - T0 )); }
-# guard NAME DEADLINE cmd...: run cmd so that it ends by DEADLINE (s since start); stdout and
-# stderr to WORK/logs/NAME.{out,err}; one timeline row. timeout signals the whole process
-# group, so the deepspeed launcher's ranks go too.
-guard() {
-  local name=$1 dl=$2 start rc; shift 2
-  start=$(now)
-  local s=$(( dl - start ))
-  if [ "$s" -le 5 ]; then
-    printf '%s\t%d\t%d\t%s\n' "$name" "$start" "$start" "skipped (no time left)" >> "$WORK/timeline.tsv"
-    return 124
-  fi
-  timeout --kill-after=10 "$s" "$@" > "$WORK/logs/$name.out" 2> "$WORK/logs/$name.err"
-  rc=$?
-  printf '%s\t%d\t%d\t%d\n' "$name" "$start" "$(now)" "$rc" >> "$WORK/timeline.tsv"
-  return $rc
-}
+source bench/guard.sh
 finish() {   # the report and the tarball; called after every phase, so a cut call still returns them
   $PY bench/rep_tools.py report "$WORK" "$OUT/report.md" --scale "$SCALE" 2>> "$WORK/logs/report.err"
   tar czf "$OUT/results.tar.gz.tmp" --exclude=checkpoints --exclude=tb -C "$WORK" . 2>/dev/null \
