@@ -257,10 +257,11 @@ class BluModel(nn.Module):
         off = self.offload if cache is None and torch.is_grad_enabled() else None
         if off is not None:
             off.begin()
-        for layer in self.layers:
+        n_off = len(self.layers) - off.keep_last if off is not None else 0
+        for i, layer in enumerate(self.layers):
             # cos/sin are shared by every layer: saved by reference, not copied per layer
-            with off.block(layer, keep=(cos, sin)) if off is not None else contextlib.nullcontext():
-                h = layer(h, cos, sin, cache, self.recompute, offload=off is not None)
+            with off.block(layer, keep=(cos, sin)) if i < n_off else contextlib.nullcontext():
+                h = layer(h, cos, sin, cache, self.recompute, offload=i < n_off)
         if off is not None:
             off.end()
         if labels is None and logits_index is not None:

@@ -27,8 +27,10 @@ copies pin when the link is slower than compute). Backward: the first unpack of 
 makes the compute stream wait for block i's host-to-device copies (issued earlier as a
 prefetch, or now) and issues block i-1's copies on the side stream, so they run during
 block i's backward. When block i's last saved tensor has been unpacked its device copies
-are dropped. GPU activation memory is then about two blocks' saved sets, whatever the
-depth; host memory holds all of them (megablu/plan.py: `host_gb`).
+are dropped. The last `keep_last` (1) blocks are not offloaded at all: the backward needs
+them first, so a round trip would only stall it; the last offloaded block is brought back as
+soon as the forward ends. GPU activation memory is then about two blocks' saved sets, whatever
+the depth; host memory holds the others (megablu/plan.py: `host_gb`).
 
 Why long T hides the transfer. The bytes to move per layer grow like T (per token: 11.3 KB
 with selective recompute for blu-0.5b, 2 KB with full; megablu/plan.py), the compute per
@@ -58,6 +60,7 @@ from torch import nn
 
 MIN_BYTES = 1 << 20          # storages below this stay on the device
 MAX_INFLIGHT = 2             # blocks whose device-to-host copies may still be running
+KEEP_LAST = 1                # final blocks left on the device: the backward needs them first
 
 
 class _Stored:
@@ -193,14 +196,16 @@ class ActivationOffload:
     """Offloads each block's saved activations; one instance per model.
 
         off.begin()                               # once per forward
-        for layer in layers:
-            with off.block(layer, keep=(cos, sin)):
+        for i, layer in enumerate(layers):
+            with off.block(layer, keep=(cos, sin)) if i < len(layers) - off.keep_last else nullcontext():
                 h = layer(h, ...)
         off.end()
     """
 
-    def __init__(self, min_bytes: int = MIN_BYTES, copy_cpu: bool = False, max_inflight: int = MAX_INFLIGHT):
+    def __init__(self, min_bytes: int = MIN_BYTES, copy_cpu: bool = False, max_inflight: int = MAX_INFLIGHT,
+                 keep_last: int = KEEP_LAST):
         self.min_bytes, self.copy_cpu, self.max_inflight = min_bytes, copy_cpu, max_inflight
+        self.keep_last = keep_last
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
         self._last: Optional[_BlockState] = None
         self.host_bytes = 0          # bytes copied to host by the current (or last) forward
@@ -215,6 +220,11 @@ class ActivationOffload:
         self.host_bytes = 0
 
     def end(self) -> None:
+        # The backward starts with the blocks kept on the device, then needs the last offloaded
+        # one: bring it back now, behind its own device-to-host copies on the side stream, so
+        # it arrives while the head and the kept blocks run their backward.
+        if self._last is not None and self._last.pending > 0:
+            self._last.prefetch()
         # the states now live only in the autograd graph (its packed handles): freed with it
         self._last = None
 

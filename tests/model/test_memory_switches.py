@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from megablu.config.schema import MemoryConfig, ModelConfig, RopeConfig
 from megablu.model.decoder import BluModel
-from megablu.model.offload import MIN_BYTES, ActivationOffload
+from megablu.model.offload import KEEP_LAST, MIN_BYTES, ActivationOffload
 from megablu.model.tiled import tile_bounds, tiled
 from megablu.ops.rope import rope_backward_reference, rope_reference
 from megablu.ops.swiglu import swiglu_backward_reference
@@ -84,12 +84,12 @@ def batch(seed=0):
     return ids[:, :-1], labels
 
 
-def build(memory: MemoryConfig, min_bytes=0, device="cpu", dtype=torch.float32):
+def build(memory: MemoryConfig, min_bytes=0, device="cpu", dtype=torch.float32, keep_last=KEEP_LAST):
     m = BluModel(CFG, ROPE, memory)
     m.reset_parameters(seed=0)
     m = m.to(device=device, dtype=dtype)
     if m.offload is not None:
-        m.offload = ActivationOffload(min_bytes=min_bytes, copy_cpu=True)
+        m.offload = ActivationOffload(min_bytes=min_bytes, copy_cpu=True, keep_last=keep_last)
     return m
 
 
@@ -111,12 +111,14 @@ def assert_same(got, ref, what):
 # --------------------------------------------------------------------------- gradient equality
 @pytest.mark.parametrize("ops", ["torch", "cuda"])
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
-@pytest.mark.parametrize("tiles,offload", [(3, False), (1, True), (3, True)])
-def test_switches_match_plain_path(request, ops, recompute, tiles, offload):
+@pytest.mark.parametrize("tiles,offload,keep_last", [(3, False, 0), (1, True, KEEP_LAST), (3, True, KEEP_LAST),
+                                                    (1, True, 0)])
+def test_switches_match_plain_path(request, ops, recompute, tiles, offload, keep_last):
     fake = request.getfixturevalue("torch_ext_as_cuda") if ops == "cuda" else None
     ids, labels = batch()
     ref = step(build(MemoryConfig(ops=ops)), ids, labels)
-    m = build(MemoryConfig(ops=ops, recompute=recompute, mlp_tiles=tiles, offload_activations=offload))
+    m = build(MemoryConfig(ops=ops, recompute=recompute, mlp_tiles=tiles, offload_activations=offload),
+              keep_last=keep_last)
     got = step(m, ids, labels)
     assert_same(got, ref, f"ops={ops} recompute={recompute} tiles={tiles} offload={offload}")
     if fake is not None:   # every kernel of the block ran, forward and backward
@@ -152,8 +154,8 @@ def test_no_grad_forward_tiled_equals_plain_and_offload_idle():
 
 
 # --------------------------------------------------------------------------- what goes to host
-def _host_bytes(memory: MemoryConfig, min_bytes=0):
-    m = build(memory, min_bytes=min_bytes)
+def _host_bytes(memory: MemoryConfig, min_bytes=0, keep_last=KEEP_LAST):
+    m = build(memory, min_bytes=min_bytes, keep_last=keep_last)
     ids, labels = batch()
     s, n = m(ids, labels=labels)
     hb = m.offload.host_bytes
@@ -162,10 +164,15 @@ def _host_bytes(memory: MemoryConfig, min_bytes=0):
 
 
 def test_full_recompute_offloads_the_layer_inputs_only():
-    # one (B, T, d) fp32 input per layer; weights, cos/sin and nothing else
-    assert _host_bytes(MemoryConfig(recompute="full", offload_activations=True)) == CFG.n_layers * B * T * 64 * 4
+    # one (B, T, d) fp32 input per offloaded layer; weights, cos/sin and nothing else; the
+    # last KEEP_LAST layers stay on the device (the backward needs them first)
+    layer_input = B * T * 64 * 4
+    assert _host_bytes(MemoryConfig(recompute="full", offload_activations=True)) == \
+        (CFG.n_layers - KEEP_LAST) * layer_input
     assert _host_bytes(MemoryConfig(recompute="full", mlp_tiles=3, offload_activations=True)) == \
-        CFG.n_layers * B * T * 64 * 4
+        (CFG.n_layers - KEEP_LAST) * layer_input
+    assert _host_bytes(MemoryConfig(recompute="full", offload_activations=True), keep_last=0) == \
+        CFG.n_layers * layer_input
 
 
 def test_host_bytes_follow_the_recompute_mode():
