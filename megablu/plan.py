@@ -377,11 +377,11 @@ _COSTS = {  # rough relative step time, from docs/BENCHMARKS.md where measured (
     "zero_stage=3": 1.15,          # estimate
     "offload_optimizer": 1.3,      # estimate
     "offload_params": 2.0,         # estimate
-    # unmeasured until bench/train_bench.py --modes selective+tiles,selective+offload runs on
-    # the H200: tiles add no forward to selective (the tiles ARE its MLP recompute), only
-    # smaller GEMMs; the offload hides behind long-T attention if the host link keeps up
+    # tiles add no forward to selective (the tiles ARE its MLP recompute), only smaller GEMMs
     "mlp_tiles=8": 1.02,           # estimate
-    "offload_activations": 1.3,    # estimate (as offload_optimizer)
+    # H200, blu-0.5b, selective: 0.959 / 0.939 s at 32k (the last block kept), 11.48 / 11.41 s
+    # at 128k: the copies hide behind the layers' compute (docs/BENCHMARKS.md)
+    "offload_activations": 1.02,
 }
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import statistics
 import time
 from pathlib import Path
@@ -77,6 +78,17 @@ def _ops_used(device: str) -> str:
     return "cuda" if getattr(builder, "_loaded", None) is not None else "torch"
 
 
+def _host_gb_per_gpu() -> Optional[float]:
+    """Pinned host memory a suggestion may ask of this node per local GPU: 80% of its RAM
+    shared by the GPUs here (None when unknown)."""
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 1
+    return 0.8 * ram / 1e9 / max(1, n)
+
+
 def _planner(setup: Optional[dict], gpu_total_gb: Optional[float]) -> tuple[Optional[float], Optional[str]]:
     """(predicted GB allocated, cheapest fitting change) for the probe's setup, if known."""
     if not setup:
@@ -86,7 +98,7 @@ def _planner(setup: Optional[dict], gpu_total_gb: Optional[float]) -> tuple[Opti
 
         s = plan._setup_from_probe({"setup": setup})
         est = plan.estimate(s)
-        return est.allocated_gb, plan.suggest(s, gpu_total_gb or 141.0)
+        return est.allocated_gb, plan.suggest(s, gpu_total_gb or 141.0, host_gb=_host_gb_per_gpu())
     except Exception as e:  # noqa: BLE001 - a planner bug must not hide the OOM report
         log.warning("probe: planner failed on this setup: %s", e)
         return None, None

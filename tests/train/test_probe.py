@@ -82,3 +82,23 @@ def test_probe_setup_keeps_the_memory_switches():
     plain = plan.estimate(plan.Setup.from_config(load_config("yaml_configs/l2.yaml", ["parallel.sp=1"]), gpus=1))
     assert plan.estimate(s).allocated_gb == pytest.approx(plan.estimate(plan.Setup.from_config(cfg, gpus=1)).allocated_gb)
     assert plan.estimate(s).allocated_gb < plain.allocated_gb
+
+
+def test_oom_suggestion_asks_no_more_pinned_host_than_this_node_has(monkeypatch):
+    """The OOM report's suggestion is for this node: an activation offload needing more pinned
+    host memory than 80% of its RAM per GPU is not offered."""
+    from megablu import plan
+    from megablu.config.schema import ModelConfig
+    from megablu.train import probe
+
+    assert 0 < probe._host_gb_per_gpu() < 1e5       # Linux: this node's RAM, read
+    m = ModelConfig(n_layers=36, d_model=1024, n_heads=16, n_kv_heads=4, ffn_dim=2816, vocab_size=151936)
+    setup = {"model": m.model_dump(), "window": 1 << 20, "gpus": 2, "sp": 2, "recompute": "selective",
+             "loss_chunk": 4096}
+    s = plan._setup_from_probe({"setup": setup})
+    free = plan.suggest(s, 141.0)
+    assert free.startswith("memory.offload_activations")      # the cheapest when the host is big enough
+    need = plan.estimate(plan._apply(s, "offload_activations")).host_gb
+    monkeypatch.setattr(probe, "_host_gb_per_gpu", lambda: need / 2)
+    _, sug = probe._planner(setup, 141.0)
+    assert sug and "offload_activations" not in sug and "recompute=full" in sug
