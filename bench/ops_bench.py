@@ -45,6 +45,27 @@ def timed(fn, iters: int, reps: int = 5) -> float:
     return statistics.median(out)
 
 
+def kernel_ms(fn, iters: int) -> float:
+    """GPU time (ms) of the kernels one call launches, from the profiler: what the op costs
+    inside a training step, where the queue is full and the host's launch time is hidden.
+    `timed` measures back-to-back calls instead, which at small T is bound by the host (an
+    autograd.grad call costs tens of microseconds of Python and engine time, about what a
+    32k-token RoPE backward kernel takes)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    us = sum(e.device_time_total for e in prof.events() if e.device_type == DeviceType.CUDA)
+    if us <= 0:
+        raise RuntimeError("the profiler recorded no kernel time")
+    return us / iters / 1e3
+
+
 def hbm_bandwidth(gib: float = 4.0, iters: int = 20) -> float:
     """GB/s of a large D2D copy (read + write counted), the practical HBM ceiling."""
     n = int(gib * 2**30) // 2
@@ -100,13 +121,15 @@ def cases(T: int, B: int, d: int, H: int, Hkv: int, D: int, ffn: int, dtype, dev
     ]
 
 
-def bench_case(c: Case, impl: str, iters: int):
-    """(forward ms, backward ms) of one implementation."""
+def bench_case(c: Case, impl: str, iters: int, kernel: bool = False):
+    """(forward ms, backward ms) of one implementation: wall time of back-to-back calls, or
+    with `kernel` the GPU time of their kernels (kernel_ms)."""
+    measure = kernel_ms if kernel else timed
     inputs, fwd, grads = c.make()
-    f_ms = timed(lambda: fwd(impl), iters)
+    f_ms = measure(lambda: fwd(impl), iters)
     outs = fwd(impl)
     outs = outs if isinstance(outs, tuple) else (outs,)
-    b_ms = timed(lambda: torch.autograd.grad(outs, inputs, grads[: len(outs)], retain_graph=True), iters)
+    b_ms = measure(lambda: torch.autograd.grad(outs, inputs, grads[: len(outs)], retain_graph=True), iters)
     del outs
     return f_ms, b_ms
 
@@ -168,7 +191,8 @@ def main() -> int:
     print(f"Measured HBM bandwidth (D2D copy, 4 GiB): **{bw:.0f} GB/s**\n")
     for T in args.T:
         print(f"## T = {T}\n")
-        hdr = "| op | dir | MB | cuda ms | cuda GB/s | % HBM | torch ms | torch GB/s | speedup |"
+        hdr = ("| op | dir | MB | cuda ms | cuda GB/s | % HBM | kernel ms | kernel % HBM | torch ms | torch GB/s "
+               "| speedup |")
         if args.compile:
             hdr += " compile ms | compile GB/s |"
         print(hdr)
@@ -179,6 +203,11 @@ def main() -> int:
                 err = check(c)
                 cu = bench_case(c, "cuda", args.iters)
                 tr = bench_case(c, "torch", args.iters)
+                try:
+                    ku = bench_case(c, "cuda", args.iters, kernel=True)
+                except Exception as e:  # noqa: BLE001 - the profiler column is context; keep the row
+                    print(f"<!-- kernel time of {c.name} not measured: {type(e).__name__}: {e} -->")
+                    ku = (float("nan"), float("nan"))
             except Exception as e:  # noqa: BLE001 - one op failing must not hide the others
                 print(f"| {c.name} | FAILED: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} |")
                 result["rows"].append({"T": T, "op": c.name, "error": f"{type(e).__name__}: {e}"})
@@ -195,10 +224,12 @@ def main() -> int:
                 gbs = nbytes / (cu[i] * 1e-3) / 1e9
                 tgbs = nbytes / (tr[i] * 1e-3) / 1e9
                 row = {"T": T, "op": c.name, "dir": direction, "MB": nbytes / 1e6, "cuda_ms": cu[i],
-                       "cuda_GBps": gbs, "pct_hbm": 100 * gbs / bw, "torch_ms": tr[i], "torch_GBps": tgbs,
-                       "speedup": tr[i] / cu[i], "max_rel_err_vs_torch": err}
+                       "cuda_GBps": gbs, "pct_hbm": 100 * gbs / bw, "kernel_ms": ku[i],
+                       "kernel_pct_hbm": 100 * nbytes / (ku[i] * 1e-3) / 1e9 / bw, "torch_ms": tr[i],
+                       "torch_GBps": tgbs, "speedup": tr[i] / cu[i], "max_rel_err_vs_torch": err}
                 line = (f"| {c.name} | {direction} | {nbytes / 1e6:.0f} | {cu[i]:.3f} | {gbs:.0f} | "
-                        f"{100 * gbs / bw:.0f}% | {tr[i]:.3f} | {tgbs:.0f} | {tr[i] / cu[i]:.2f}x |")
+                        f"{100 * gbs / bw:.0f}% | {ku[i]:.3f} | {row['kernel_pct_hbm']:.0f}% | {tr[i]:.3f} | "
+                        f"{tgbs:.0f} | {tr[i] / cu[i]:.2f}x |")
                 if co is not None:
                     row.update(compile_ms=co[i], compile_GBps=nbytes / (co[i] * 1e-3) / 1e9)
                     line += f" {co[i]:.3f} | {row['compile_GBps']:.0f} |"
