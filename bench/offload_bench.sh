@@ -4,6 +4,7 @@
 # ~8 min (a 450 s guard skips what would not finish; skipped rows say so):
 #   run(kind="nvidia-h200", carry=[".whl"], timeout_s=600,
 #       command="bash bench/offload_bench.sh")
+# ROWS="blu-1.5b:z1 blu-0.5b:z3_params ..." runs only those rows.
 # Writes $OUT/offload.md (the table for docs/EXPERIMENTS.md), $OUT/offload.jsonl (one row per
 # run), $OUT/offload.err (stderr of every run).
 set -u
@@ -17,7 +18,8 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$OUT/gpu.txt" 
 python -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()" \
   > "$OUT/cpu_adam_build.log" 2>&1 &
 build=$!
-one() {  # shape setting
+one() {  # shape setting   (ROWS="shape:setting ...": only those rows, e.g. the ones a guard skipped)
+  if [ -n "${ROWS:-}" ] && [[ " $ROWS " != *" $1:$2 "* ]]; then return; fi
   local left=$((deadline - SECONDS))
   if [ "$left" -lt 40 ]; then
     echo "{\"shape\": \"$1\", \"setting\": \"$2\", \"error\": \"not run: time budget\"}" >> "$OUT/offload.jsonl"; return
