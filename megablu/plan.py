@@ -510,7 +510,7 @@ def _fmt_tokens(n: int) -> str:
     return f"{n // 1024}k" if n % 1024 == 0 else str(n)
 
 
-def format_table(rows: list[dict], gpu_gb: float) -> str:
+def format_table(rows: list[dict], gpu_gb: float, host_gb: Optional[float] = None) -> str:
     lines = [f"| GPUs | sp | target | tok/rank | GB/GPU | % of {gpu_gb:g} GB | verdict | limiting term |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -521,7 +521,10 @@ def format_table(rows: list[dict], gpu_gb: float) -> str:
         lines.append("")
         lines.append("Pinned host memory for offloaded activations (memory.offload_activations), per GPU: " +
                      ", ".join(f"{r['gpus']} GPUs {_fmt_tokens(r['window'])}: {r['host_gb_per_gpu']:.1f} GB"
-                               for r in hosts))
+                               for r in hosts)
+                     + ("" if host_gb is not None else
+                        " (not checked against any host: pass --host-gb, the pinned memory one GPU's share "
+                        "of its node can give, to mark rows that need more impossible)"))
     sugg = [r for r in rows if r["verdict"] != "comfortable"]
     if sugg:
         lines.append("")

@@ -59,7 +59,7 @@ def _plan(args) -> int:
               f"recompute={cfg.memory.recompute} loss_chunk={cfg.memory.loss_chunk} "
               f"micro_batch={cfg.train.micro_batch}; sp = {'GPUs' if sp is None else sp}; verdict: <= 80% comfortable, <= 100% "
               f"tight (probe first), else impossible")
-        print(plan.format_table(rows, args.gpu_gb))
+        print(plan.format_table(rows, args.gpu_gb, args.host_gb))
     return 0
 
 

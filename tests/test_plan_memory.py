@@ -89,6 +89,10 @@ def test_table_reports_host_memory_and_suggestion_respects_a_host_limit():
     assert all(r["verdict"] == "comfortable" for r in rows)
     text = plan.format_table(rows, 141.0)
     assert "Pinned host memory for offloaded activations" in text and "1 GPUs 1M: 415.9 GB" in text
+    assert "not checked against any host: pass --host-gb" in text      # no limit given: said so
+    host_limited = plan.fit_table(on, [1, 2], plan.parse_tokens("1M"), 141.0, host_gb=300.0)
+    assert [r["verdict"] for r in host_limited] == ["impossible", "comfortable"]   # 415.9 GB > 300; 2 GPUs: ~246
+    assert "not checked" not in plan.format_table(host_limited, 141.0, 300.0)
 
 
 def test_suggestions_obey_the_offload_invariant():
