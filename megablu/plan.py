@@ -217,6 +217,7 @@ def outside_layers_per_token(m: ModelConfig, ops: str) -> float:
 
 
 OFFLOAD_RESIDENT_LAYERS = 2   # model/offload.py: the block running + one in flight / prefetched
+OFFLOAD_KEPT_LAYERS = 1       # model/offload.py KEEP_LAST: the final blocks never leave the GPU
 
 
 def saved_per_token(m: ModelConfig, recompute: str, ops: str, sp: int = 1, mlp_tiles: int = 1,
@@ -229,10 +230,8 @@ def saved_per_token(m: ModelConfig, recompute: str, ops: str, sp: int = 1, mlp_t
 
 def host_per_token(m: ModelConfig, recompute: str, ops: str, sp: int = 1, mlp_tiles: int = 1) -> float:
     """Pinned host bytes per token per rank with memory.offload_activations: every layer's saved
-    set but the last KEEP_LAST ones (model/offload.py keeps those on the device)."""
-    from .model.offload import KEEP_LAST
-
-    return max(0, m.n_layers - KEEP_LAST) * saved_per_layer(layer_bytes_per_token(m, ops, sp), recompute, mlp_tiles)
+    set but the last OFFLOAD_KEPT_LAYERS ones (model/offload.py keeps those on the device)."""
+    return (m.n_layers - OFFLOAD_KEPT_LAYERS) * saved_per_layer(layer_bytes_per_token(m, ops, sp), recompute, mlp_tiles)
 
 
 def layer_working_set(lb: dict, recompute: str, mlp_tiles: int = 1) -> float:
