@@ -7,10 +7,16 @@ offloaded), forward_backward() from megablu.train.step, random tokens, micro-bat
 accumulation 1, bf16, the config's memory section (base.yaml: selective recompute, loss
 chunk 4096).
 
-Largest window: peak allocated memory is linear in T for this model (flash/SDPA attention,
-chunked loss), so peak(T) = a + b*T is fitted from optimizer steps at two windows, T_max =
-(budget - a)/b rounded down to 4096, and then VERIFIED by a real optimizer step at T_max;
-on OOM T_max shrinks by 10% and is tried again (twice at most). The row says which.
+Largest window: the forward+backward peak is linear in T for this model (flash/SDPA
+attention, chunked loss), so fb_peak(T) = a + b*T is fitted from two windows, T_max =
+(budget - a)/b rounded down to 4096, and then VERIFIED by a real optimizer step at T_max.
+The optimizer step's own peak (fp32 master/moments transients, T-independent) is measured
+apart: fitting whole-step peaks mixes the two, and for the 1.5B shape at 8k the step peak
+hid the activations, so the slope came out 0.52 MB/token instead of 0.70 and every
+verification OOM'd (2026-12-03). On OOM the verification restarts in a FRESH process at
+-10% (twice at most): an OOM in the middle of a ZeRO-2/3 backward leaves gradients
+half-reduced, and the next backward in the same engine trips DeepSpeed's "gradient computed
+twice" assertion. The row says which windows OOM'd.
 
   python bench/offload_bench.py --shape blu-0.5b --setting z2_opt      # prints one JSON line
 Settings: z1 (no offload, base.yaml), z2_opt, z3_opt, z3_params (yaml_configs/zero*_offload*.yaml),
@@ -19,7 +25,6 @@ z3_opt_params (both offloads: zero3_offload_params + parallel.offload_optimizer=
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import sys
@@ -50,7 +55,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", choices=sorted(SHAPES), required=True)
     p.add_argument("--setting", choices=sorted(SETTINGS), required=True)
-    p.add_argument("--fit", default="8192,16384", help="two windows for the linear memory fit")
+    p.add_argument("--fit", default="16384,32768", help="two windows for the linear memory fit")
+    p.add_argument("--verify", type=int, default=0, help="(internal) skip the fit, verify this window")
+    p.add_argument("--row", default="{}", help="(internal) the row measured so far, as JSON")
     p.add_argument("--reserve-gb", type=float, default=6.0, help="kept free of the GPU's total (allocator slack)")
     a = p.parse_args()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -87,49 +94,53 @@ def main() -> int:
     budget = total_gb - a.reserve_gb
     row["setup_s"] = round(time.perf_counter() - t_start, 1)
 
-    def step(T: int) -> tuple[float, float]:
-        """One optimizer step at window T: (peak allocated GB, seconds)."""
+    def step(T: int) -> tuple[float, float, float]:
+        """One optimizer step at window T: (fwd+bwd peak GB, optimizer-step peak GB, seconds)."""
         ids = torch.randint(0, cfg.model.vocab_size, (1, T))
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         forward_backward(engine, [{"input_ids": ids, "labels": ids.clone()}], groups, cfg.parallel.zero_stage,
-                         cfg.parallel.reduce_scatter)
+                         cfg.parallel.reduce_scatter, apply_step=False)
         torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() / 1e9, time.perf_counter() - t0
+        fb = torch.cuda.max_memory_allocated() / 1e9
+        torch.cuda.reset_peak_memory_stats()
+        engine.step()
+        torch.cuda.synchronize()
+        return fb, torch.cuda.max_memory_allocated() / 1e9, time.perf_counter() - t0
 
-    t1, t2 = (int(x) for x in a.fit.split(","))
-    step(t1)                                   # warm-up (kernels, allocator, CPU Adam first call)
-    m1, _ = step(t1)
-    m2, s2 = step(t2)
-    slope = (m2 - m1) / (t2 - t1)              # GB per token
-    row.update(fit_gb={t1: round(m1, 2), t2: round(m2, 2)}, mb_per_token=round(slope * 1e3, 4),
-               static_gb=round(m1 - slope * t1, 2), tok_s_at_fit=round(t2 / s2), fit_T=t2, budget_gb=round(budget, 1))
-    T = int((budget - (m1 - slope * t1)) / slope) // 4096 * 4096
-    row["predicted_T"] = T
-    print(json.dumps(row), flush=True)         # the fit survives a verification that runs out of time
-    for attempt in range(3):
-        oom = False
-        try:
-            mem, sec = step(T)
-            row.update(max_T=T, verified=True, mem_at_max_gb=round(mem, 1), tok_s_at_max=round(T / sec))
-            break
-        except (torch.OutOfMemoryError, RuntimeError) as e:   # DeepSpeed hooks may rewrap the OOM
-            if not isinstance(e, torch.OutOfMemoryError) and "out of memory" not in str(e):
-                raise
-            oom = True
-        if oom:
-            # free the failed step's activations before retrying: the exception's traceback held
-            # their frames until the except block ended (a retry inside it starts with them alive);
-            # an OOM mid-step can leave ZeRO state half-done, the next attempt still measures memory
-            engine.zero_grad()
-            gc.collect()
-            torch.cuda.empty_cache()
-            row.setdefault("oom_at", []).append(T)
-            T = int(T * 0.9) // 4096 * 4096
+    if a.verify:
+        row = json.loads(a.row)
+        T = a.verify
     else:
+        t1, t2 = (int(x) for x in a.fit.split(","))
+        step(t1)                               # warm-up (kernels, allocator, CPU Adam first call)
+        m1, o1, _ = step(t1)
+        m2, o2, s2 = step(t2)
+        slope = (m2 - m1) / (t2 - t1)          # GB per token
+        static = m1 - slope * t1
+        row.update(fit_gb={t1: round(m1, 2), t2: round(m2, 2)}, mb_per_token=round(slope * 1e3, 4),
+                   static_gb=round(static, 2), step_peak_gb=round(max(o1, o2), 2), tok_s_at_fit=round(t2 / s2),
+                   fit_T=t2, budget_gb=round(budget, 1))
+        T = int((budget - static) / slope) // 4096 * 4096
+        row["predicted_T"] = T
+        print(json.dumps(row), flush=True)     # the fit survives a verification that runs out of time
+    try:
+        fb, opt_peak, sec = step(T)
+        row.update(max_T=T, verified=True, mem_at_max_gb=round(max(fb, opt_peak), 1), tok_s_at_max=round(T / sec))
+    except (torch.OutOfMemoryError, RuntimeError) as e:   # DeepSpeed hooks may rewrap the OOM
+        if not isinstance(e, torch.OutOfMemoryError) and "out of memory" not in str(e):
+            raise
+        row.setdefault("oom_at", []).append(T)
+        if len(row["oom_at"]) < 3:             # fresh process: this engine's ZeRO state is half-reduced
+            row.pop("setup_s", None)
+            print(json.dumps(row), flush=True)
+            os.environ["MASTER_PORT"] = str(29511 + len(row["oom_at"]))   # the old store's port may linger
+            os.execv(sys.executable, [sys.executable, __file__, "--shape", a.shape, "--setting", a.setting,
+                                      "--reserve-gb", str(a.reserve_gb), "--verify", str(int(T * 0.9) // 4096 * 4096),
+                                      "--row", json.dumps(row)])
         row.update(max_T=None, verified=False)
-    row["total_s"] = round(time.perf_counter() - t_start, 1)
+    row["total_s"] = round(time.perf_counter() - t_start, 1)   # this process only
     print(json.dumps(row), flush=True)
     return 0
 

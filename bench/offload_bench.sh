@@ -59,7 +59,7 @@ for r in rows:
         continue
     b = base.get(r["shape"])
     if r.get("max_T"):
-        mx = f"{r['max_T']:,}" + (f" (OOM at {r['oom_at'][0]:,})" if r.get("oom_at") else "")
+        mx = f"{r['max_T']:,}" + (" (OOM at " + ", ".join(f"{x:,}" for x in r["oom_at"]) + ")" if r.get("oom_at") else "")
     elif r.get("oom_at"):
         mx = f"none verified (OOM at {r['oom_at']})"
     else:
