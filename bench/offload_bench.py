@@ -81,8 +81,7 @@ def main() -> int:
     t_start = time.perf_counter()
     torch.cuda.set_device(0)
     deepspeed.init_distributed(dist_backend="nccl")
-    model = BluModel(cfg.model, cfg.rope, cfg.memory)
-    model.reset_parameters(seed=0)
+    model = BluModel(cfg.model, cfg.rope, cfg.memory, seed=0)
     ds = deepspeed_config(cfg, grad_accum=1, dp=1, device="cuda")
     opt = None
     if "optimizer" not in ds:

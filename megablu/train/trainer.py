@@ -142,8 +142,7 @@ class Trainer:
     def _build_model(self) -> BluModel:
         cfg = self.cfg
         torch.manual_seed(cfg.train.seed)
-        model = BluModel(cfg.model, cfg.rope, cfg.memory)
-        model.reset_parameters(seed=cfg.train.seed)
+        model = BluModel(cfg.model, cfg.rope, cfg.memory, seed=cfg.train.seed)
         if cfg.init_from and not self.resume:
             from .checkpoint import load_weights, newest_verified
 
