@@ -96,7 +96,7 @@ def step(model, impl: str, ids: torch.Tensor):
 def measure(impl: str, mode: str, T: int, loss_chunk: int, iters: int, ops: str = "auto",
             mlp_tiles: int = 8, warmup: bool = True) -> dict:
     row = {"impl": f"megablu/{ops}" if impl == "megablu" else impl, "mode": mode, "T": T,
-           "loss_chunk": loss_chunk if impl == "megablu" else None}
+           "loss_chunk": loss_chunk if impl == "megablu" else None, "n_layers": BLU05B.n_layers}
     model = None
     try:
         model = build(impl, mode, T, loss_chunk, ops, mlp_tiles)
@@ -146,7 +146,13 @@ def main():
     p.add_argument("--ops", default="cuda", help="megablu elementwise ops: cuda, torch or both (cuda,torch)")
     p.add_argument("--no-warmup", action="store_true", help="measure the first step (very long T: one step only)")
     p.add_argument("--json", default="train_bench.json", help="file name under $OUT for the rows")
+    p.add_argument("--layers", type=int, default=0,
+                   help="blu-0.5b with this many layers instead of 36: a depth-truncated step for windows "
+                        "whose full-depth step outlasts a device call (bench/h200_capacity.sh)")
     a = p.parse_args()
+    if a.layers:
+        global BLU05B
+        BLU05B = BLU05B.model_copy(update={"n_layers": a.layers})
     rows = []
     for T in [int(x) for x in a.T.split(",")]:
         for mode in a.modes.split(","):
@@ -161,6 +167,8 @@ def main():
     print("| impl | mode | T | loss chunk | peak GB | planned GB | MB/token | step s | tokens/s | MFU | host GB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        if r["n_layers"] != 36:
+            r = dict(r, mode=f"{r['mode']} ({r['n_layers']} layers)")
         if r.get("oom"):
             print(f"| {r['impl']} | {r['mode']} | {r['T']} | {r['loss_chunk']} | OOM | | | | | | |")
         else:
