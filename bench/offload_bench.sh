@@ -2,12 +2,13 @@
 # ZeRO-Offload on ONE H200: largest trainable window + tokens/s per setting, blu-0.5b and a
 # 1.53B shape (bench/offload_bench.py says how each number is measured). A row takes 100-135 s
 # (35-70 s of it model init and DeepSpeed setup), so the ten rows take two or three device
-# calls; a guard (BUDGET_S, default 450) skips what would not finish and says so. As run on
-# 2026-12-03 (bench/offload_table.py joins the calls' offload.jsonl into one table):
+# calls; a guard (BUDGET_S, default 450) skips what would not finish and says so. For example
+# (bench/offload_table.py joins the calls' offload.jsonl into one table):
 #   run(kind="nvidia-h200", carry=[".whl"], timeout_s=600, command="BUDGET_S=545 \
 #       ROWS='blu-0.5b:z1 blu-0.5b:z2_opt blu-0.5b:z3_params blu-0.5b:z3_opt blu-0.5b:z3_opt_params' bash bench/offload_bench.sh")
 #   run(..., command="BUDGET_S=545 ROWS='blu-1.5b:z1 blu-1.5b:z2_opt blu-1.5b:z3_opt' bash bench/offload_bench.sh")
 #   run(..., command="BUDGET_S=545 ROWS='blu-1.5b:z3_params blu-1.5b:z3_opt_params' bash bench/offload_bench.sh")
+# ROWS='shape:setting ...' runs only those rows; ROW_S caps one row (default 240 s).
 # Writes $OUT/offload.md (the table for docs/EXPERIMENTS.md), $OUT/offload.jsonl (one row per
 # run), $OUT/offload.err (stderr of every run).
 set -u
@@ -27,7 +28,8 @@ one() {  # shape setting   (ROWS="shape:setting ...": only those rows, e.g. the 
   if [ "$left" -lt 40 ]; then
     echo "{\"shape\": \"$1\", \"setting\": \"$2\", \"error\": \"not run: time budget\"}" >> "$OUT/offload.jsonl"; return
   fi
-  [ "$left" -gt 240 ] && left=240   # a row takes 100-135 s; an OOM retry (fresh process) adds 60-100
+  local cap=${ROW_S:-240}   # a row takes 100-135 s; an OOM retry (fresh process) adds 60-100
+  [ "$left" -gt "$cap" ] && left=$cap
   echo "=== $1 $2 ($(date +%T))" >> "$OUT/offload.err"
   timeout "$left" python bench/offload_bench.py --shape "$1" --setting "$2" >> "$OUT/offload.jsonl" 2>> "$OUT/offload.err"
   local rc=$?
