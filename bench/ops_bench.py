@@ -18,6 +18,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -45,7 +46,7 @@ def timed(fn, iters: int, reps: int = 5) -> float:
     return statistics.median(out)
 
 
-def kernel_ms(fn, iters: int) -> float:
+def kernel_ms(fn, iters: int, by_kernel: Optional[dict] = None) -> float:
     """GPU time (ms) of the kernels one call launches, from the profiler: what the op costs
     inside a training step, where the queue is full and the host's launch time is hidden.
     `timed` measures back-to-back calls instead, which at small T is bound by the host (an
@@ -60,9 +61,13 @@ def kernel_ms(fn, iters: int) -> float:
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()
-    us = sum(e.device_time_total for e in prof.events() if e.device_type == DeviceType.CUDA)
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    us = sum(e.device_time_total for e in kernels)
     if us <= 0:
         raise RuntimeError("the profiler recorded no kernel time")
+    if by_kernel is not None:   # ms per call of each kernel: which one a miss is in
+        for e in kernels:
+            by_kernel[e.name[:80]] = by_kernel.get(e.name[:80], 0.0) + e.device_time_total / iters / 1e3
     return us / iters / 1e3
 
 
@@ -121,15 +126,22 @@ def cases(T: int, B: int, d: int, H: int, Hkv: int, D: int, ffn: int, dtype, dev
     ]
 
 
-def bench_case(c: Case, impl: str, iters: int, kernel: bool = False):
+def bench_case(c: Case, impl: str, iters: int, kernel: bool = False, by_kernel: Optional[list] = None):
     """(forward ms, backward ms) of one implementation: wall time of back-to-back calls, or
-    with `kernel` the GPU time of their kernels (kernel_ms)."""
-    measure = kernel_ms if kernel else timed
+    with `kernel` the GPU time of their kernels (kernel_ms; by_kernel gets the forward's and
+    the backward's per-kernel split)."""
+    splits = ({}, {})
+    if by_kernel is not None:
+        by_kernel.extend(splits)
+
+    def measure(fn, n, i):
+        return kernel_ms(fn, n, splits[i]) if kernel else timed(fn, n)
+
     inputs, fwd, grads = c.make()
-    f_ms = measure(lambda: fwd(impl), iters)
+    f_ms = measure(lambda: fwd(impl), iters, 0)
     outs = fwd(impl)
     outs = outs if isinstance(outs, tuple) else (outs,)
-    b_ms = measure(lambda: torch.autograd.grad(outs, inputs, grads[: len(outs)], retain_graph=True), iters)
+    b_ms = measure(lambda: torch.autograd.grad(outs, inputs, grads[: len(outs)], retain_graph=True), iters, 1)
     del outs
     return f_ms, b_ms
 
@@ -203,11 +215,12 @@ def main() -> int:
                 err = check(c)
                 cu = bench_case(c, "cuda", args.iters)
                 tr = bench_case(c, "torch", args.iters)
+                splits: list = []
                 try:
-                    ku = bench_case(c, "cuda", args.iters, kernel=True)
+                    ku = bench_case(c, "cuda", args.iters, kernel=True, by_kernel=splits)
                 except Exception as e:  # noqa: BLE001 - the profiler column is context; keep the row
                     print(f"<!-- kernel time of {c.name} not measured: {type(e).__name__}: {e} -->")
-                    ku = (float("nan"), float("nan"))
+                    ku, splits = (float("nan"), float("nan")), [{}, {}]
             except Exception as e:  # noqa: BLE001 - one op failing must not hide the others
                 print(f"| {c.name} | FAILED: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} |")
                 result["rows"].append({"T": T, "op": c.name, "error": f"{type(e).__name__}: {e}"})
@@ -226,7 +239,8 @@ def main() -> int:
                 row = {"T": T, "op": c.name, "dir": direction, "MB": nbytes / 1e6, "cuda_ms": cu[i],
                        "cuda_GBps": gbs, "pct_hbm": 100 * gbs / bw, "kernel_ms": ku[i],
                        "kernel_pct_hbm": 100 * nbytes / (ku[i] * 1e-3) / 1e9 / bw, "torch_ms": tr[i],
-                       "torch_GBps": tgbs, "speedup": tr[i] / cu[i], "max_rel_err_vs_torch": err}
+                       "torch_GBps": tgbs, "speedup": tr[i] / cu[i], "max_rel_err_vs_torch": err,
+                       "kernels_ms": splits[i]}
                 line = (f"| {c.name} | {direction} | {nbytes / 1e6:.0f} | {cu[i]:.3f} | {gbs:.0f} | "
                         f"{100 * gbs / bw:.0f}% | {ku[i]:.3f} | {row['kernel_pct_hbm']:.0f}% | {tr[i]:.3f} | "
                         f"{tgbs:.0f} | {tr[i] / cu[i]:.2f}x |")
@@ -237,6 +251,10 @@ def main() -> int:
                 elif args.compile:
                     line += " - | - |"
                 print(line)
+                if len(splits[i]) > 1:
+                    print(f"<!-- {c.name} {direction} kernels (ms per call): "
+                          + ", ".join(f"{k} {v:.3f}" for k, v in sorted(splits[i].items(), key=lambda kv: -kv[1]))
+                          + " -->")
                 result["rows"].append(row)
                 step["cuda_ms"] += mult * cu[i]
                 step["torch_ms"] += mult * tr[i]
