@@ -81,12 +81,16 @@ __global__ void __launch_bounds__(kWarps * 32) rmsnorm_fwd_kernel(RmsNormFwdArgs
   }
 }
 
-// Grid-stride over rows (a warp at a time); each block accumulates dw for all its rows in
-// shared memory (fp32 atomics: fire-and-forget RED.ADD, contended only when two warps hit
-// the same column in the same cycle), then writes one fp32 row of dw_partial. Registers
-// hold only the row's gy, r and grad_r in storage type (w is re-read per row from L1), so
-// rows up to 1024 bf16 run 2 blocks (16 warps) per SM at <= 128 registers (ptxas spills
-// ~10 bytes for bf16 d=1024); wider rows run one block per SM without spilling.
+// Grid-stride over rows (a warp at a time). A lane owns the same columns in every row its
+// warp takes (vectors lane, lane+32, ...), so it sums its share of dw in registers across
+// all those rows; at the end the block's warps add their sums into shared memory in turn
+// (one barrier per warp, no atomics) and the block writes one fp32 row of dw_partial.
+// An earlier form added to shared memory per element per row with atomicAdd; on sm_90 a
+// float atomicAdd to shared memory compiles to a CAS spin loop (ATOMS.CAST.SPIN, 32 per lane
+// per row for bf16 d=1024), which stalled each warp between its rows' loads: 55% of HBM
+// bandwidth at 32k rows (docs/BENCHMARKS.md). The sum order is now fixed, so dw is also
+// bitwise deterministic run to run. grad_r is loaded in the store pass, not held from the
+// first one, to leave registers for the dw sums.
 template <typename T, int VEC, int VPT>
 __global__ void __launch_bounds__(kWarps * 32, (VPT <= 4 ? 2 : 1)) rmsnorm_bwd_kernel(RmsNormBwdArgs a) {
   extern __shared__ float dw_smem[];   // (VEC, d / VEC): column j*VEC+e at e*nvec + j
@@ -95,10 +99,11 @@ __global__ void __launch_bounds__(kWarps * 32, (VPT <= 4 ? 2 : 1)) rmsnorm_bwd_k
   const int64_t nvec = a.d / VEC;
   const T* __restrict__ w = static_cast<const T*>(a.weight);
   const float inv_d = 1.f / static_cast<float>(a.d);
-
-  for (int64_t j = threadIdx.x; j < a.d; j += blockDim.x) dw_smem[j] = 0.f;
-
-  __syncthreads();   // dw_smem zeroed before any warp adds to it
+  float dw[VPT][VEC];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i)
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) dw[i][e] = 0.f;
 
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < a.rows;
        row += static_cast<int64_t>(gridDim.x) * kWarps) {
@@ -106,7 +111,7 @@ __global__ void __launch_bounds__(kWarps * 32, (VPT <= 4 ? 2 : 1)) rmsnorm_bwd_k
     const T* __restrict__ rr = static_cast<const T*>(a.r) + row * a.d;
     const float rstd = a.rstd[row];
     const T* __restrict__ gres = a.g_res ? static_cast<const T*>(a.g_res) + row * a.d : nullptr;
-    Vec<T, VEC> gv[VPT], rv[VPT], ev[VPT];
+    Vec<T, VEC> gv[VPT], rv[VPT];
     float dot = 0.f;   // sum over the row of (w*gy) * xhat
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
@@ -114,7 +119,6 @@ __global__ void __launch_bounds__(kWarps * 32, (VPT <= 4 ? 2 : 1)) rmsnorm_bwd_k
       if (j < nvec) {
         gv[i] = load_vec<T, VEC>(gy + j * VEC);
         rv[i] = load_vec<T, VEC>(rr + j * VEC);
-        if (gres) ev[i] = load_vec<T, VEC>(gres + j * VEC);   // issued with the others
         const Vec<T, VEC> wv = load_vec<T, VEC>(w + j * VEC);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) dot += to_f(gv[i].v[e]) * to_f(wv.v[e]) * (to_f(rv[i].v[e]) * rstd);
@@ -127,14 +131,15 @@ __global__ void __launch_bounds__(kWarps * 32, (VPT <= 4 ? 2 : 1)) rmsnorm_bwd_k
       const int64_t j = lane + 32 * i;
       if (j < nvec) {
         const Vec<T, VEC> wv = load_vec<T, VEC>(w + j * VEC);
+        Vec<T, VEC> ev;
+        if (gres) ev = load_vec<T, VEC>(gres + j * VEC);
         Vec<T, VEC> out;
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
           const float g = to_f(gv[i].v[e]);
           const float xh = to_f(rv[i].v[e]) * rstd;
-          const float extra = gres ? to_f(ev[i].v[e]) : 0.f;
-          // element-major layout (e * nvec + j): lanes hit consecutive banks, no conflicts
-          atomicAdd(&dw_smem[e * nvec + j], g * round_to<T>(xh));
+          const float extra = gres ? to_f(ev.v[e]) : 0.f;
+          dw[i][e] += g * round_to<T>(xh);
           out.v[e] = from_f<T>(rstd * (g * to_f(wv.v[e]) - xh * mean_dot) + extra);
         }
         store_vec<T, VEC>(dr + j * VEC, out);
@@ -142,7 +147,25 @@ __global__ void __launch_bounds__(kWarps * 32, (VPT <= 4 ? 2 : 1)) rmsnorm_bwd_k
     }
   }
 
-  __syncthreads();   // every warp's rows added
+  // the warps' sums into shared memory, warp 0 first (it writes every column: lanes x VPT
+  // cover all nvec vectors), then each next warp adds; element-major layout (e * nvec + j)
+  // keeps a warp's 32 lanes on consecutive banks
+  for (int turn = 0; turn < kWarps; ++turn) {
+    if (warp == turn) {
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int64_t j = lane + 32 * i;
+        if (j < nvec) {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            float* slot = &dw_smem[e * nvec + j];
+            *slot = (turn == 0 ? 0.f : *slot) + dw[i][e];
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
   float* out = a.dw_partial + static_cast<int64_t>(blockIdx.x) * a.d;
   for (int64_t c = threadIdx.x; c < a.d; c += blockDim.x) out[c] = dw_smem[(c % VEC) * nvec + c / VEC];
 }

@@ -168,6 +168,12 @@ def test_rmsnorm_kernels(emu, dtype, d, vpt, with_res):
     b = RmsBwdArgs(gy.data_ptr(), gr.data_ptr() if with_res else None, r.data_ptr(), w.data_ptr(), rstd.data_ptr(),
                    dr.data_ptr(), part.data_ptr(), rows, d, blocks, DT[dtype], vec, vpt)
     assert emu.emu_rmsnorm_bwd(ctypes.byref(b)) == 0
+    # the block's warps add their dw sums in a fixed order (no atomics): bitwise repeatable
+    dr2, part2 = torch.empty_like(x), torch.empty(blocks, d, dtype=torch.float32)
+    b2 = RmsBwdArgs(gy.data_ptr(), gr.data_ptr() if with_res else None, r.data_ptr(), w.data_ptr(), rstd.data_ptr(),
+                    dr2.data_ptr(), part2.data_ptr(), rows, d, blocks, DT[dtype], vec, vpt)
+    assert emu.emu_rmsnorm_bwd(ctypes.byref(b2)) == 0
+    assert torch.equal(part, part2) and torch.equal(dr, dr2)
 
     x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
     res64 = res.double().requires_grad_()
