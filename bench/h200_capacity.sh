@@ -55,7 +55,8 @@ if all(n in rows and "peak_gb" in rows[n] for n in (2, 4)):
     import torch
     tot = torch.cuda.get_device_properties(0).total_memory / 1e9
     print(f"with the optimizer step (ZeRO-1 AdamW: + the planner's {full - bare:.1f} GB): {proj + full - bare:.1f} GB "
-          f"= {(proj + full - bare) / tot:.0%} of the GPU's {tot:.1f} GB (target: within 80%); planner {full:.1f} GB")
+          f"= {(proj + full - bare) / tot:.0%} of the GPU's {tot:.1f} GB (target: within 80%); planner {full:.1f} GB "
+          f"allocated, {estimate(setup).gpu_gb:.1f} GB with allocator slack and CUDA context (`megablu plan`)")
 else:
     print("\nno projection: a truncated step is missing or OOM'd:", {n: r.get("oom", "ok") for n, r in rows.items()})
 PY

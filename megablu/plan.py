@@ -374,14 +374,47 @@ _COSTS = {  # rough relative step time, from docs/BENCHMARKS.md where measured (
     "loss_chunk=4096": 1.0,
     "zero_stage=2": 1.02,          # estimate
     "zero_stage=3": 1.15,          # estimate
-    "offload_optimizer": 1.3,      # estimate
-    "offload_params": 2.0,         # estimate
+    "offload_optimizer": None,     # a fixed time per step: _cost()
+    "offload_params": None,        # a fixed time per step: _cost()
     # tiles add no forward to selective (the tiles ARE its MLP recompute), only smaller GEMMs
     "mlp_tiles=8": 1.02,           # estimate
     # H200, blu-0.5b, selective: 0.959 / 0.939 s at 32k (the last block kept), 11.48 / 11.41 s
     # at 128k: the copies hide behind the layers' compute (docs/BENCHMARKS.md)
     "offload_activations": 1.02,
 }
+
+
+# ZeRO-Offload adds a fixed time per step, so its relative cost falls as the window grows.
+# Measured on one H200 against ZeRO-1 (docs/EXPERIMENTS.md, 2026-12-03, single steps,
+# bench/results/2026-12-03; tests/test_plan.py checks the model against those rows):
+#   optimizer offload, ZeRO-1/2: CPU Adam + PCIe for the rank's partition, 0.58-0.62 s per
+#     billion parameters (blu-0.5b at 16k, blu-1.5b at 32k)
+#   optimizer offload, ZeRO-3: 0.7-1.65 s for both shapes, i.e. not per parameter but per
+#     layer (ZeRO-3's hooks fetch and release each module): 25-57 ms per layer
+#   parameter offload, optimizer on the GPU: 3.3-3.5 s per billion parameters (16k)
+#   parameter offload on top of optimizer offload: within the single steps' noise of
+#     optimizer offload alone (-0.6 to +1.1 s): nothing added
+_OFFLOAD_S_PER_BPARAM = {"offload_optimizer": 0.6, "offload_params": 3.4}
+_ZERO3_OFFLOAD_S_PER_LAYER = 0.035
+ASSUMED_MFU = 0.36   # megablu, selective recompute, H200, 32k and 128k (docs/BENCHMARKS.md)
+
+
+def step_seconds(s: Setup) -> float:
+    """The step's compute time per rank at ASSUMED_MFU of an H200 (for ranking changes only)."""
+    return flops_per_token(s.model, s.window) * s.tokens_per_rank / (ASSUMED_MFU * PEAK_TFLOPS_H200 * 1e12)
+
+
+def _cost(change: str, after: Setup) -> float:
+    """Relative step time of one change, `after` being the setup with it applied."""
+    if _COSTS[change] is not None:
+        return _COSTS[change]
+    if change == "offload_optimizer" and after.zero_stage == 3:
+        added = _ZERO3_OFFLOAD_S_PER_LAYER * after.model.n_layers
+    elif change == "offload_params" and after.offload_optimizer:
+        added = 0.0
+    else:
+        added = _OFFLOAD_S_PER_BPARAM[change] * after.model.n_params() / after.shards / 1e9
+    return 1.0 + added / step_seconds(after)
 
 
 def verdict(frac: float) -> str:
@@ -431,20 +464,20 @@ def suggest(s: Setup, gpu_gb: float, calib: Optional[Calibration] = None,
         base = replace(s, gpus=g, sp=min(g, s.sp * g // s.gpus))
         for r in range(0, 4):
             for combo in itertools.combinations(changes, r):
-                cur, ok = base, True
+                cur, ok, cost = base, True, 1.0
                 for c in combo:
                     nxt = _apply(cur, c)
                     if nxt is None:
                         ok = False
                         break
                     cur = nxt
+                    cost *= _cost(c, cur)
                 if not ok or (gi == 0 and not combo):
                     continue
                 e = estimate(cur, calib)
                 if host_gb is not None and e.host_gb > host_gb:
                     continue
                 frac = e.gpu_gb / gpu_gb
-                cost = math.prod(_COSTS[c] for c in combo)
                 desc = ", ".join([f"{g} GPUs (sp={cur.sp})"] * (gi > 0) + [
                     f"parallel.{c}" if c in ("offload_optimizer", "offload_params") or c.startswith("zero")
                     else f"memory.{c}" for c in combo])

@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -248,3 +249,52 @@ def test_megablu_command_has_plan_and_probe():
     assert "| 2 | 2 | 64k | 32,768 |" in r.stdout and "comfortable" in r.stdout
     h = subprocess.run([sys.executable, "-m", "megablu.cli", "probe", "--help"], capture_output=True, text=True)
     assert h.returncode == 0 and "--config" in h.stdout
+
+
+def _measured_offload_overheads():
+    """(setting row, ZeRO-1 step seconds, measured added seconds) from the H200 offload rows:
+    each row against the ZeRO-1 step of the same call at the same window."""
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    out = []
+    for f in sorted((bench / "results" / "2026-12-03").glob("offload_*.jsonl")):
+        rows = {}
+        for line in f.read_text().splitlines():
+            if line.startswith("{"):
+                r = json.loads(line)
+                rows.setdefault((r["shape"], r["setting"]), {}).update(r)
+        base = {(r["shape"], r["fit_T"]): r["fit_T"] / r["tok_s_at_fit"]
+                for r in rows.values() if r["setting"] == "z1" and "tok_s_at_fit" in r}
+        for r in rows.values():
+            z1_s = base.get((r["shape"], r.get("fit_T")))
+            if r["setting"] != "z1" and z1_s:
+                out.append((r, z1_s, r["fit_T"] / r["tok_s_at_fit"] - z1_s))
+    return out
+
+
+def test_offload_step_cost_matches_the_h200_rows():
+    """The fit table's cost of ZeRO-Offload is a fixed time per step (plan._cost); against the
+    ten H200 rows its added seconds stay within the single steps' spread, and in sum within 15%."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from offload_bench import SETTINGS, SHAPES
+
+    rows = _measured_offload_overheads()
+    assert len(rows) == 10
+    model_sum = meas_sum = 0.0
+    for r, _, measured in rows:
+        cfg = load_config(Path("yaml_configs") / SETTINGS["z1"][0], SETTINGS["z1"][1] + SHAPES[r["shape"]],
+                          world_size=1, device="cuda")
+        s, cost = replace(plan.Setup.from_config(cfg, gpus=1, window=r["fit_T"]), zero_stage=r["zero_stage"]), 1.0
+        for change in [c for c in ("offload_optimizer", "offload_params") if r[c]]:
+            s = plan._apply(s, change)
+            cost *= plan._cost(change, s)
+        added = plan.step_seconds(s) * (cost - 1)
+        assert 0.6 < added / measured < 1.7, (r["shape"], r["setting"], r["fit_T"], added, measured)
+        model_sum, meas_sum = model_sum + added, meas_sum + measured
+    assert abs(model_sum / meas_sum - 1) < 0.15
+
+
+def test_offload_cost_falls_with_the_window():
+    s16, s256 = (plan._apply(plan.Setup(BLU05B, t, gpus=1, sp=1, recompute="selective", loss_chunk=4096),
+                             "offload_optimizer") for t in (16384, 262144))
+    assert plan._cost("offload_optimizer", s16) > 1.5          # a 0.4 s CPU step against a ~0.3 s step
+    assert plan._cost("offload_optimizer", s256) < 1.02        # hidden behind a ~40 s step
