@@ -17,16 +17,21 @@ NAMES = {"z1": "ZeRO-1, no offload", "z2_opt": "ZeRO-2 + optimizer offload", "z3
          "z3_params": "ZeRO-3 + param offload", "z3_opt_params": "ZeRO-3 + optimizer + param offload"}
 
 
+def merge_file(path: str) -> dict[tuple, dict]:
+    """One call's rows, (shape, setting) -> the union of that run's JSON lines (log lines skipped)."""
+    merged: dict[tuple, dict] = {}
+    for line in open(path):
+        if line.startswith("{"):
+            r = json.loads(line)
+            merged.setdefault((r["shape"], r["setting"]), {}).update(r)
+    return merged
+
+
 def load(paths: list[str]) -> tuple[list[dict], dict]:
     rows: dict[tuple, dict] = {}
     base_tok_s: dict[tuple, int] = {}   # (file, shape, T) and (shape, T) -> ZeRO-1 tokens/s at that window
     for i, path in enumerate(paths):
-        merged: dict[tuple, dict] = {}
-        for line in open(path):
-            if line.startswith("{"):
-                r = json.loads(line)
-                merged.setdefault((r["shape"], r["setting"]), {}).update(r)
-        for key, r in merged.items():
+        for key, r in merge_file(path).items():
             rows[key] = dict(r, _file=i)
             if r["setting"] == "z1" and "tok_s_at_fit" in r:
                 base_tok_s[(i, r["shape"], r["fit_T"])] = base_tok_s[(r["shape"], r["fit_T"])] = r["tok_s_at_fit"]

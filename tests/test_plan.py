@@ -11,6 +11,9 @@ from megablu import plan
 from megablu.config import load_config
 from megablu.config.schema import ModelConfig
 
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))   # bench/offload_table.py and offload_bench.py (no GPU imports at top)
+
 BLU05B = ModelConfig(n_layers=36, d_model=1024, n_heads=16, n_kv_heads=4, ffn_dim=2816, vocab_size=100352)
 TINY = ModelConfig(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=1000)
 
@@ -252,35 +255,31 @@ def test_megablu_command_has_plan_and_probe():
 
 
 def _measured_offload_overheads():
-    """(setting row, ZeRO-1 step seconds, measured added seconds) from the H200 offload rows:
-    each row against the ZeRO-1 step of the same call at the same window."""
-    bench = Path(__file__).resolve().parents[1] / "bench"
+    """(setting row, measured added seconds) from the H200 offload rows: each row against the
+    ZeRO-1 step of the same call at the same window."""
+    from offload_table import merge_file
+
     out = []
-    for f in sorted((bench / "results" / "2026-12-03").glob("offload_*.jsonl")):
-        rows = {}
-        for line in f.read_text().splitlines():
-            if line.startswith("{"):
-                r = json.loads(line)
-                rows.setdefault((r["shape"], r["setting"]), {}).update(r)
+    for f in sorted((BENCH / "results" / "2026-12-03").glob("offload_*.jsonl")):
+        rows = merge_file(str(f)).values()
         base = {(r["shape"], r["fit_T"]): r["fit_T"] / r["tok_s_at_fit"]
-                for r in rows.values() if r["setting"] == "z1" and "tok_s_at_fit" in r}
-        for r in rows.values():
+                for r in rows if r["setting"] == "z1" and "tok_s_at_fit" in r}
+        for r in rows:
             z1_s = base.get((r["shape"], r.get("fit_T")))
             if r["setting"] != "z1" and z1_s:
-                out.append((r, z1_s, r["fit_T"] / r["tok_s_at_fit"] - z1_s))
+                out.append((r, r["fit_T"] / r["tok_s_at_fit"] - z1_s))
     return out
 
 
 def test_offload_step_cost_matches_the_h200_rows():
     """The fit table's cost of ZeRO-Offload is a fixed time per step (plan._cost); against the
     ten H200 rows its added seconds stay within the single steps' spread, and in sum within 15%."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     from offload_bench import SETTINGS, SHAPES
 
     rows = _measured_offload_overheads()
     assert len(rows) == 10
     model_sum = meas_sum = 0.0
-    for r, _, measured in rows:
+    for r, measured in rows:
         cfg = load_config(Path("yaml_configs") / SETTINGS["z1"][0], SETTINGS["z1"][1] + SHAPES[r["shape"]],
                           world_size=1, device="cuda")
         s, cost = replace(plan.Setup.from_config(cfg, gpus=1, window=r["fit_T"]), zero_stage=r["zero_stage"]), 1.0
