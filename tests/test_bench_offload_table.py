@@ -60,3 +60,5 @@ def test_results_of_2026_12_03_render():
     assert len(rows) == 10                                               # every shape x setting was measured
     md = offload_table.table(rows, base)
     assert "| blu-1.5b | ZeRO-1, no offload | 1.527B | 26.38 | 0.7029 | 33.66 | 163,840 |" in md
+    assert "none verified" not in md                                     # offload_4 re-ran the two that were not
+    assert "| ZeRO-2 + optimizer offload | 1.527B | 8.46 | 0.7029 | 3.53 | 172,032 (OOM at 192,512) | 1.05x |" in md

@@ -256,28 +256,32 @@ def test_megablu_command_has_plan_and_probe():
 
 def _measured_offload_overheads():
     """(setting row, measured added seconds) from the H200 offload rows: each row against the
-    ZeRO-1 step of the same call at the same window."""
+    ZeRO-1 step of the same call at the same window (another call's when that call ran none)."""
     from offload_table import merge_file
 
+    calls = [list(merge_file(str(f)).values())
+             for f in sorted((BENCH / "results" / "2026-12-03").glob("offload_*.jsonl"))]
+    z1 = [{(r["shape"], r["fit_T"]): r["fit_T"] / r["tok_s_at_fit"]
+           for r in rows if r["setting"] == "z1" and "tok_s_at_fit" in r} for rows in calls]
+    any_call = {k: v for base in z1 for k, v in base.items()}
     out = []
-    for f in sorted((BENCH / "results" / "2026-12-03").glob("offload_*.jsonl")):
-        rows = merge_file(str(f)).values()
-        base = {(r["shape"], r["fit_T"]): r["fit_T"] / r["tok_s_at_fit"]
-                for r in rows if r["setting"] == "z1" and "tok_s_at_fit" in r}
+    for rows, base in zip(calls, z1):
         for r in rows:
-            z1_s = base.get((r["shape"], r.get("fit_T")))
-            if r["setting"] != "z1" and z1_s:
+            key = (r["shape"], r.get("fit_T"))
+            z1_s = base.get(key) or any_call.get(key)   # the same call's ZeRO-1 step first
+            if r["setting"] != "z1" and "tok_s_at_fit" in r and z1_s:
                 out.append((r, r["fit_T"] / r["tok_s_at_fit"] - z1_s))
     return out
 
 
 def test_offload_step_cost_matches_the_h200_rows():
     """The fit table's cost of ZeRO-Offload is a fixed time per step (plan._cost); against the
-    ten H200 rows its added seconds stay within the single steps' spread, and in sum within 15%."""
+    twelve H200 rows (ten settings, two of them re-run in a later call) its added seconds stay
+    within the single steps' spread, and in sum within 15%."""
     from offload_bench import SETTINGS, SHAPES
 
     rows = _measured_offload_overheads()
-    assert len(rows) == 10
+    assert len(rows) == 12
     model_sum = meas_sum = 0.0
     for r, measured in rows:
         cfg = load_config(Path("yaml_configs") / SETTINGS["z1"][0], SETTINGS["z1"][1] + SHAPES[r["shape"]],
