@@ -186,11 +186,18 @@ def layer_bytes_per_token(m: ModelConfig, ops: str, sp: int = 1) -> dict:
         attn += BF16 * q                            # output saved again after the all-to-all back
     mlp = (norm + BF16 * d                          # second norm + its output (gate/up input)
            + BF16 * F * (4 if ops == "torch" else 3))  # gate, up, (silu(gate)), down input
+    # the attention backward (SDPA's flash kernel, FA2): an fp32 dq accumulator; with GQA
+    # (fewer kv heads than q heads on the rank) dk and dv at q's head count before their sum
+    # over the group; dq, dk, dv; the fp32 softmax row sums. Beside it: the output's grad from
+    # o_proj and the residual grad. 5.5 KB/token above the MLP backward's point for blu-0.5b:
+    # 2.9 GB at 512k, which the planner missed until the H200's 1M/512k steps (2026-12-03).
+    gqa_expand = 2 * BF16 * q if kv < q else 0
     return {"attn": attn, "mlp": mlp, "input": BF16 * d, "h": BF16 * d,
             "mlp_ffn": BF16 * F * (4 if ops == "torch" else 3),   # the (T, ffn) part of "mlp"
-            # grads in flight at the layer's worst point, the MLP backward: d(down input) and
-            # d(gate), d(up) (3F) while the down input is already freed (-F), + the residual grad
+            # grads in flight at the MLP backward: d(down input) and d(gate), d(up) (3F) while
+            # the down input is already freed (-F), + the residual grad
             "bwd_extra": BF16 * (2 * F + d),
+            "attn_bwd": BF16 * d + BF16 * q + FP32 * q + gqa_expand + BF16 * (q + 2 * kv) + FP32 * m.n_heads,
             "a2a": 3 * BF16 * (2 * q + 2 * kv) if sp > 1 else 0}
 
 
@@ -235,19 +242,22 @@ def host_per_token(m: ModelConfig, recompute: str, ops: str, sp: int = 1, mlp_ti
 
 
 def layer_working_set(lb: dict, recompute: str, mlp_tiles: int = 1) -> float:
-    """Bytes per token live at one layer's backward beyond the saved sets: what the recompute
-    rebuilds (the MLP's ffn part one tile at a time when tiled) + the grads in flight."""
+    """Bytes per token live at one layer's backward beyond the saved sets, at the worse of its
+    two points: the MLP backward (what the recompute rebuilds, the MLP's ffn part one tile at
+    a time when tiled, + the grads in flight) and the attention backward (the MLP's tensors
+    freed; the attention half rebuilt under `full`; the flash kernel's buffers)."""
     n = max(1, mlp_tiles)
     ffn, rest = lb["mlp_ffn"], lb["mlp"] - lb["mlp_ffn"]
+    attn_point = (lb["attn"] if recompute == "full" else 0.0) + lb["attn_bwd"] + lb["a2a"]
     if n == 1:
         rebuilt = {"none": 0.0, "selective": lb["mlp"], "full": lb["attn"] + lb["mlp"]}[recompute]
-        return rebuilt + lb["bwd_extra"] + lb["a2a"]
+        return max(rebuilt + lb["bwd_extra"] + lb["a2a"], attn_point)
     rebuilt = {"none": ffn / n,                        # the tiles' ffn tensors
                "selective": (rest + ffn) / n,          # norm + MLP rebuilt per tile
                "full": lb["attn"] + rest + ffn / n}[recompute]
     d2 = lb["h"]                                        # BF16 * d
     grads = (lb["bwd_extra"] - d2) / n + d2 + d2        # ffn grads per tile + residual grad + tiled dx
-    return rebuilt + grads + lb["a2a"]
+    return max(rebuilt + grads + lb["a2a"], attn_point)
 
 
 def loss_bytes(m: ModelConfig, tokens: int, chunk: int) -> tuple[float, float]:

@@ -11,6 +11,10 @@ TINY = ModelConfig(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, ffn_dim=128,
 # TINY, cuda ops (test_plan.test_activation_terms_hand_checked): attn 660, mlp 1028 of which
 # the ffn part (gate, up, down input) 3*2*128 = 768; h = input = 2*64; outside the layers 216
 ATTN, MLP, FFN, H, OUT = 660, 1028, 768, 128, 2 * 64 + 2 * 2 * 16 + 24
+# the attention backward's point (q = 64, kv = 32): residual grad 2*64 + the output's grad
+# 2*64 + fp32 dq accumulator 4*64 + dk, dv expanded to the 4 q heads 2*2*64 (GQA) + dq, dk, dv
+# 2*(64 + 2*32) + fp32 row sums 4*4
+ATTN_BWD = 128 + 128 + 256 + 256 + 256 + 16
 
 
 def test_hand_checked_parts():
@@ -28,12 +32,17 @@ def test_tiles_drop_the_saved_ffn_part_only_without_recompute():
 
 def test_tiles_shrink_the_backward_working_set():
     lb = plan.layer_bytes_per_token(TINY, "cuda")
-    # untiled full: the whole layer rebuilt + grads in flight 2*(2F + d)
-    assert plan.layer_working_set(lb, "full") == ATTN + MLP + 2 * (2 * 128 + 64)
-    # 4 tiles: attention + norm/y rebuilt, the ffn part per tile, ffn grads per tile, residual grad + dx
-    assert plan.layer_working_set(lb, "full", 4) == ATTN + (MLP - FFN) + FFN / 4 + 2 * 2 * 128 / 4 + H + H
-    assert plan.layer_working_set(lb, "selective", 4) == MLP / 4 + 2 * 2 * 128 / 4 + H + H
-    assert plan.layer_working_set(lb, "none", 4) == FFN / 4 + 2 * 2 * 128 / 4 + H + H
+    assert lb["attn_bwd"] == ATTN_BWD
+    # untiled full: the whole layer rebuilt + grads in flight 2*(2F + d), above the attention point
+    assert plan.layer_working_set(lb, "full") == ATTN + MLP + 2 * (2 * 128 + 64) > ATTN + ATTN_BWD
+    # 4 tiles: the MLP point (attention + norm/y rebuilt, the ffn part per tile, ffn grads per
+    # tile, residual grad + dx) falls below the attention backward's, which sets the working set
+    mlp_point = ATTN + (MLP - FFN) + FFN / 4 + 2 * 2 * 128 / 4 + H + H
+    assert mlp_point < ATTN + ATTN_BWD == plan.layer_working_set(lb, "full", 4)
+    assert MLP / 4 + 2 * 2 * 128 / 4 + H + H < ATTN_BWD == plan.layer_working_set(lb, "selective", 4)
+    assert plan.layer_working_set(lb, "none", 4) == ATTN_BWD
+    # selective, untiled: the rebuilt MLP + its grads (1028 + 640) beat the attention point
+    assert plan.layer_working_set(lb, "selective") == MLP + 2 * (2 * 128 + 64)
     # blu-0.5b, full recompute, 1M tokens (the backward is the peak): 8 tiles save the
     # working-set difference per token, minus the fp32 sums of the three MLP weights' grads
     t = 1048576
@@ -42,7 +51,7 @@ def test_tiles_shrink_the_backward_working_set():
     lb = plan.layer_bytes_per_token(BLU05B, "cuda")
     saved = (plan.layer_working_set(lb, "full") - plan.layer_working_set(lb, "full", 8)) * t - 4 * 3 * 1024 * 2816
     assert e1.allocated - e8.allocated == pytest.approx(saved)
-    assert saved / 1e9 > 20
+    assert saved / 1e9 > 19                  # floored by the attention backward, not the MLP
 
 
 def test_offload_gpu_activations_independent_of_depth_and_host_holds_the_rest():
@@ -111,3 +120,19 @@ def test_fit_table_refuses_rows_beyond_the_host_memory():
     capped = plan.fit_table(cfg, [1], [2 ** 21], 141.0, host_gb=110)
     assert free[0]["host_gb_per_gpu"] > 110 and free[0]["verdict"] != "impossible"
     assert capped[0]["verdict"] == "impossible" and "pinned host memory" in capped[0]["limiting"]
+
+
+@pytest.mark.parametrize("name", ["cap_1m_l2.json", "cap_1m_l4.json", "cap_512k.json"])
+def test_backward_peaks_of_the_h200_long_steps(name):
+    """The steps whose peak is the backward (full recompute, MLP in 16 tiles, activations
+    offloaded: bench/h200_capacity.sh on the H200, 2026-12-03) against the planner: within 10%
+    of the measured peak, never more than 1.5% below it; the host memory exactly."""
+    import json
+    from pathlib import Path
+    r = json.loads((Path(__file__).resolve().parents[1] / "bench" / "results" / "2026-12-03" / name).read_text())[0]
+    m = BLU05B.model_copy(update={"n_layers": r["n_layers"]})
+    e = plan.estimate(plan.Setup(m, r["T"], zero_stage=0, optimizer=False, loss_chunk=r["loss_chunk"], ops="cuda",
+                                 recompute="full", mlp_tiles=16, offload_activations=True))
+    assert e.phase == "backward"
+    assert -0.015 < e.allocated_gb / r["peak_gb"] - 1 < 0.10, (e.allocated_gb, r["peak_gb"])
+    assert e.host_gb == pytest.approx(r["host_gb"], rel=1e-3)
