@@ -81,6 +81,16 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, VEC>& v) {
   for (int i = 0; i < B / A; ++i) store_raw(reinterpret_cast<R*>(p) + i, u.r[i]);
 }
 
+// Ask L2 to fetch the 128-byte line at p (no register, no wait): a later load of it then
+// costs an L2 hit instead of an HBM round trip. A no-op in the host emulator.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+#ifdef __CUDA_ARCH__
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+  (void)p;
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

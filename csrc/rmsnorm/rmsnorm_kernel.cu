@@ -87,10 +87,35 @@ __global__ void __launch_bounds__(kWarps * 32) rmsnorm_fwd_kernel(RmsNormFwdArgs
 // (one barrier per warp, no atomics) and the block writes one fp32 row of dw_partial.
 // An earlier form added to shared memory per element per row with atomicAdd; on sm_90 a
 // float atomicAdd to shared memory compiles to a CAS spin loop (ATOMS.CAST.SPIN, 32 per lane
-// per row for bf16 d=1024), which stalled each warp between its rows' loads: 55% of HBM
-// bandwidth at 32k rows (docs/BENCHMARKS.md). The sum order is now fixed, so dw is also
-// bitwise deterministic run to run. grad_r is loaded in the store pass, not held from the
-// first one, to leave registers for the dw sums.
+// per row for bf16 d=1024). Removing them made dw bitwise deterministic run to run but did
+// not move the bandwidth (55% of HBM at 32k rows, 2026-12-03): the time is the rows' memory
+// round trips. A row needs its gy and r before the row's dot product, and dr needs that dot
+// product, so within a warp one row's loads cannot overlap the next's; with ~128 registers a
+// lane (the dw sums) only 16 warps fit on an SM to hide them. Two knobs, measured by
+// bench/rmsnorm_bwd_variants.py:
+//   MEGABLU_RMS_BWD_PREFETCH = k: each warp asks L2 for the lines of the row k ahead of the
+//     one it works on (gy, r, grad_r; no registers), so its next loads hit L2;
+//   MEGABLU_RMS_BWD_GRES_EARLY = 1: grad_r is loaded with gy and r (16 more registers)
+//     instead of after the dot product, which took a second round trip per row.
+#ifndef MEGABLU_RMS_BWD_PREFETCH
+#define MEGABLU_RMS_BWD_PREFETCH 1
+#endif
+#ifndef MEGABLU_RMS_BWD_GRES_EARLY
+#define MEGABLU_RMS_BWD_GRES_EARLY 1
+#endif
+
+// the L2 lines of one row of gy, r and (if any) grad_r, spread over the warp's lanes
+template <typename T>
+__device__ __forceinline__ void prefetch_row(const RmsNormBwdArgs& a, int64_t row, int lane) {
+  const int64_t row_bytes = a.d * static_cast<int64_t>(sizeof(T));
+  const int64_t lines = (row_bytes + 127) / 128;
+  const int n = a.g_res ? 3 : 2;
+  for (int64_t l = lane; l < n * lines; l += 32) {
+    const void* base = l < lines ? a.gy : (l < 2 * lines ? a.r : a.g_res);
+    prefetch_l2(static_cast<const char*>(base) + row * row_bytes + (l % lines) * 128);
+  }
+}
+
 template <typename T, int VEC, int VPT>
 __global__ void __launch_bounds__(kWarps * 32, (VPT <= 4 ? 2 : 1)) rmsnorm_bwd_kernel(RmsNormBwdArgs a) {
   extern __shared__ float dw_smem[];   // (VEC, d / VEC): column j*VEC+e at e*nvec + j
@@ -99,19 +124,30 @@ __global__ void __launch_bounds__(kWarps * 32, (VPT <= 4 ? 2 : 1)) rmsnorm_bwd_k
   const int64_t nvec = a.d / VEC;
   const T* __restrict__ w = static_cast<const T*>(a.weight);
   const float inv_d = 1.f / static_cast<float>(a.d);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
   float dw[VPT][VEC];
 #pragma unroll
   for (int i = 0; i < VPT; ++i)
 #pragma unroll
     for (int e = 0; e < VEC; ++e) dw[i][e] = 0.f;
 
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < a.rows;
-       row += static_cast<int64_t>(gridDim.x) * kWarps) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+#if MEGABLU_RMS_BWD_PREFETCH > 1
+  for (int k = 1; k < MEGABLU_RMS_BWD_PREFETCH; ++k)
+    if (first + k * stride < a.rows) prefetch_row<T>(a, first + k * stride, lane);
+#endif
+  for (int64_t row = first; row < a.rows; row += stride) {
+#if MEGABLU_RMS_BWD_PREFETCH > 0
+    if (row + MEGABLU_RMS_BWD_PREFETCH * stride < a.rows) prefetch_row<T>(a, row + MEGABLU_RMS_BWD_PREFETCH * stride, lane);
+#endif
     const T* __restrict__ gy = static_cast<const T*>(a.gy) + row * a.d;
     const T* __restrict__ rr = static_cast<const T*>(a.r) + row * a.d;
     const float rstd = a.rstd[row];
     const T* __restrict__ gres = a.g_res ? static_cast<const T*>(a.g_res) + row * a.d : nullptr;
     Vec<T, VEC> gv[VPT], rv[VPT];
+#if MEGABLU_RMS_BWD_GRES_EARLY
+    Vec<T, VEC> ev[VPT];
+#endif
     float dot = 0.f;   // sum over the row of (w*gy) * xhat
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
@@ -119,6 +155,9 @@ __global__ void __launch_bounds__(kWarps * 32, (VPT <= 4 ? 2 : 1)) rmsnorm_bwd_k
       if (j < nvec) {
         gv[i] = load_vec<T, VEC>(gy + j * VEC);
         rv[i] = load_vec<T, VEC>(rr + j * VEC);
+#if MEGABLU_RMS_BWD_GRES_EARLY
+        if (gres) ev[i] = load_vec<T, VEC>(gres + j * VEC);
+#endif
         const Vec<T, VEC> wv = load_vec<T, VEC>(w + j * VEC);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) dot += to_f(gv[i].v[e]) * to_f(wv.v[e]) * (to_f(rv[i].v[e]) * rstd);
@@ -131,14 +170,18 @@ __global__ void __launch_bounds__(kWarps * 32, (VPT <= 4 ? 2 : 1)) rmsnorm_bwd_k
       const int64_t j = lane + 32 * i;
       if (j < nvec) {
         const Vec<T, VEC> wv = load_vec<T, VEC>(w + j * VEC);
-        Vec<T, VEC> ev;
-        if (gres) ev = load_vec<T, VEC>(gres + j * VEC);
+#if MEGABLU_RMS_BWD_GRES_EARLY
+        const Vec<T, VEC>& evi = ev[i];
+#else
+        Vec<T, VEC> evi;
+        if (gres) evi = load_vec<T, VEC>(gres + j * VEC);
+#endif
         Vec<T, VEC> out;
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
           const float g = to_f(gv[i].v[e]);
           const float xh = to_f(rv[i].v[e]) * rstd;
-          const float extra = gres ? to_f(ev.v[e]) : 0.f;
+          const float extra = gres ? to_f(evi.v[e]) : 0.f;
           dw[i][e] += g * round_to<T>(xh);
           out.v[e] = from_f<T>(rstd * (g * to_f(wv.v[e]) - xh * mean_dot) + extra);
         }

@@ -42,8 +42,7 @@ def _cuda_include():
     return None
 
 
-@pytest.fixture(scope="module")
-def emu(tmp_path_factory):
+def _build_emu(tmp_path_factory, defines: tuple = ()):
     cxx = shutil.which("g++") or shutil.which("c++")
     inc = _cuda_include()
     if cxx is None or inc is None:
@@ -54,19 +53,24 @@ def emu(tmp_path_factory):
                       capture_output=True).returncode != 0:
         pytest.skip(f"{cxx} lacks C++20 <barrier>/atomic_ref (g++ >= 11 needed)")
     srcs = sorted([*(ROOT / "csrc").glob("*/*_kernel.cu"), *(ROOT / "csrc/includes").glob("*"), *EMU.glob("*")])
-    tag = hashlib.sha256(b"".join(p.read_bytes() for p in srcs)).hexdigest()[:12]
+    tag = hashlib.sha256(b"".join(p.read_bytes() for p in srcs) + " ".join(defines).encode()).hexdigest()[:12]
     # a build artifact keyed by the sources' hash: reused across runs (5 s of g++ saved)
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "megablu" / "emulator"
     so = cache / f"megablu_emu_{tag}.so"
     if not so.is_file():
         cache.mkdir(parents=True, exist_ok=True)
         tmp = tmp_path_factory.mktemp("emu") / so.name
-        cmd = [cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", f"-I{ROOT / 'csrc/includes'}", f"-I{inc}",
-               str(EMU / "emulator.cpp"), "-o", str(tmp)]
+        cmd = [cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", *defines, f"-I{ROOT / 'csrc/includes'}",
+               f"-I{inc}", str(EMU / "emulator.cpp"), "-o", str(tmp)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr[-3000:]
         os.replace(tmp, so) if tmp.stat().st_dev == cache.stat().st_dev else shutil.copy(tmp, so)
     return ctypes.CDLL(str(so))
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory):
+    return _build_emu(tmp_path_factory)
 
 
 class RopeArgs(ctypes.Structure):
@@ -190,6 +194,27 @@ def test_rmsnorm_kernels(emu, dtype, d, vpt, with_res):
     assert_close(rstd, torch.rsqrt(r.double().pow(2).mean(-1) + eps), torch.float32, what="rstd")
     assert_close(dr, tdx, dtype, what="dx")
     assert_close(part.sum(0), tdw, dtype, reduction=True, what="dw")
+
+
+def test_rmsnorm_backward_knobs_move_loads_not_results(emu, tmp_path_factory):
+    """MEGABLU_RMS_BWD_GRES_EARLY / _PREFETCH (bench/rmsnorm_bwd_variants.py) change when
+    the kernel loads, never what it computes: the other setting gives bitwise the same dr and
+    dw partials, on the grid-stride path, with and without grad_r."""
+    other = _build_emu(tmp_path_factory, ("-DMEGABLU_RMS_BWD_GRES_EARLY=0", "-DMEGABLU_RMS_BWD_PREFETCH=0"))
+    rows, d, vpt, blocks = 37, 1024, 4, 2
+    gy, gr, r = (_rand(rows, d, dtype=torch.bfloat16, seed=s) for s in (5, 6, 7))
+    w = (1 + 0.5 * torch.randn(d, generator=torch.Generator().manual_seed(8))).to(torch.bfloat16)
+    rstd = torch.rand(rows, generator=torch.Generator().manual_seed(9)) + 0.5
+    for with_res in (True, False):
+        outs = []
+        for lib in (emu, other):
+            dr, part = torch.empty_like(gy), torch.empty(blocks, d, dtype=torch.float32)
+            b = RmsBwdArgs(gy.data_ptr(), gr.data_ptr() if with_res else None, r.data_ptr(), w.data_ptr(),
+                           rstd.data_ptr(), dr.data_ptr(), part.data_ptr(), rows, d, blocks, DT[torch.bfloat16], 8, vpt)
+            assert lib.emu_rmsnorm_bwd(ctypes.byref(b)) == 0
+            outs.append((dr, part))
+        assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+        assert outs[0][0].abs().sum() > 0 and outs[0][1].abs().sum() > 0
 
 
 # --------------------------------------------------------------------------- SwiGLU

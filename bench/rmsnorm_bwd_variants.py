@@ -1,0 +1,131 @@
+"""The add+RMSNorm backward kernel's compile-time knobs, side by side on one GPU.
+
+    source launch/device_env.sh && OUT=$OUT python bench/rmsnorm_bwd_variants.py [--T 32768 131072]
+
+csrc/rmsnorm/rmsnorm_kernel.cu has two knobs for the backward (see the comment above
+rmsnorm_bwd_kernel): MEGABLU_RMS_BWD_PREFETCH (rows ahead whose lines each warp asks L2
+for) and MEGABLU_RMS_BWD_GRES_EARLY (grad_r loaded with gy and r instead of after the row's
+dot product). Each variant is the whole extension built with those -D flags under its own
+module name (the builds run in parallel subprocesses, then each variant is measured in its
+own process, one after another). A variant's row: the backward kernel's GPU time from the
+profiler, its % of the HBM copy bandwidth measured in the same process (bytes as
+bench/ops_bench.py: read gy, grad_r, r, rstd; write dr), and whether dr and dw are bitwise
+equal to the first variant's (the knobs only move loads, never the arithmetic).
+Prints a markdown table; writes rmsnorm_bwd_variants.json under $OUT when set.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+# (prefetch rows ahead, grad_r early): the first is the kernel as it was measured on 2026-12-03
+VARIANTS = [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
+
+
+def tag(v) -> str:
+    return f"pf{v[0]}_early{v[1]}"
+
+
+def build(v):
+    """The extension with variant v's -D flags (torch's extension cache keeps it for measure())."""
+    from torch.utils.cpp_extension import load as torch_load
+
+    from megablu.ops import builder
+
+    root = builder.csrc_dir()
+    digest = builder.source_hash(root)
+    defines = [f"-DMEGABLU_RMS_BWD_PREFETCH={v[0]}", f"-DMEGABLU_RMS_BWD_GRES_EARLY={v[1]}",
+               builder._hash_define(digest)]
+    return torch_load(name=f"megablu_rmsvar_{tag(v)}_{digest}", sources=[str(p) for p in builder.sources(root)],
+                      extra_include_paths=[str(root / "includes")], extra_cflags=[*builder.CXX_FLAGS, *defines],
+                      extra_cuda_cflags=[*builder.NVCC_FLAGS, *defines])
+
+
+def measure(v, Ts: list[int], d: int, ref_dir: Path) -> list[dict]:
+    import torch
+
+    from ops_bench import hbm_bandwidth, kernel_ms
+
+    ext = build(v)
+    bw = hbm_bandwidth()
+    rows = []
+    for T in Ts:
+        g = torch.Generator(device="cuda").manual_seed(T)
+        mk = lambda *s: torch.randn(*s, device="cuda", dtype=torch.bfloat16, generator=g)  # noqa: E731
+        gy, gr, r = mk(T, d), mk(T, d), mk(T, d)
+        w = (torch.rand(d, device="cuda", generator=g) + 0.5).to(torch.bfloat16)
+        rstd = torch.rand(T, device="cuda", generator=g) + 0.5
+        dr, dw = ext.rmsnorm_bwd(gy, gr, r, w, rstd)
+        split: dict = {}
+        ms = kernel_ms(lambda: ext.rmsnorm_bwd(gy, gr, r, w, rstd), 50, split)
+        kern = max(split, key=split.get)      # the backward kernel itself (the dw sum is another)
+        nbytes = 4 * T * d * 2 + 4 * T
+        ref = ref_dir / f"T{T}.pt"
+        if not ref.exists():
+            torch.save({"dr": dr.cpu(), "dw": dw.cpu()}, ref)
+        want = torch.load(ref)
+        rows.append({"variant": tag(v), "prefetch": v[0], "gres_early": v[1], "T": T, "hbm_GBps": bw,
+                     "ms": ms, "kernel_ms": split[kern], "pct_hbm": 100 * nbytes / (ms * 1e-3) / 1e9 / bw,
+                     "kernel_pct_hbm": 100 * nbytes / (split[kern] * 1e-3) / 1e9 / bw,
+                     "bitwise_equal": bool(torch.equal(dr.cpu(), want["dr"]) and torch.equal(dw.cpu(), want["dw"]))})
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--T", type=int, nargs="+", default=[32768, 131072])
+    p.add_argument("--d", type=int, default=1024)
+    p.add_argument("--one", help=argparse.SUPPRESS)          # internal: build or measure one variant
+    p.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--ref-dir", default="/tmp/rmsvar_ref", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.one:
+        v = tuple(int(x) for x in a.one.split(","))
+        if a.build_only:
+            build(v)
+        else:
+            print(json.dumps(measure(v, a.T, a.d, Path(a.ref_dir))))
+        return 0
+
+    ref_dir = Path(a.ref_dir)
+    ref_dir.mkdir(parents=True, exist_ok=True)
+    for f in ref_dir.glob("*.pt"):
+        f.unlink()
+    t0 = time.time()
+    env = dict(os.environ, MAX_JOBS=str(max(1, (os.cpu_count() or 4) // len(VARIANTS))))
+    builds = [subprocess.Popen([sys.executable, __file__, "--one", f"{v[0]},{v[1]}", "--build-only"], env=env)
+              for v in VARIANTS]
+    failed = [tag(v) for v, b in zip(VARIANTS, builds) if b.wait() != 0]
+    print(f"<!-- {len(VARIANTS)} builds in {time.time() - t0:.0f} s; failed: {failed or 'none'} -->", flush=True)
+    rows = []
+    for v in VARIANTS:
+        if tag(v) in failed:
+            continue
+        r = subprocess.run([sys.executable, __file__, "--one", f"{v[0]},{v[1]}", "--ref-dir", str(ref_dir),
+                            "--T", *map(str, a.T), "--d", str(a.d)], capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"<!-- {tag(v)} failed: {r.stderr[-400:]} -->")
+            continue
+        rows += json.loads(r.stdout.strip().splitlines()[-1])
+    print(f"add+RMSNorm backward, bf16, d={a.d}, with grad_r; kernel time from the profiler\n")
+    print("| variant | T | kernel ms | kernel % HBM | call ms (incl. dw sum) | HBM GB/s (same process) | bitwise = first |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['variant']} | {r['T']} | {r['kernel_ms']:.4f} | {r['kernel_pct_hbm']:.0f}% | {r['ms']:.4f} | "
+              f"{r['hbm_GBps']:.0f} | {r['bitwise_equal']} |")
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "rmsnorm_bwd_variants.json").write_text(json.dumps(rows, indent=1))
+    return 0 if rows and not failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
