@@ -471,6 +471,15 @@ class CheckpointManager:
         """Newest verified checkpoint of this run. Read-only; not collective."""
         return newest_verified(self.run_dir, deep=deep)
 
+    def resume_point(self) -> Optional[Path]:
+        """The step a resuming run loads: first, as the run's owner, clear what a killed save
+        or prune left (and put back a step that a killed re-save had moved aside), then the
+        newest verified one. Rank 0 only. The first save would clear them too, but a run
+        killed in its last save never saves again."""
+        self.cleanup()
+        self._cleaned = True
+        return self.latest()
+
     # ------------------------------------------------------------------ save
     def save(self, engine, step: int, client_state: dict, pin: bool = False) -> Path:
         """Collective. Publish step_<step> or raise CheckpointError on every rank."""
@@ -667,6 +676,7 @@ class CheckpointManager:
         for p in victims:
             trash = self.ckpt_dir / f"{TRASH_PREFIX}{p.name}-{os.getpid()}"
             os.replace(p, trash)  # atomic: a kill leaves a dot-dir, never a half step
+            self._phase("trashed")  # a kill here leaves the dot-dir: the next save or resume removes it
             shutil.rmtree(trash)
             log.info("keep-N(%d): deleted %s", self.keep, p)
         return victims

@@ -227,7 +227,7 @@ class Trainer:
         from .checkpoint import CheckpointError, set_rng_state
 
         # verified once on rank 0 (sha256 of every file), then every rank loads the same step
-        path = self.ckpt.latest() if _rank0() else None
+        path = self.ckpt.resume_point() if _rank0() else None
         path = self._broadcast(str(path) if path else None) if dist.is_initialized() else path
         path = Path(path) if path else None
         if path is None:

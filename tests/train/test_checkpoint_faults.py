@@ -122,7 +122,7 @@ def _rank_main(rank: int, world: int, port: int, spec: dict, tdir: Path) -> int:
             start = cs["step"]
             set_rng_state(cs["rng"])
         elif spec.get("resume"):
-            p = bcast(str(mgr.latest()) if rank == 0 and mgr.latest() else None)
+            p = bcast(str(mgr.resume_point() or "") if rank == 0 else None) or None   # as Trainer._load_resume
             if p:
                 cs = mgr.load(eng, p)
                 set_rng_state(cs["rng"])
@@ -339,7 +339,7 @@ def scenario_kills(base: Path, n_random: int, seed: int = 0, ref=None, full: boo
             cases.append(kill_case(base, ref, kill=[ph, 4, r]))
     # the first save (nothing older to fall back to) and the last one
     for ph, st in ([("ds_write", 2), ("publish", 2), ("latest", 2), ("ds_write", 6), ("publish", 6),
-                    ("latest", 6)] if full else [("publish", 2), ("latest", 6)]):
+                    ("latest", 6), ("trashed", 6)] if full else [("publish", 2), ("latest", 6), ("trashed", 6)]):
         cases.append(kill_case(base, ref, kill=[ph, st, 0]))
     rng = random.Random(seed)
     loop = trial({"run_dir": str(new_run(base)), "stage": 2}, 2)["loop_s"]
