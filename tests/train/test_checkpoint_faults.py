@@ -608,8 +608,9 @@ def test_kill_while_replacing_a_step_loses_nothing(results):
     assert c["rc"][0] == -9, c
     assert c["after_kill"]["verified"] == [4] and c["after_kill"]["corrupted"] == [], c
     assert any(n.startswith(".trash-step_0000006") for n in c["after_kill"]["tmp"]), c
-    # the next save restores the old step 6, then replaces it; nothing left over
-    assert c["resume_rc"] == [0, 0] and c["resumed_from"] == 4, c
+    # the resume puts the old step 6 back before choosing where to start (resume_point), so
+    # it starts from 6 and redoes nothing; nothing left over
+    assert c["resume_rc"] == [0, 0] and c["resumed_from"] == 6, c
     assert c["after_resume"]["verified"] == [4, 6] and c["after_resume"]["tmp"] == [], c
     assert c["loss_mismatch"] == [], c
 
