@@ -91,17 +91,20 @@ __global__ void __launch_bounds__(kWarps * 32) rmsnorm_fwd_kernel(RmsNormFwdArgs
 // not move the bandwidth (55% of HBM at 32k rows, 2026-12-03): the time is the rows' memory
 // round trips. A row needs its gy and r before the row's dot product, and dr needs that dot
 // product, so within a warp one row's loads cannot overlap the next's; with ~128 registers a
-// lane (the dw sums) only 16 warps fit on an SM to hide them. Two knobs, measured by
-// bench/rmsnorm_bwd_variants.py:
+// lane (the dw sums) only 16 warps fit on an SM to hide them. Two knobs aimed at that, both
+// OFF by default because on the H200 both made it slower (bench/rmsnorm_bwd_variants.py,
+// 2026-12-03; kernel % of HBM at 32k / 128k rows, d=1024 bf16):
+//   neither: 58% / 63%;  prefetch 1: 55% / 60%;  grad_r early: 55% / 60%;
+//   both: 46% / 49%;  prefetch 2 + grad_r early: 44% / 46%.
 //   MEGABLU_RMS_BWD_PREFETCH = k: each warp asks L2 for the lines of the row k ahead of the
 //     one it works on (gy, r, grad_r; no registers), so its next loads hit L2;
-//   MEGABLU_RMS_BWD_GRES_EARLY = 1: grad_r is loaded with gy and r (16 more registers)
-//     instead of after the dot product, which took a second round trip per row.
+//   MEGABLU_RMS_BWD_GRES_EARLY = 1: grad_r is loaded with gy and r instead of after the dot
+//     product; its 16 registers push the kernel from 24 to ~200 bytes of spills.
 #ifndef MEGABLU_RMS_BWD_PREFETCH
-#define MEGABLU_RMS_BWD_PREFETCH 1
+#define MEGABLU_RMS_BWD_PREFETCH 0
 #endif
 #ifndef MEGABLU_RMS_BWD_GRES_EARLY
-#define MEGABLU_RMS_BWD_GRES_EARLY 1
+#define MEGABLU_RMS_BWD_GRES_EARLY 0
 #endif
 
 // the L2 lines of one row of gy, r and (if any) grad_r, spread over the warp's lanes

@@ -200,7 +200,7 @@ def test_rmsnorm_backward_knobs_move_loads_not_results(emu, tmp_path_factory):
     """MEGABLU_RMS_BWD_GRES_EARLY / _PREFETCH (bench/rmsnorm_bwd_variants.py) change when
     the kernel loads, never what it computes: the other setting gives bitwise the same dr and
     dw partials, on the grid-stride path, with and without grad_r."""
-    other = _build_emu(tmp_path_factory, ("-DMEGABLU_RMS_BWD_GRES_EARLY=0", "-DMEGABLU_RMS_BWD_PREFETCH=0"))
+    other = _build_emu(tmp_path_factory, ("-DMEGABLU_RMS_BWD_GRES_EARLY=1", "-DMEGABLU_RMS_BWD_PREFETCH=2"))
     rows, d, vpt, blocks = 37, 1024, 4, 2
     gy, gr, r = (_rand(rows, d, dtype=torch.bfloat16, seed=s) for s in (5, 6, 7))
     w = (1 + 0.5 * torch.randn(d, generator=torch.Generator().manual_seed(8))).to(torch.bfloat16)
