@@ -1,16 +1,18 @@
-"""The add+RMSNorm backward kernel's compile-time knobs, side by side on one GPU.
+"""The add+RMSNorm backward kernel's compile-time variants, side by side on one GPU.
 
     source launch/device_env.sh && OUT=$OUT python bench/rmsnorm_bwd_variants.py [--T 32768 131072]
 
-csrc/rmsnorm/rmsnorm_kernel.cu has two knobs for the backward (see the comment above
-rmsnorm_bwd_kernel): MEGABLU_RMS_BWD_PREFETCH (rows ahead whose lines each warp asks L2
-for) and MEGABLU_RMS_BWD_GRES_EARLY (grad_r loaded with gy and r instead of after the row's
-dot product). Each variant is the whole extension built with those -D flags under its own
-module name (the builds run in parallel subprocesses, then each variant is measured in its
-own process, one after another). A variant's row: the backward kernel's GPU time from the
-profiler, its % of the HBM copy bandwidth measured in the same process (bytes as
-bench/ops_bench.py: read gy, grad_r, r, rstd; write dr), and whether dr and dw are bitwise
-equal to the first variant's (the knobs only move loads, never the arithmetic).
+Each variant is the whole extension built with its -D flags under its own module name (the
+builds run in parallel subprocesses, then each variant is measured in its own process, one
+after another). A variant's row: the backward kernel's GPU time from the profiler, its % of
+the HBM copy bandwidth measured in the same process (bytes as bench/ops_bench.py: read gy,
+grad_r, r, rstd; write dr), and whether dr and dw are bitwise equal to the first variant's
+(a variant moves loads, never the arithmetic).
+
+Variants: the register path as shipped, and MEGABLU_RMS_BWD_ASYNC=1 (rows staged through
+shared memory by cp.async; see csrc/rmsnorm/rmsnorm_kernel.cu). Two earlier knobs, an L2
+prefetch of the next row and grad_r loaded early, were measured slower on 2026-12-03 and
+removed (docs/BENCHMARKS.md).
 Prints a markdown table; writes rmsnorm_bwd_variants.json under $OUT when set.
 """
 from __future__ import annotations
@@ -27,35 +29,30 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-# (prefetch rows ahead, grad_r early): the first is the kernel as it was measured on 2026-12-03
-VARIANTS = [(0, 0), (1, 0), (0, 1), (1, 1), (2, 1)]
+# name -> -D flags; the first is the reference for the bitwise check
+VARIANTS = {"registers": [], "async": ["-DMEGABLU_RMS_BWD_ASYNC=1"]}
 
 
-def tag(v) -> str:
-    return f"pf{v[0]}_early{v[1]}"
-
-
-def build(v):
-    """The extension with variant v's -D flags (torch's extension cache keeps it for measure())."""
+def build(name: str):
+    """The extension with the variant's -D flags (torch's extension cache keeps it for measure())."""
     from torch.utils.cpp_extension import load as torch_load
 
     from megablu.ops import builder
 
     root = builder.csrc_dir()
     digest = builder.source_hash(root)
-    defines = [f"-DMEGABLU_RMS_BWD_PREFETCH={v[0]}", f"-DMEGABLU_RMS_BWD_GRES_EARLY={v[1]}",
-               builder._hash_define(digest)]
-    return torch_load(name=f"megablu_rmsvar_{tag(v)}_{digest}", sources=[str(p) for p in builder.sources(root)],
+    defines = [*VARIANTS[name], builder._hash_define(digest)]
+    return torch_load(name=f"megablu_rmsvar_{name}_{digest}", sources=[str(p) for p in builder.sources(root)],
                       extra_include_paths=[str(root / "includes")], extra_cflags=[*builder.CXX_FLAGS, *defines],
                       extra_cuda_cflags=[*builder.NVCC_FLAGS, *defines])
 
 
-def measure(v, Ts: list[int], d: int, ref_dir: Path) -> list[dict]:
+def measure(name: str, Ts: list[int], d: int, ref_dir: Path) -> list[dict]:
     import torch
 
     from ops_bench import hbm_bandwidth, kernel_ms
 
-    ext = build(v)
+    ext = build(name)
     bw = hbm_bandwidth()
     rows = []
     for T in Ts:
@@ -73,7 +70,7 @@ def measure(v, Ts: list[int], d: int, ref_dir: Path) -> list[dict]:
         if not ref.exists():
             torch.save({"dr": dr.cpu(), "dw": dw.cpu()}, ref)
         want = torch.load(ref)
-        rows.append({"variant": tag(v), "prefetch": v[0], "gres_early": v[1], "T": T, "hbm_GBps": bw,
+        rows.append({"variant": name, "defines": VARIANTS[name], "T": T, "hbm_GBps": bw,
                      "ms": ms, "kernel_ms": split[kern], "pct_hbm": 100 * nbytes / (ms * 1e-3) / 1e9 / bw,
                      "kernel_pct_hbm": 100 * nbytes / (split[kern] * 1e-3) / 1e9 / bw,
                      "bitwise_equal": bool(torch.equal(dr.cpu(), want["dr"]) and torch.equal(dw.cpu(), want["dw"]))})
@@ -89,11 +86,10 @@ def main() -> int:
     p.add_argument("--ref-dir", default="/tmp/rmsvar_ref", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.one:
-        v = tuple(int(x) for x in a.one.split(","))
         if a.build_only:
-            build(v)
+            build(a.one)
         else:
-            print(json.dumps(measure(v, a.T, a.d, Path(a.ref_dir))))
+            print(json.dumps(measure(a.one, a.T, a.d, Path(a.ref_dir))))
         return 0
 
     ref_dir = Path(a.ref_dir)
@@ -102,18 +98,17 @@ def main() -> int:
         f.unlink()
     t0 = time.time()
     env = dict(os.environ, MAX_JOBS=str(max(1, (os.cpu_count() or 4) // len(VARIANTS))))
-    builds = [subprocess.Popen([sys.executable, __file__, "--one", f"{v[0]},{v[1]}", "--build-only"], env=env)
-              for v in VARIANTS]
-    failed = [tag(v) for v, b in zip(VARIANTS, builds) if b.wait() != 0]
+    builds = [subprocess.Popen([sys.executable, __file__, "--one", v, "--build-only"], env=env) for v in VARIANTS]
+    failed = [v for v, b in zip(VARIANTS, builds) if b.wait() != 0]
     print(f"<!-- {len(VARIANTS)} builds in {time.time() - t0:.0f} s; failed: {failed or 'none'} -->", flush=True)
     rows = []
     for v in VARIANTS:
-        if tag(v) in failed:
+        if v in failed:
             continue
-        r = subprocess.run([sys.executable, __file__, "--one", f"{v[0]},{v[1]}", "--ref-dir", str(ref_dir),
+        r = subprocess.run([sys.executable, __file__, "--one", v, "--ref-dir", str(ref_dir),
                             "--T", *map(str, a.T), "--d", str(a.d)], capture_output=True, text=True)
         if r.returncode != 0:
-            print(f"<!-- {tag(v)} failed: {r.stderr[-400:]} -->")
+            print(f"<!-- {v} failed: {r.stderr[-400:]} -->")
             continue
         rows += json.loads(r.stdout.strip().splitlines()[-1])
     print(f"add+RMSNorm backward, bf16, d={a.d}, with grad_r; kernel time from the profiler\n")

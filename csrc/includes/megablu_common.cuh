@@ -10,6 +10,7 @@
 #endif
 
 #include <cstdint>
+#include <cstring>
 
 namespace megablu {
 
@@ -81,13 +82,26 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, VEC>& v) {
   for (int i = 0; i < B / A; ++i) store_raw(reinterpret_cast<R*>(p) + i, u.r[i]);
 }
 
-// Ask L2 to fetch the 128-byte line at p (no register, no wait): a later load of it then
-// costs an L2 hit instead of an HBM round trip. A no-op in the host emulator.
-__device__ __forceinline__ void prefetch_l2(const void* p) {
+// 16-byte global -> shared copies that need no register and do not block (cp.async, sm_80+),
+// in groups: commit closes a group, wait<N> returns once at most N groups are in flight.
+// The host emulator copies at once.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 #ifdef __CUDA_ARCH__
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
 #else
-  (void)p;
+  std::memcpy(smem, gmem, 16);
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#ifdef __CUDA_ARCH__
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#ifdef __CUDA_ARCH__
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 #endif
 }
 

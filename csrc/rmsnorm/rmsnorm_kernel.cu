@@ -85,38 +85,28 @@ __global__ void __launch_bounds__(kWarps * 32) rmsnorm_fwd_kernel(RmsNormFwdArgs
 // warp takes (vectors lane, lane+32, ...), so it sums its share of dw in registers across
 // all those rows; at the end the block's warps add their sums into shared memory in turn
 // (one barrier per warp, no atomics) and the block writes one fp32 row of dw_partial.
-// An earlier form added to shared memory per element per row with atomicAdd; on sm_90 a
-// float atomicAdd to shared memory compiles to a CAS spin loop (ATOMS.CAST.SPIN, 32 per lane
-// per row for bf16 d=1024). Removing them made dw bitwise deterministic run to run but did
-// not move the bandwidth (55% of HBM at 32k rows, 2026-12-03): the time is the rows' memory
-// round trips. A row needs its gy and r before the row's dot product, and dr needs that dot
-// product, so within a warp one row's loads cannot overlap the next's; with ~128 registers a
-// lane (the dw sums) only 16 warps fit on an SM to hide them. Two knobs aimed at that, both
-// OFF by default because on the H200 both made it slower (bench/rmsnorm_bwd_variants.py,
-// 2026-12-03; kernel % of HBM at 32k / 128k rows, d=1024 bf16):
-//   neither: 58% / 63%;  prefetch 1: 55% / 60%;  grad_r early: 55% / 60%;
-//   both: 46% / 49%;  prefetch 2 + grad_r early: 44% / 46%.
-//   MEGABLU_RMS_BWD_PREFETCH = k: each warp asks L2 for the lines of the row k ahead of the
-//     one it works on (gy, r, grad_r; no registers), so its next loads hit L2;
-//   MEGABLU_RMS_BWD_GRES_EARLY = 1: grad_r is loaded with gy and r instead of after the dot
-//     product; its 16 registers push the kernel from 24 to ~200 bytes of spills.
-#ifndef MEGABLU_RMS_BWD_PREFETCH
-#define MEGABLU_RMS_BWD_PREFETCH 0
-#endif
-#ifndef MEGABLU_RMS_BWD_GRES_EARLY
-#define MEGABLU_RMS_BWD_GRES_EARLY 0
+//
+// What has been measured on the H200 (bf16, d=1024, docs/BENCHMARKS.md):
+// - An earlier form added to shared memory per element per row with atomicAdd; on sm_90 a
+//   float atomicAdd to shared memory is a CAS spin loop (ATOMS.CAST.SPIN). Removing them
+//   made dw bitwise deterministic but left the kernel at 58% / 63% of HBM (32k / 128k rows).
+// - The time is the rows' memory round trips: a row's dr needs the row's dot product, so a
+//   warp's next loads wait for its current row, and with the dw sums in registers (128 a
+//   lane) 16 warps fit on an SM. Prefetching the next row into L2, and loading grad_r with
+//   gy and r (16 more registers, spills), both made it slower (44-60%).
+// MEGABLU_RMS_BWD_ASYNC = 1 stages rows through shared memory with cp.async instead: each
+// warp has the NEXT row's gy, r and grad_r in flight (no registers held) while it works on
+// the current one from shared memory, reading it twice rather than keeping it in registers.
+// Per block: kWarps x 2 stages x 3 rows of d, beside the dw sums (100 KB for bf16 d=1024).
+// Each lane copies and later reads only its own vectors, so no barrier is needed between.
+#ifndef MEGABLU_RMS_BWD_ASYNC
+#define MEGABLU_RMS_BWD_ASYNC 0
 #endif
 
-// the L2 lines of one row of gy, r and (if any) grad_r, spread over the warp's lanes
+// dynamic shared memory of the backward: the dw sums (fp32 d) + the async path's stages
 template <typename T>
-__device__ __forceinline__ void prefetch_row(const RmsNormBwdArgs& a, int64_t row, int lane) {
-  const int64_t row_bytes = a.d * static_cast<int64_t>(sizeof(T));
-  const int64_t lines = (row_bytes + 127) / 128;
-  const int n = a.g_res ? 3 : 2;
-  for (int64_t l = lane; l < n * lines; l += 32) {
-    const void* base = l < lines ? a.gy : (l < 2 * lines ? a.r : a.g_res);
-    prefetch_l2(static_cast<const char*>(base) + row * row_bytes + (l % lines) * 128);
-  }
+inline size_t rmsnorm_bwd_smem(int64_t d) {
+  return sizeof(float) * d + (MEGABLU_RMS_BWD_ASYNC ? sizeof(T) * kWarps * 2 * 3 * d : 0);
 }
 
 template <typename T, int VEC, int VPT>
@@ -135,56 +125,88 @@ __global__ void __launch_bounds__(kWarps * 32, (VPT <= 4 ? 2 : 1)) rmsnorm_bwd_k
     for (int e = 0; e < VEC; ++e) dw[i][e] = 0.f;
 
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
-#if MEGABLU_RMS_BWD_PREFETCH > 1
-  for (int k = 1; k < MEGABLU_RMS_BWD_PREFETCH; ++k)
-    if (first + k * stride < a.rows) prefetch_row<T>(a, first + k * stride, lane);
+#if MEGABLU_RMS_BWD_ASYNC
+  // this warp's two stages, each gy | r | grad_r of one row
+  T* const stages = reinterpret_cast<T*>(dw_smem + a.d) + static_cast<int64_t>(warp) * 2 * 3 * a.d;
+  auto issue = [&](int64_t row, int stage) {   // the row's copies, as one group (empty past the end)
+    if (row < a.rows) {
+      T* s = stages + stage * 3 * a.d;
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int64_t j = lane + 32 * i;
+        if (j < nvec) {
+          cp_async16(s + j * VEC, static_cast<const T*>(a.gy) + row * a.d + j * VEC);
+          cp_async16(s + a.d + j * VEC, static_cast<const T*>(a.r) + row * a.d + j * VEC);
+          if (a.g_res) cp_async16(s + 2 * a.d + j * VEC, static_cast<const T*>(a.g_res) + row * a.d + j * VEC);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+  issue(first, 0);
+  int stage = 0;
 #endif
   for (int64_t row = first; row < a.rows; row += stride) {
-#if MEGABLU_RMS_BWD_PREFETCH > 0
-    if (row + MEGABLU_RMS_BWD_PREFETCH * stride < a.rows) prefetch_row<T>(a, row + MEGABLU_RMS_BWD_PREFETCH * stride, lane);
-#endif
+#if MEGABLU_RMS_BWD_ASYNC
+    issue(row + stride, stage ^ 1);   // the next row flies while this one is computed
+    cp_async_wait<1>();               // this row's group has landed
+    const T* __restrict__ gy = stages + stage * 3 * a.d;
+    const T* __restrict__ rr = gy + a.d;
+    const T* __restrict__ gres = a.g_res ? gy + 2 * a.d : nullptr;
+    stage ^= 1;
+#else
     const T* __restrict__ gy = static_cast<const T*>(a.gy) + row * a.d;
     const T* __restrict__ rr = static_cast<const T*>(a.r) + row * a.d;
-    const float rstd = a.rstd[row];
     const T* __restrict__ gres = a.g_res ? static_cast<const T*>(a.g_res) + row * a.d : nullptr;
-    Vec<T, VEC> gv[VPT], rv[VPT];
-#if MEGABLU_RMS_BWD_GRES_EARLY
-    Vec<T, VEC> ev[VPT];
 #endif
+    const float rstd = a.rstd[row];
     float dot = 0.f;   // sum over the row of (w*gy) * xhat
+#if MEGABLU_RMS_BWD_ASYNC
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t j = lane + 32 * i;
+      if (j < nvec) {
+        const Vec<T, VEC> gv = load_vec<T, VEC>(gy + j * VEC), rv = load_vec<T, VEC>(rr + j * VEC);
+        const Vec<T, VEC> wv = load_vec<T, VEC>(w + j * VEC);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) dot += to_f(gv.v[e]) * to_f(wv.v[e]) * (to_f(rv.v[e]) * rstd);
+      }
+    }
+#else
+    Vec<T, VEC> gv[VPT], rv[VPT];
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int64_t j = lane + 32 * i;
       if (j < nvec) {
         gv[i] = load_vec<T, VEC>(gy + j * VEC);
         rv[i] = load_vec<T, VEC>(rr + j * VEC);
-#if MEGABLU_RMS_BWD_GRES_EARLY
-        if (gres) ev[i] = load_vec<T, VEC>(gres + j * VEC);
-#endif
         const Vec<T, VEC> wv = load_vec<T, VEC>(w + j * VEC);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) dot += to_f(gv[i].v[e]) * to_f(wv.v[e]) * (to_f(rv[i].v[e]) * rstd);
       }
     }
+#endif
     const float mean_dot = warp_sum(dot) * inv_d;
     T* __restrict__ dr = static_cast<T*>(a.dr) + row * a.d;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int64_t j = lane + 32 * i;
       if (j < nvec) {
-        const Vec<T, VEC> wv = load_vec<T, VEC>(w + j * VEC);
-#if MEGABLU_RMS_BWD_GRES_EARLY
-        const Vec<T, VEC>& evi = ev[i];
+#if MEGABLU_RMS_BWD_ASYNC
+        const Vec<T, VEC> gvi = load_vec<T, VEC>(gy + j * VEC), rvi = load_vec<T, VEC>(rr + j * VEC);
 #else
-        Vec<T, VEC> evi;
-        if (gres) evi = load_vec<T, VEC>(gres + j * VEC);
+        const Vec<T, VEC>& gvi = gv[i];
+        const Vec<T, VEC>& rvi = rv[i];
 #endif
+        const Vec<T, VEC> wv = load_vec<T, VEC>(w + j * VEC);
+        Vec<T, VEC> ev;
+        if (gres) ev = load_vec<T, VEC>(gres + j * VEC);
         Vec<T, VEC> out;
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
-          const float g = to_f(gv[i].v[e]);
-          const float xh = to_f(rv[i].v[e]) * rstd;
-          const float extra = gres ? to_f(evi.v[e]) : 0.f;
+          const float g = to_f(gvi.v[e]);
+          const float xh = to_f(rvi.v[e]) * rstd;
+          const float extra = gres ? to_f(ev.v[e]) : 0.f;
           dw[i][e] += g * round_to<T>(xh);
           out.v[e] = from_f<T>(rstd * (g * to_f(wv.v[e]) - xh * mean_dot) + extra);
         }
@@ -192,6 +214,9 @@ __global__ void __launch_bounds__(kWarps * 32, (VPT <= 4 ? 2 : 1)) rmsnorm_bwd_k
       }
     }
   }
+#if MEGABLU_RMS_BWD_ASYNC
+  cp_async_wait<0>();
+#endif
 
   // the warps' sums into shared memory, warp 0 first (it writes every column: lanes x VPT
   // cover all nvec vectors), then each next warp adds; element-major layout (e * nvec + j)
@@ -246,8 +271,9 @@ cudaError_t fwd_typed(const RmsNormFwdArgs& a, cudaStream_t s) {
 
 template <typename T>
 cudaError_t bwd_typed(const RmsNormBwdArgs& a, cudaStream_t s) {
-  if (a.rows == 0 || a.blocks == 0) return cudaSuccess;
-  const size_t smem = sizeof(float) * a.d;
+  if (a.rows == 0) return cudaSuccess;
+  if (a.blocks <= 0) return cudaErrorInvalidConfiguration;   // rmsnorm_bwd_grid found no fit
+  const size_t smem = rmsnorm_bwd_smem<T>(a.d);
   constexpr int V = 16 / sizeof(T);
   if (a.vec == V) {
     MEGABLU_RMS_VPT(rmsnorm_bwd_kernel, T, V, a.blocks, kWarps * 32, smem, s)
@@ -285,9 +311,20 @@ int bwd_grid_typed(const RmsNormBwdArgs& a) {
   int dev = 0, sms = 0, per_sm = 0;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kWarps * 32, sizeof(float) * a.d);
+  const size_t smem = rmsnorm_bwd_smem<T>(a.d);
+  // above 48 KB of dynamic shared memory a kernel must opt in; 0 blocks (an error at launch)
+  // when the device cannot give it
+  if (smem > 48 * 1024 &&
+      cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kWarps * 32, smem) != cudaSuccess || per_sm <= 0) {
+    cudaGetLastError();
+    return 0;
+  }
   const int64_t need = (a.rows + kWarps - 1) / kWarps;
-  const int64_t cap = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+  const int64_t cap = static_cast<int64_t>(sms) * per_sm;
   return static_cast<int>(need < cap ? need : cap);
 }
 }  // namespace

@@ -196,21 +196,24 @@ def test_rmsnorm_kernels(emu, dtype, d, vpt, with_res):
     assert_close(part.sum(0), tdw, dtype, reduction=True, what="dw")
 
 
-def test_rmsnorm_backward_knobs_move_loads_not_results(emu, tmp_path_factory):
-    """MEGABLU_RMS_BWD_GRES_EARLY / _PREFETCH (bench/rmsnorm_bwd_variants.py) change when
-    the kernel loads, never what it computes: the other setting gives bitwise the same dr and
-    dw partials, on the grid-stride path, with and without grad_r."""
-    other = _build_emu(tmp_path_factory, ("-DMEGABLU_RMS_BWD_GRES_EARLY=1", "-DMEGABLU_RMS_BWD_PREFETCH=2"))
-    rows, d, vpt, blocks = 37, 1024, 4, 2
-    gy, gr, r = (_rand(rows, d, dtype=torch.bfloat16, seed=s) for s in (5, 6, 7))
-    w = (1 + 0.5 * torch.randn(d, generator=torch.Generator().manual_seed(8))).to(torch.bfloat16)
+@pytest.mark.parametrize("dtype,d,vpt", [(torch.bfloat16, 1024, 4), (torch.bfloat16, 576, 3),
+                                         (torch.bfloat16, 2048, 8), (torch.float32, 1024, 8)])
+def test_rmsnorm_backward_async_staging_changes_loads_not_results(emu, tmp_path_factory, dtype, d, vpt):
+    """MEGABLU_RMS_BWD_ASYNC=1 (rows staged through shared memory by cp.async, measured by
+    bench/rmsnorm_bwd_variants.py) changes where the kernel reads from, never what it
+    computes: bitwise the same dr and dw partials as the register path, on the grid-stride
+    path (two stages in turn), with and without grad_r."""
+    other = _build_emu(tmp_path_factory, ("-DMEGABLU_RMS_BWD_ASYNC=1",))
+    rows, blocks, vec = 37, 2, 16 // torch.tensor([], dtype=dtype).element_size()
+    gy, gr, r = (_rand(rows, d, dtype=dtype, seed=s) for s in (5, 6, 7))
+    w = (1 + 0.5 * torch.randn(d, generator=torch.Generator().manual_seed(8))).to(dtype)
     rstd = torch.rand(rows, generator=torch.Generator().manual_seed(9)) + 0.5
     for with_res in (True, False):
         outs = []
         for lib in (emu, other):
             dr, part = torch.empty_like(gy), torch.empty(blocks, d, dtype=torch.float32)
             b = RmsBwdArgs(gy.data_ptr(), gr.data_ptr() if with_res else None, r.data_ptr(), w.data_ptr(),
-                           rstd.data_ptr(), dr.data_ptr(), part.data_ptr(), rows, d, blocks, DT[torch.bfloat16], 8, vpt)
+                           rstd.data_ptr(), dr.data_ptr(), part.data_ptr(), rows, d, blocks, DT[dtype], vec, vpt)
             assert lib.emu_rmsnorm_bwd(ctypes.byref(b)) == 0
             outs.append((dr, part))
         assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
