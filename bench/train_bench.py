@@ -167,7 +167,7 @@ def main():
     print("| impl | mode | T | loss chunk | peak GB | planned GB | MB/token | step s | tokens/s | MFU | host GB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        if r["n_layers"] != 36:
+        if a.layers:
             r = dict(r, mode=f"{r['mode']} ({r['n_layers']} layers)")
         if r.get("oom"):
             print(f"| {r['impl']} | {r['mode']} | {r['T']} | {r['loss_chunk']} | OOM | | | | | | |")

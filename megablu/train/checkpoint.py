@@ -12,7 +12,9 @@ Layout of one run (the run id is the directory name, see runs.py):
       pinned                           optional marker: keep-N never deletes this step
     latest                             "step_0000100": written last, atomically, a hint only
     .tmp-step_0000200/                 a save in progress (or killed): never read, cleaned
-    .trash-step_0000050-<pid>/         a pruned step being deleted: never read, cleaned
+    .trash-step_0000200-<pid>/         an older step_0000200 moved aside by its re-save: put
+                                       back if the new one was never published, else cleaned
+    .pruned-step_0000050-<pid>/        a pruned step being deleted: never read, cleaned
 
 The seed's traps and what makes each impossible here:
 - a 3-of-4 shard set loaded silently: the manifest names every file (and rank 0 checks
@@ -55,7 +57,8 @@ DS_TAG = "ds"
 CLIENT_DIR = "client_state"
 CKPT_DIR = "checkpoints"
 TMP_PREFIX = ".tmp-"
-TRASH_PREFIX = ".trash-"
+TRASH_PREFIX = ".trash-"     # replaced by a re-save: restored by cleanup() if nothing took its place
+PRUNED_PREFIX = ".pruned-"   # deleted by keep-N: never restored
 FORMAT_VERSION = 1
 _STEP_RE = re.compile(r"^step_(\d{7,})$")
 # config-derived meta fields worth naming when a resume's config hash differs (dp and world
@@ -448,7 +451,7 @@ class CheckpointManager:
                       key=lambda p: step_of(p))
 
     def cleanup(self) -> None:
-        """Remove leftovers of killed saves/prunes (.tmp-*, .trash-*). Rank 0, not during a save.
+        """Remove leftovers of killed saves/prunes (.tmp-*, .trash-*, .pruned-*). Rank 0, not during a save.
 
         A complete `.trash-step_N-*` whose step_N is absent is put back first: a re-save of
         an existing step moves the old one aside before publishing the new one, and a kill
@@ -463,7 +466,7 @@ class CheckpointManager:
                     log.warning("restoring %s from %s (a save was killed while replacing it)", step, p)
                     os.replace(p, step)
                     continue
-            if p.name.startswith((TMP_PREFIX, TRASH_PREFIX)):
+            if p.name.startswith((TMP_PREFIX, TRASH_PREFIX, PRUNED_PREFIX)):
                 log.info("removing leftover %s", p)
                 shutil.rmtree(p, ignore_errors=True)
 
@@ -674,7 +677,7 @@ class CheckpointManager:
         n_keep_more = self.keep - 1  # newest is always kept and counts
         victims = unpinned[:max(0, len(unpinned) - n_keep_more)]
         for p in victims:
-            trash = self.ckpt_dir / f"{TRASH_PREFIX}{p.name}-{os.getpid()}"
+            trash = self.ckpt_dir / f"{PRUNED_PREFIX}{p.name}-{os.getpid()}"
             os.replace(p, trash)  # atomic: a kill leaves a dot-dir, never a half step
             self._phase("trashed")  # a kill here leaves the dot-dir: the next save or resume removes it
             shutil.rmtree(trash)

@@ -315,7 +315,7 @@ def kill_case(base: Path, ref: dict, kill=None, kill_after=None, world=2, stage=
            "rc": res["rc"], "verified_after_kill": fs["verified"], "corrupted": fs["corrupted"],
            "latest": fs["latest"], "leftovers": fs["tmp"], "last_done": done, "lost": lost,
            "resumed_from": res2["start"], "resume_rc": res2["rc"], "loss_mismatch": mism,
-           "after_resume_leftovers": fs2["tmp"], "ok": ok}
+           "after_resume_leftovers": fs2["tmp"], "verified_after_resume": fs2["verified"], "ok": ok}
     if not ok:
         out["debug"] = {"tb": res["tracebacks"], "tb2": res2["tracebacks"], "err2": res2["errors"]}
     shutil.rmtree(res["tdir"], ignore_errors=True)
@@ -551,6 +551,8 @@ def _check_kills(res):
     for c in cases:  # every deterministic kill really killed the job
         if c["kill"]:
             assert c["killed"], c
+        if c["kill"] and c["kill"][0] == "trashed":   # a step keep-N had pruned never comes back
+            assert c["verified_after_resume"] == [4, 6], c
     hit = {c["phase_at_kill"][1] for c in cases if c["killed"]}
     assert set(PHASES_BOTH + PHASES_R0) <= hit, hit
     # some resumes came from a checkpoint, some started over (kill in the first save)
