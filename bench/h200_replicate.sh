@@ -123,7 +123,7 @@ P_TRUNC=$!
 # the parent natively (beyond 2048 it extrapolates RoPE) and with YaRN x4 but no fine-tuning
 evaluate parent yaml_configs/rep_pretrain.yaml "$PARENT" &
 P_EV1=$!
-evaluate parent_yarn4 yaml_configs/rep_ext_fit.yaml "$PARENT" "${EXT[@]}" &
+evaluate parent_yarn4 yaml_configs/rep_ext_fit.yaml "$PARENT" "${EXT[@]}" --rope-override &
 P_EV2=$!
 wait $P_FIT $P_TRUNC
 finish

@@ -34,8 +34,8 @@ EVAL_END=$(( BUDGET * 93 / 100 ))
 
 guard join 60 $PY bench/smollm2_pieces.py join data_cache/smol --to /tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
   && guard convert 120 $PY bench/smollm2_pieces.py convert /tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
-       --to /tmp/smollm2.safetensors
-if [ ! -f /tmp/smollm2.safetensors ]; then
+       --to /tmp/smollm2_blu
+if [ ! -f /tmp/smollm2_blu/model.safetensors ]; then
   cat "$WORK"/logs/join.* "$WORK"/logs/convert.err > "$OUT/compare.md" 2>/dev/null; finish; exit 1
 fi
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 5 > "$WORK/logs/gpu.csv" 2>&1 &
@@ -48,7 +48,7 @@ evaluate() {   # evaluate ARM CKPT WINDOW LENGTHS... [-- overrides]: one invocat
   local lens=() extra=()
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do lens+=("$1"); shift; done
   [ $# -gt 0 ] && shift && extra=("$@")
-  local step=(); [[ $ck == *.safetensors ]] && step=(--step 0)   # a run checkpoint names its own step
+  local step=(); [[ $ck != */checkpoints/* ]] && step=(--step 0)   # a run checkpoint names its own step
   guard "eval_${arm}_${lens[0]}" "$EVAL_END" $PY -m megablu.cli eval --config "$CFG" --ckpt "$ck" "${step[@]}" \
     --arm "$arm" --out "$WORK/eval/${arm}_${lens[0]}" --lengths "${lens[@]}" --n "$N" --batch-tokens 524288 --no-plot \
     --set data.window="$win" --set "eval.lengths=[$(IFS=,; echo "${lens[*]}")]" "${extra[@]}"
@@ -57,13 +57,13 @@ evaluate() {   # evaluate ARM CKPT WINDOW LENGTHS... [-- overrides]: one invocat
 # the fine-tune, and beside it on the same GPU the parent's evals (native inside its 8192
 # positions: the gate parent; with YaRN x4 and no fine-tuning: what the fine-tune adds)
 guard train "$TRAIN_END" deepspeed --num_gpus 1 --master_port $(( 29500 + RANDOM % 400 )) launch/ext32k.py \
-  --config "$CFG" --set init_from=/tmp/smollm2.safetensors --set runs_dir="$WORK/runs" \
+  --config "$CFG" --set init_from=/tmp/smollm2_blu --set runs_dir="$WORK/runs" \
   --set train.max_steps="$STEPS" --set schedule.decay_start=$(( STEPS * 3 / 4 )) \
   --set checkpoint.every_steps=4 &
 P_TRAIN=$!
-( evaluate native /tmp/smollm2.safetensors 8192 "${SHORT[@]}" -- --set rope.yarn=null
-  evaluate yarn4 /tmp/smollm2.safetensors 32768 "${SHORT[@]}"
-  evaluate yarn4 /tmp/smollm2.safetensors 32768 "${LONG[@]}" ) &
+( evaluate native /tmp/smollm2_blu 8192 "${SHORT[@]}" -- --set rope.yarn=null
+  evaluate yarn4 /tmp/smollm2_blu 32768 "${SHORT[@]}" -- --rope-override   # YaRN the weights never trained with
+  evaluate yarn4 /tmp/smollm2_blu 32768 "${LONG[@]}" -- --rope-override ) &
 P_PARENT=$!
 wait $P_TRAIN
 finish

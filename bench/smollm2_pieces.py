@@ -11,7 +11,7 @@ a later carry replaces them):
         --out data_cache/smol --piece-mib 47      # -> data_cache/smol_0/, data_cache/smol_1/, ...
     # on the device, once every piece is there:
     python bench/smollm2_pieces.py join data_cache/smol --to /tmp/smollm2.gguf      # sha256-checked
-    python bench/smollm2_pieces.py convert /tmp/smollm2.gguf --to /tmp/smollm2.safetensors  # BluModel names
+    python bench/smollm2_pieces.py convert /tmp/smollm2.gguf --to /tmp/smollm2_blu  # dir: BluModel-named model.safetensors + config.json
 
 `convert` needs transformers and the `gguf` package (carry its wheel); the result is an
 `init_from` for yaml_configs/rep_smollm2_32k.yaml.
@@ -83,7 +83,7 @@ def convert(gguf: Path, to: Path) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from megablu.model.hf import from_hf
+    from megablu.model.hf import from_hf, hf_config_dict
 
     cfg = LlamaConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     hf = LlamaForCausalLM(cfg)
@@ -93,8 +93,14 @@ def convert(gguf: Path, to: Path) -> None:
         raise SystemExit(f"GGUF -> Llama: missing {missing}, unexpected {unexpected}")
     blu = from_hf(hf.float())
     state = {k: v.contiguous() for k, v in blu.state_dict().items() if k != "lm_head.weight"}
-    save_file(state, str(to))
-    print(f"{to}: {sum(v.numel() for v in state.values()) / 1e6:.1f}M parameters, model {blu.cfg.model_dump()}")
+    # a dir with the weights and the config they were trained with: init_from and eval read
+    # the trained window (max_position_embeddings) and rope from its config.json
+    to.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(to / "model.safetensors"))
+    (to / "config.json").write_text(json.dumps(hf_config_dict(blu.cfg, blu.rope_cfg, cfg.max_position_embeddings),
+                                               indent=1) + "\n")
+    print(f"{to}: {sum(v.numel() for v in state.values()) / 1e6:.1f}M parameters, model {blu.cfg.model_dump()}, "
+          f"trained window {cfg.max_position_embeddings}, rope {blu.rope_cfg.model_dump()}")
 
 
 def main(argv=None) -> int:

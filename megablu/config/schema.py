@@ -77,6 +77,8 @@ class YarnConfig(Section):
 class RopeConfig(Section):
     theta: float = Field(gt=0)
     yarn: Optional[YarnConfig] = None
+    allow_theta_change: bool = Field(default=False, description="init_from a parent trained with another "
+                                     "rope.theta on purpose (an ABF-style base raise); otherwise a config error")
 
 
 # --------------------------------------------------------------------------- tokenizer

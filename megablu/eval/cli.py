@@ -56,6 +56,11 @@ def _eval(args) -> int:
 
     device, dtype = _device_and_dtype(cfg)
     try:
+        info = _rope_against_checkpoint(args, cfg)
+    except EvalError as e:
+        print(f"megablu eval: {e}", file=sys.stderr)
+        return 2
+    try:
         model, prov = _load_model(args, cfg, tok.identity)
     except Exception as e:  # CLI boundary: any failure to build the model is invalid input, reported
         print(f"megablu eval: cannot load weights: {type(e).__name__}: {e}", file=sys.stderr)
@@ -86,7 +91,7 @@ def _eval(args) -> int:
             if problems:
                 raise EvalError("; ".join(problems))
         res = run_eval(model, tok, eval_cfg, cfg.data.window, step=step, out_dir=out, rank=0, arm=arm,
-                       parent=parent, batch_tokens=args.batch_tokens, plot=not args.no_plot)
+                       parent=parent, batch_tokens=args.batch_tokens, plot=not args.no_plot, info=info)
     except EvalError as e:
         print(f"megablu eval: {e}", file=sys.stderr)
         return 2
@@ -97,6 +102,41 @@ def _eval(args) -> int:
         if not gate["passed"]:
             return 1
     return 0
+
+
+def _rope_against_checkpoint(args, cfg) -> dict:
+    """The config's rope must be the one the weights were trained with, or an explicit override.
+
+    Evaluating a checkpoint with another rope (theta, YaRN removed or another factor) is a
+    legitimate experiment (a parent + YaRN without training), never an accident: it needs
+    --rope-override, and the result records both ropes. Returns what the result records."""
+    from ..config.lineage import rope_differences
+    from ..train.checkpoint import CheckpointError, parent_record
+    from .prompts import EvalError
+
+    src = args.ckpt or args.hf
+    if not src or not Path(src).exists():
+        return {}   # _load_model reports the missing weights
+    try:
+        rec = parent_record(src)
+    except CheckpointError as e:
+        raise EvalError(str(e)) from None
+    if rec.rope is None:
+        if not args.rope_override:
+            raise EvalError(f"{src} records no rope, so the config's rope cannot be checked against the one the "
+                            f"weights were trained with; pass --rope-override to evaluate with the config's rope "
+                            f"(recorded in the result)")
+        return {"rope_override": {"checkpoint": None, "source": rec.source, "differences": ["rope: not recorded"]}}
+    diff = rope_differences(rec.rope, cfg.rope)
+    if not diff:
+        return {}
+    if not args.rope_override:
+        raise EvalError(f"the config's rope differs from the one {src} was trained with ({rec.source}): "
+                        f"{'; '.join(diff)} (checkpoint vs config); evaluate with the checkpoint's rope, or pass "
+                        f"--rope-override to evaluate with the config's on purpose (recorded in the result)")
+    log.warning("rope override: %s (checkpoint vs config)", "; ".join(diff))
+    return {"rope_override": {"checkpoint": rec.rope.model_dump(mode="json"), "source": rec.source,
+                              "differences": diff}}
 
 
 def _run_dir_of(ckpt: Path):
@@ -194,6 +234,9 @@ def register(sub) -> None:
     e.add_argument("--lengths", type=int, nargs="+", help="override eval.lengths")
     e.add_argument("--n", type=int, help="override eval.n")
     e.add_argument("--gate-parent", help="parent result (json, run dir, or RUN@STEP); default eval.gate.parent")
+    e.add_argument("--rope-override", action="store_true",
+                   help="evaluate with the config's rope although the checkpoint was trained with another "
+                        "(e.g. a parent + YaRN without training); the result records both")
     e.add_argument("--batch-tokens", type=int, default=16384, help="prompts per batch = max(1, this // length)")
     e.add_argument("--no-plot", action="store_true", help="skip step_<N>.png (json and md are always written)")
     e.set_defaults(func=_eval)

@@ -85,7 +85,7 @@ def _model_info(model) -> dict:
 def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int, *, sp_group=None, step: int,
              out_dir: Path, rank: int, dp_group=None, haystack: Optional[HaystackSource] = None, arm: Optional[str] = None,
              parent: Optional[dict] = None, batch_tokens: int = 16384, prefill_chunk: int = 2048,
-             plot: bool = True) -> dict:
+             plot: bool = True, info: Optional[dict] = None) -> dict:
     """Evaluate `model` (collective over sp_group when given); rank 0 writes out_dir/step_<step>.json.
 
     Also writes step_<step>.md and, when `plot`, step_<step>.png. Prompts of one length are
@@ -148,7 +148,7 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
 
     res = report.make_result(cells, samples, arm=arm or out_dir.parent.name, step=step, window=window,
                              eval_cfg=eval_cfg, tokenizer_identity=tokenizer.identity, sp=sp,
-                             extra=_model_info(model))
+                             extra={**_model_info(model), **(info or {})})
     if gate_parent is not None:
         from .gate import check_gate
 

@@ -51,6 +51,28 @@ def configs_from_hf(hf_config) -> tuple[ModelConfig, RopeConfig]:
     return model, RopeConfig(theta=rp["rope_theta"], yarn=yarn)
 
 
+def rope_record_from_hf(config: dict) -> tuple[RopeConfig, Optional[int]]:
+    """(rope, trained window) from a transformers config.json dict (4.x or 5.x spelling).
+
+    The window is max_position_embeddings: the length the model card says it was trained at
+    (for a YaRN model, factor * original_max_position_embeddings)."""
+    from types import SimpleNamespace
+
+    rp = _rope_params(SimpleNamespace(**config))
+    kind = rp.get("rope_type", rp.get("type", "default"))
+    if "rope_theta" not in rp:
+        raise ValueError("config.json has no rope_theta")
+    yarn = None
+    if kind == "yarn":
+        yarn = YarnConfig(factor=rp["factor"], original_max_position=rp["original_max_position_embeddings"],
+                          beta_fast=rp.get("beta_fast") or 32.0, beta_slow=rp.get("beta_slow") or 1.0,
+                          truncate=rp.get("truncate", True), attention_factor=rp.get("attention_factor"))
+    elif kind != "default":
+        raise ValueError(f"rope_type={kind!r} is not supported (default or yarn)")
+    window = config.get("max_position_embeddings")
+    return RopeConfig(theta=rp["rope_theta"], yarn=yarn), int(window) if window else None
+
+
 def from_hf(hf_model, memory=None) -> BluModel:
     """BluModel with the weights of a transformers Llama/Qwen2 causal LM."""
     model_cfg, rope_cfg = configs_from_hf(hf_model.config)

@@ -832,6 +832,51 @@ def resolve_weights(path: PathLike) -> tuple[list[Path], Optional[dict]]:
                           f"(expected a checkpoint step dir, a run dir or an exported HF dir)")
 
 
+def parent_record(path: PathLike):
+    """What an init_from parent records about its training: a `ParentRecord` (window, rope, source).
+
+    Read from a step's manifest (a run dir: its newest step whose files are present), the
+    run's config.resolved.yaml for manifests older than the meta, an export's or a
+    transformers dir's config.json, or the same beside a weights file. A record that is
+    absent gives window/rope None; a record that cannot be read raises CheckpointError.
+    Sizes only, no hashing: the load itself verifies every sha256.
+    """
+    import yaml
+
+    from ..config.lineage import ParentRecord
+    from ..config.schema import RopeConfig
+
+    p = Path(path)
+    d = p.parent if p.is_file() else p
+    if (d / CKPT_DIR).is_dir() and not (d / MANIFEST).exists():
+        newest = newest_verified(d, deep=False)
+        if newest is None:
+            raise CheckpointError(f"init_from {d}: run has no complete checkpoint")
+        d = newest
+    if (d / MANIFEST).exists():
+        meta = read_manifest(d).get("meta", {})
+        rope, window, src = meta.get("rope"), meta.get("window"), f"{d}/{MANIFEST}"
+        cfg_file = d.parent.parent / "config.resolved.yaml"
+        if (rope is None or window is None) and cfg_file.is_file():
+            raw = yaml.safe_load(cfg_file.read_text()) or {}
+            rope, window = rope or raw.get("rope"), window or (raw.get("data") or {}).get("window")
+            src = str(cfg_file)
+        try:
+            return ParentRecord(src, int(window) if window else None, RopeConfig(**rope) if rope else None)
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"init_from {src}: unreadable rope record {rope!r}: {e}") from None
+    cj = d / "config.json"
+    if cj.is_file():
+        from ..model.hf import rope_record_from_hf
+
+        try:
+            rope, window = rope_record_from_hf(json.loads(cj.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"init_from {cj}: cannot read the parent's rope: {e}") from None
+        return ParentRecord(str(cj), window, rope)
+    return ParentRecord(str(p), None, None)
+
+
 def read_weights(path: PathLike) -> dict[str, torch.Tensor]:
     """State dict in BluModel names (HF `model.` prefix stripped, aliases restored)."""
     return read_weights_and_provenance(path)[0]

@@ -401,12 +401,29 @@ class Trainer:
             self._gate_failure = gate["message"]
 
 
+def init_from_rope_problems(cfg: Config) -> list[str]:
+    """The child's rope against what the init_from parent records (config/lineage.py)."""
+    from ..config.lineage import rope_lineage_problems
+    from .checkpoint import CheckpointError, parent_record
+
+    try:
+        rec = parent_record(cfg.init_from)
+    except CheckpointError as e:
+        return [f"init_from: {e}"]
+    if rec.rope is None and cfg.rope.yarn is None:
+        log.warning("init_from %s records no rope or window: rope.theta=%g cannot be checked against the parent's",
+                    cfg.init_from, cfg.rope.theta)
+    return rope_lineage_problems(cfg.rope, cfg.data.window, rec)
+
+
 def preflight(cfg: Config, resume: Optional[str] = None) -> list[str]:
     """Filesystem checks run by the entry before any rank initialises (missing parent, data)."""
     problems = []
     if cfg.init_from and not resume and not Path(cfg.init_from).exists():
         problems.append(f"init_from: parent checkpoint {cfg.init_from} does not exist; give a run dir, a "
                         f"checkpoint step dir or an exported model dir")
+    elif cfg.init_from and not resume:
+        problems += init_from_rope_problems(cfg)
     if cfg.data.path and not Path(cfg.data.path, "manifest.json").is_file():
         problems.append(f"data.path: {cfg.data.path} has no manifest.json; build it with `megablu data build` "
                         f"or `megablu data import`")

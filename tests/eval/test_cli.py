@@ -61,12 +61,16 @@ def test_eval_from_checkpoint_file(tmp_path, capsys):
     ck = tmp_path / "step_5" / "model.safetensors"
     ck.parent.mkdir()
     save_file({k: v.contiguous() for k, v in tiny_model(seed=3).state_dict().items()}, str(ck))
-    rc = main(["eval", "--config", str(cfg), "--ckpt", str(ck)])
+    # a bare weights file records no rope: evaluating it with the config's is an explicit choice
+    assert main(["eval", "--config", str(cfg), "--ckpt", str(ck)]) == 2
+    assert "records no rope" in capsys.readouterr().err
+    rc = main(["eval", "--config", str(cfg), "--ckpt", str(ck), "--rope-override"])
     out, err = capsys.readouterr()
     assert rc == 0, err
     assert "| tiny@5 | 0.0 | 0.0 |" in out
     res = json.loads((tmp_path / "runs" / "tiny" / "eval" / "step_5.json").read_text())
     assert res["step"] == 5 and [c["length"] for c in res["cells"]] == [300, 480]
+    assert res["rope_override"]["differences"] == ["rope: not recorded"]
 
 
 def test_eval_hf_dir_and_invalid_inputs(tmp_path, capsys):
@@ -108,6 +112,7 @@ def _ckpt_step(run, step, tokenizer):
     save_weights({k: v.contiguous() for k, v in tiny_model(seed=3).state_dict().items()}, d / "model.safetensors")
     f = d / "model.safetensors"
     m = {"format": 1, "run_id": run.name, "step": step, "tokenizer": tokenizer, "zero_partitions": 0,
+         "meta": {"rope": {"theta": 10000.0, "yarn": None}, "window": 512},
          "files": {"model.safetensors": {"size": f.stat().st_size, "sha256": sha256_file(f)}}}
     m["manifest_sha256"] = _manifest_digest(m)
     (d / "manifest.json").write_text(json.dumps(m))
@@ -142,6 +147,6 @@ def test_eval_refuses_a_gate_parent_without_the_short_lengths(tmp_path, capsys):
     ck.parent.mkdir()
     from safetensors.torch import save_file
     save_file({k: v.contiguous() for k, v in tiny_model(seed=3).state_dict().items()}, str(ck))
-    assert main(["eval", "--config", str(cfg), "--ckpt", str(ck), "--no-plot"]) == 2
+    assert main(["eval", "--config", str(cfg), "--ckpt", str(ck), "--no-plot", "--rope-override"]) == 2
     assert "has no result for passkey@300" in capsys.readouterr().err
     assert not (tmp_path / "runs" / "tiny" / "eval" / "step_5.json").exists()   # nothing was generated

@@ -1,0 +1,98 @@
+"""What a child run may assume of its parent's RoPE: the seed's most expensive trap, checked.
+
+The C++ trainer lost 27 pp to a YaRN extension whose `original_max_position` was not the
+length the parent had been trained at. `factor * original_max_position == window` (the
+schema's invariant) cannot see that: 4 * 128 = 512 is as consistent as 2 * 256 = 512. Only
+the parent's own record can, so every init_from is compared with what its checkpoint says
+it was trained with (`ParentRecord`, read by `megablu.train.checkpoint.parent_record`).
+
+Rules (child rope C at window T, parent trained at window W with rope P):
+- theta: C.theta == P.theta, unless `rope.allow_theta_change` (an ABF-style base raise
+  is a recipe, but never an accident);
+- P plain RoPE, C YaRN: C.yarn.original_max_position == W (the frequencies YaRN
+  interpolates are the ones the parent learned at W);
+- P YaRN (the parent is itself an extension), C YaRN: C keeps P's original_max_position
+  and betas, with factor = T / original (YaRN's own 64k -> 128k step kept 4096 and raised
+  the factor); an original set to the parent's window W re-bases frequencies the parent
+  never saw;
+- P YaRN, C without YaRN: refused (the child would compute other frequencies).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .schema import RopeConfig
+
+
+@dataclass(frozen=True)
+class ParentRecord:
+    """What a parent checkpoint records about how it was trained."""
+
+    source: str                  # where the record was read (manifest, config.json, ...)
+    window: Optional[int]        # the sequence length it was trained at
+    rope: Optional[RopeConfig]   # the RoPE it was trained with
+
+
+def _fmt_yarn(r: RopeConfig) -> str:
+    y = r.yarn
+    return "plain RoPE" if y is None else f"YaRN factor {y.factor:g} x original_max_position {y.original_max_position}"
+
+
+def rope_lineage_problems(child: RopeConfig, window: int, parent: ParentRecord) -> list[str]:
+    """Every way the child's rope contradicts the parent's record, as 'field: values; fix'."""
+    errs: list[str] = []
+    p, src = parent.rope, parent.source
+    if p is None or parent.window is None:
+        if child.yarn is not None:
+            errs.append(
+                f"init_from: {src} records no training window or rope, so rope.yarn.original_max_position="
+                f"{child.yarn.original_max_position} cannot be checked against the length the parent was trained "
+                f"at; give a megablu checkpoint, a `megablu ckpt export` dir, or a transformers dir whose "
+                f"config.json has max_position_embeddings and the rope")
+        return errs
+    W = parent.window
+    if child.theta != p.theta and not child.allow_theta_change:
+        errs.append(f"rope.theta={child.theta:g} but the parent {src} was trained with rope.theta={p.theta:g}; set "
+                    f"rope.theta={p.theta:g} (or rope.allow_theta_change=true for a deliberate base change)")
+    c, py = child.yarn, p.yarn
+    if c is None:
+        if py is not None:
+            errs.append(f"rope.yarn: unset, but the parent {src} was trained with {_fmt_yarn(p)} at window {W}; "
+                        f"a child without it computes other frequencies: set rope.yarn.original_max_position="
+                        f"{py.original_max_position} and rope.yarn.factor={window / py.original_max_position:g}")
+        return errs
+    if py is None:
+        if c.original_max_position != W:
+            errs.append(
+                f"rope.yarn.original_max_position={c.original_max_position} but the parent {src} was trained at "
+                f"window {W} (plain RoPE); YaRN must interpolate from the length the weights were actually trained "
+                f"at: set rope.yarn.original_max_position={W} and rope.yarn.factor={window / W:g} "
+                f"({window / W:g} * {W} = {window})")
+        return errs
+    if c.original_max_position != py.original_max_position:
+        errs.append(
+            f"rope.yarn.original_max_position={c.original_max_position} but the parent {src} is itself "
+            f"YaRN-extended ({_fmt_yarn(p)}, trained at window {W}): its frequencies are YaRN's of "
+            f"{py.original_max_position}; keep them and raise the factor: set rope.yarn.original_max_position="
+            f"{py.original_max_position} and rope.yarn.factor={window / py.original_max_position:g}")
+    for f in ("beta_fast", "beta_slow", "truncate"):
+        if getattr(c, f) != getattr(py, f):
+            errs.append(f"rope.yarn.{f}={getattr(c, f)} but the parent {src} was trained with rope.yarn.{f}="
+                        f"{getattr(py, f)}; set rope.yarn.{f}={getattr(py, f)}")
+    return errs
+
+
+def rope_differences(a: RopeConfig, b: RopeConfig) -> list[str]:
+    """Fields where two ropes differ, 'field: a vs b' (for eval against a checkpoint's own rope)."""
+    da, db = a.model_dump(mode="json"), b.model_dump(mode="json")
+    out = []
+    for k in sorted(set(da) | set(db)):
+        if k == "allow_theta_change":
+            continue   # a training permission, not part of the rope a model computes
+        if isinstance(da.get(k), dict) and isinstance(db.get(k), dict):
+            out += [f"rope.{k}.{f}: {da[k].get(f)} vs {db[k].get(f)}"
+                    for f in sorted(set(da[k]) | set(db[k])) if da[k].get(f) != db[k].get(f)]
+        elif da.get(k) != db.get(k):
+            out.append(f"rope.{k}: {da.get(k)} vs {db.get(k)}")
+    return out
