@@ -134,6 +134,11 @@ class DataConfig(Section):
     # pack: documents concatenated with EOT and cut into windows.
     mode: Literal["fit", "truncate", "pack"] = "pack"
     max_epochs: float = Field(default=2.0, gt=0, description="error if the run would cycle the data more")
+    doc_mask: bool = Field(default=False, description="packed sequences: a token attends only within its own "
+                           "document (the loader emits doc_ids; attention masks across document boundaries)")
+    doc_positions: Literal["restart", "continue"] = Field(
+        default="restart", description="with doc_mask: position ids restart at 0 for every document (ProLong) "
+        "or continue across the packed sequence")
     prefetch: int = Field(default=4, ge=0, description="batches prepared ahead by a background thread; 0 = none")
     seed: int = 0
 
@@ -312,6 +317,14 @@ def check_invariants(cfg: Config, world_size: Optional[int] = None,
     for L in e.gate.short_lengths:
         if e.gate.parent and L not in e.lengths:
             errs.append(f"eval.gate.short_lengths: {L} is not in eval.lengths {e.lengths}; the gate cannot check it")
+
+    # Document masking: only packed sequences hold more than one document.
+    d = cfg.data
+    if d.doc_mask and d.mode != "pack":
+        errs.append(f"data.doc_mask=true with data.mode={d.mode}: a {d.mode} sequence holds one document, "
+                    f"so there is nothing to mask; set data.mode=pack or data.doc_mask=false")
+    if not d.doc_mask and d.doc_positions != "restart":
+        errs.append(f"data.doc_positions={d.doc_positions} has no effect without data.doc_mask=true; remove it")
 
     # Model vs tokenizer / data.
     m = cfg.model
