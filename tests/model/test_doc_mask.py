@@ -136,3 +136,42 @@ def test_packing_layout():
     labels = torch.tensor([[5, 5, IGNORE_INDEX, 5, IGNORE_INDEX, IGNORE_INDEX],
                            [IGNORE_INDEX] * 6, [5] * 6])
     assert row_lengths(labels).tolist() == [4, 0, 6]
+
+
+# --------------------------------------------------------------------------- GPU
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@cuda
+@pytest.mark.parametrize("impl", ["flex", "varlen"])
+@pytest.mark.parametrize("memory", [MemoryConfig(), MemoryConfig(recompute="full", offload_activations=True),
+                                    MemoryConfig(recompute="selective", mlp_tiles=2, offload_activations=True)],
+                         ids=["plain", "full+offload", "selective+tiles+offload"])
+def test_cuda_model_fast_kernel_equals_dense(impl, memory):
+    """The whole model on CUDA with the GPU kernel (compiled FlexAttention or varlen) == the dense
+    reference kernel: loss and every gradient, bf16, under recompute and the offload streams
+    (saved-tensor hooks around a compiled kernel). bf16 tolerance: 2e-2 relative on the loss,
+    grads within 5e-2 of the largest entry of each (two bf16 paths, not one against fp32)."""
+    from megablu.ops.doc_attention import use_impl
+
+    if impl == "varlen":
+        pytest.importorskip("torch.nn.attention.varlen")
+    mc = ModelConfig(n_layers=3, d_model=576, n_heads=9, n_kv_heads=3, ffn_dim=1536, vocab_size=VOCAB)
+    ids, labels, doc = (t.cuda() for t in packed([300, 1, 200, 499, 47], seed=5))
+    pos = document_positions(doc)
+    out = {}
+    for name, mem, kernel in (("dense", MemoryConfig(), "dense"), (impl, memory, impl)):
+        m = BluModel(mc, ROPE, mem)
+        m.reset_parameters(seed=0)
+        m = m.to("cuda", torch.bfloat16)
+        if m.offload is not None:
+            m.offload = ActivationOffload(min_bytes=0)
+        with use_impl(kernel):
+            loss, n = m(ids, position_ids=pos, labels=labels, doc_ids=doc)
+        out[name] = (float(loss / n), grads_of(m, loss / n))
+        if m.offload is not None:
+            assert m.offload.host_bytes > 0
+    assert out[impl][0] == pytest.approx(out["dense"][0], rel=2e-2)
+    for k, ref in out["dense"][1].items():
+        err = (out[impl][1][k].float() - ref.float()).abs().max()
+        assert err <= 5e-2 * ref.float().abs().max() + 1e-6, f"{impl} {memory} grad {k}: {err}"
