@@ -26,13 +26,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import logging
 from typing import Iterator, Optional
 
 import torch
 import torch.nn.functional as F
-
-log = logging.getLogger(__name__)
 
 IMPLS = ("auto", "flex", "varlen", "dense")
 BLOCK = 128            # FlexAttention's sparse block (its default _DEFAULT_SPARSE_BLOCK_SIZE)
