@@ -93,10 +93,10 @@ class RopeConfig(Section):
     def _apply_lives_in_yarn(cls, data):
         # `apply` switches between YaRN and the original RoPE, so it only exists with YaRN
         if isinstance(data, dict) and "apply" in data:
-            where = "rope.yarn.apply" if data.get("yarn") else "rope.yarn.apply (with rope.yarn set)"
-            raise ValueError(f"rope.apply={data['apply']!r}: no such field; the switch is {where}: always | "
-                             f"beyond_original. Without rope.yarn every sequence uses the original RoPE already: "
-                             f"remove rope.apply")
+            fix = ("move it to rope.yarn.apply" if data.get("yarn") else
+                   "remove it: without rope.yarn every sequence already uses the original RoPE")
+            raise ValueError(f"rope.apply={data['apply']!r}: no such field; the switch between YaRN and the original "
+                             f"RoPE is rope.yarn.apply (always | beyond_original); {fix}")
         return data
 
 

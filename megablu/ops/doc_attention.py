@@ -150,7 +150,7 @@ class DocMask:
         def ordered(m):
             # (B, 1, n, n) bool -> (count (B, 1, n), indices (B, 1, n, n)): valid tiles first, ascending
             num = m.sum(-1, dtype=torch.int32)
-            idx = torch.argsort((~m).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+            idx = torch.argsort((~m).to(torch.int32), dim=-1, stable=True).to(torch.int32)
             return num, idx.contiguous()
 
         doc = self.doc_ids

@@ -188,3 +188,20 @@ def test_transformers_longrope_cannot_express_beyond_original():
     torch.testing.assert_close(short_inv, default_inv_freq(dim, 1e4), rtol=1e-6, atol=0)
     assert long_s == short_s == pytest.approx(0.1 * math.log(f) + 1), \
         "transformers' longrope now scales short and long inputs differently: revisit model/hf.py's export refusal"
+
+
+def test_ckpt_export_cli_refuses_beyond_original_before_writing(tmp_path, monkeypatch, capsys):
+    """`megablu ckpt export` of a beyond_original run: exit 2, the reason and the flag, no out dir."""
+    import megablu.train.checkpoint as ck
+    import megablu.train.ckpt_cli as cli
+    from megablu.cli import main
+
+    m = model(BEYOND)
+    monkeypatch.setattr(cli, "resolve_step", lambda src: tmp_path / "step")
+    monkeypatch.setattr(cli, "_run_dir_of", lambda step: tmp_path)
+    monkeypatch.setattr(ck, "read_manifest", lambda step: {"meta": {}})
+    monkeypatch.setattr(cli, "_model_configs", lambda manifest, run_dir: (m.cfg, m.rope_cfg, 4 * ORIG))
+    out = tmp_path / "hf"
+    assert main(["ckpt", "export", "run", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "no transformers equivalent" in err and "--rope-as-yarn" in err and not out.exists()
