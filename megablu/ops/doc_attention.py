@@ -16,7 +16,10 @@ Implementations (chosen once per DocMask; `use_impl` forces one in a block, for 
           the batch flattened to (B*S, H, D) with one cu_seqlens entry per document.
   dense   the reference: SDPA with an explicit (B, 1, S, S) boolean mask (any device; the CPU
           training path; O(S^2) memory, so only for tests and short rows).
-"auto" is flex on CUDA and dense elsewhere.
+  causal  plain causal SDPA, exact when every row is one document.
+"auto" is flex on CUDA and dense elsewhere, and causal when every row of the batch holds a
+single document (a window inside one long document: most rows of long-document data), so
+those rows run the fastest causal kernel with no mask at all.
 
 Layout: q (B, S, H, D), k/v (B, S, Hkv, D) in and (B, S, H, D) out, like LocalAttention; GQA
 without materialising repeated kv heads (enable_gqa) in every implementation.
@@ -31,7 +34,7 @@ from typing import Iterator, Optional
 import torch
 import torch.nn.functional as F
 
-IMPLS = ("auto", "flex", "varlen", "dense")
+IMPLS = ("auto", "flex", "varlen", "dense", "causal")
 BLOCK = 128            # FlexAttention's sparse block (its default _DEFAULT_SPARSE_BLOCK_SIZE)
 _override: Optional[str] = None
 
@@ -88,7 +91,9 @@ class DocMask:
         if impl not in IMPLS:
             raise ValueError(f"doc attention: impl must be one of {IMPLS}, got {impl!r}")
         if impl == "auto":
-            impl = "flex" if doc_ids.is_cuda else "dense"
+            # non-decreasing ids: a row is one document iff its first and last ids agree
+            single = doc_ids.shape[1] == 0 or bool((doc_ids[:, 0] == doc_ids[:, -1]).all())
+            impl = "causal" if single else "flex" if doc_ids.is_cuda else "dense"
         if impl == "varlen" and (not doc_ids.is_cuda or _varlen_fn() is None):
             raise ValueError(f"doc attention: impl='varlen' needs CUDA tensors and torch.nn.attention.varlen "
                              f"(torch >= 2.10; this is {torch.__version__}, tensors on {doc_ids.device})")
@@ -226,4 +231,8 @@ def doc_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: DocMa
         return _flex(q, k, v, mask)
     if mask.impl == "varlen":
         return _varlen(q, k, v, mask)
+    if mask.impl == "causal":
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))                # (B, H, S, D)
+        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=qt.shape[1] != kt.shape[1])
+        return out.transpose(1, 2)
     return _dense(q, k, v, mask)

@@ -102,15 +102,21 @@ def test_flex_forward_on_cpu_equals_per_document(lengths):
     torch.testing.assert_close(out, ref, rtol=2e-5, atol=2e-5)
 
 
-def test_one_document_equals_plain_causal_and_auto_is_dense_on_cpu():
+def test_one_document_rows_take_plain_causal_and_every_kernel_agrees():
     q, k, v = qkv(2, 50, 4, 2, 8)
-    m = DocMask(torch.zeros(2, 50, dtype=torch.long))
-    assert m.impl == "dense"
+    one = torch.stack([torch.zeros(50, dtype=torch.long), torch.full((50,), 3)])   # each row one document
+    assert DocMask(one).impl == "causal"                       # auto: no mask needed
+    assert DocMask(docs_of([[20, 30], [50]])).impl == "dense"  # auto on CPU with documents to mask
     ref = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=True,
                                          enable_gqa=True).transpose(1, 2)
-    torch.testing.assert_close(doc_attention(q, k, v, m), ref, rtol=1e-6, atol=1e-6)
+    for impl in ("causal", "dense"):
+        torch.testing.assert_close(doc_attention(q, k, v, DocMask(one, impl=impl)), ref, rtol=1e-6, atol=1e-6)
+    with torch.no_grad():
+        qd, kd, vd = (x.detach() for x in (q, k, v))
+        torch.testing.assert_close(doc_attention(qd, kd, vd, DocMask(one, impl="flex", block=16)), ref.detach(),
+                                   rtol=1e-5, atol=1e-5)
     with use_impl("flex"):
-        assert DocMask(torch.zeros(1, 8, dtype=torch.long)).impl == "flex"
+        assert DocMask(torch.zeros(1, 8, dtype=torch.long)).impl == "flex"   # forced: no shortcut
 
 
 def test_bad_doc_ids_are_refused():
