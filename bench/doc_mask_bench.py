@@ -169,10 +169,10 @@ def main(argv=None) -> int:
         print("doc_mask_bench: needs a CUDA GPU", file=sys.stderr)
         return 2
     out, t0 = Path(a.out), time.perf_counter()
-    import torch._dynamo
+    import torch._dynamo as dynamo
     for name in ("recompile_limit", "cache_size_limit"):   # one flex compile per (heads, T): more than 8
-        if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, 64)
+        if hasattr(dynamo.config, name):
+            setattr(dynamo.config, name, 64)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "budget_s": a.budget}
     rows: list[dict] = []
     torch.manual_seed(0)
