@@ -171,10 +171,10 @@ def test_cuda_kernel_fwd_bwd_equals_sdpa_per_document(impl, H, Hkv, layout):
 def test_cuda_flex_compiles_once_per_shape_not_per_batch():
     """A new batch's documents are new tensors in a new mask_mod closure: the compiled kernel
     must take them as inputs (one compile per shape), not recompile every step."""
-    import torch._dynamo
+    import torch._dynamo as dynamo
     import torch._dynamo.utils as dutils
 
-    torch._dynamo.reset()     # other tests' shapes must not exhaust the recompile limit first
+    dynamo.reset()     # other tests' shapes must not exhaust the recompile limit first
     q, k, v = qkv(1, 4096, 16, 4, 64, torch.bfloat16, "cuda")
     layouts = ([4096], [1000, 3096], [17, 2000, 2079], [512] * 8)
     for i, lengths in enumerate(layouts):
