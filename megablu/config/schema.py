@@ -72,6 +72,14 @@ class YarnConfig(Section):
     beta_slow: float = 1.0
     truncate: bool = True
     attention_factor: Optional[float] = Field(default=None, gt=0, description="default 0.1 ln(factor) + 1")
+    apply: Literal["always", "beyond_original"] = Field(
+        default="always", description="always: every sequence uses YaRN (static YaRN, as transformers). "
+        "beyond_original: a sequence of at most original_max_position tokens uses the original RoPE (no YaRN "
+        "frequencies, no attention factor), a longer one YaRN (LongRoPE2 arXiv 2502.20082; Qwen's warning that "
+        "static YaRN hurts short inputs). A sequence is a document under data.doc_mask, else a row by its real "
+        "length (megablu/model/packing.py); in generation the prompt + max_new, chosen once at prefill "
+        "(KVCache.rope_len). No transformers rope type reproduces it: `megablu ckpt export` refuses it unless "
+        "--rope-as-yarn (model/hf.py says why)")
 
 
 class RopeConfig(Section):
@@ -79,6 +87,17 @@ class RopeConfig(Section):
     yarn: Optional[YarnConfig] = None
     allow_theta_change: bool = Field(default=False, description="init_from a parent trained with another "
                                      "rope.theta on purpose (an ABF-style base raise); otherwise a config error")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_lives_in_yarn(cls, data):
+        # `apply` switches between YaRN and the original RoPE, so it only exists with YaRN
+        if isinstance(data, dict) and "apply" in data:
+            fix = ("move it to rope.yarn.apply" if data.get("yarn") else
+                   "remove it: without rope.yarn every sequence already uses the original RoPE")
+            raise ValueError(f"rope.apply={data['apply']!r}: no such field; the switch between YaRN and the original "
+                             f"RoPE is rope.yarn.apply (always | beyond_original); {fix}")
+        return data
 
 
 # --------------------------------------------------------------------------- tokenizer
@@ -390,6 +409,12 @@ def config_warnings(cfg: Config) -> list[str]:
     if cfg.rope.yarn is not None and cfg.init_from and not (cfg.eval.final and cfg.eval.gate.parent):
         w.append("a YaRN extension of init_from without eval.final and eval.gate.parent: nothing will tell whether "
                  "it got worse at short context; set eval.final=true and eval.gate.parent=<the parent's eval json>")
+    y = cfg.rope.yarn
+    if y is not None and y.apply == "beyond_original" and cfg.data.mode == "pack" and not cfg.data.doc_mask:
+        w.append(f"rope.yarn.apply=beyond_original with data.mode=pack and data.doc_mask=false: every training row "
+                 f"is a full window of {cfg.data.window} > original_max_position {y.original_max_position} tokens, "
+                 f"so training always uses YaRN (only evaluation of short prompts uses the original RoPE); set "
+                 f"data.doc_mask=true to train short documents with the original RoPE")
     if cfg.memory.mlp_tiles > 1 and cfg.memory.recompute == "none":
         w.append("memory.mlp_tiles>1 with memory.recompute=none: the tiles recompute the MLP anyway; "
                  "recompute=selective with the same tiles saves h instead of the norm state and its output, "

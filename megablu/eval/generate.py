@@ -17,6 +17,11 @@ megablu.parallel:
   4. cache.truncate(L) drops the pad keys, cache.seq_sharded=False, and every rank feeds
      the same token with position_ids [[L+i]]; each step's argmax is broadcast from group
      rank 0 so the ranks cannot drift apart.
+
+RoPE choice (rope.yarn.apply=beyond_original): made once per sequence from the length it will
+reach, L + max_new, through KVCache.rope_len (and rope_len= on the recompute path), so a
+prompt that ends short of original_max_position but grows past it while generating keeps
+YaRN from its first token on, and the cache never holds keys of two ropes.
 """
 from __future__ import annotations
 
@@ -48,7 +53,7 @@ def greedy_generate(model, input_ids: torch.Tensor, max_new: int, *, sp_group=No
     if not use_cache:
         return _generate_recompute(model, input_ids, max_new)
     B, L = input_ids.shape
-    cache = KVCache(_n_layers(model))
+    cache = KVCache(_n_layers(model), rope_len=L + max_new)
     chunk = prefill_chunk if prefill_chunk > 0 else L
     for s in range(0, L, chunk):
         logits = model(input_ids[:, s:s + chunk], cache=cache, logits_index=-1)
@@ -64,8 +69,9 @@ def greedy_generate(model, input_ids: torch.Tensor, max_new: int, *, sp_group=No
 @torch.no_grad()
 def _generate_recompute(model, input_ids: torch.Tensor, max_new: int) -> torch.Tensor:
     seq = input_ids
+    total = input_ids.shape[1] + max_new    # the length the sequence will reach picks its RoPE
     for _ in range(max_new):
-        tok = model(seq)[:, -1].argmax(-1)
+        tok = model(seq, rope_len=total)[:, -1].argmax(-1)
         seq = torch.cat([seq, tok[:, None]], 1)
     return seq[:, input_ids.shape[1]:]
 
@@ -81,7 +87,7 @@ def _generate_sp(model, input_ids: torch.Tensor, max_new: int, group) -> torch.T
         # (B, L) -> (B, Lp): pad at the end; any id works, causality hides it from real tokens
         input_ids = torch.cat([input_ids, input_ids[:, -1:].expand(B, Lp - L)], 1)
     pos = torch.arange(r * per, (r + 1) * per, device=dev).expand(B, per)
-    cache = KVCache(_n_layers(model), seq_sharded=True)
+    cache = KVCache(_n_layers(model), seq_sharded=True, rope_len=L + max_new)
     owner = (L - 1) // per
     # only the owner of position L-1 needs its logits; the others compute one cheap row
     at = (L - 1) - owner * per if r == owner else -1

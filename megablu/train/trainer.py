@@ -274,7 +274,8 @@ class Trainer:
         """One optimizer step over grad_accum micro-batches; returns (token-mean loss, grad norm)."""
         micro = [self.loader.next_batch() for _ in range(self.grad_accum)]
         loss = forward_backward(self.engine, micro, self.groups, self.cfg.parallel.zero_stage,
-                                self.cfg.parallel.reduce_scatter)
+                                self.cfg.parallel.reduce_scatter, doc_mask=self.cfg.data.doc_mask,
+                                doc_positions=self.cfg.data.doc_positions)
         gn = self.engine.get_global_grad_norm()
         return loss, (float(gn) if gn is not None else None)
 
