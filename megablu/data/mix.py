@@ -8,8 +8,10 @@ p_k ~ w_k / r_k, with r_k its mean labels per sequence over an epoch.
 
 Order (deterministic, seeded, O(1) per sequence). The global sequence order is cut into
 blocks of BLOCK sequences; every block holds exactly q_k sequences of source k (q_k: p_k *
-BLOCK rounded by largest remainder, at least 1 for a positive weight), in the order of a
-permutation seeded by (data.seed, block). The c-th sequence of source k in block b is that
+BLOCK rounded by largest remainder, at least 1 for a positive weight), interleaved evenly
+with seeded offsets (MixedSpace._block), so any stretch of the order, a short run or one
+step's batch, holds each source within about one sequence of its share. The c-th sequence
+of source k in block b is that
 source's own global sequence b*q_k + c, read from its own SequenceSpace (its epochs, its
 shuffles, its seed derived from data.seed and the source's name). So g -> (k, g_k) is a pure
 function of g: dp ranks read disjoint sequences exactly as with one source, and a loader
@@ -87,15 +89,21 @@ class MixedSpace:
         self._blocks: dict[int, tuple] = {}
 
     def _block(self, b: int) -> tuple[np.ndarray, np.ndarray]:
-        """(source of each position in block b, its rank among that source's positions in the block)."""
+        """(source of each position in block b, its rank among that source's positions in the block).
+
+        Stratified, not shuffled: the j-th of source k's q_k sequences has the ideal position
+        (j + u_k) * block / q_k (u_k a seeded offset per block and source), and the block is
+        sorted by ideal position (ties broken by a seeded draw). Every prefix of a block, so
+        every stretch of a short run and every step's batch, then holds each source within
+        about one sequence of its quota's proportion."""
         got = self._blocks.get(b)
         if got is None:
-            src = np.random.default_rng([self.seed, b]).permutation(self._base)
-            rank = np.empty_like(src)
-            order = np.argsort(src, kind="stable")          # positions grouped by source, in block order
-            first = np.concatenate([[0], np.cumsum(self.q)[:-1]])
-            rank[order] = np.arange(len(src)) - first[src[order]]
-            got = (src, rank)
+            rng = np.random.default_rng([self.seed, b])
+            u = rng.random(len(self.q))
+            ideal = np.concatenate([(np.arange(q) + u[k]) * (self.block / q) for k, q in enumerate(self.q) if q])
+            rank = np.concatenate([np.arange(q) for q in self.q if q])
+            order = np.lexsort((rng.random(self.block), ideal))
+            got = (self._base[order], rank[order])
             if len(self._blocks) >= 2:
                 self._blocks.pop(min(self._blocks))
             self._blocks[b] = got
@@ -230,9 +238,10 @@ def _plan(d, opened: list[OpenedSource], total: Optional[int]):
     return space, mixture, problems
 
 
-def open_mixture(d, tokenizer_identity: str, total_sequences: Optional[int], rank0: bool = True):
+def open_mixture(d, tokenizer_identity: str, total_sequences: Optional[int], rank0: bool = True,
+                 verify: bool = True):
     """(MixedSpace, resolved mixture, state identity) for data.mix; DataError listing every problem."""
-    opened, problems = _open_sources(d, tokenizer_identity, verify=True)
+    opened, problems = _open_sources(d, tokenizer_identity, verify=verify)
     if problems:
         raise DataError("data.mix:\n  " + "\n  ".join(problems))
     space, mixture, problems = _plan(d, opened, total_sequences)

@@ -58,6 +58,22 @@ def test_token_shares_follow_the_weights_not_the_sequence_counts(dataset):
     assert L.space.counts(3 * BLOCK) == [3 * x for x in q]
 
 
+def test_every_stretch_of_the_order_holds_the_shares(dataset):
+    """Not only whole blocks: any prefix of a block (a short run, one step's batch) is within about one
+    sequence per source of its quota's proportion, and the blocks differ (seeded offsets)."""
+    root, _ = dataset
+    L = build_loader(_mix(root), IDENT, micro_batch=1, dp_rank=0, dp_size=1)
+    q = np.asarray([s["sequences_per_block"] for s in L.mixture["sources"]])
+    for b in range(3):
+        src = np.asarray([L.space.locate(b * BLOCK + t)[0] for t in range(BLOCK)])
+        for t in (8, 20, 32, 100, 333, 1000):
+            counts = np.bincount(src[:t], minlength=3)
+            assert np.abs(counts - t * q / BLOCK).max() <= 2, (b, t, counts, t * q / BLOCK)
+        if b:
+            assert not np.array_equal(src, prev)
+        prev = src
+
+
 def test_quotas_round_to_the_block_and_keep_small_weights():
     assert block_quotas([0.6, 0.4], [100, 100]) == [614, 410]
     assert block_quotas([0.6, 0.4], [100, 50]) == [439, 585]       # half the labels per row: twice the rows
