@@ -2,6 +2,7 @@
 import json
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -210,3 +211,22 @@ def test_one_source_spelling_is_checked_at_config_time_too(dataset, tmp_path):
     assert p.startswith(f"data.path: {tmp_path} has no manifest.json")
     (p,) = mix_problems(_Cfg(DataConfig(window=96)), IDENT)
     assert p.startswith("data.path: not set and no data.mix")
+
+
+def test_cli_prints_the_resolved_mixture(tmp_path, doc_lengths, capsys):
+    from megablu.cli import main
+
+    root = tmp_path / "ds"   # the tiny arm's tokenizer identity, so the config check passes
+    write_dataset(root, unique_docs(doc_lengths), ident="tiktoken_file:v4096:33b169a4741adc73")
+    tiny = str(Path(__file__).resolve().parents[2] / "yaml_configs" / "tiny_cpu.yaml")
+    mix = ("data.mix=[{name: long, path: %s, bucket: b3, mode: pack, weight: 0.7}, "
+           "{name: short, path: %s, bucket: b0, mode: fit, weight: 0.3}]" % (root, root))
+    sets = ["--set", "data.path=null", "--set", mix, "--set", "data.max_epochs=1000", "--set", "train.max_steps=8"]
+    assert main(["data", "mix", tiny, *sets]) == 0
+    out = capsys.readouterr().out
+    assert "64 sequences of T=256" in out and "| long | pack | b3 | 0.7 | 70.0% |" in out
+    assert main(["data", "mix", tiny, *sets, "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert sum(s["planned_sequences"] for s in res["sources"]) == res["planned_sequences"] == 64
+    assert main(["data", "mix", tiny, *sets[:-2], "--set", "data.max_epochs=1"]) == 2
+    assert "data.mix[1] (short): the run draws" in capsys.readouterr().err
