@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import math
+import threading
 from pathlib import Path
 from typing import Optional
 
@@ -87,6 +88,7 @@ class MixedSpace:
         self.seed = int.from_bytes(hashlib.sha256(f"megablu-mix-order:{seed}".encode()).digest()[:8], "little") >> 1
         self._base = np.repeat(np.arange(len(spaces), dtype=np.int64), self.q)
         self._blocks: dict[int, tuple] = {}
+        self._lock = threading.Lock()
 
     def _block(self, b: int) -> tuple[np.ndarray, np.ndarray]:
         """(source of each position in block b, its rank among that source's positions in the block).
@@ -96,6 +98,10 @@ class MixedSpace:
         sorted by ideal position (ties broken by a seeded draw). Every prefix of a block, so
         every stretch of a short run and every step's batch, then holds each source within
         about one sequence of its quota's proportion."""
+        with self._lock:   # the prefetch thread reads sequences while state_dict counts positions
+            return self._block_locked(b)
+
+    def _block_locked(self, b: int) -> tuple[np.ndarray, np.ndarray]:
         got = self._blocks.get(b)
         if got is None:
             rng = np.random.default_rng([self.seed, b])

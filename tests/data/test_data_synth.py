@@ -12,7 +12,7 @@ import pytest
 
 from megablu.config.schema import EvalConfig, TokenizerConfig
 from megablu.data.build import Source, build_dataset
-from megablu.data.shards import DataError, DocTable, read_manifest, select_shards
+from megablu.data.shards import DataError, DocTable, read_manifest
 from megablu.data.synth import (FILLERS, KEY_TYPES, TASKS, TEMPLATE_NAMES, SynthSpec, Synthesizer, TrainText,
                                 parse_lengths, synth_dataset)
 from megablu.data.tokenizer import load_tokenizer
