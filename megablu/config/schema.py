@@ -144,6 +144,37 @@ class ParallelConfig(Section):
 
 
 # --------------------------------------------------------------------------- data
+def _bucket_spec(v: str, where: str) -> str:
+    parts = [p.strip() for p in v.split(",")]
+    if v.strip() == "all":
+        return "all"
+    if not parts or any(not p or p == "all" or any(c in p for c in "/\\ ") for p in parts):
+        raise ValueError(f"{where}={v!r}: expected 'all', a bucket name like 'b3', or a comma list 'b2,b3'")
+    return ",".join(parts)
+
+
+Mode = Literal["fit", "truncate", "pack"]
+
+
+class MixSource(Section):
+    """One source of `data.mix`: a dataset's bucket(s) read in one mode, drawn by its share of loss tokens."""
+
+    name: str = Field(description="label of the source in logs, errors and mixture.json; unique in data.mix")
+    path: str = Field(description="dataset dir made by `megablu data build/import/synth`")
+    bucket: str = Field(default="all", description="length bucket (b0..b6, several as 'b2,b3') or 'all'")
+    split: Literal["train", "val"] = "train"
+    mode: Mode = Field(description="fit | truncate | pack, as data.mode (no default: it decides what a row holds)")
+    weight: float = Field(description="share of the run's loss tokens (labels that are not padding) relative to "
+                          "the other sources' weights: 0.6/0.4 = 60%/40% of trained tokens; 0 leaves it unused")
+    max_epochs: Optional[float] = Field(default=None, gt=0, description="error if the run would cycle this "
+                                        "source more; default data.max_epochs")
+
+    @field_validator("bucket")
+    @classmethod
+    def _bucket(cls, v: str) -> str:
+        return _bucket_spec(v, "data.mix[].bucket")
+
+
 class DataConfig(Section):
     window: int = Field(gt=0, description="training sequence length T in tokens")
     path: Optional[str] = Field(default=None, description="dataset dir made by `megablu data build/import`")
@@ -151,7 +182,11 @@ class DataConfig(Section):
     split: Literal["train", "val"] = "train"
     # fit: only documents that fit, padded; truncate: longer documents cut to the window;
     # pack: documents concatenated with EOT and cut into windows.
-    mode: Literal["fit", "truncate", "pack"] = "pack"
+    mode: Mode = "pack"
+    mix: Optional[list[MixSource]] = Field(
+        default=None, description="several sources instead of path/bucket/split/mode: each sequence of the "
+        "global order comes from one source, drawn (seeded) so that each source's share of loss tokens matches "
+        "its weight (docs/DATA.md#mixtures)")
     max_epochs: float = Field(default=2.0, gt=0, description="error if the run would cycle the data more")
     doc_mask: bool = Field(default=False, description="packed sequences: a token attends only within its own "
                            "document (the loader emits doc_ids; attention masks across document boundaries)")
@@ -164,12 +199,7 @@ class DataConfig(Section):
     @field_validator("bucket")
     @classmethod
     def _bucket(cls, v: str) -> str:
-        parts = [p.strip() for p in v.split(",")]
-        if v.strip() == "all":
-            return "all"
-        if not parts or any(not p or p == "all" or any(c in p for c in "/\\ ") for p in parts):
-            raise ValueError(f"data.bucket={v!r}: expected 'all', a bucket name like 'b3', or a comma list 'b2,b3'")
-        return ",".join(parts)
+        return _bucket_spec(v, "data.bucket")
 
 
 # --------------------------------------------------------------------------- train
@@ -283,6 +313,48 @@ def grad_accum_steps(cfg: Config, world_size: int) -> int:
     return cfg.train.tokens_per_step // per
 
 
+def mix_invariants(d: DataConfig) -> list[str]:
+    """data.mix without reading files: spelling, weights, names, doc_mask (megablu.data.mix.mix_problems
+    checks the datasets themselves)."""
+    errs: list[str] = []
+    if d.path is not None:
+        errs.append(f"data.path={d.path!r} together with data.mix: a mixture names each dataset in "
+                    f"data.mix[i].path; remove data.path (or data.mix, for one dataset)")
+    for f, default in (("bucket", "all"), ("split", "train"), ("mode", "pack")):
+        v = getattr(d, f)
+        if v != default:
+            errs.append(f"data.{f}={v!r} has no effect with data.mix (each source has its own {f}); remove it "
+                        f"and set data.mix[i].{f}")
+    if not d.mix:
+        errs.append("data.mix is empty: list at least one source {name, path, bucket, mode, weight}, or remove "
+                    "data.mix and use data.path")
+        return errs
+    ws = [s.weight for s in d.mix]
+    bad = [f"data.mix[{i}] ({s.name}).weight={s.weight}" for i, s in enumerate(d.mix)
+           if not (s.weight >= 0) or math.isinf(s.weight)]
+    if bad:
+        errs.append(f"{', '.join(bad)}: a weight is a share of loss tokens, a finite number >= 0; set it >= 0 "
+                    f"(0 leaves the source unused)")
+    elif not sum(ws) > 0:
+        errs.append(f"data.mix weights {ws} sum to {sum(ws):g}: nothing to sample; give at least one source a "
+                    f"positive weight")
+    seen: dict[str, int] = {}
+    for i, s in enumerate(d.mix):
+        if not s.name or any(c in s.name for c in "/\\ \t\n"):
+            errs.append(f"data.mix[{i}].name={s.name!r}: must be non-empty without slashes or spaces (it labels "
+                        f"the source in mixture.json and the loader state)")
+        if s.name in seen:
+            errs.append(f"data.mix[{i}].name={s.name!r} is also data.mix[{seen[s.name]}].name: names must be "
+                        f"unique (the loader state keeps each source's position by name); rename one")
+        seen.setdefault(s.name, i)
+    if d.doc_mask and not any(s.mode == "pack" and s.weight > 0 for s in d.mix):
+        modes = ", ".join(f"{s.name}={s.mode}" for s in d.mix)
+        errs.append(f"data.doc_mask=true but no source of data.mix with a positive weight is in mode pack "
+                    f"({modes}): a fit/truncate sequence holds one document, so there is nothing to mask; set "
+                    f"data.doc_mask=false or a source's mode to pack")
+    return errs
+
+
 def check_invariants(cfg: Config, world_size: Optional[int] = None,
                      device: Optional[str] = None) -> list[str]:
     """Every cross-field violation as 'field: values; fix'. Empty list = valid.
@@ -343,9 +415,11 @@ def check_invariants(cfg: Config, world_size: Optional[int] = None,
 
     # Document masking: only packed sequences hold more than one document.
     d = cfg.data
-    if d.doc_mask and d.mode != "pack":
+    if d.doc_mask and d.mix is None and d.mode != "pack":
         errs.append(f"data.doc_mask=true with data.mode={d.mode}: a {d.mode} sequence holds one document, "
                     f"so there is nothing to mask; set data.mode=pack or data.doc_mask=false")
+    if d.mix is not None:
+        errs += mix_invariants(d)
     if not d.doc_mask and d.doc_positions != "restart":
         errs.append(f"data.doc_positions={d.doc_positions} has no effect without data.doc_mask=true; remove it")
 
@@ -415,6 +489,12 @@ def config_warnings(cfg: Config) -> list[str]:
                  f"is a full window of {cfg.data.window} > original_max_position {y.original_max_position} tokens, "
                  f"so training always uses YaRN (only evaluation of short prompts uses the original RoPE); set "
                  f"data.doc_mask=true to train short documents with the original RoPE")
+    for i, src in enumerate(cfg.data.mix or []):
+        if src.weight == 0:
+            w.append(f"data.mix[{i}] ({src.name}) has weight 0: it is checked but never read")
+        elif cfg.data.doc_mask and src.mode != "pack":
+            w.append(f"data.doc_mask=true: source data.mix[{i}] ({src.name}) is mode {src.mode}, one document per "
+                     f"sequence, so its rows have nothing to mask (doc_ids 0); only the packed sources are masked")
     if cfg.memory.mlp_tiles > 1 and cfg.memory.recompute == "none":
         w.append("memory.mlp_tiles>1 with memory.recompute=none: the tiles recompute the MLP anyway; "
                  "recompute=selective with the same tiles saves h instead of the norm state and its output, "

@@ -189,10 +189,12 @@ class Trainer:
                              f"{cfg.model.vocab_size}; raise model.vocab_size")
 
         from ..data.loader import build_loader
+        from ..data.mix import planned_sequences, write_mixture
 
-        total_seqs = cfg.train.max_steps * cfg.train.tokens_per_step // cfg.data.window
         self.loader = build_loader(cfg.data, self.tokenizer.identity, micro_batch=cfg.train.micro_batch,
-                                   dp_rank=g.dp_rank, dp_size=g.dp, total_sequences=total_seqs)
+                                   dp_rank=g.dp_rank, dp_size=g.dp, total_sequences=planned_sequences(cfg))
+        if _rank0():   # what each source contributes (token shares, epochs, truncation, padding)
+            write_mixture(self.run_dir, self.loader.mixture)
 
         model = self._build_model()
         apply_ulysses(model, g)
@@ -445,16 +447,13 @@ def init_from_rope_problems(cfg: Config) -> list[str]:
 
 
 def preflight(cfg: Config, resume: Optional[str] = None) -> list[str]:
-    """Filesystem checks run by the entry before any rank initialises (missing parent, data)."""
+    """Filesystem checks run by the entry before any rank initialises (missing parent, data, tokenizer)."""
     problems = []
     if cfg.init_from and not resume and not Path(cfg.init_from).exists():
         problems.append(f"init_from: parent checkpoint {cfg.init_from} does not exist; give a run dir, a "
                         f"checkpoint step dir or an exported model dir")
     elif cfg.init_from and not resume:
         problems += init_from_rope_problems(cfg)
-    if cfg.data.path and not Path(cfg.data.path, "manifest.json").is_file():
-        problems.append(f"data.path: {cfg.data.path} has no manifest.json; build it with `megablu data build` "
-                        f"or `megablu data import`")
     if cfg.eval.gate.parent:
         from ..eval.gate import parent_problems
         from ..eval.prompts import EvalError
@@ -465,12 +464,16 @@ def preflight(cfg: Config, resume: Optional[str] = None) -> list[str]:
             problems += [f"eval.gate.parent: {p}" for p in parent_problems(parent, cfg.eval.gate, cfg.eval.tasks)]
         except EvalError as e:
             problems.append(f"eval.gate.parent: {e}")
+    from ..data.mix import mix_problems
     from ..data.tokenizer import TokenizerError, load_tokenizer
 
+    identity = None
     try:   # every rank needs it, and the eval would build zero prompts without it
-        load_tokenizer(cfg.tokenizer)
+        identity = load_tokenizer(cfg.tokenizer).identity
     except (TokenizerError, OSError) as e:
         problems.append(f"tokenizer: {e}")
+    # datasets, buckets, tokenizer identities, sources the run would exhaust (data.path or data.mix)
+    problems += mix_problems(cfg, identity)
     if cfg.eval.haystack:
         from ..data.haystack import split_spec
 

@@ -41,7 +41,11 @@ def rows(run_dir):
 
 
 def test_split_run_with_resume_equals_straight_run(dataset, tmp_path):
-    common = [f"runs_dir={tmp_path}/runs", f"data.path={dataset}", "train.max_steps=6", "schedule.warmup_steps=2",
+    """Through a data.mix of two sources (long documents packed, short ones whole), so the resumed
+    loader must continue each source where it stopped; test_resume_with_another_sp covers data.path."""
+    mix = ("data.mix=[{name: long, path: %s, bucket: 'b1,b2,b3,b4,b5,b6', mode: pack, weight: 0.6}, "
+           "{name: short, path: %s, bucket: b0, mode: fit, weight: 0.4}]" % (dataset, dataset))
+    common = [f"runs_dir={tmp_path}/runs", "data.path=null", mix, "train.max_steps=6", "schedule.warmup_steps=2",
               "schedule.decay_start=3", "checkpoint.every_steps=0", "data.max_epochs=100"]
     straight = launch(2, common)
     first = launch(2, common + ["train.stop_after=3"])
@@ -56,6 +60,9 @@ def test_split_run_with_resume_equals_straight_run(dataset, tmp_path):
     assert [r[0] for r in b] == [1, 2, 3, 4, 5, 6]
     assert a == b          # identical losses and learning rates, as strings (bit for bit)
     assert "stopped" not in resumed
+    mixture = json.loads((Path(first["run_dir"]) / "mixture.json").read_text())
+    assert [s["name"] for s in mixture["sources"]] == ["long", "short"]
+    assert sum(s["planned_sequences"] for s in mixture["sources"]) == mixture["planned_sequences"] == 6 * 4
 
 
 def test_resume_with_another_sp_continues_the_same_run(dataset, tmp_path):
