@@ -220,7 +220,8 @@ def _task_tables(results: Sequence[dict], baseline: int, threshold: float) -> li
         for r in results:
             cs = cells_by(r, task)
             row = [f"{cs[L]['acc_pp']:.1f}" if L in cs else "-" for L in lengths]
-            summ = summarize([c for c in r["cells"] if c["task"] == task], threshold)[task]
+            summ = summarize([c for c in r["cells"] if c["task"] == task], threshold).get(task) \
+                or {"slope": None, "effective_length": None}    # an arm without this task: a row of '-'
             s = summ["slope"]
             sl = f"{s['pp_per_doubling']:+.1f} [{s['ci_pp'][0]:+.1f}, {s['ci_pp'][1]:+.1f}]" if s else "-"
             lines.append(f"| {_label(r)} | " + " | ".join(row) + f" | {sl} | {_fmt_len(summ['effective_length'])} |")
@@ -466,8 +467,8 @@ def heatmap(results: Sequence[dict], path: Path, task: str) -> Optional[Path]:
     plt = _mpl()
     import matplotlib.colors as mcolors
 
-    fig, axes = plt.subplots(1, len(have), figsize=(1.1 * max(len(cs) for _, cs in have) + 2.5, 4.2) if len(have) == 1
-                             else (4.5 * len(have), 4.2), squeeze=False)
+    w = 1.0 * max(len(cs) for _, cs in have) + 1.2
+    fig, axes = plt.subplots(1, len(have), figsize=(w * len(have) + 1.8, 4.4), squeeze=False, layout="constrained")
     norm, cmap = mcolors.Normalize(0, 100), plt.get_cmap("RdYlGn")
     for ax, (r, cs) in zip(axes[0], have):
         for xi, c in enumerate(cs):
@@ -484,7 +485,8 @@ def heatmap(results: Sequence[dict], path: Path, task: str) -> Optional[Path]:
         ax.set_ylim(1, 0)   # depth 0 (start of the context) at the top
         ax.set_xticks([i + 0.5 for i in range(len(cs))], [str(c["length"]) for c in cs], rotation=30)
         ax.set_xlabel("prompt length (tokens)")
-        ax.set_ylabel("needle depth in the context (0 = start)")
+        if ax is axes[0][0]:
+            ax.set_ylabel("needle depth in the context (0 = start)")
         ax.set_title(f"{task}: {_label(r)}", fontsize=9)
     fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=list(axes[0]), label="answers found (%), (count)")
     path = Path(path)
