@@ -141,7 +141,8 @@ def sequence_nll(model, ids: list[int], *, sp_group=None, tail_from: Optional[in
         if not bool(keep.any()):
             continue
         g = g[keep]
-        logits = model.lm_head(model.norm(h[:, s:s + HEAD_CHUNK][:, keep])).float()   # (1, c, V)
+        logits = model.lm_head(model.norm(h[:, s:s + HEAD_CHUNK][:, keep]))            # (1, c, V)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))            # bf16 -> fp32
         nll = F.cross_entropy(logits[0], x[0, g + 1], reduction="none").double()
         tail = g >= tail_from
         stats += torch.stack([nll.sum(), torch.tensor(float(nll.numel()), device=dev, dtype=torch.float64),
