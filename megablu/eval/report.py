@@ -191,6 +191,13 @@ def merge_results(results: Sequence[dict]) -> list[dict]:
             if old is None:
                 m["cells"].append(c)
         m["samples"] += r.get("samples", [])
+        if r.get("loss"):   # held-out loss measured per length in separate runs: join its lengths too
+            lo = m.get("loss") or {"data": r["loss"].get("data"), "by_length": [], "short": None}
+            have_l = {c["length"] for c in lo["by_length"]}
+            lo = {**lo, "by_length": lo["by_length"] + [c for c in r["loss"]["by_length"] if c["length"] not in have_l],
+                  "short": lo.get("short") or r["loss"].get("short")}
+            lo["by_length"].sort(key=lambda c: c["length"])
+            m["loss"] = lo
     for m in merged.values():
         m["cells"].sort(key=lambda c: (c["task"], c["length"]))
     return list(merged.values())
