@@ -130,8 +130,9 @@ def run(args) -> int:
     if args.legacy_n and time.perf_counter() - t_start < args.budget_s:
         with legacy_generation():
             cell(args.cell_task, max(lengths), args.legacy_n, legacy=True, batch_tokens=16384, prefill_chunk=2048)
+    gpu = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
     md = [f"### eval speed: {args.arm} ({cfg.model.n_layers} layers, d={cfg.model.d_model}, "
-          f"{'random weights' if args.random else args.ckpt}), {torch.cuda.get_device_name() if dev.type == 'cuda' else 'cpu'}",
+          f"{'random weights' if args.random else args.ckpt}), {gpu}",
           "", "| task | length | n | max_new | path | s | prompts/s | 200-prompt cell (min) | peak GB |",
           "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

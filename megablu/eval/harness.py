@@ -144,7 +144,8 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
     batched max(1, batch_tokens // length) at a time; prefill runs in prefill_chunk-token
     chunks on one rank (None: the whole prompt at once on a GPU, 2048-token chunks on a CPU), and
     decoding stops when every prompt of the batch has emitted EOT. With eval.loss.data the
-    held-out loss per length and on short documents is measured too (result["loss"]). Returns the result dict on every rank. When eval.gate.parent is set (or `parent`, a loaded
+    held-out loss per length and on short documents is measured too (result["loss"]).
+    Returns the result dict on every rank. When eval.gate.parent is set (or `parent`, a loaded
     result, is passed), result["gate"] holds the short-context gate; callers fail the run when
     result["gate"]["passed"] is False (`megablu eval` exits 1). With dp_group (the ranks that
     share this rank's sp position across data-parallel groups), each dp group generates every

@@ -77,8 +77,8 @@ def loss_inputs(eval_cfg, tokenizer: TokenizerLike) -> dict:
     for L in sorted(set(eval_cfg.lengths)):
         # seed per (seed, L, i): adding a length or raising n keeps the other sequences
         by_length[L] = [hs.tokens(L, seed=_seed(eval_cfg.seed, L, i)) for i in range(lo.n)]
-    short = [hs.table.doc(d).astype("int64").tolist()
-             for d in _short_docs(hs, lo.short_min, lo.short_max, lo.short_docs, eval_cfg.seed)] if lo.short_docs else []
+    docs = _short_docs(hs, lo.short_min, lo.short_max, lo.short_docs, eval_cfg.seed) if lo.short_docs else []
+    short = [hs.table.doc(d).astype("int64").tolist() for d in docs]
     return {"by_length": by_length, "short": short}
 
 
@@ -109,7 +109,8 @@ class _LastHidden:
 
 
 @torch.no_grad()
-def sequence_nll(model, ids: list[int], *, sp_group=None, tail_from: Optional[int] = None) -> tuple[float, int, float, int]:
+def sequence_nll(model, ids: list[int], *, sp_group=None,
+                 tail_from: Optional[int] = None) -> tuple[float, int, float, int]:
     """(sum of next-token NLL in nats, tokens scored, tail sum, tail tokens) of one sequence.
 
     Positions 0..T-2 predict tokens 1..T-1; the tail is the predictions at positions >= tail_from."""

@@ -332,10 +332,11 @@ def _loss_tables(results: Sequence[dict], baseline: int) -> list[str]:
             if r is base:
                 continue
             by = {c["length"]: c for c in r["loss"]["by_length"]}
-            row = [f"{100 * (by[L]['loss'] / bb[L]['loss'] - 1):+.1f}%" if L in by and L in bb else "-" for L in lengths]
+            row = [f"{100 * (by[L]['loss'] / bb[L]['loss'] - 1):+.1f}%" if L in by and L in bb else "-"
+                   for L in lengths]
             d = short_loss_change(r, base)
-            sh = "-" if d is None else (f"{100 * d['rel']:+.1f}%" + (f" [{100 * d['ci_rel'][0]:+.1f}, "
-                                                                     f"{100 * d['ci_rel'][1]:+.1f}]" if d["ci_rel"] else ""))
+            ci = f" [{100 * d['ci_rel'][0]:+.1f}, {100 * d['ci_rel'][1]:+.1f}]" if d and d["ci_rel"] else ""
+            sh = "-" if d is None else f"{100 * d['rel']:+.1f}%{ci}"
             lines.append(f"| {_label(r)} | " + " | ".join(row) + f" | {sh} |")
         lines.append("")
     return lines
