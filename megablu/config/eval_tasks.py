@@ -148,3 +148,6 @@ def min_words(spec) -> int:
         # the one-shot example plus every common word freq_common times and one uncommon word, "i. w"
         return 120 + 2 * (spec.common * spec.freq_common + spec.freq_uncommon)
     return 100 + 3 * spec.top * 3   # fwe: the top words must each appear more often than the next
+
+# every built-in task name (a config may add its own under eval.task_defs)
+ALL_TASKS = tuple(PRESETS)
