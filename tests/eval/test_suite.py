@@ -83,9 +83,11 @@ def test_scoring_part_credit_and_cells():
 
 
 def test_oracle_scores_100_random_0_and_reports(tmp_path, bpe_tok, haystack_docs):
+    from megablu.eval.report import write_artifacts
+
     cfg = _cfg()
     res = run_eval(OracleModel(bpe_tok, max_ok_len=2500), bpe_tok, cfg, 4096, step=3,
-                   out_dir=tmp_path / "oracle" / "eval", rank=0, haystack=haystack_docs, batch_tokens=4000)
+                   out_dir=tmp_path / "oracle" / "eval", rank=0, haystack=haystack_docs, batch_tokens=4000, plot=False)
     acc = {(c["task"], c["length"]): c["acc_pp"] for c in res["cells"]}
     for task in RULER_SUITE:
         assert (acc[(task, 2000)], acc[(task, 3100)]) == (100.0, 0.0), task
@@ -95,13 +97,15 @@ def test_oracle_scores_100_random_0_and_reports(tmp_path, bpe_tok, haystack_docs
     out = tmp_path / "oracle" / "eval"
     md = (out / "step_3.md").read_text()
     assert "### RULER average" in md and "| oracle@3 | 11 | 100.0 [" in md and "### niah_single_1" in md
+    # the pictures run_eval writes (of three tasks here: matplotlib is the slow part of this test)
+    few = {**res, "cells": [c for c in res["cells"] if c["task"] in ("niah_multivalue", "vt", "cwe")]}
+    write_artifacts(few, out, 3)
     heat = sorted(p.name for p in out.glob("step_3_depth_*.png"))
-    assert "step_3_depth_niah_multivalue.png" in heat and "step_3_depth_vt.png" in heat
-    assert not any("cwe" in h or "fwe" in h for h in heat)          # no needle depth there
+    assert heat == ["step_3_depth_niah_multivalue.png", "step_3_depth_vt.png"]      # cwe: no needle depth
     assert (out / "step_3.png").read_bytes()[:4] == b"\x89PNG"
     # a random tiny model (the tokenizer's whole vocabulary) finds nothing
     rnd = run_eval(tiny_model(vocab=bpe_tok.vocab_size, seed=3), bpe_tok, cfg.model_copy(update={"lengths": [2000],
-                   "n": 2}), 4096, step=0, out_dir=tmp_path / "rnd" / "eval", rank=0, haystack=haystack_docs,
+                   "n": 1}), 4096, step=0, out_dir=tmp_path / "rnd" / "eval", rank=0, haystack=haystack_docs,
                    plot=False, batch_tokens=4000)
     assert max(c["acc_pp"] for c in rnd["cells"]) <= 10.0
     assert rnd["ruler"]["by_length"][0]["acc_pp"] < 2.0
