@@ -24,6 +24,7 @@ BUDGET=${BUDGET_S:-540}
 N=${N:-100}
 ARM=${ARM:-native}
 LENGTHS=${LENGTHS:-"1024 2048 4096 8192 16384 32640"}
+CWE_LENGTHS=${CWE_LENGTHS:-"4096 8192 16384 32640"}   # cwe's 300 common entries need ~2.2k SmolLM2 tokens (digits 1/token)
 TASKS="passkey niah_single_1 niah_single_2 niah_single_3 niah_multikey_1 niah_multikey_2 niah_multikey_3 niah_multivalue niah_multiquery vt fwe"
 CFG=yaml_configs/rep_smollm2_32k.yaml
 TOKJ=data_cache/smollm2/hf_tokenizer/tokenizer.json   # the config's tokenizer (dir) holds it
@@ -56,10 +57,10 @@ suite() {   # suite ARM OUTNAME TASKS LENGTHS [extra args]: one call per length,
 case "$ARM" in
   native)   # the weights' own rope: no override
     suite native native "$TASKS" "$LENGTHS" --set rope.yarn=null
-    suite native native_cwe "cwe" "${LENGTHS/1024 /}" --set rope.yarn=null --set eval.loss.data=null ;;
+    suite native native_cwe "cwe" "$CWE_LENGTHS" --set rope.yarn=null --set eval.loss.data=null ;;
   yarn4)    # YaRN 4 x 8192 the weights never trained with: an explicit override, recorded in the result
     suite yarn4 yarn4 "$TASKS" "$LENGTHS" --rope-override
-    suite yarn4 yarn4_cwe "cwe" "${LENGTHS/1024 /}" --rope-override --set eval.loss.data=null
+    suite yarn4 yarn4_cwe "cwe" "$CWE_LENGTHS" --rope-override --set eval.loss.data=null
     if ls -d "$WORK"/eval/native_*/ > /dev/null 2>&1; then   # call B's results still on the warm machine
       guard compare $(( BUDGET + 30 )) $PY -m megablu.cli compare "$WORK"/eval/native_*/ "$WORK"/eval/yarn4_*/ \
         --md "$OUT/ruler.md" --plot "$OUT/ruler.png" --heatmap "$OUT/heat/smol" \
