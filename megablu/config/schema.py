@@ -12,6 +12,8 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .eval_tasks import PRESETS, TaskSpec, default_max_new, min_words, needs_text_haystack
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -256,19 +258,60 @@ class GateConfig(Section):
     parent: Optional[str] = Field(default=None, description="parent eval json to gate against")
     short_lengths: list[int] = [1024, 4096]
     margin_pp: float = Field(default=5.0, ge=0)
+    loss_margin_rel: float = Field(default=0.02, ge=0, description="short-document validation loss (eval.loss) "
+                                   "may rise at most this fraction above the parent's: 0.02 = +2% nats/token")
+
+
+class LossEvalConfig(Section):
+    """Held-out language-modelling loss beside the retrieval tasks (megablu/eval/loss.py)."""
+
+    data: Optional[str] = Field(default=None, description="dataset dir ('DIR' or 'DIR@bucket') whose val split is "
+                                "scored: loss per token at each eval length, and on whole short documents")
+    n: int = Field(default=8, gt=0, description="sequences of exactly L val tokens per eval length")
+    short_docs: int = Field(default=200, ge=0, description="val documents of short_min..short_max tokens scored "
+                            "whole (the gate's short-context loss); 0 = none")
+    short_min: int = Field(default=1024, gt=0)
+    short_max: int = Field(default=4096, gt=0)
 
 
 class EvalConfig(Section):
     lengths: list[int] = []
-    max_new: int = Field(default=24, gt=0)
+    max_new: int = Field(default=24, gt=0, description="tokens generated for passkey/needle/multikey (the other "
+                         "tasks have their own budget, megablu.config.eval_tasks.default_max_new)")
     pad: int = Field(default=256, gt=0)
-    tasks: list[Literal["passkey", "needle", "multikey"]] = ["passkey"]
+    tasks: list[str] = Field(default=["passkey"], description="task names: the built-in ones "
+                             "(megablu.config.eval_tasks.PRESETS) or names defined in task_defs")
+    task_defs: dict[str, TaskSpec] = Field(default={}, description="tasks of your own, by name: a family and its "
+                                           "options (megablu/config/eval_tasks.py)")
     n: int = Field(default=50, gt=0, description="prompts per (task, length)")
     seed: int = 0
     at_steps: list[int] = []
     final: bool = False
     haystack: Optional[str] = Field(default=None, description="dataset dir whose val text is the haystack")
+    loss: LossEvalConfig = LossEvalConfig()
     gate: GateConfig = GateConfig()
+
+    @model_validator(mode="after")
+    def _tasks(self):
+        clash = sorted(set(self.task_defs) & set(PRESETS))
+        if clash:
+            raise ValueError(f"eval.task_defs: {clash} are built-in task names (they mean the same prompts in every "
+                             f"config); give your variant another name")
+        unknown = [t for t in self.tasks if t not in PRESETS and t not in self.task_defs]
+        if unknown:
+            raise ValueError(f"eval.tasks: unknown task(s) {unknown}; known tasks: {sorted(PRESETS)}"
+                             + (f" and task_defs {sorted(self.task_defs)}" if self.task_defs else "")
+                             + "; or define one under eval.task_defs")
+        if not self.tasks:
+            raise ValueError("eval.tasks is empty: name at least one task")
+        return self
+
+    def spec(self, task: str):
+        """The task's typed spec (a built-in preset or an eval.task_defs entry)."""
+        return self.task_defs.get(task) or PRESETS[task]
+
+    def task_max_new(self, task: str) -> int:
+        return default_max_new(self.spec(task)) or self.max_new
 
 
 class HubConfig(Section):
@@ -305,6 +348,41 @@ class Config(Section):
 def eval_padded_len(length: int, max_new: int, pad: int) -> int:
     """prompt + generated tokens, rounded up to a multiple of pad (the seed's PAD rule)."""
     return math.ceil((length + max_new) / pad) * pad
+
+
+def eval_problems(e: EvalConfig, window: int) -> list[str]:
+    """The eval section against the window, tokenizer-free (check_invariants calls it): the PAD
+    rule per task (each task has its own max_new), each task's minimum content (a lower bound:
+    megablu.eval.harness.preflight_problems checks it exactly in the run's tokenizer), the
+    haystack a task needs, the gate's lengths, the loss section."""
+    errs = []
+    for task in dict.fromkeys(e.tasks):
+        spec, mn = e.spec(task), e.task_max_new(task)
+        for L in e.lengths:
+            padded = eval_padded_len(L, mn, e.pad)
+            if padded > window:
+                fit = (window // e.pad) * e.pad - mn
+                errs.append(f"eval.lengths: {task}@{L} + max_new {mn} pads to {padded} at pad {e.pad} > data.window "
+                            f"{window}; the longest length that fits is {fit}")
+        short = [L for L in e.lengths if L < min_words(spec)]
+        if short:
+            errs.append(f"eval.lengths: {short} cannot hold task {task}'s content (at least {min_words(spec)} tokens: "
+                        f"instruction, needles/list, question); drop those lengths or the task")
+        if needs_text_haystack(spec) and not e.haystack:
+            errs.append(f"eval.haystack: task {task} needs a real-text haystack; set eval.haystack to a dataset dir "
+                        f"(its val split is the haystack, e.g. data_cache/demo@b3) or drop the task")
+    if (e.at_steps or e.final) and not e.lengths:
+        errs.append("eval.lengths: empty but eval.at_steps/eval.final ask for evaluation")
+    for L in e.gate.short_lengths:
+        if e.gate.parent and L not in e.lengths:
+            errs.append(f"eval.gate.short_lengths: {L} is not in eval.lengths {e.lengths}; the gate cannot check it")
+    lo = e.loss
+    if lo.short_min > lo.short_max:
+        errs.append(f"eval.loss: short_min={lo.short_min} > short_max={lo.short_max}")
+    if lo.data and lo.short_docs and lo.short_max > window:
+        errs.append(f"eval.loss.short_max={lo.short_max} > data.window {window}: a short document must fit the "
+                    f"window")
+    return errs
 
 
 def grad_accum_steps(cfg: Config, world_size: int) -> int:
@@ -396,22 +474,11 @@ def check_invariants(cfg: Config, world_size: Optional[int] = None,
     if s.min_lr > s.lr:
         errs.append(f"schedule.min_lr={s.min_lr} > schedule.lr={s.lr}")
 
-    # Eval lengths: prompt + max_new padded to `pad` must fit the window.
-    e = cfg.eval
-    for L in e.lengths:
-        padded = eval_padded_len(L, e.max_new, e.pad)
-        if padded > T:
-            fit = (T // e.pad) * e.pad - e.max_new
-            errs.append(f"eval.lengths: {L} + max_new {e.max_new} pads to {padded} at pad {e.pad} > data.window "
-                        f"{T}; the longest length that fits is {fit}")
-    for st in e.at_steps:
+    # Eval: every task at every length fits the window (PAD rule) and holds its content.
+    errs += eval_problems(cfg.eval, T)
+    for st in cfg.eval.at_steps:
         if not 0 < st <= steps:
             errs.append(f"eval.at_steps: {st} is outside 1..train.max_steps={steps}")
-    if (e.at_steps or e.final) and not e.lengths:
-        errs.append("eval.lengths: empty but eval.at_steps/eval.final ask for evaluation")
-    for L in e.gate.short_lengths:
-        if e.gate.parent and L not in e.lengths:
-            errs.append(f"eval.gate.short_lengths: {L} is not in eval.lengths {e.lengths}; the gate cannot check it")
 
     # Document masking: only packed sequences hold more than one document.
     d = cfg.data

@@ -461,19 +461,20 @@ def preflight(cfg: Config, resume: Optional[str] = None) -> list[str]:
 
         try:   # a gate that cannot be checked is found after hours of training otherwise
             parent = load_result(cfg.eval.gate.parent)
-            problems += [f"eval.gate.parent: {p}" for p in parent_problems(parent, cfg.eval.gate, cfg.eval.tasks)]
+            problems += [f"eval.gate.parent: {p}" for p in parent_problems(parent, cfg.eval.gate, cfg.eval.tasks,
+                                                                           loss=bool(cfg.eval.loss.data))]
         except EvalError as e:
             problems.append(f"eval.gate.parent: {e}")
     from ..data.mix import mix_problems
     from ..data.tokenizer import TokenizerError, load_tokenizer
 
-    identity = None
+    tok = None
     try:   # every rank needs it, and the eval would build zero prompts without it
-        identity = load_tokenizer(cfg.tokenizer).identity
+        tok = load_tokenizer(cfg.tokenizer)
     except (TokenizerError, OSError) as e:
         problems.append(f"tokenizer: {e}")
     # datasets, buckets, tokenizer identities, sources the run would exhaust (data.path or data.mix)
-    problems += mix_problems(cfg, identity)
+    problems += mix_problems(cfg, tok.identity if tok is not None else None)
     if cfg.eval.haystack:
         from ..data.haystack import split_spec
 
@@ -481,6 +482,11 @@ def preflight(cfg: Config, resume: Optional[str] = None) -> list[str]:
         if not Path(hay, "manifest.json").is_file():
             problems.append(f"eval.haystack: {hay} has no manifest.json; give a dataset dir built with "
                             f"`megablu data build` (optionally DIR@bucket)")
+    if tok is not None and (cfg.eval.at_steps or cfg.eval.final) and not any("eval.haystack" in p for p in problems):
+        from ..eval.harness import preflight_problems
+
+        # every task's prompts at every length, in this tokenizer: not after hours of training
+        problems += [f"eval: {p}" for p in preflight_problems(cfg.eval, tok, cfg.data.window)]
     if resume and not (Path(resume).is_dir() or Path(cfg.runs_dir, resume).is_dir()):
         problems.append(f"--resume {resume}: no such run (looked in {cfg.runs_dir}/)")
     return problems
