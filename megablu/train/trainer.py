@@ -76,6 +76,10 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+class _OutOfTime(Exception):
+    """train.stop_after_s ran out inside the probe's steps (the checkpoint is saved)."""
+
+
 class GateFailed(RuntimeError):
     """The run's final eval failed the short-context gate (the checkpoint is saved)."""
 
@@ -301,12 +305,17 @@ class Trainer:
         self._losses, self._tok_s = losses, tok_s
 
         def one_step(_i: int = 0) -> float:
+            if self._out_of_time:   # the probe asks for a step after the budget ran out
+                raise _OutOfTime
             return self._one_step(bar, stop)
 
+        self._timed = cfg.train.stop_after_s is not None
         n_probe = min(cfg.train.probe_steps, stop - self.step)
         if n_probe > 0:
-            self._probe(one_step, n_probe)
-        self._timed = cfg.train.stop_after_s is not None   # the probe's steps are never cut short
+            try:
+                self._probe(one_step, n_probe)
+            except _OutOfTime:   # a resumed session's probe cut by train.stop_after_s: no probe file
+                pass
         while self.step < stop and not self._out_of_time:
             one_step()
         bar.close()
