@@ -39,8 +39,11 @@ class RunError(Exception):
 
 
 def _check_name(name: str) -> None:
-    if not name or any(c in name for c in "/\\ \t\n") or name.startswith("."):
-        raise RunError(f"run name {name!r} must be non-empty, without slashes/spaces, not starting with '.'")
+    from ..config.schema import run_name_problem   # the config's `name` rule, one source
+
+    why = run_name_problem(name)
+    if why:
+        raise RunError(why)
 
 
 def _taken_numbers(runs_dir: Path, name: str) -> list[int]:
