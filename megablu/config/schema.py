@@ -291,6 +291,11 @@ def grad_accum_steps(cfg: Config, world_size: int) -> int:
     return cfg.train.tokens_per_step // per
 
 
+def planned_sequences(cfg: Config) -> int:
+    """Sequences of data.window the whole run consumes over all ranks (max_steps * tokens_per_step / window)."""
+    return cfg.train.max_steps * cfg.train.tokens_per_step // cfg.data.window
+
+
 def check_invariants(cfg: Config, world_size: Optional[int] = None,
                      device: Optional[str] = None) -> list[str]:
     """Every cross-field violation as 'field: values; fix'. Empty list = valid.

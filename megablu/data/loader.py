@@ -48,10 +48,15 @@ def _cache_file(root: Path) -> Path:
     return Path(os.path.expanduser("~/.cache/megablu/verified")) / f"{key}.json"
 
 
-def verify_for_training(root: Path, manifest: dict, shards: list[dict]) -> None:
-    """Structure of every selected shard; sha256 of each file once (cached by size + mtime + inode).
-
+def verify_for_training(root: Path, manifest: dict, shards: list[dict], verify: str = "cache") -> None:
+    """Structure of every selected shard, then sha256 of its files by `verify`:
+    cache: a file is hashed once and trusted while its size + mtime + inode are unchanged (a byte
+           flipped in place with the mtime kept passes: `megablu data verify` hashes everything);
+    full:  every file is hashed now, whatever the cache says (the cache is refreshed);
+    structure: no hashing (sizes and index only).
     Raises DataError listing every bad file."""
+    if verify not in ("cache", "full", "structure"):
+        raise ValueError(f"verify={verify!r}: expected cache, full or structure")
     cf = _cache_file(root)
     try:
         cache = json.loads(cf.read_text()) if cf.exists() else {}
@@ -62,13 +67,15 @@ def verify_for_training(root: Path, manifest: dict, shards: list[dict]) -> None:
         errs += verify_shard(root, e, manifest["dtype"], check_hash=False)
     if errs:
         raise DataError(f"dataset {root} failed verification:\n  " + "\n  ".join(errs))
+    if verify == "structure":
+        return
     for e in shards:
         for rel, want in e.get("sha256", {}).items():
             f = root / rel
             st = f.stat()
             c = cache.get(rel)
             # a copied file (new inode, even with its mtime kept) or a rewritten one is hashed again
-            if (c and c["size"] == st.st_size and c["mtime_ns"] == st.st_mtime_ns and c.get("ino") == st.st_ino
+            if (verify == "cache" and c and c["size"] == st.st_size and c["mtime_ns"] == st.st_mtime_ns and c.get("ino") == st.st_ino
                     and c["sha256"] == want):
                 continue
             got = sha256_file(f)
@@ -293,8 +300,11 @@ class Loader:
 
 
 def build_loader(cfg: DataConfig, tokenizer_identity: str, *, micro_batch: int, dp_rank: int, dp_size: int,
-                 total_sequences: Optional[int] = None) -> Loader:
-    """Verify the dataset and build this dp rank's loader (see the module docstring)."""
+                 total_sequences: Optional[int] = None, verify: str = "cache") -> Loader:
+    """Verify the dataset and build this dp rank's loader (see the module docstring).
+
+    verify: how the shards' sha256 are checked (`verify_for_training`); the entry's preflight
+    applies data.verify once before the ranks start, the ranks then use the cache."""
     if not cfg.path:
         raise DataError("data.path is not set: point it at a dataset made by `megablu data build`")
     root = Path(cfg.path).expanduser()
@@ -309,7 +319,7 @@ def build_loader(cfg: DataConfig, tokenizer_identity: str, *, micro_batch: int, 
         counts = {b: {s: c.get("documents", 0) for s, c in v.items()} for b, v in m.get("counts", {}).items()}
         raise DataError(f"{root}: bucket {cfg.bucket!r} split {cfg.split!r} is empty (documents per bucket/split: "
                         f"{counts}); choose another data.bucket/data.split")
-    verify_for_training(root, m, shards)
+    verify_for_training(root, m, shards, verify)
     table = DocTable.open(root, shards, m["dtype"])
     space = SequenceSpace(table, cfg.mode, cfg.window, int(m["tokenizer"]["eot_id"]), cfg.seed)
     if space.n == 0:

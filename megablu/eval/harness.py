@@ -39,6 +39,17 @@ def check_lengths(eval_cfg: EvalConfig, window: int) -> None:
         raise EvalError("eval lengths do not fit the window: " + "; ".join(bad) + f"; the longest that fits is {fit}")
 
 
+def min_lengths(eval_cfg: EvalConfig, tokenizer: TokenizerLike) -> dict[str, int]:
+    """{task: the shortest eval length its prompts fit in with this tokenizer} (the prompt without
+    filler or haystack); a shorter length raises EvalError in `build_prompts`. No haystack needed."""
+    out = {}
+    for task in dict.fromkeys(eval_cfg.tasks):
+        b = (PasskeyBuilder(tokenizer, eval_cfg.seed, eval_cfg.n) if task == "passkey" else
+             NeedleBuilder(task, tokenizer, eval_cfg.seed, eval_cfg.n, haystack=None))
+        out[task] = b.min_length()
+    return out
+
+
 def build_prompts(eval_cfg: EvalConfig, tokenizer: TokenizerLike, *, haystack: Optional[HaystackSource] = None,
                   vocab_size: Optional[int] = None) -> dict[tuple[str, int], list[Prompt]]:
     """{(task, length): [Prompt] * n}, identical for every arm that shares tokenizer and config."""

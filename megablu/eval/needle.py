@@ -95,6 +95,15 @@ class NeedleBuilder:
         depths += [rng.random() for _ in range(self.n_distractors)]
         return keys, [str(v) for v in values], depths
 
+    def min_length(self) -> int:
+        """The longest of the n prompts without haystack (instruction + needles + question): the
+        shortest length every prompt can be built at. Needs no haystack."""
+        def bare(i: int) -> int:
+            keys, values, _ = self._draw(i)
+            return (len(self.head) + sum(len(self.tok.encode(NEEDLE.format(key=k, value=v))) for k, v in zip(keys, values))
+                    + len(self.tok.encode(QUESTION.format(key=keys[0]))))
+        return max(bare(i) for i in range(self.n))
+
     def build(self, length: int, index: int) -> Prompt:
         keys, values, depths = self._draw(index)
         needles = [self.tok.encode(NEEDLE.format(key=k, value=v)) for k, v in zip(keys, values)]

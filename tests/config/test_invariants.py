@@ -99,9 +99,15 @@ def test_inherit_one_level(tmp_path):
 
 
 def test_cli_check_exit_codes():
-    ok = subprocess.run([sys.executable, "-m", "megablu.cli", "config", "check", str(EXT), "--world-size", "2"],
-                        capture_output=True, text=True)
+    # --no-files: the config alone (ext32k's data and parent live on the GPU box, not here)
+    ok = subprocess.run([sys.executable, "-m", "megablu.cli", "config", "check", str(EXT), "--world-size", "2",
+                         "--no-files"], capture_output=True, text=True)
     assert ok.returncode == 0 and "original_max_position: 16384" in ok.stdout
+    # without it, the entry's preflight: the inputs this machine does not have are listed
+    here = subprocess.run([sys.executable, "-m", "megablu.cli", "config", "check", str(EXT), "--world-size", "2"],
+                          capture_output=True, text=True)
+    assert here.returncode == 2 and here.stdout == ""
+    assert "data.path: data/blu has no manifest.json" in here.stderr and "init_from:" in here.stderr
     bad = subprocess.run([sys.executable, "-m", "megablu.cli", "config", "check", str(EXT), "--world-size", "2",
                           "--set", "rope.yarn.original_max_position=1024", "--set", "eval.lengths=[32745]"],
                          capture_output=True, text=True)
