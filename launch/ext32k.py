@@ -25,7 +25,9 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -93,6 +95,8 @@ def main(argv=None) -> int:
         from megablu.train.watchdog import exit_with_launcher
 
         exit_with_launcher(next_step)
+        # DeepSpeed's launcher SIGTERMs every rank when one fails: say how to go on, as a failure does
+        signal.signal(signal.SIGTERM, _terminated)
     try:
         # libraries print chatter on stdout (DeepSpeed's op builds); stdout is for the result only
         with contextlib.redirect_stdout(sys.stderr):
@@ -105,11 +109,25 @@ def main(argv=None) -> int:
             print(json.dumps(e.summary))
             print(f"eval gate FAILED: {e}", file=sys.stderr)
         return 1
-    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - one line per rank, then how to go on
+    except (Exception, KeyboardInterrupt, Terminated) as e:  # noqa: BLE001 - one line per rank, then the way on
+        _FAILING.set()
         return _failed(e, trainer.run_dir, rank, next_step)
     if rank == 0:
         print(json.dumps(summary))
     return 0
+
+
+class Terminated(BaseException):
+    """SIGTERM (the launcher stopping every rank because one failed, or a job scheduler)."""
+
+
+_FAILING = threading.Event()   # set once a failure is being reported: a SIGTERM then lets it finish
+
+
+def _terminated(signum, frame):
+    if not _FAILING.is_set():
+        raise Terminated("stopped by SIGTERM (DeepSpeed's launcher stops every rank when one fails; the failing "
+                         "rank says why)")
 
 
 def _already_complete(ctx, rank: int) -> int:
@@ -154,6 +172,8 @@ def _failed(e: BaseException, run_dir, rank: int, next_step) -> int:
     print(f"rank {rank}: {type(e).__name__}: {text}{where}", file=sys.stderr)
     print(next_step(), file=sys.stderr)
     sys.stderr.flush()
+    if isinstance(e, Terminated):
+        return 128 + signal.SIGTERM
     return 2 if isinstance(e, (CheckpointError, ConfigError, DataError, RunError, TokenizerError)) else 1
 
 

@@ -43,6 +43,21 @@ def _eval(args) -> int:
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return 2
+    eval_cfg = cfg.eval
+    over = {k: v for k, v in (("lengths", args.lengths), ("n", args.n)) if v is not None}
+    if over:   # validated like the config's own values (--n 0 is an error, not a silent eval.n)
+        from pydantic import ValidationError
+
+        from ..config.load import _format_pydantic
+
+        try:
+            eval_cfg = type(eval_cfg).model_validate({**eval_cfg.model_dump(), **over})
+        except ValidationError as e:
+            print("megablu eval: " + "; ".join(f"--{m}" for m in _format_pydantic(e)), file=sys.stderr)
+            return 2
+    if args.batch_tokens < 1:
+        print(f"megablu eval: --batch-tokens {args.batch_tokens} must be >= 1", file=sys.stderr)
+        return 2
     try:
         from ..data.tokenizer import TokenizerError, load_tokenizer
     except ImportError as e:
@@ -76,11 +91,6 @@ def _eval(args) -> int:
     run = _run_dir_of(Path(args.ckpt)) if args.ckpt else None
     arm = args.arm or (run.name if run else cfg.name)
     out = Path(args.out) if args.out else (run / "eval" if run else Path(cfg.runs_dir) / cfg.name / "eval")
-    eval_cfg = cfg.eval
-    if args.lengths:
-        eval_cfg = eval_cfg.model_copy(update={"lengths": args.lengths})
-    if args.n:
-        eval_cfg = eval_cfg.model_copy(update={"n": args.n})
     try:
         gate_src = args.gate_parent or eval_cfg.gate.parent
         parent = load_result(gate_src) if gate_src else None

@@ -232,8 +232,8 @@ def resume_problems(ctx: Context) -> list[str]:
     else:
         problems = change_problems(saved, cfg, step)
     if problems:
-        return [f"--resume {resume}: the config differs from the one {step_dir.name} was saved with: "
-                + "; ".join(problems) + f"; {how}"]
+        return ([f"--resume {resume}: the config differs from the one {step_dir.name} was saved with (nothing was "
+                 f"written); every difference:"] + problems + [how])
     if cfg.train.stop_after is not None and cfg.train.stop_after <= step:
         problems.append(f"train.stop_after={cfg.train.stop_after} <= step {step} of the checkpoint: this session "
                         f"would train nothing; raise train.stop_after or drop it")

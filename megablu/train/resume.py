@@ -86,9 +86,11 @@ def schedule_problem(saved: Config, now: Config, step: int) -> Optional[str]:
             else:
                 why = (f"schedule.decay_start {s0.decay_start} -> {s1.decay_start} with max_steps {m0} -> {m1} "
                        f"re-draws the LR of steps already trained")
-            return (f"train.max_steps: {why} (step {s + 1} trained at lr {a:.6g}, the new schedule gives {b:.6g}); "
-                    f"extend a WSD run before its decay tail (schedule.decay_start > {step}), or start a new run "
-                    f"from this checkpoint with init_from (its own warmup and decay)")
+            fix = ("a cosine run cannot be extended: start a new run from this checkpoint with init_from (its own "
+                   "warmup and decay); schedule.kind=wsd runs can be lengthened in their stable phase" if s1.kind ==
+                   "cosine" else f"extend a WSD run before its decay tail (keep schedule.decay_start >= {step}), or "
+                   f"start a new run from this checkpoint with init_from (its own warmup and decay)")
+            return f"train.max_steps: {why} (step {s + 1} trained at lr {a:.6g}, the new schedule gives {b:.6g}); {fix}"
     return None
 
 
@@ -102,7 +104,10 @@ def resume_problems(saved: dict, now: Config, step: int) -> list[str]:
             old = build_config(saved)
         except ConfigError as e:
             return problems + [f"the checkpoint's own config no longer validates: {'; '.join(e.errors)}"]
-        why = schedule_problem(old, now, step)
+        # judged on max_steps / decay_start alone (another schedule field is named above)
+        probe = now.model_copy(update={"schedule": old.schedule.model_copy(
+            update={"decay_start": now.schedule.decay_start})})
+        why = schedule_problem(old, probe, step)
         if why:
             problems.append(why)
     return problems
@@ -110,19 +115,16 @@ def resume_problems(saved: dict, now: Config, step: int) -> list[str]:
 
 def entry_path() -> str:
     """launch/ext32k.py as the user would type it from here."""
-    p = Path(__file__).resolve().parents[2] / "launch" / "ext32k.py"
-    try:
-        return os.path.relpath(p)
-    except ValueError:
-        return str(p)
+    return _shown(Path(__file__).resolve().parents[2] / "launch" / "ext32k.py")
 
 
 def _shown(p: Path) -> str:
+    """A path as typed from the current directory: relative below it, else absolute."""
     try:
         rel = os.path.relpath(p)
     except ValueError:
         return str(p)
-    return rel if not rel.startswith("../..") else str(p.resolve())
+    return rel if not rel.startswith("..") else str(Path(p).resolve())
 
 
 def run_command(run_dir: PathLike, *, resume: bool, world: Optional[int] = None, nodes: int = 1) -> str:
