@@ -835,9 +835,12 @@ def resolve_weights(path: PathLike, deep: bool = True) -> tuple[list[Path], Opti
     if not p.is_dir():
         raise CheckpointError(f"init_from {p}: no such file or directory")
     if (p / CKPT_DIR).is_dir() and not (p / MANIFEST).exists():
-        newest = newest_verified(p, deep=deep)
+        newest, skipped = scan_steps(p, deep=deep)
         if newest is None:
-            raise CheckpointError(f"init_from {p}: run has no verified checkpoint")
+            why = "; ".join(f"{s.name}: {'; '.join(ps)}" for s, ps in skipped) or "no step saved"
+            raise CheckpointError(f"init_from {p}: run has no verified checkpoint ({why})")
+        for s, ps in skipped:
+            log.error("checkpoint %s is not usable: %s", s, "; ".join(ps))
         log.info("init_from %s: newest verified step is %s", p, newest.name)
         p = newest
     m = None

@@ -136,7 +136,7 @@ def init_from_weight_problems(ctx: Context) -> list[str]:
         shapes, prov = read_weight_shapes(cfg.init_from, deep=ctx.hash)
     except CheckpointError as e:
         return [f"init_from: {e}"]
-    except (OSError, ValueError) as e:   # a weights file that is not safetensors
+    except Exception as e:  # noqa: BLE001 - a weights file that is not safetensors (SafetensorError et al.)
         return [f"init_from: {cfg.init_from}: cannot read the weights: {type(e).__name__}: {e}"]
     with torch.device("meta"):   # shapes only: no memory, no init
         own = BluModel(cfg.model, cfg.rope, cfg.memory).state_dict(keep_vars=True)
@@ -184,7 +184,7 @@ def eval_problems(ctx: Context) -> list[str]:
 def resume_problems(ctx: Context) -> list[str]:
     """--resume: the run exists, no live job holds it, it has a checkpoint to continue from, and
     this config may continue it (resume.py); a finished run is marked complete."""
-    from .checkpoint import read_manifest, scan_steps, step_of
+    from .checkpoint import read_manifest, scan_steps, step_of, step_problems
     from .resume import resume_problems as change_problems, run_command, saved_config
     from .runs import RunError, find_run, in_use_message, live_holder
 
@@ -202,11 +202,16 @@ def resume_problems(ctx: Context) -> list[str]:
     # "already complete" ends every rank with exit 0, so all ranks must agree on it: decided on
     # the size check (every rank sees the same files); the sha256 scan below is rank 0's
     newest, _ = scan_steps(run, deep=False)
-    if newest is not None and step_of(newest) >= cfg.train.max_steps:
+    if newest is not None and step_of(newest) == cfg.train.max_steps:
         s = step_of(newest)
+        own = (saved_config(newest, read_manifest(newest)) or {}).get("train", {}).get("max_steps", s)
         due = s in cfg.eval.at_steps or cfg.eval.final
-        if not due or (run / "eval" / f"step_{s}.json").exists():
-            ctx.complete, ctx.resume_step = True, newest
+        if own == s and (not due or (run / "eval" / f"step_{s}.json").exists()):
+            ctx.complete, ctx.resume_step = True, newest   # it reached its own max_steps: nothing to do
+            bad = step_problems(newest, deep=True) if ctx.hash else []
+            if bad:   # nothing to train either way; the damage is worth a line
+                log.warning("run %s is complete, but its final checkpoint %s does not verify: %s (megablu ckpt "
+                            "verify %s)", run.name, newest.name, "; ".join(bad), run)
             return []
     step_dir, skipped = scan_steps(run, deep=ctx.hash)
     if step_dir is None:
