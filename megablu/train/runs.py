@@ -144,13 +144,18 @@ def proc_start(pid: int) -> Optional[str]:
 
 
 def pid_alive(pid: int) -> bool:
+    """pid runs on this host (a zombie, exited but not yet reaped by its parent, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:   # alive, another user's
+        pass
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except (OSError, IndexError):
         return True
-    return True
+    return state not in ("Z", "X")
 
 
 def _read_lock(path: Path) -> Optional[dict]:

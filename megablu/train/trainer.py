@@ -341,12 +341,14 @@ class Trainer:
         def one_step(_i: int = 0) -> float:
             return self._one_step(bar, stop)
 
-        n_probe = min(cfg.train.probe_steps, stop - self.step)
-        if n_probe > 0:
-            self._probe(one_step, n_probe)
-        while self.step < stop:
-            one_step()
-        bar.close()
+        try:
+            n_probe = min(cfg.train.probe_steps, stop - self.step)
+            if n_probe > 0:
+                self._probe(one_step, n_probe)
+            while self.step < stop:
+                one_step()
+        finally:   # closed before any error is reported, so the bar is not the last line on stderr
+            bar.close()
         if self.metrics is not None:
             self.metrics.close()
         from .metrics import run_summary
