@@ -72,9 +72,13 @@ def classify(case: Case, res: Result, before: dict, after: dict) -> Outcome:
 
 
 def run_case(case: Case, lab: "Lab") -> tuple[Outcome, Result]:
-    watched = case.watch(lab) if case.watch else None
-    before = _tree(watched)
-    res = case.run(lab)
+    try:
+        watched = case.watch(lab) if case.watch else None
+        before = _tree(watched)
+        res = case.run(lab)
+    except Exception as e:  # noqa: BLE001 - the case could not even be set up or run: counted, not hidden
+        res = Result(None, "", "", e)
+        return Outcome("traceback", f"{type(e).__name__}: {e}"), res
     return classify(case, res, before, _tree(watched)), res
 
 
