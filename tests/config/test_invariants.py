@@ -169,3 +169,15 @@ def test_every_shipped_arm_is_valid_for_its_launch(path):
     if path.name.startswith("rep_"):
         world = 1
     load_config(path, world_size=world, device=device)   # raises ConfigError listing every violation
+
+
+def test_sp_above_the_head_count_warns_with_the_cost():
+    """sp=4 over 2 heads trains with zero heads on 2 of 4 ranks: legal (head padding), warned with the cost."""
+    from megablu.config import config_warnings
+
+    tiny = ROOT / "yaml_configs" / "tiny_cpu_ext.yaml"
+    cfg = load_config(tiny, ["parallel.sp=4", "model.n_heads=2", "model.n_kv_heads=1", "train.tokens_per_step=4096",
+                             "train.micro_batch=2"], world_size=4, device="cpu")
+    w = [x for x in config_warnings(cfg) if x.startswith("parallel.sp=4 > model.n_heads=2")]
+    assert len(w) == 1 and "2 of the 4 ranks" in w[0] and "2x the work" in w[0] and "sp=2" in w[0]
+    assert not any("model.n_heads" in x for x in config_warnings(load_config(tiny, world_size=2, device="cpu")))
