@@ -245,8 +245,9 @@ def resume_problems(ctx: Context) -> list[str]:
     return problems
 
 
-# The checks, in order; each takes the Context and returns its problems. A new check is one
-# line here (data mixtures: `("mix", mix_problems)`), nothing else to wire.
+# The checks, in order; each takes the Context and returns its problems ('field: problem; fix').
+# A new check is one line here, nothing else to wire, e.g. for data mixtures:
+#     ("mix", lambda ctx: mix_problems(ctx.cfg)),
 CHECKS: list[tuple[str, Callable[[Context], list[str]]]] = [
     ("runs_dir", runs_dir_problems),
     ("tokenizer", tokenizer_problems),    # before data/init_from/eval: they use ctx.tokenizer

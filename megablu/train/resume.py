@@ -142,7 +142,7 @@ def run_command(run_dir: PathLike, *, resume: bool, world: Optional[int] = None,
     if nodes > 1:
         launcher = "deepspeed --hostfile <your hostfile>"
     else:
-        launcher = f"deepspeed --num_gpus {world or 1}"
+        launcher = f"deepspeed --num_gpus {world or '<N>'}"
     cmd = f"{launcher} {entry_path()} --config {_shown(run_dir / RESOLVED)}"
     return cmd + (f" --resume {which}" if resume else "")
 
