@@ -108,11 +108,12 @@ _SETS = [
     ("tokenizer file missing", ["tokenizer.path=/nonexistent/x.tiktoken"], "tokenizer:"),
     ("tokenizer file of another kind", ["tokenizer.kind=sentencepiece"], "tokenizer"),
     ("vocab below the tokenizer's", ["model.vocab_size=100"], "model.vocab_size=100 < the tokenizer's vocabulary 4096"),
-    ("eval length shorter than the passkey prompt", ["eval.lengths=[40]", "eval.max_new=4", "eval.pad=8"],
-     "eval.lengths: [40] shorter than the passkey prompt without filler"),
+    ("eval length shorter than the passkey prompt", ["eval.lengths=[40]", "eval.max_new=4", "eval.pad=8",
+                                                     "eval.final=true"],
+     "cannot hold task passkey"),
     ("eval length shorter than the needle prompt", ["eval.lengths=[100]", "eval.tasks=[needle]", "eval.max_new=4",
-                                                    "eval.pad=8", f"eval.haystack=DATA"],
-     "shorter than the needle prompt"),
+                                                    "eval.pad=8", "eval.haystack=DATA", "eval.at_steps=[2]"],
+     "cannot hold task needle"),
     ("eval.gate.parent not an eval result", ["eval.gate.parent=CFG", "eval.lengths=[128]", "eval.max_new=4",
                                              "eval.pad=8", "eval.gate.short_lengths=[128]"],
      "eval.gate.parent:"),
@@ -351,7 +352,7 @@ case("eval/hub", "eval --n not a number", "invalid int value")(lambda lab: _eval
 case("eval/hub", "eval --ckpt missing", "megablu eval: cannot load weights")(
     lambda lab: _eval(lab, "--ckpt", lab.root / "nowhere", model=False))
 case("eval/hub", "eval without --ckpt or --hf", "exactly one of --ckpt")(lambda lab: _eval(lab, model=False))
-case("eval/hub", "eval length shorter than the prompt", "shorter than the prompt without filler")(
+case("eval/hub", "eval length shorter than the prompt", "eval.lengths [30] cannot hold task passkey")(
     lambda lab: _eval(lab, "--lengths", "30", "--n", "1"))
 case("eval/hub", "eval with a config error", "train.max_step: unknown key")(
     lambda lab: _eval(lab, "--set", "train.max_step=1", model=False))

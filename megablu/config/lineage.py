@@ -16,6 +16,8 @@ Rules (child rope C at window T, parent trained at window W with rope P):
   the factor); an original set to the parent's window W re-bases frequencies the parent
   never saw;
 - P YaRN, C without YaRN: refused (the child would compute other frequencies).
+`rope.yarn.apply` (always | beyond_original) is the child's recipe, not a property of the
+parent's weights, and is not compared; `megablu eval` compares the whole rope, apply included.
 """
 from __future__ import annotations
 

@@ -205,16 +205,21 @@ def to_yaml(cfg: Config) -> str:
 
 
 # Fields that describe one invocation, not the run: a resume may change them freely.
-_SESSION_FIELDS = {("train", "stop_after"), ("train", "probe_steps"), ("train", "log_every"), ("runs_dir",)}
+_SESSION_FIELDS = {("train", "stop_after"), ("train", "stop_after_s"), ("train", "probe_steps"), ("train", "log_every"), ("runs_dir",)}
+
+
+# Fields added after runs were started, left out of the hash while unset, so that those runs resume.
+_LATER_FIELDS = {("data", "mix")}
 
 
 def config_hash(cfg: Config) -> str:
     """Stable hash of the resolved config (recorded in checkpoints; a resume must match it)."""
     d = cfg.model_dump(mode="json")
-    for path in _SESSION_FIELDS:
+    for path in _SESSION_FIELDS | _LATER_FIELDS:
         node = d
         for k in path[:-1]:
             node = node[k]
-        node.pop(path[-1], None)
+        if path in _SESSION_FIELDS or node.get(path[-1]) is None:
+            node.pop(path[-1], None)
     blob = json.dumps(d, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

@@ -12,6 +12,8 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
+from .eval_tasks import PRESETS, TaskSpec, default_max_new, min_words, needs_text_haystack
+
 
 class Section(BaseModel):
     # inf and nan are never a setting (lr: .inf trained to a NaN loss after the ranks started)
@@ -79,6 +81,14 @@ class YarnConfig(Section):
     beta_slow: float = 1.0
     truncate: bool = True
     attention_factor: Optional[float] = Field(default=None, gt=0, description="default 0.1 ln(factor) + 1")
+    apply: Literal["always", "beyond_original"] = Field(
+        default="always", description="always: every sequence uses YaRN (static YaRN, as transformers). "
+        "beyond_original: a sequence of at most original_max_position tokens uses the original RoPE (no YaRN "
+        "frequencies, no attention factor), a longer one YaRN (LongRoPE2 arXiv 2502.20082; Qwen's warning that "
+        "static YaRN hurts short inputs). A sequence is a document under data.doc_mask, else a row by its real "
+        "length (megablu/model/packing.py); in generation the prompt + max_new, chosen once at prefill "
+        "(KVCache.rope_len). No transformers rope type reproduces it: `megablu ckpt export` refuses it unless "
+        "--rope-as-yarn (model/hf.py says why)")
 
 
 class RopeConfig(Section):
@@ -86,6 +96,17 @@ class RopeConfig(Section):
     yarn: Optional[YarnConfig] = None
     allow_theta_change: bool = Field(default=False, description="init_from a parent trained with another "
                                      "rope.theta on purpose (an ABF-style base raise); otherwise a config error")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_lives_in_yarn(cls, data):
+        # `apply` switches between YaRN and the original RoPE, so it only exists with YaRN
+        if isinstance(data, dict) and "apply" in data:
+            fix = ("move it to rope.yarn.apply" if data.get("yarn") else
+                   "remove it: without rope.yarn every sequence already uses the original RoPE")
+            raise ValueError(f"rope.apply={data['apply']!r}: no such field; the switch between YaRN and the original "
+                             f"RoPE is rope.yarn.apply (always | beyond_original); {fix}")
+        return data
 
 
 # --------------------------------------------------------------------------- tokenizer
@@ -132,6 +153,39 @@ class ParallelConfig(Section):
 
 
 # --------------------------------------------------------------------------- data
+def _bucket_spec(v: str, where: str) -> str:
+    parts = [p.strip() for p in v.split(",")]
+    if v.strip() == "all":
+        return "all"
+    if not parts or any(not p or p == "all" or any(c in p for c in "/\\ ") for p in parts):
+        raise ValueError(f"{where}={v!r}: expected 'all', a bucket name like 'b3', or a comma list 'b2,b3'")
+    return ",".join(parts)
+
+
+Mode = Literal["fit", "truncate", "pack"]
+
+
+class MixSource(Section):
+    """One source of `data.mix`: a dataset's bucket(s) read in one mode, drawn by its share of loss tokens."""
+
+    name: str = Field(description="label of the source in logs, errors and mixture.json; unique in data.mix")
+    path: str = Field(description="dataset dir made by `megablu data build/import/synth`")
+    bucket: str = Field(default="all", description="length bucket (b0..b6, several as 'b2,b3') or 'all'")
+    split: Literal["train", "val"] = "train"
+    mode: Mode = Field(description="fit | truncate | pack, as data.mode (no default: it decides what a row holds)")
+    # inf/nan reach mix_invariants, whose message says what a weight is
+    weight: float = Field(allow_inf_nan=True, description="share of the run's loss tokens (labels that are not "
+                          "padding) relative to the other sources' weights: 0.6/0.4 = 60%/40% of trained tokens; "
+                          "0 leaves it unused")
+    max_epochs: Optional[float] = Field(default=None, gt=0, allow_inf_nan=True, description="error if the run would "
+                                        "cycle this source more; default data.max_epochs (.inf: no limit)")
+
+    @field_validator("bucket")
+    @classmethod
+    def _bucket(cls, v: str) -> str:
+        return _bucket_spec(v, "data.mix[].bucket")
+
+
 class DataConfig(Section):
     window: int = Field(gt=0, description="training sequence length T in tokens")
     path: Optional[str] = Field(default=None, description="dataset dir made by `megablu data build/import`")
@@ -139,7 +193,11 @@ class DataConfig(Section):
     split: Literal["train", "val"] = "train"
     # fit: only documents that fit, padded; truncate: longer documents cut to the window;
     # pack: documents concatenated with EOT and cut into windows.
-    mode: Literal["fit", "truncate", "pack"] = "pack"
+    mode: Mode = "pack"
+    mix: Optional[list[MixSource]] = Field(
+        default=None, description="several sources instead of path/bucket/split/mode: each sequence of the "
+        "global order comes from one source, drawn (seeded) so that each source's share of loss tokens matches "
+        "its weight (docs/DATA.md#mixtures)")
     max_epochs: float = Field(default=2.0, gt=0, allow_inf_nan=True,
                               description="error if the run would cycle the data more (.inf: no limit)")
     doc_mask: bool = Field(default=False, description="packed sequences: a token attends only within its own "
@@ -157,12 +215,7 @@ class DataConfig(Section):
     @field_validator("bucket")
     @classmethod
     def _bucket(cls, v: str) -> str:
-        parts = [p.strip() for p in v.split(",")]
-        if v.strip() == "all":
-            return "all"
-        if not parts or any(not p or p == "all" or any(c in p for c in "/\\ ") for p in parts):
-            raise ValueError(f"data.bucket={v!r}: expected 'all', a bucket name like 'b3', or a comma list 'b2,b3'")
-        return ",".join(parts)
+        return _bucket_spec(v, "data.bucket")
 
 
 # --------------------------------------------------------------------------- train
@@ -183,6 +236,10 @@ class TrainConfig(Section):
     # Time-sliced jobs (e.g. a SLURM limit): stop after this step, checkpoint, exit 0; the
     # schedule is still the full max_steps one, and `--resume RUN` continues it exactly.
     stop_after: Optional[int] = Field(default=None, gt=0)
+    stop_after_s: Optional[float] = Field(
+        default=None, gt=0, description="wall-clock budget of this session in seconds: the run stops (checkpoint, "
+        "exit 0) after the last step that, with a checkpoint, still ends within it; `--resume RUN` continues "
+        "exactly. For time-sliced jobs (a SLURM limit, a device call)")
 
     @field_validator("betas")
     @classmethod
@@ -224,20 +281,61 @@ class GateConfig(Section):
     parent: Optional[str] = Field(default=None, description="parent eval json to gate against")
     short_lengths: list[PositiveInt] = [1024, 4096]
     margin_pp: float = Field(default=5.0, ge=0)
+    loss_margin_rel: float = Field(default=0.02, ge=0, description="short-document validation loss (eval.loss) "
+                                   "may rise at most this fraction above the parent's: 0.02 = +2% nats/token")
+
+
+class LossEvalConfig(Section):
+    """Held-out language-modelling loss beside the retrieval tasks (megablu/eval/loss.py)."""
+
+    data: Optional[str] = Field(default=None, description="dataset dir ('DIR' or 'DIR@bucket') whose val split is "
+                                "scored: loss per token at each eval length, and on whole short documents")
+    n: int = Field(default=8, gt=0, description="sequences of exactly L val tokens per eval length")
+    short_docs: int = Field(default=200, ge=0, description="val documents of short_min..short_max tokens scored "
+                            "whole (the gate's short-context loss); 0 = none")
+    short_min: int = Field(default=1024, gt=0)
+    short_max: int = Field(default=4096, gt=0)
 
 
 class EvalConfig(Section):
     lengths: list[PositiveInt] = Field(default=[], description="prompt lengths in tokens; each must hold every "
                                        "task's prompt without filler (checked against the tokenizer)")
-    max_new: int = Field(default=24, gt=0)
+    max_new: int = Field(default=24, gt=0, description="tokens generated for passkey/needle/multikey (the other "
+                         "tasks have their own budget, megablu.config.eval_tasks.default_max_new)")
     pad: int = Field(default=256, gt=0)
-    tasks: list[Literal["passkey", "needle", "multikey"]] = ["passkey"]
+    tasks: list[str] = Field(default=["passkey"], description="task names: the built-in ones "
+                             "(megablu.config.eval_tasks.PRESETS) or names defined in task_defs")
+    task_defs: dict[str, TaskSpec] = Field(default={}, description="tasks of your own, by name: a family and its "
+                                           "options (megablu/config/eval_tasks.py)")
     n: int = Field(default=50, gt=0, description="prompts per (task, length)")
     seed: int = Field(default=0, ge=0)
     at_steps: list[int] = []
     final: bool = False
     haystack: Optional[str] = Field(default=None, description="dataset dir whose val text is the haystack")
+    loss: LossEvalConfig = LossEvalConfig()
     gate: GateConfig = GateConfig()
+
+    @model_validator(mode="after")
+    def _tasks(self):
+        clash = sorted(set(self.task_defs) & set(PRESETS))
+        if clash:
+            raise ValueError(f"eval.task_defs: {clash} are built-in task names (they mean the same prompts in every "
+                             f"config); give your variant another name")
+        unknown = [t for t in self.tasks if t not in PRESETS and t not in self.task_defs]
+        if unknown:
+            raise ValueError(f"eval.tasks: unknown task(s) {unknown}; known tasks: {sorted(PRESETS)}"
+                             + (f" and task_defs {sorted(self.task_defs)}" if self.task_defs else "")
+                             + "; or define one under eval.task_defs")
+        if not self.tasks:
+            raise ValueError("eval.tasks is empty: name at least one task")
+        return self
+
+    def spec(self, task: str):
+        """The task's typed spec (a built-in preset or an eval.task_defs entry)."""
+        return self.task_defs.get(task) or PRESETS[task]
+
+    def task_max_new(self, task: str) -> int:
+        return default_max_new(self.spec(task)) or self.max_new
 
 
 class HubConfig(Section):
@@ -285,15 +383,87 @@ def eval_padded_len(length: int, max_new: int, pad: int) -> int:
     return math.ceil((length + max_new) / pad) * pad
 
 
+def eval_problems(e: EvalConfig, window: int) -> list[str]:
+    """The eval section against the window, tokenizer-free (check_invariants calls it): the PAD
+    rule per task (each task has its own max_new), each task's minimum content (a lower bound:
+    megablu.eval.harness.preflight_problems checks it exactly in the run's tokenizer), the
+    haystack a task needs, the gate's lengths, the loss section."""
+    errs = []
+    for task in dict.fromkeys(e.tasks):
+        spec, mn = e.spec(task), e.task_max_new(task)
+        for L in e.lengths:
+            padded = eval_padded_len(L, mn, e.pad)
+            if padded > window:
+                fit = (window // e.pad) * e.pad - mn
+                errs.append(f"eval.lengths: {task}@{L} + max_new {mn} pads to {padded} at pad {e.pad} > data.window "
+                            f"{window}; the longest length that fits is {fit}")
+        short = [L for L in e.lengths if L < min_words(spec)]
+        if short:
+            errs.append(f"eval.lengths: {short} cannot hold task {task}'s content (at least {min_words(spec)} tokens: "
+                        f"instruction, needles/list, question); drop those lengths or the task")
+        if needs_text_haystack(spec) and not e.haystack:
+            errs.append(f"eval.haystack: task {task} needs a real-text haystack; set eval.haystack to a dataset dir "
+                        f"(its val split is the haystack, e.g. data_cache/demo@b3) or drop the task")
+    if (e.at_steps or e.final) and not e.lengths:
+        errs.append("eval.lengths: empty but eval.at_steps/eval.final ask for evaluation")
+    for L in e.gate.short_lengths:
+        if e.gate.parent and L not in e.lengths:
+            errs.append(f"eval.gate.short_lengths: {L} is not in eval.lengths {e.lengths}; the gate cannot check it")
+    lo = e.loss
+    if lo.short_min > lo.short_max:
+        errs.append(f"eval.loss: short_min={lo.short_min} > short_max={lo.short_max}")
+    if lo.data and lo.short_docs and lo.short_max > window:
+        errs.append(f"eval.loss.short_max={lo.short_max} > data.window {window}: a short document must fit the "
+                    f"window")
+    return errs
+
+
 def grad_accum_steps(cfg: Config, world_size: int) -> int:
     dp = world_size // cfg.parallel.sp
     per = cfg.train.micro_batch * cfg.data.window * dp
     return cfg.train.tokens_per_step // per
 
 
-def planned_sequences(cfg: Config) -> int:
-    """Sequences of data.window the whole run consumes over all ranks (max_steps * tokens_per_step / window)."""
-    return cfg.train.max_steps * cfg.train.tokens_per_step // cfg.data.window
+def mix_invariants(d: DataConfig) -> list[str]:
+    """data.mix without reading files: spelling, weights, names, doc_mask (megablu.data.mix.mix_problems
+    checks the datasets themselves)."""
+    errs: list[str] = []
+    if d.path is not None:
+        errs.append(f"data.path={d.path!r} together with data.mix: a mixture names each dataset in "
+                    f"data.mix[i].path; remove data.path (or data.mix, for one dataset)")
+    for f, default in (("bucket", "all"), ("split", "train"), ("mode", "pack")):
+        v = getattr(d, f)
+        if v != default:
+            errs.append(f"data.{f}={v!r} has no effect with data.mix (each source has its own {f}); remove it "
+                        f"and set data.mix[i].{f}")
+    if not d.mix:
+        errs.append("data.mix is empty: list at least one source {name, path, bucket, mode, weight}, or remove "
+                    "data.mix and use data.path")
+        return errs
+    ws = [s.weight for s in d.mix]
+    bad = [f"data.mix[{i}] ({s.name}).weight={s.weight}" for i, s in enumerate(d.mix)
+           if not (s.weight >= 0) or math.isinf(s.weight)]
+    if bad:
+        errs.append(f"{', '.join(bad)}: a weight is a share of loss tokens, a finite number >= 0; set it >= 0 "
+                    f"(0 leaves the source unused)")
+    elif not sum(ws) > 0:
+        errs.append(f"data.mix weights {ws} sum to {sum(ws):g}: nothing to sample; give at least one source a "
+                    f"positive weight")
+    seen: dict[str, int] = {}
+    for i, s in enumerate(d.mix):
+        if not s.name or any(c in s.name for c in "/\\ \t\n"):
+            errs.append(f"data.mix[{i}].name={s.name!r}: must be non-empty without slashes or spaces (it labels "
+                        f"the source in mixture.json and the loader state)")
+        if s.name in seen:
+            errs.append(f"data.mix[{i}].name={s.name!r} is also data.mix[{seen[s.name]}].name: names must be "
+                        f"unique (the loader state keeps each source's position by name); rename one")
+        seen.setdefault(s.name, i)
+    if d.doc_mask and not any(s.mode == "pack" and s.weight > 0 for s in d.mix):
+        modes = ", ".join(f"{s.name}={s.mode}" for s in d.mix)
+        errs.append(f"data.doc_mask=true but no source of data.mix with a positive weight is in mode pack "
+                    f"({modes}): a fit/truncate sequence holds one document, so there is nothing to mask; set "
+                    f"data.doc_mask=false or a source's mode to pack")
+    return errs
 
 
 def check_invariants(cfg: Config, world_size: Optional[int] = None,
@@ -337,28 +507,19 @@ def check_invariants(cfg: Config, world_size: Optional[int] = None,
     if s.min_lr > s.lr:
         errs.append(f"schedule.min_lr={s.min_lr} > schedule.lr={s.lr}")
 
-    # Eval lengths: prompt + max_new padded to `pad` must fit the window.
-    e = cfg.eval
-    for L in e.lengths:
-        padded = eval_padded_len(L, e.max_new, e.pad)
-        if padded > T:
-            fit = (T // e.pad) * e.pad - e.max_new
-            errs.append(f"eval.lengths: {L} + max_new {e.max_new} pads to {padded} at pad {e.pad} > data.window "
-                        f"{T}; the longest length that fits is {fit}")
-    for st in e.at_steps:
+    # Eval: every task at every length fits the window (PAD rule) and holds its content.
+    errs += eval_problems(cfg.eval, T)
+    for st in cfg.eval.at_steps:
         if not 0 < st <= steps:
             errs.append(f"eval.at_steps: {st} is outside 1..train.max_steps={steps}")
-    if (e.at_steps or e.final) and not e.lengths:
-        errs.append("eval.lengths: empty but eval.at_steps/eval.final ask for evaluation")
-    for L in e.gate.short_lengths:
-        if e.gate.parent and L not in e.lengths:
-            errs.append(f"eval.gate.short_lengths: {L} is not in eval.lengths {e.lengths}; the gate cannot check it")
 
     # Document masking: only packed sequences hold more than one document.
     d = cfg.data
-    if d.doc_mask and d.mode != "pack":
+    if d.doc_mask and d.mix is None and d.mode != "pack":
         errs.append(f"data.doc_mask=true with data.mode={d.mode}: a {d.mode} sequence holds one document, "
                     f"so there is nothing to mask; set data.mode=pack or data.doc_mask=false")
+    if d.mix is not None:
+        errs += mix_invariants(d)
     if not d.doc_mask and d.doc_positions != "restart":
         errs.append(f"data.doc_positions={d.doc_positions} has no effect without data.doc_mask=true; remove it")
 
@@ -422,6 +583,18 @@ def config_warnings(cfg: Config) -> list[str]:
     if cfg.rope.yarn is not None and cfg.init_from and not (cfg.eval.final and cfg.eval.gate.parent):
         w.append("a YaRN extension of init_from without eval.final and eval.gate.parent: nothing will tell whether "
                  "it got worse at short context; set eval.final=true and eval.gate.parent=<the parent's eval json>")
+    y = cfg.rope.yarn
+    if y is not None and y.apply == "beyond_original" and cfg.data.mode == "pack" and not cfg.data.doc_mask:
+        w.append(f"rope.yarn.apply=beyond_original with data.mode=pack and data.doc_mask=false: every training row "
+                 f"is a full window of {cfg.data.window} > original_max_position {y.original_max_position} tokens, "
+                 f"so training always uses YaRN (only evaluation of short prompts uses the original RoPE); set "
+                 f"data.doc_mask=true to train short documents with the original RoPE")
+    for i, src in enumerate(cfg.data.mix or []):
+        if src.weight == 0:
+            w.append(f"data.mix[{i}] ({src.name}) has weight 0: it is checked but never read")
+        elif cfg.data.doc_mask and src.mode != "pack":
+            w.append(f"data.doc_mask=true: source data.mix[{i}] ({src.name}) is mode {src.mode}, one document per "
+                     f"sequence, so its rows have nothing to mask (doc_ids 0); only the packed sources are masked")
     m, sp = cfg.model, cfg.parallel.sp
     if sp > m.n_heads:
         # parallel/ulysses.py pads the query heads with zero heads up to a multiple of sp

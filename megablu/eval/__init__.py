@@ -1,6 +1,10 @@
-"""Long-context evaluation: seeded passkey / needle / multi-key prompts at exact token lengths,
-greedy generation (one rank or Ulysses-sharded prefill), Wilson/Newcombe statistics, slope per
-doubling, effective length, the short-context gate, and reports (json, markdown, plot).
+"""Long-context evaluation: seeded prompts at exact token lengths -- passkey, needle, multikey and
+the RULER-grade suite (niah on filler / real text / key-value haystacks, multikey, multivalue,
+multiquery, variable tracking, common and frequent words) -- greedy generation (one rank or
+Ulysses-sharded prefill, preallocated KV cache, EOT stop), held-out loss per length and on short
+documents, Wilson/Newcombe statistics, slope per doubling, effective length, the RULER average,
+the short-context gate (retrieval and loss), and reports (json, markdown, plot, depth heatmaps).
+docs/EVAL.md is the reference.
 
 Entry points: `run_eval` (trainer auto-eval and `megablu eval`), `megablu compare`.
 """

@@ -44,7 +44,7 @@ def _eval(args) -> int:
         print(str(e), file=sys.stderr)
         return 2
     eval_cfg = cfg.eval
-    over = {k: v for k, v in (("lengths", args.lengths), ("n", args.n)) if v is not None}
+    over = {k: v for k, v in (("lengths", args.lengths), ("n", args.n), ("tasks", args.tasks)) if v is not None}
     if over:   # validated like the config's own values (--n 0 is an error, not a silent eval.n)
         from pydantic import ValidationError
 
@@ -55,7 +55,7 @@ def _eval(args) -> int:
         except ValidationError as e:
             print("megablu eval: " + "; ".join(f"--{m}" for m in _format_pydantic(e)), file=sys.stderr)
             return 2
-    if args.batch_tokens < 1:
+    if args.batch_tokens is not None and args.batch_tokens < 1:   # 0 would mean the default below
         print(f"megablu eval: --batch-tokens {args.batch_tokens} must be >= 1", file=sys.stderr)
         return 2
     try:
@@ -70,6 +70,14 @@ def _eval(args) -> int:
         return 2
 
     device, dtype = _device_and_dtype(cfg)
+    from ..config.schema import eval_problems
+    from .harness import preflight_problems
+
+    # every task at every length, the haystack, the loss data: before any weight is loaded
+    problems = preflight_problems(eval_cfg, tok, cfg.data.window) or eval_problems(eval_cfg, cfg.data.window)
+    if problems:
+        print("megablu eval: invalid eval setup:\n  " + "\n  ".join(problems), file=sys.stderr)
+        return 2
     try:
         info = _rope_against_checkpoint(args, cfg)
     except EvalError as e:
@@ -97,11 +105,12 @@ def _eval(args) -> int:
         if parent is not None:   # a parent the gate cannot use is found now, not after the generation
             from .gate import parent_problems
 
-            problems = parent_problems(parent, eval_cfg.gate, eval_cfg.tasks)
+            problems = parent_problems(parent, eval_cfg.gate, eval_cfg.tasks, loss=bool(eval_cfg.loss.data))
             if problems:
                 raise EvalError("; ".join(problems))
         res = run_eval(model, tok, eval_cfg, cfg.data.window, step=step, out_dir=out, rank=0, arm=arm,
-                       parent=parent, batch_tokens=args.batch_tokens, plot=not args.no_plot, info=info)
+                       parent=parent, batch_tokens=args.batch_tokens or (262144 if device.type == "cuda" else 16384),
+                       prefill_chunk=args.prefill_chunk, plot=not args.no_plot, info=info)
     except EvalError as e:
         print(f"megablu eval: {e}", file=sys.stderr)
         return 2
@@ -188,7 +197,7 @@ def _compare(args) -> int:
     from ..config.schema import GateConfig
     from .gate import check_gate
     from .prompts import EvalError
-    from .report import load_result, markdown, merge_results, plot
+    from .report import heatmaps, load_result, markdown, merge_results, plot
 
     try:
         results = merge_results([load_result(s) for s in args.runs])
@@ -217,6 +226,13 @@ def _compare(args) -> int:
             print(f"megablu compare: {e}", file=sys.stderr)
             return 2
         log.info("plot written to %s", args.plot)
+    if args.heatmap:
+        try:
+            paths = heatmaps(results, Path(args.heatmap))
+        except EvalError as e:
+            print(f"megablu compare: {e}", file=sys.stderr)
+            return 2
+        log.info("depth x length heatmaps: %s", ", ".join(map(str, paths)) or "none (no task with needle depths)")
     rc = 0
     if args.gate_parent:
         try:
@@ -224,7 +240,8 @@ def _compare(args) -> int:
         except EvalError as e:
             print(f"megablu compare: {e}", file=sys.stderr)
             return 2
-        gcfg = GateConfig(parent=args.gate_parent, short_lengths=args.short_lengths, margin_pp=args.margin_pp)
+        gcfg = GateConfig(parent=args.gate_parent, short_lengths=args.short_lengths, margin_pp=args.margin_pp,
+                          loss_margin_rel=args.loss_margin_rel)
         for r in results:
             g = check_gate(r, parent, gcfg)
             print(f"{r['arm']}@{r['step']}: {g.message}", file=sys.stderr)
@@ -233,7 +250,8 @@ def _compare(args) -> int:
 
 
 def register(sub) -> None:
-    e = sub.add_parser("eval", help="evaluate a checkpoint: passkey/needle accuracy per length, gate, report")
+    e = sub.add_parser("eval", help="evaluate a checkpoint: the eval tasks (passkey ... the RULER suite) per length, "
+                       "held-out loss, gate, report")
     e.add_argument("--config", required=True, help="the run's YAML (model, rope, tokenizer, eval, data.window)")
     e.add_argument("--ckpt", help="megablu checkpoint (weights are loaded with train.checkpoint.load_weights)")
     e.add_argument("--hf", help="a transformers Llama/Qwen2 directory instead of --ckpt (imported with from_hf)")
@@ -247,7 +265,11 @@ def register(sub) -> None:
     e.add_argument("--rope-override", action="store_true",
                    help="evaluate with the config's rope although the checkpoint was trained with another "
                         "(e.g. a parent + YaRN without training); the result records both")
-    e.add_argument("--batch-tokens", type=int, default=16384, help="prompts per batch = max(1, this // length)")
+    e.add_argument("--tasks", nargs="+", help="override eval.tasks (built-in names or eval.task_defs names)")
+    e.add_argument("--batch-tokens", type=int, help="prompts per batch = max(1, this // length); default 262144 "
+                   "on a GPU, 16384 on a CPU")
+    e.add_argument("--prefill-chunk", type=int, help="prefill in chunks of this many tokens through the KV cache; "
+                   "0 = the whole prompt at once; default: whole on a GPU, 2048 on a CPU")
     e.add_argument("--no-plot", action="store_true", help="skip step_<N>.png (json and md are always written)")
     e.set_defaults(func=_eval)
 
@@ -260,4 +282,8 @@ def register(sub) -> None:
     c.add_argument("--gate-parent", help="gate every arm against this parent result; exit 1 if any fails")
     c.add_argument("--short-lengths", type=int, nargs="+", default=[1024, 4096])
     c.add_argument("--margin-pp", type=float, default=5.0)
+    c.add_argument("--loss-margin-rel", type=float, default=0.02,
+                   help="short-document loss may rise this fraction above the parent's (when both measured it)")
+    c.add_argument("--heatmap", metavar="PREFIX", help="write PREFIX_<task>.png: needle depth x length, one panel "
+                   "per arm, for every task with needles")
     c.set_defaults(func=_compare)

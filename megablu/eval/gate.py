@@ -4,12 +4,17 @@ The seed's 2026-09-02 cache bug lifted 16k from 0 to 14-17% while 4k fell from 7
 and perplexity looked fine. So a drop at any short length (default 1024 and 4096) of more
 than margin_pp below the parent fails, whatever the long lengths did. A short length the
 gate cannot check (missing in either result) fails too: an unchecked gate is not a pass.
+
+Retrieval is not all of short context: when the arm measured the held-out short-document loss
+(eval.loss), it may rise at most loss_margin_rel (relative) above the parent's, so an arm that
+keeps its passkey but loses language modelling fails too. A parent without that loss cannot
+check it (fails as unchecked).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .report import cells_by
+from .report import cells_by, short_loss_change
 from .stats import newcombe
 
 
@@ -23,7 +28,7 @@ class GateResult:
         return {"passed": self.passed, "message": self.message, "checks": self.checks}
 
 
-def parent_problems(parent: dict, gate_cfg, tasks) -> list[str]:
+def parent_problems(parent: dict, gate_cfg, tasks, loss: bool = False) -> list[str]:
     """Why `parent` cannot gate an eval of `tasks` ([] if it can): check_gate fails as unchecked
     a parent that shares no task with the arm, or lacks a short length of a shared task. A
     caller about to spend hours on generation (or on training) asks this first."""
@@ -32,9 +37,13 @@ def parent_problems(parent: dict, gate_cfg, tasks) -> list[str]:
     shared = [t for t in dict.fromkeys(tasks) if any(t == h for h, _ in have)]
     missing = [f"{t}@{L}" for t in shared for L in gate_cfg.short_lengths if (t, L) not in have] if shared \
         else [f"any of the tasks {list(dict.fromkeys(tasks))}"]
+    out = []
+    if loss and not (parent.get("loss") or {}).get("short"):
+        out.append(f"gate parent {name} has no short-document loss (result['loss']['short']), so the loss gate could "
+                   f"not be checked; evaluate the parent with the same eval.loss.data first")
     if not missing:
-        return []
-    return [f"gate parent {name} has no result for {', '.join(missing)} (it has "
+        return out
+    return out + [f"gate parent {name} has no result for {', '.join(missing)} (it has "
             f"{', '.join(f'{t}@{L}' for t, L in sorted(have)) or 'nothing'}), so the gate could not be checked; "
             f"evaluate the parent at eval.gate.short_lengths {list(gate_cfg.short_lengths)} first"]
 
@@ -70,6 +79,20 @@ def check_gate(result: dict, parent: dict, gate_cfg) -> GateResult:
         for L in sorted(set(mine) & set(theirs)):
             if L not in gate_cfg.short_lengths:
                 gains.append(f"{task}@{L} {mine[L]['acc_pp'] - theirs[L]['acc_pp']:+.1f} pp")
+    if result.get("loss") and (result["loss"] or {}).get("short"):
+        d = short_loss_change(result, parent)
+        rel_margin = float(getattr(gate_cfg, "loss_margin_rel", 0.02))
+        if d is None:
+            missing.append("the short-document loss (parent has none)")
+        else:
+            ok = d["rel"] <= rel_margin
+            ci = (f" (paired 95% [{100 * d['ci_rel'][0]:+.1f}%, {100 * d['ci_rel'][1]:+.1f}%])" if d["ci_rel"]
+                  else " (not paired: other documents)")
+            checks.append({"task": "loss:short_docs", "loss": d["arm"], "parent_loss": d["parent"], "rel": d["rel"],
+                           "ci_rel": d["ci_rel"], "passed": ok})
+            if not ok:
+                failures.append(f"short-document loss {d['arm']:.4f} vs parent {d['parent']:.4f} = "
+                                f"{100 * d['rel']:+.1f}% > margin {100 * rel_margin:g}%{ci}")
     pname = f"{parent.get('arm')}@{parent.get('step')}"
     if failures or missing:
         problems = failures + [f"cannot check {m}" for m in missing]

@@ -17,6 +17,11 @@ megablu.parallel:
   4. cache.truncate(L) drops the pad keys, cache.seq_sharded=False, and every rank feeds
      the same token with position_ids [[L+i]]; each step's argmax is broadcast from group
      rank 0 so the ranks cannot drift apart.
+
+RoPE choice (rope.yarn.apply=beyond_original): made once per sequence from the length it will
+reach, L + max_new, through KVCache.rope_len (and rope_len= on the recompute path), so a
+prompt that ends short of original_max_position but grows past it while generating keeps
+YaRN from its first token on, and the cache never holds keys of two ropes.
 """
 from __future__ import annotations
 
@@ -26,6 +31,49 @@ import torch
 import torch.distributed as dist
 
 from ..model.decoder import KVCache
+
+
+class StaticKVCache(KVCache):
+    """KVCache whose per-layer buffers (B, capacity, Hkv_local, D) are allocated at the first
+    append, so a decoded token is one slice write instead of KVCache.append's torch.cat (which
+    copies the whole cache per token and layer: O(L) per step, 2x the memory at the copy).
+    `k[layer]` / `v[layer]` stay views of the filled part, which is all the model reads."""
+
+    def __init__(self, n_layers: int, capacity: int, seq_sharded: bool = False):
+        super().__init__(n_layers, seq_sharded=seq_sharded)
+        self.capacity = capacity
+        self._kb = [None] * n_layers
+        self._vb = [None] * n_layers
+        self._n = [0] * n_layers
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        if self._kb[layer] is None:
+            B, _, H, D = k.shape
+            self._kb[layer] = k.new_empty(B, self.capacity, H, D)
+            self._vb[layer] = v.new_empty(B, self.capacity, v.shape[2], v.shape[3])
+        s, t = self._n[layer], k.shape[1]
+        if s + t > self.capacity:
+            raise RuntimeError(f"StaticKVCache: {s} + {t} tokens > capacity {self.capacity}")
+        self._kb[layer][:, s:s + t] = k
+        self._vb[layer][:, s:s + t] = v
+        self._n[layer] = s + t
+        self.k[layer], self.v[layer] = self._kb[layer][:, :s + t], self._vb[layer][:, :s + t]
+        return self.k[layer], self.v[layer]
+
+    def truncate(self, length: int) -> None:
+        self._n = [min(n, length) for n in self._n]
+        for i, n in enumerate(self._n):
+            if self._kb[i] is not None:
+                self.k[i], self.v[i] = self._kb[i][:, :n], self._vb[i][:, :n]
+
+
+def new_cache(model, capacity: int, rope_len: int, seq_sharded: bool = False) -> KVCache:
+    """THE place generation makes its KV cache. `rope_len` is the length the sequence will reach
+    (prompt + max_new): a model whose rope depends on the whole sequence's length (YaRN applied
+    only beyond the original positions) reads cache.rope_len to pick it once, at prefill."""
+    cache = StaticKVCache(_n_layers(model), capacity, seq_sharded=seq_sharded)
+    cache.rope_len = rope_len
+    return cache
 
 
 def _n_layers(model) -> int:
@@ -38,40 +86,60 @@ def _device(model) -> torch.device:
 
 @torch.no_grad()
 def greedy_generate(model, input_ids: torch.Tensor, max_new: int, *, sp_group=None, prefill_chunk: int = 2048,
-                    use_cache: bool = True) -> torch.Tensor:
-    """input_ids (B, L) -> generated ids (B, max_new), greedy, no early stop (scoring cuts at EOT)."""
+                    use_cache: bool = True, eot_id: Optional[int] = None) -> torch.Tensor:
+    """input_ids (B, L) -> generated ids (B, max_new), greedy.
+
+    With eot_id, decoding stops once every row has produced it (the rest is filled with eot_id;
+    scoring cuts at the first EOT, so the result is the same as decoding on). prefill_chunk <= 0
+    prefills the whole prompt in one call (fastest on a GPU with a flash kernel; only the last
+    position's logits are ever computed)."""
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be (B, L), got {tuple(input_ids.shape)}")
     input_ids = input_ids.to(_device(model))
     if sp_group is not None and dist.get_world_size(sp_group) > 1:
-        return _generate_sp(model, input_ids, max_new, sp_group)
+        return _generate_sp(model, input_ids, max_new, sp_group, eot_id)
     if not use_cache:
         return _generate_recompute(model, input_ids, max_new)
     B, L = input_ids.shape
-    cache = KVCache(_n_layers(model))
+    cache = new_cache(model, L + max_new, rope_len=L + max_new)
     chunk = prefill_chunk if prefill_chunk > 0 else L
     for s in range(0, L, chunk):
         logits = model(input_ids[:, s:s + chunk], cache=cache, logits_index=-1)
     tok = logits[:, -1].argmax(-1)                           # (B,)
+    return _decode(model, tok, cache, max_new, eot_id, lambda i: None, lambda t: t)
+
+
+def _decode(model, tok, cache, max_new: int, eot_id: Optional[int], positions, agree) -> torch.Tensor:
+    """Feed tokens back max_new - 1 times; stop early when every row has emitted eot_id.
+    positions(i) -> position_ids or None (the cache's length); agree(tok) -> tok every rank uses."""
     out = [tok]
-    for _ in range(max_new - 1):
-        logits = model(tok[:, None], cache=cache)            # positions continue from cache.length
-        tok = logits[:, -1].argmax(-1)
+    done = tok == eot_id if eot_id is not None else None
+    for i in range(max_new - 1):
+        if done is not None and bool(done.all()):
+            break
+        logits = model(tok[:, None], position_ids=positions(i), cache=cache)
+        tok = agree(logits[:, -1].argmax(-1).contiguous())
         out.append(tok)
-    return torch.stack(out, 1)
+        if done is not None:
+            done |= tok == eot_id
+    gen = torch.stack(out, 1)
+    if gen.shape[1] < max_new:
+        gen = torch.cat([gen, gen.new_full((gen.shape[0], max_new - gen.shape[1]), eot_id)], 1)
+    return gen
 
 
 @torch.no_grad()
 def _generate_recompute(model, input_ids: torch.Tensor, max_new: int) -> torch.Tensor:
     seq = input_ids
+    total = input_ids.shape[1] + max_new    # the length the sequence will reach picks its RoPE
     for _ in range(max_new):
-        tok = model(seq)[:, -1].argmax(-1)
+        tok = model(seq, rope_len=total)[:, -1].argmax(-1)
         seq = torch.cat([seq, tok[:, None]], 1)
     return seq[:, input_ids.shape[1]:]
 
 
 @torch.no_grad()
-def _generate_sp(model, input_ids: torch.Tensor, max_new: int, group) -> torch.Tensor:
+def _generate_sp(model, input_ids: torch.Tensor, max_new: int, group, eot_id: Optional[int] = None) -> torch.Tensor:
     sp, r = dist.get_world_size(group), dist.get_rank(group)
     B, L = input_ids.shape
     Lp = -(-L // sp) * sp
@@ -81,7 +149,7 @@ def _generate_sp(model, input_ids: torch.Tensor, max_new: int, group) -> torch.T
         # (B, L) -> (B, Lp): pad at the end; any id works, causality hides it from real tokens
         input_ids = torch.cat([input_ids, input_ids[:, -1:].expand(B, Lp - L)], 1)
     pos = torch.arange(r * per, (r + 1) * per, device=dev).expand(B, per)
-    cache = KVCache(_n_layers(model), seq_sharded=True)
+    cache = new_cache(model, Lp + max_new, rope_len=L + max_new, seq_sharded=True)
     owner = (L - 1) // per
     # only the owner of position L-1 needs its logits; the others compute one cheap row
     at = (L - 1) - owner * per if r == owner else -1
@@ -92,14 +160,13 @@ def _generate_sp(model, input_ids: torch.Tensor, max_new: int, group) -> torch.T
     cache.truncate(L)
     cache.seq_sharded = False
     src0 = dist.get_global_rank(group, 0)
-    out = [tok]
-    for i in range(max_new - 1):
-        pos = torch.full((B, 1), L + i, device=dev, dtype=torch.long)
-        logits = model(tok[:, None], position_ids=pos, cache=cache)
-        tok = logits[:, -1].argmax(-1).contiguous()
-        dist.broadcast(tok, src=src0, group=group)
-        out.append(tok)
-    return torch.stack(out, 1)
+
+    def agree(t):   # group rank 0's argmax on every rank: the ranks cannot drift apart (or stop apart)
+        dist.broadcast(t, src=src0, group=group)
+        return t
+
+    return _decode(model, tok, cache, max_new, eot_id,
+                   lambda i: torch.full((B, 1), L + i, device=dev, dtype=torch.long), agree)
 
 
 def cut_at_eot(ids: list[int], eot_id: Optional[int]) -> list[int]:

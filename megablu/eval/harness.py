@@ -17,57 +17,98 @@ import torch
 
 from ..config.schema import EvalConfig, eval_padded_len
 from .generate import cut_at_eot, greedy_generate
-from .needle import Haystack, NeedleBuilder
-from .passkey import PasskeyBuilder
-from .prompts import EvalError, HaystackSource, Prompt, TokenizerLike, check_ids, is_correct, extract_answer
+from .needle import Haystack
+from .prompts import EvalError, HaystackSource, Prompt, TokenizerLike, check_ids, extract_answer, score
+from .tasks import make_builder, needs_text_haystack
 from . import report
 
 log = logging.getLogger(__name__)
 
 
 def check_lengths(eval_cfg: EvalConfig, window: int) -> None:
-    """The seed's PAD rule: prompt + max_new rounded up to pad must fit the window."""
+    """The seed's PAD rule, per task (each has its own max_new): prompt + max_new rounded up to
+    pad must fit the window."""
     if not eval_cfg.lengths:
         raise EvalError("eval.lengths is empty: nothing to evaluate")
     bad = []
-    for L in eval_cfg.lengths:
-        padded = eval_padded_len(L, eval_cfg.max_new, eval_cfg.pad)
-        if padded > window:
-            bad.append(f"{L} + max_new {eval_cfg.max_new} pads to {padded} at pad {eval_cfg.pad} > window {window}")
+    for task in dict.fromkeys(eval_cfg.tasks):
+        mn = eval_cfg.task_max_new(task)
+        for L in eval_cfg.lengths:
+            padded = eval_padded_len(L, mn, eval_cfg.pad)
+            if padded > window:
+                fit = (window // eval_cfg.pad) * eval_cfg.pad - mn
+                bad.append(f"{task}@{L} + max_new {mn} pads to {padded} at pad {eval_cfg.pad} > window {window} "
+                           f"(the longest {task} length that fits is {fit})")
     if bad:
-        fit = (window // eval_cfg.pad) * eval_cfg.pad - eval_cfg.max_new
+        fit = (window // eval_cfg.pad) * eval_cfg.pad - max(eval_cfg.task_max_new(t) for t in eval_cfg.tasks)
         raise EvalError("eval lengths do not fit the window: " + "; ".join(bad) + f"; the longest that fits is {fit}")
 
 
-def min_lengths(eval_cfg: EvalConfig, tokenizer: TokenizerLike) -> dict[str, int]:
-    """{task: the shortest eval length its prompts fit in with this tokenizer} (the prompt without
-    filler or haystack); a shorter length raises EvalError in `build_prompts`. No haystack needed."""
-    out = {}
-    for task in dict.fromkeys(eval_cfg.tasks):
-        b = (PasskeyBuilder(tokenizer, eval_cfg.seed, eval_cfg.n) if task == "passkey" else
-             NeedleBuilder(task, tokenizer, eval_cfg.seed, eval_cfg.n, haystack=None))
-        out[task] = b.min_length()
+def _builders(eval_cfg: EvalConfig, tokenizer: TokenizerLike, haystack: Optional[HaystackSource]) -> dict:
+    hay = None
+    if any(needs_text_haystack(eval_cfg.spec(t)) for t in eval_cfg.tasks):
+        if haystack is None:
+            t = next(t for t in eval_cfg.tasks if needs_text_haystack(eval_cfg.spec(t)))
+            raise EvalError(f"task {t!r} needs a real-text haystack: set eval.haystack (a dataset dir whose val "
+                            f"split is the haystack) or pass haystack=")
+        # tokenized once, shared by every real-text task; 2x the longest length leaves room for offsets
+        hay = Haystack(haystack, tokenizer, 2 * max(eval_cfg.lengths))
+    return {t: make_builder(t, eval_cfg.spec(t), tokenizer, eval_cfg.seed, eval_cfg.n, hay)
+            for t in dict.fromkeys(eval_cfg.tasks)}
+
+
+def preflight_problems(eval_cfg: EvalConfig, tokenizer: TokenizerLike, window: int,
+                       haystack: Optional[HaystackSource] = None) -> list[str]:
+    """What would make run_eval fail, found before any training or generation: the PAD rule per
+    task, a missing or short haystack, a length shorter than a task's content in this tokenizer
+    (exact: the longest fixed content of the task's n prompts), the loss data. [] = ok."""
+    out = []
+    try:
+        check_lengths(eval_cfg, window)
+    except EvalError as e:
+        out.append(str(e))
+    if haystack is None and eval_cfg.haystack and any(needs_text_haystack(eval_cfg.spec(t)) for t in eval_cfg.tasks):
+        try:
+            haystack = load_haystack(eval_cfg.haystack, tokenizer)
+        except EvalError as e:
+            return out + [str(e)]
+    if not eval_cfg.lengths:
+        return out
+    try:
+        builders = _builders(eval_cfg, tokenizer, haystack)
+    except EvalError as e:
+        return out + [str(e)]
+    for task, b in builders.items():
+        need = b.min_length()
+        short = [L for L in eval_cfg.lengths if L < need]
+        if short:
+            out.append(f"eval.lengths {short} cannot hold task {task} (its prompts need at least {need} tokens in "
+                       f"tokenizer {tokenizer.identity}); drop those lengths or the task")
+        else:   # the longest length: a haystack or word list too small for it shows here
+            try:
+                b.build(max(eval_cfg.lengths), 0)
+            except EvalError as e:
+                out.append(str(e))
+    if eval_cfg.loss.data:
+        from .loss import loss_problems
+
+        out += loss_problems(eval_cfg, tokenizer)
     return out
 
 
 def build_prompts(eval_cfg: EvalConfig, tokenizer: TokenizerLike, *, haystack: Optional[HaystackSource] = None,
                   vocab_size: Optional[int] = None) -> dict[tuple[str, int], list[Prompt]]:
-    """{(task, length): [Prompt] * n}, identical for every arm that shares tokenizer and config."""
+    """{(task, length): [Prompt] * n}, identical for every arm that shares tokenizer and config.
+
+    Every task of eval.tasks, built-in or from eval.task_defs; tasks with a real-text haystack
+    need `haystack` (text, documents or a callable; run_eval loads eval.haystack)."""
     if tokenizer is None:
         raise EvalError("no tokenizer: the eval cannot build prompts (the seed's eval 'succeeded' with no prompts "
                         "when its tokenizer was missing); configure `tokenizer:` and check it loads")
     lengths = sorted(set(eval_cfg.lengths))
-    builders, hay = {}, None
-    for task in dict.fromkeys(eval_cfg.tasks):
-        if task == "passkey":
-            builders[task] = PasskeyBuilder(tokenizer, eval_cfg.seed, eval_cfg.n)
-        else:
-            if haystack is None:
-                raise EvalError(f"task {task!r} needs a real-text haystack: set eval.haystack (a dataset dir whose "
-                                f"val split is the haystack) or pass haystack=")
-            if hay is None:  # tokenized once, shared by needle and multikey; 2x the longest length
-                hay = Haystack(haystack, tokenizer, 2 * max(lengths))  # leaves room for distinct offsets
-            builders[task] = NeedleBuilder(task, tokenizer, eval_cfg.seed, eval_cfg.n, hay)
+    if not lengths:
+        raise EvalError("eval.lengths is empty: nothing to evaluate")
+    builders = _builders(eval_cfg, tokenizer, haystack)
     out = {}
     for task, b in builders.items():
         for L in lengths:
@@ -95,13 +136,16 @@ def _model_info(model) -> dict:
 
 def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int, *, sp_group=None, step: int,
              out_dir: Path, rank: int, dp_group=None, haystack: Optional[HaystackSource] = None, arm: Optional[str] = None,
-             parent: Optional[dict] = None, batch_tokens: int = 16384, prefill_chunk: int = 2048,
+             parent: Optional[dict] = None, batch_tokens: int = 16384, prefill_chunk: Optional[int] = None,
              plot: bool = True, info: Optional[dict] = None) -> dict:
     """Evaluate `model` (collective over sp_group when given); rank 0 writes out_dir/step_<step>.json.
 
     Also writes step_<step>.md and, when `plot`, step_<step>.png. Prompts of one length are
     batched max(1, batch_tokens // length) at a time; prefill runs in prefill_chunk-token
-    chunks on one rank. Returns the result dict on every rank. When eval.gate.parent is set (or `parent`, a loaded
+    chunks on one rank (None: the whole prompt at once on a GPU, 2048-token chunks on a CPU), and
+    decoding stops when every prompt of the batch has emitted EOT. With eval.loss.data the
+    held-out loss per length and on short documents is measured too (result["loss"]).
+    Returns the result dict on every rank. When eval.gate.parent is set (or `parent`, a loaded
     result, is passed), result["gate"] holds the short-context gate; callers fail the run when
     result["gate"]["passed"] is False (`megablu eval` exits 1). With dp_group (the ranks that
     share this rank's sp position across data-parallel groups), each dp group generates every
@@ -112,13 +156,20 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
     vocab = getattr(getattr(model, "cfg", None), "vocab_size", None)
     if tokenizer is not None and vocab is not None and tokenizer.vocab_size > vocab:
         raise EvalError(f"tokenizer {tokenizer.identity} has {tokenizer.vocab_size} ids > model vocab {vocab}")
-    if haystack is None and eval_cfg.haystack and any(t != "passkey" for t in eval_cfg.tasks):
+    if haystack is None and eval_cfg.haystack and any(needs_text_haystack(eval_cfg.spec(t)) for t in eval_cfg.tasks):
         haystack = load_haystack(eval_cfg.haystack, tokenizer)
     gate_parent = parent
     if gate_parent is None and eval_cfg.gate.parent:
         gate_parent = report.load_result(eval_cfg.gate.parent)   # fail before hours of generation, not after
     prompts = build_prompts(eval_cfg, tokenizer, haystack=haystack, vocab_size=vocab)
+    loss_data = None
+    if eval_cfg.loss.data:
+        from .loss import loss_inputs, run_loss
+
+        loss_data = loss_inputs(eval_cfg, tokenizer)
     sp = torch.distributed.get_world_size(sp_group) if sp_group is not None else 1
+    if prefill_chunk is None:   # a GPU's flash kernel prefills a whole prompt fastest; a CPU in chunks
+        prefill_chunk = 0 if next(model.parameters()).device.type == "cuda" else 2048
 
     was_training = model.training
     model.eval()
@@ -129,37 +180,42 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
         for (task, L), ps in prompts.items():
             t0 = time.perf_counter()
             bs = max(1, batch_tokens // L)
+            max_new = eval_cfg.task_max_new(task)
             mine, done = ps[dp_rank::dp], []
             for s in range(0, len(mine), bs):
                 batch = mine[s:s + bs]
                 ids = torch.tensor([p.ids for p in batch], dtype=torch.long)
-                gen = greedy_generate(model, ids, eval_cfg.max_new, sp_group=sp_group,
-                                      prefill_chunk=prefill_chunk).tolist()
+                gen = greedy_generate(model, ids, max_new, sp_group=sp_group, prefill_chunk=prefill_chunk,
+                                      eot_id=tokenizer.eot_id).tolist()
                 for p, g in zip(batch, gen):
-                    text = tokenizer.decode(cut_at_eot(g, tokenizer.eot_id))
-                    ok = is_correct(text, p.answer)
-                    done.append({"task": task, "length": L, "index": p.index, "answer": p.answer,
-                                 "got": extract_answer(text), "output": text, "correct": bool(ok),
-                                 "depth": round(p.depth, 4)})
+                    done.append(_sample(task, L, p, tokenizer.decode(cut_at_eot(g, tokenizer.eot_id))))
             if dp > 1:   # every dp group's share, back in prompt order
                 parts = [None] * dp
                 torch.distributed.all_gather_object(parts, done, group=dp_group)
                 order = {p.index: i for i, p in enumerate(ps)}
                 done = sorted((x for part in parts for x in part), key=lambda x: order[x["index"]])
             samples += done
-            n_ok = sum(x["correct"] for x in done)
             dt = time.perf_counter() - t0
-            cells.append(report.cell(task, L, done, eval_cfg, ps, dt))
+            c = report.cell(task, L, done, eval_cfg, ps, dt)
+            cells.append(c)
             if rank == 0:
-                log.info("eval step %d %s@%d: %d/%d correct (%.1f%%) in %.1fs", step, task, L, n_ok, len(ps),
-                         100 * n_ok / len(ps), dt)
+                log.info("eval step %d %s@%d: %.1f%% (%d/%d fully correct) in %.1fs, %.2f prompts/s", step, task, L,
+                         c["acc_pp"], c["all_correct"], len(ps), dt, len(ps) / max(dt, 1e-9))
+        loss = None
+        if loss_data is not None:
+            t0 = time.perf_counter()
+            loss = run_loss(model, loss_data, eval_cfg, sp_group=sp_group, dp_group=dp_group)
+            if rank == 0:
+                log.info("eval step %d held-out loss: %s%s in %.1fs", step,
+                         ", ".join(f"{c['length']}: {c['loss']:.3f}" for c in loss["by_length"]),
+                         f"; short docs {loss['short']['loss']:.3f}" if loss["short"] else "", time.perf_counter() - t0)
     finally:
         if was_training:
             model.train()
 
     res = report.make_result(cells, samples, arm=arm or out_dir.parent.name, step=step, window=window,
                              eval_cfg=eval_cfg, tokenizer_identity=tokenizer.identity, sp=sp,
-                             extra={**_model_info(model), **(info or {})})
+                             extra={**_model_info(model), **(info or {}), **({"loss": loss} if loss else {})})
     if gate_parent is not None:
         from .gate import check_gate
 
@@ -171,6 +227,16 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
         report.write_artifacts(res, out_dir, step, plot=plot)
         log.info("eval results written to %s", path)
     return res
+
+
+def _sample(task: str, L: int, p: Prompt, text: str) -> dict:
+    sc, found = score(text, p)
+    x = {"task": task, "length": L, "index": p.index, "answer": p.answer,
+         "got": extract_answer(text) if p.scoring == "exact" else text.strip()[:200], "output": text,
+         "correct": sc == 1.0, "score": sc, "depth": None if p.depth is None else round(p.depth, 4)}
+    if p.answers:   # several answers: which were found, where each one was
+        x.update(answers=list(p.expected), found=found, depths=list(p.answer_depths))
+    return x
 
 
 def load_haystack(path: str, tokenizer: TokenizerLike) -> HaystackSource:

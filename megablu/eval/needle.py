@@ -13,9 +13,10 @@ after the sentence-ending token nearest to each target depth.
 from __future__ import annotations
 
 import logging
-from typing import Iterable
+from typing import Iterable, Optional
 
-from .prompts import EvalError, HaystackSource, Prompt, TokenizerLike, rng_for, stratified_depth
+from .prompts import (EvalError, HaystackSource, Prompt, TokenizerLike, draw_items, insert_at, pad_ids, repeat_to,
+                      rng_for, stratified_depth)
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +97,12 @@ class NeedleBuilder:
         return keys, [str(v) for v in values], depths
 
     def min_length(self) -> int:
-        """The longest of the n prompts without haystack (instruction + needles + question): the
-        shortest length every prompt can be built at. Needs no haystack."""
+        """The longest fixed content (instruction, needles, question) over this task's n prompts: the
+        shortest length every prompt can be built at (harness.preflight_problems asks every builder)."""
         def bare(i: int) -> int:
             keys, values, _ = self._draw(i)
-            return (len(self.head) + sum(len(self.tok.encode(NEEDLE.format(key=k, value=v))) for k, v in zip(keys, values))
+            return (len(self.head) + sum(len(self.tok.encode(NEEDLE.format(key=k, value=v)))
+                                         for k, v in zip(keys, values))
                     + len(self.tok.encode(QUESTION.format(key=keys[0]))))
         return max(bare(i) for i in range(self.n))
 
@@ -126,3 +128,125 @@ class NeedleBuilder:
         assert len(ids) == length, (len(ids), length)
         return Prompt(self.task, length, index, tuple(ids), values[0], cuts[0] / max(n_ctx, 1),
                       {"key": keys[0], "offset": off, "distractors": list(zip(keys[1:], values[1:]))})
+
+
+# ---------------------------------------------------------------- RULER's NIAH family
+_TYPE_V = {"numbers": "numbers", "words": "words", "uuids": "uuids"}
+_KEY_KIND = {"words": "pairs", "numbers": "numbers", "uuids": "uuids"}
+R_INSTRUCTION = ("Some special magic {tv} are hidden within the following text. Make sure to memorize it. "
+                 "I will quiz you about the {tv} afterwards.\n")
+R_NEEDLE = " One of the special magic {tv} for {key} is: {value}. "
+R_KV_LINE = "One of the special magic {tv} for {key} is: {value}.\n"
+R_QUESTION = ("\nWhat are all the special magic {tv} for {query} mentioned in the provided text? "
+              "The special magic {tv} for {query} mentioned in the provided text are")
+
+
+def _join_query(keys: list[str]) -> str:
+    return keys[0] if len(keys) == 1 else ", ".join(keys[:-1]) + ", and " + keys[-1]
+
+
+class NiahBuilder:
+    """RULER's niah.py structure (niah_single_*, niah_multikey_*, niah_multivalue,
+    niah_multiquery) on three haystacks, written here:
+
+        Some special magic {numbers|words|uuids} are hidden within the following text. ...
+        <haystack> One of the special magic numbers for {key} is: {value}. <haystack> ...
+        What are all the special magic numbers for {query} mentioned in the provided text?
+        The special magic numbers for {query} mentioned in the provided text are
+
+    Haystacks: `filler` (the passkey's repeated sentences, needles at sentence-group
+    boundaries), `text` (a window of real val text at a seeded offset, needles after the
+    sentence end nearest each depth), `kv` (lines of other key-value needles of the same types,
+    needles between lines). The first asked key's first value sits at the prompt's stratified
+    depth; every other needle at a uniform random depth. Answers: every value of every asked
+    key (scored RULER's string_match_all)."""
+
+    def __init__(self, task: str, spec, tokenizer: TokenizerLike, seed: int, n: int,
+                 haystack: Optional[Haystack] = None):
+        if spec.haystack == "text" and haystack is None:
+            raise EvalError(f"task {task!r} needs a real-text haystack: set eval.haystack (a dataset dir whose val "
+                            f"split is the haystack) or pass haystack=")
+        self.task, self.spec, self.tok, self.seed, self.n, self.hay = task, spec, tokenizer, seed, n, haystack
+        self.tv = _TYPE_V[spec.value]
+        self.head = tokenizer.encode(R_INSTRUCTION.format(tv=self.tv))
+        if spec.haystack == "filler":
+            from .passkey import FILLER
+
+            self.unit = tokenizer.encode(FILLER)
+
+    def _draw(self, index: int):
+        s = self.spec
+        rng = rng_for(self.seed, self.task, "needles", index)
+        keys = draw_items(rng, _KEY_KIND[s.key], s.keys)
+        flat = draw_items(rng, s.value, s.values * s.keys, exclude=keys)
+        values = [flat[j * s.values:(j + 1) * s.values] for j in range(s.keys)]
+        # depth of each (key j, value m): the first asked needle stratified, the others uniform
+        depths = [[rng.random() for _ in range(s.values)] for _ in keys]
+        depths[0][0] = stratified_depth(self.seed, self.task, index, self.n)
+        return rng, keys, values, depths
+
+    def _fixed(self, index: int):
+        """(rng, keys, values, depths, needle ids per (key, value), question ids) of prompt `index`."""
+        rng, keys, values, depths = self._draw(index)
+        # in a kv haystack a needle is one more line, indistinguishable from the others
+        tmpl = R_KV_LINE if self.spec.haystack == "kv" else R_NEEDLE
+        needles = [[self.tok.encode(tmpl.format(tv=self.tv, key=k, value=v)) for v in vs]
+                   for k, vs in zip(keys, values)]
+        question = self.tok.encode(R_QUESTION.format(tv=self.tv, query=_join_query(keys[:self.spec.queries])))
+        return rng, keys, values, depths, needles, question
+
+    def min_length(self) -> int:
+        """The longest fixed content (instruction, needles, question) over this task's n prompts."""
+        worst = 0
+        for i in range(self.n):
+            _, _, _, _, needles, q = self._fixed(i)
+            worst = max(worst, len(self.head) + sum(len(x) for ns in needles for x in ns) + len(q))
+        return worst
+
+    def build(self, length: int, index: int) -> Prompt:
+        s = self.spec
+        rng, keys, values, depths, needles, question = self._fixed(index)
+        flat_n = [x for ns in needles for x in ns]
+        flat_d = [d for ds in depths for d in ds]
+        n_ctx = length - len(self.head) - sum(map(len, flat_n)) - len(question)
+        if n_ctx < 0:
+            raise EvalError(f"{self.task}: length {length} is shorter than the prompt without haystack "
+                            f"({length - n_ctx} tokens); use lengths >= {self.min_length()}")
+        ctx, snap = self._haystack(length, index, n_ctx, rng, keys, values)
+        cuts = [snap(round(d * n_ctx)) for d in flat_d]
+        ids = self.head + insert_at(ctx, flat_n, cuts) + question
+        assert len(ids) == length, (len(ids), length)
+        asked = [v for vs in values[:s.queries] for v in vs]
+        asked_depths = [cuts[j * s.values + m] / max(n_ctx, 1) for j in range(s.queries) for m in range(s.values)]
+        return Prompt(self.task, length, index, tuple(ids), ", ".join(asked), asked_depths[0],
+                      {"keys": keys[:s.queries], "distractor_keys": keys[s.queries:]},
+                      answers=tuple(asked), depths=tuple(round(d, 4) for d in asked_depths), scoring="all")
+
+    def _haystack(self, length, index, n_ctx, rng, keys, values):
+        """(n_ctx haystack ids, snap: position -> the allowed insertion point nearest it)."""
+        kind = self.spec.haystack
+        if kind == "filler":
+            u = len(self.unit)
+            last = (n_ctx // u) * u
+            return repeat_to(self.unit, n_ctx), lambda p: min(round(p / u) * u, last)
+        if kind == "text":
+            span = len(self.hay.ids) - n_ctx
+            if span < 0:
+                raise EvalError(f"{self.task}: the haystack holds {len(self.hay.ids)} tokens < {n_ctx} needed at "
+                                f"length {length}; point eval.haystack at a larger val split")
+            off = rng_for(self.seed, self.task, "offset", length, index).randrange(span + 1)
+            return self.hay.ids[off:off + n_ctx], lambda p: self.hay.snap(off + p, off, off + n_ctx) - off
+        # kv: lines of other keys with values of the same kinds, as many whole lines as fit
+        lrng = rng_for(self.seed, self.task, "kv", length, index)
+        taken = keys + [v for vs in values for v in vs]
+        ctx, bounds = [], [0]
+        while True:
+            k = draw_items(lrng, _KEY_KIND[self.spec.key], 1, exclude=taken, nested_ok=True)[0]
+            v = draw_items(lrng, self.spec.value, 1, exclude=taken, nested_ok=True)[0]
+            line = self.tok.encode(R_KV_LINE.format(tv=self.tv, key=k, value=v))
+            if len(ctx) + len(line) > n_ctx:
+                break
+            ctx += line
+            bounds.append(len(ctx))
+        ctx += pad_ids(self.tok, n_ctx - len(ctx))
+        return ctx, lambda p: min(bounds, key=lambda b: (abs(b - p), b))

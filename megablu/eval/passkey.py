@@ -35,9 +35,7 @@ class PasskeyBuilder:
         return str(rng_for(self.seed, self.task, "key", index).randint(10000, 99999))
 
     def min_length(self) -> int:
-        """The longest of the n prompts without filler: the shortest length every prompt can be built at."""
-        needle = max(len(self.tok.encode(NEEDLE.format(key=self.key(i)))) for i in range(self.n))
-        return len(self.head) + needle + len(self.question)
+        return len(self.head) + len(self.tok.encode(NEEDLE.format(key="99999"))) + len(self.question)
 
     def build(self, length: int, index: int) -> Prompt:
         key = self.key(index)

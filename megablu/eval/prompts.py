@@ -18,7 +18,7 @@ import hashlib
 import random
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Protocol, Sequence, Union
+from typing import Callable, Iterable, Optional, Protocol, Sequence, Union
 
 
 class EvalError(Exception):
@@ -46,9 +46,20 @@ class Prompt:
     length: int
     index: int
     ids: tuple[int, ...]
-    answer: str                   # the digits that count as correct, exactly
-    depth: float                  # relative position of the (target) needle in the context, 0..1
+    answer: str                   # what counts as correct (exact digits), or the answers joined by ", "
+    depth: Optional[float]        # relative position of the (target) needle in the context, 0..1; None: no needle
     meta: dict = field(default_factory=dict, compare=False)
+    answers: tuple[str, ...] = ()            # every expected answer (RULER scoring); () = (answer,)
+    depths: tuple[Optional[float], ...] = ()  # each answer's depth in the context; () = (depth,)
+    scoring: str = "exact"                   # "exact" (first digit run), "all" or "part" (RULER)
+
+    @property
+    def expected(self) -> tuple[str, ...]:
+        return self.answers or (self.answer,)
+
+    @property
+    def answer_depths(self) -> tuple[Optional[float], ...]:
+        return self.depths or (self.depth,) * len(self.expected)
 
 
 def rng_for(seed: int, *parts) -> random.Random:
@@ -96,10 +107,95 @@ def is_correct(text: str, answer: str) -> bool:
     return extract_answer(text) == answer
 
 
+def _clean(text: str) -> str:
+    """RULER's postprocess_pred: control characters become newlines, then strip."""
+    return re.sub(r"[\x00-\x1f]", "\n", text).strip()
+
+
+def score(text: str, prompt: Prompt) -> tuple[float, list[bool]]:
+    """(score in [0, 1], found per expected answer) for the generated text (cut at EOT).
+
+    - exact (passkey, needle, multikey): the first digit run equals the answer;
+    - all (RULER string_match_all, every NIAH task, vt, cwe, fwe): the fraction of the expected
+      answers that occur in the output, case-insensitively: part credit per answer;
+    - part (RULER string_match_part): 1 if any expected answer occurs."""
+    if prompt.scoring == "exact":
+        ok = is_correct(text, prompt.answer)
+        return float(ok), [ok]
+    out = _clean(text).lower()
+    found = [a.lower() in out for a in prompt.expected]
+    if prompt.scoring == "all":
+        return sum(found) / len(found), found
+    if prompt.scoring == "part":
+        return float(any(found)), found
+    raise ValueError(f"unknown scoring {prompt.scoring!r}")
+
+
 def prompt_digest(prompts: Iterable[Prompt]) -> str:
     h = hashlib.sha256()
     for p in prompts:
-        h.update(repr((p.task, p.length, p.index, p.answer)).encode())
+        h.update(repr((p.task, p.length, p.index, p.answer) + ((p.answers,) if p.answers else ())).encode())
         h.update(b",".join(str(i).encode() for i in p.ids))
         h.update(b"\n")
     return h.hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- shared by the RULER-grade tasks
+_WORDS: Optional[tuple[str, ...]] = None
+
+
+def words() -> tuple[str, ...]:
+    """The shipped English word list (assets/words.txt, 2006 words, sorted): cwe's list, NIAH's
+    word keys (adjective-noun style pairs 'w1-w2', as RULER's wonderwords keys) and word values."""
+    global _WORDS
+    if _WORDS is None:
+        from pathlib import Path
+
+        text = (Path(__file__).parent / "assets" / "words.txt").read_text()
+        _WORDS = tuple(w for w in text.split("\n") if w and not w.startswith("#"))
+    return _WORDS
+
+
+def draw_items(rng: random.Random, kind: str, count: int, exclude: Iterable[str] = (),
+               nested_ok: bool = False) -> list[str]:
+    """`count` distinct items of a kind: 'numbers' (7 digits, RULER's), 'words' (one word),
+    'pairs' (two words 'w1-w2', RULER's word keys) or 'uuids' (UUID4-shaped hex).
+
+    No item is a substring of another or of `exclude` (substring scoring must not credit a
+    neighbour); nested_ok checks that against `exclude` only (many distractors, few answers)."""
+    exclude = list(exclude)
+    seen, out = set(exclude), []
+    ws = words()
+    while len(out) < count:
+        if kind == "numbers":
+            x = str(rng.randint(1_000_000, 9_999_999))
+        elif kind == "words":
+            x = rng.choice(ws)
+        elif kind == "pairs":
+            x = f"{rng.choice(ws)}-{rng.choice(ws)}"
+        elif kind == "uuids":
+            h = f"{rng.getrandbits(128):032x}"
+            x = f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{'89ab'[int(h[16], 16) % 4]}{h[17:20]}-{h[20:32]}"
+        else:
+            raise ValueError(kind)
+        # no item inside another (substring scoring must not credit a neighbour)
+        if x in seen or any(x in y or y in x for y in (exclude if nested_ok else seen)):
+            continue
+        seen.add(x)
+        out.append(x)
+    return out
+
+
+def insert_at(ctx: Sequence[int], pieces: Sequence[Sequence[int]], cuts: Sequence[int]) -> list[int]:
+    """ctx with pieces[j] inserted before ctx[cuts[j]] (cuts in any order; equal cuts keep order)."""
+    order = sorted(range(len(pieces)), key=lambda j: (cuts[j], j))
+    out, prev = [], 0
+    for j in order:
+        out += list(ctx[prev:cuts[j]]) + list(pieces[j])
+        prev = cuts[j]
+    return out + list(ctx[prev:])
+
+
+def pad_ids(tokenizer: "TokenizerLike", count: int) -> list[int]:
+    """count tokens of blank lines: the remainder when a task's whole items cannot fill a length exactly."""
+    return repeat_to(tokenizer.encode("\n"), count)

@@ -2,10 +2,20 @@
 
 One result (one arm at one step) is a dict:
   schema, arm, step, window, created_utc, tokenizer, sp, eval (the EvalConfig),
-  cells:   [{task, length, n, correct, acc_pp, ci_pp, padded_len, digest, seconds, by_depth}]
+  cells:   [{task, length, n, correct, acc_pp, ci_pp, padded_len, digest, seconds, by_depth,
+             all_correct, max_new, prompts_per_s}]
+           correct = the sum of the prompts' scores (RULER part credit: fractional for tasks
+           with several answers), acc_pp = 100 correct / n, all_correct = prompts with every
+           answer; by_depth counts answers (found / n) per depth bin of the context
   summary: {task: {slope: {...}, effective_length, effective_length_contiguous, threshold}}
-  samples: [{task, length, index, answer, got, output, correct, depth}]
+  ruler:   {lengths, tasks, by_length: [{length, acc_pp, ci_pp}], effective_length}: the
+           RULER-style average over the suite's tasks present at every length (when any)
+  loss:    {data, by_length: [{length, n, tokens, loss, ppl, tail_loss, per_seq, digest}],
+            short: {range, n_docs, tokens, loss, ppl, per_doc, digest}} with eval.loss.data
+  samples: [{task, length, index, answer, got, output, correct, score, depth[, answers, found, depths]}]
   gate:    {...} when gated against a parent
+Results written before the suite (cells without all_correct, 5 depth bins) load and merge
+unchanged.
 `compare` tables put arms in rows and lengths in columns, like the seed's hand-off table,
 then each arm's difference to a baseline with Newcombe intervals ('*' = resolvable).
 """
@@ -20,29 +30,39 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from .prompts import EvalError, Prompt, prompt_digest
-from .stats import (RULER_THRESHOLD, effective_length, effective_length_contiguous, n_to_resolve, newcombe,
-                    slope_per_doubling, wilson)
+from ..config.eval_tasks import RULER_SUITE
+from .stats import (RULER_THRESHOLD, effective_length, effective_length_contiguous, mean_interval, n_to_resolve,
+                    newcombe, slope_per_doubling, wilson)
 
 SCHEMA = "megablu.eval/1"
-DEPTH_BINS = 5
+DEPTH_BINS = 10
 
 
 def cell(task: str, length: int, samples: list[dict], eval_cfg, prompts: Sequence[Prompt], seconds: float) -> dict:
+    """One (task, length): mean score with its Wilson interval (see stats.wilson on part credit)."""
     from ..config.schema import eval_padded_len
 
     n = len(samples)
-    k = sum(s["correct"] for s in samples)
+    k = sum(s.get("score", float(s["correct"])) for s in samples)
+    k = int(k) if float(k).is_integer() else round(k, 6)
     p, lo, hi = wilson(k, n)
     bins = [[0, 0] for _ in range(DEPTH_BINS)]
     for s in samples:
-        b = bins[min(int(s["depth"] * DEPTH_BINS), DEPTH_BINS - 1)]
-        b[0] += 1
-        b[1] += s["correct"]
+        pairs = zip(s["depths"], s["found"]) if "depths" in s else [(s["depth"], s["correct"])]
+        for d, ok in pairs:
+            if d is None:
+                continue
+            b = bins[min(int(d * DEPTH_BINS), DEPTH_BINS - 1)]
+            b[0] += 1
+            b[1] += bool(ok)
+    max_new = eval_cfg.task_max_new(task) if task in eval_cfg.tasks else eval_cfg.max_new
     return {"task": task, "length": length, "n": n, "correct": k, "acc_pp": 100 * p, "ci_pp": [100 * lo, 100 * hi],
-            "padded_len": eval_padded_len(length, eval_cfg.max_new, eval_cfg.pad),
+            "all_correct": sum(bool(s["correct"]) for s in samples), "max_new": max_new,
+            "padded_len": eval_padded_len(length, max_new, eval_cfg.pad),
             "digest": prompt_digest(prompts), "seconds": round(seconds, 3),
+            "prompts_per_s": round(n / seconds, 3) if seconds > 0 else None,
             "by_depth": [{"depth": [i / DEPTH_BINS, (i + 1) / DEPTH_BINS], "n": b[0], "correct": b[1]}
-                         for i, b in enumerate(bins)]}
+                         for i, b in enumerate(bins)] if any(b[0] for b in bins) else []}
 
 
 def summarize(cells: list[dict], threshold: float = RULER_THRESHOLD) -> dict:
@@ -59,6 +79,32 @@ def summarize(cells: list[dict], threshold: float = RULER_THRESHOLD) -> dict:
     return out
 
 
+def ruler_average(cells: list[dict], threshold: float = RULER_THRESHOLD) -> Optional[dict]:
+    """RULER's headline: the mean accuracy over the suite's tasks at each length, and the
+    effective length on that mean. Only tasks present at every length of the result count
+    (an average over different task sets would not be comparable across lengths); None when
+    no suite task is there. The interval is stats.mean_interval over the tasks' cells."""
+    by = {}
+    for c in cells:
+        if c["task"] in RULER_SUITE:
+            by.setdefault(c["task"], {})[c["length"]] = c
+    if not by:
+        return None
+    lengths = sorted({L for cs in by.values() for L in cs})
+    tasks = [t for t in RULER_SUITE if t in by and all(L in by[t] for L in lengths)]
+    if not tasks:
+        return None
+    rows = []
+    for L in lengths:
+        m, lo, hi = mean_interval([(by[t][L]["correct"], by[t][L]["n"]) for t in tasks])
+        rows.append({"length": L, "acc_pp": 100 * m, "ci_pp": [100 * lo, 100 * hi]})
+    acc = {r["length"]: r["acc_pp"] for r in rows}
+    return {"tasks": tasks, "lengths": lengths, "by_length": rows, "threshold": threshold,
+            "effective_length": effective_length(acc, threshold),
+            "effective_length_contiguous": effective_length_contiguous(acc, threshold),
+            "left_out": sorted(set(by) - set(tasks))}
+
+
 def make_result(cells, samples, *, arm: str, step: int, window: int, eval_cfg, tokenizer_identity: str, sp: int,
                 extra: Optional[dict] = None, threshold: float = RULER_THRESHOLD) -> dict:
     if not cells or not samples:
@@ -66,7 +112,8 @@ def make_result(cells, samples, *, arm: str, step: int, window: int, eval_cfg, t
     res = {"schema": SCHEMA, "arm": arm, "step": step, "window": window,
            "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
            "tokenizer": tokenizer_identity, "sp": sp, "eval": eval_cfg.model_dump(mode="json"),
-           "cells": cells, "summary": summarize(cells, threshold), "samples": samples, "gate": None}
+           "cells": cells, "summary": summarize(cells, threshold), "ruler": ruler_average(cells, threshold),
+           "samples": samples, "gate": None}
     res.update(extra or {})
     return res
 
@@ -144,6 +191,13 @@ def merge_results(results: Sequence[dict]) -> list[dict]:
             if old is None:
                 m["cells"].append(c)
         m["samples"] += r.get("samples", [])
+        if r.get("loss"):   # held-out loss measured per length in separate runs: join its lengths too
+            lo = m.get("loss") or {"data": r["loss"].get("data"), "by_length": [], "short": None}
+            have_l = {c["length"] for c in lo["by_length"]}
+            lo = {**lo, "by_length": lo["by_length"] + [c for c in r["loss"]["by_length"] if c["length"] not in have_l],
+                  "short": lo.get("short") or r["loss"].get("short")}
+            lo["by_length"].sort(key=lambda c: c["length"])
+            m["loss"] = lo
     for m in merged.values():
         m["cells"].sort(key=lambda c: (c["task"], c["length"]))
     return list(merged.values())
@@ -161,8 +215,8 @@ def _fmt_len(L: Optional[int]) -> str:
     return "-" if L is None else str(L)
 
 
-def markdown(results: Sequence[dict], *, baseline: int = 0, threshold: float = RULER_THRESHOLD) -> str:
-    """Per task: accuracy table (arm x length), then differences to the baseline arm."""
+def _task_tables(results: Sequence[dict], baseline: int, threshold: float) -> list[str]:
+    """Per task: accuracy table (arm x length), Wilson intervals, then differences to the baseline arm."""
     tasks = list(dict.fromkeys(c["task"] for r in results for c in r["cells"]))
     lines = []
     for task in tasks:
@@ -173,13 +227,23 @@ def markdown(results: Sequence[dict], *, baseline: int = 0, threshold: float = R
         for r in results:
             cs = cells_by(r, task)
             row = [f"{cs[L]['acc_pp']:.1f}" if L in cs else "-" for L in lengths]
-            summ = summarize([c for c in r["cells"] if c["task"] == task], threshold)[task]
+            summ = summarize([c for c in r["cells"] if c["task"] == task], threshold).get(task) \
+                or {"slope": None, "effective_length": None}    # an arm without this task: a row of '-'
             s = summ["slope"]
             sl = f"{s['pp_per_doubling']:+.1f} [{s['ci_pp'][0]:+.1f}, {s['ci_pp'][1]:+.1f}]" if s else "-"
             lines.append(f"| {_label(r)} | " + " | ".join(row) + f" | {sl} | {_fmt_len(summ['effective_length'])} |")
         ns = sorted({c["n"] for r in results for c in r["cells"] if c["task"] == task})
-        lines += ["", f"n per cell: {', '.join(map(str, ns))}; accuracy in %; effective length = longest length "
-                      f">= {threshold:g}%.", ""]
+        part = any("all_correct" in c and c["all_correct"] != c["correct"]
+                   for r in results for c in r["cells"] if c["task"] == task)
+        lines += ["", f"n per cell: {', '.join(map(str, ns))}; accuracy in % (" + ("mean part-credit score, RULER's "
+                      "string_match_all" if part else "exact") + f"); effective length = longest length >= "
+                      f"{threshold:g}%. Wilson 95% intervals:", "",
+                  "| arm | " + " | ".join(str(L) for L in lengths) + " |", "|---|" + "---|" * len(lengths)]
+        for r in results:
+            cs = cells_by(r, task)
+            row = [_ci(cs[L]) if L in cs else "-" for L in lengths]
+            lines.append(f"| {_label(r)} | " + " | ".join(row) + " |")
+        lines.append("")
         if len(results) > 1:
             base = results[baseline]
             bc = cells_by(base, task)
@@ -205,11 +269,114 @@ def markdown(results: Sequence[dict], *, baseline: int = 0, threshold: float = R
                     row.append(f"{100 * d.diff:+.1f}{flag} [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}]{need}{warn}")
                 lines.append(f"| {_label(r)} | " + " | ".join(row) + " |")
             lines.append("")
+    return lines
+
+
+
+def _ci(c: dict) -> str:
+    ci = c.get("ci_pp")
+    if ci is None:
+        _, lo, hi = wilson(c["correct"], c["n"])
+        ci = [100 * lo, 100 * hi]
+    return f"[{ci[0]:.1f}, {ci[1]:.1f}]"
+
+
+def _ruler_tables(results: Sequence[dict], baseline: int, threshold: float) -> list[str]:
+    avgs = [ruler_average(r["cells"], threshold) for r in results]
+    if not any(avgs):
+        return []
+    lengths = sorted({L for a in avgs if a for L in a["lengths"]})
+    lines = [f"### RULER average", "",
+             "| arm | tasks | " + " | ".join(str(L) for L in lengths) + " | eff. length |",
+             "|---|---|" + "---|" * len(lengths) + "---|"]
+    for r, a in zip(results, avgs):
+        if not a:
+            continue
+        acc = {x["length"]: x for x in a["by_length"]}
+        row = [f"{acc[L]['acc_pp']:.1f} [{acc[L]['ci_pp'][0]:.1f}, {acc[L]['ci_pp'][1]:.1f}]" if L in acc else "-"
+               for L in lengths]
+        lines.append(f"| {_label(r)} | {len(a['tasks'])} | " + " | ".join(row)
+                     + f" | {_fmt_len(a['effective_length'])} |")
+    notes = sorted({t for a in avgs if a for t in a["left_out"]})
+    lines += ["", f"Mean of the suite's tasks present at every length (normal 95% interval from the tasks' binomial "
+                  f"variances); effective length = longest length whose mean >= {threshold:g}% (RULER)."
+              + (f" Left out (not at every length): {', '.join(notes)}." if notes else ""), ""]
+    return lines
+
+
+def _loss_tables(results: Sequence[dict], baseline: int) -> list[str]:
+    have = [r for r in results if r.get("loss")]
+    if not have:
+        return []
+    lengths = sorted({c["length"] for r in have for c in r["loss"]["by_length"]})
+    lines = ["### held-out loss", "",
+             "| arm | " + " | ".join(str(L) for L in lengths) + " | short docs |",
+             "|---|" + "---|" * len(lengths) + "---|"]
+    for r in have:
+        by = {c["length"]: c for c in r["loss"]["by_length"]}
+        row = [f"{by[L]['loss']:.3f} ({by[L]['tail_loss']:.3f})" if L in by else "-" for L in lengths]
+        sh = r["loss"].get("short")
+        lines.append(f"| {_label(r)} | " + " | ".join(row) + " | "
+                     + (f"{sh['loss']:.3f} ({sh['n_docs']} docs)" if sh else "-") + " |")
+    data = sorted({str(r["loss"].get("data")) for r in have})
+    lines += ["", f"Validation loss in nats per token on {', '.join(data)} (val split): all positions of n sequences "
+                  f"of exactly L tokens (in brackets: positions >= L/2 only); short docs: whole val documents "
+                  f"pooled per token (what the gate compares, as a relative change).", ""]
+    base = results[baseline]
+    if base.get("loss") and len(have) > 1:
+        bb = {c["length"]: c for c in base["loss"]["by_length"]}
+        lines += [f"Relative change to {_label(base)} (short docs: paired 95% interval over the same documents):", "",
+                  "| arm | " + " | ".join(str(L) for L in lengths) + " | short docs |",
+                  "|---|" + "---|" * len(lengths) + "---|"]
+        for r in have:
+            if r is base:
+                continue
+            by = {c["length"]: c for c in r["loss"]["by_length"]}
+            row = [f"{100 * (by[L]['loss'] / bb[L]['loss'] - 1):+.1f}%" if L in by and L in bb else "-"
+                   for L in lengths]
+            d = short_loss_change(r, base)
+            ci = f" [{100 * d['ci_rel'][0]:+.1f}, {100 * d['ci_rel'][1]:+.1f}]" if d and d["ci_rel"] else ""
+            sh = "-" if d is None else f"{100 * d['rel']:+.1f}%{ci}"
+            lines.append(f"| {_label(r)} | " + " | ".join(row) + f" | {sh} |")
+        lines.append("")
+    return lines
+
+
+def short_loss_change(res: dict, parent: dict) -> Optional[dict]:
+    """The arm's short-document loss against the parent's: {arm, parent, rel, ci_rel}, or None
+    when either lacks it. ci_rel: a paired t interval of the per-document differences over the
+    parent's loss, when both scored the same documents (same digest), else None."""
+    a = (res.get("loss") or {}).get("short")
+    b = (parent.get("loss") or {}).get("short")
+    if not a or not b:
+        return None
+    out = {"arm": a["loss"], "parent": b["loss"], "rel": a["loss"] / b["loss"] - 1, "ci_rel": None,
+           "paired": a.get("digest") == b.get("digest")}
+    if out["paired"] and len(a["per_doc"]) >= 2:
+        from .stats import t_quantile
+
+        # per-token pooled difference = sum_d w_d (l_ad - l_bd), w_d = tokens_d / tokens; its
+        # variance from the per-document terms (a ratio estimator around the pooled mean)
+        tot = sum(n for n, _ in a["per_doc"])
+        terms = [n / tot * (la - lb) for (n, la), (_, lb) in zip(a["per_doc"], b["per_doc"])]
+        m = sum(terms)
+        D = len(terms)
+        var = D / (D - 1) * sum((t - m / D) ** 2 for t in terms)
+        half = t_quantile(0.95, D - 1) * math.sqrt(var)
+        out["ci_rel"] = [(m - half) / b["loss"], (m + half) / b["loss"]]
+    return out
+
+
+def markdown(results: Sequence[dict], *, baseline: int = 0, threshold: float = RULER_THRESHOLD) -> str:
+    """Per task: accuracy (arm x length), Wilson intervals, differences to the baseline arm; then
+    the RULER average with its effective length, and the held-out loss, when present."""
+    lines = _task_tables(results, baseline, threshold)
+    lines += _ruler_tables(results, baseline, threshold)
+    lines += _loss_tables(results, baseline)
     return "\n".join(lines)
 
 
-def plot(results: Sequence[dict], path: Path, task: Optional[str] = None) -> Path:
-    """Accuracy vs log2(length), one line per arm, Wilson 95% bands. matplotlib is imported here only."""
+def _mpl():
     try:
         import matplotlib
 
@@ -217,35 +384,136 @@ def plot(results: Sequence[dict], path: Path, task: Optional[str] = None) -> Pat
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise EvalError(f"plotting needs matplotlib (pip install matplotlib): {e}") from None
+    return plt
+
+
+_MARKERS = "osD^vP*X<>"
+_STYLES = ("-", "--", "-.", ":")
+
+
+def _offsets(k: int, step: float = 0.06) -> list[float]:
+    """x offsets (log2 units) that set k arms side by side at one length, so none hides another."""
+    return [(j - (k - 1) / 2) * step for j in range(k)]
+
+
+def _n_note(cells: list[dict]) -> Optional[str]:
+    ns = sorted({c["n"] for c in cells})
+    return f"n={ns[0]} per cell" if len(ns) == 1 else None
+
+
+def plot(results: Sequence[dict], path: Path, task: Optional[str] = None) -> Path:
+    """Accuracy vs log2(length), one line per arm (offset sideways, own marker and dash), Wilson
+    95% bands; the RULER threshold line labelled; n per cell in the title (or at each point when
+    it varies). Panels: each task, the RULER average, the held-out loss. matplotlib imported here."""
+    plt = _mpl()
     tasks = [task] if task else list(dict.fromkeys(c["task"] for r in results for c in r["cells"]))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4), squeeze=False)
-    for ax, t in zip(axes[0], tasks):
-        for r in results:
-            cs = sorted(cells_by(r, t).values(), key=lambda c: c["length"])
-            if not cs:
+    avgs = [ruler_average(r["cells"]) for r in results] if not task else [None] * len(results)
+    panels = [("task", t) for t in tasks] + ([("ruler", None)] if any(avgs) else []) \
+        + ([("loss", None)] if not task and any(r.get("loss") for r in results) else [])
+    cols = min(4, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4.2 * rows), squeeze=False)
+    offs = _offsets(len(results))
+    for ax, (kind, t) in zip(axes.flat, panels):
+        lengths = set()
+        for j, r in enumerate(results):
+            sty = dict(marker=_MARKERS[j % len(_MARKERS)], ls=_STYLES[j % len(_STYLES)], label=_label(r), ms=5)
+            if kind == "task":
+                pts = [(c["length"], c["acc_pp"], c["ci_pp"][0], c["ci_pp"][1], c["n"])
+                       for c in sorted(cells_by(r, t).values(), key=lambda c: c["length"])]
+            elif kind == "ruler":
+                a = avgs[j]
+                pts = [(x["length"], x["acc_pp"], x["ci_pp"][0], x["ci_pp"][1], None)
+                       for x in (a["by_length"] if a else [])]
+            else:
+                lo = r.get("loss") or {}
+                pts = [(c["length"], c["loss"], c["loss"], c["loss"], c["n"]) for c in lo.get("by_length", [])]
+            if not pts:
                 continue
-            x = [math.log2(c["length"]) for c in cs]
-            line, = ax.plot(x, [c["acc_pp"] for c in cs], marker="o", label=_label(r))
-            ax.fill_between(x, [c["ci_pp"][0] for c in cs], [c["ci_pp"][1] for c in cs], alpha=0.2,
-                            color=line.get_color())
-        ax.axhline(RULER_THRESHOLD, ls="--", lw=0.8, color="grey")
-        lengths = sorted({c["length"] for r in results for c in r["cells"] if c["task"] == t})
-        ax.set_xticks([math.log2(L) for L in lengths], [str(L) for L in lengths], rotation=30)
-        ax.set_ylim(-2, 102)
+            lengths |= {p[0] for p in pts}
+            x = [math.log2(p[0]) + offs[j] for p in pts]
+            line, = ax.plot(x, [p[1] for p in pts], **sty)
+            if kind != "loss":
+                ax.fill_between(x, [p[2] for p in pts], [p[3] for p in pts], alpha=0.15, color=line.get_color())
+            if kind == "task" and _n_note([cells_by(r, t)[p[0]] for p in pts]) is None:
+                for xi, p in zip(x, pts):
+                    ax.annotate(f"n={p[4]}", (xi, p[1]), fontsize=6, xytext=(2, 3), textcoords="offset points")
+        ls = sorted(lengths)
+        ax.set_xticks([math.log2(L) for L in ls], [str(L) for L in ls], rotation=30)
         ax.set_xlabel("prompt length (tokens, log2 axis)")
-        ax.set_ylabel("accuracy (%), Wilson 95% band")
-        ax.set_title(t)
-        ax.legend(fontsize=8)
+        if kind == "loss":
+            ax.set_ylabel("validation loss (nats/token)")
+            ax.set_title("held-out loss per length")
+        else:
+            ax.axhline(RULER_THRESHOLD, ls="--", lw=0.8, color="grey")
+            ax.annotate(f"RULER threshold {RULER_THRESHOLD:g}%", (0.01, RULER_THRESHOLD), xycoords=("axes fraction",
+                        "data"), fontsize=7, color="grey", xytext=(0, 2), textcoords="offset points")
+            ax.set_ylim(-2, 102)
+            ax.set_ylabel("accuracy (%), 95% band")
+            cs = [c for r in results for c in r["cells"] if kind == "task" and c["task"] == t]
+            note = _n_note(cs) if kind == "task" else "mean over tasks"
+            ax.set_title(f"{t if kind == 'task' else 'RULER average'}" + (f" ({note})" if note else ""))
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
+def heatmap(results: Sequence[dict], path: Path, task: str) -> Optional[Path]:
+    """Depth x length heatmap of one task, one panel per arm: the fraction of answers found per
+    depth bin of the context (rows) at each length (columns), the count of answers in each box.
+    None when no arm has depth bins for the task (cwe/fwe have no needle depth)."""
+    have = [(r, sorted(cells_by(r, task).values(), key=lambda c: c["length"])) for r in results]
+    have = [(r, cs) for r, cs in have if any(c.get("by_depth") for c in cs)]
+    if not have:
+        return None
+    plt = _mpl()
+    import matplotlib.colors as mcolors
+
+    w = 1.0 * max(len(cs) for _, cs in have) + 1.2
+    fig, axes = plt.subplots(1, len(have), figsize=(w * len(have) + 1.8, 4.4), squeeze=False, layout="constrained")
+    norm, cmap = mcolors.Normalize(0, 100), plt.get_cmap("RdYlGn")
+    for ax, (r, cs) in zip(axes[0], have):
+        for xi, c in enumerate(cs):
+            for b in c.get("by_depth") or []:
+                lo, hi = b["depth"]
+                if b["n"] == 0:
+                    ax.add_patch(plt.Rectangle((xi, lo), 1, hi - lo, color="lightgrey"))
+                    continue
+                acc = 100 * b["correct"] / b["n"]
+                ax.add_patch(plt.Rectangle((xi, lo), 1, hi - lo, color=cmap(norm(acc))))
+                if hi - lo >= 0.05:
+                    ax.text(xi + 0.5, (lo + hi) / 2, f"{acc:.0f}\n({b['n']})", ha="center", va="center", fontsize=6)
+        ax.set_xlim(0, len(cs))
+        ax.set_ylim(1, 0)   # depth 0 (start of the context) at the top
+        ax.set_xticks([i + 0.5 for i in range(len(cs))], [str(c["length"]) for c in cs], rotation=30)
+        ax.set_xlabel("prompt length (tokens)")
+        if ax is axes[0][0]:
+            ax.set_ylabel("needle depth in the context (0 = start)")
+        ax.set_title(f"{task}: {_label(r)}", fontsize=9)
+    fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=list(axes[0]), label="answers found (%), (count)")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def heatmaps(results: Sequence[dict], prefix: Path) -> list[Path]:
+    """<prefix>_<task>.png for every task with depth bins."""
+    tasks = list(dict.fromkeys(c["task"] for r in results for c in r["cells"]))
+    out = [heatmap(results, Path(f"{prefix}_{t}.png"), t) for t in tasks]
+    return [p for p in out if p]
+
+
 def write_artifacts(res: dict, out_dir: Path, step: int, plot: bool = True) -> list[Path]:
-    """step_<N>.md (the table) and step_<N>.png (the plot) beside the json.
+    """step_<N>.md (the tables), step_<N>.png (the plot) and step_<N>_depth_<task>.png (the depth x
+    length heatmap of each task with needles) beside the json.
 
     The json is the result; a missing matplotlib costs only the picture (logged), never the eval."""
     import logging
@@ -258,6 +526,7 @@ def write_artifacts(res: dict, out_dir: Path, step: int, plot: bool = True) -> l
         return written
     try:
         written.append(_plot([res], out_dir / f"step_{step}.png"))
+        written += heatmaps([res], out_dir / f"step_{step}_depth")
     except EvalError as e:
         logging.getLogger(__name__).warning("no plot for step %d: %s", step, e)
     return written

@@ -11,6 +11,13 @@ All accuracies are fractions in [0, 1] inside the functions; reports show percen
   >= 3 lengths a second, t-based interval from the fit residuals is given too.
 - Effective length (RULER, Hsieh et al. 2024): the longest length whose accuracy is >= the
   threshold (85.6 = Llama2-7B at 4k).
+- Part credit (RULER's string_match_all: a prompt with several answers scores the fraction
+  found): k is the sum of the scores, a real number. A score X in [0, 1] with mean p has
+  Var(X) <= p (1 - p), the Bernoulli variance, so the Wilson interval (and Newcombe's) with
+  this k and n = prompts is conservative, never too narrow; for 0/1 scores it is the usual one.
+- RULER-style average over tasks: the mean of the tasks' accuracies, its normal interval from
+  the sum of the tasks' binomial variances (Agresti-Coull p~ per task, as for the slope), the
+  tasks' prompts being independent draws.
 - Sample size per arm to resolve a difference: normal approximation for two proportions,
   n = (z_{1-a/2} + z_{power})^2 (p1 q1 + p2 q2) / (p1 - p2)^2.
 """
@@ -28,8 +35,8 @@ def z_of(conf: float = 0.95) -> float:
     return NormalDist().inv_cdf(0.5 + conf / 2)
 
 
-def wilson(k: int, n: int, conf: float = 0.95) -> tuple[float, float, float]:
-    """(p, lo, hi) for k successes in n trials."""
+def wilson(k: float, n: int, conf: float = 0.95) -> tuple[float, float, float]:
+    """(p, lo, hi) for k successes in n trials (k may be a sum of part-credit scores, see above)."""
     if n <= 0:
         raise ValueError(f"wilson: n={n} must be > 0")
     if not 0 <= k <= n:
@@ -155,6 +162,17 @@ def effective_length_contiguous(acc_pp_by_length: dict[int, float],
             break
         best = L
     return best
+
+
+def mean_interval(cells: Sequence[tuple[float, int]], conf: float = 0.95) -> tuple[float, float, float]:
+    """(mean, lo, hi) of the accuracies k_t / n_t of T tasks (module docstring)."""
+    if not cells:
+        raise ValueError("mean_interval: no cells")
+    T = len(cells)
+    m = sum(k / n for k, n in cells) / T
+    var = sum(((k + 2) / (n + 4)) * (1 - (k + 2) / (n + 4)) / n for k, n in cells) / T ** 2
+    half = z_of(conf) * math.sqrt(var)
+    return m, max(0.0, m - half), min(1.0, m + half)
 
 
 def n_to_resolve(p1: float, p2: float, conf: float = 0.95, power: float = 0.8) -> int:

@@ -4,6 +4,11 @@ Layout convention: activations are (B, T, d); attention works on (B, T, H, D) so
 DeepSpeed's DistributedAttention (scatter heads, gather sequence) can wrap the inner
 kernel `Attention.core` unchanged (parallel/ulysses.py swaps it from outside).
 
+Packed rows (data.doc_mask): `doc_ids` (B, S) make attention document-causal
+(ops/doc_attention.py); the DocMask is built once per forward and handed to every layer's
+kernel, through Ulysses too (it sees the full S). `rope_len` picks each token's RoPE under
+rope.yarn.apply=beyond_original (model/rope.py, model/packing.py).
+
 Memory switches (config `memory:`), all exact (same loss and gradients as the plain path):
 recompute none|selective|full (Block.forward), mlp_tiles (the SwiGLU MLP over sequence
 tiles, model/tiled.py) and offload_activations (saved activations to pinned host memory,
@@ -24,6 +29,8 @@ from torch.utils.checkpoint import checkpoint
 from .. import ops
 from ..config.schema import MemoryConfig, ModelConfig, RopeConfig
 from ..ops.cross_entropy import linear_cross_entropy
+from ..ops.doc_attention import DocMask, doc_attention
+from .packing import document_lengths
 from .offload import ActivationOffload
 from .rope import RotaryEmbedding
 from .tiled import tiled
@@ -49,10 +56,20 @@ class KVCache:
 
     `seq_sharded` tells a sequence-parallel attention whether the current call's inputs are
     slices of one sequence across ranks (prefill) or the same tokens on every rank (decode).
+
+    `rope_len` is the total length each sequence will reach, prompt + max_new: an int, or a
+    (B,) tensor when the rows differ. Under rope.yarn.apply=beyond_original it picks the RoPE
+    once per sequence, before the prefill -- the original one when rope_len <=
+    original_max_position, YaRN otherwise -- and every later step reuses that choice, so
+    the cached keys never mix two ropes (a switch decided by the length reached so far
+    would change rope mid-generation). Whoever creates a cache for generation sets it
+    (eval/generate.py does); the model refuses a beyond_original forward without it.
+    Ignored by the other ropes.
     """
 
     n_layers: int
     seq_sharded: bool = False
+    rope_len: Optional[object] = None     # int | torch.Tensor (B,)
     k: list = field(default_factory=list)
     v: list = field(default_factory=list)
 
@@ -79,13 +96,20 @@ class KVCache:
 
 
 class LocalAttention(nn.Module):
-    """Causal SDPA on (B, T, H, D) q and (B, S, Hkv, D) k/v; GQA without materialising repeats."""
+    """Causal SDPA on (B, T, H, D) q and (B, S, Hkv, D) k/v; GQA without materialising repeats.
+
+    With `docs` (a DocMask over these T tokens) the attention is document-causal instead, on
+    the kernel the DocMask chose (FlexAttention on CUDA)."""
 
     def __init__(self, layer_idx: int = 0):
         super().__init__()
         self.layer_idx = layer_idx
 
-    def forward(self, q, k, v, cache: Optional[KVCache] = None):
+    def forward(self, q, k, v, cache: Optional[KVCache] = None, docs: Optional[DocMask] = None):
+        if docs is not None:
+            if cache is not None:
+                raise ValueError("document masking with a KV cache is not supported (generation runs one sequence)")
+            return doc_attention(q, k, v, docs)
         tq = q.shape[1]
         if cache is not None:
             k, v = cache.append(self.layer_idx, k, v)
@@ -118,13 +142,18 @@ class Attention(nn.Module):
         # The inner kernel; apply_ulysses replaces it with a sequence-parallel wrapper.
         self.core: nn.Module = LocalAttention(layer_idx)
 
-    def forward(self, x, cos, sin, cache: Optional[KVCache] = None):
+    def forward(self, x, cos, sin, cache: Optional[KVCache] = None, docs: Optional[DocMask] = None):
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
         q, k = ops.apply_rotary(q, k, cos, sin, impl=self.impl)
-        out = self.core(q, k, v, cache) if cache is not None else self.core(q, k, v)
+        if cache is not None:
+            out = self.core(q, k, v, cache)
+        elif docs is not None:
+            out = self.core(q, k, v, docs=docs)
+        else:
+            out = self.core(q, k, v)
         return self.o_proj(out.reshape(B, T, self.n_heads * self.head_dim))
 
 
@@ -164,32 +193,33 @@ class Block(nn.Module):
         """Row-wise: the second norm and the untiled MLP (the function tiled under selective)."""
         return self.mlp.dense(self.post_attention_layernorm(h))
 
-    def _attn_mlp(self, x, cos, sin, cache=None):
-        a = self.self_attn(self.input_layernorm(x), cos, sin, cache)
+    def _attn_mlp(self, x, cos, sin, cache=None, docs=None):
+        a = self.self_attn(self.input_layernorm(x), cos, sin, cache, docs)
         # fused residual add + norm: h = x + a, y = rmsnorm(h) in one pass
         n = self.post_attention_layernorm
         y, h = ops.add_rms_norm(a, x, n.weight, n.eps, impl=self.impl)
         return h + self.mlp(y)
 
     def forward(self, x, cos, sin, cache: Optional[KVCache] = None, recompute: str = "none",
-                offload: bool = False):
+                offload: bool = False, docs: Optional[DocMask] = None):
         """`offload`: the caller offloads saved tensors (model/offload.py); checkpoints are then
         reentrant, which saves their inputs with save_for_backward where the hooks see them
-        (the non-reentrant checkpoint holds them by Python reference, on the GPU)."""
+        (the non-reentrant checkpoint holds them by Python reference, on the GPU).
+        `docs`: document-causal attention (the same DocMask for every layer, also when recomputed)."""
         train = cache is None and torch.is_grad_enabled()
         if recompute == "full" and train:
-            return checkpoint(self._attn_mlp, x, cos, sin, use_reentrant=offload)
+            return checkpoint(self._attn_mlp, x, cos, sin, None, docs, use_reentrant=offload)
         if recompute == "selective" and train:
             # attention's inputs/outputs stay saved (attention is never recomputed); the
             # second norm, the MLP and its (B, T, ffn) intermediates are recomputed from h.
-            h = x + self.self_attn(self.input_layernorm(x), cos, sin)
+            h = x + self.self_attn(self.input_layernorm(x), cos, sin, None, docs)
             if self.mlp.tiles > 1:
                 # the tiled MLP already rebuilds its tiles from its saved input: tiling the
                 # norm with it saves exactly h, with no checkpoint and no third MLP forward
                 ps = (self.post_attention_layernorm.weight, *self.mlp.parameters())
                 return h + tiled(self._norm_mlp, h, self.mlp.tiles, ps)
             return checkpoint(self._mlp_part, h, use_reentrant=offload)
-        return self._attn_mlp(x, cos, sin, cache)
+        return self._attn_mlp(x, cos, sin, cache, docs)
 
 
 class LMHead(nn.Module):
@@ -262,27 +292,42 @@ class BluModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
                 labels: Optional[torch.Tensor] = None, cache: Optional[KVCache] = None,
-                logits_index: Optional[int] = None):
+                logits_index: Optional[int] = None, doc_ids: Optional[torch.Tensor] = None,
+                rope_len=None):
         """Logits (B, T, V) without labels; with labels, (sum of CE, labelled-token count).
 
         position_ids (B, T) are global positions: under sequence parallelism each rank
-        passes the positions of its own slice. logits_index (e.g. -1) returns the logits of
+        passes the positions of its own slice (restarting per document is the caller's
+        choice, data.doc_positions). logits_index (e.g. -1) returns the logits of
         that one position only, (B, 1, V): a long prefill never holds [T, V] logits.
+        doc_ids (B, S): document-causal attention over packed documents; S is the length
+        attention sees, T itself, or under Ulysses the full padded sequence of which
+        input_ids is this rank's slice. None: plain causal attention.
+        rope_len: under rope.yarn.apply=beyond_original, the length of the sequence each token
+        belongs to (model/packing.py): an int, (B, 1) or (B, T). Default: cache.rope_len with a
+        cache; each document's length with unsharded doc_ids; else T (the row as given).
+        Sharded inputs must pass it (parallel/sequence.py shard_batch computes it).
         """
         B, T = input_ids.shape
+        if doc_ids is not None and cache is not None:
+            raise ValueError("doc_ids with a KV cache: document masking is for training on packed rows")
         if position_ids is None:
             start = cache.length if cache is not None and not cache.seq_sharded else 0
             position_ids = torch.arange(start, start + T, device=input_ids.device).expand(B, T)
+        # one mask for every layer (and under Ulysses every rank: all see the full S)
+        docs = DocMask(doc_ids.to(input_ids.device)) if doc_ids is not None else None
         h = self.embed_tokens(input_ids)
-        cos, sin = self.rotary(position_ids, h.dtype)
+        rl = self._rope_len(B, T, cache, doc_ids, rope_len, input_ids.device) if self.rotary.length_aware else None
+        cos, sin = self.rotary(position_ids, h.dtype, rl)
         off = self.offload if cache is None and torch.is_grad_enabled() else None
         if off is not None:
             off.begin()
         n_off = len(self.layers) - off.keep_last if off is not None else 0
+        # cos/sin and the doc mask are shared by every layer: saved by reference, not copied per layer
+        keep = (cos, sin, *(docs.tensors() if docs is not None else ()))
         for i, layer in enumerate(self.layers):
-            # cos/sin are shared by every layer: saved by reference, not copied per layer
-            with off.block(layer, keep=(cos, sin)) if i < n_off else contextlib.nullcontext():
-                h = layer(h, cos, sin, cache, self.recompute, offload=i < n_off)
+            with off.block(layer, keep=keep) if i < n_off else contextlib.nullcontext():
+                h = layer(h, cos, sin, cache, self.recompute, offload=i < n_off, docs=docs)
         if off is not None:
             off.end()
         if labels is None and logits_index is not None:
@@ -292,6 +337,30 @@ class BluModel(nn.Module):
         if labels is None:
             return self.lm_head(h)
         return self.lm_head(h, labels, self.loss_chunk)
+
+    @staticmethod
+    def _rope_len(B: int, T: int, cache: Optional[KVCache], doc_ids, rope_len, device) -> torch.Tensor:
+        """Each token's sequence length as a (B, T) or (B, 1) tensor (see forward)."""
+        if rope_len is None and cache is not None:
+            if cache.rope_len is None:
+                raise ValueError("rope.yarn.apply=beyond_original picks one RoPE per generated sequence from its "
+                                 "total length: set KVCache.rope_len = prompt length + max_new before the prefill")
+            rope_len = cache.rope_len
+        if rope_len is None and doc_ids is not None:
+            if doc_ids.shape[1] != T:
+                raise ValueError(f"doc_ids cover {doc_ids.shape[1]} tokens but input_ids {T}: a sharded input must "
+                                 f"pass rope_len (each token's document length; parallel.sequence.shard_batch)")
+            return document_lengths(doc_ids.to(device))
+        if rope_len is None:
+            return torch.full((B, 1), T, device=device)
+        r = torch.as_tensor(rope_len, device=device)
+        if r.dim() == 0:
+            return r.expand(B, 1)
+        if r.dim() == 1:
+            return r.view(-1, 1).expand(B, 1)
+        if r.shape[1] not in (1, T):
+            raise ValueError(f"rope_len {tuple(r.shape)} must be an int, (B,), (B, 1) or (B, T={T})")
+        return r
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -93,7 +93,50 @@ def from_hf(hf_model, memory=None) -> BluModel:
     return model.to(next(hf_model.parameters()).dtype)
 
 
-def hf_config_dict(model_cfg: ModelConfig, rope_cfg: RopeConfig, max_position: Optional[int] = None) -> dict:
+class RopeExportError(ValueError):
+    """The rope has no transformers equivalent (rope.yarn.apply=beyond_original)."""
+
+
+def beyond_original_problem(rope_cfg: RopeConfig) -> Optional[str]:
+    """Why a rope.yarn.apply=beyond_original model cannot be written as a transformers config.
+
+    transformers (5.x `modeling_rope_utils`) has one rope type that switches on length,
+    'longrope' (`longrope_frequency_update`). Its frequencies could carry YaRN's: the per-dim
+    blend is inv_freq * ((1 - w) / factor + w), i.e. long_factor = 1 / ((1 - w) / factor + w)
+    with short_factor = 1 (equal to fp32 rounding). Three things still differ:
+      1. the attention factor: longrope applies ONE attention_factor to short and long
+         inputs alike; beyond_original uses YaRN's 0.1 ln(factor) + 1 beyond the original
+         length and exactly 1 within it -- no setting gives both;
+      2. the unit: longrope decides per forward call from max(position_ids) + 1 over the
+         whole batch; beyond_original per document (doc_mask) or per row;
+      3. generation: longrope switches when the cache grows past the original length,
+         mid-sequence, over keys cached with the short frequencies; beyond_original decides
+         once, at prefill, from prompt + max_new.
+    So no transformers setting reproduces it. A user exporting wants a model that computes
+    what was trained; a silent always-YaRN export would run every short input with a rope
+    the model never saw at that length (the regression beyond_original exists to avoid), so
+    the export refuses by default. `rope_as_yarn=True` (CLI `--rope-as-yarn`) exports plain
+    YaRN on purpose: exact for inputs longer than original_max_position, not for shorter
+    ones; the provenance file records it.
+    """
+    y = rope_cfg.yarn
+    if y is None or y.apply != "beyond_original":
+        return None
+    return (f"rope.yarn.apply=beyond_original (original RoPE up to {y.original_max_position} tokens, YaRN x{y.factor:g} "
+            f"beyond) has no transformers equivalent: rope_type 'longrope' switches frequencies on length but applies "
+            f"one attention_factor to short and long inputs, decides per batch rather than per document, and "
+            f"switches mid-generation; the exported model would not compute what was trained. Export plain YaRN "
+            f"on purpose with `megablu ckpt export --rope-as-yarn` (exact beyond {y.original_max_position} tokens, "
+            f"different below), or evaluate with megablu")
+
+
+def hf_config_dict(model_cfg: ModelConfig, rope_cfg: RopeConfig, max_position: Optional[int] = None,
+                   rope_as_yarn: bool = False) -> dict:
+    """transformers config dict. rope.yarn.apply=beyond_original raises RopeExportError unless
+    rope_as_yarn (then plain YaRN: see beyond_original_problem for why nothing exact exists)."""
+    problem = beyond_original_problem(rope_cfg)
+    if problem and not rope_as_yarn:
+        raise RopeExportError(problem)
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": rope_cfg.theta}
     if rope_cfg.yarn is not None:
         y = rope_cfg.yarn
@@ -114,11 +157,11 @@ def hf_config_dict(model_cfg: ModelConfig, rope_cfg: RopeConfig, max_position: O
         max_position_embeddings=max_position or 4096, rope_parameters=rope)
 
 
-def to_hf(model: BluModel, max_position: Optional[int] = None):
+def to_hf(model: BluModel, max_position: Optional[int] = None, rope_as_yarn: bool = False):
     """A transformers model with this BluModel's weights (Llama, or Qwen2 when qkv_bias)."""
     import transformers
 
-    d = hf_config_dict(model.cfg, model.rope_cfg, max_position)
+    d = hf_config_dict(model.cfg, model.rope_cfg, max_position, rope_as_yarn)
     cls_cfg = transformers.Qwen2Config if model.cfg.qkv_bias else transformers.LlamaConfig
     cls = transformers.Qwen2ForCausalLM if model.cfg.qkv_bias else transformers.LlamaForCausalLM
     d.pop("model_type")

@@ -50,12 +50,20 @@ def yarn_inv_freq(dim: int, theta: float, factor: float, original_max_position: 
 
 
 class RotaryEmbedding(nn.Module):
-    """position_ids (B, T) -> cos, sin (B, T, D), fp32 math, scaled by the YaRN attention factor."""
+    """position_ids (B, T) -> cos, sin (B, T, D), fp32 math, scaled by the YaRN attention factor.
+
+    With rope.yarn.apply=beyond_original the table is chosen per token from `rope_len`, the
+    length of the sequence the token belongs to (model/packing.py defines it): YaRN's
+    frequencies and attention factor when rope_len > original_max_position, the original
+    RoPE's (scale 1) otherwise. One select between two frequency vectors per token, once per
+    forward (every layer shares cos/sin); a short sequence gets exactly the native table.
+    """
 
     def __init__(self, head_dim: int, rope: RopeConfig):
         super().__init__()
+        native = default_inv_freq(head_dim, rope.theta)
         if rope.yarn is None:
-            inv_freq, scale = default_inv_freq(head_dim, rope.theta), 1.0
+            inv_freq, scale = native, 1.0
         else:
             y = rope.yarn
             inv_freq, scale = yarn_inv_freq(head_dim, rope.theta, y.factor, y.original_max_position,
@@ -64,15 +72,39 @@ class RotaryEmbedding(nn.Module):
         # the frequencies, and a checkpoint must never carry a stale table.
         self.inv_freq = inv_freq
         self.attention_scaling = scale
+        length_aware = rope.yarn is not None and rope.yarn.apply == "beyond_original"
+        # the original RoPE for sequences of at most original_max_position tokens
+        self.short_inv_freq: Optional[torch.Tensor] = native if length_aware else None
+        self.original_max_position = rope.yarn.original_max_position if length_aware else None
+
+    @property
+    def length_aware(self) -> bool:
+        return self.short_inv_freq is not None
 
     @torch.no_grad()
-    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype,
+                rope_len: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """rope_len: (B, T) or (B, 1) sequence length per token; read only when length_aware."""
         if self.inv_freq.device != position_ids.device:
             self.inv_freq = self.inv_freq.to(position_ids.device)
-        # (B, T, 1) * (D/2,) -> (B, T, D/2), fp32 as in transformers
-        freqs = position_ids[..., None].float() * self.inv_freq
+        if not self.length_aware:
+            # (B, T, 1) * (D/2,) -> (B, T, D/2), fp32 as in transformers
+            freqs = position_ids[..., None].float() * self.inv_freq
+            emb = torch.cat((freqs, freqs), dim=-1)
+            return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
+        if rope_len is None:
+            raise ValueError("rope.yarn.apply=beyond_original: the RoPE needs each token's sequence length "
+                             "(rope_len); BluModel.forward derives it or takes it from its caller")
+        if self.short_inv_freq.device != position_ids.device:
+            self.short_inv_freq = self.short_inv_freq.to(position_ids.device)
+        long = (rope_len > self.original_max_position)[..., None]                 # (B, T|1, 1)
+        inv = torch.where(long, self.inv_freq, self.short_inv_freq)               # (B, T|1, D/2)
+        freqs = position_ids[..., None].float() * inv                             # (B, T, D/2)
         emb = torch.cat((freqs, freqs), dim=-1)
-        return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
+        # the attention factor only where YaRN applies; the same fp32 products as the scalar path
+        scale = torch.where(long, torch.tensor(self.attention_scaling, dtype=torch.float32, device=long.device),
+                            torch.tensor(1.0, dtype=torch.float32, device=long.device))
+        return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Sequence sharding of a batch and the SP/DP-correct loss normalisation.
+"""Sequence sharding of a batch (with its document layout) and the SP/DP-correct loss normalisation.
 
 Each optimizer step normalises by the number of labelled tokens in the WHOLE global batch
 (all micro-batches, all dp replicas), counted once before the first backward. A rank's
@@ -19,27 +19,60 @@ import math
 import torch
 import torch.distributed as dist
 
+from ..model.packing import document_lengths, document_positions, row_lengths
 from ..ops.cross_entropy import IGNORE_INDEX
+from ..ops.doc_attention import check_doc_ids
 from .groups import Groups
 
 
-def shard_batch(batch: dict, groups: Groups, pad_id: int = 0) -> dict:
+def shard_batch(batch: dict, groups: Groups, pad_id: int = 0, *, doc_mask: bool = False,
+                doc_positions: str = "restart") -> dict:
     """Full sequences (B, T) -> this rank's slice (B, ceil(T/sp)) with global position ids.
 
     T not divisible by sp is padded at the END with pad_id and IGNORE labels: attention is
     causal, so padding after the last real token cannot change any real token's output.
+
+    Always returns `rope_len` (B, T/sp): each token's sequence length (model/packing.py; read
+    by rope.yarn.apply=beyond_original only): its document's in-row length with doc_mask,
+    else its row's real length. With doc_mask, `batch["doc_ids"]` (B, T) is required and
+    the result carries `doc_ids` (B, Tp) for the FULL padded sequence (attention after the
+    Ulysses all-to-all sees every token; the pad tokens form one extra document), and position
+    ids restart at 0 per document (doc_positions=restart) or run on (continue). Positions and
+    lengths are computed on the full row, before the slice.
     """
     ids, labels = batch["input_ids"], batch["labels"]
     B, T = ids.shape
     sp, r = groups.sp, groups.sp_rank
     Tp = math.ceil(T / sp) * sp
+    pos = torch.arange(Tp, dtype=torch.long).expand(B, Tp)
+    out = {}
+    if doc_mask:
+        if batch.get("doc_ids") is None:
+            raise ValueError("data.doc_mask=true but the batch has no doc_ids (B, T): the loader must emit each "
+                             "input token's document index within its row")
+        doc = batch["doc_ids"]
+        if tuple(doc.shape) != (B, T):
+            raise ValueError(f"doc_ids {tuple(doc.shape)} must match input_ids {(B, T)}")
+        check_doc_ids(doc)
+        if doc_positions not in ("restart", "continue"):
+            raise ValueError(f"doc_positions must be restart or continue, got {doc_positions!r}")
+        rope_len = document_lengths(doc)
+        if doc_positions == "restart":
+            pos = torch.cat([document_positions(doc), pos[:, T:]], 1)
+        if Tp != T:
+            # the pad tokens: their own document after the last one (they see only each other)
+            doc = torch.cat([doc, (doc[:, -1:] + 1).expand(B, Tp - T)], 1)
+        out["doc_ids"] = doc.to(torch.int32).contiguous()
+    else:
+        rope_len = row_lengths(labels)[:, None].expand(B, T)
     if Tp != T:
         ids = torch.nn.functional.pad(ids, (0, Tp - T), value=pad_id)
         labels = torch.nn.functional.pad(labels, (0, Tp - T), value=IGNORE_INDEX)
+        rope_len = torch.nn.functional.pad(rope_len, (0, Tp - T), value=0)
     n = Tp // sp
     sl = slice(r * n, (r + 1) * n)
-    pos = torch.arange(r * n, (r + 1) * n, dtype=torch.long).expand(B, n)
-    return {"input_ids": ids[:, sl].contiguous(), "labels": labels[:, sl].contiguous(), "position_ids": pos}
+    return {"input_ids": ids[:, sl].contiguous(), "labels": labels[:, sl].contiguous(),
+            "position_ids": pos[:, sl].contiguous(), "rope_len": rope_len[:, sl].contiguous(), **out}
 
 
 def global_token_count(local_counts: list[int], groups: Groups, device) -> int:

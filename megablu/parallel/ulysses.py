@@ -13,6 +13,11 @@ Head layouts DeepSpeed cannot split evenly are made even here, never silently wr
   q/k/v are padded with zero heads up to a multiple of sp. A zero head attends uniformly
   to zero values, outputs zeros and is dropped. Wall time equals an uneven split
   (each rank runs ceil(H/sp) heads either way) and no global DeepSpeed mpu is needed.
+
+Document masking (data.doc_mask) needs nothing else here: the DocMask over the full
+(padded) sequence rides along as a keyword argument to the local attention, whose inputs
+after the all-to-all are the full sequence on H'/sp heads; zero pad heads attend within
+their documents to zero values and output zeros, as before.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..model.decoder import BluModel, KVCache, LocalAttention
+from ..ops.doc_attention import DocMask
 from .groups import Groups
 
 
@@ -63,11 +69,18 @@ class UlyssesAttention(nn.Module):
             q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
         return q, k, v
 
-    def forward(self, q, k, v, cache: Optional[KVCache] = None):
+    def forward(self, q, k, v, cache: Optional[KVCache] = None, docs: Optional[DocMask] = None):
         q, k, v = self._even_heads(q, k, v)
         if cache is None or cache.seq_sharded:
-            # (B, T/sp, H', D) -> a2a -> (B, T, H'/sp, D) -> attention -> a2a -> (B, T/sp, H', D)
-            out = self.dist_attn(q, k, v, 0, None, cache) if cache is not None else self.dist_attn(q, k, v, 0)
+            # (B, T/sp, H', D) -> a2a -> (B, T, H'/sp, D) -> attention -> a2a -> (B, T/sp, H', D).
+            # DistributedAttention hands extra kwargs to the local attention: `docs` holds the
+            # full-length doc ids, which is what the local attention sees after the all-to-all.
+            if cache is not None:
+                out = self.dist_attn(q, k, v, 0, None, cache)
+            elif docs is not None:
+                out = self.dist_attn(q, k, v, 0, docs=docs)
+            else:
+                out = self.dist_attn(q, k, v, 0)
         else:
             out = self._decode(q, k, v, cache)
         return out[:, :, : self.n_heads] if self.padded_heads != self.n_heads else out

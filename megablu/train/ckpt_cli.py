@@ -82,18 +82,26 @@ def _model_configs(manifest: dict, run_dir: Path):
     return ModelConfig(**model), RopeConfig(**rope), window
 
 
-def export_checkpoint(src: PathLike, out: PathLike, force: bool = False) -> tuple[Path, dict, Path]:
+def export_checkpoint(src: PathLike, out: PathLike, force: bool = False,
+                      rope_as_yarn: bool = False) -> tuple[Path, dict, Path]:
     """HF-loadable dir (model.safetensors + config.json) from a step or a run's newest verified step.
 
     Returns (out dir, source manifest, run dir). Written into a temp dir, then renamed.
+    A rope.yarn.apply=beyond_original model is refused (no transformers rope reproduces it,
+    model/hf.py beyond_original_problem) unless rope_as_yarn: then plain YaRN, recorded in
+    megablu_export.json as "rope_export".
     """
-    from ..model.hf import hf_config_dict
+    from ..model.hf import RopeExportError, beyond_original_problem, hf_config_dict
     from .checkpoint import CheckpointError, read_manifest, read_weights, save_weights, sha256_file
 
     step = resolve_step(src)
     m = read_manifest(step)
     run_dir = _run_dir_of(step)
     model_cfg, rope_cfg, window = _model_configs(m, run_dir)
+    try:   # refused before any file is written
+        cfg = hf_config_dict(model_cfg, rope_cfg, window, rope_as_yarn)
+    except RopeExportError as e:
+        raise CheckpointError(f"cannot export {step}: {e}") from None
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         if not force:
@@ -107,7 +115,6 @@ def export_checkpoint(src: PathLike, out: PathLike, force: bool = False) -> tupl
             hf_sd[k] = v
         else:
             hf_sd[f"model.{k}"] = v
-    cfg = hf_config_dict(model_cfg, rope_cfg, window)
     dtypes = {v.dtype for v in hf_sd.values()}
     cfg["torch_dtype"] = str(next(iter(dtypes))).replace("torch.", "") if len(dtypes) == 1 else "float32"
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
@@ -118,6 +125,9 @@ def export_checkpoint(src: PathLike, out: PathLike, force: bool = False) -> tupl
     prov = {"source": str(step.resolve()), "run_id": m["run_id"], "step": m["step"],
             "source_manifest_sha256": m["manifest_sha256"], "config_hash": m.get("config_hash"),
             "tokenizer": m.get("tokenizer"), "exported_unix": time.time(),
+            **({"rope_export": "yarn (always) from rope.yarn.apply=beyond_original: exact only beyond "
+                               f"{rope_cfg.yarn.original_max_position} tokens"}
+               if beyond_original_problem(rope_cfg) else {}),
             "files": {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)}
                       for p in sorted(tmp.iterdir()) if p.is_file()}}
     (tmp / "megablu_export.json").write_text(json.dumps(prov, indent=1) + "\n")
@@ -200,7 +210,7 @@ def _cmd_export(args) -> int:
     from .checkpoint import CheckpointError
 
     try:
-        out, m, _ = export_checkpoint(args.src, args.out, force=args.force)
+        out, m, _ = export_checkpoint(args.src, args.out, force=args.force, rope_as_yarn=args.rope_as_yarn)
     except (CheckpointError, FileNotFoundError, ValueError) as e:
         print(f"export failed: {e}", file=sys.stderr)
         return 2
@@ -262,6 +272,9 @@ def register(sub) -> None:
     ex.add_argument("src", help="run dir (newest verified step) or step dir")
     ex.add_argument("--out", required=True)
     ex.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    ex.add_argument("--rope-as-yarn", action="store_true",
+                    help="export a rope.yarn.apply=beyond_original model as plain YaRN (no transformers rope "
+                         "reproduces beyond_original; plain YaRN is exact only beyond original_max_position)")
     ex.set_defaults(func=_cmd_export)
 
     hub = sub.add_parser("hub", help="Hugging Face Hub transfer, verified").add_subparsers(

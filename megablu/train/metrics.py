@@ -54,7 +54,7 @@ def read_rows(run_dir: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def run_summary(run_dir: Path, session: dict, gate: Optional[str] = None) -> dict:
+def run_summary(run_dir: Path, session: dict, gate: Optional[str] = None, stopped: Optional[str] = None) -> dict:
     """summary.json of the whole run, written atomically and returned.
 
     From metrics.csv (one row per step over every session), not from the last session's
@@ -80,6 +80,8 @@ def run_summary(run_dir: Path, session: dict, gate: Optional[str] = None) -> dic
                "last_loss": float(last["loss"]) if rows else None,
                "mean_tokens_per_s": sum(tps) / len(tps) if tps else 0.0,
                "world": session.get("world"), "sessions": sessions}
+    if stopped:   # this session ended on its time budget (train.stop_after_s)
+        summary["stopped"] = stopped
     if gate:
         summary["gate"] = gate
     tmp = path.with_name(".summary.json.tmp")

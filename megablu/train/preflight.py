@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from ..config import Config, ConfigError, config_warnings, load_config, planned_sequences
+from ..config import Config, ConfigError, config_warnings, load_config
 
 log = logging.getLogger(__name__)
 
@@ -69,27 +69,27 @@ def tokenizer_problems(ctx: Context) -> list[str]:
 
 
 def data_problems(ctx: Context) -> list[str]:
-    """The loader's own checks (manifest, tokenizer identity, bucket/split, sequences, epochs,
-    shard structure and, by data.verify, sha256) run once before any rank starts."""
-    from ..data.loader import build_loader
+    """The data's own checks (megablu.data.mix.mix_problems: datasets, buckets, tokenizer identity,
+    shard structure, epochs, for data.path or every data.mix source), then, where this process
+    hashes, the sha256 of every selected shard by data.verify (cache | full)."""
+    from ..data.loader import verify_selection
+    from ..data.mix import mix_problems
     from ..data.shards import DataError
 
     cfg = ctx.cfg
-    if not cfg.data.path:
-        return ["data.path: not set; point it at a dataset made by `megablu data build` or `megablu data import`"]
-    if not Path(cfg.data.path, "manifest.json").is_file():
-        return [f"data.path: {cfg.data.path} has no manifest.json; build it with `megablu data build` "
-                f"or `megablu data import`"]
-    if ctx.tokenizer is None:
-        return []   # the tokenizer problem is reported; the identity check needs it
-    verify = cfg.data.verify if ctx.hash else "structure"
-    try:
-        loader = build_loader(cfg.data, ctx.tokenizer.identity, micro_batch=cfg.train.micro_batch, dp_rank=0,
-                              dp_size=1, total_sequences=planned_sequences(cfg), verify=verify)
-    except (DataError, OSError) as e:
-        return [f"data: {e}"]
-    loader.close()
-    return []
+    problems = mix_problems(cfg, ctx.tokenizer.identity if ctx.tokenizer is not None else None)
+    if problems or not ctx.hash or ctx.tokenizer is None:
+        return problems
+    d = cfg.data
+    selections = ([("data", d.path, d.bucket, d.split)] if d.mix is None else
+                  [(f"data.mix[{i}] ({s.name})", s.path, s.bucket, s.split) for i, s in enumerate(d.mix)
+                   if s.weight > 0])
+    for field, path, bucket, split in selections:
+        try:
+            verify_selection(path, bucket, split, d.verify)
+        except (DataError, OSError) as e:
+            problems.append(f"{field}: {e}")
+    return problems
 
 
 def init_from_problems(ctx: Context) -> list[str]:
@@ -159,7 +159,8 @@ def eval_problems(ctx: Context) -> list[str]:
 
         try:   # a gate that cannot be checked is found after hours of training otherwise
             parent = load_result(cfg.eval.gate.parent)
-            problems += [f"eval.gate.parent: {p}" for p in parent_problems(parent, cfg.eval.gate, cfg.eval.tasks)]
+            problems += [f"eval.gate.parent: {p}" for p in parent_problems(parent, cfg.eval.gate, cfg.eval.tasks,
+                                                                           loss=bool(cfg.eval.loss.data))]
         except EvalError as e:
             problems.append(f"eval.gate.parent: {e}")
     if cfg.eval.haystack:
@@ -169,15 +170,13 @@ def eval_problems(ctx: Context) -> list[str]:
         if not Path(hay, "manifest.json").is_file():
             problems.append(f"eval.haystack: {hay} has no manifest.json; give a dataset dir built with "
                             f"`megablu data build` (optionally DIR@bucket)")
-    if cfg.eval.lengths and ctx.tokenizer is not None:
-        from ..eval.harness import min_lengths
+    tok = ctx.tokenizer
+    if tok is not None and (cfg.eval.at_steps or cfg.eval.final) and not any("eval.haystack" in p for p in problems):
+        from ..eval.harness import preflight_problems
 
-        for task, need in min_lengths(cfg.eval, ctx.tokenizer).items():
-            short = sorted(L for L in set(cfg.eval.lengths) if L < need)
-            if short:
-                problems.append(f"eval.lengths: {short} shorter than the {task} prompt without filler ({need} tokens "
-                                f"with {ctx.tokenizer.identity}); the final eval would fail after training: use "
-                                f"lengths >= {need}")
+        # every task's prompts at every length, in this tokenizer (a length shorter than a task's
+        # prompt without filler, a haystack too small): not after hours of training
+        problems += [f"eval: {p}" for p in preflight_problems(cfg.eval, tok, cfg.data.window)]
     return problems
 
 

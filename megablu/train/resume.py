@@ -96,6 +96,10 @@ def schedule_problem(saved: Config, now: Config, step: int) -> Optional[str]:
 
 def resume_problems(saved: dict, now: Config, step: int) -> list[str]:
     """Every reason the config `now` cannot continue a checkpoint saved with `saved` at `step`."""
+    try:   # the saved dict with the defaults of fields added since it was written
+        saved = build_config(saved).model_dump(mode="json")
+    except ConfigError:
+        pass
     changes = config_changes(saved, now.model_dump(mode="json"))
     other = [c for c in changes if c[0] not in RESUMABLE]
     problems = [f"{k}: saved {a!r}, now {b!r}" for k, a, b in other]

@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..config import Config, config_hash, grad_accum_steps, planned_sequences, to_yaml
+from ..config import Config, config_hash, grad_accum_steps, to_yaml
 from ..model.decoder import BluModel
 from ..parallel.groups import Groups, build_groups
 from ..parallel.ulysses import apply_ulysses
@@ -99,6 +99,9 @@ class Trainer:
         self._gate_failure: Optional[str] = None
         self.run_dir: Optional[Path] = None   # known once setup allocated or found it
         self.lock = None                      # rank 0: the run's liveness lock (runs.RunLock)
+        # train.stop_after_s: this session's wall-clock budget, counted from the Trainer's start
+        self._t_start = time.monotonic()
+        self._timed, self._out_of_time, self._slowest_extra = False, False, 0.0
 
     # ------------------------------------------------------------------ setup
     def _init_distributed(self) -> Groups:
@@ -191,8 +194,8 @@ class Trainer:
         self.tokenizer = load_tokenizer(cfg.tokenizer)   # its vocab against the model: preflight
 
         from ..data.loader import build_loader
+        from ..data.mix import planned_sequences, write_mixture
 
-        # sha256 as data.verify says was applied by the preflight (rank 0) just before: the cache
         self.loader = build_loader(cfg.data, self.tokenizer.identity, micro_batch=cfg.train.micro_batch,
                                    dp_rank=g.dp_rank, dp_size=g.dp, total_sequences=planned_sequences(cfg))
 
@@ -226,6 +229,8 @@ class Trainer:
             if _rank0():   # written only now that the resume is accepted
                 self._write_resolved()
             self._session_start = self.step
+        if _rank0():   # what each source contributes (token shares, epochs, truncation, padding)
+            write_mixture(self.run_dir, self.loader.mixture)
         self.metrics = MetricsWriter(self.run_dir, self.step) if _rank0() else None
         if self.resume and self.step > 0 and self._eval_due(self.step):
             # killed between the save of an eval step and its result: evaluate that step now
@@ -309,7 +314,8 @@ class Trainer:
         """One optimizer step over grad_accum micro-batches; returns (token-mean loss, grad norm)."""
         micro = [self.loader.next_batch() for _ in range(self.grad_accum)]
         loss = forward_backward(self.engine, micro, self.groups, self.cfg.parallel.zero_stage,
-                                self.cfg.parallel.reduce_scatter)
+                                self.cfg.parallel.reduce_scatter, doc_mask=self.cfg.data.doc_mask,
+                                doc_positions=self.cfg.data.doc_positions)
         gn = self.engine.get_global_grad_norm()
         return loss, (float(gn) if gn is not None else None)
 
@@ -345,10 +351,15 @@ class Trainer:
             n_probe = min(cfg.train.probe_steps, stop - self.step)
             if n_probe > 0:
                 self._probe(one_step, n_probe)
-            while self.step < stop:
+            self._timed = cfg.train.stop_after_s is not None   # the probe's steps are never cut short
+            while self.step < stop and not self._out_of_time:
                 one_step()
         finally:   # closed before any error is reported, so the bar is not the last line on stderr
             bar.close()
+        if self._out_of_time and _rank0():
+            log.warning("stopped at step %d of %d: train.stop_after_s=%g would be exceeded by the next step; "
+                        "checkpoint saved; continue with --resume %s", self.step, cfg.train.max_steps,
+                        cfg.train.stop_after_s, self.run_dir)
         if self.metrics is not None:
             self.metrics.close()
         from .metrics import run_summary
@@ -357,7 +368,8 @@ class Trainer:
         summary = None
         if _rank0():
             session = {"from_step": self._session_start, "to_step": self.step, "world": g.describe()}
-            summary = run_summary(self.run_dir, session, gate=self._gate_failure)
+            stopped = f"train.stop_after_s={cfg.train.stop_after_s:g}" if self._out_of_time else None
+            summary = run_summary(self.run_dir, session, gate=self._gate_failure, stopped=stopped)
         summary = self._broadcast(summary) if dist.is_initialized() else summary
         if self._gate_failure:
             raise GateFailed(self._gate_failure, summary)
@@ -409,8 +421,25 @@ class Trainer:
             bar.set_postfix(loss=f"{loss:.4f}", lr=f"{self._lr:.2e}", tok_s=f"{row['tokens_per_s']:.0f}")
             bar.update(1)
         t1 = time.perf_counter()
-        self._maybe_checkpoint_and_eval(stopping=self.step == stop)
-        return time.perf_counter() - t1
+        if self._timed and self.step < stop:
+            self._out_of_time = self._time_is_up(time.perf_counter() - t0)
+        self._maybe_checkpoint_and_eval(stopping=self.step == stop or self._out_of_time)
+        spent = time.perf_counter() - t1
+        self._slowest_extra = max(self._slowest_extra, spent)
+        return spent
+
+    def _time_is_up(self, step_s: float) -> bool:
+        """Would one more step, and a checkpoint after it, end past train.stop_after_s? Decided on
+        rank 0 and broadcast, so every rank stops after the same step."""
+        if _rank0():
+            elapsed = time.monotonic() - self._t_start
+            # the slowest checkpoint/eval so far stands in for the save at the stop (the first save:
+            # assume it costs a step)
+            save_s = self._slowest_extra or step_s
+            up = elapsed + 1.2 * step_s + save_s > self.cfg.train.stop_after_s
+        else:
+            up = None
+        return bool(self._broadcast(up)) if dist.is_initialized() else bool(up)
 
     def _eval_due(self, s: int) -> bool:
         return s in self.cfg.eval.at_steps or (s == self.cfg.train.max_steps and self.cfg.eval.final)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sysconfig
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,45 @@ def tiny_model(vocab=257, n_layers=2, d=32, h=4, kv=2, seed=0, rope=None):
     return m.eval()
 
 
+_NUMS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10}
+
+
+def ruler_oracle(text: str):
+    """The answer a perfect reader derives from a suite prompt's TEXT (never from Prompt.answers):
+    niah values of the asked keys, the vt chain followed from the asked value, cwe/fwe counted.
+    None when the text is not (yet) a whole suite prompt."""
+    q = re.search(r"What are all the special magic \w+ for (.+?) mentioned in the provided text\? The special", text)
+    if q:
+        keys = re.split(r", and |, ", q.group(1))
+        vals = [v for k in keys for v in re.findall(r"One of the special magic \w+ for " + re.escape(k)
+                                                      + r" is: ([\w-]+)\.", text)]
+        return ", ".join(vals)
+    qs = list(re.finditer(r"Find all variables that are assigned the value (\d+) in the text above", text))
+    if qs and text.rstrip().endswith("they are:"):
+        value = qs[-1].group(1)
+        found = re.findall(r"VAR (\w+) = " + value + r"\.", text)
+        frontier = list(found)
+        while frontier:
+            x = frontier.pop()
+            for y in re.findall(r"VAR (\w+) = VAR " + x + r"\.", text):
+                if y not in found:
+                    found.append(y)
+                    frontier.append(y)
+        return ", ".join(found)
+    if "Below is a numbered list of words" in text and text.rstrip().endswith("appear most often in the list are:"):
+        parts = text.split("\nQuestion: What are the ")
+        k = int(parts[-1].split(" ")[0])
+        body = parts[-2].split("\n\n", 1)[1]          # after the worked example's answer
+        counts = Counter(re.findall(r"^\d+\. (\w+)$", body, flags=re.M))
+        return ", ".join(w for w, _ in counts.most_common(k))
+    if "track the frequency of each coded word" in text and text.rstrip().endswith("appeared words are:"):
+        k = _NUMS[re.search(r"Find the (\w+) most frequently", text).group(1)]
+        body = text.split("coded words.\n", 1)[1].split("\nQuestion:")[0]
+        counts = Counter(w for w in body.split() if w != "....")
+        return ", ".join(w for w, _ in counts.most_common(k))
+    return None
+
+
 class OracleModel(torch.nn.Module):
     """Reads the prompt like a perfect retriever and emits ' <answer>.' then EOT -- up to
     `max_ok_len` prompt tokens; beyond it answers a wrong number. Follows the model interface
@@ -56,14 +96,18 @@ class OracleModel(torch.nn.Module):
 
     def _answer(self, ids):
         text = self.tok.decode(ids)
+        suite = ruler_oracle(text)
+        if suite is not None:
+            ans = suite if len(ids) <= self.max_ok_len else "nothing"
+            return self.tok.encode(" " + ans + ".") + [self.tok.eot_id] * 200
         m = re.search(r"pass key is (\d+)\. Remember it", text)
         q = re.search(r"magic number for ([\w-]+) mentioned in the provided text\?", text)
         if m is None and q is not None:
             m = re.search(r"magic numbers for " + re.escape(q.group(1)) + r" is: (\d+)\.", text)
         if m is None:  # an early prefill chunk: the question has not been seen yet
-            return [self.tok.eot_id] * 64
+            return [self.tok.eot_id] * 200
         ans = m.group(1) if len(ids) <= self.max_ok_len else "1" + m.group(1)[1:][::-1]
-        return self.tok.encode(" " + ans + ".") + [self.tok.eot_id] * 64
+        return self.tok.encode(" " + ans + ".") + [self.tok.eot_id] * 200
 
     def forward(self, input_ids, position_ids=None, cache=None, logits_index=None):
         B, T = input_ids.shape

@@ -1,6 +1,7 @@
 """`megablu compare` and `megablu eval` as a user runs them: stdout is the table, logs on stderr,
 exit 1 on a failed gate, 2 on invalid input; a real --ckpt and an HF --hf directory."""
 import json
+import re
 
 import pytest
 import torch
@@ -150,3 +151,49 @@ def test_eval_refuses_a_gate_parent_without_the_short_lengths(tmp_path, capsys):
     assert main(["eval", "--config", str(cfg), "--ckpt", str(ck), "--no-plot", "--rope-override"]) == 2
     assert "has no result for passkey@300" in capsys.readouterr().err
     assert not (tmp_path / "runs" / "tiny" / "eval" / "step_5.json").exists()   # nothing was generated
+
+
+def test_eval_suite_per_length_runs_merge_in_compare_and_bad_input_exits_2(tmp_path, capsys, haystack_docs):
+    """How bench/h200_ruler.sh runs it: `megablu eval --tasks ... --lengths L` once per length into
+    its own dir (with the held-out loss), then `megablu compare` over the dirs joins the lengths
+    of one arm, cells and loss alike. Bad input exits 2 before any weight is loaded."""
+    import numpy as np
+
+    from megablu.data.shards import DatasetWriter
+    from megablu.data.tokenizer import ByteTokenizer
+    from megablu.model.hf import to_hf
+
+    tok = ByteTokenizer()
+    ds = tmp_path / "ds"
+    meta = {"identity": tok.identity, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id}
+    text = "\n".join(haystack_docs)
+    with DatasetWriter(ds, meta, edges=(1024, 1 << 20)) as w:
+        for i in range(6):
+            w.add(np.asarray(tok.encode(text[i * 9000:i * 9000 + (8000 if i < 3 else 700)]), dtype=np.int64), "val",
+                  {"source": "stdlib", "license": "PSF", "key": f"s/{i}"})
+        w.finish()
+    hf_dir = tmp_path / "hf"
+    to_hf(tiny_model(seed=4)).save_pretrained(str(hf_dir))
+    cfg = _config(tmp_path)
+    base = ["eval", "--config", str(cfg), "--hf", str(hf_dir), "--step", "0", "--arm", "a", "--no-plot",
+            "--set", "data.window=2048", "--set", f"eval.loss.data={ds}", "--set", "eval.loss.n=1",
+            "--set", "eval.loss.short_min=500", "--set", "eval.loss.short_max=900", "--set", f"eval.haystack={ds}",
+            "--tasks", "niah_single_1", "niah_single_2", "--n", "2"]
+    for L in (1100, 1500):
+        assert main(base + ["--lengths", str(L), "--out", str(tmp_path / f"a_{L}")]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "a_1100"), str(tmp_path / "a_1500")]) == 0
+    out = capsys.readouterr().out
+    assert "### niah_single_2" in out and "| a@0 | 0.0 | 0.0 |" in out
+    assert "### held-out loss" in out and re.search(r"\| a@0 \| [\d.]+ \([\d.]+\) \| [\d.]+ \([\d.]+\) \| [\d.]+ \(3 docs\) \|",
+                                                   out), out
+    # bad input: exit 2 naming the task and the fix, before the (missing) weights are touched
+    bad = ["eval", "--config", str(cfg), "--ckpt", str(tmp_path / "none.safetensors"), "--step", "1",
+           "--set", "data.window=2048"]
+    assert main(bad + ["--tasks", "niah_single_7"]) == 2
+    assert "unknown task(s) ['niah_single_7']; known tasks:" in capsys.readouterr().err
+    assert main(bad + ["--tasks", "cwe", "--lengths", "900"]) == 2
+    err = capsys.readouterr().err
+    assert "[900] cannot hold task cwe" in err and "cannot load weights" not in err
+    assert main(bad + ["--tasks", "niah_single_2", "--lengths", "900"]) == 2
+    assert "needs a real-text haystack" in capsys.readouterr().err

@@ -52,3 +52,54 @@ def test_cut_at_eot():
     assert cut_at_eot([5, 6, 2, 7], 2) == [5, 6]
     assert cut_at_eot([5, 6], 2) == [5, 6]
     assert cut_at_eot([5, 6], None) == [5, 6]
+
+
+def test_eot_early_stop_equals_decoding_on():
+    """Stopping once every row has emitted EOT changes nothing that scoring reads (the output up
+    to the first EOT), and stops: a row's tokens after its EOT are EOT."""
+    m = tiny_model(vocab=97, seed=1).double()
+    ids = _prompts(3, 40, 97, seed=3)
+    ref = greedy_generate(m, ids, 16)
+    eot = int(ref[0, 2])                                   # a token row 0 emits early
+    got = greedy_generate(m, ids, 16, eot_id=eot)
+    assert got.shape == ref.shape
+    for r, g in zip(ref.tolist(), got.tolist()):
+        assert cut_at_eot(g, eot) == cut_at_eot(r, eot)
+    calls = []
+    real = m.forward
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    m.forward = counting
+    every = int(ref[0, 0])
+    greedy_generate(m, ids[:1], 16, eot_id=every, prefill_chunk=0)   # row 0's first token is its EOT
+    assert len(calls) == 1                                            # the prefill only: nothing decoded
+
+
+def test_static_cache_is_preallocated_and_sets_rope_len(monkeypatch):
+    """Generation makes its cache in one place (generate.new_cache): buffers of prompt + max_new
+    written in place (no torch.cat per token), and rope_len = L + max_new set when the model's
+    KVCache has that field (the model side picks the rope from it at prefill)."""
+    from megablu.eval import generate
+    from megablu.model.decoder import KVCache
+
+    m = tiny_model(vocab=97, seed=1).double()
+    seen = []
+    real = generate.new_cache
+
+    def spy(*a, **k):
+        c = real(*a, **k)
+        seen.append(c)
+        return c
+
+    monkeypatch.setattr(generate, "new_cache", spy)
+    monkeypatch.setattr(KVCache, "rope_len", None, raising=False)
+    ids = _prompts(2, 50, 97)
+    greedy_generate(m, ids, 7, prefill_chunk=16)
+    (c,) = seen
+    assert c.rope_len == 57 and c.capacity == 57 and c.length == 56      # the last token is never fed back
+    assert c.k[0].data_ptr() == c._kb[0].data_ptr()                      # a view of the preallocated buffer
+    with pytest.raises(RuntimeError, match="capacity"):
+        c.append(0, c.k[0][:, :2], c.v[0][:, :2])

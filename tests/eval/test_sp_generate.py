@@ -80,5 +80,65 @@ def test_dp_groups_split_the_prompts_and_gather_the_same_result(tmp_path):
     ref = run_eval(_model(4, 2), ByteTokenizer(), cfg, 512, step=3, out_dir=tmp_path / "one", rank=0, plot=False,
                    batch_tokens=301)
     assert s0 == s1 == ref["samples"]
-    strip = [{k: v for k, v in c.items() if k != "seconds"} for c in ref["cells"]]
-    assert [{k: v for k, v in c.items() if k != "seconds"} for c in c0] == strip
+    timing = ("seconds", "prompts_per_s")
+    strip = [{k: v for k, v in c.items() if k not in timing} for c in ref["cells"]]
+    assert [{k: v for k, v in c.items() if k not in timing} for c in c0] == strip
+
+
+SUITE_TASKS = ["niah_single_1", "niah_multikey_2", "vt", "tiny_cwe", "fwe"]
+
+
+def _suite_cfg(data):
+    from megablu.config.schema import LossEvalConfig
+
+    return EvalConfig(lengths=[1400], tasks=SUITE_TASKS, n=2, pad=32, seed=4,
+                      task_defs={"tiny_cwe": {"family": "cwe", "common": 3, "freq_common": 4, "freq_uncommon": 1,
+                                              "max_new": 24}},
+                      loss=LossEvalConfig(data=data, n=1, short_docs=2, short_min=200, short_max=900))
+
+
+def _suite_worker(rank, world, out_dir, data):
+    torch.set_num_threads(1)
+    from megablu.data.tokenizer import ByteTokenizer
+    from megablu.eval.harness import run_eval
+    from megablu.parallel.groups import build_groups
+    from megablu.parallel.ulysses import apply_ulysses
+
+    g = build_groups(2)
+    m = apply_ulysses(_model(3, 1), g)                        # SmolLM2-like uneven heads
+    res = run_eval(m, ByteTokenizer(), _suite_cfg(data), 2048, sp_group=g.sp_group, step=1, out_dir=out_dir,
+                   rank=rank, plot=False)
+    return res["samples"], res["cells"], res["loss"]
+
+
+def test_sp2_suite_prompts_scores_and_loss_equal_one_rank(tmp_path):
+    """The RULER-grade tasks and the held-out loss under sp=2 (Ulysses prefill, static cache,
+    EOT stop broadcast) give the one-rank samples, cells and losses."""
+    import numpy as np
+
+    from megablu.data.shards import DatasetWriter
+    from megablu.data.tokenizer import ByteTokenizer
+    from megablu.eval.harness import run_eval
+
+    tok = ByteTokenizer()
+    data = tmp_path / "ds"
+    meta = {"identity": tok.identity, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id}
+    import sysconfig
+    from pathlib import Path
+
+    text = (Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py").read_text()
+    with DatasetWriter(data, meta, edges=(1024, 1 << 20)) as w:
+        for i, (a, b) in enumerate([(0, 3000), (3000, 3301), (4000, 4777)]):
+            w.add(np.asarray(tok.encode(text[a:b]), dtype=np.int64), "val",
+                  {"source": "stdlib", "license": "PSF", "key": f"t/{i}"})
+        w.finish()
+    samples, cells, loss = run_distributed(_suite_worker, 2, str(tmp_path / "sp"), str(data))
+    ref = run_eval(_model(3, 1), tok, _suite_cfg(str(data)), 2048, step=1, out_dir=tmp_path / "one", rank=0,
+                   plot=False)
+    assert {s["task"] for s in samples} == set(SUITE_TASKS)
+    assert samples == ref["samples"]
+    strip = lambda cs: [{k: v for k, v in c.items() if k not in ("seconds", "prompts_per_s")} for c in cs]  # noqa
+    assert strip(cells) == strip(ref["cells"])
+    for a, b in zip(loss["by_length"] + [loss["short"]], ref["loss"]["by_length"] + [ref["loss"]["short"]]):
+        assert a["tokens"] == b["tokens"] and a["digest"] == b["digest"]
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-9)

@@ -151,6 +151,33 @@ def test_rope_kernel(emu, dtype, vec, table):
         assert_close(got, want.detach(), dtype, what=f"{what} vec={vec}")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rope_kernel_per_token_tables_of_beyond_original(emu, dtype):
+    """rope.yarn.apply=beyond_original hands the kernel (B, T, D) tables that differ per row and
+    per token (a packed row mixing original-RoPE and YaRN documents, restart positions): the
+    kernel indexes them by batch and token stride, forward and backward."""
+    from megablu.config.schema import RopeConfig, YarnConfig
+    from megablu.model.packing import document_lengths, document_positions
+    from megablu.model.rope import RotaryEmbedding
+
+    B, T, H, Hkv, D = 2, 24, 9, 3, 64
+    rot = RotaryEmbedding(D, RopeConfig(theta=1e4, yarn=YarnConfig(factor=2.0, original_max_position=8,
+                                                                    apply="beyond_original")))
+    doc = torch.tensor([[0] * 5 + [1] * 12 + [2] * 7, [0] * 24])
+    cos, sin = rot(document_positions(doc), torch.float32, document_lengths(doc))
+    assert not torch.equal(cos[0], cos[1]) and cos.stride(0) == T * D
+    cos, sin = cos.to(dtype), sin.to(dtype)
+    q, k = _rand(B, T, H, D, dtype=dtype, seed=0), _rand(B, T, Hkv, D, dtype=dtype, seed=1)
+    gq, gk = _rand(B, T, H, D, dtype=dtype, seed=2), _rand(B, T, Hkv, D, dtype=dtype, seed=3)
+    q64, k64 = q.double().requires_grad_(), k.double().requires_grad_()
+    tq, tk = model_apply_rotary(q64, k64, cos.double(), sin.double())
+    tdq, tdk = torch.autograd.grad((tq, tk), (q64, k64), (gq.double(), gk.double()))
+    oq, ok = _rope_emu(emu, q, k, cos, sin, 16 // q.element_size(), False)
+    dq, dk = _rope_emu(emu, gq, gk, cos, sin, 16 // q.element_size(), True)
+    for got, want, what in ((oq, tq, "q'"), (ok, tk, "k'"), (dq, tdq, "dq"), (dk, tdk, "dk")):
+        assert_close(got, want.detach(), dtype, what=what)
+
+
 # --------------------------------------------------------------------------- RMSNorm
 @pytest.mark.parametrize("dtype,d,vpt", [(torch.bfloat16, 64, 1), (torch.bfloat16, 576, 3), (torch.bfloat16, 1024, 4),
                                          (torch.bfloat16, 1536, 6), (torch.bfloat16, 2048, 8),

@@ -41,16 +41,28 @@ def rows(run_dir):
 
 
 def test_split_run_with_resume_equals_straight_run(dataset, tmp_path):
-    common = [f"runs_dir={tmp_path}/runs", f"data.path={dataset}", "train.max_steps=6", "schedule.warmup_steps=2",
+    """Through a data.mix of two sources (long documents packed, short ones whole), so the resumed
+    loader must continue each source where it stopped; test_resume_with_another_sp covers data.path."""
+    mix = ("data.mix=[{name: long, path: %s, bucket: 'b1,b2,b3,b4,b5,b6', mode: pack, weight: 0.6}, "
+           "{name: short, path: %s, bucket: b0, mode: fit, weight: 0.4}]" % (dataset, dataset))
+    common = [f"runs_dir={tmp_path}/runs", "data.path=null", mix, "train.max_steps=6", "schedule.warmup_steps=2",
               "schedule.decay_start=3", "checkpoint.every_steps=0", "data.max_epochs=100"]
     straight = launch(2, common)
     first = launch(2, common + ["train.stop_after=3"])
     assert first["steps"] == 3
+    # a session's wall-clock budget (a SLURM limit, a device call): stops at the first step end that
+    # leaves no time for another step and its checkpoint -- here after step 4 -- saved, exit 0
+    timed = launch(2, common + ["train.stop_after_s=0.001", "train.probe_steps=0"], resume=first["run_dir"])
+    assert timed["steps"] == 4 and timed["stopped"] == "train.stop_after_s=0.001"
     resumed = launch(2, common, resume=first["run_dir"])
     assert resumed["run_dir"] == first["run_dir"] and resumed["steps"] == 6
     a, b = rows(straight["run_dir"]), rows(first["run_dir"])
     assert [r[0] for r in b] == [1, 2, 3, 4, 5, 6]
     assert a == b          # identical losses and learning rates, as strings (bit for bit)
+    assert "stopped" not in resumed
+    mixture = json.loads((Path(first["run_dir"]) / "mixture.json").read_text())
+    assert [s["name"] for s in mixture["sources"]] == ["long", "short"]
+    assert sum(s["planned_sequences"] for s in mixture["sources"]) == mixture["planned_sequences"] == 6 * 4
 
 
 def test_resume_with_another_sp_continues_the_same_run(dataset, tmp_path):

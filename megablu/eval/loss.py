@@ -1,0 +1,187 @@
+"""Held-out language-modelling loss beside the retrieval tasks (eval.loss).
+
+Two measurements on the val split of a dataset (`eval.loss.data`, 'DIR' or 'DIR@bucket'):
+- loss per eval length: n sequences of exactly L tokens of the val stream (documents in a
+  seeded order joined by a blank line, megablu.data.haystack), loss per token (nats) over all
+  positions, its exp (perplexity), and the tail loss over positions >= L/2 (the predictions
+  that have at least L/2 tokens of context: the long-context part);
+- short-document loss: up to `short_docs` val documents of short_min..short_max tokens
+  (default 1k-4k), each scored whole from its first token; pooled per token. This is what the
+  gate compares with the parent's (a relative margin): an arm that keeps its passkey but
+  forgets language modelling fails.
+
+Both are the same for every arm (seeded, the tokenizer checked against the data). The model is
+run without labels: a forward hook on the last block keeps its hidden states, so the vocab
+projection runs in chunks here ((chunk, V) logits at a time, never (L, V)). Under sequence
+parallelism each rank scores its slice (end padding ignored) and the sums are all-reduced.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .prompts import EvalError, TokenizerLike
+
+HEAD_CHUNK = 4096     # positions per vocab projection
+
+
+def _hay(spec: str, tokenizer):
+    from ..data.haystack import Haystack, split_spec
+    from ..data.shards import DataError
+
+    root, bucket = split_spec(spec)
+    try:
+        return Haystack(root, tokenizer, bucket=bucket, split="val")
+    except (DataError, OSError) as e:
+        raise EvalError(f"eval.loss.data={spec!r}: {e}") from None
+
+
+def _short_docs(hs, lo: int, hi: int, count: int, seed: int) -> list[int]:
+    import numpy as np
+
+    lens = hs.table.doc_len
+    ok = [int(d) for d in np.random.default_rng([seed, 11]).permutation(len(lens)) if lo <= lens[d] <= hi]
+    return ok[:count]
+
+
+def loss_problems(eval_cfg, tokenizer: TokenizerLike) -> list[str]:
+    lo = eval_cfg.loss
+    try:
+        hs = _hay(lo.data, tokenizer)
+    except EvalError as e:
+        return [str(e)]
+    out = []
+    cap = hs.n_tokens + len(hs.sep) * (len(hs.table) - 1)
+    if eval_cfg.lengths and max(eval_cfg.lengths) > cap:
+        out.append(f"eval.loss.data={lo.data!r}: its val split holds {cap:,} tokens < the longest eval length "
+                   f"{max(eval_cfg.lengths)}; use a dataset with more val text (or 'DIR' for all buckets)")
+    if lo.short_docs and not _short_docs(hs, lo.short_min, lo.short_max, 1, eval_cfg.seed):
+        out.append(f"eval.loss.data={lo.data!r}: no val document of {lo.short_min}..{lo.short_max} tokens for the "
+                   f"short-document loss; use 'DIR' (all buckets) or set eval.loss.short_docs=0")
+    return out
+
+
+def loss_inputs(eval_cfg, tokenizer: TokenizerLike) -> dict:
+    """{'by_length': {L: [ids] * n}, 'short': [ids per document]}: the sequences, for every arm the same."""
+    lo = eval_cfg.loss
+    problems = loss_problems(eval_cfg, tokenizer)
+    if problems:
+        raise EvalError("; ".join(problems))
+    hs = _hay(lo.data, tokenizer)
+    by_length = {}
+    for L in sorted(set(eval_cfg.lengths)):
+        # seed per (seed, L, i): adding a length or raising n keeps the other sequences
+        by_length[L] = [hs.tokens(L, seed=_seed(eval_cfg.seed, L, i)) for i in range(lo.n)]
+    docs = _short_docs(hs, lo.short_min, lo.short_max, lo.short_docs, eval_cfg.seed) if lo.short_docs else []
+    short = [hs.table.doc(d).astype("int64").tolist() for d in docs]
+    return {"by_length": by_length, "short": short}
+
+
+def _seed(*parts) -> int:
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:4], "little")
+
+
+def _digest(seqs) -> str:
+    h = hashlib.sha256()
+    for s in seqs:
+        h.update(b",".join(str(i).encode() for i in s))
+        h.update(b"\n")
+    return h.hexdigest()[:16]
+
+
+class _LastHidden:
+    """Forward hook on the last block: its output (B, T_local, d), before the final norm."""
+
+    def __init__(self, model):
+        self.h = None
+        self.handle = model.layers[-1].register_forward_hook(self._hook)
+
+    def _hook(self, mod, args, out):
+        self.h = out
+
+    def close(self):
+        self.handle.remove()
+
+
+@torch.no_grad()
+def sequence_nll(model, ids: list[int], *, sp_group=None,
+                 tail_from: Optional[int] = None) -> tuple[float, int, float, int]:
+    """(sum of next-token NLL in nats, tokens scored, tail sum, tail tokens) of one sequence.
+
+    Positions 0..T-2 predict tokens 1..T-1; the tail is the predictions at positions >= tail_from."""
+    dev = next(model.parameters()).device
+    x = torch.tensor([ids], dtype=torch.long, device=dev)
+    T = x.shape[1]
+    sp = dist.get_world_size(sp_group) if sp_group is not None else 1
+    tail_from = T if tail_from is None else tail_from
+    hook = _LastHidden(model)
+    try:
+        if sp > 1:
+            r = dist.get_rank(sp_group)
+            Tp = -(-T // sp) * sp
+            per = Tp // sp
+            xp = torch.cat([x, x[:, -1:].expand(1, Tp - T)], 1) if Tp != T else x
+            pos = torch.arange(r * per, (r + 1) * per, device=dev)[None]
+            model(xp[:, r * per:(r + 1) * per], position_ids=pos, logits_index=-1)
+            first = r * per
+        else:
+            model(x, logits_index=-1)
+            first = 0
+        h = hook.h
+    finally:
+        hook.close()
+    stats = torch.zeros(4, dtype=torch.float64, device=dev)
+    for s in range(0, h.shape[1], HEAD_CHUNK):
+        g = torch.arange(first + s, first + min(s + HEAD_CHUNK, h.shape[1]), device=dev)   # global positions
+        keep = g < T - 1                                                # a next token exists (not end padding)
+        if not bool(keep.any()):
+            continue
+        g = g[keep]
+        logits = model.lm_head(model.norm(h[:, s:s + HEAD_CHUNK][:, keep]))            # (1, c, V)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))            # bf16 -> fp32
+        nll = F.cross_entropy(logits[0], x[0, g + 1], reduction="none").double()
+        tail = g >= tail_from
+        stats += torch.stack([nll.sum(), torch.tensor(float(nll.numel()), device=dev, dtype=torch.float64),
+                              nll[tail].sum(), tail.sum().double()])
+    if sp > 1:
+        dist.all_reduce(stats, group=sp_group)
+    a, n, b, m = stats.tolist()
+    return a, int(n), b, int(m)
+
+
+def run_loss(model, data: dict, eval_cfg, *, sp_group=None, dp_group=None) -> dict:
+    """The result's "loss" section (module docstring). Collective over sp_group and dp_group."""
+    dp = dist.get_world_size(dp_group) if dp_group is not None else 1
+    dr = dist.get_rank(dp_group) if dp_group is not None else 0
+
+    def score(seqs, tail: bool):
+        mine = {i: sequence_nll(model, s, sp_group=sp_group, tail_from=len(s) // 2 if tail else None)
+                for i, s in enumerate(seqs) if i % dp == dr}
+        if dp > 1:
+            parts = [None] * dp
+            dist.all_gather_object(parts, mine, group=dp_group)
+            mine = {k: v for p in parts for k, v in p.items()}
+        return [mine[i] for i in range(len(seqs))]
+
+    by_length = []
+    for L, seqs in data["by_length"].items():
+        st = score(seqs, tail=True)
+        a, n = sum(s[0] for s in st), sum(s[1] for s in st)
+        b, m = sum(s[2] for s in st), sum(s[3] for s in st)
+        per = [s[0] / max(s[1], 1) for s in st]
+        by_length.append({"length": L, "n": len(seqs), "tokens": n, "loss": a / n, "ppl": math.exp(a / n),
+                          "tail_loss": b / max(m, 1), "per_seq": per, "digest": _digest(seqs)})
+    out = {"data": eval_cfg.loss.data, "by_length": by_length, "short": None}
+    if data["short"]:
+        st = score(data["short"], tail=False)
+        a, n = sum(s[0] for s in st), sum(s[1] for s in st)
+        lo = eval_cfg.loss
+        out["short"] = {"range": [lo.short_min, lo.short_max], "n_docs": len(st), "tokens": n, "loss": a / n,
+                        "ppl": math.exp(a / n), "per_doc": [[s[1], s[0] / max(s[1], 1)] for s in st],
+                        "digest": _digest(data["short"])}
+    return out

@@ -1,0 +1,39 @@
+"""Task name -> prompt builder: the one place the families of megablu.config.eval_tasks meet
+their builders. Every builder has `build(length, index) -> Prompt` (exactly `length` tokens,
+seeded by (seed, task, index)) and `min_length()` (the shortest length its n prompts fit, in
+this tokenizer)."""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..config.eval_tasks import RULER_SUITE, needs_text_haystack
+from .needle import Haystack, NeedleBuilder, NiahBuilder
+from .passkey import PasskeyBuilder
+from .prompts import EvalError, TokenizerLike
+from .vt import VTBuilder
+from .words import CWEBuilder, FWEBuilder
+
+__all__ = ["RULER_SUITE", "make_builder", "needs_text_haystack"]
+
+
+def make_builder(task: str, spec, tokenizer: TokenizerLike, seed: int, n: int, haystack: Optional[Haystack]):
+    f = spec.family
+    if f == "passkey":
+        return PasskeyBuilder(tokenizer, seed, n)
+    if needs_text_haystack(spec) and haystack is None:
+        raise EvalError(f"task {task!r} needs a real-text haystack: set eval.haystack (a dataset dir whose val split "
+                        f"is the haystack) or pass haystack=")
+    if f == "needle":
+        b = NeedleBuilder("multikey" if spec.distractors else "needle", tokenizer, seed, n, haystack,
+                          n_distractors=spec.distractors)
+        b.task = task
+        return b
+    if f == "niah":
+        return NiahBuilder(task, spec, tokenizer, seed, n, haystack)
+    if f == "vt":
+        return VTBuilder(task, spec, tokenizer, seed, n)
+    if f == "cwe":
+        return CWEBuilder(task, spec, tokenizer, seed, n)
+    if f == "fwe":
+        return FWEBuilder(task, spec, tokenizer, seed, n)
+    raise EvalError(f"task {task!r}: unknown family {f!r}")
