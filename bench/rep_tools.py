@@ -104,6 +104,21 @@ def report(work: Path, out: Path, scale: str) -> None:
     tmp.replace(out)
 
 
+def merge(eval_dir: Path, arm: str, out: Path) -> int:
+    """The cells of one arm measured in separate `megablu eval` jobs, as one result (compare's join)."""
+    from megablu.eval.report import load_result, merge_results, write_result
+
+    found = [load_result(f) for f in sorted(eval_dir.glob("*/step_*.json"))]
+    mine = [r for r in found if r.get("arm") == arm]
+    if not mine:
+        print(f"no results of arm {arm!r} under {eval_dir}/*/", file=sys.stderr)
+        return 1
+    (res,) = merge_results(mine)
+    write_result(res, out)
+    print(f"{out}: {len(res['cells'])} cells of {arm}")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -116,7 +131,13 @@ def main(argv=None) -> int:
     r.add_argument("--scale", default="h200")
     e = sub.add_parser("env", help="one line per fact about this machine (python, torch, GPU)")
     e.add_argument("out")
+    m = sub.add_parser("merge", help="one result json of all cells of ARM found under EVAL_DIR/*/ (a gate parent)")
+    m.add_argument("eval_dir")
+    m.add_argument("arm")
+    m.add_argument("out")
     a = p.parse_args(argv)
+    if a.cmd == "merge":
+        return merge(Path(a.eval_dir), a.arm, Path(a.out))
     if a.cmd == "newest":
         ck = newest(Path(a.runs), a.name)
         if ck is None:

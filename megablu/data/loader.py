@@ -16,8 +16,7 @@ its row, of the document each input token belongs to. Rule: every EOT of the pac
 except the row's first token starts a new id (the EOT before a document is its BOS), so the
 ids start at 0 and never decrease; the token before an EOT predicts that EOT inside its own
 document, and the EOT predicts the next document's first token seeing only itself. fit and
-truncate rows hold one document: 0, and the padding after it 1 (a document of its own, so
-that the real document's length never counts pad tokens).
+truncate rows hold one document: all 0 (padding included).
 Order. Sequence space of N sequences per epoch; epoch e visits them in the order of
 rng(seed, e).permutation(N). Global sequence g is (epoch, i) = divmod(g, N). Local batch k
 of dp rank r holds global sequences g0 + (k*dp_size + r)*micro_batch + j, j < micro_batch,
@@ -237,9 +236,7 @@ def _make_batch(space, mb: int, dp: int, rank: int, g0: int, k: int, doc_ids: bo
         if n < T + 1:
             buf[j, n:] = space.eot  # a valid id under the padding; labels there are IGNORE
             if doc is not None:
-                # padding is a document of its own: a real document's length (what
-                # rope.yarn.apply=beyond_original compares) never counts the pad tokens
-                doc[j, n:] = doc[j, n - 1] + 1
+                doc[j, n:] = doc[j, n - 1]   # padding takes the last id
         lab[j, :n - 1] = buf[j, 1:n]
     out = {"input_ids": torch.from_numpy(buf[:, :T].copy()), "labels": torch.from_numpy(lab)}
     if doc is not None:

@@ -7,7 +7,8 @@ are the global quantities computed once, on the full row, before any sequence sh
 "The length of a sequence" -- what `rope.yarn.apply: beyond_original` compares with
 original_max_position -- is, per token:
   - with doc_mask: the number of tokens of its document in this row (a document cut by
-    the window counts only its part in the row: that is all the attention sees);
+    the window counts only its part in the row: that is all the attention sees; the padding
+    at a row's end, which the loader gives the last document's id, is not counted);
   - without: its row's real length, the index of the row's last labelled token + 1
     (padding and an unlabelled closing EOT do not count; a packed row is full: T).
 RoPE is relative, so under doc_mask a document's length decides what the attention of its
@@ -40,9 +41,16 @@ def document_positions(doc_ids: torch.Tensor) -> torch.Tensor:
     return torch.arange(doc_ids.shape[1], device=doc_ids.device) - start
 
 
-def document_lengths(doc_ids: torch.Tensor) -> torch.Tensor:
-    """(B, T) the in-row length of each token's document."""
+def document_lengths(doc_ids: torch.Tensor, real_len=None) -> torch.Tensor:
+    """(B, T) the in-row length of each token's document.
+
+    real_len (B,): the row's real length (row_lengths): the padding after it is no part of the
+    document it trails (a fit row is one document + padding with one id, so that a row of
+    one document keeps plain causal attention; its length is still its real tokens)."""
     start, end = _starts_ends(doc_ids)
+    if real_len is not None:
+        last = (real_len.to(end.device) - 1).clamp(min=0)[:, None]
+        end = torch.where(start <= last, torch.minimum(end, last), end)
     return end - start + 1
 
 

