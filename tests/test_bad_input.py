@@ -433,8 +433,8 @@ def _foreign_only(lab):
 _resume_case("config differs (lr)", "schedule.lr: saved 0.003, now 0.1",
              "resume with: deepspeed --num_gpus 1", "--config", "config.resolved.yaml --resume tiny_cpu-0001",
              sets=["schedule.lr=0.1"])
-_resume_case("config differs (model shape and seed)", "model.d_model: saved 128, now 64", "train.seed: saved 1234, now 7",
-             sets=["model.d_model=64", "model.ffn_dim=176", "train.seed=7"])
+_resume_case("config differs (model shape and seed)", "model.d_model: saved 128, now 64",
+             "train.seed: saved 1234, now 7", sets=["model.d_model=64", "model.ffn_dim=176", "train.seed=7"])
 _resume_case("config differs (tokenizer)", "tokenizer.kind: saved 'tiktoken_file', now 'byte'",
              sets=["tokenizer.kind=byte", "tokenizer.path=null", "model.vocab_size=4096"])
 _resume_case("max_steps extended, cosine", "schedule.kind=cosine decays over all of train.max_steps",
