@@ -2,8 +2,8 @@
 
   # CPU, 2 ranks (gloo), the tiny arm:
   deepspeed --num_gpus 2 launch/ext32k.py --config yaml_configs/tiny_cpu_ext.yaml
-  # 1 GPU:
-  deepspeed --num_gpus 1 launch/ext32k.py --config yaml_configs/l2.yaml
+  # 1 GPU (the 16k arms are written for sp=2 on 2 GPUs):
+  deepspeed --num_gpus 1 launch/ext32k.py --config yaml_configs/l2.yaml --set parallel.sp=1
   # 2 GPUs, 16k -> 32k YaRN extension, sp=2 (the seed's ext_32k):
   deepspeed --num_gpus 2 launch/ext32k.py --config yaml_configs/ext32k.yaml
   # 4 GPUs, 16k -> 64k, sp=4:
@@ -13,18 +13,26 @@
       launch/ext32k.py --config yaml_configs/ext64k_4gpu.yaml
   # any of them: --set train.max_steps=10 --set checkpoint.every_steps=5 ; --resume RUN_ID
 
-The config is validated against the launch's world size and device before any rank
-initialises distributed state; every violation is listed and the exit code is 2.
-Results (the run summary) go to stdout on rank 0; logs go to stderr.
+The config is validated against the launch's world size and device, and every input is
+checked (train/preflight.py, the same checks as `megablu config check`), before any rank
+initialises distributed state; every problem is listed and the exit code is 2. Results (the
+run summary) go to stdout on rank 0; logs go to stderr. A rank that fails prints one line
+(its traceback goes to runs/<id>/logs/) and, last, the command that resumes the run; a rank
+whose launcher dies stops within a second.
 """
 import argparse
 import contextlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
+import traceback
+from pathlib import Path
 
-import torch
+# the megablu beside this script, whatever is installed (a checkout next to an editable install)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv=None) -> int:
@@ -35,37 +43,35 @@ def main(argv=None) -> int:
     p.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
     args = p.parse_args(argv)
 
+    launched = "RANK" in os.environ   # by deepspeed / torchrun: a launcher whose death must end this rank
     rank = int(os.environ.get("RANK", 0))
     logging.basicConfig(stream=sys.stderr, level=logging.INFO if rank == 0 else logging.WARNING,
                         format=f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s")
 
-    from megablu.config import ConfigError, apply_overrides, build_config, config_warnings, load_config, load_raw
-    from megablu.parallel.topology import ranks_per_node_from_env, resolve
-    from megablu.train.trainer import preflight
+    from megablu.config import ConfigError
+    from megablu.parallel.topology import ranks_per_node_from_env
+    from megablu.train.preflight import check
 
     world = int(os.environ.get("WORLD_SIZE", 1))
     try:
-        # the device decides one invariant (bf16 on CPU), so resolve it from the raw config first
-        want = build_config(apply_overrides(load_raw(args.config), args.set), args.config).train.device
-        device = ("cuda" if torch.cuda.is_available() else "cpu") if want == "auto" else want
-        cfg = load_config(args.config, args.set, world_size=world, device=device)
-        problems = preflight(cfg, resume=args.resume)
-        topo = resolve(world, ranks_per_node_from_env(), cfg.parallel.sp)
-        problems += [f"parallel.sp: {e}" for e in topo.errors]
-        if problems:
-            raise ConfigError(problems, args.config)
+        # sha256 of data and checkpoints on rank 0 only; if it fails, the launcher ends the others
+        ok = check(args.config, args.set, world_size=world, device="auto", resume=args.resume, hash=rank == 0,
+                   ranks_per_node=ranks_per_node_from_env())
     except ConfigError as e:
-        if rank == 0:
+        if rank == 0 or int(os.environ.get("LOCAL_RANK", 0)) == 0:   # the first rank of every node says it
             print(str(e), file=sys.stderr)
         return 2
+    cfg, topo = ok.cfg, ok.topology
     if rank == 0:
         print(topo.format(), file=sys.stderr)   # nodes, dp x sp, which ranks share a node
-        for w in config_warnings(cfg):
+        for w in ok.warnings:
             logging.warning("config: %s", w)
-    if device == "cpu":
+    if ok.ctx.complete:
+        return _already_complete(ok.ctx, rank)
+    if ok.device == "cpu":
         # DeepSpeed picks its accelerator at import; on CPU it must be told before that
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    if "RANK" not in os.environ:
+    if not launched:
         # started as plain `python launch/ext32k.py`: a world of one (else DeepSpeed looks for MPI)
         import socket
 
@@ -76,12 +82,25 @@ def main(argv=None) -> int:
                           MASTER_PORT=os.environ.get("MASTER_PORT", str(port)))
 
     from megablu.train.probe import ProbeOOM
+    from megablu.train.resume import how_to_continue
     from megablu.train.trainer import GateFailed, Trainer
 
+    trainer = Trainer(cfg, resume=args.resume, local_rank=args.local_rank)
+
+    def next_step() -> str:
+        return (how_to_continue(trainer.run_dir, world, topo.nodes) if trainer.run_dir is not None
+                else "no run dir was allocated yet: start the same command again")
+
+    if launched:
+        from megablu.train.watchdog import exit_with_launcher
+
+        exit_with_launcher(next_step)
+        # DeepSpeed's launcher SIGTERMs every rank when one fails: say how to go on, as a failure does
+        signal.signal(signal.SIGTERM, _terminated)
     try:
         # libraries print chatter on stdout (DeepSpeed's op builds); stdout is for the result only
         with contextlib.redirect_stdout(sys.stderr):
-            summary = Trainer(cfg, resume=args.resume, local_rank=args.local_rank).train()
+            summary = trainer.train()
     except ProbeOOM as e:   # the numbers measured so far and the planner's way out
         print(str(e), file=sys.stderr)
         return 1
@@ -90,9 +109,72 @@ def main(argv=None) -> int:
             print(json.dumps(e.summary))
             print(f"eval gate FAILED: {e}", file=sys.stderr)
         return 1
+    except (Exception, KeyboardInterrupt, Terminated) as e:  # noqa: BLE001 - one line per rank, then the way on
+        _FAILING.set()
+        return _failed(e, trainer.run_dir, rank, next_step)
     if rank == 0:
         print(json.dumps(summary))
     return 0
+
+
+class Terminated(BaseException):
+    """SIGTERM (the launcher stopping every rank because one failed, or a job scheduler)."""
+
+
+_FAILING = threading.Event()   # set once a failure is being reported: a SIGTERM then lets it finish
+
+
+def _terminated(signum, frame):
+    if not _FAILING.is_set():
+        raise Terminated("stopped by SIGTERM (DeepSpeed's launcher stops every rank when one fails; the failing "
+                         "rank says why)")
+
+
+def _already_complete(ctx, rank: int) -> int:
+    """A resume of a finished run: says so, leaves summary.json as it is (writes it if missing)."""
+    from megablu.train.metrics import run_summary
+
+    path = ctx.run_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        summary = None
+    if rank == 0:
+        if summary is None:   # killed after its last step and eval, before the summary
+            step = int(ctx.resume_step.name.split("_")[-1])
+            summary = run_summary(ctx.run_dir, {"from_step": step, "to_step": step, "world": None})
+        print(json.dumps(summary))
+        print(f"run {ctx.run_dir.name} is already complete ({ctx.resume_step.name}, train.max_steps="
+              f"{ctx.cfg.train.max_steps}): nothing to train; {path} left as it was", file=sys.stderr)
+    return 1 if (summary or {}).get("gate") else 0
+
+
+def _failed(e: BaseException, run_dir, rank: int, next_step) -> int:
+    """One line for a rank's error (the traceback goes to the run's logs/), then the way on."""
+    from megablu.config import ConfigError
+    from megablu.data.shards import DataError
+    from megablu.data.tokenizer import TokenizerError
+    from megablu.train.checkpoint import CheckpointError
+    from megablu.train.runs import RunError
+
+    text = "; ".join(ln.strip() for ln in str(e).splitlines() if ln.strip()) or repr(e)
+    where = ""
+    if run_dir is not None:
+        try:
+            logs = Path(run_dir) / "logs"
+            logs.mkdir(exist_ok=True)
+            (logs / f"rank{rank}.error.txt").write_text("".join(traceback.format_exception(e)))
+            where = f" (traceback: {logs / f'rank{rank}.error.txt'})"
+        except OSError:
+            pass
+    if not where and rank == 0:
+        traceback.print_exception(e, file=sys.stderr)
+    print(f"rank {rank}: {type(e).__name__}: {text}{where}", file=sys.stderr)
+    print(next_step(), file=sys.stderr)
+    sys.stderr.flush()
+    if isinstance(e, Terminated):
+        return 128 + signal.SIGTERM
+    return 2 if isinstance(e, (CheckpointError, ConfigError, DataError, RunError, TokenizerError)) else 1
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 The launch scripts (cpu.sh, ext32k_2gpu.sh, ext64k_4gpu.sh, multinode.sh) are thin
 wrappers around this. In order: print the topology (nodes, dp x sp, which ranks share a
 node, whether every sp group is inside one node), validate the config for that world size
-with `megablu config check --world-size W --device D`, print the exact launcher command,
+with `megablu config check --world-size W --device D` (with --no-files on a dry run), print the
+exact launcher command,
 then exec it -- or, with --dry-run, stop after printing (exit 0 valid, 2 invalid; no GPU
 needed). Dry-run output goes to stdout; on a real launch the same lines go to stderr.
 
@@ -111,8 +112,10 @@ def main(argv=None) -> int:
             text = text.replace(f"  node {n}: ", f"  node {n} ({h}): ", 1)
     print(text, file=out)
 
+    # a dry run is often made away from the cluster: the config alone (--no-files); a launch checks
+    # everything it names here, as the entry will on every rank
     chk = [sys.executable, "-m", "megablu.cli", "config", "check", a.config, "--world-size", str(world),
-           "--device", a.device] + [x for s in a.set for x in ("--set", s)]
+           "--device", a.device] + (["--no-files"] if a.dry_run else []) + [x for s in a.set for x in ("--set", s)]
     r = subprocess.run(chk, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     print(f"config check (world {world}, {a.device}): {'ok' if r.returncode == 0 else 'INVALID'}", file=out)
     if r.stderr.strip():

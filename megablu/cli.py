@@ -27,16 +27,21 @@ _SUBCOMMAND_MODULES = [
 
 
 def _config_check(args) -> int:
-    from .config import ConfigError, config_warnings, load_config, to_yaml
+    """The entry's own checks (train/preflight.py): what passes here passes the launch."""
+    from .config import ConfigError, to_yaml
+    from .train.preflight import check
 
     try:
-        cfg = load_config(args.file, args.set, world_size=args.world_size, device=args.device)
+        ok = check(args.file, args.set, world_size=args.world_size, device=args.device, resume=args.resume,
+                   files=not args.no_files)
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return 2
-    for w in config_warnings(cfg):
+    for w in ok.warnings:
         print(f"warning: {w}", file=sys.stderr)
-    sys.stdout.write(to_yaml(cfg))
+    if ok.ctx is not None and ok.ctx.complete:
+        print(f"note: run {ok.ctx.run_dir.name} is already complete; a resume has nothing to train", file=sys.stderr)
+    sys.stdout.write(to_yaml(ok.cfg))
     return 0
 
 
@@ -46,11 +51,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     cfg = sub.add_parser("config", help="configuration tools").add_subparsers(dest="config_cmd", required=True)
-    chk = cfg.add_parser("check", help="validate a config: print it resolved (exit 0) or list every violation (exit 2)")
+    chk = cfg.add_parser("check", help="validate a config and every input it names, as the training entry does: "
+                                       "print it resolved (exit 0) or list every problem (exit 2)")
     chk.add_argument("file")
     chk.add_argument("--set", action="append", default=[], metavar="a.b=v", help="override (repeatable)")
     chk.add_argument("--world-size", type=int, default=None, help="check topology invariants for this many ranks")
     chk.add_argument("--device", choices=["cpu", "cuda"], default=None, help="check device invariants (bf16 on cpu)")
+    chk.add_argument("--resume", default=None, metavar="RUN", help="check a resume of this run (checkpoint, config "
+                     "changes, a live job holding it)")
+    chk.add_argument("--no-files", action="store_true", help="the config alone: no data, tokenizer, parent or run "
+                     "checks (a config written for another machine)")
     chk.set_defaults(func=_config_check)
 
     for mod in _SUBCOMMAND_MODULES:

@@ -172,13 +172,22 @@ def download(repo: Repo, includes: list[str], local_dir: PathLike) -> dict[str, 
     """Fetch every file matching the includes into local_dir and verify them all."""
     if not includes:
         raise HubError("give at least one --include pattern (a whole-repo download is never implied)")
+    local = Path(local_dir)
+    probe = local
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():   # checked before anything is listed or fetched
+        raise HubError(f"--local-dir {local}: {probe} is a file, not a directory; give a directory (created if "
+                       f"absent)")
     listing = repo.list_files()
     selected, unmatched = match_includes(listing, includes)
     if unmatched:
         raise HubError(f"include pattern(s) matched no file in the repo: {unmatched} "
                        f"({len(listing)} files listed); nothing downloaded")
-    local = Path(local_dir)
-    local.mkdir(parents=True, exist_ok=True)
+    try:
+        local.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise HubError(f"--local-dir {local}: cannot create it: {e.strerror or e}") from None
     total = sum(f.size for f in selected.values())
     log.info("downloading %d files (%.1f MB) to %s", len(selected), total / 1e6, local)
     for rel in sorted(selected):

@@ -4,12 +4,17 @@ A YAML file may start with `inherit: other.yaml` (path relative to the file, one
 the base may not inherit itself). Sections are merged key by key, the child winning.
 `--set a.b.c=value` overrides are applied last; values are parsed as YAML scalars, so
 `--set train.max_steps=10` is an int and `--set rope.yarn=null` removes YaRN.
+
+YAML is data only: the safe loader (no `!!python/...` tags), UTF-8 text, and a key given
+twice in one mapping is an error (YAML would let the last one win silently). Every
+malformed input is a ConfigError naming the file, line and column, never a traceback.
 """
 from __future__ import annotations
 
 import copy
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -38,11 +43,69 @@ def _deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark)
+            except TypeError:   # an unhashable key: the base class reports it
+                continue
+            if first is not key_node.start_mark:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice (first at line {first.line + 1}); YAML would keep the "
+                    f"last one silently: remove one", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_error(e: yaml.YAMLError, where: str) -> str:
+    """'FILE:LINE:COL: what' for a parse error (PyYAML marks are 0-based)."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    if "could not determine a constructor for the tag" in problem:
+        m = re.search(r"'([^']*)'", problem)
+        tag = (m.group(1) if m else problem).replace("tag:yaml.org,2002:", "!!")
+        problem = (f"tag {tag} is not allowed: configs are data only "
+                   f"(no Python objects); write the value as a plain scalar, list or mapping")
+    ctx = getattr(e, "context", None)
+    loc = f"{where}:{mark.line + 1}:{mark.column + 1}" if mark is not None else where
+    return f"{loc}: invalid YAML: {problem}" + (f" ({ctx})" if ctx and ctx not in problem else "")
+
+
+def parse_yaml(text: str, where: str):
+    """YAML text -> data with the strict loader; ConfigError naming where, line and column."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)
+    except yaml.YAMLError as e:
+        raise ConfigError([_yaml_error(e, where)]) from None
+
+
 def _read_yaml(path: Path) -> dict:
+    if path.is_dir():
+        raise ConfigError([f"{path} is a directory, not a config file (give yaml_configs/<arm>.yaml)"])
     if not path.is_file():
         raise ConfigError([f"config file not found: {path}"])
-    with open(path) as f:
-        data = yaml.safe_load(f) or {}
+    try:
+        blob = path.read_bytes()
+    except OSError as e:
+        raise ConfigError([f"{path}: cannot read: {e.strerror or e}"]) from None
+    nul = blob.find(b"\x00")
+    if nul >= 0:
+        raise ConfigError([f"{path}: binary file (NUL byte at offset {nul}), not a YAML config"])
+    try:
+        text = blob.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = blob[:e.start].count(b"\n") + 1
+        raise ConfigError([f"{path}:{line}: not UTF-8 text (byte 0x{blob[e.start]:02x} at offset {e.start}); "
+                           f"save the config as UTF-8"]) from None
+    data = parse_yaml(text, str(path))
+    if data is None:
+        data = {}
     if not isinstance(data, dict):
         raise ConfigError([f"{path}: top level must be a mapping, got {type(data).__name__}"])
     return data
@@ -55,6 +118,8 @@ def load_raw(path: str | Path) -> dict:
     parent = data.pop("inherit", None)
     if parent is None:
         return data
+    if not isinstance(parent, str) or not parent.strip():
+        raise ConfigError([f"{path}: inherit={parent!r} must be a file name (a string, relative to {path.parent})"])
     base_path = (path.parent / parent).resolve()
     base = _read_yaml(base_path)
     if "inherit" in base:
@@ -64,22 +129,41 @@ def load_raw(path: str | Path) -> dict:
 
 
 def apply_overrides(data: dict, sets: Iterable[str]) -> dict:
+    """`--set a.b=v` items applied in order; every malformed item is listed (ConfigError)."""
     data = copy.deepcopy(data)
+    errs = []
     for item in sets or ():
-        if "=" not in item:
-            raise ConfigError([f"--set {item!r}: expected dotted.key=value"])
-        key, raw = item.split("=", 1)
-        value = yaml.safe_load(raw) if raw != "" else None
-        node = data
-        parts = key.strip().split(".")
-        for p in parts[:-1]:
-            if node.get(p) is None:
-                node[p] = {}
-            if not isinstance(node[p], dict):
-                raise ConfigError([f"--set {key}: '{p}' is a value, not a section"])
-            node = node[p]
-        node[parts[-1]] = value
+        try:
+            _apply_one(data, item)
+        except ConfigError as e:
+            errs += e.errors
+    if errs:
+        raise ConfigError(errs)
     return data
+
+
+def _apply_one(data: dict, item: str) -> None:
+    if "=" not in item:
+        raise ConfigError([f"--set {item!r}: expected dotted.key=value (e.g. train.max_steps=10)"])
+    key, raw = item.split("=", 1)
+    parts = key.strip().split(".")
+    if any(not p.strip() for p in parts):
+        raise ConfigError([f"--set {item!r}: the key {key.strip()!r} has an empty part; expected dotted.key=value "
+                           f"(e.g. train.max_steps=10)"])
+    try:
+        value = yaml.load(raw, Loader=_StrictLoader) if raw != "" else None
+    except yaml.YAMLError as e:
+        why = _yaml_error(e, "value").split(": invalid YAML: ", 1)[-1]
+        hint = "" if "given twice" in why or "not allowed" in why else " (quote a string value: --set 'a.b=\"...\"')"
+        raise ConfigError([f"--set {item!r}: the value does not parse as YAML: {why}{hint}"]) from None
+    node = data
+    for p in (x.strip() for x in parts[:-1]):
+        if node.get(p) is None:
+            node[p] = {}
+        if not isinstance(node[p], dict):
+            raise ConfigError([f"--set {key}: '{p}' is a value, not a section"])
+        node = node[p]
+    node[parts[-1].strip()] = value
 
 
 def _format_pydantic(e: ValidationError) -> list[str]:

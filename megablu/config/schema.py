@@ -10,13 +10,20 @@ from __future__ import annotations
 import math
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
 from .eval_tasks import PRESETS, TaskSpec, default_max_new, min_words, needs_text_haystack
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # inf and nan are never a setting (lr: .inf trained to a NaN loss after the ranks started)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+# Seeds feed numpy's and torch's generators, whose seeds are unsigned (numpy's legacy API: 32 bits).
+SEED_MAX = 2 ** 32 - 1
+# More optimizer steps than any run megablu is for; a bigger value is a typo (1e30).
+MAX_STEPS_MAX = 10 ** 9
 
 
 # --------------------------------------------------------------------------- model
@@ -166,10 +173,12 @@ class MixSource(Section):
     bucket: str = Field(default="all", description="length bucket (b0..b6, several as 'b2,b3') or 'all'")
     split: Literal["train", "val"] = "train"
     mode: Mode = Field(description="fit | truncate | pack, as data.mode (no default: it decides what a row holds)")
-    weight: float = Field(description="share of the run's loss tokens (labels that are not padding) relative to "
-                          "the other sources' weights: 0.6/0.4 = 60%/40% of trained tokens; 0 leaves it unused")
-    max_epochs: Optional[float] = Field(default=None, gt=0, description="error if the run would cycle this "
-                                        "source more; default data.max_epochs")
+    # inf/nan reach mix_invariants, whose message says what a weight is
+    weight: float = Field(allow_inf_nan=True, description="share of the run's loss tokens (labels that are not "
+                          "padding) relative to the other sources' weights: 0.6/0.4 = 60%/40% of trained tokens; "
+                          "0 leaves it unused")
+    max_epochs: Optional[float] = Field(default=None, gt=0, allow_inf_nan=True, description="error if the run would "
+                                        "cycle this source more; default data.max_epochs (.inf: no limit)")
 
     @field_validator("bucket")
     @classmethod
@@ -189,14 +198,19 @@ class DataConfig(Section):
         default=None, description="several sources instead of path/bucket/split/mode: each sequence of the "
         "global order comes from one source, drawn (seeded) so that each source's share of loss tokens matches "
         "its weight (docs/DATA.md#mixtures)")
-    max_epochs: float = Field(default=2.0, gt=0, description="error if the run would cycle the data more")
+    max_epochs: float = Field(default=2.0, gt=0, allow_inf_nan=True,
+                              description="error if the run would cycle the data more (.inf: no limit)")
     doc_mask: bool = Field(default=False, description="packed sequences: a token attends only within its own "
                            "document (the loader emits doc_ids; attention masks across document boundaries)")
     doc_positions: Literal["restart", "continue"] = Field(
         default="restart", description="with doc_mask: position ids restart at 0 for every document (ProLong) "
         "or continue across the packed sequence")
     prefetch: int = Field(default=4, ge=0, description="batches prepared ahead by a background thread; 0 = none")
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=SEED_MAX)
+    verify: Literal["cache", "full"] = Field(
+        default="cache", description="cache: a shard's sha256 is trusted while its size, mtime and inode are "
+        "unchanged (a byte flipped in place keeps all three: `megablu data verify` finds it); full: the entry "
+        "hashes every selected file before any rank starts")
 
     @field_validator("bucket")
     @classmethod
@@ -206,14 +220,14 @@ class DataConfig(Section):
 
 # --------------------------------------------------------------------------- train
 class TrainConfig(Section):
-    max_steps: int = Field(gt=0)
+    max_steps: int = Field(gt=0, le=MAX_STEPS_MAX)
     tokens_per_step: int = Field(gt=0, description="= micro_batch * window * grad_accum * dp, exactly")
     micro_batch: int = Field(default=1, gt=0)
     weight_decay: float = Field(default=0.1, ge=0)
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
+    betas: tuple[float, float] = Field(default=(0.9, 0.95), description="Adam's (beta1, beta2), each in [0, 1)")
+    eps: float = Field(default=1e-8, gt=0)
     grad_clip: float = Field(default=1.0, ge=0, description="0 disables clipping")
-    seed: int = 1234
+    seed: int = Field(default=1234, ge=0, le=SEED_MAX)
     dtype: Literal["bf16", "fp32"] = "bf16"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     log_every: int = Field(default=1, gt=0)
@@ -226,6 +240,15 @@ class TrainConfig(Section):
         default=None, gt=0, description="wall-clock budget of this session in seconds: the run stops (checkpoint, "
         "exit 0) after the last step that, with a checkpoint, still ends within it; `--resume RUN` continues "
         "exactly. For time-sliced jobs (a SLURM limit, a device call)")
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, v):
+        bad = [f"beta{i + 1}={b}" for i, b in enumerate(v) if not 0 <= b < 1]
+        if bad:
+            raise ValueError(f"train.betas: {', '.join(bad)} outside [0, 1) (Adam divides by 1 - beta**t); "
+                             f"the usual values are (0.9, 0.95)")
+        return v
 
 
 class ScheduleConfig(Section):
@@ -256,7 +279,7 @@ class MemoryConfig(Section):
 
 class GateConfig(Section):
     parent: Optional[str] = Field(default=None, description="parent eval json to gate against")
-    short_lengths: list[int] = [1024, 4096]
+    short_lengths: list[PositiveInt] = [1024, 4096]
     margin_pp: float = Field(default=5.0, ge=0)
     loss_margin_rel: float = Field(default=0.02, ge=0, description="short-document validation loss (eval.loss) "
                                    "may rise at most this fraction above the parent's: 0.02 = +2% nats/token")
@@ -275,7 +298,8 @@ class LossEvalConfig(Section):
 
 
 class EvalConfig(Section):
-    lengths: list[int] = []
+    lengths: list[PositiveInt] = Field(default=[], description="prompt lengths in tokens; each must hold every "
+                                       "task's prompt without filler (checked against the tokenizer)")
     max_new: int = Field(default=24, gt=0, description="tokens generated for passkey/needle/multikey (the other "
                          "tasks have their own budget, megablu.config.eval_tasks.default_max_new)")
     pad: int = Field(default=256, gt=0)
@@ -284,7 +308,7 @@ class EvalConfig(Section):
     task_defs: dict[str, TaskSpec] = Field(default={}, description="tasks of your own, by name: a family and its "
                                            "options (megablu/config/eval_tasks.py)")
     n: int = Field(default=50, gt=0, description="prompts per (task, length)")
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)
     at_steps: list[int] = []
     final: bool = False
     haystack: Optional[str] = Field(default=None, description="dataset dir whose val text is the haystack")
@@ -339,9 +363,18 @@ class Config(Section):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not v or any(c in v for c in "/\\ \t\n"):
-            raise ValueError(f"name={v!r} must be non-empty without slashes or spaces (it names run dirs)")
+        why = run_name_problem(v)
+        if why:
+            raise ValueError(why)
         return v
+
+
+def run_name_problem(name: str) -> Optional[str]:
+    """Why `name` cannot name run dirs (runs/<name>-NNNN), or None. Shared with train/runs.py."""
+    if not name or any(c in name for c in "/\\ \t\n") or name.startswith("."):
+        return (f"name={name!r} must be non-empty, without slashes or spaces, and not start with '.' "
+                f"(it names run dirs, and a dot-dir is hidden from `megablu ckpt list` and the run tools)")
+    return None
 
 
 # --------------------------------------------------------------------------- invariants
@@ -562,6 +595,15 @@ def config_warnings(cfg: Config) -> list[str]:
         elif cfg.data.doc_mask and src.mode != "pack":
             w.append(f"data.doc_mask=true: source data.mix[{i}] ({src.name}) is mode {src.mode}, one document per "
                      f"sequence, so its rows have nothing to mask (doc_ids 0); only the packed sources are masked")
+    m, sp = cfg.model, cfg.parallel.sp
+    if sp > m.n_heads:
+        # parallel/ulysses.py pads the query heads with zero heads up to a multiple of sp
+        padded = math.ceil(m.n_heads / sp) * sp
+        w.append(f"parallel.sp={sp} > model.n_heads={m.n_heads}: Ulysses pads the heads with {padded - m.n_heads} "
+                 f"zero heads, so {padded - m.n_heads} of the {sp} ranks of each sp group attend over zero heads "
+                 f"only: attention does {padded / m.n_heads:g}x the work of the real heads, the attention time is "
+                 f"that of sp={m.n_heads}, and every layer's all-to-all spans {sp} ranks; parallel.sp<={m.n_heads} "
+                 f"is as fast in attention and only the rest of the model's activations shard less")
     if cfg.memory.mlp_tiles > 1 and cfg.memory.recompute == "none":
         w.append("memory.mlp_tiles>1 with memory.recompute=none: the tiles recompute the MLP anyway; "
                  "recompute=selective with the same tiles saves h instead of the norm state and its output, "

@@ -57,10 +57,15 @@ def _cache_file(root: Path) -> Path:
     return Path(os.path.expanduser("~/.cache/megablu/verified")) / f"{key}.json"
 
 
-def verify_for_training(root: Path, manifest: dict, shards: list[dict]) -> None:
-    """Structure of every selected shard; sha256 of each file once (cached by size + mtime + inode).
-
+def verify_for_training(root: Path, manifest: dict, shards: list[dict], verify: str = "cache") -> None:
+    """Structure of every selected shard, then sha256 of its files by `verify`:
+    cache: a file is hashed once and trusted while its size + mtime + inode are unchanged (a byte
+           flipped in place with the mtime kept passes: `megablu data verify` hashes everything);
+    full:  every file is hashed now, whatever the cache says (the cache is refreshed);
+    structure: no hashing (sizes and index only).
     Raises DataError listing every bad file."""
+    if verify not in ("cache", "full", "structure"):
+        raise ValueError(f"verify={verify!r}: expected cache, full or structure")
     cf = _cache_file(root)
     try:
         cache = json.loads(cf.read_text()) if cf.exists() else {}
@@ -71,14 +76,16 @@ def verify_for_training(root: Path, manifest: dict, shards: list[dict]) -> None:
         errs += verify_shard(root, e, manifest["dtype"], check_hash=False)
     if errs:
         raise DataError(f"dataset {root} failed verification:\n  " + "\n  ".join(errs))
+    if verify == "structure":
+        return
     for e in shards:
         for rel, want in e.get("sha256", {}).items():
             f = root / rel
             st = f.stat()
             c = cache.get(rel)
             # a copied file (new inode, even with its mtime kept) or a rewritten one is hashed again
-            if (c and c["size"] == st.st_size and c["mtime_ns"] == st.st_mtime_ns and c.get("ino") == st.st_ino
-                    and c["sha256"] == want):
+            if (verify == "cache" and c and c["size"] == st.st_size and c["mtime_ns"] == st.st_mtime_ns
+                    and c.get("ino") == st.st_ino and c["sha256"] == want):
                 continue
             got = sha256_file(f)
             if got != want:
@@ -343,6 +350,14 @@ class Loader:
         self._stop_thread()
         self._g0 = int(sd["sequences_consumed"])
         self._k = 0
+
+
+def verify_selection(path: str, bucket: str, split: str, verify: str = "cache") -> None:
+    """sha256 of one dataset selection's shards by `verify` (cache | full), as the training
+    preflight runs it on rank 0 before the ranks open the data (they then hit the cache)."""
+    root = Path(path).expanduser()
+    m = read_manifest(root)
+    verify_for_training(root, m, select_shards(m, bucket, split, root), verify)
 
 
 @dataclass

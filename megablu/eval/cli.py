@@ -43,6 +43,21 @@ def _eval(args) -> int:
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return 2
+    eval_cfg = cfg.eval
+    over = {k: v for k, v in (("lengths", args.lengths), ("n", args.n), ("tasks", args.tasks)) if v is not None}
+    if over:   # validated like the config's own values (--n 0 is an error, not a silent eval.n)
+        from pydantic import ValidationError
+
+        from ..config.load import _format_pydantic
+
+        try:
+            eval_cfg = type(eval_cfg).model_validate({**eval_cfg.model_dump(), **over})
+        except ValidationError as e:
+            print("megablu eval: " + "; ".join(f"--{m}" for m in _format_pydantic(e)), file=sys.stderr)
+            return 2
+    if args.batch_tokens is not None and args.batch_tokens < 1:   # 0 would mean the default below
+        print(f"megablu eval: --batch-tokens {args.batch_tokens} must be >= 1", file=sys.stderr)
+        return 2
     try:
         from ..data.tokenizer import TokenizerError, load_tokenizer
     except ImportError as e:
@@ -55,17 +70,6 @@ def _eval(args) -> int:
         return 2
 
     device, dtype = _device_and_dtype(cfg)
-    eval_cfg = cfg.eval
-    if args.lengths:
-        eval_cfg = eval_cfg.model_copy(update={"lengths": args.lengths})
-    if args.n:
-        eval_cfg = eval_cfg.model_copy(update={"n": args.n})
-    if args.tasks:
-        try:
-            eval_cfg = type(eval_cfg).model_validate({**eval_cfg.model_dump(), "tasks": args.tasks})
-        except ValueError as e:
-            print(f"megablu eval: --tasks: {e}", file=sys.stderr)
-            return 2
     from ..config.schema import eval_problems
     from .harness import preflight_problems
 

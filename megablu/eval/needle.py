@@ -96,6 +96,16 @@ class NeedleBuilder:
         depths += [rng.random() for _ in range(self.n_distractors)]
         return keys, [str(v) for v in values], depths
 
+    def min_length(self) -> int:
+        """The longest fixed content (instruction, needles, question) over this task's n prompts: the
+        shortest length every prompt can be built at (harness.preflight_problems asks every builder)."""
+        def bare(i: int) -> int:
+            keys, values, _ = self._draw(i)
+            return (len(self.head) + sum(len(self.tok.encode(NEEDLE.format(key=k, value=v)))
+                                         for k, v in zip(keys, values))
+                    + len(self.tok.encode(QUESTION.format(key=keys[0]))))
+        return max(bare(i) for i in range(self.n))
+
     def build(self, length: int, index: int) -> Prompt:
         keys, values, depths = self._draw(index)
         needles = [self.tok.encode(NEEDLE.format(key=k, value=v)) for k, v in zip(keys, values)]

@@ -203,6 +203,10 @@ def read_manifest(path: PathLike) -> dict:
         raise CheckpointError(f"{path}: no {MANIFEST} (incomplete or not a megablu checkpoint)") from None
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{p}: unreadable manifest: {e}") from None
+    if isinstance(m, dict) and m.get("format") == "megablu-shards":
+        raise CheckpointError(f"{path} is a megablu dataset (its {MANIFEST} is a data manifest), not a checkpoint; "
+                              f"a dataset goes in data.path, a parent in init_from (a run dir, a step dir or an "
+                              f"exported model dir)")
     if not isinstance(m, dict) or m.get("manifest_sha256") != _manifest_digest(m):
         raise CheckpointError(f"{p}: manifest checksum mismatch (edited or corrupted)")
     return m
@@ -282,6 +286,41 @@ def _verify_collective(root: Path) -> list[str]:
     return out
 
 
+def run_of_step(step_dir: PathLike) -> Optional[Path]:
+    """The run dir of `<run>/checkpoints/step_N`, else None (a step dir outside a run's layout)."""
+    p = Path(step_dir)
+    return p.parent.parent if p.parent.name == CKPT_DIR else None
+
+
+def step_problems(path: PathLike, deep: bool = True) -> list[str]:
+    """What makes a step dir unusable for its run: `verify_checkpoint`, and, for a step inside
+    `<run>/checkpoints/`, a manifest that names another run (a step copied in from elsewhere).
+    The one rule `ckpt verify`, `ckpt list`, resume and keep-N agree on."""
+    problems = verify_checkpoint(path, deep=deep)
+    run = run_of_step(path)
+    if not problems and run is not None:
+        owner, run_id = read_manifest(path).get("run_id"), run.resolve().name
+        if owner != run_id:
+            problems.append(f"manifest names run {owner!r}, not {run_id!r} (copied from another run): resume and "
+                            f"keep-N ignore it")
+    return problems
+
+
+def scan_steps(run_dir: PathLike, deep: bool = True) -> tuple[Optional[Path], list[tuple[Path, list[str]]]]:
+    """(newest usable step of a run or None, [(newer step, its problems)] skipped on the way). Read-only."""
+    ck = Path(run_dir) / CKPT_DIR
+    if not ck.is_dir():
+        return None, []
+    cands = sorted((p for p in ck.iterdir() if p.is_dir() and step_of(p) is not None), key=step_of, reverse=True)
+    skipped = []
+    for p in cands:
+        problems = step_problems(p, deep=deep)
+        if not problems:
+            return p, skipped
+        skipped.append((p, problems))
+    return None, skipped
+
+
 def newest_verified(run_dir: PathLike, deep: bool = True) -> Optional[Path]:
     """Newest step of a run that verifies and names this run. Read-only; not collective.
 
@@ -289,23 +328,10 @@ def newest_verified(run_dir: PathLike, deep: bool = True) -> Optional[Path]:
     updating the pointer leaves it one behind, and a damaged newest step must be skipped.
     Steps are tried newest first; every unusable one is logged with its problems.
     """
-    run_dir = Path(run_dir)
-    run_id = run_dir.resolve().name
-    ck = run_dir / CKPT_DIR
-    if not ck.is_dir():
-        return None
-    cands = sorted((p for p in ck.iterdir() if p.is_dir() and step_of(p) is not None), key=step_of, reverse=True)
-    for p in cands:
-        problems = verify_checkpoint(p, deep=deep)
-        if problems:
-            log.error("checkpoint %s is not usable: %s", p, "; ".join(problems))
-            continue
-        owner = read_manifest(p).get("run_id")
-        if owner != run_id:
-            log.error("%s belongs to run %s, not %s: ignored", p, owner, run_id)
-            continue
-        return p
-    return None
+    found, skipped = scan_steps(run_dir, deep=deep)
+    for p, problems in skipped:
+        log.error("checkpoint %s is not usable: %s", p, "; ".join(problems))
+    return found
 
 
 # --------------------------------------------------------------------------- save internals
@@ -797,10 +823,11 @@ class CheckpointManager:
 
 
 # --------------------------------------------------------------------------- weights (init_from, export)
-def resolve_weights(path: PathLike) -> tuple[list[Path], Optional[dict]]:
+def resolve_weights(path: PathLike, deep: bool = True) -> tuple[list[Path], Optional[dict]]:
     """safetensors files for a step dir, a run dir (newest verified), an export dir or a file.
 
     Returns (files, manifest or None). Raises CheckpointError with what was looked for.
+    deep=False checks a step's files by size only (the load itself hashes them).
     """
     p = Path(path)
     if p.is_file() and p.suffix == ".safetensors":
@@ -808,14 +835,17 @@ def resolve_weights(path: PathLike) -> tuple[list[Path], Optional[dict]]:
     if not p.is_dir():
         raise CheckpointError(f"init_from {p}: no such file or directory")
     if (p / CKPT_DIR).is_dir() and not (p / MANIFEST).exists():
-        newest = newest_verified(p)
+        newest, skipped = scan_steps(p, deep=deep)
         if newest is None:
-            raise CheckpointError(f"init_from {p}: run has no verified checkpoint")
+            why = "; ".join(f"{s.name}: {'; '.join(ps)}" for s, ps in skipped) or "no step saved"
+            raise CheckpointError(f"init_from {p}: run has no verified checkpoint ({why})")
+        for s, ps in skipped:
+            log.error("checkpoint %s is not usable: %s", s, "; ".join(ps))
         log.info("init_from %s: newest verified step is %s", p, newest.name)
         p = newest
     m = None
     if (p / MANIFEST).exists():
-        problems = verify_checkpoint(p)
+        problems = verify_checkpoint(p, deep=deep)
         if problems:
             raise CheckpointError(f"init_from {p}: not intact: " + "; ".join(problems))
         m = read_manifest(p)
@@ -894,24 +924,60 @@ def _provenance(first: Path, m: Optional[dict]) -> dict:
     return {k: m.get(k) for k in ("tokenizer", "run_id", "step")} if m else {}
 
 
-def read_weights_and_provenance(path: PathLike) -> tuple[dict[str, torch.Tensor], dict]:
-    """(read_weights(path), _provenance of those weights)."""
+def _read_safetensors(files: list[Path], get) -> dict:
+    """{BluModel name: get(handle, file key)} over the files; HF `model.` prefix stripped, aliases restored."""
     from safetensors import safe_open
 
-    files, m = resolve_weights(path)
-    sd: dict[str, torch.Tensor] = {}
+    sd: dict = {}
     for f in files:
         with safe_open(str(f), framework="pt") as h:
             meta = h.metadata() or {}
-            part = {k: h.get_tensor(k) for k in h.keys()}
+            part = {k: get(h, k) for k in h.keys()}
         for alias, target in json.loads(meta.get("aliases", "{}")).items():
             part[alias] = part[target]
         sd.update(part)
-    out = {}
-    for k, v in sd.items():
-        k2 = k[len("model."):] if k.startswith("model.") else k
-        out[k2] = v
-    return out, _provenance(files[0], m)
+    return {(k[len("model."):] if k.startswith("model.") else k): v for k, v in sd.items()}
+
+
+def read_weights_and_provenance(path: PathLike) -> tuple[dict[str, torch.Tensor], dict]:
+    """(read_weights(path), _provenance of those weights)."""
+    files, m = resolve_weights(path)
+    return _read_safetensors(files, lambda h, k: h.get_tensor(k)), _provenance(files[0], m)
+
+
+def read_weight_shapes(path: PathLike, deep: bool = True) -> tuple[dict[str, tuple], dict]:
+    """({name: shape} from the safetensors headers only, provenance): what init_from would load."""
+    files, m = resolve_weights(path, deep=deep)
+    return _read_safetensors(files, lambda h, k: tuple(h.get_slice(k).get_shape())), _provenance(files[0], m)
+
+
+def weights_mismatch(own: dict[str, tuple], theirs: dict[str, tuple], tied: set) -> list[str]:
+    """How weights of shapes `theirs` fail to fit a model of shapes `own` (empty = they fit).
+
+    Names and shapes must match exactly; a tied lm_head may be absent (HF exports omit it)."""
+    missing = [k for k in own if k not in theirs and k not in tied]
+    unexpected = [k for k in theirs if k not in own]
+    shapes = [f"{k}: file {tuple(theirs[k])} vs model {tuple(own[k])}"
+              for k in own if k in theirs and tuple(theirs[k]) != tuple(own[k])]
+    out = []
+    emb = "embed_tokens.weight"
+    if emb in own and emb in theirs and tuple(own[emb]) != tuple(theirs[emb]):
+        (v, d), (v2, d2) = own[emb], theirs[emb]
+        if v != v2:
+            out.append(f"the weights were trained with vocab {v2}, model.vocab_size is {v}: set model.vocab_size={v2} "
+                       f"(the parent's tokenizer and vocabulary)")
+        if d != d2:
+            out.append(f"the weights have d_model {d2}, model.d_model is {d}")
+    if missing or unexpected or shapes:
+        out.append(f"missing {missing[:8]}{'...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
+                   f"{'...' if len(unexpected) > 8 else ''}, shapes {shapes[:8]}{'...' if len(shapes) > 8 else ''}")
+    return out
+
+
+def tied_keys(own: dict) -> set:
+    """lm_head.weight when it is the embedding's tensor (tie_embeddings)."""
+    return {k for k in own if k == "lm_head.weight" and "embed_tokens.weight" in own
+            and own[k].data_ptr() == own["embed_tokens.weight"].data_ptr()}
 
 
 @torch.no_grad()
@@ -928,15 +994,10 @@ def load_weights(model: torch.nn.Module, path: PathLike, tokenizer: Optional[str
         raise CheckpointError(f"{path}: weights trained with tokenizer {prov['tokenizer']!r}, but the tokenizer "
                               f"here is {tokenizer!r}; configure the tokenizer the weights were trained with")
     own = model.state_dict(keep_vars=True)
-    tied = {k for k in own if k == "lm_head.weight" and "embed_tokens.weight" in own
-            and own[k].data_ptr() == own["embed_tokens.weight"].data_ptr()}
-    missing = [k for k in own if k not in sd and k not in tied]
-    unexpected = [k for k in sd if k not in own]
-    shapes = [f"{k}: file {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}"
-              for k in own if k in sd and tuple(sd[k].shape) != tuple(own[k].shape)]
-    if missing or unexpected or shapes:
-        raise CheckpointError(f"init_from {path}: weights do not match the model: missing {missing[:8]}"
-                              f"{'...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}, shapes {shapes[:8]}")
+    bad = weights_mismatch({k: tuple(t.shape) for k, t in own.items()}, {k: tuple(t.shape) for k, t in sd.items()},
+                           tied_keys(own))
+    if bad:
+        raise CheckpointError(f"init_from {path}: weights do not match the model: " + "; ".join(bad))
     for k, t in own.items():
         if k in sd:
             t.copy_(sd[k].to(t.dtype))

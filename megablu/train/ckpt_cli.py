@@ -140,7 +140,7 @@ def export_checkpoint(src: PathLike, out: PathLike, force: bool = False,
 
 # --------------------------------------------------------------------------- commands
 def _cmd_verify(args) -> int:
-    from .checkpoint import verify_checkpoint
+    from .checkpoint import step_problems
 
     try:
         steps = _step_dirs(Path(args.path))
@@ -152,7 +152,8 @@ def _cmd_verify(args) -> int:
         return 2
     bad = 0
     for s in steps:
-        problems = verify_checkpoint(s, deep=not args.fast)
+        # the rule resume applies: intact, and (inside a run) saved by this run
+        problems = step_problems(s, deep=not args.fast)
         if problems:
             bad += 1
             print(f"BAD {s}: " + "; ".join(problems))
@@ -162,7 +163,7 @@ def _cmd_verify(args) -> int:
 
 
 def _cmd_list(args) -> int:
-    from .checkpoint import LATEST, PIN, CheckpointError, read_manifest, verify_checkpoint
+    from .checkpoint import LATEST, PIN, CheckpointError, read_manifest, step_problems
     from .runs import list_runs
 
     p = Path(args.path)
@@ -182,7 +183,7 @@ def _cmd_list(args) -> int:
             continue
         latest = (run / "checkpoints" / LATEST).read_text().strip() if (run / "checkpoints" / LATEST).exists() else ""
         for s in steps:
-            problems = verify_checkpoint(s, deep=args.verify)
+            problems = step_problems(s, deep=args.verify)
             try:
                 m = read_manifest(s)
             except CheckpointError:
@@ -193,15 +194,16 @@ def _cmd_list(args) -> int:
                          str(m.get("client_state", {}).get("tokens_seen", "?")),
                          f"w{m.get('world_size', '?')}/dp{m.get('dp', '?')}/sp{m.get('sp', '?')}/z{m.get('zero_stage', '?')}",
                          f"{size / 1e6:.1f}MB", flags.strip(), "; ".join(problems)[:120]])
+    rc = 2 if any(r[1] == "BAD" for r in rows) else 0   # like `ckpt verify`: a BAD row is exit 2
     if args.json:
         keys = ["path", "status", "step", "tokens_seen", "topology", "size", "flags", "problems"]
         print(json.dumps([dict(zip(keys, r)) for r in rows], indent=1))
-        return 0
+        return rc
     head = ["path", "status", "step", "tokens", "topology", "size", "flags", "problems"]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
     for r in [head] + rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-    return 0
+    return rc
 
 
 def _cmd_export(args) -> int:
@@ -261,7 +263,7 @@ def register(sub) -> None:
     v.add_argument("path", help="step dir or run dir")
     v.add_argument("--fast", action="store_true", help="sizes only, no sha256")
     v.set_defaults(func=_cmd_verify)
-    ls = ck.add_parser("list", help="checkpoints of a run (or of every run in a runs dir)")
+    ls = ck.add_parser("list", help="checkpoints of a run (or of every run in a runs dir); exit 2 if a row is BAD")
     ls.add_argument("path", help="run dir or runs dir")
     ls.add_argument("--verify", action="store_true", help="also check sha256 (slow for big checkpoints)")
     ls.add_argument("--json", action="store_true")

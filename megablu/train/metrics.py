@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import csv
+import json
 import logging
+import os
 from pathlib import Path
+from typing import Optional
 
 log = logging.getLogger(__name__)
 
@@ -41,3 +44,47 @@ class MetricsWriter:
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+
+
+def read_rows(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.csv"
+    if not path.exists():
+        return []
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def run_summary(run_dir: Path, session: dict, gate: Optional[str] = None, stopped: Optional[str] = None) -> dict:
+    """summary.json of the whole run, written atomically and returned.
+
+    From metrics.csv (one row per step over every session), not from the last session's
+    memory; `sessions` lists each invocation ({from_step, to_step, world}), carried over from
+    the previous summary.json. mean_tokens_per_s leaves out the first step of every session
+    (it pays warm-up and compilation)."""
+    run_dir = Path(run_dir)
+    path = run_dir / "summary.json"
+    try:
+        prev = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+        prev = {}
+    sessions = [s for s in prev.get("sessions", []) if isinstance(s, dict)
+                and s.get("to_step", 0) <= session["from_step"]] + [session]
+    rows = read_rows(run_dir)
+    firsts = {int(s["from_step"]) + 1 for s in sessions}
+    tps = [float(r["tokens_per_s"]) for r in rows if int(r["step"]) not in firsts] or \
+        [float(r["tokens_per_s"]) for r in rows]
+    last = rows[-1] if rows else {}
+    summary = {"run_dir": str(run_dir), "steps": int(last.get("step", session["to_step"])),
+               "tokens_seen": int(last.get("tokens_seen", 0)),
+               "first_loss": float(rows[0]["loss"]) if rows else None,
+               "last_loss": float(last["loss"]) if rows else None,
+               "mean_tokens_per_s": sum(tps) / len(tps) if tps else 0.0,
+               "world": session.get("world"), "sessions": sessions}
+    if stopped:   # this session ended on its time budget (train.stop_after_s)
+        summary["stopped"] = stopped
+    if gate:
+        summary["gate"] = gate
+    tmp = path.with_name(".summary.json.tmp")
+    tmp.write_text(json.dumps(summary, indent=2))
+    os.replace(tmp, path)
+    return summary

@@ -1,9 +1,11 @@
 """The training loop: DeepSpeed engine + Ulysses SP + ZeRO, exact resume, metrics, checkpoints.
 
 Trainer(cfg).train() does, in order: init_distributed -> groups (dp x sp) -> run dir
-(allocated or resumed) -> tokenizer + data (verified) -> BluModel (init_from weights) ->
-apply_ulysses -> deepspeed.initialize -> resume state -> steps -> final checkpoint/eval.
-The config was validated against the world size before this point (launch/ext32k.py).
+(allocated or resumed, its liveness lock taken) -> tokenizer + data (verified) -> BluModel
+(init_from weights) -> apply_ulysses -> deepspeed.initialize -> resume state -> steps ->
+final checkpoint/eval -> summary.json of the whole run (from metrics.csv).
+The config was validated and every input checked before this point (train/preflight.py,
+called by launch/ext32k.py and `megablu config check`).
 """
 from __future__ import annotations
 
@@ -99,6 +101,8 @@ class Trainer:
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0)) if local_rank is None else local_rank
         self.device = resolve_device(cfg)
         self._gate_failure: Optional[str] = None
+        self.run_dir: Optional[Path] = None   # known once setup allocated or found it
+        self.lock = None                      # rank 0: the run's liveness lock (runs.RunLock)
         # train.stop_after_s: this session's wall-clock budget, counted from the Trainer's start
         self._t_start = time.monotonic()
         self._timed, self._out_of_time, self._slowest_extra = False, False, 0.0
@@ -130,7 +134,7 @@ class Trainer:
         return box[0]
 
     def _run_dir(self) -> Path:
-        from .runs import allocate_run, find_run
+        from .runs import RunError, RunLock, allocate_run, find_run
 
         path, err = None, None
         if _rank0():
@@ -139,12 +143,20 @@ class Trainer:
                     path = str(find_run(self.cfg.runs_dir, self.resume))
                 else:
                     path = str(allocate_run(self.cfg.runs_dir, self.cfg.name))
+                # one job per run: a second one refuses, naming this one (host, pid, heartbeat)
+                self.lock = RunLock.acquire(path)
             except Exception as e:  # noqa: BLE001 - re-raised on every rank below
-                err = f"{type(e).__name__}: {e}"
+                err = str(e) if isinstance(e, RunError) else f"{type(e).__name__}: {e}"
         path, err = self._broadcast((path, err))
         if err:   # every rank raises, none waits on a collective rank 0 left
-            raise RuntimeError(f"run dir: {err}")
+            raise RunError(f"run dir: {err}")
         return Path(path)
+
+    def release(self) -> None:
+        """Give up the run's lock (rank 0); called when training ends, however it ends."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     def _build_model(self) -> BluModel:
         cfg = self.cfg
@@ -178,27 +190,18 @@ class Trainer:
             log.info("topology: %s", g.describe())
             log.info("run dir: %s; grad_accum %d; tokens/step %d", self.run_dir, self.grad_accum,
                      cfg.train.tokens_per_step)
-            resolved = self.run_dir / "config.resolved.yaml"
-            if self.resume and resolved.exists():
-                # keep the run's original; record what this resume ran with beside it
-                (self.run_dir / f"config.resume.{int(time.time())}.yaml").write_text(to_yaml(cfg))
-            else:
-                resolved.write_text(to_yaml(cfg))
+            if not self.resume:
+                self._write_resolved()
 
         from ..data.tokenizer import load_tokenizer
 
-        self.tokenizer = load_tokenizer(cfg.tokenizer)
-        if self.tokenizer.vocab_size > cfg.model.vocab_size:
-            raise ValueError(f"tokenizer vocab {self.tokenizer.vocab_size} > model.vocab_size "
-                             f"{cfg.model.vocab_size}; raise model.vocab_size")
+        self.tokenizer = load_tokenizer(cfg.tokenizer)   # its vocab against the model: preflight
 
         from ..data.loader import build_loader
         from ..data.mix import planned_sequences, write_mixture
 
         self.loader = build_loader(cfg.data, self.tokenizer.identity, micro_batch=cfg.train.micro_batch,
                                    dp_rank=g.dp_rank, dp_size=g.dp, total_sequences=planned_sequences(cfg))
-        if _rank0():   # what each source contributes (token shares, epochs, truncation, padding)
-            write_mixture(self.run_dir, self.loader.mixture)
 
         model = self._build_model()
         apply_ulysses(model, g)
@@ -220,10 +223,18 @@ class Trainer:
             "dp": g.dp, "sp": g.sp, "zero_stage": cfg.parallel.zero_stage,
             # enough to export or evaluate a checkpoint without the YAML it came from
             "model": cfg.model.model_dump(mode="json"), "rope": cfg.rope.model_dump(mode="json"),
-            "window": cfg.data.window})
+            "window": cfg.data.window,
+            # the whole config: a resume that differs names the fields (train/resume.py)
+            "config": cfg.model_dump(mode="json")})
         self.step, self.tokens_seen = 0, 0
+        self._session_start = 0
         if self.resume:
             self._load_resume()
+            if _rank0():   # written only now that the resume is accepted
+                self._write_resolved()
+            self._session_start = self.step
+        if _rank0():   # what each source contributes (token shares, epochs, truncation, padding)
+            write_mixture(self.run_dir, self.loader.mixture)
         self.metrics = MetricsWriter(self.run_dir, self.step) if _rank0() else None
         if self.resume and self.step > 0 and self._eval_due(self.step):
             # killed between the save of an eval step and its result: evaluate that step now
@@ -240,34 +251,61 @@ class Trainer:
         path = self._broadcast(str(path) if path else None) if dist.is_initialized() else path
         path = Path(path) if path else None
         if path is None:
-            raise CheckpointError(f"resume: no verified checkpoint in {self.run_dir}/checkpoints")
-        state = self.ckpt.load(self.engine, path, allow_config_change=self._sp_change_only(path))
+            raise CheckpointError(f"resume: no verified checkpoint in {self.run_dir}/checkpoints; start without "
+                                  f"--resume")
+        state = self.ckpt.load(self.engine, path, allow_config_change=self._allowed_change(path))
         self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
         self.loader.load_state_dict(state["loader"])
         set_rng_state(state["rng"])
         if _rank0():
             log.info("resumed from %s at step %d (%d tokens seen)", path, self.step, self.tokens_seen)
 
-    def _sp_change_only(self, path: Path) -> bool:
-        """True when the checkpoint's config differs from this run's in parallel.sp alone.
+    def _allowed_change(self, path: Path) -> bool:
+        """True when the checkpoint's config differs from this run's only in what a resume may
+        change (train/resume.py: parallel.sp, a train.max_steps that leaves the trained part of
+        the LR curve unchanged); the preflight refused anything else, naming the fields.
 
-        Ulysses shards activations, not weights: the weights and ZeRO partitions (over all
+        sp: Ulysses shards activations, not weights: the weights and ZeRO partitions (over all
         dp x sp ranks) do not depend on sp, and the loader's position is global, so such a
         resume continues the same run (tokens_per_step fixed; grad accumulation follows dp).
+        max_steps: the LR is a pure function of the step; the loader's order does not depend on it.
         """
-        from .checkpoint import read_manifest
+        from .checkpoint import read_manifest, step_of
+        from .resume import config_changes, resume_problems, saved_config
 
         m = read_manifest(path)
-        saved_sp = m.get("sp")
-        if m.get("config_hash") == config_hash(self.cfg) or saved_sp in (None, self.cfg.parallel.sp):
+        if m.get("config_hash") == config_hash(self.cfg):
             return False
-        same = self.cfg.model_copy(update={"parallel": self.cfg.parallel.model_copy(update={"sp": saved_sp})})
-        if config_hash(same) != m.get("config_hash"):
-            return False   # more than sp changed: check_compatible refuses and names the fields
+        saved = saved_config(path, m)
+        if saved is None:
+            # no recorded config: an sp change alone is recognised by the hash
+            saved_sp = m.get("sp")
+            if saved_sp in (None, self.cfg.parallel.sp):
+                return False
+            same = self.cfg.model_copy(update={"parallel": self.cfg.parallel.model_copy(update={"sp": saved_sp})})
+            return config_hash(same) == m.get("config_hash")
+        if resume_problems(saved, self.cfg, step_of(path)):
+            return False   # check_compatible refuses and names the fields
         if _rank0():
-            log.warning("resume: parallel.sp %s -> %s (dp %s -> %s); weights, optimizer and data position carry "
-                        "over unchanged", saved_sp, self.cfg.parallel.sp, m.get("dp"), self.groups.dp)
+            changes = config_changes(saved, self.cfg.model_dump(mode="json"))
+            log.warning("resume: %s (dp %s -> %s); weights, optimizer and data position carry over unchanged",
+                        ", ".join(f"{k} {a} -> {b}" for k, a, b in changes), m.get("dp"), self.groups.dp)
         return True
+
+    def _write_resolved(self) -> None:
+        """runs/<id>/config.resolved.yaml: the config this run's checkpoints are saved with, so that
+        `--config runs/<id>/config.resolved.yaml --resume <id>` continues it. train.stop_after is an
+        invocation's time slice, not the run's, and is left out. A resume that changed the run
+        (max_steps, sp) keeps the previous file as config.before.<unix>.yaml."""
+        resolved = self.run_dir / "config.resolved.yaml"
+        text = to_yaml(self.cfg.model_copy(update={"train": self.cfg.train.model_copy(update={"stop_after": None})}))
+        if resolved.exists():
+            if resolved.read_text() == text:
+                return
+            resolved.rename(self.run_dir / f"config.before.{int(time.time())}.yaml")
+        tmp = resolved.with_name(f".{resolved.name}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, resolved)
 
     def _client_state(self) -> dict:
         from .checkpoint import get_rng_state
@@ -291,6 +329,12 @@ class Trainer:
             pg["lr"] = self._lr
 
     def train(self) -> dict:
+        try:
+            return self._train()
+        finally:
+            self.release()
+
+    def _train(self) -> dict:
         from tqdm import tqdm
 
         self.setup()
@@ -310,31 +354,32 @@ class Trainer:
             return self._one_step(bar, stop)
 
         self._timed = cfg.train.stop_after_s is not None
-        n_probe = min(cfg.train.probe_steps, stop - self.step)
-        if n_probe > 0:
-            try:
-                self._probe(one_step, n_probe)
-            except _OutOfTime:   # a resumed session's probe cut by train.stop_after_s: no probe file
-                pass
-        while self.step < stop and not self._out_of_time:
-            one_step()
-        bar.close()
+        try:
+            n_probe = min(cfg.train.probe_steps, stop - self.step)
+            if n_probe > 0:
+                try:
+                    self._probe(one_step, n_probe)
+                except _OutOfTime:   # a resumed session's probe cut by train.stop_after_s: no probe file
+                    pass
+            while self.step < stop and not self._out_of_time:
+                one_step()
+        finally:   # closed before any error is reported, so the bar is not the last line on stderr
+            bar.close()
         if self._out_of_time and _rank0():
             log.warning("stopped at step %d of %d: train.stop_after_s=%g would be exceeded by the next step; "
                         "checkpoint saved; continue with --resume %s", self.step, cfg.train.max_steps,
                         cfg.train.stop_after_s, self.run_dir)
         if self.metrics is not None:
             self.metrics.close()
-        summary = {"run_dir": str(self.run_dir), "steps": self.step, "tokens_seen": self.tokens_seen,
-                   "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
-                   "mean_tokens_per_s": sum(tok_s[1:] or tok_s) / max(1, len(tok_s[1:] or tok_s)),
-                   "world": g.describe()}
-        if self._out_of_time:
-            summary["stopped"] = f"train.stop_after_s={cfg.train.stop_after_s:g}"
-        if self._gate_failure:
-            summary["gate"] = self._gate_failure
+        from .metrics import run_summary
+
+        # the whole run, every session, from metrics.csv (rank 0 has it; the others get it)
+        summary = None
         if _rank0():
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            session = {"from_step": self._session_start, "to_step": self.step, "world": g.describe()}
+            stopped = f"train.stop_after_s={cfg.train.stop_after_s:g}" if self._out_of_time else None
+            summary = run_summary(self.run_dir, session, gate=self._gate_failure, stopped=stopped)
+        summary = self._broadcast(summary) if dist.is_initialized() else summary
         if self._gate_failure:
             raise GateFailed(self._gate_failure, summary)
         return summary
@@ -440,62 +485,5 @@ class Trainer:
             self._gate_failure = gate["message"]
 
 
-def init_from_rope_problems(cfg: Config) -> list[str]:
-    """The child's rope against what the init_from parent records (config/lineage.py)."""
-    from ..config.lineage import rope_lineage_problems
-    from .checkpoint import CheckpointError, parent_record
-
-    try:
-        rec = parent_record(cfg.init_from)
-    except CheckpointError as e:
-        return [f"init_from: {e}"]
-    if rec.rope is None and cfg.rope.yarn is None:
-        log.warning("init_from %s records no rope or window: rope.theta=%g cannot be checked against the parent's",
-                    cfg.init_from, cfg.rope.theta)
-    return rope_lineage_problems(cfg.rope, cfg.data.window, rec)
-
-
-def preflight(cfg: Config, resume: Optional[str] = None) -> list[str]:
-    """Filesystem checks run by the entry before any rank initialises (missing parent, data, tokenizer)."""
-    problems = []
-    if cfg.init_from and not resume and not Path(cfg.init_from).exists():
-        problems.append(f"init_from: parent checkpoint {cfg.init_from} does not exist; give a run dir, a "
-                        f"checkpoint step dir or an exported model dir")
-    elif cfg.init_from and not resume:
-        problems += init_from_rope_problems(cfg)
-    if cfg.eval.gate.parent:
-        from ..eval.gate import parent_problems
-        from ..eval.prompts import EvalError
-        from ..eval.report import load_result
-
-        try:   # a gate that cannot be checked is found after hours of training otherwise
-            parent = load_result(cfg.eval.gate.parent)
-            problems += [f"eval.gate.parent: {p}" for p in parent_problems(parent, cfg.eval.gate, cfg.eval.tasks,
-                                                                           loss=bool(cfg.eval.loss.data))]
-        except EvalError as e:
-            problems.append(f"eval.gate.parent: {e}")
-    from ..data.mix import mix_problems
-    from ..data.tokenizer import TokenizerError, load_tokenizer
-
-    tok = None
-    try:   # every rank needs it, and the eval would build zero prompts without it
-        tok = load_tokenizer(cfg.tokenizer)
-    except (TokenizerError, OSError) as e:
-        problems.append(f"tokenizer: {e}")
-    # datasets, buckets, tokenizer identities, sources the run would exhaust (data.path or data.mix)
-    problems += mix_problems(cfg, tok.identity if tok is not None else None)
-    if cfg.eval.haystack:
-        from ..data.haystack import split_spec
-
-        hay = split_spec(cfg.eval.haystack)[0]
-        if not Path(hay, "manifest.json").is_file():
-            problems.append(f"eval.haystack: {hay} has no manifest.json; give a dataset dir built with "
-                            f"`megablu data build` (optionally DIR@bucket)")
-    if tok is not None and (cfg.eval.at_steps or cfg.eval.final) and not any("eval.haystack" in p for p in problems):
-        from ..eval.harness import preflight_problems
-
-        # every task's prompts at every length, in this tokenizer: not after hours of training
-        problems += [f"eval: {p}" for p in preflight_problems(cfg.eval, tok, cfg.data.window)]
-    if resume and not (Path(resume).is_dir() or Path(cfg.runs_dir, resume).is_dir()):
-        problems.append(f"--resume {resume}: no such run (looked in {cfg.runs_dir}/)")
-    return problems
+# the preflight lived here; its checks are in preflight.py (kept importable from here)
+from .preflight import init_from_rope_problems, preflight  # noqa: E402,F401

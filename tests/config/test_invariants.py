@@ -99,9 +99,15 @@ def test_inherit_one_level(tmp_path):
 
 
 def test_cli_check_exit_codes():
-    ok = subprocess.run([sys.executable, "-m", "megablu.cli", "config", "check", str(EXT), "--world-size", "2"],
-                        capture_output=True, text=True)
+    # --no-files: the config alone (ext32k's data and parent live on the GPU box, not here)
+    ok = subprocess.run([sys.executable, "-m", "megablu.cli", "config", "check", str(EXT), "--world-size", "2",
+                         "--no-files"], capture_output=True, text=True)
     assert ok.returncode == 0 and "original_max_position: 16384" in ok.stdout
+    # without it, the entry's preflight: the inputs this machine does not have are listed
+    here = subprocess.run([sys.executable, "-m", "megablu.cli", "config", "check", str(EXT), "--world-size", "2"],
+                          capture_output=True, text=True)
+    assert here.returncode == 2 and here.stdout == ""
+    assert "data.path: data/blu has no manifest.json" in here.stderr and "init_from:" in here.stderr
     bad = subprocess.run([sys.executable, "-m", "megablu.cli", "config", "check", str(EXT), "--world-size", "2",
                           "--set", "rope.yarn.original_max_position=1024", "--set", "eval.lengths=[32745]"],
                          capture_output=True, text=True)
@@ -163,3 +169,15 @@ def test_every_shipped_arm_is_valid_for_its_launch(path):
     if path.name.startswith("rep_"):
         world = 1
     load_config(path, world_size=world, device=device)   # raises ConfigError listing every violation
+
+
+def test_sp_above_the_head_count_warns_with_the_cost():
+    """sp=4 over 2 heads trains with zero heads on 2 of 4 ranks: legal (head padding), warned with the cost."""
+    from megablu.config import config_warnings
+
+    tiny = ROOT / "yaml_configs" / "tiny_cpu_ext.yaml"
+    cfg = load_config(tiny, ["parallel.sp=4", "model.n_heads=2", "model.n_kv_heads=1", "train.tokens_per_step=4096",
+                             "train.micro_batch=2"], world_size=4, device="cpu")
+    w = [x for x in config_warnings(cfg) if x.startswith("parallel.sp=4 > model.n_heads=2")]
+    assert len(w) == 1 and "2 of the 4 ranks" in w[0] and "2x the work" in w[0] and "sp=2" in w[0]
+    assert not any("model.n_heads" in x for x in config_warnings(load_config(tiny, world_size=2, device="cpu")))

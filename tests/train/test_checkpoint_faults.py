@@ -688,11 +688,14 @@ def test_cli_verify_list_export_roundtrip(results, tmp_path, capsys):
                                        "OK", str(good / "checkpoints/step_0000006")]
     rc, out, _ = _cli(["ckpt", "list", str(results["_base"]), "--json"], capsys)
     rows = {r["path"]: r for r in json.loads(out)}
-    assert rc == 0 and rows[str(good / "checkpoints/step_0000006")]["status"] == "ok"
+    # the fault runs beside it hold damaged and foreign steps: a BAD row is exit 2, like verify
+    assert rc == 2 and rows[str(good / "checkpoints/step_0000006")]["status"] == "ok"
+    assert {r["status"] for r in rows.values()} == {"ok", "BAD"}
     assert rows[str(good / "checkpoints/step_0000006")]["flags"] == "latest"
     assert rows[str(good / "checkpoints/step_0000006")]["topology"] == "w2/dp2/sp1/z2"
-    # a flipped byte in a copy of step 6: list (sizes only by default) vs verify (sha256)
-    dmg = tmp_path / "dmg" / "checkpoints" / "step_0000006"
+    # a flipped byte in a copy of step 6 (in a run dir of the same id, so that it names its own run):
+    # list (sizes only by default) vs list --verify and verify (sha256)
+    dmg = tmp_path / "dmg" / "good-0001" / "checkpoints" / "step_0000006"
     shutil.copytree(good / "checkpoints/step_0000006", dmg)
     shard = dmg / "ds/zero_pp_rank_1_mp_rank_00_optim_states.pt"
     b = bytearray(shard.read_bytes())
@@ -701,7 +704,7 @@ def test_cli_verify_list_export_roundtrip(results, tmp_path, capsys):
     rc, out, _ = _cli(["ckpt", "list", str(tmp_path / "dmg"), "--json"], capsys)
     assert rc == 0 and json.loads(out)[0]["status"] == "ok"
     rc, out, _ = _cli(["ckpt", "list", str(tmp_path / "dmg"), "--json", "--verify"], capsys)
-    assert rc == 0 and json.loads(out)[0]["status"] == "BAD"
+    assert rc == 2 and json.loads(out)[0]["status"] == "BAD"
     rc, out, _ = _cli(["ckpt", "verify", str(dmg)], capsys)
     assert rc == 2 and "checksum ds/zero_pp_rank_1_mp_rank_00_optim_states.pt" in out
 

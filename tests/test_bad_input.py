@@ -1,0 +1,545 @@
+"""Bad input, as a new user would give it (issue 19): every case must be refused cleanly.
+
+Refused cleanly = exit 2 (or the case's code), a message naming the problem (the case's
+expected substrings), no traceback, and nothing written where the case watches (a refused
+resume writes nothing into the run; a refused launch leaves no run dir). Cases run
+in-process: `megablu ...` through megablu.cli.main, the training entry through
+launch/ext32k.py's main as rank 0 of a world of one (it refuses before any rank works).
+Config cases run `config check` and the entry both (`Lab.both`): they must refuse alike,
+since they share one preflight.
+
+The counts of docs/RELIABILITY.md's bad-input table are these cases:
+`python -m tests.bad_input_table` runs them and prints it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+
+import pytest
+
+from tests.bad_input_lab import Case, Lab, Result, dead_pid, flip_byte_keep_stat, run_case
+
+CASES: list[Case] = []
+
+
+def case(area, name, *expect, rc=2, watch=None):
+    def deco(fn):
+        CASES.append(Case(area, name, fn, tuple(expect), rc, watch))
+        return fn
+    return deco
+
+
+# =========================================================================== configs
+def _file_case(name, text, *expect, binary=False):
+    case("configs", name, *expect)(lambda lab: lab.both(file=lab.write("c.yaml", text, binary)))
+
+
+_file_case("YAML syntax error", "name: x\nmodel: {n_layers: 2\n", "c.yaml:3:1: invalid YAML")
+_file_case("!!python/object tag", "name: !!python/object/apply:os.system [echo hi]\n",
+           "tag !!python/object/apply:os.system is not allowed")
+_file_case("not UTF-8", b"name: caf\xe9\n", "not UTF-8 text (byte 0xe9", binary=True)
+_file_case("binary file", b"\x89PNG\r\n\x1a\n\x00\x00", "binary file (NUL byte", binary=True)
+_file_case("top level a list", "- a\n- b\n", "top level must be a mapping")
+_file_case("inherit: a number", "inherit: 5\nname: x\n", "inherit=5 must be a file name")
+_file_case("inherit: a list", "inherit: [a.yaml, b.yaml]\n", "must be a file name")
+_file_case("inherit: missing file", "inherit: nowhere.yaml\n", "config file not found")
+_file_case("duplicate top-level key", "name: a\nname: b\n", "key 'name' is given twice")
+_file_case("duplicate nested key", "train:\n  max_steps: 4\n  max_steps: 40\n", "key 'max_steps' is given twice")
+_file_case("empty file", "", "name: required")
+case("configs", "config path is a directory", "is a directory")(lambda lab: lab.both(file=lab.fresh()))
+case("configs", "config file missing", "config file not found")(
+    lambda lab: lab.both(file=lab.root / "no.yaml"))
+case("configs", "inherit two levels", "one level only")(
+    lambda lab: lab.both(file=lab.write("c.yaml", f"inherit: {lab.cfg_file}\nname: x\n")))
+
+_SETS = [
+    ("--set value '[1,'", ["train.max_steps=[1,"], "does not parse as YAML"),
+    ("--set value ': x'", ["train.max_steps=: x"], "does not parse as YAML"),
+    ("--set without key '=5'", ["=5"], "has an empty part"),
+    ("--set without '='", ["train.max_steps"], "expected dotted.key=value"),
+    ("--set key 'a..b'", ["train..max_steps=3"], "has an empty part"),
+    ("--set duplicate key in a value", ["train={max_steps: 3, max_steps: 4}"], "given twice"),
+    ("--set into a value", ["name.x=1"], "'name' is a value, not a section"),
+    ("unknown key", ["train.max_step=10"], "train.max_step: unknown key"),
+    ("missing required field", ["rope.theta=null"], "rope.theta"),
+    ("name: .hidden", ["name=.hidden"], "not start with '.'"),
+    ("name with a slash", ["name=a/b"], "without slashes"),
+    ("max_steps 1e30 (float)", ["train.max_steps=1.0e+30"], "train.max_steps"),
+    ("max_steps 1e18", ["train.max_steps=1000000000000000000"],
+     "train.max_steps: Input should be less than or equal to 1000000000"),
+    ("max_steps '1e30' (string)", ["train.max_steps=1e30"], "train.max_steps"),
+    ("max_steps 0", ["train.max_steps=0"], "train.max_steps"),
+    ("seed 1e23", ["train.seed=100000000000000000000000"],
+     "train.seed: Input should be less than or equal to 4294967295"),
+    ("seed 1e23 (float)", ["train.seed=1.0e+23"], "train.seed"),
+    ("seed -1", ["train.seed=-1"], "train.seed"),
+    ("data.seed -1", ["data.seed=-1"], "data.seed"),
+    ("lr: .inf", ["schedule.lr=.inf"], "schedule.lr: Input should be a finite number"),
+    ("lr: .nan", ["schedule.lr=.nan"], "schedule.lr"),
+    ("lr: 0", ["schedule.lr=0"], "schedule.lr"),
+    ("eps 0", ["train.eps=0"], "train.eps"),
+    ("eps -1e-8", ["train.eps=-1e-8"], "train.eps"),
+    ("eps .inf", ["train.eps=.inf"], "train.eps: Input should be a finite number"),
+    ("betas (1.0, 0.95)", ["train.betas=[1.0, 0.95]"], "beta1=1.0 outside [0, 1)"),
+    ("betas (0.9, -0.1)", ["train.betas=[0.9, -0.1]"], "beta2=-0.1 outside [0, 1)"),
+    ("betas of one value", ["train.betas=[0.9]"], "train.betas"),
+    ("weight_decay .inf", ["train.weight_decay=.inf"], "train.weight_decay"),
+    ("grad_clip -1", ["train.grad_clip=-1"], "train.grad_clip"),
+    ("eval.lengths [0]", ["eval.lengths=[0]"], "eval.lengths.0: Input should be greater than 0"),
+    ("eval.lengths [-5]", ["eval.lengths=[-5]"], "eval.lengths.0"),
+    ("eval.n 0", ["eval.n=0"], "eval.n"),
+    ("yarn factor*original != window", ["rope.yarn={factor: 2.0, original_max_position: 64}"],
+     "factor*original_max_position = 2.0*64 = 128 != data.window 256"),
+    ("wsd without a decay tail", ["schedule.kind=wsd", "schedule.decay_start=4"], "leaves no decay tail"),
+    ("tokens_per_step not exact", ["train.tokens_per_step=1000"], "is not micro_batch*window*grad_accum*dp"),
+    ("sp > world size", ["parallel.sp=2"], "parallel.sp=2 > world size 1"),
+    ("bf16 on a CPU run", ["train.dtype=bf16"], "train.dtype=bf16 on a CPU run"),
+    ("data.path null", ["data.path=null"], "data.path: not set"),
+    ("data.path missing", ["data.path=/nonexistent/ds"], "data.path: /nonexistent/ds has no manifest.json"),
+    ("bucket not in the dataset", ["data.bucket=b9"], "bucket(s) ['b9'] not in this dataset"),
+    ("bucket empty", ["data.bucket=b4"], "is empty"),
+    ("split with no document", ["data.split=val", "data.bucket=b1"], "is empty"),
+    ("run cycles the data too often", ["data.max_epochs=1.0", "train.max_steps=100000"], "epochs > data.max_epochs"),
+    ("mode fit with no fitting document", ["data.mode=fit", "data.window=8", "train.tokens_per_step=32"],
+     "has no sequence in mode fit"),
+    ("tokenizer file missing", ["tokenizer.path=/nonexistent/x.tiktoken"], "tokenizer:"),
+    ("tokenizer file of another kind", ["tokenizer.kind=sentencepiece"], "tokenizer"),
+    ("vocab below the tokenizer's", ["model.vocab_size=100"], "model.vocab_size=100 < the tokenizer's vocabulary 4096"),
+    ("eval length shorter than the passkey prompt", ["eval.lengths=[40]", "eval.max_new=4", "eval.pad=8",
+                                                     "eval.final=true"],
+     "cannot hold task passkey"),
+    ("eval length shorter than the needle prompt", ["eval.lengths=[100]", "eval.tasks=[needle]", "eval.max_new=4",
+                                                    "eval.pad=8", "eval.haystack=DATA", "eval.at_steps=[2]"],
+     "cannot hold task needle"),
+    ("eval.gate.parent not an eval result", ["eval.gate.parent=CFG", "eval.lengths=[128]", "eval.max_new=4",
+                                             "eval.pad=8", "eval.gate.short_lengths=[128]"],
+     "eval.gate.parent:"),
+    ("eval.haystack not a dataset", ["eval.haystack=/nonexistent@b2"], "eval.haystack: /nonexistent has no manifest"),
+    ("eval at a step past max_steps", ["eval.lengths=[128]", "eval.at_steps=[9]", "eval.max_new=4", "eval.pad=8"],
+     "eval.at_steps: 9 is outside"),
+]
+
+
+def _sets_case(name, sets, expect):
+    def run(lab):
+        s = [x.replace("=DATA", f"={lab.data}").replace("=CFG", f"={lab.cfg_file}") for x in sets]
+        return lab.both(s)
+    case("configs", name, expect)(run)
+
+
+for _n, _s, _e in _SETS:
+    _sets_case(_n, _s, _e)
+
+
+@case("configs", "runs_dir is a file", "runs_dir:", "is a file, not a directory")
+def _(lab):
+    return lab.both([f"runs_dir={lab.write('runs', 'x')}"])
+
+
+@case("configs", "runs_dir under a file", "runs_dir:", "which is a file")
+def _(lab):
+    return lab.both([f"runs_dir={lab.write('f', 'x')}/runs"])
+
+
+@case("configs", "init_from missing", "init_from: parent checkpoint /nonexistent/p does not exist")
+def _(lab):
+    return lab.both(["init_from=/nonexistent/p"])
+
+
+@case("configs", "init_from is a dataset", "is a megablu dataset", "not a checkpoint")
+def _(lab):
+    return lab.both([f"init_from={lab.data}"])
+
+
+@case("configs", "init_from with another vocab", "trained with vocab 8192, model.vocab_size is 4096")
+def _(lab):
+    return lab.both([f"init_from={lab.parent(['model.vocab_size=8192'])}"])
+
+
+@case("configs", "init_from with another shape", "shapes", "the weights have d_model 64")
+def _(lab):
+    return lab.both([f"init_from={lab.parent(['model.d_model=64', 'model.ffn_dim=176'])}"])
+
+
+@case("configs", "init_from with more layers", "unexpected ['layers.4")
+def _(lab):
+    return lab.both([f"init_from={lab.parent(['model.n_layers=5'])}"])
+
+
+@case("configs", "init_from trained with another tokenizer", "was trained with tokenizer 'byte:v257")
+def _(lab):
+    return lab.both([f"init_from={lab.parent(tokenizer='byte:v257:01927f6dec51a9dd')}"])
+
+
+@case("configs", "init_from with another rope (the seed's trap)", "rope.yarn.original_max_position=128 but the parent")
+def _(lab):
+    return lab.both([f"init_from={lab.parent()}", "data.window=512", "train.tokens_per_step=2048",
+                     "rope.yarn={factor: 4.0, original_max_position: 128}"])
+
+
+@case("configs", "init_from step with a corrupted weights file", "checksum model.safetensors")
+def _(lab):
+    p = lab.parent()
+    w = next(p.rglob("model.safetensors"))
+    flip_byte_keep_stat(w, offset=w.stat().st_size - 5)
+    return lab.both([f"init_from={p}"])
+
+
+@case("configs", "init_from a file that is not safetensors", "init_from")
+def _(lab):
+    return lab.both([f"init_from={lab.write('w.safetensors', b'not a safetensors file', binary=True)}"])
+
+
+# =========================================================================== data
+def _data_case(name, damage, *expect, sets=()):
+    def run(lab):
+        d = lab.data_copy()
+        lab.check([f"data.path={d}", f"runs_dir={lab.fresh()}"])     # the verification cache is filled
+        damage(d)
+        return lab.both([f"data.path={d}", *sets])
+    case("data", name, *expect)(run)
+
+
+def _shard(d, suffix):
+    m = json.loads((d / "manifest.json").read_text())
+    return d / next(e for e in m["shards"] if e["split"] == "train")[suffix]
+
+
+_data_case("byte flipped in place, data.verify: full",
+           lambda d: flip_byte_keep_stat(_shard(d, "tokens")), "sha256", "corrupted or modified",
+           sets=["data.verify=full"])
+_data_case("shard truncated", lambda d: _shard(d, "tokens").write_bytes(_shard(d, "tokens").read_bytes()[:-3]),
+           "truncated or corrupted")
+_data_case("shard deleted", lambda d: _shard(d, "tokens").unlink(), "missing (listed in")
+_data_case("index truncated", lambda d: _shard(d, "index").write_bytes(_shard(d, "index").read_bytes()[:-8]),
+           "uint64 offsets")
+_data_case("manifest not JSON", lambda d: (d / "manifest.json").write_text("{"), "not valid JSON")
+_data_case("manifest of another format", lambda d: (d / "manifest.json").write_text('{"format": "x"}'),
+           "format 'x'")
+_data_case("data tokenized with another tokenizer",
+           lambda d: (d / "manifest.json").write_text((d / "manifest.json").read_text().replace(
+               "tiktoken_file:v4096", "tiktoken_file:v4097")), "but the run's tokenizer is")
+
+
+@case("data", "`megablu data verify` of a byte flipped in place", "sha256")
+def _(lab):
+    d = lab.data_copy()
+    flip_byte_keep_stat(_shard(d, "tokens"))
+    return lab.cli("data", "verify", d)
+
+
+@case("data", "`megablu data verify` of a missing dir", "does not exist")
+def _(lab):
+    return lab.cli("data", "verify", lab.root / "nowhere")
+
+
+# =========================================================================== checkpoints
+def _run_with_foreign_step(lab):
+    runs, run = lab.run(steps=(2,))
+    other = lab.fresh("other") / "x-0009"
+    other.mkdir()
+    src = lab.step(other, 4, lab.config())
+    shutil.copytree(src, run / "checkpoints" / src.name)
+    return run
+
+
+@case("checkpoints", "ckpt verify: a step whose manifest names another run", "BAD", "names run 'x-0009'")
+def _(lab):
+    r = lab.cli("ckpt", "verify", _run_with_foreign_step(lab))
+    return Result(r.rc, r.out, r.err + r.out, r.exc)
+
+
+@case("checkpoints", "ckpt list --verify: a BAD row", "BAD")
+def _(lab):
+    r = lab.cli("ckpt", "list", _run_with_foreign_step(lab), "--verify")
+    return Result(r.rc, r.out, r.err + r.out, r.exc)
+
+
+def _damaged(how):
+    def run(lab):
+        _, run_dir = lab.run(steps=(2,))
+        step = run_dir / "checkpoints" / "step_0000002"
+        how(step)
+        r = lab.cli("ckpt", "verify", run_dir)
+        return Result(r.rc, r.out, r.err + r.out, r.exc)
+    return run
+
+
+case("checkpoints", "ckpt verify: a shard deleted", "BAD", "missing ds/")(
+    _damaged(lambda s: (s / "ds" / "mp_rank_00_model_states.pt").unlink()))
+case("checkpoints", "ckpt verify: one bit flipped", "BAD", "checksum")(
+    _damaged(lambda s: flip_byte_keep_stat(s / "ds" / "mp_rank_00_model_states.pt")))
+case("checkpoints", "ckpt verify: truncated shard", "BAD", "manifest says")(
+    _damaged(lambda s: (s / "ds" / "mp_rank_00_model_states.pt").write_bytes(b"x")))
+case("checkpoints", "ckpt verify: manifest edited", "BAD", "manifest checksum mismatch")(
+    _damaged(lambda s: (s / "manifest.json").write_text((s / "manifest.json").read_text().replace('"step": 2',
+                                                                                                  '"step": 3'))))
+case("checkpoints", "ckpt verify: an unlisted extra shard", "BAD", "unlisted file")(
+    _damaged(lambda s: (s / "ds" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").write_bytes(b"x")))
+
+
+@case("checkpoints", "ckpt verify: a dataset dir", "is a megablu dataset")
+def _(lab):
+    r = lab.cli("ckpt", "verify", lab.data)
+    return Result(r.rc, r.out, r.err + r.out, r.exc)
+
+
+@case("checkpoints", "ckpt verify: no such path", "neither a checkpoint step dir nor a run dir")
+def _(lab):
+    return lab.cli("ckpt", "verify", lab.root / "nowhere")
+
+
+@case("checkpoints", "ckpt verify: a run with no checkpoint", "no checkpoints")
+def _(lab):
+    _, run = lab.run(steps=())
+    (run / "checkpoints").mkdir()
+    return lab.cli("ckpt", "verify", run)
+
+
+@case("checkpoints", "ckpt list: an empty dir", "no runs or checkpoints")
+def _(lab):
+    return lab.cli("ckpt", "list", lab.fresh())
+
+
+@case("checkpoints", "ckpt export: a damaged step", "export failed", "not intact")
+def _(lab):
+    _, run = lab.run(steps=(2,), with_weights=True)
+    step = run / "checkpoints" / "step_0000002"
+    flip_byte_keep_stat(step / "model.safetensors", offset=200)
+    return lab.cli("ckpt", "export", step, "--out", lab.fresh() / "out")
+
+
+@case("checkpoints", "ckpt export: --out not empty", "exists and is not empty")
+def _(lab):
+    _, run = lab.run(steps=(2,), with_weights=True)
+    out = lab.fresh()
+    (out / "x").write_text("keep me")
+    return lab.cli("ckpt", "export", run, "--out", out)
+
+
+# =========================================================================== eval / hub
+def _hf_dir(lab):
+    if "hf" not in lab._cache:
+        import torch
+
+        from megablu.model.decoder import BluModel
+        from megablu.model.hf import to_hf
+
+        cfg = lab.config()
+        torch.manual_seed(0)
+        d = lab.fresh("hf") / "parent"
+        to_hf(BluModel(cfg.model, cfg.rope), max_position=cfg.data.window).save_pretrained(d)
+        lab._cache["hf"] = d
+    return lab._cache["hf"]
+
+
+def _eval(lab, *args, model=True):
+    src = ["--hf", _hf_dir(lab)] if model else []
+    return lab.cli("eval", "--config", lab.cfg_file, *src, "--step", "0", "--no-plot", "--out", lab.fresh(),
+                   "--set", "eval.max_new=4", "--set", "eval.pad=8", "--set", "eval.lengths=[120]", *args)
+
+
+case("eval/hub", "eval --n 0", "--n: Input should be greater than 0")(lambda lab: _eval(lab, "--n", "0", model=False))
+case("eval/hub", "eval --n -3", "--n: Input should be greater than 0")(lambda lab: _eval(lab, "--n", "-3", model=False))
+case("eval/hub", "eval --lengths 0", "--lengths.0: Input should be greater than 0")(
+    lambda lab: _eval(lab, "--lengths", "0", model=False))
+case("eval/hub", "eval --batch-tokens 0", "--batch-tokens 0 must be >= 1")(
+    lambda lab: _eval(lab, "--batch-tokens", "0", model=False))
+case("eval/hub", "eval --n not a number", "invalid int value")(lambda lab: _eval(lab, "--n", "x", model=False))
+case("eval/hub", "eval --ckpt missing", "megablu eval: cannot load weights")(
+    lambda lab: _eval(lab, "--ckpt", lab.root / "nowhere", model=False))
+case("eval/hub", "eval without --ckpt or --hf", "exactly one of --ckpt")(lambda lab: _eval(lab, model=False))
+case("eval/hub", "eval length shorter than the prompt", "eval.lengths [30] cannot hold task passkey")(
+    lambda lab: _eval(lab, "--lengths", "30", "--n", "1"))
+case("eval/hub", "eval with a config error", "train.max_step: unknown key")(
+    lambda lab: _eval(lab, "--set", "train.max_step=1", model=False))
+case("eval/hub", "eval --gate-parent not a result", "megablu eval:")(
+    lambda lab: _eval(lab, "--gate-parent", lab.cfg_file, "--n", "1"))
+
+
+def _repo(lab):
+    r = lab.fresh("repo")
+    (r / "a.bin").write_bytes(b"x" * 10)
+    return r
+
+
+case("eval/hub", "hub download --local-dir is a file", "is a file, not a directory")(
+    lambda lab: lab.cli("hub", "download", "org/x", "--from-local", _repo(lab), "--include", "a.bin",
+                        "--local-dir", lab.write("dl", "x")))
+case("eval/hub", "hub download --local-dir under a file", "is a file, not a directory")(
+    lambda lab: lab.cli("hub", "download", "org/x", "--from-local", _repo(lab), "--include", "a.bin",
+                        "--local-dir", lab.write("dl", "x") / "sub"))
+case("eval/hub", "hub download include matching nothing", "matched no file")(
+    lambda lab: lab.cli("hub", "download", "org/x", "--from-local", _repo(lab), "--include", "b.bin",
+                        "--local-dir", lab.fresh()))
+case("eval/hub", "hub download from a missing mirror", "does not exist")(
+    lambda lab: lab.cli("hub", "download", "org/x", "--from-local", lab.root / "nowhere", "--include", "a",
+                        "--local-dir", lab.fresh()))
+case("eval/hub", "hub upload of a run without checkpoints", "hub upload:")(
+    lambda lab: lab.cli("hub", "upload", lab.run(steps=())[1], "--to-local", lab.fresh()))
+case("eval/hub", "compare a missing result", "megablu compare:")(
+    lambda lab: lab.cli("compare", lab.root / "nowhere.json"))
+
+
+# =========================================================================== resume
+def _resume_case(name, *expect, make=None, sets=(), resume=None, area="resume"):
+    """The entry with --resume on a run made by `make(lab) -> (runs_dir, run)`; the run must be left as it was."""
+    holder = {}
+
+    def watch(lab):
+        holder["made"] = (make or (lambda lab: lab.run()))(lab)
+        return holder["made"][1]
+
+    def run(lab):
+        runs, run_dir = holder["made"]
+        s = [f"runs_dir={runs}", *sets]
+        return lab.entry(s, resume=resume(run_dir) if resume else run_dir.name)
+    case(area, name, *expect, watch=watch)(run)
+
+
+_resume_case("no such run", "--resume nope: no run 'nope'", resume=lambda r: "nope")
+_resume_case("a file given as the run", "no run", resume=lambda r: r / "config.resolved.yaml")
+_resume_case("no checkpoint yet (stopped before its first save)", "no checkpoint was saved yet",
+             "start without --resume", "--config", make=lambda lab: lab.run(steps=()))
+
+
+def _corrupt_all(lab, how):
+    runs, run = lab.run(steps=(1, 2))
+    for s in (run / "checkpoints").iterdir():
+        how(s)
+    return runs, run
+
+
+_resume_case("every checkpoint truncated", "every checkpoint is damaged", "start without --resume",
+             make=lambda lab: _corrupt_all(lab, lambda s: (s / "ds" / "mp_rank_00_model_states.pt").write_bytes(b"")))
+_resume_case("every checkpoint bit-flipped", "every checkpoint is damaged", "checksum", "start without --resume",
+             make=lambda lab: _corrupt_all(lab, lambda s: flip_byte_keep_stat(s / "ds" / "mp_rank_00_model_states.pt")))
+_resume_case("only a step copied from another run", "every checkpoint is damaged", "names run 'x-0009'",
+             make=lambda lab: _foreign_only(lab))
+
+
+def _foreign_only(lab):
+    runs, run = lab.run(steps=())
+    other = lab.fresh("other") / "x-0009"
+    other.mkdir()
+    src = lab.step(other, 4, lab.config([f"runs_dir={runs}"]))
+    shutil.copytree(src, run / "checkpoints" / src.name)
+    return runs, run
+
+
+_resume_case("config differs (lr)", "schedule.lr: saved 0.003, now 0.1",
+             "resume with: deepspeed --num_gpus 1", "--config", "config.resolved.yaml --resume tiny_cpu-0001",
+             sets=["schedule.lr=0.1"])
+_resume_case("config differs (model shape and seed)", "model.d_model: saved 128, now 64",
+             "train.seed: saved 1234, now 7", sets=["model.d_model=64", "model.ffn_dim=176", "train.seed=7"])
+_resume_case("config differs (tokenizer)", "tokenizer.kind: saved 'tiktoken_file', now 'byte'",
+             sets=["tokenizer.kind=byte", "tokenizer.path=null", "model.vocab_size=4096"])
+_resume_case("max_steps extended, cosine", "schedule.kind=cosine decays over all of train.max_steps",
+             "start a new run from this checkpoint with init_from", sets=["train.max_steps=8"])
+_resume_case("max_steps extended inside the WSD tail", "the run is in its decay tail (step 3 > schedule.decay_start=2)",
+             make=lambda lab: lab.run(sets=["schedule.kind=wsd", "schedule.decay_start=2", "train.max_steps=4"],
+                                      steps=(3,)),
+             sets=["schedule.kind=wsd", "schedule.decay_start=2", "train.max_steps=8"])
+_resume_case("max_steps below the checkpoint's step", "train.max_steps=2 < the checkpoint's step 3",
+             make=lambda lab: lab.run(sets=["train.max_steps=6"], steps=(3,)), sets=["train.max_steps=2"])
+_resume_case("stop_after at or before the checkpoint", "train.stop_after=2 <= step 2",
+             sets=["train.stop_after=2"])
+_resume_case("resume with an invalid config", "train.betas", sets=["train.betas=[2, 2]"])
+
+
+# =========================================================================== concurrency
+_resume_case("resume beside a live job (this host)", "is in use by a live job", f"host {socket.gethostname()}",
+             f"pid {os.getpid()}", make=lambda lab: _locked(lab), area="concurrency")
+_resume_case("resume beside a live job on another host", "is in use by a live job", "host node7",
+             make=lambda lab: _locked(lab, host="node7", pid=1), area="concurrency")
+_resume_case("resume beside a job whose lock is being written", "lock file cannot be read",
+             make=lambda lab: _locked(lab, text="{"), area="concurrency")
+
+
+def _locked(lab, text=None, **kw):
+    runs, run = lab.run()
+    p = lab.lock(run, **kw)
+    if text is not None:
+        p.write_text(text)
+    return runs, run
+
+
+@case("concurrency", "second RunLock.acquire of a live run", "is in use by a live job")
+def _(lab):
+    from megablu.train.runs import RunError, RunLock
+
+    _, run = lab.run()
+    first = RunLock.acquire(run)
+    try:
+        RunLock.acquire(run)
+        return Result(0, "", "second acquire succeeded")
+    except RunError as e:
+        return Result(2, "", str(e))
+    finally:
+        first.release()
+
+
+@case("concurrency", "config check --resume beside a live job", "is in use by a live job")
+def _(lab):
+    runs, run = _locked(lab)
+    return lab.check([f"runs_dir={runs}"], "--resume", run.name)
+
+
+# --------------------------------------------------------------------------- pytest
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    return Lab(tmp_path_factory.mktemp("bad_input"))
+
+
+@pytest.mark.parametrize("c", CASES, ids=[f"{c.area}: {c.name}" for c in CASES])
+def test_refused_cleanly(c, lab):
+    outcome, res = run_case(c, lab)
+    assert outcome.kind == "refused", f"{outcome.kind}: {outcome.detail}"
+
+
+# --------------------------------------------------------------------------- what is still accepted (controls)
+def test_a_stale_lock_does_not_block_a_resume(lab):
+    """Dead pid on this host, a reused pid, a heartbeat past the timeout on another host: a resume may go on."""
+    from megablu.train.runs import STALE_AFTER_S, RunLock
+
+    for kw in ({"pid": dead_pid()}, {"proc_start": "1"}, {"host": "node7", "pid": 1, "age_s": STALE_AFTER_S + 5}):
+        runs, run = _locked(lab, **kw)
+        r = lab.check([f"runs_dir={runs}"], "--resume", run.name)
+        assert r.rc == 0, (kw, r.err)
+        lock = RunLock.acquire(run)       # and taking it over works
+        assert json.loads((run / "run.lock").read_text())["pid"] == os.getpid()
+        lock.release()
+        assert not (run / "run.lock").exists()
+
+
+def test_wsd_extended_before_its_tail_and_sp_change_are_accepted(lab):
+    runs, run = lab.run(sets=["schedule.kind=wsd", "schedule.decay_start=3", "train.max_steps=6"], steps=(2,))
+    ok = lab.check([f"runs_dir={runs}", "schedule.kind=wsd", "schedule.decay_start=7", "train.max_steps=10"],
+                   "--resume", run.name)
+    assert ok.rc == 0, ok.err
+    ok = lab.check([f"runs_dir={runs}", "schedule.kind=wsd", "schedule.decay_start=3", "train.max_steps=10"],
+                   "--resume", run.name)   # decay_start kept: the tail starts where it did, and is longer
+    assert ok.rc == 0, ok.err
+
+
+def test_data_verify_cache_trusts_an_unchanged_stat(lab):
+    """The documented limit of data.verify: cache (DATA.md): a byte flipped in place with size, mtime and
+    inode kept passes; data.verify: full and `megablu data verify` find it (cases above)."""
+    d = lab.data_copy()
+    assert lab.check([f"data.path={d}", f"runs_dir={lab.fresh()}"]).rc == 0
+    flip_byte_keep_stat(_shard(d, "tokens"))
+    assert lab.check([f"data.path={d}", f"runs_dir={lab.fresh()}"]).rc == 0
+    assert lab.check([f"data.path={d}", f"runs_dir={lab.fresh()}", "data.verify=full"]).rc == 2
+
+
+def test_config_check_and_entry_share_one_preflight(monkeypatch, lab):
+    """The same function decides both: a problem added to the check list shows in both."""
+    from megablu.train import preflight, trainer
+
+    monkeypatch.setattr(preflight, "CHECKS", preflight.CHECKS + [("probe", lambda ctx: ["probe: planted"])])
+    r = lab.both()
+    assert r.rc == 2 and r.err.count("probe: planted") == 2, r.err
+    assert trainer.preflight is preflight.preflight      # the old import path still works
