@@ -17,7 +17,7 @@ import torch
 
 from ..config.schema import EvalConfig, eval_padded_len
 from .generate import cut_at_eot, greedy_generate
-from .needle import Haystack
+from .needle import HAYSTACK_TOKENS, Haystack
 from .prompts import EvalError, HaystackSource, Prompt, TokenizerLike, check_ids, extract_answer, score
 from .tasks import make_builder, needs_text_haystack
 from . import report
@@ -51,8 +51,9 @@ def _builders(eval_cfg: EvalConfig, tokenizer: TokenizerLike, haystack: Optional
             t = next(t for t in eval_cfg.tasks if needs_text_haystack(eval_cfg.spec(t)))
             raise EvalError(f"task {t!r} needs a real-text haystack: set eval.haystack (a dataset dir whose val "
                             f"split is the haystack) or pass haystack=")
-        # tokenized once, shared by every real-text task; 2x the longest length leaves room for offsets
-        hay = Haystack(haystack, tokenizer, 2 * max(eval_cfg.lengths))
+        # tokenized once, shared by every real-text task; 2x the longest length leaves room for
+        # offsets; read to a fixed size so a job's other lengths never change task@L's prompts
+        hay = Haystack(haystack, tokenizer, 2 * max(eval_cfg.lengths), target_tokens=HAYSTACK_TOKENS)
     return {t: make_builder(t, eval_cfg.spec(t), tokenizer, eval_cfg.seed, eval_cfg.n, hay)
             for t in dict.fromkeys(eval_cfg.tasks)}
 

@@ -45,18 +45,28 @@ def _documents(source: HaystackSource) -> Iterable[str]:
     return source
 
 
+# the text every real-text haystack is read to (when the val split has it): 2 x 128k, so that
+# prompts of lengths up to 128k do not depend on the job's longest length
+HAYSTACK_TOKENS = 2 * 131072
+
+
 class Haystack:
     """A token stream of real text plus, per position, whether that token ends a sentence."""
 
-    def __init__(self, source: HaystackSource, tokenizer: TokenizerLike, min_tokens: int):
+    def __init__(self, source: HaystackSource, tokenizer: TokenizerLike, min_tokens: int,
+                 target_tokens: int = 0):
+        """Text up to max(min_tokens, target_tokens) tokens (all of it when there is less); an error
+        below min_tokens. Prompts take their offsets from the stream's length, so a fixed target
+        (HAYSTACK_TOKENS) makes task@L's prompts the same whatever other lengths a job holds."""
         ids: list[int] = []
         sep = tokenizer.encode("\n\n")
+        want = max(min_tokens, target_tokens)
         for doc in _documents(source):
             if not doc:
                 continue
             ids.extend(tokenizer.encode(doc))
             ids.extend(sep)
-            if len(ids) >= min_tokens:
+            if len(ids) >= want:
                 break
         if len(ids) < min_tokens:
             raise EvalError(f"haystack: only {len(ids)} tokens of text, need {min_tokens} (the longest length "

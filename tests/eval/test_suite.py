@@ -47,6 +47,17 @@ def test_every_task_exact_length_same_for_every_arm_and_answerable(bpe_tok, hays
         assert a[(task, 2000)][1].expected == a[(task, 3100)][1].expected
 
 
+def test_prompts_of_a_length_do_not_depend_on_the_jobs_other_lengths(bpe_tok, haystack_docs):
+    """Arms are often evaluated one length per job, or with other length lists: task@L must be the
+    same prompts either way (the real-text haystack is read to a fixed size, not 2x the job's
+    longest length), else compare cannot pair them."""
+    tasks = ["needle", "niah_single_2", "niah_multikey_1", "niah_multiquery"]
+    alone = build_prompts(_cfg(tasks=tasks, lengths=[2000]), bpe_tok, haystack=haystack_docs)
+    joint = build_prompts(_cfg(tasks=tasks, lengths=[2000, 3100]), bpe_tok, haystack=haystack_docs)
+    for t in tasks:
+        assert prompt_digest(alone[(t, 2000)]) == prompt_digest(joint[(t, 2000)]), t
+
+
 def test_niah_structure(bpe_tok, haystack_docs):
     ps = build_prompts(_cfg(tasks=["niah_multikey_2", "niah_multikey_3", "niah_multivalue", "niah_multiquery"],
                             lengths=[3000]), bpe_tok, haystack=haystack_docs)
