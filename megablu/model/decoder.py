@@ -262,6 +262,7 @@ class BluModel(nn.Module):
     def _build(self, cfg: ModelConfig, rope: RopeConfig, memory: Optional[MemoryConfig]):
         memory = memory or MemoryConfig()
         self.cfg, self.rope_cfg = cfg, rope
+        self.max_position: Optional[int] = None   # max_position_embeddings an HF import recorded (model/hf.py)
         impl = memory.ops  # auto: fused CUDA ops on GPU when built, pure torch otherwise
         self.recompute = memory.recompute
         self.loss_chunk = memory.loss_chunk

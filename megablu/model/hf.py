@@ -9,6 +9,8 @@ from typing import Any, Optional
 
 import torch
 
+from pydantic import ValidationError
+
 from ..config.schema import ModelConfig, RopeConfig, YarnConfig
 from .decoder import BluModel
 
@@ -21,8 +23,40 @@ def _rope_params(hf_config) -> dict:
     return dict(rp)
 
 
+def _sliding_layers(hf_config) -> list[int]:
+    """Layers that attend within a sliding window (transformers' `layer_types`, or Qwen2's
+    use_sliding_window from max_window_layers on when a config predates layer_types)."""
+    types = getattr(hf_config, "layer_types", None)
+    if types is not None:
+        return [i for i, t in enumerate(types) if t == "sliding_attention"]
+    if getattr(hf_config, "use_sliding_window", False):
+        return list(range(getattr(hf_config, "max_window_layers", 0), hf_config.num_hidden_layers))
+    return []
+
+
+def _yarn_from_hf(rp: dict, where: str) -> Optional[YarnConfig]:
+    """YarnConfig of a transformers yarn rope dict; None for factor 1.0, which IS the plain RoPE
+    (interpolated = extrapolated frequencies, attention factor 1); a clear ValueError otherwise."""
+    factor = rp.get("factor")
+    if factor is not None and float(factor) == 1.0:
+        af = rp.get("attention_factor")
+        if af is not None and float(af) != 1.0:
+            raise ValueError(f"{where}: rope_type='yarn' with factor 1.0 and attention_factor {af:g}: YaRN factor "
+                             f"1.0 is the plain RoPE, which scales nothing; this combination is not supported")
+        return None
+    try:
+        return YarnConfig(factor=factor, original_max_position=rp.get("original_max_position_embeddings"),
+                          beta_fast=rp.get("beta_fast") or 32.0, beta_slow=rp.get("beta_slow") or 1.0,
+                          truncate=rp.get("truncate", True), attention_factor=rp.get("attention_factor"))
+    except ValidationError as e:
+        why = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise ValueError(f"{where}: rope_type='yarn' with factor {factor!r}, original_max_position_embeddings "
+                         f"{rp.get('original_max_position_embeddings')!r} is not supported ({why})") from None
+
+
 def configs_from_hf(hf_config) -> tuple[ModelConfig, RopeConfig]:
     arch = (getattr(hf_config, "architectures", None) or [""])[0]
+    name = arch or hf_config.model_type   # a config without `architectures` still names its model
     qkv_bias = hf_config.model_type == "qwen2"
     if hf_config.model_type == "llama" and getattr(hf_config, "attention_bias", False):
         raise ValueError("Llama with attention_bias=True (o_proj bias) is not supported by BluModel")
@@ -30,6 +64,11 @@ def configs_from_hf(hf_config) -> tuple[ModelConfig, RopeConfig]:
         raise ValueError("mlp_bias=True is not supported by BluModel")
     if getattr(hf_config, "hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act={hf_config.hidden_act!r}: BluModel implements SwiGLU (silu) only")
+    sliding = _sliding_layers(hf_config)
+    if sliding:
+        raise ValueError(f"{name}: sliding-window attention (window {getattr(hf_config, 'sliding_window', None)}) "
+                         f"in layers {sliding} is not supported by BluModel, which attends to the whole sequence: "
+                         f"its logits would differ beyond the window")
     model = ModelConfig(
         n_layers=hf_config.num_hidden_layers, d_model=hf_config.hidden_size,
         n_heads=hf_config.num_attention_heads,
@@ -41,13 +80,11 @@ def configs_from_hf(hf_config) -> tuple[ModelConfig, RopeConfig]:
     kind = rp.get("rope_type", rp.get("type", "default"))
     yarn = None
     if kind == "yarn":
-        yarn = YarnConfig(factor=rp["factor"], original_max_position=rp["original_max_position_embeddings"],
-                          beta_fast=rp.get("beta_fast") or 32.0, beta_slow=rp.get("beta_slow") or 1.0,
-                          truncate=rp.get("truncate", True), attention_factor=rp.get("attention_factor"))
         if rp.get("mscale") and rp.get("mscale_all_dim"):
             raise ValueError("YaRN with mscale/mscale_all_dim (DeepSeek style) is not supported")
+        yarn = _yarn_from_hf(rp, name)
     elif kind != "default":
-        raise ValueError(f"rope_type={kind!r} is not supported (default or yarn); arch {arch}")
+        raise ValueError(f"rope_type={kind!r} is not supported (default or yarn); model {name}")
     return model, RopeConfig(theta=rp["rope_theta"], yarn=yarn)
 
 
@@ -64,9 +101,7 @@ def rope_record_from_hf(config: dict) -> tuple[RopeConfig, Optional[int]]:
         raise ValueError("config.json has no rope_theta")
     yarn = None
     if kind == "yarn":
-        yarn = YarnConfig(factor=rp["factor"], original_max_position=rp["original_max_position_embeddings"],
-                          beta_fast=rp.get("beta_fast") or 32.0, beta_slow=rp.get("beta_slow") or 1.0,
-                          truncate=rp.get("truncate", True), attention_factor=rp.get("attention_factor"))
+        yarn = _yarn_from_hf(rp, "config.json")
     elif kind != "default":
         raise ValueError(f"rope_type={kind!r} is not supported (default or yarn)")
     window = config.get("max_position_embeddings")
@@ -90,6 +125,8 @@ def from_hf(hf_model, memory=None) -> BluModel:
     missing = [m for m in missing if not (model_cfg.tie_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
         raise ValueError(f"from_hf: missing {missing}, unexpected {unexpected}")
+    # the window the model card records: to_hf writes it back (not the 4096 default)
+    model.max_position = getattr(hf_model.config, "max_position_embeddings", None)
     return model.to(next(hf_model.parameters()).dtype)
 
 
@@ -158,10 +195,13 @@ def hf_config_dict(model_cfg: ModelConfig, rope_cfg: RopeConfig, max_position: O
 
 
 def to_hf(model: BluModel, max_position: Optional[int] = None, rope_as_yarn: bool = False):
-    """A transformers model with this BluModel's weights (Llama, or Qwen2 when qkv_bias)."""
+    """A transformers model with this BluModel's weights (Llama, or Qwen2 when qkv_bias).
+
+    max_position: max_position_embeddings to write; default the one `from_hf` recorded on the
+    model, else factor * original_max_position for YaRN, else 4096."""
     import transformers
 
-    d = hf_config_dict(model.cfg, model.rope_cfg, max_position, rope_as_yarn)
+    d = hf_config_dict(model.cfg, model.rope_cfg, max_position or getattr(model, "max_position", None), rope_as_yarn)
     cls_cfg = transformers.Qwen2Config if model.cfg.qkv_bias else transformers.LlamaConfig
     cls = transformers.Qwen2ForCausalLM if model.cfg.qkv_bias else transformers.LlamaForCausalLM
     d.pop("model_type")

@@ -1,4 +1,9 @@
-"""BluModel == transformers LlamaForCausalLM / Qwen2ForCausalLM with the same weights (fp32)."""
+"""BluModel == transformers LlamaForCausalLM / Qwen2ForCausalLM with the same weights (fp32).
+
+transformers' own init sets every RMSNorm weight to 1 and every bias to 0, so a model built by
+it cannot tell the two norms of a block apart or see a dropped q/k/v bias: `randomised` gives
+every parameter (norms and biases included) its own random values before any comparison.
+"""
 import pytest
 import torch
 import transformers
@@ -16,7 +21,20 @@ def _llama(yarn: bool, tie: bool, kv: int = 2, heads: int = 4):
                                    num_key_value_heads=kv, intermediate_size=88, vocab_size=113,
                                    max_position_embeddings=192, rope_parameters=rope, tie_word_embeddings=tie)
     torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(cfg).eval()
+    return randomised(transformers.LlamaForCausalLM(cfg).eval())
+
+
+@torch.no_grad()
+def randomised(hf, seed: int = 0):
+    """Every parameter its own values: norms around 1 (+-0.5), biases around 0 (0.5), matrices
+    as transformers drew them. Distinct per tensor, so swapping two of them changes the output."""
+    g = torch.Generator().manual_seed(seed)
+    for name, p in hf.named_parameters():
+        if name.endswith("norm.weight") or "layernorm" in name:
+            p.copy_(1 + 0.5 * torch.randn(p.shape, generator=g))
+        elif name.endswith(".bias"):
+            p.copy_(0.5 * torch.randn(p.shape, generator=g))
+    return hf
 
 
 @pytest.mark.parametrize("yarn,tie,kv,heads", [(True, False, 2, 4), (False, True, 4, 4), (True, True, 3, 9)])
@@ -42,7 +60,7 @@ def test_round_trip_to_hf_and_qwen2():
                                     num_key_value_heads=2, intermediate_size=80, vocab_size=97,
                                     max_position_embeddings=128, tie_word_embeddings=True)
     torch.manual_seed(1)
-    q = transformers.Qwen2ForCausalLM(qcfg).eval()
+    q = randomised(transformers.Qwen2ForCausalLM(qcfg).eval(), seed=1)
     m = from_hf(q).eval()
     assert m.cfg.qkv_bias
     ids = torch.randint(0, 97, (1, 64))
@@ -104,3 +122,20 @@ def test_model_does_not_import_deepspeed():
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
                 assert not any(n.startswith("deepspeed") for n in names), f"{f.name} imports deepspeed"
+
+
+def test_parity_models_have_no_default_norms_or_biases():
+    """The guard on the guard: every norm weight differs from 1 and every bias from 0, and no
+    two norms of a block are equal (a swap of the two would then change the logits)."""
+    q = randomised(transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=80,
+        vocab_size=97)).eval(), seed=1)
+    for h in (_llama(True, False), q):
+        named = dict(h.named_parameters())
+        norms = [p for n, p in named.items() if n.endswith("norm.weight")]
+        biases = [p for n, p in named.items() if n.endswith(".bias")]
+        assert norms and all((p != 1).all() for p in norms)
+        assert all((p != 0).all() for p in biases)
+        for layer in h.model.layers:
+            assert not torch.equal(layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+    assert any(n.endswith("q_proj.bias") for n, _ in q.named_parameters())
