@@ -44,7 +44,7 @@ def load_model(cfg, args, tok):
 
     model = BluModel(cfg.model, cfg.rope, seed=0 if args.random else None)
     if not args.random:
-        from megablu.train.checkpoint import load_weights
+        from megablu.checkpoint import load_weights
 
         load_weights(model, args.ckpt, tokenizer=tok.identity)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")

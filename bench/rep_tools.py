@@ -25,7 +25,7 @@ def run_dir(runs: Path, name: str):
 
 
 def newest(runs: Path, name: str):
-    from megablu.train.checkpoint import newest_verified
+    from megablu.checkpoint import newest_verified
 
     d = run_dir(runs, name)
     return newest_verified(d) if d is not None else None

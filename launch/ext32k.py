@@ -154,7 +154,7 @@ def _failed(e: BaseException, run_dir, rank: int, next_step) -> int:
     from megablu.config import ConfigError
     from megablu.data.shards import DataError
     from megablu.data.tokenizer import TokenizerError
-    from megablu.train.checkpoint import CheckpointError
+    from megablu.checkpoint import CheckpointError
     from megablu.train.runs import RunError
 
     text = "; ".join(ln.strip() for ln in str(e).splitlines() if ln.strip()) or repr(e)

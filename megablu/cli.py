@@ -5,7 +5,8 @@ file stays a table of contents:
   config check      megablu.cli (here)
   data ...          megablu.data.cli
   eval, compare     megablu.eval.cli
-  ckpt ..., hub ... megablu.train.ckpt_cli
+  ckpt ...          megablu.checkpoint.cli
+  hub ...           megablu.hub
   plan, probe       megablu.plan / megablu.train.probe
 Exit codes: 0 ok, 2 invalid input (config, data, checkpoint), 1 anything else.
 """
@@ -21,7 +22,8 @@ import sys
 _SUBCOMMAND_MODULES = [
     "megablu.data.cli",
     "megablu.eval.cli",
-    "megablu.train.ckpt_cli",
+    "megablu.checkpoint.cli",
+    "megablu.hub",
     "megablu.plan_cli",
 ]
 

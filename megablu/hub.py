@@ -10,25 +10,27 @@ has one: LFS files). Any problem is a HubError (exit 2 from the CLI).
 The repo is reached through a small `Repo` interface (list_files / fetch / upload) so the
 verification runs against `LocalRepo` (a directory standing in for the repo) in tests and
 on offline clusters with a mirrored repo; `HfRepo` is the network implementation.
+
+  megablu hub download unparallelled/BluScriptCP-data --repo-type dataset \\
+      --include "cp_data_by_length/b3_16384_32768/train_shard_0000[0-3].bin" --local-dir ./dl
+  megablu hub upload runs/ext32k-0003 --repo me/blu-0.5b-32k
 """
 from __future__ import annotations
 
 import contextlib
-
-import hashlib
 import json
 import logging
-import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Iterable, Optional, Union
+from typing import Iterable, Optional
+
+from .utils.files import PathLike, sha256_file
 
 log = logging.getLogger(__name__)
-
-PathLike = Union[str, Path]
 
 
 class HubError(Exception):
@@ -61,14 +63,6 @@ def match_includes(files: Iterable[RemoteFile], patterns: list[str]) -> tuple[di
     return selected, unmatched
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for b in iter(lambda: f.read(1 << 23), b""):
-            h.update(b)
-    return h.hexdigest()
-
-
 def verify_local(local_dir: PathLike, expected: dict[str, RemoteFile]) -> list[str]:
     """Problems with the downloaded copy (empty = every file present, right size/checksum)."""
     root = Path(local_dir)
@@ -81,7 +75,7 @@ def verify_local(local_dir: PathLike, expected: dict[str, RemoteFile]) -> list[s
         size = p.stat().st_size
         if size != f.size:
             problems.append(f"size {rel}: {size} bytes, repo lists {f.size}")
-        elif f.sha256 and _sha256(p) != f.sha256:
+        elif f.sha256 and sha256_file(p) != f.sha256:
             problems.append(f"checksum {rel}: sha256 differs from the repo's")
     return problems
 
@@ -263,7 +257,7 @@ def model_card(run_dir: Path, manifest: dict, hf_config: dict) -> str:
 def upload_run(run_or_step: PathLike, repo: Repo, staging: Optional[PathLike] = None) -> list[str]:
     """Export the newest verified checkpoint of a run (or a given step) + model card, upload,
     then verify the repo lists every file with its size. Returns the uploaded paths."""
-    from .train.ckpt_cli import export_checkpoint  # the export used by `megablu ckpt export`
+    from .checkpoint.weights import export_checkpoint  # the export used by `megablu ckpt export`
 
     own_tmp = staging is None
     stage_dir = Path(staging) if staging else Path(tempfile.mkdtemp(prefix="megablu-upload-"))
@@ -284,3 +278,61 @@ def upload_run(run_or_step: PathLike, repo: Repo, staging: Optional[PathLike] = 
     finally:
         if own_tmp:
             shutil.rmtree(stage_dir, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- commands
+def _cmd_hub_download(args) -> int:
+    repo = LocalRepo(args.from_local) if args.from_local else HfRepo(args.repo, args.repo_type, args.revision)
+    try:
+        got = download(repo, args.include, args.local_dir)
+    except HubError as e:
+        print(f"hub download {args.repo}: {e}", file=sys.stderr)
+        return 2
+    for rel in sorted(got):
+        print(Path(args.local_dir) / rel)
+    return 0
+
+
+def _cmd_hub_upload(args) -> int:
+    from .checkpoint import CheckpointError
+
+    repo_id = args.repo
+    if repo_id is None and not args.to_local:
+        cfg = Path(args.run) / "config.resolved.yaml"
+        if cfg.exists():
+            import yaml
+            repo_id = ((yaml.safe_load(cfg.read_text()) or {}).get("hub") or {}).get("repo")
+        if repo_id is None:
+            print("hub upload: no --repo and no hub.repo in the run's config.resolved.yaml", file=sys.stderr)
+            return 2
+    repo = LocalRepo(args.to_local) if args.to_local else HfRepo(repo_id, "model", private=not args.public)
+    try:
+        files = upload_run(args.run, repo, staging=args.staging)
+    except (HubError, CheckpointError, FileNotFoundError) as e:
+        print(f"hub upload: {e}", file=sys.stderr)
+        return 2
+    for f in files:
+        print(f)
+    return 0
+
+
+def register(sub) -> None:
+    hub = sub.add_parser("hub", help="Hugging Face Hub transfer, verified").add_subparsers(
+        dest="hub_cmd", required=True)
+    dl = hub.add_parser("download", help="download files matching --include; exit 2 if a pattern matches "
+                                         "nothing or a file is missing/short afterwards")
+    dl.add_argument("repo")
+    dl.add_argument("--repo-type", default="model", choices=["model", "dataset", "space"])
+    dl.add_argument("--revision", default=None)
+    dl.add_argument("--include", action="append", required=True, metavar="PAT", help="glob (repeatable)")
+    dl.add_argument("--local-dir", required=True)
+    dl.add_argument("--from-local", default=None, metavar="DIR",
+                    help="a local mirror of the repo instead of the network (offline clusters, tests)")
+    dl.set_defaults(func=_cmd_hub_download)
+    up = hub.add_parser("upload", help="export a run's newest verified checkpoint with a model card and push it")
+    up.add_argument("run", help="run dir or step dir")
+    up.add_argument("--repo", default=None, help="default: hub.repo of the run's config")
+    up.add_argument("--public", action="store_true", help="create the repo public (default private)")
+    up.add_argument("--staging", default=None, help="keep the staged export here")
+    up.add_argument("--to-local", default=None, metavar="DIR", help="a local directory standing in for the repo")
+    up.set_defaults(func=_cmd_hub_upload)

@@ -214,7 +214,9 @@ class Lab:
              extra_files: Optional[dict] = None) -> Path:
         """A published step dir whose manifest lists real files with their sha256 (no DeepSpeed)."""
         from megablu.config import config_hash
-        from megablu.train.checkpoint import CKPT_DIR, _manifest_digest, save_weights, sha256_file, step_name
+        from megablu.checkpoint import CKPT_DIR, save_weights, step_name
+        from megablu.checkpoint.layout import _manifest_digest
+        from megablu.utils.files import sha256_file
 
         d = Path(run_dir) / CKPT_DIR / step_name(step)
         (d / "ds").mkdir(parents=True)

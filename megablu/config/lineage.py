@@ -4,7 +4,7 @@ The C++ trainer lost 27 pp to a YaRN extension whose `original_max_position` was
 length the parent had been trained at. `factor * original_max_position == window` (the
 schema's invariant) cannot see that: 4 * 128 = 512 is as consistent as 2 * 256 = 512. Only
 the parent's own record can, so every init_from is compared with what its checkpoint says
-it was trained with (`ParentRecord`, read by `megablu.train.checkpoint.parent_record`).
+it was trained with (`ParentRecord`, read by `megablu.checkpoint.weights.parent_record`).
 
 Rules (child rope C at window T, parent trained at window W with rope P):
 - theta: C.theta == P.theta, unless `rope.allow_theta_change` (an ABF-style base raise

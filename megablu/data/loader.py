@@ -42,7 +42,8 @@ from typing import Optional
 import numpy as np
 
 from ..config.schema import DataConfig
-from .shards import MANIFEST, DataError, DocTable, read_manifest, select_shards, sha256_file, verify_shard
+from ..utils.files import sha256_file
+from .shards import MANIFEST, DataError, DocTable, read_manifest, select_shards, verify_shard
 
 log = logging.getLogger(__name__)
 

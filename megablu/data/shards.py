@@ -37,6 +37,8 @@ from typing import Optional
 
 import numpy as np
 
+from ..utils.files import sha256_file
+
 log = logging.getLogger(__name__)
 
 FORMAT = "megablu-shards"
@@ -67,17 +69,6 @@ def bucket_table(edges=DEFAULT_EDGES) -> list[dict]:
 def bucket_of(n_tokens: int, edges) -> int:
     """Index of the bucket holding a document of n_tokens (lo <= n < hi)."""
     return int(np.searchsorted(np.asarray(edges), n_tokens, side="right"))
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(chunk)
-            if not b:
-                break
-            h.update(b)
-    return h.hexdigest()
 
 
 def length_histogram(lengths) -> dict:

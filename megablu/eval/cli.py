@@ -20,9 +20,9 @@ log = logging.getLogger(__name__)
 def _device_and_dtype(cfg):
     import torch
 
-    dev = cfg.train.device
-    if dev == "auto":
-        dev = "cuda" if torch.cuda.is_available() else "cpu"
+    from ..utils.device import resolve_device
+
+    dev = resolve_device(cfg.train.device)
     dtype = torch.bfloat16 if (dev == "cuda" and cfg.train.dtype == "bf16") else torch.float32
     return torch.device(dev), dtype
 
@@ -130,7 +130,7 @@ def _rope_against_checkpoint(args, cfg) -> dict:
     legitimate experiment (a parent + YaRN without training), never an accident: it needs
     --rope-override, and the result records both ropes. Returns what the result records."""
     from ..config.lineage import rope_differences
-    from ..train.checkpoint import CheckpointError, parent_record
+    from ..checkpoint import CheckpointError, parent_record
     from .prompts import EvalError
 
     src = args.ckpt or args.hf
@@ -186,7 +186,7 @@ def _load_model(args, cfg, tokenizer: str):
         model = BluModel(cfg.model, cfg.rope)   # the config's rope (e.g. YaRN) over the HF weights
         model.load_state_dict(from_hf(hf).state_dict())
         return model, {}
-    from ..train.checkpoint import load_weights  # another area's module: imported only when needed
+    from ..checkpoint import load_weights
 
     model = BluModel(cfg.model, cfg.rope)
     prov = load_weights(model, args.ckpt, tokenizer=tokenizer)   # refuses weights of another tokenizer
@@ -253,7 +253,7 @@ def register(sub) -> None:
     e = sub.add_parser("eval", help="evaluate a checkpoint: the eval tasks (passkey ... the RULER suite) per length, "
                        "held-out loss, gate, report")
     e.add_argument("--config", required=True, help="the run's YAML (model, rope, tokenizer, eval, data.window)")
-    e.add_argument("--ckpt", help="megablu checkpoint (weights are loaded with train.checkpoint.load_weights)")
+    e.add_argument("--ckpt", help="megablu checkpoint (weights are loaded with checkpoint.load_weights)")
     e.add_argument("--hf", help="a transformers Llama/Qwen2 directory instead of --ckpt (imported with from_hf)")
     e.add_argument("--set", action="append", default=[], metavar="a.b=v", help="config override (repeatable)")
     e.add_argument("--step", type=int, help="step recorded in the result (default: parsed from --ckpt)")

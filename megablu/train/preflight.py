@@ -101,7 +101,7 @@ def init_from_problems(ctx: Context) -> list[str]:
     if not Path(cfg.init_from).exists():
         return [f"init_from: parent checkpoint {cfg.init_from} does not exist; give a run dir, a checkpoint step "
                 f"dir or an exported model dir"]
-    from .checkpoint import CheckpointError, parent_record
+    from ..checkpoint import CheckpointError, parent_record
 
     try:
         parent_record(cfg.init_from)
@@ -113,7 +113,7 @@ def init_from_problems(ctx: Context) -> list[str]:
 def init_from_rope_problems(cfg: Config) -> list[str]:
     """The child's rope against what the init_from parent records (config/lineage.py)."""
     from ..config.lineage import rope_lineage_problems
-    from .checkpoint import CheckpointError, parent_record
+    from ..checkpoint import CheckpointError, parent_record
 
     try:
         rec = parent_record(cfg.init_from)
@@ -129,7 +129,7 @@ def init_from_weight_problems(ctx: Context) -> list[str]:
     import torch
 
     from ..model.decoder import BluModel
-    from .checkpoint import CheckpointError, read_weight_shapes, tied_keys, weights_mismatch
+    from ..checkpoint import CheckpointError, read_weight_shapes, tied_keys, weights_mismatch
 
     cfg = ctx.cfg
     try:
@@ -183,7 +183,7 @@ def eval_problems(ctx: Context) -> list[str]:
 def resume_problems(ctx: Context) -> list[str]:
     """--resume: the run exists, no live job holds it, it has a checkpoint to continue from, and
     this config may continue it (resume.py); a finished run is marked complete."""
-    from .checkpoint import read_manifest, scan_steps, step_of, step_problems
+    from ..checkpoint import read_manifest, scan_steps, step_of, step_problems
     from .resume import resume_problems as change_problems, run_command, saved_config
     from .runs import RunError, find_run, in_use_message, live_holder
 
@@ -294,12 +294,9 @@ def check(path, sets: Iterable[str] = (), *, world_size: Optional[int] = None, d
     from ..config import apply_overrides, build_config, load_raw
 
     if device == "auto":
-        want = build_config(apply_overrides(load_raw(path), sets), str(path)).train.device
-        if want == "auto":
-            import torch
+        from ..utils.device import resolve_device
 
-            want = "cuda" if torch.cuda.is_available() else "cpu"
-        device = want
+        device = resolve_device(build_config(apply_overrides(load_raw(path), sets), str(path)).train.device)
     cfg = load_config(path, sets, world_size=world_size, device=device)
     problems, topo = [], None
     if world_size is not None:

@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import yaml
 
 from ..config import Config, ConfigError, build_config, config_hash
 from ..config.load import _SESSION_FIELDS
+from ..utils.files import PathLike
 from .schedule import lr_at
-
-PathLike = Union[str, Path]
 
 RESOLVED = "config.resolved.yaml"
 # fields a resume may change (besides the session fields), each with its own rule below
@@ -153,7 +152,7 @@ def run_command(run_dir: PathLike, *, resume: bool, world: Optional[int] = None,
 
 def how_to_continue(run_dir: PathLike, world: Optional[int] = None, nodes: int = 1) -> str:
     """'resume with: ...' when the run has a checkpoint to resume from, else 'start again with: ...'."""
-    from .checkpoint import CKPT_DIR, step_of
+    from ..checkpoint import CKPT_DIR, step_of
 
     ck = Path(run_dir) / CKPT_DIR
     has = ck.is_dir() and any(step_of(p) is not None for p in ck.iterdir())

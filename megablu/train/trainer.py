@@ -19,25 +19,18 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 
 from ..config import Config, config_hash, grad_accum_steps, to_yaml
 from ..model.decoder import BluModel
 from ..parallel.groups import Groups, build_groups
 from ..parallel.ulysses import apply_ulysses
+from ..utils.device import resolve_device
+from ..utils.dist import broadcast_object, is_rank0
 from .metrics import MetricsWriter
 from .schedule import lr_at
 from .step import forward_backward
 
 log = logging.getLogger(__name__)
-
-
-def resolve_device(cfg: Config) -> str:
-    if cfg.train.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if cfg.train.device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("train.device=cuda but CUDA is not available on this machine")
-    return cfg.train.device
 
 
 def deepspeed_config(cfg: Config, grad_accum: int, dp: int, device: str) -> dict:
@@ -90,16 +83,12 @@ class GateFailed(RuntimeError):
         self.summary = summary
 
 
-def _rank0() -> bool:
-    return not dist.is_initialized() or dist.get_rank() == 0
-
-
 class Trainer:
     def __init__(self, cfg: Config, *, resume: Optional[str] = None, local_rank: Optional[int] = None):
         self.cfg = cfg
         self.resume = resume
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0)) if local_rank is None else local_rank
-        self.device = resolve_device(cfg)
+        self.device = resolve_device(cfg.train.device, require=True)
         self._gate_failure: Optional[str] = None
         self.run_dir: Optional[Path] = None   # known once setup allocated or found it
         self.lock = None                      # rank 0: the run's liveness lock (runs.RunLock)
@@ -128,16 +117,11 @@ class Trainer:
         deepspeed.init_distributed(dist_backend="nccl" if self.device == "cuda" else "gloo")
         return build_groups(self.cfg.parallel.sp, ranks_per_node)
 
-    def _broadcast(self, obj):
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
     def _run_dir(self) -> Path:
         from .runs import RunError, RunLock, allocate_run, find_run
 
         path, err = None, None
-        if _rank0():
+        if is_rank0():
             try:
                 if self.resume:
                     path = str(find_run(self.cfg.runs_dir, self.resume))
@@ -147,7 +131,7 @@ class Trainer:
                 self.lock = RunLock.acquire(path)
             except Exception as e:  # noqa: BLE001 - re-raised on every rank below
                 err = str(e) if isinstance(e, RunError) else f"{type(e).__name__}: {e}"
-        path, err = self._broadcast((path, err))
+        path, err = broadcast_object((path, err))
         if err:   # every rank raises, none waits on a collective rank 0 left
             raise RunError(f"run dir: {err}")
         return Path(path)
@@ -163,17 +147,14 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)
         model = BluModel(cfg.model, cfg.rope, cfg.memory, seed=cfg.train.seed)
         if cfg.init_from and not self.resume:
-            from .checkpoint import load_weights, newest_verified
+            from ..checkpoint import CheckpointError, load_weights, resolve_step_collective
 
             # a run dir means its newest verified checkpoint: decided once, on rank 0, so that
             # a save landing meanwhile cannot give two ranks two different parents
-            src = cfg.init_from
-            if _rank0() and Path(src, "checkpoints").is_dir():
-                found = newest_verified(src)
-                src = str(found) if found is not None else None
-            src = self._broadcast(src) if dist.is_initialized() else src
-            if src is None:   # every rank raises, none waits on a collective rank 0 left
-                raise FileNotFoundError(f"init_from: run {cfg.init_from} has no verified checkpoint")
+            try:
+                src = str(resolve_step_collective(cfg.init_from))
+            except CheckpointError:   # every rank raises, none waits on a collective rank 0 left
+                raise FileNotFoundError(f"init_from: run {cfg.init_from} has no verified checkpoint") from None
             # embeddings trained with another tokenizer have the right shape and mean nothing
             load_weights(model, src, tokenizer=self.tokenizer.identity)
             log.info("initialised weights from %s", src)
@@ -186,7 +167,7 @@ class Trainer:
         self.groups = g = self._init_distributed()
         self.grad_accum = grad_accum_steps(cfg, g.world_size)
         self.run_dir = self._run_dir()
-        if _rank0():
+        if is_rank0():
             log.info("topology: %s", g.describe())
             log.info("run dir: %s; grad_accum %d; tokens/step %d", self.run_dir, self.grad_accum,
                      cfg.train.tokens_per_step)
@@ -216,7 +197,7 @@ class Trainer:
             model=model, optimizer=opt, model_parameters=None if opt is not None else param_groups(
                 model, cfg.train.weight_decay), config=ds_cfg, mpu=g if g.sp > 1 else None)
 
-        from .checkpoint import CheckpointManager
+        from ..checkpoint import CheckpointManager
 
         self.ckpt = CheckpointManager(self.run_dir, cfg.checkpoint.keep, meta={
             "config_hash": config_hash(cfg), "tokenizer": self.tokenizer.identity, "world_size": g.world_size,
@@ -230,25 +211,25 @@ class Trainer:
         self._session_start = 0
         if self.resume:
             self._load_resume()
-            if _rank0():   # written only now that the resume is accepted
+            if is_rank0():   # written only now that the resume is accepted
                 self._write_resolved()
             self._session_start = self.step
-        if _rank0():   # what each source contributes (token shares, epochs, truncation, padding)
+        if is_rank0():   # what each source contributes (token shares, epochs, truncation, padding)
             write_mixture(self.run_dir, self.loader.mixture)
-        self.metrics = MetricsWriter(self.run_dir, self.step) if _rank0() else None
+        self.metrics = MetricsWriter(self.run_dir, self.step) if is_rank0() else None
         if self.resume and self.step > 0 and self._eval_due(self.step):
             # killed between the save of an eval step and its result: evaluate that step now
-            done = self._broadcast((self.run_dir / "eval" / f"step_{self.step}.json").exists())
+            done = broadcast_object((self.run_dir / "eval" / f"step_{self.step}.json").exists())
             if not done:
                 log.info("step %d was due an eval that did not finish before the stop: evaluating now", self.step)
                 self._evaluate()
 
     def _load_resume(self) -> None:
-        from .checkpoint import CheckpointError, set_rng_state
+        from ..checkpoint import CheckpointError, set_rng_state
 
         # verified once on rank 0 (sha256 of every file), then every rank loads the same step
-        path = self.ckpt.resume_point() if _rank0() else None
-        path = self._broadcast(str(path) if path else None) if dist.is_initialized() else path
+        path = self.ckpt.resume_point() if is_rank0() else None
+        path = broadcast_object(str(path) if path else None)
         path = Path(path) if path else None
         if path is None:
             raise CheckpointError(f"resume: no verified checkpoint in {self.run_dir}/checkpoints; start without "
@@ -257,7 +238,7 @@ class Trainer:
         self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
         self.loader.load_state_dict(state["loader"])
         set_rng_state(state["rng"])
-        if _rank0():
+        if is_rank0():
             log.info("resumed from %s at step %d (%d tokens seen)", path, self.step, self.tokens_seen)
 
     def _allowed_change(self, path: Path) -> bool:
@@ -270,7 +251,7 @@ class Trainer:
         resume continues the same run (tokens_per_step fixed; grad accumulation follows dp).
         max_steps: the LR is a pure function of the step; the loader's order does not depend on it.
         """
-        from .checkpoint import read_manifest, step_of
+        from ..checkpoint import read_manifest, step_of
         from .resume import config_changes, resume_problems, saved_config
 
         m = read_manifest(path)
@@ -286,7 +267,7 @@ class Trainer:
             return config_hash(same) == m.get("config_hash")
         if resume_problems(saved, self.cfg, step_of(path)):
             return False   # check_compatible refuses and names the fields
-        if _rank0():
+        if is_rank0():
             changes = config_changes(saved, self.cfg.model_dump(mode="json"))
             log.warning("resume: %s (dp %s -> %s); weights, optimizer and data position carry over unchanged",
                         ", ".join(f"{k} {a} -> {b}" for k, a, b in changes), m.get("dp"), self.groups.dp)
@@ -308,7 +289,7 @@ class Trainer:
         os.replace(tmp, resolved)
 
     def _client_state(self) -> dict:
-        from .checkpoint import get_rng_state
+        from ..checkpoint import get_rng_state
 
         return {"step": self.step, "tokens_seen": self.tokens_seen, "loader": self.loader.state_dict(),
                 "rng": get_rng_state(), "schedule": {"kind": self.cfg.schedule.kind, "lr": self._lr}}
@@ -341,7 +322,7 @@ class Trainer:
         cfg, g = self.cfg, self.groups
         losses: list[float] = []
         tok_s: list[float] = []
-        bar = tqdm(total=cfg.train.max_steps, initial=self.step, disable=not _rank0(), file=sys.stderr,
+        bar = tqdm(total=cfg.train.max_steps, initial=self.step, disable=not is_rank0(), file=sys.stderr,
                    desc=cfg.name, dynamic_ncols=True)
         if self.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
@@ -365,7 +346,7 @@ class Trainer:
                 one_step()
         finally:   # closed before any error is reported, so the bar is not the last line on stderr
             bar.close()
-        if self._out_of_time and _rank0():
+        if self._out_of_time and is_rank0():
             log.warning("stopped at step %d of %d: train.stop_after_s=%g would be exceeded by the next step; "
                         "checkpoint saved; continue with --resume %s", self.step, cfg.train.max_steps,
                         cfg.train.stop_after_s, self.run_dir)
@@ -375,11 +356,11 @@ class Trainer:
 
         # the whole run, every session, from metrics.csv (rank 0 has it; the others get it)
         summary = None
-        if _rank0():
+        if is_rank0():
             session = {"from_step": self._session_start, "to_step": self.step, "world": g.describe()}
             stopped = f"train.stop_after_s={cfg.train.stop_after_s:g}" if self._out_of_time else None
             summary = run_summary(self.run_dir, session, gate=self._gate_failure, stopped=stopped)
-        summary = self._broadcast(summary) if dist.is_initialized() else summary
+        summary = broadcast_object(summary)
         if self._gate_failure:
             raise GateFailed(self._gate_failure, summary)
         return summary
@@ -440,7 +421,7 @@ class Trainer:
     def _time_is_up(self, step_s: float) -> bool:
         """Would one more step, and a checkpoint after it, end past train.stop_after_s? Decided on
         rank 0 and broadcast, so every rank stops after the same step."""
-        if _rank0():
+        if is_rank0():
             elapsed = time.monotonic() - self._t_start
             # the slowest checkpoint/eval so far stands in for the save at the stop (the first save:
             # assume it costs a step)
@@ -448,7 +429,7 @@ class Trainer:
             up = elapsed + 1.2 * step_s + save_s > self.cfg.train.stop_after_s
         else:
             up = None
-        return bool(self._broadcast(up)) if dist.is_initialized() else bool(up)
+        return bool(broadcast_object(up))
 
     def _eval_due(self, s: int) -> bool:
         return s in self.cfg.eval.at_steps or (s == self.cfg.train.max_steps and self.cfg.eval.final)

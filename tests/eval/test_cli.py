@@ -106,7 +106,9 @@ def test_compare_joins_cells_measured_separately(tmp_path, capsys):
 
 def _ckpt_step(run, step, tokenizer):
     """A published checkpoint step as the trainer writes it (weights + self-checksummed manifest)."""
-    from megablu.train.checkpoint import _manifest_digest, save_weights, sha256_file
+    from megablu.checkpoint import save_weights
+    from megablu.checkpoint.layout import _manifest_digest
+    from megablu.utils.files import sha256_file
 
     d = run / "checkpoints" / f"step_{step:07d}"
     d.mkdir(parents=True)

@@ -195,15 +195,13 @@ def test_transformers_longrope_cannot_express_beyond_original():
 
 def test_ckpt_export_cli_refuses_beyond_original_before_writing(tmp_path, monkeypatch, capsys):
     """`megablu ckpt export` of a beyond_original run: exit 2, the reason and the flag, no out dir."""
-    import megablu.train.checkpoint as ck
-    import megablu.train.ckpt_cli as cli
+    import megablu.checkpoint.weights as w
     from megablu.cli import main
 
     m = model(BEYOND)
-    monkeypatch.setattr(cli, "resolve_step", lambda src: tmp_path / "step")
-    monkeypatch.setattr(cli, "_run_dir_of", lambda step: tmp_path)
-    monkeypatch.setattr(ck, "read_manifest", lambda step: {"meta": {}})
-    monkeypatch.setattr(cli, "_model_configs", lambda manifest, run_dir: (m.cfg, m.rope_cfg, 4 * ORIG))
+    monkeypatch.setattr(w, "_export_source", lambda src: tmp_path / "step")   # run dir: tmp_path
+    monkeypatch.setattr(w, "read_manifest", lambda step: {"meta": {}})
+    monkeypatch.setattr(w, "_model_configs", lambda manifest, run_dir: (m.cfg, m.rope_cfg, 4 * ORIG))
     out = tmp_path / "hf"
     assert main(["ckpt", "export", "run", "--out", str(out)]) == 2
     err = capsys.readouterr().err

@@ -13,7 +13,7 @@ import torch
 
 from megablu.config.schema import ModelConfig, RopeConfig, YarnConfig
 from megablu.model.decoder import BluModel
-from megablu.train.checkpoint import (CheckpointError, get_rng_state, load_weights, read_weights, save_weights,
+from megablu.checkpoint import (CheckpointError, get_rng_state, load_weights, read_weights, save_weights,
                                       set_rng_state, verify_checkpoint)
 
 TINY = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, ffn_dim=64, vocab_size=97)
@@ -93,7 +93,7 @@ def test_read_weights_strips_hf_prefix(tmp_path):
 def test_config_hash_refusal_names_what_changed(tmp_path):
     """A resume whose config hash differs says which recorded field changed (e.g. parallel.sp),
     not only two opaque hashes."""
-    from megablu.train.checkpoint import CheckpointManager
+    from megablu.checkpoint import CheckpointManager
 
     meta = {"config_hash": "aaa", "tokenizer": "t", "dp": 1, "sp": 2, "zero_stage": 1,
             "model": {"n_layers": 2, "d_model": 32}, "rope": {"theta": 1e4, "yarn": None}, "window": 512}

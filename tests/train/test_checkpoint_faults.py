@@ -55,7 +55,7 @@ def _rank_main(rank: int, world: int, port: int, spec: dict, tdir: Path) -> int:
 
     from megablu.config.schema import ModelConfig, RopeConfig
     from megablu.model.decoder import BluModel
-    from megablu.train.checkpoint import CheckpointError, CheckpointManager, get_rng_state, set_rng_state
+    from megablu.checkpoint import CheckpointError, CheckpointManager, get_rng_state, set_rng_state
 
     torch.set_num_threads(1)
     cur = {"step": 0}
@@ -259,7 +259,7 @@ def _losses(path: Path) -> dict[int, float]:
 
 def fs_check(run_dir: Path) -> dict:
     """Invariants that must hold at any instant: published steps verify, pointer sane."""
-    from megablu.train.checkpoint import CKPT_DIR, LATEST, step_of, verify_checkpoint
+    from megablu.checkpoint import CKPT_DIR, LATEST, step_of, verify_checkpoint
 
     ck = run_dir / CKPT_DIR
     steps, corrupted = [], []
@@ -350,7 +350,7 @@ def scenario_kills(base: Path, n_random: int, seed: int = 0, ref=None, full: boo
 
 def scenario_faults(base: Path, ref=None) -> dict:
     """Failing writes on one rank, damaged shards, and resume after each."""
-    from megablu.train.checkpoint import CKPT_DIR, MANIFEST, step_name
+    from megablu.checkpoint import CKPT_DIR, MANIFEST, step_name
 
     ref = ref or reference(base)
     out = {}
@@ -418,7 +418,7 @@ def scenario_faults(base: Path, ref=None) -> dict:
 
 def _rebrand(run: Path, old_id: str) -> None:
     """Re-sign manifests of a copied run with the new run id (as the run itself would have)."""
-    from megablu.train.checkpoint import CKPT_DIR, MANIFEST, _manifest_digest, step_of
+    from megablu.checkpoint.layout import CKPT_DIR, MANIFEST, _manifest_digest, step_of
 
     for p in (run / CKPT_DIR).iterdir():
         if step_of(p) is None or not (p / MANIFEST).exists():
@@ -433,7 +433,7 @@ def _rebrand(run: Path, old_id: str) -> None:
 
 def scenario_keep(base: Path) -> dict:
     """Two runs of the same name in one runs dir, keep=1, pinned step, a foreign step dir."""
-    from megablu.train.checkpoint import CKPT_DIR, step_name
+    from megablu.checkpoint import CKPT_DIR, step_name
 
     a, b = new_run(base, "same"), new_run(base, "same")
     ra = trial({"run_dir": str(a), "keep": 1, "steps": 4})
@@ -499,7 +499,7 @@ def _driver_main(argv: list[str]) -> None:
     # (through sys.modules: the attribute `deepspeed.comm.torch` is the torch package itself,
     # which deepspeed/comm imports under that name, so patching it there does nothing)
     sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
-    import megablu.train.checkpoint  # noqa: F401
+    import megablu.checkpoint  # noqa: F401
     name = argv[0]
     base = Path(argv[1])
     kw = json.loads(argv[2]) if len(argv) > 2 else {}
@@ -654,7 +654,7 @@ def test_consolidated_weights_equal_fp32_master(results):
     (so init_from and export are topology-free and exact)."""
     import torch
 
-    from megablu.train.checkpoint import read_weights
+    from megablu.checkpoint import read_weights
 
     base = results["_base"]
     for stage in (1, 2, 3):
@@ -680,7 +680,7 @@ def test_cli_verify_list_export_roundtrip(results, tmp_path, capsys):
     from megablu.config.schema import ModelConfig, RopeConfig
     from megablu.model.decoder import BluModel
     from megablu.model.hf import from_hf, to_hf
-    from megablu.train.checkpoint import load_weights
+    from megablu.checkpoint import load_weights
 
     good = results["_base"] / "good-0001"
     rc, out, _ = _cli(["ckpt", "verify", str(good)], capsys)

@@ -1,33 +1,11 @@
-"""Checkpoints that cannot be lost or loaded half-right.
+"""CheckpointManager: the DeepSpeed-coupled save / load / keep-N protocol of one run.
 
-Layout of one run (the run id is the directory name, see runs.py):
-
-  runs/<run_id>/checkpoints/
-    step_0000100/                      published only by an atomic rename, complete
-      manifest.json                    every file + size + sha256, topology, step, meta
-      model.safetensors                consolidated weights (BluModel names): init_from / export
-      client_state/rank_00000.pt       per-rank trainer state (step, tokens, loader, schedule, RNG)
-      ds/mp_rank_00_model_states.pt    DeepSpeed's own files (engine.save_checkpoint, tag "ds")
-      ds/zero_pp_rank_*_optim_states.pt
-      pinned                           optional marker: keep-N never deletes this step
-    latest                             "step_0000100": written last, atomically, a hint only
-    .tmp-step_0000200/                 a save in progress (or killed): never read, cleaned
-    .trash-step_0000200-<pid>/         an older step_0000200 moved aside by its re-save: put
-                                       back if the new one was never published, else cleaned
-    .pruned-step_0000050-<pid>/        a pruned step being deleted: never read, cleaned
-
-The seed's traps and what makes each impossible here:
-- a 3-of-4 shard set loaded silently: the manifest names every file (and rank 0 checks
-  that every rank's DeepSpeed files exist with the size its writer recorded before the
-  manifest is written); `load` checks every file's size and sha256 on all ranks before
-  any rank calls DeepSpeed, and refuses naming the files.
-- a failed save only warned: every write goes through a recording proxy of DeepSpeed's
-  checkpoint engine that catches the error instead of leaving the other ranks in a
-  collective; the ranks then exchange their status and every rank raises CheckpointError.
-- keep-N pruned another run's shard: pruning looks only inside this run's directory and
-  only at complete steps whose manifest names this run; never the newest, never pinned.
-- kill -9 at any point: a step is visible only after `rename(.tmp-step, step)`, and
-  `latest()` trusts nothing it has not verified, so the newest complete step wins.
+A save is collective: every rank writes its files through a recording proxy of DeepSpeed's
+checkpoint engine (fsync, read back, size + sha256), the ranks exchange their status, and
+rank 0 writes the manifest and publishes the step with one rename -- or every rank raises
+CheckpointError and nothing is published. A load verifies every file on all ranks (the
+hashing split over them) before any rank calls DeepSpeed. See the package docstring for the
+layout and the seed's traps each step answers.
 """
 from __future__ import annotations
 
@@ -36,105 +14,27 @@ import io
 import json
 import logging
 import os
-import random
-import re
 import shutil
 import time
 import zipfile
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 
+from ..utils.dist import all_gather_object, broadcast_object, get_rank, get_world_size
+from ..utils.files import PathLike, atomic_write_text, fsync_dir, fsync_file, sha256_file
+from .layout import (CKPT_DIR, CLIENT_DIR, DS_TAG, FORMAT_VERSION, LATEST, MANIFEST, PIN, PRUNED_PREFIX, TMP_PREFIX,
+                     TRASH_PREFIX, WEIGHTS, CheckpointError, _check_files, _listed_problems, _manifest_digest,
+                     is_run_dir, newest_verified, read_manifest, resolve_step, step_name, step_of, verify_checkpoint)
+from .weights import save_weights
+
 log = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
-WEIGHTS = "model.safetensors"
-LATEST = "latest"
-PIN = "pinned"
-DS_TAG = "ds"
-CLIENT_DIR = "client_state"
-CKPT_DIR = "checkpoints"
-TMP_PREFIX = ".tmp-"
-TRASH_PREFIX = ".trash-"     # replaced by a re-save: restored by cleanup() if nothing took its place
-PRUNED_PREFIX = ".pruned-"   # deleted by keep-N: never restored
-FORMAT_VERSION = 1
-_STEP_RE = re.compile(r"^step_(\d{7,})$")
 # config-derived meta fields worth naming when a resume's config hash differs (dp and world
 # size are left out: they follow the launch, and a world-size change is resharded)
 _CONFIG_META = ("sp", "zero_stage", "model", "rope", "window")
-# files that may sit in a step dir without being in its manifest
-_UNLISTED_OK = {MANIFEST, PIN}
-
-PathLike = Union[str, Path]
-
-
-class CheckpointError(Exception):
-    """A checkpoint could not be saved, verified or loaded. Never just a warning."""
-
-
-def step_name(step: int) -> str:
-    return f"step_{step:07d}"
-
-
-def step_of(path: PathLike) -> Optional[int]:
-    m = _STEP_RE.match(Path(path).name)
-    return int(m.group(1)) if m else None
-
-
-# --------------------------------------------------------------------------- RNG
-def get_rng_state() -> dict:
-    """python / numpy / torch (+cuda) generator states, for exact resume."""
-    st = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        st["cuda"] = torch.cuda.get_rng_state_all()
-    return st
-
-
-def set_rng_state(st: dict) -> None:
-    random.setstate(st["python"])
-    np.random.set_state(st["numpy"])
-    torch.set_rng_state(st["torch"])
-    if "cuda" in st and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(st["cuda"])
-
-
-# --------------------------------------------------------------------------- small helpers
-def sha256_file(path: PathLike, bufsize: int = 1 << 23) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(bufsize)
-            if not b:
-                break
-            h.update(b)
-    return h.hexdigest()
-
-
-def _fsync_file(path: PathLike) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: PathLike) -> None:
-    try:
-        _fsync_file(path)
-    except OSError:  # some filesystems refuse fsync on directories; the rename is still atomic
-        pass
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 def _jsonable(x: Any) -> Any:
@@ -154,111 +54,6 @@ def _jsonable(x: Any) -> Any:
     return f"<{type(x).__name__}>"
 
 
-def _manifest_digest(m: dict) -> str:
-    body = {k: v for k, v in m.items() if k != "manifest_sha256"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-
-
-# --------------------------------------------------------------------------- distributed
-def _dist():
-    import torch.distributed as dist
-    return dist if dist.is_available() and dist.is_initialized() else None
-
-
-def _rank() -> int:
-    d = _dist()
-    return d.get_rank() if d else 0
-
-
-def _world() -> int:
-    d = _dist()
-    return d.get_world_size() if d else 1
-
-
-def _all_gather(obj: Any) -> list:
-    d = _dist()
-    if d is None:
-        return [obj]
-    out = [None] * d.get_world_size()
-    d.all_gather_object(out, obj)
-    return out
-
-
-def _bcast(obj: Any) -> Any:
-    d = _dist()
-    if d is None:
-        return obj
-    box = [obj]
-    d.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-# --------------------------------------------------------------------------- verification
-def read_manifest(path: PathLike) -> dict:
-    """The manifest of a step dir; CheckpointError if absent, unreadable or altered."""
-    p = Path(path) / MANIFEST
-    try:
-        m = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: no {MANIFEST} (incomplete or not a megablu checkpoint)") from None
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{p}: unreadable manifest: {e}") from None
-    if isinstance(m, dict) and m.get("format") == "megablu-shards":
-        raise CheckpointError(f"{path} is a megablu dataset (its {MANIFEST} is a data manifest), not a checkpoint; "
-                              f"a dataset goes in data.path, a parent in init_from (a run dir, a step dir or an "
-                              f"exported model dir)")
-    if not isinstance(m, dict) or m.get("manifest_sha256") != _manifest_digest(m):
-        raise CheckpointError(f"{p}: manifest checksum mismatch (edited or corrupted)")
-    return m
-
-
-def _check_files(root: Path, files: dict, names: list[str], deep: bool) -> list[str]:
-    problems = []
-    for rel in names:
-        ent = files[rel]
-        f = root / rel
-        try:
-            size = f.stat().st_size
-        except FileNotFoundError:
-            problems.append(f"missing {rel}")
-            continue
-        if size != ent["size"]:
-            problems.append(f"size {rel}: {size} bytes, manifest says {ent['size']}")
-        elif deep and sha256_file(f) != ent["sha256"]:
-            problems.append(f"checksum {rel}: sha256 differs from manifest (corrupted)")
-    return problems
-
-
-def _listed_problems(root: Path, m: dict) -> list[str]:
-    """Structure checks: unlisted files, DeepSpeed shard count vs recorded partitions."""
-    problems = []
-    files = m["files"]
-    for f in sorted(root.rglob("*")):
-        if f.is_file():
-            rel = f.relative_to(root).as_posix()
-            if rel not in files and rel not in _UNLISTED_OK:
-                problems.append(f"unlisted file {rel} (not written by this save)")
-    parts = m.get("zero_partitions", 0)
-    if parts:
-        optim = [r for r in files if r.startswith(f"{DS_TAG}/") and r.endswith("optim_states.pt")]
-        if len(optim) != parts:
-            problems.append(f"manifest lists {len(optim)} optimizer shards, expected {parts} ZeRO partitions")
-    return problems
-
-
-def verify_checkpoint(path: PathLike, deep: bool = True) -> list[str]:
-    """Problems with a step dir (empty list = complete and intact).
-
-    deep=False checks presence and sizes only (fast); deep=True also every sha256.
-    """
-    root = Path(path)
-    try:
-        m = read_manifest(root)
-    except CheckpointError as e:
-        return [str(e)]
-    problems = _listed_problems(root, m)
-    problems += _check_files(root, m["files"], sorted(m["files"]), deep)
-    return problems
 
 
 def _verify_collective(root: Path) -> list[str]:
@@ -266,7 +61,7 @@ def _verify_collective(root: Path) -> list[str]:
     try:
         m = read_manifest(root)
         names = sorted(m["files"])
-        r, w = _rank(), _world()
+        r, w = get_rank(), get_world_size()
         mine = _listed_problems(root, m) if r == 0 else []
         # presence/size for all files on every rank (cheap, and catches per-node views);
         # sha256 only for this rank's share of the files
@@ -277,64 +72,32 @@ def _verify_collective(root: Path) -> list[str]:
     except CheckpointError as e:
         mine = [str(e)]
     except Exception as e:  # never leave the other ranks waiting in the gather
-        mine = [f"rank {_rank()}: verification failed: {type(e).__name__}: {e}"]
+        mine = [f"rank {get_rank()}: verification failed: {type(e).__name__}: {e}"]
     out: list[str] = []
-    for ps in _all_gather(mine):
+    for ps in all_gather_object(mine):
         for p in ps:
             if p not in out:
                 out.append(p)
     return out
 
 
-def run_of_step(step_dir: PathLike) -> Optional[Path]:
-    """The run dir of `<run>/checkpoints/step_N`, else None (a step dir outside a run's layout)."""
-    p = Path(step_dir)
-    return p.parent.parent if p.parent.name == CKPT_DIR else None
 
 
-def step_problems(path: PathLike, deep: bool = True) -> list[str]:
-    """What makes a step dir unusable for its run: `verify_checkpoint`, and, for a step inside
-    `<run>/checkpoints/`, a manifest that names another run (a step copied in from elsewhere).
-    The one rule `ckpt verify`, `ckpt list`, resume and keep-N agree on."""
-    problems = verify_checkpoint(path, deep=deep)
-    run = run_of_step(path)
-    if not problems and run is not None:
-        owner, run_id = read_manifest(path).get("run_id"), run.resolve().name
-        if owner != run_id:
-            problems.append(f"manifest names run {owner!r}, not {run_id!r} (copied from another run): resume and "
-                            f"keep-N ignore it")
-    return problems
+def resolve_step_collective(path: PathLike, deep: bool = True) -> Path:
+    """`resolve_step` decided once, on rank 0, and broadcast: a save landing meanwhile cannot
+    give two ranks two different steps. Every rank raises rank 0's CheckpointError."""
+    found, err = None, None
+    if get_rank() == 0:
+        try:
+            found = str(resolve_step(path, deep=deep))
+        except CheckpointError as e:
+            err = str(e)
+    found, err = broadcast_object((found, err))
+    if err:   # every rank raises, none waits on a collective rank 0 left
+        raise CheckpointError(err)
+    return Path(found)
 
 
-def scan_steps(run_dir: PathLike, deep: bool = True) -> tuple[Optional[Path], list[tuple[Path, list[str]]]]:
-    """(newest usable step of a run or None, [(newer step, its problems)] skipped on the way). Read-only."""
-    ck = Path(run_dir) / CKPT_DIR
-    if not ck.is_dir():
-        return None, []
-    cands = sorted((p for p in ck.iterdir() if p.is_dir() and step_of(p) is not None), key=step_of, reverse=True)
-    skipped = []
-    for p in cands:
-        problems = step_problems(p, deep=deep)
-        if not problems:
-            return p, skipped
-        skipped.append((p, problems))
-    return None, skipped
-
-
-def newest_verified(run_dir: PathLike, deep: bool = True) -> Optional[Path]:
-    """Newest step of a run that verifies and names this run. Read-only; not collective.
-
-    The `latest` pointer is not trusted: a save killed between publishing the step and
-    updating the pointer leaves it one behind, and a damaged newest step must be skipped.
-    Steps are tried newest first; every unusable one is logged with its problems.
-    """
-    found, skipped = scan_steps(run_dir, deep=deep)
-    for p, problems in skipped:
-        log.error("checkpoint %s is not usable: %s", p, "; ".join(problems))
-    return found
-
-
-# --------------------------------------------------------------------------- save internals
 def _check_readable(path: PathLike) -> None:
     """Read a just-written torch file back: catches short writes the filesystem did not report.
 
@@ -378,7 +141,7 @@ class _RecordingEngine:
         try:
             self._phase("ds_write")
             self._inner.save(state_dict, path)
-            _fsync_file(path)
+            fsync_file(path)
             _check_readable(path)
             self.written[rel] = {"size": os.path.getsize(path), "sha256": sha256_file(path)}
         except Exception as e:
@@ -389,30 +152,11 @@ def _consolidated_state(engine) -> Optional[dict]:
     """Full weights on rank 0 (None elsewhere). Collective under ZeRO-3."""
     if engine.zero_optimization_partition_weights():
         return engine._zero3_consolidated_16bit_state_dict()
-    if _rank() != 0:
+    if get_rank() != 0:
         return None
     return engine.module.state_dict()
 
 
-def save_weights(sd: dict, path: PathLike, extra_meta: Optional[dict] = None) -> None:
-    """safetensors file of a state dict; tensors sharing storage are stored once + alias."""
-    from safetensors.torch import save_file
-
-    tensors, aliases, seen = {}, {}, {}
-    for k, v in sd.items():
-        if not isinstance(v, torch.Tensor):
-            continue
-        key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), v.dtype) if v.numel() else None
-        if key is not None and key in seen:
-            aliases[k] = seen[key]
-            continue
-        if key is not None:
-            seen[key] = k
-        tensors[k] = v.detach().to("cpu").contiguous()
-    meta = {"format": "pt", "aliases": json.dumps(aliases)}
-    meta.update({k: str(v) for k, v in (extra_meta or {}).items()})
-    save_file(tensors, str(path), metadata=meta)
-    _fsync_file(path)
 
 
 def _zero_partitions(engine) -> int:
@@ -420,9 +164,10 @@ def _zero_partitions(engine) -> int:
     partition over the (sequence-)data-parallel group; 0 = one full copy in the model file."""
     if not engine.save_zero_checkpoint:
         return 0
-    d = _dist()
+    import torch.distributed as dist
+
     group = getattr(engine.optimizer, "dp_process_group", None)
-    return d.get_world_size(group) if d else 1
+    return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
 
 
 def _expected_ds_files(engine, root: Path) -> list[str]:
@@ -435,7 +180,8 @@ def _expected_ds_files(engine, root: Path) -> list[str]:
     return out
 
 
-# --------------------------------------------------------------------------- manager
+
+
 class CheckpointManager:
     """Saves, finds, verifies, loads and prunes the checkpoints of one run.
 
@@ -448,8 +194,6 @@ class CheckpointManager:
       (fault-injection tests kill the process there).
     """
 
-    PHASES = ("prepare", "gather_weights", "ds_save", "ds_write", "client_state", "weights", "status", "manifest",
-              "publish", "replace", "latest", "prune", "done")
 
     def __init__(self, run_dir: PathLike, keep: int, meta: dict,
                  on_phase: Optional[Callable[[str], None]] = None):
@@ -512,7 +256,7 @@ class CheckpointManager:
     # ------------------------------------------------------------------ save
     def save(self, engine, step: int, client_state: dict, pin: bool = False) -> Path:
         """Collective. Publish step_<step> or raise CheckpointError on every rank."""
-        rank, world = _rank(), _world()
+        rank, world = get_rank(), get_world_size()
         name = step_name(step)
         final = self.ckpt_dir / name
         tmp = self.ckpt_dir / f"{TMP_PREFIX}{name}"
@@ -532,7 +276,7 @@ class CheckpointManager:
                 (tmp / CLIENT_DIR).mkdir(parents=True)
             except Exception as e:
                 err = f"rank 0: cannot create {tmp}: {type(e).__name__}: {e}"
-        self._raise_if_any(_all_gather(err), name, tmp)
+        self._raise_if_any(all_gather_object(err), name, tmp)
 
         # -- consolidated weights (collective under ZeRO-3, so outside any try on one rank)
         self._phase("gather_weights")
@@ -586,7 +330,7 @@ class CheckpointManager:
 
         # -- every rank's status; any failure -> all raise
         self._phase("status")
-        status = _all_gather({"rank": rank, "errors": errors, "written": written, "expected": expected})
+        status = all_gather_object({"rank": rank, "errors": errors, "written": written, "expected": expected})
         self._raise_if_any([("; ".join(s["errors"]) and f"rank {s['rank']}: " + "; ".join(s["errors"]))
                             or None for s in status], name, tmp)
 
@@ -600,12 +344,12 @@ class CheckpointManager:
                 self._publish(tmp, final)
                 published = True
                 self._phase("latest")
-                _atomic_write_text(self.ckpt_dir / LATEST, name + "\n")
+                atomic_write_text(self.ckpt_dir / LATEST, name + "\n")
                 self._phase("prune")
                 self.prune(newest=final)
             except Exception as e:
                 err = f"rank 0: {type(e).__name__}: {e}"
-        err, published = _bcast((err, published))
+        err, published = broadcast_object((err, published))
         if err and published:  # the step is complete and verified; what followed failed
             raise CheckpointError(f"save {self.run_id}/{name}: step published, then failed: {err}")
         self._raise_if_any([err], name, tmp)
@@ -618,7 +362,7 @@ class CheckpointManager:
         errs = [e for e in errs if e]
         if not errs:
             return
-        if _rank() == 0 and tmp is not None:
+        if get_rank() == 0 and tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(f"save {self.run_id}/{name} failed; nothing published: " + " | ".join(errs))
 
@@ -655,10 +399,10 @@ class CheckpointManager:
             "files": dict(sorted(files.items())),
         }
         m["manifest_sha256"] = _manifest_digest(m)
-        _atomic_write_text(tmp / MANIFEST, json.dumps(m, indent=1) + "\n")
+        atomic_write_text(tmp / MANIFEST, json.dumps(m, indent=1) + "\n")
         if pin:
             (tmp / PIN).write_text("pinned at save\n")
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
 
     def _publish(self, tmp: Path, final: Path) -> None:
         """rename(tmp, final); an existing final (same step saved again) is moved aside first."""
@@ -668,14 +412,11 @@ class CheckpointManager:
             os.replace(final, trash)
             self._phase("replace")  # a kill here leaves both aside; cleanup() restores the old one
         os.replace(tmp, final)
-        _fsync_dir(self.ckpt_dir)
+        fsync_dir(self.ckpt_dir)
         if trash is not None:
             shutil.rmtree(trash, ignore_errors=True)
 
     # ------------------------------------------------------------------ keep-N
-    def pin(self, step_dir: PathLike) -> None:
-        (Path(step_dir) / PIN).write_text("pinned\n")
-
     def prune(self, newest: Optional[Path] = None) -> list[Path]:
         """Delete this run's complete checkpoints beyond the newest `keep` (pinned ones stay).
 
@@ -745,12 +486,8 @@ class CheckpointManager:
         partition count (world size) is resharded; a different ZeRO stage is refused.
         """
         root = Path(path)
-        if not (root / MANIFEST).exists() and (root / CKPT_DIR).is_dir():
-            newest = newest_verified(root) if _rank() == 0 else None
-            newest = _bcast(str(newest) if newest else None)
-            if newest is None:
-                raise CheckpointError(f"{root}: no verified checkpoint in this run")
-            root = Path(newest)
+        if is_run_dir(root):
+            root = resolve_step_collective(root)
         problems = _verify_collective(root)
         if problems:
             raise CheckpointError(f"{root}: refusing to load, checkpoint is not intact: " + "; ".join(problems))
@@ -770,18 +507,17 @@ class CheckpointManager:
             # optimizer (per-parameter fp32 master, exp_avg, exp_avg_sq, step)
             log.warning("%s: %d ZeRO partitions saved (world %s, dp %s, sp %s), %d now (world %d): "
                         "resharding through a universal checkpoint", root, m["zero_partitions"],
-                        m["world_size"], m["dp"], m["sp"], parts, _world())
+                        m["world_size"], m["dp"], m["sp"], parts, get_world_size())
             load_path = self._load_resharded(engine, root, m, load_optimizer)
         if load_path is None:
             raise CheckpointError(f"{root}: DeepSpeed could not load the checkpoint")
         # per-rank trainer state: this rank's file when the world size matches, else rank 0's
-        r = _rank() if m["world_size"] == _world() else 0
-        if m["world_size"] != _world():
-            log.warning("world size %d -> %d: per-rank RNG states are taken from rank 0", m["world_size"], _world())
+        r = get_rank() if m["world_size"] == get_world_size() else 0
+        if m["world_size"] != get_world_size():
+            log.warning("world size %d -> %d: per-rank RNG states are taken from rank 0", m["world_size"], get_world_size())
         client = torch.load(root / CLIENT_DIR / f"rank_{r:05d}.pt", map_location="cpu", weights_only=False)
         self.loaded_manifest = m
         return client
-
 
     def _load_resharded(self, engine, root: Path, m: dict, load_optimizer: bool):
         """Convert root/ds to a universal checkpoint (rank 0), then every rank loads its share."""
@@ -791,7 +527,7 @@ class CheckpointManager:
 
         udir = self.ckpt_dir / f"{TMP_PREFIX}universal-{root.name}-{m['manifest_sha256'][:12]}"
         err = None
-        if _rank() == 0:
+        if get_rank() == 0:
             try:
                 from deepspeed.checkpoint import ds_to_universal
 
@@ -803,7 +539,7 @@ class CheckpointManager:
                     ds_to_universal.main(args)
             except BaseException as e:  # SystemExit included: the converter exits on bad input
                 err = f"rank 0: universal conversion of {root / DS_TAG} failed: {type(e).__name__}: {e}"
-        errs = [e for e in _all_gather(err) if e]
+        errs = [e for e in all_gather_object(err) if e]
         if errs:
             raise CheckpointError(f"{root}: cannot reshard {m['zero_partitions']} -> {_zero_partitions(engine)} "
                                   f"ZeRO partitions: {' | '.join(errs)}; resume with the saved world size "
@@ -816,189 +552,7 @@ class CheckpointManager:
                                                   load_lr_scheduler_states=load_optimizer)
         finally:
             cfg.load_universal_checkpoint = False
-        _all_gather(None)  # every rank has read the universal files
-        if _rank() == 0:
+        all_gather_object(None)  # every rank has read the universal files
+        if get_rank() == 0:
             shutil.rmtree(udir, ignore_errors=True)
         return load_path
-
-
-# --------------------------------------------------------------------------- weights (init_from, export)
-def resolve_weights(path: PathLike, deep: bool = True) -> tuple[list[Path], Optional[dict]]:
-    """safetensors files for a step dir, a run dir (newest verified), an export dir or a file.
-
-    Returns (files, manifest or None). Raises CheckpointError with what was looked for.
-    deep=False checks a step's files by size only (the load itself hashes them).
-    """
-    p = Path(path)
-    if p.is_file() and p.suffix == ".safetensors":
-        return [p], None
-    if not p.is_dir():
-        raise CheckpointError(f"init_from {p}: no such file or directory")
-    if (p / CKPT_DIR).is_dir() and not (p / MANIFEST).exists():
-        newest, skipped = scan_steps(p, deep=deep)
-        if newest is None:
-            why = "; ".join(f"{s.name}: {'; '.join(ps)}" for s, ps in skipped) or "no step saved"
-            raise CheckpointError(f"init_from {p}: run has no verified checkpoint ({why})")
-        for s, ps in skipped:
-            log.error("checkpoint %s is not usable: %s", s, "; ".join(ps))
-        log.info("init_from %s: newest verified step is %s", p, newest.name)
-        p = newest
-    m = None
-    if (p / MANIFEST).exists():
-        problems = verify_checkpoint(p, deep=deep)
-        if problems:
-            raise CheckpointError(f"init_from {p}: not intact: " + "; ".join(problems))
-        m = read_manifest(p)
-    if (p / WEIGHTS).is_file():
-        return [p / WEIGHTS], m
-    idx = p / "model.safetensors.index.json"
-    if idx.is_file():
-        shards = sorted(set(json.loads(idx.read_text())["weight_map"].values()))
-        missing = [s for s in shards if not (p / s).is_file()]
-        if missing:
-            raise CheckpointError(f"init_from {p}: index names missing shards {missing}")
-        return [p / s for s in shards], m
-    raise CheckpointError(f"init_from {p}: no {WEIGHTS} or model.safetensors.index.json "
-                          f"(expected a checkpoint step dir, a run dir or an exported HF dir)")
-
-
-def parent_record(path: PathLike):
-    """What an init_from parent records about its training: a `ParentRecord` (window, rope, source).
-
-    Read from a step's manifest (a run dir: its newest step whose files are present), the
-    run's config.resolved.yaml for manifests older than the meta, an export's or a
-    transformers dir's config.json, or the same beside a weights file. A record that is
-    absent gives window/rope None; a record that cannot be read raises CheckpointError.
-    Sizes only, no hashing: the load itself verifies every sha256.
-    """
-    import yaml
-
-    from ..config.lineage import ParentRecord
-    from ..config.schema import RopeConfig
-
-    p = Path(path)
-    d = p.parent if p.is_file() else p
-    if (d / CKPT_DIR).is_dir() and not (d / MANIFEST).exists():
-        newest = newest_verified(d, deep=False)
-        if newest is None:
-            raise CheckpointError(f"init_from {d}: run has no complete checkpoint")
-        d = newest
-    if (d / MANIFEST).exists():
-        meta = read_manifest(d).get("meta", {})
-        rope, window, src = meta.get("rope"), meta.get("window"), f"{d}/{MANIFEST}"
-        cfg_file = d.parent.parent / "config.resolved.yaml"
-        if (rope is None or window is None) and cfg_file.is_file():
-            raw = yaml.safe_load(cfg_file.read_text()) or {}
-            rope, window = rope or raw.get("rope"), window or (raw.get("data") or {}).get("window")
-            src = str(cfg_file)
-        try:
-            return ParentRecord(src, int(window) if window else None, RopeConfig(**rope) if rope else None)
-        except (TypeError, ValueError) as e:
-            raise CheckpointError(f"init_from {src}: unreadable rope record {rope!r}: {e}") from None
-    cj = d / "config.json"
-    if cj.is_file():
-        from ..model.hf import rope_record_from_hf
-
-        try:
-            rope, window = rope_record_from_hf(json.loads(cj.read_text()))
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(f"init_from {cj}: cannot read the parent's rope: {e}") from None
-        return ParentRecord(str(cj), window, rope)
-    return ParentRecord(str(p), None, None)
-
-
-def read_weights(path: PathLike) -> dict[str, torch.Tensor]:
-    """State dict in BluModel names (HF `model.` prefix stripped, aliases restored)."""
-    return read_weights_and_provenance(path)[0]
-
-
-def _provenance(first: Path, m: Optional[dict]) -> dict:
-    """tokenizer / run_id / step recorded beside the weights: the step's manifest, or an export's
-    megablu_export.json (also for a weights file given inside such a dir); {} for foreign weights."""
-    if m is None:
-        d = first.parent
-        if (d / MANIFEST).is_file():
-            m = read_manifest(d)
-        elif (d / "megablu_export.json").is_file():
-            m = json.loads((d / "megablu_export.json").read_text())
-    return {k: m.get(k) for k in ("tokenizer", "run_id", "step")} if m else {}
-
-
-def _read_safetensors(files: list[Path], get) -> dict:
-    """{BluModel name: get(handle, file key)} over the files; HF `model.` prefix stripped, aliases restored."""
-    from safetensors import safe_open
-
-    sd: dict = {}
-    for f in files:
-        with safe_open(str(f), framework="pt") as h:
-            meta = h.metadata() or {}
-            part = {k: get(h, k) for k in h.keys()}
-        for alias, target in json.loads(meta.get("aliases", "{}")).items():
-            part[alias] = part[target]
-        sd.update(part)
-    return {(k[len("model."):] if k.startswith("model.") else k): v for k, v in sd.items()}
-
-
-def read_weights_and_provenance(path: PathLike) -> tuple[dict[str, torch.Tensor], dict]:
-    """(read_weights(path), _provenance of those weights)."""
-    files, m = resolve_weights(path)
-    return _read_safetensors(files, lambda h, k: h.get_tensor(k)), _provenance(files[0], m)
-
-
-def read_weight_shapes(path: PathLike, deep: bool = True) -> tuple[dict[str, tuple], dict]:
-    """({name: shape} from the safetensors headers only, provenance): what init_from would load."""
-    files, m = resolve_weights(path, deep=deep)
-    return _read_safetensors(files, lambda h, k: tuple(h.get_slice(k).get_shape())), _provenance(files[0], m)
-
-
-def weights_mismatch(own: dict[str, tuple], theirs: dict[str, tuple], tied: set) -> list[str]:
-    """How weights of shapes `theirs` fail to fit a model of shapes `own` (empty = they fit).
-
-    Names and shapes must match exactly; a tied lm_head may be absent (HF exports omit it)."""
-    missing = [k for k in own if k not in theirs and k not in tied]
-    unexpected = [k for k in theirs if k not in own]
-    shapes = [f"{k}: file {tuple(theirs[k])} vs model {tuple(own[k])}"
-              for k in own if k in theirs and tuple(theirs[k]) != tuple(own[k])]
-    out = []
-    emb = "embed_tokens.weight"
-    if emb in own and emb in theirs and tuple(own[emb]) != tuple(theirs[emb]):
-        (v, d), (v2, d2) = own[emb], theirs[emb]
-        if v != v2:
-            out.append(f"the weights were trained with vocab {v2}, model.vocab_size is {v}: set model.vocab_size={v2} "
-                       f"(the parent's tokenizer and vocabulary)")
-        if d != d2:
-            out.append(f"the weights have d_model {d2}, model.d_model is {d}")
-    if missing or unexpected or shapes:
-        out.append(f"missing {missing[:8]}{'...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
-                   f"{'...' if len(unexpected) > 8 else ''}, shapes {shapes[:8]}{'...' if len(shapes) > 8 else ''}")
-    return out
-
-
-def tied_keys(own: dict) -> set:
-    """lm_head.weight when it is the embedding's tensor (tie_embeddings)."""
-    return {k for k in own if k == "lm_head.weight" and "embed_tokens.weight" in own
-            and own[k].data_ptr() == own["embed_tokens.weight"].data_ptr()}
-
-
-@torch.no_grad()
-def load_weights(model: torch.nn.Module, path: PathLike, tokenizer: Optional[str] = None) -> dict:
-    """init_from: copy weights into model; names and shapes must match exactly.
-
-    A tied lm_head may be absent from the file (HF exports omit it). `tokenizer` (an identity)
-    must equal the one recorded with the weights, when they record one: embeddings trained
-    with another tokenizer have the right shape and mean nothing. Returns the provenance
-    {tokenizer, run_id, step} ({} for weights megablu did not write).
-    """
-    sd, prov = read_weights_and_provenance(path)
-    if tokenizer is not None and prov.get("tokenizer") not in (None, tokenizer):
-        raise CheckpointError(f"{path}: weights trained with tokenizer {prov['tokenizer']!r}, but the tokenizer "
-                              f"here is {tokenizer!r}; configure the tokenizer the weights were trained with")
-    own = model.state_dict(keep_vars=True)
-    bad = weights_mismatch({k: tuple(t.shape) for k, t in own.items()}, {k: tuple(t.shape) for k, t in sd.items()},
-                           tied_keys(own))
-    if bad:
-        raise CheckpointError(f"init_from {path}: weights do not match the model: " + "; ".join(bad))
-    for k, t in own.items():
-        if k in sd:
-            t.copy_(sd[k].to(t.dtype))
-    return prov

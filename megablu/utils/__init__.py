@@ -1,0 +1,2 @@
+"""Small helpers with one home each: files (sha256, fsync, atomic writes), ranks (rank-0 decides,
+the others receive), the device a setting means."""

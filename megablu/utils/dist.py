@@ -1,0 +1,46 @@
+"""Rank helpers over torch.distributed that also work without it (a world of one).
+
+The pattern they serve: rank 0 decides (reads the filesystem, allocates, verifies) and every
+rank receives the same answer, so no two ranks act on two different views."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def _dist():
+    import torch.distributed as dist
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def get_rank() -> int:
+    d = _dist()
+    return d.get_rank() if d else 0
+
+
+def get_world_size() -> int:
+    d = _dist()
+    return d.get_world_size() if d else 1
+
+
+def is_rank0() -> bool:
+    return get_rank() == 0
+
+
+def all_gather_object(obj: Any) -> list:
+    """[obj of rank 0, obj of rank 1, ...]; [obj] without a process group. Collective."""
+    d = _dist()
+    if d is None:
+        return [obj]
+    out = [None] * d.get_world_size()
+    d.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's obj on every rank (obj itself without a process group). Collective."""
+    d = _dist()
+    if d is None:
+        return obj
+    box = [obj]
+    d.broadcast_object_list(box, src=0)
+    return box[0]
