@@ -105,14 +105,3 @@ class RotaryEmbedding(nn.Module):
         scale = torch.where(long, torch.tensor(self.attention_scaling, dtype=torch.float32, device=long.device),
                             torch.tensor(1.0, dtype=torch.float32, device=long.device))
         return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """q (B, T, H, D), k (B, T, Hkv, D); cos/sin (B, T, D). Reference (pure torch) path."""
-    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
-    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin

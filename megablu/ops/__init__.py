@@ -1,14 +1,11 @@
 """megablu ops: fused CUDA kernels (csrc/, built by builder.py) with pure-torch references.
 
-    from megablu.ops import set_impl, apply_rotary, add_rms_norm, rms_norm, swiglu
-    set_impl(cfg.memory.ops)          # "auto" | "torch" | "cuda", once per process
-
-Each op also takes `impl=` per call; `use_impl(...)` forces one in a block (tests).
+    from megablu.ops import apply_rotary, add_rms_norm, rms_norm, swiglu
+    y = rms_norm(x, weight, eps, impl=impl)   # impl: None/"auto" | "torch" | "cuda" (dispatch.py)
 """
-from .dispatch import get_impl, set_impl, use_impl
 from .rmsnorm import add_rms_norm, rms_norm
 from .rope import apply_rotary
 from .swiglu import swiglu, swiglu_packed
 
-__all__ = ["get_impl", "set_impl", "use_impl", "apply_rotary", "add_rms_norm", "rms_norm", "swiglu",
+__all__ = ["apply_rotary", "add_rms_norm", "rms_norm", "swiglu",
            "swiglu_packed"]

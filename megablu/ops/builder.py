@@ -141,10 +141,6 @@ def load(verbose: bool = False):
         raise
 
 
-def load_error() -> Optional[BaseException]:
-    return _load_error
-
-
 # ---------------------------------------------------------------------------------------
 # compile-only check (CI without a GPU)
 # ---------------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
 """Which implementation an op runs: the CUDA extension or the pure-torch reference.
 
-The choice is made once (`set_impl`, from the `memory.ops` config field) and can be
-overridden per call (`impl=`) or in a block (`use_impl`), so tests force either path
-(the nanochat `flash_attention._override_impl` pattern). "auto" picks CUDA when the
-tensors are on a GPU and the extension builds, else torch; each decision is logged once
-with its reason. "cuda" never falls back silently: it raises with the reason.
+Every call names it (`impl=`): the model's modules carry the `memory.ops` config field
+(megablu.memory.apply_memory sets it), tests and benchmarks pass either path explicitly (the
+nanochat `flash_attention._override_impl` pattern, without a process-wide mode). None or
+"auto" picks CUDA when the tensors are on a GPU and the extension builds, else torch; each
+decision is logged once with its reason. "cuda" never falls back silently: it raises with
+the reason.
 
 NVIDIA apex is not consulted (yet): its only counterpart here is a plain FusedRMSNorm, which
 would replace the final norm alone (every block norm is megablu's one-kernel residual add +
@@ -13,9 +14,8 @@ optional and is never required.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 
@@ -24,31 +24,7 @@ log = logging.getLogger(__name__)
 IMPLS = ("auto", "torch", "cuda")
 # dtypes the kernels are built for (fp16 is not: megablu trains in bf16; it runs the reference)
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
-_mode = "auto"
 _logged: set[tuple[str, str]] = set()
-
-
-def set_impl(mode: str) -> None:
-    """Process-wide default: "auto" | "torch" | "cuda"."""
-    global _mode
-    if mode not in IMPLS:
-        raise ValueError(f"megablu ops: impl must be one of {IMPLS}, got {mode!r}")
-    _mode = mode
-
-
-def get_impl() -> str:
-    return _mode
-
-
-@contextlib.contextmanager
-def use_impl(mode: str) -> Iterator[None]:
-    """Temporarily force an implementation (tests, benchmarks)."""
-    prev = _mode
-    set_impl(mode)
-    try:
-        yield
-    finally:
-        set_impl(prev)
 
 
 def ext():
@@ -71,7 +47,7 @@ def resolve(op: str, tensors: tuple, unsupported: Optional[str] = None, impl: Op
     `unsupported` is the op's reason why the CUDA kernel cannot take these inputs (shape,
     dtype, grad of a table ...) or None when it can.
     """
-    mode = impl or _mode
+    mode = impl or "auto"
     if mode not in IMPLS:
         raise ValueError(f"megablu ops: impl must be one of {IMPLS}, got {mode!r}")
     if mode == "torch":

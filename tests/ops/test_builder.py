@@ -28,12 +28,12 @@ def test_hash_changes_with_sources(tmp_path):
     assert builder.source_hash(root) != before
 
 
-def test_set_impl_validates():
+def test_impl_validates():
+    x = torch.zeros(2, 4)
     with pytest.raises(ValueError, match="impl must be one of"):
-        dispatch.set_impl("triton")
-    with dispatch.use_impl("torch"):
-        assert dispatch.get_impl() == "torch"
-    assert dispatch.get_impl() == "auto"
+        dispatch.resolve("rmsnorm", (x,), impl="triton")
+    assert dispatch.resolve("rmsnorm", (x,), impl="torch") == "torch"
+    assert dispatch.resolve("rmsnorm", (x,)) == "torch"          # auto on CPU tensors
 
 
 @pytest.mark.skipif(builder.find_nvcc() is None, reason="nvcc not installed")

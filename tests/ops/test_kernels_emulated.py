@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from megablu.model.rope import apply_rotary as model_apply_rotary
+from megablu.ops.rope import rope_reference
 
 from .helpers import assert_close
 
@@ -142,7 +142,7 @@ def test_rope_kernel(emu, dtype, vec, table):
     gq, gk = _rand(B, T, H, D, dtype=dtype, seed=1), _rand(B, T, Hkv, D, dtype=dtype, seed=2)
 
     q64, k64 = q.double().requires_grad_(), k.double().requires_grad_()
-    tq, tk = model_apply_rotary(q64, k64, cos.double(), sin.double())
+    tq, tk = rope_reference(q64, k64, cos.double(), sin.double())
     tdq, tdk = torch.autograd.grad((tq, tk), (q64, k64), (gq.double(), gk.double()))
 
     oq, ok = _rope_emu(emu, q, k, cos, sin, vec, False)
@@ -170,7 +170,7 @@ def test_rope_kernel_per_token_tables_of_beyond_original(emu, dtype):
     q, k = _rand(B, T, H, D, dtype=dtype, seed=0), _rand(B, T, Hkv, D, dtype=dtype, seed=1)
     gq, gk = _rand(B, T, H, D, dtype=dtype, seed=2), _rand(B, T, Hkv, D, dtype=dtype, seed=3)
     q64, k64 = q.double().requires_grad_(), k.double().requires_grad_()
-    tq, tk = model_apply_rotary(q64, k64, cos.double(), sin.double())
+    tq, tk = rope_reference(q64, k64, cos.double(), sin.double())
     tdq, tdk = torch.autograd.grad((tq, tk), (q64, k64), (gq.double(), gk.double()))
     oq, ok = _rope_emu(emu, q, k, cos, sin, 16 // q.element_size(), False)
     dq, dk = _rope_emu(emu, gq, gk, cos, sin, 16 // q.element_size(), True)
@@ -385,7 +385,7 @@ def test_rope_function(emulated_ext, use_k):
     outs = {}
     for name in ("emulated", "reference"):
         qc, kc = q.clone().requires_grad_(), k.clone().requires_grad_()
-        oq, ok = _RopeFn.apply(qc, kc, cos, sin) if name == "emulated" else model_apply_rotary(qc, kc, cos, sin)
+        oq, ok = _RopeFn.apply(qc, kc, cos, sin) if name == "emulated" else rope_reference(qc, kc, cos, sin)
         (oq.square().sum() + (ok.square().sum() if use_k else 0)).backward()
         outs[name] = (oq, ok, qc.grad, kc.grad if kc.grad is not None else torch.zeros_like(kc))
     for a, b in zip(outs["emulated"], outs["reference"]):

@@ -1,11 +1,11 @@
-"""Fused RoPE vs the model's rotary embedding: forward and backward, awkward shapes, dtypes."""
+"""Fused RoPE vs the rotation the model runs (ops.rope.rope_reference): forward and backward,
+awkward shapes, dtypes; that reference itself against an independent complex-number rotation."""
 import pytest
 import torch
 
 from megablu.config.schema import RopeConfig, YarnConfig
 from megablu.model.rope import RotaryEmbedding
-from megablu.model.rope import apply_rotary as model_apply_rotary
-from megablu.ops.rope import apply_rotary, rope_backward_reference
+from megablu.ops.rope import apply_rotary, rope_backward_reference, rope_reference
 
 from .helpers import assert_close, cuda
 
@@ -26,21 +26,32 @@ def _qk(B, T, H, Hkv, D, dtype, device, seed=0):
 
 
 def _truth(q, k, cos, sin, gq, gk):
-    """fp64 forward and grads of the model's expression."""
+    """fp64 forward and grads of the expression the model runs (rope_reference)."""
     q64, k64 = q.double().requires_grad_(), k.double().requires_grad_()
-    oq, ok = model_apply_rotary(q64, k64, cos.double(), sin.double())
+    oq, ok = rope_reference(q64, k64, cos.double(), sin.double())
     dq, dk = torch.autograd.grad((oq, ok), (q64, k64), (gq.double(), gk.double()))
     return oq, ok, dq, dk
 
 
 # --------------------------------------------------------------------------- CPU
+def _complex_rotation(x, cos, sin):
+    """fp64 HF-layout RoPE as a complex product: pairs (x_i, x_{i+D/2}) times cos + i sin of the
+    table's first half (the halves are equal), scaled by the table's norm (YaRN's factor)."""
+    h = x.shape[-1] // 2
+    z = torch.complex(x[..., :h].double(), x[..., h:].double())
+    w = torch.complex(cos[..., :h].double(), sin[..., :h].double()).unsqueeze(2)    # (B, T, 1, D/2)
+    r = z * w
+    return torch.cat((r.real, r.imag), dim=-1)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_torch_path_matches_model(dtype):
+def test_torch_path_matches_complex_rotation(dtype):
+    """The torch path (what the model runs) against an independent formula, not against itself."""
     q, k = _qk(2, 37, 9, 3, 64, dtype, "cpu")
     cos, sin = _table(2, 37, 64, dtype, "cpu", start=1000)
     oq, ok = apply_rotary(q, k, cos, sin, impl="torch")
-    rq, rk = model_apply_rotary(q, k, cos, sin)
-    assert torch.equal(oq, rq) and torch.equal(ok, rk)
+    assert_close(oq, _complex_rotation(q, cos, sin), dtype, what="q'")
+    assert_close(ok, _complex_rotation(k, cos, sin), dtype, what="k'")
 
 
 @pytest.mark.parametrize("shape", [(2, 37, 9, 3, 64), (1, 5, 4, 1, 6), (1, 130, 2, 2, 128)])
@@ -120,7 +131,7 @@ def test_cuda_fp32_table_with_bf16_qk():
     q, k = _qk(1, 200, 9, 3, 64, torch.bfloat16, "cuda")
     cos, sin = _table(1, 200, 64, torch.float32, "cuda", start=50)
     oq, ok = apply_rotary(q, k, cos, sin, impl="cuda")
-    tq, tk = model_apply_rotary(q.double(), k.double(), cos.double(), sin.double())
+    tq, tk = rope_reference(q.double(), k.double(), cos.double(), sin.double())
     assert oq.dtype == torch.bfloat16
     assert_close(oq, tq, torch.bfloat16, what="q'")
     assert_close(ok, tk, torch.bfloat16, what="k'")
@@ -135,6 +146,6 @@ def test_cuda_only_q_used():
     oq, _ = apply_rotary(qc, kc, cos, sin, impl="cuda")
     oq.sum().backward()
     tq64 = q.double().requires_grad_()
-    model_apply_rotary(tq64, k.double(), cos.double(), sin.double())[0].sum().backward()
+    rope_reference(tq64, k.double(), cos.double(), sin.double())[0].sum().backward()
     assert_close(qc.grad, tq64.grad, torch.float32, what="dq")
     assert kc.grad is None or torch.all(kc.grad == 0)
