@@ -68,6 +68,7 @@ def main() -> int:
     import torch
 
     from megablu.config import load_config
+    from megablu.memory.apply import apply_memory
     from megablu.model.decoder import BluModel
     from megablu.parallel.groups import single_rank_groups
     from megablu.train.step import forward_backward
@@ -81,7 +82,7 @@ def main() -> int:
     t_start = time.perf_counter()
     torch.cuda.set_device(0)
     deepspeed.init_distributed(dist_backend="nccl")
-    model = BluModel(cfg.model, cfg.rope, cfg.memory, seed=0)
+    model = apply_memory(BluModel(cfg.model, cfg.rope, seed=0), cfg.memory)
     ds = deepspeed_config(cfg, grad_accum=1, dp=1, device="cuda")
     opt = None
     if "optimizer" not in ds:

@@ -30,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from megablu.config.schema import MemoryConfig, ModelConfig, RopeConfig, YarnConfig  # noqa: E402
+from megablu.memory.apply import apply_memory  # noqa: E402
 from megablu.model.decoder import BluModel  # noqa: E402
 from megablu.plan import Setup, estimate  # noqa: E402
 
@@ -61,7 +62,8 @@ def build(impl: str, mode: str, T: int, loss_chunk: int, ops: str = "auto", mlp_
     rope = RopeConfig(theta=500000.0, yarn=YarnConfig(factor=T / 16384, original_max_position=16384)) \
         if T > 16384 else RopeConfig(theta=500000.0)
     if impl == "megablu":
-        m = BluModel(BLU05B, rope, MemoryConfig(loss_chunk=loss_chunk, ops=ops, **parse_mode(mode, mlp_tiles)))
+        m = apply_memory(BluModel(BLU05B, rope),
+                         MemoryConfig(loss_chunk=loss_chunk, ops=ops, **parse_mode(mode, mlp_tiles)))
         return m.to("cuda", torch.bfloat16)
     if impl == "alst":   # the ALST-style peer (bench/alst_peer.py)
         import alst_peer

@@ -60,7 +60,7 @@ def test_offload_gpu_activations_independent_of_depth_and_host_holds_the_rest():
         assert plan.saved_per_token(m, "selective", "cuda", offload=True) == 2 * (ATTN + H) + OUT
         assert plan.host_per_token(m, "selective", "cuda") == (m.n_layers - 1) * (ATTN + H)   # the last layer stays
     assert plan.saved_per_token(deep, "full", "cuda", offload=True) == 2 * H + OUT
-    from megablu.model.offload import KEEP_LAST
+    from megablu.memory.offload import KEEP_LAST
     assert plan.OFFLOAD_KEPT_LAYERS == KEEP_LAST          # the planner counts what the model keeps
     e = plan.estimate(plan.Setup(deep, 1024, recompute="full", loss_chunk=256, offload_activations=True))
     assert e.host == 7 * H * 1024 and e.host_gb == pytest.approx(7 * H * 1024 / 1e9)

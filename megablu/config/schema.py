@@ -551,7 +551,7 @@ def check_invariants(cfg: Config, world_size: Optional[int] = None,
     if device == "cpu" and cfg.parallel.offload_optimizer:
         errs.append("parallel.offload_optimizer on a CPU run has no effect; set it false")
 
-    # Memory switches (model/tiled.py, model/offload.py).
+    # Memory switches (megablu/memory/: tiled.py, offload.py).
     mem = cfg.memory
     rows = cfg.train.micro_batch * math.ceil(T / sp)       # tokens a rank's MLP tiles split
     if mem.mlp_tiles > rows:

@@ -9,31 +9,27 @@ Packed rows (data.doc_mask): `doc_ids` (B, S) make attention document-causal
 kernel, through Ulysses too (it sees the full S). `rope_len` picks each token's RoPE under
 rope.yarn.apply=beyond_original (model/rope.py, model/packing.py).
 
-Memory switches (config `memory:`), all exact (same loss and gradients as the plain path):
-recompute none|selective|full (Block.forward), mlp_tiles (the SwiGLU MLP over sequence
-tiles, model/tiled.py) and offload_activations (saved activations to pinned host memory,
-model/offload.py).
+Memory switches (config `memory:`: recompute, mlp_tiles, offload_activations, loss_chunk,
+ops) are applied from outside, like Ulysses: megablu/memory/apply.py `apply_memory(model,
+cfg.memory)` installs them on the blocks, the MLPs and the head of a built model.
 """
 from __future__ import annotations
 
-import math
 import contextlib
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from .. import ops
-from ..config.schema import MemoryConfig, ModelConfig, RopeConfig
+from ..config.schema import ModelConfig, RopeConfig
 from ..ops.cross_entropy import linear_cross_entropy
 from ..ops.doc_attention import DocMask, doc_attention
 from .packing import document_lengths
-from .offload import ActivationOffload
 from .rope import RotaryEmbedding
-from .tiled import tiled
 
 
 class RMSNorm(nn.Module):
@@ -158,81 +154,52 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)); over `tiles` sequence tiles when tiles > 1
-    (one tile's (rows, ffn) intermediates alive at a time, forward and backward)."""
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, cfg: ModelConfig, impl: Optional[str] = None, tiles: int = 1):
+    def __init__(self, cfg: ModelConfig, impl: Optional[str] = None):
         super().__init__()
-        self.impl, self.tiles = impl, tiles
+        self.impl = impl
         self.gate_proj = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)
         self.up_proj = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)
         self.down_proj = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=False)
 
-    def dense(self, x):
-        return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x), impl=self.impl))
-
     def forward(self, x):
-        if self.tiles <= 1:
-            return self.dense(x)
-        return tiled(self.dense, x, self.tiles, self.parameters())
+        return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x), impl=self.impl))
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int, impl: Optional[str] = None, mlp_tiles: int = 1):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, impl: Optional[str] = None):
         super().__init__()
         self.impl = impl
         self.input_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps, impl)
         self.self_attn = Attention(cfg, layer_idx, impl)
         self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps, impl)
-        self.mlp = MLP(cfg, impl, mlp_tiles)
+        self.mlp = MLP(cfg, impl)
 
-    def _mlp_part(self, h):
-        return h + self.mlp(self.post_attention_layernorm(h))
-
-    def _norm_mlp(self, h):
-        """Row-wise: the second norm and the untiled MLP (the function tiled under selective)."""
-        return self.mlp.dense(self.post_attention_layernorm(h))
-
-    def _attn_mlp(self, x, cos, sin, cache=None, docs=None):
+    def forward(self, x, cos, sin, cache: Optional[KVCache] = None, docs: Optional[DocMask] = None):
+        """`docs`: document-causal attention (the same DocMask for every layer)."""
         a = self.self_attn(self.input_layernorm(x), cos, sin, cache, docs)
         # fused residual add + norm: h = x + a, y = rmsnorm(h) in one pass
         n = self.post_attention_layernorm
         y, h = ops.add_rms_norm(a, x, n.weight, n.eps, impl=self.impl)
         return h + self.mlp(y)
 
-    def forward(self, x, cos, sin, cache: Optional[KVCache] = None, recompute: str = "none",
-                offload: bool = False, docs: Optional[DocMask] = None):
-        """`offload`: the caller offloads saved tensors (model/offload.py); checkpoints are then
-        reentrant, which saves their inputs with save_for_backward where the hooks see them
-        (the non-reentrant checkpoint holds them by Python reference, on the GPU).
-        `docs`: document-causal attention (the same DocMask for every layer, also when recomputed)."""
-        train = cache is None and torch.is_grad_enabled()
-        if recompute == "full" and train:
-            return checkpoint(self._attn_mlp, x, cos, sin, None, docs, use_reentrant=offload)
-        if recompute == "selective" and train:
-            # attention's inputs/outputs stay saved (attention is never recomputed); the
-            # second norm, the MLP and its (B, T, ffn) intermediates are recomputed from h.
-            h = x + self.self_attn(self.input_layernorm(x), cos, sin, None, docs)
-            if self.mlp.tiles > 1:
-                # the tiled MLP already rebuilds its tiles from its saved input: tiling the
-                # norm with it saves exactly h, with no checkpoint and no third MLP forward
-                ps = (self.post_attention_layernorm.weight, *self.mlp.parameters())
-                return h + tiled(self._norm_mlp, h, self.mlp.tiles, ps)
-            return checkpoint(self._mlp_part, h, use_reentrant=offload)
-        return self._attn_mlp(x, cos, sin, cache, docs)
-
 
 class LMHead(nn.Module):
-    """Final projection; holds (or ties) the weight so ZeRO-3 gathers it when called."""
+    """Final projection; holds (or ties) the weight so ZeRO-3 gathers it when called.
+
+    With labels, the loss over `chunk`-token pieces of the vocab projection (0: unchunked;
+    megablu.memory sets it from memory.loss_chunk)."""
 
     def __init__(self, d: int, vocab: int):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(vocab, d))
+        self.chunk = 0
 
-    def forward(self, h: torch.Tensor, labels: Optional[torch.Tensor] = None, chunk: int = 0):
+    def forward(self, h: torch.Tensor, labels: Optional[torch.Tensor] = None):
         if labels is None:
             return F.linear(h, self.weight)
-        return linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.weight, labels.reshape(-1), chunk)
+        return linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.weight, labels.reshape(-1), self.chunk)
 
 
 @contextlib.contextmanager
@@ -251,26 +218,22 @@ def _no_default_init():
 
 
 class BluModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, rope: RopeConfig, memory: Optional[MemoryConfig] = None,
-                 seed: Optional[int] = None):
-        """seed: the init's own generator (reset_parameters(seed)); None uses torch's global RNG."""
+    def __init__(self, cfg: ModelConfig, rope: RopeConfig, seed: Optional[int] = None):
+        """seed: the init's own generator (reset_parameters(seed)); None uses torch's global RNG.
+
+        The ops run their default implementation (auto); megablu.memory.apply_memory sets the
+        configured one with the other memory switches."""
         super().__init__()
         with _no_default_init():
-            self._build(cfg, rope, memory)
+            self._build(cfg, rope)
         self.reset_parameters(seed)
 
-    def _build(self, cfg: ModelConfig, rope: RopeConfig, memory: Optional[MemoryConfig]):
-        memory = memory or MemoryConfig()
+    def _build(self, cfg: ModelConfig, rope: RopeConfig):
         self.cfg, self.rope_cfg = cfg, rope
         self.max_position: Optional[int] = None   # max_position_embeddings an HF import recorded (model/hf.py)
-        impl = memory.ops  # auto: fused CUDA ops on GPU when built, pure torch otherwise
-        self.recompute = memory.recompute
-        self.loss_chunk = memory.loss_chunk
-        # saved activations of every block to pinned host memory (training steps only)
-        self.offload: Optional[ActivationOffload] = ActivationOffload() if memory.offload_activations else None
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.layers = nn.ModuleList(Block(cfg, i, impl, memory.mlp_tiles) for i in range(cfg.n_layers))
-        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps, impl)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.rotary = RotaryEmbedding(cfg.resolved_head_dim, rope)
         self.lm_head = LMHead(cfg.d_model, cfg.vocab_size)
         if cfg.tie_embeddings:
@@ -320,24 +283,15 @@ class BluModel(nn.Module):
         h = self.embed_tokens(input_ids)
         rl = self._rope_len(B, T, cache, doc_ids, rope_len, input_ids.device) if self.rotary.length_aware else None
         cos, sin = self.rotary(position_ids, h.dtype, rl)
-        off = self.offload if cache is None and torch.is_grad_enabled() else None
-        if off is not None:
-            off.begin()
-        n_off = len(self.layers) - off.keep_last if off is not None else 0
-        # cos/sin and the doc mask are shared by every layer: saved by reference, not copied per layer
-        keep = (cos, sin, *(docs.tensors() if docs is not None else ()))
-        for i, layer in enumerate(self.layers):
-            with off.block(layer, keep=keep) if i < n_off else contextlib.nullcontext():
-                h = layer(h, cos, sin, cache, self.recompute, offload=i < n_off, docs=docs)
-        if off is not None:
-            off.end()
+        for layer in self.layers:
+            h = layer(h, cos, sin, cache, docs=docs)
         if labels is None and logits_index is not None:
             i = logits_index % T
             h = h[:, i:i + 1]
         h = self.norm(h)
         if labels is None:
             return self.lm_head(h)
-        return self.lm_head(h, labels, self.loss_chunk)
+        return self.lm_head(h, labels)
 
     @staticmethod
     def _rope_len(B: int, T: int, cache: Optional[KVCache], doc_ids, rope_len, device) -> torch.Tensor:

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import torch
-
 from pydantic import ValidationError
 
 from ..config.schema import ModelConfig, RopeConfig, YarnConfig
@@ -108,10 +106,11 @@ def rope_record_from_hf(config: dict) -> tuple[RopeConfig, Optional[int]]:
     return RopeConfig(theta=rp["rope_theta"], yarn=yarn), int(window) if window else None
 
 
-def from_hf(hf_model, memory=None) -> BluModel:
-    """BluModel with the weights of a transformers Llama/Qwen2 causal LM."""
+def from_hf(hf_model) -> BluModel:
+    """BluModel with the weights of a transformers Llama/Qwen2 causal LM (memory switches:
+    megablu.memory.apply_memory on the result)."""
     model_cfg, rope_cfg = configs_from_hf(hf_model.config)
-    model = BluModel(model_cfg, rope_cfg, memory)
+    model = BluModel(model_cfg, rope_cfg)
     sd = {}
     for k, v in hf_model.state_dict().items():
         if k.startswith("model."):

@@ -106,7 +106,7 @@ class DocMask:
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """Every tensor the kernels may save for backward: shared by all layers, so an
-        activation offload keeps them by reference (model/offload.py `keep`)."""
+        activation offload keeps them by reference (memory/offload.py `keep`)."""
         out = [self.doc_ids]
         if self.block_mask is not None:
             bm = self.block_mask

@@ -139,7 +139,7 @@ def init_from_weight_problems(ctx: Context) -> list[str]:
     except Exception as e:  # noqa: BLE001 - a weights file that is not safetensors (SafetensorError et al.)
         return [f"init_from: {cfg.init_from}: cannot read the weights: {type(e).__name__}: {e}"]
     with torch.device("meta"):   # shapes only: no memory, no init
-        own = BluModel(cfg.model, cfg.rope, cfg.memory).state_dict(keep_vars=True)
+        own = BluModel(cfg.model, cfg.rope).state_dict(keep_vars=True)
     problems = [f"init_from: {cfg.init_from}: {p}" for p in
                 weights_mismatch({k: tuple(t.shape) for k, t in own.items()}, shapes, tied_keys(own))]
     tok = ctx.tokenizer

@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 
 from ..config import Config, config_hash, grad_accum_steps, to_yaml
+from ..memory.apply import apply_memory
 from ..model.decoder import BluModel
 from ..parallel.groups import Groups, build_groups
 from ..parallel.ulysses import apply_ulysses
@@ -145,7 +146,7 @@ class Trainer:
     def _build_model(self) -> BluModel:
         cfg = self.cfg
         torch.manual_seed(cfg.train.seed)
-        model = BluModel(cfg.model, cfg.rope, cfg.memory, seed=cfg.train.seed)
+        model = BluModel(cfg.model, cfg.rope, seed=cfg.train.seed)
         if cfg.init_from and not self.resume:
             from ..checkpoint import CheckpointError, load_weights, resolve_step_collective
 
@@ -184,7 +185,7 @@ class Trainer:
         self.loader = build_loader(cfg.data, self.tokenizer.identity, micro_batch=cfg.train.micro_batch,
                                    dp_rank=g.dp_rank, dp_size=g.dp, total_sequences=planned_sequences(cfg))
 
-        model = self._build_model()
+        model = apply_memory(self._build_model(), cfg.memory)
         apply_ulysses(model, g)
         self.model = model
         ds_cfg = deepspeed_config(cfg, self.grad_accum, g.dp, self.device)

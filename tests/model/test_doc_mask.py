@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from megablu.config.schema import MemoryConfig, ModelConfig, RopeConfig, YarnConfig
+from megablu.memory.apply import apply_memory
+from megablu.memory.offload import ActivationOffload
 from megablu.model.decoder import BluModel, KVCache
-from megablu.model.offload import ActivationOffload
 from megablu.model.packing import document_lengths, document_positions, row_lengths
 from megablu.ops.cross_entropy import IGNORE_INDEX
 
@@ -24,7 +25,7 @@ def cfg(h=9, kv=3):
 
 
 def build(model_cfg=None, rope=ROPE, memory=None):
-    m = BluModel(model_cfg or cfg(), rope, memory)
+    m = apply_memory(BluModel(model_cfg or cfg(), rope), memory)
     m.reset_parameters(seed=0)
     return m
 
@@ -161,7 +162,7 @@ def test_cuda_model_fast_kernel_equals_dense(impl, memory):
     pos = document_positions(doc)
     out = {}
     for name, mem, kernel in (("dense", MemoryConfig(), "dense"), (impl, memory, impl)):
-        m = BluModel(mc, ROPE, mem)
+        m = apply_memory(BluModel(mc, ROPE), mem)
         m.reset_parameters(seed=0)
         m = m.to("cuda", torch.bfloat16)
         if m.offload is not None:

@@ -9,6 +9,7 @@ import torch
 import transformers
 
 from megablu.config.schema import MemoryConfig
+from megablu.memory.apply import apply_memory
 from megablu.model.decoder import BluModel, KVCache
 from megablu.model.hf import from_hf, to_hf
 
@@ -77,7 +78,7 @@ def test_labels_loss_equals_hf_loss_and_chunked_grads_equal():
     shifted = torch.cat([labels[:, 1:], torch.full((2, 1), -100)], dim=1)
     grads = {}
     for chunk in (0, 37):
-        m = from_hf(hf, MemoryConfig(loss_chunk=chunk))
+        m = apply_memory(from_hf(hf), MemoryConfig(loss_chunk=chunk))
         s, n = m(ids, labels=shifted)
         (s / n).backward()
         assert float((s / n).detach()) == pytest.approx(float(ref), rel=1e-5)
@@ -92,7 +93,7 @@ def test_recompute_modes_same_grads(mode):
     ids = torch.randint(0, 113, (2, 64))
     out = {}
     for m_ in ("none", mode):
-        m = from_hf(hf, MemoryConfig(recompute=m_))
+        m = apply_memory(from_hf(hf), MemoryConfig(recompute=m_))
         s, n = m(ids, labels=ids)
         (s / n).backward()
         out[m_] = {k: p.grad for k, p in m.named_parameters()}
@@ -113,6 +114,8 @@ def test_kv_cache_decode_equals_full_forward():
 
 
 def test_model_does_not_import_deepspeed():
+    """Architecture only: no deepspeed, and neither the memory switches (megablu.memory) nor
+    activation checkpointing -- they are applied from outside, as Ulysses is."""
     import ast
     import pathlib
 
@@ -122,6 +125,8 @@ def test_model_does_not_import_deepspeed():
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
                 assert not any(n.startswith("deepspeed") for n in names), f"{f.name} imports deepspeed"
+                assert not any(n.startswith(("memory", "megablu.memory", "torch.utils.checkpoint")) for n in names), \
+                    f"{f.name} imports a memory switch"
 
 
 def test_parity_models_have_no_default_norms_or_biases():

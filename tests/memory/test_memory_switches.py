@@ -1,5 +1,5 @@
-"""memory.mlp_tiles and memory.offload_activations: same loss and every gradient as the plain
-path, under each recompute mode and both op paths; what goes to host; one tile alive.
+"""memory.mlp_tiles and memory.offload_activations (applied by megablu.memory.apply_memory): same
+loss and every gradient as the plain path, under each recompute mode and both op paths; what goes to host; one tile alive.
 
 On CPU the offload runs with copy_cpu=True and min_bytes=0: every saved tensor it would move
 goes through the pack (host copy, dedup) and unpack (restore the view) path, without streams.
@@ -17,8 +17,9 @@ import torch.nn.functional as F
 
 from megablu.config.schema import MemoryConfig, ModelConfig, RopeConfig
 from megablu.model.decoder import BluModel
-from megablu.model.offload import KEEP_LAST, MIN_BYTES, ActivationOffload
-from megablu.model.tiled import tile_bounds, tiled
+from megablu.memory.apply import apply_memory
+from megablu.memory.offload import KEEP_LAST, MIN_BYTES, ActivationOffload
+from megablu.memory.tiled import tile_bounds, tiled
 from megablu.ops.rope import rope_backward_reference, rope_reference
 from megablu.ops.swiglu import swiglu_backward_reference
 
@@ -85,9 +86,9 @@ def batch(seed=0):
 
 
 def build(memory: MemoryConfig, min_bytes=0, device="cpu", dtype=torch.float32, keep_last=KEEP_LAST):
-    m = BluModel(CFG, ROPE, memory)
+    m = BluModel(CFG, ROPE)
     m.reset_parameters(seed=0)
-    m = m.to(device=device, dtype=dtype)
+    m = apply_memory(m.to(device=device, dtype=dtype), memory)
     if m.offload is not None:
         m.offload = ActivationOffload(min_bytes=min_bytes, copy_cpu=True, keep_last=keep_last)
     return m
@@ -151,6 +152,40 @@ def test_no_grad_forward_tiled_equals_plain_and_offload_idle():
         got = m(ids)
     torch.testing.assert_close(got, ref)
     assert m.offload.host_bytes == 0          # inference saves nothing: nothing offloaded
+
+
+def _saved_bytes(memory: MemoryConfig) -> int:
+    """Bytes autograd saves for backward in one training forward (a storage counted once)."""
+    m = build(memory)
+    ids, labels = batch()
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        if not isinstance(t, torch.nn.Parameter):
+            st = t.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        s, n = m(ids, labels=labels)
+    return sum(seen.values())
+
+
+def test_apply_memory_installs_each_switch():
+    """The switches are applied from outside the model (megablu.memory.apply_memory), and they
+    act: the equality tests above would pass for a model left plain, this one would not."""
+    plain = _saved_bytes(MemoryConfig())
+    sel, full = _saved_bytes(MemoryConfig(recompute="selective")), _saved_bytes(MemoryConfig(recompute="full"))
+    tiled_ = _saved_bytes(MemoryConfig(mlp_tiles=3))
+    assert full < sel < plain and tiled_ < plain
+    m = build(MemoryConfig(loss_chunk=16, ops="torch", offload_activations=True))
+    assert m.lm_head.chunk == 16 and m.offload is not None
+    assert {mod.impl for mod in m.modules() if hasattr(mod, "impl")} == {"torch"}
+    with pytest.raises(RuntimeError, match="twice"):
+        apply_memory(m, MemoryConfig())
+    bare = BluModel(CFG, ROPE)
+    assert bare.lm_head.chunk == 0 and not hasattr(bare, "offload")
+    assert {type(mod).forward for mod in bare.layers} == {type(bare.layers[0]).forward}   # nothing installed
 
 
 # --------------------------------------------------------------------------- what goes to host
@@ -280,7 +315,7 @@ def test_cuda_offload_and_tiles_lower_the_peak():
                       ("selective", MemoryConfig(recompute="selective", loss_chunk=1024)),
                       ("selective+offload", MemoryConfig(recompute="selective", loss_chunk=1024,
                                                          offload_activations=True))):
-        m = BluModel(cfg, ROPE, mem).to("cuda", torch.bfloat16)
+        m = apply_memory(BluModel(cfg, ROPE), mem).to("cuda", torch.bfloat16)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()

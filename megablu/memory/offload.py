@@ -8,7 +8,7 @@ What goes to host. Everything autograd saves while a block's forward runs (a
   - the tensors the caller names (the RoPE cos/sin tables, shared by every layer);
   - storages under `min_bytes` (rstd and, at short T, the LSE): copying them costs more
     in launch latency than they weigh.
-Which tensors are saved is the recompute mode's business (decoder.Block): with
+Which tensors are saved is the recompute mode's business (apply.py, around decoder.Block): with
 `selective`, attention's inputs and outputs (the layer input, the norm state, post-RoPE
 q/k/v, the attention output and LSE: attention is never recomputed) and the MLP's input h;
 with `full`, the layer input only (the activation-checkpoint offload of ALST); with
@@ -30,10 +30,10 @@ block i's backward. When block i's last saved tensor has been unpacked its devic
 are dropped. The last `keep_last` (1) blocks are not offloaded at all: the backward needs
 them first, so a round trip would only stall it; the last offloaded block is brought back as
 soon as the forward ends. GPU activation memory is then about two blocks' saved sets, whatever
-the depth; host memory holds the others (megablu/plan.py: `host_gb`).
+the depth; host memory holds the others (megablu/plan/memory.py: `host_gb`).
 
 Why long T hides the transfer. The bytes to move per layer grow like T (per token: 11.3 KB
-with selective recompute for blu-0.5b, 2 KB with full; megablu/plan.py), the compute per
+with selective recompute for blu-0.5b, 2 KB with full; megablu/plan/memory.py), the compute per
 layer like T * (linear flops + T * attention flops): per token the linear part is fixed and
 the causal attention part grows with T, so past some T every copy hides. Estimate for
 blu-0.5b on an H200 (host link ~50 GB/s per direction, PCIe Gen5 x16, not measured here):
@@ -58,9 +58,7 @@ from typing import Iterable, Iterator, Optional
 import torch
 from torch import nn
 
-MIN_BYTES = 1 << 20          # storages below this stay on the device
-MAX_INFLIGHT = 2             # blocks whose device-to-host copies may still be running
-KEEP_LAST = 1                # final blocks left on the device: the backward needs them first
+from .constants import KEEP_LAST, MAX_INFLIGHT, MIN_BYTES
 
 
 class _Stored:

@@ -22,7 +22,7 @@ returning the gradients keeps ZeRO's hooks seeing one gradient, and keeps
 used instead (`_backward_zero3`).
 
 Which ops f runs (the fused CUDA SwiGLU or the torch reference) is f's business: the
-decoder passes its own MLP, so the `memory.ops` dispatch applies inside every tile.
+MLP's own forward is tiled (apply.py), so the `memory.ops` dispatch applies inside every tile.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ the reduced gradient equals a one-rank plain-path reference, as in test_sp_parit
 
 ZeRO-3 is the case that needs its own code: a partitioned weight has shape [0] outside its
 module's call, so the tiled MLP accumulates into .grad with `ds_grad_is_ready` there
-(model/tiled.py `_backward_zero3`) instead of returning the weights' gradients.
+(memory/tiled.py `_backward_zero3`) instead of returning the weights' gradients.
 """
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import torch
 
 from megablu.config.schema import MemoryConfig
 from megablu.model.decoder import BluModel
-from megablu.model.offload import ActivationOffload
+from megablu.memory.apply import apply_memory
+from megablu.memory.offload import ActivationOffload
 from tests.dist_utils import run_distributed
 from tests.parallel.test_sp_parity import ROPE, _model_cfg, _reference, engine_grads
 
@@ -24,8 +25,9 @@ def _worker(rank, world, cases):
     results = []
     for c in cases:
         g = build_groups(c["sp"])
-        model = BluModel(_model_cfg(4, 2), ROPE, MemoryConfig(**c["memory"]))
+        model = BluModel(_model_cfg(4, 2), ROPE)
         model.reset_parameters(seed=0)
+        apply_memory(model, MemoryConfig(**c["memory"]))
         if model.offload is not None:   # CPU: the copy path (every saved tensor through pack/unpack)
             model.offload = ActivationOffload(min_bytes=0, copy_cpu=True)
         apply_ulysses(model, g)

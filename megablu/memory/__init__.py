@@ -1,0 +1,15 @@
+"""Memory switches (config `memory:`), applied to a BluModel from outside, as Ulysses is
+(torchtitan applies activation checkpointing from `parallelize.py` the same way):
+
+    model = apply_memory(BluModel(cfg.model, cfg.rope), cfg.memory)   # megablu.memory.apply
+
+  apply.py      apply_memory: recompute none | selective | full around each block, the tiled
+                MLP, activation offload, the loss chunk and the ops implementation
+  tiled.py      sequence-tiled compute of a row-wise function (the SwiGLU MLP)
+  offload.py    saved activations to pinned host memory on a side stream, one block prefetched
+  constants.py  numbers the offload and the planner share (no torch)
+
+Every switch is exact: the same loss and gradients as the plain model (tests/model/
+test_memory_switches*.py). This package's __init__ imports nothing, so the planner can read
+constants.py without torch.
+"""

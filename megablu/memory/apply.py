@@ -1,0 +1,124 @@
+"""apply_memory(model, cfg.memory): the memory switches installed on a built BluModel, in place.
+
+The model (model/decoder.py) is architecture only: a block's forward is the plain
+attention + MLP computation. What this file installs, per switch:
+- ops (auto | torch | cuda): the `impl` every module passes to megablu.ops;
+- loss_chunk: the head's vocab chunk (ops/cross_entropy.py);
+- mlp_tiles = n: each MLP's forward runs over n sequence tiles (tiled.py);
+- recompute and offload_activations: each block's forward is wrapped (`_BlockForward`):
+    none       the plain forward;
+    selective  attention's inputs and outputs stay saved (attention is never recomputed); the
+               second norm, the MLP and its (B, T, ffn) intermediates are recomputed from h;
+    full       the whole block is recomputed from its input (a checkpoint per block);
+  with offload, every block but the last `keep_last` runs inside the offload's saved-tensor
+  hooks (offload.py), and its checkpoints are reentrant, which saves their inputs with
+  save_for_backward where the hooks see them (the non-reentrant checkpoint holds them by
+  Python reference, on the GPU).
+Only training forwards (grad enabled, no KV cache) recompute or offload; inference runs the
+plain forward (tiled when tiles > 1). Parameter names are unchanged: nothing is wrapped in a
+new module, the switches are the forwards of the existing ones.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..config.schema import MemoryConfig
+from .offload import ActivationOffload
+from .tiled import tiled
+
+
+class _TiledForward:
+    """An MLP's forward over `tiles` sequence tiles: one (rows, ffn) tile alive at a time."""
+
+    def __init__(self, mlp: nn.Module, tiles: int):
+        self.mlp, self.tiles = mlp, tiles
+        self.dense = functools.partial(type(mlp).forward, mlp)   # the untiled forward
+
+    def __call__(self, x):
+        return tiled(self.dense, x, self.tiles, self.mlp.parameters())
+
+
+class _BlockForward:
+    """A block's forward under the recompute mode and the model's activation offload."""
+
+    def __init__(self, model: nn.Module, index: int, recompute: str, tiles: int):
+        self.model, self.index, self.recompute, self.tiles = model, index, recompute, tiles
+        block = model.layers[index]
+        self.block = block
+        self.plain = functools.partial(type(block).forward, block)
+        self.dense = functools.partial(type(block.mlp).forward, block.mlp)   # the untiled MLP
+
+    def __call__(self, x, cos, sin, cache=None, docs=None):
+        # read at call time: tests swap model.offload for one that copies on CPU
+        off = self.model.offload if cache is None and torch.is_grad_enabled() else None
+        if off is None:
+            return self._run(x, cos, sin, cache, docs, reentrant=False)
+        n = len(self.model.layers)
+        if self.index == 0:
+            off.begin()
+        if self.index < n - off.keep_last:
+            # cos/sin and the doc mask are shared by every layer: saved by reference, not copied per layer
+            keep = (cos, sin, *(docs.tensors() if docs is not None else ()))
+            with off.block(self.block, keep=keep):
+                h = self._run(x, cos, sin, cache, docs, reentrant=True)
+        else:
+            h = self._run(x, cos, sin, cache, docs, reentrant=False)
+        if self.index == n - 1:
+            off.end()
+        return h
+
+    def _mlp_part(self, h):
+        b = self.block
+        return h + b.mlp(b.post_attention_layernorm(h))
+
+    def _norm_mlp(self, h):
+        """Row-wise: the second norm and the untiled MLP (the function tiled under selective)."""
+        return self.dense(self.block.post_attention_layernorm(h))
+
+    def _run(self, x, cos, sin, cache, docs, reentrant: bool):
+        """`docs`: document-causal attention (the same DocMask for every layer, also when recomputed)."""
+        b = self.block
+        train = cache is None and torch.is_grad_enabled()
+        if self.recompute == "full" and train:
+            return checkpoint(self.plain, x, cos, sin, None, docs, use_reentrant=reentrant)
+        if self.recompute == "selective" and train:
+            # attention's inputs/outputs stay saved (attention is never recomputed); the
+            # second norm, the MLP and its (B, T, ffn) intermediates are recomputed from h.
+            h = x + b.self_attn(b.input_layernorm(x), cos, sin, None, docs)
+            if self.tiles > 1:
+                # the tiled MLP already rebuilds its tiles from its saved input: tiling the
+                # norm with it saves exactly h, with no checkpoint and no third MLP forward
+                ps = (b.post_attention_layernorm.weight, *b.mlp.parameters())
+                return h + tiled(self._norm_mlp, h, self.tiles, ps)
+            return checkpoint(self._mlp_part, h, use_reentrant=reentrant)
+        return self.plain(x, cos, sin, cache, docs)
+
+
+def apply_memory(model: nn.Module, memory: Optional[MemoryConfig] = None,
+                 offload: Optional[ActivationOffload] = None) -> nn.Module:
+    """Install `memory` (a MemoryConfig; None = the defaults) on a BluModel, in place; returns it.
+
+    offload: the ActivationOffload to use when memory.offload_activations (default: a new one);
+    `model.offload` holds it (None when off) and is read at every forward.
+    """
+    memory = memory or MemoryConfig()
+    if getattr(model, "memory", None) is not None:
+        raise RuntimeError("apply_memory called twice on the same model")
+    for m in model.modules():
+        if hasattr(m, "impl"):   # auto: fused CUDA ops on GPU when built, pure torch otherwise
+            m.impl = memory.ops
+    model.lm_head.chunk = memory.loss_chunk
+    # saved activations of every block to pinned host memory (training steps only)
+    model.offload = (offload or ActivationOffload()) if memory.offload_activations else None
+    for i, block in enumerate(model.layers):
+        if memory.mlp_tiles > 1:
+            block.mlp.forward = _TiledForward(block.mlp, memory.mlp_tiles)
+        if memory.recompute != "none" or memory.offload_activations:
+            block.forward = _BlockForward(model, i, memory.recompute, memory.mlp_tiles)
+    model.memory = memory
+    return model
