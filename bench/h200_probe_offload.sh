@@ -11,7 +11,7 @@ t0=$SECONDS
 # CPU Adam for the offload rows builds on the host CPUs while the GPU validates the planner.
 python -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()" \
   > /tmp/cpu_adam_prebuild.log 2>&1 &
-timeout "${PROBE_S:-230}" python -m megablu.train.probe validate --T 16k,64k,128k \
+timeout "${PROBE_S:-230}" python bench/probe_validate.py --T 16k,64k,128k \
   --modes "${PROBE_MODES:-selective,full,none}" --ops auto > "$OUT/probe_validate.md" 2> "$OUT/probe_validate.err"
 echo "probe validate exit $? after $((SECONDS - t0)) s" >> "$OUT/probe_validate.md"
 wait

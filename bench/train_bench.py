@@ -2,7 +2,7 @@
 
 One fwd+bwd per measurement, bf16, batch 1, no optimizer (the baseline table in
 shared/device/README.md is measured the same way). For each (impl, mode, T):
-peak GB, the planner's prediction of it (megablu/plan.py, same setup), MB/token (peak minus
+peak GB, the planner's prediction of it (megablu/plan/, same setup), MB/token (peak minus
 weights+grads, over T), step seconds, tokens/s, MFU, and for offloaded modes the bytes
 copied to pinned host memory per step (host GB).
 MFU counts model flops only (6 N per token + causal attention 6 L T H D), no recompute,

@@ -31,4 +31,4 @@ case " $* " in
   *" --launcher torchrun "*|*" --hostfile "*) ;;
   *) defaults+=(--hostfile launch/hostfile.example) ;;
 esac
-exec "$PY" launch/topology.py "${defaults[@]}" "$@"
+exec "$PY" -m megablu.cli train "${defaults[@]}" "$@"

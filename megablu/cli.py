@@ -7,7 +7,8 @@ file stays a table of contents:
   eval, compare     megablu.eval.cli
   ckpt ...          megablu.checkpoint.cli
   hub ...           megablu.hub
-  plan, probe       megablu.plan / megablu.train.probe
+  plan              megablu.plan.cli
+  train, probe      megablu.train.cli
 Exit codes: 0 ok, 2 invalid input (config, data, checkpoint), 1 anything else.
 """
 from __future__ import annotations
@@ -24,7 +25,8 @@ _SUBCOMMAND_MODULES = [
     "megablu.eval.cli",
     "megablu.checkpoint.cli",
     "megablu.hub",
-    "megablu.plan_cli",
+    "megablu.plan.cli",
+    "megablu.train.cli",
 ]
 
 

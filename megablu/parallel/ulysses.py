@@ -21,7 +21,6 @@ their documents to zero values and output zeros, as before.
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -32,17 +31,7 @@ from torch import nn
 from ..model.decoder import BluModel, KVCache, LocalAttention
 from ..ops.doc_attention import DocMask
 from .groups import Groups
-
-
-def head_plan(n_heads: int, n_kv_heads: int, sp: int) -> tuple[int, int]:
-    """(kv replication factor, padded head count) that makes the head split even across sp."""
-    if n_heads % sp == 0:
-        for r in range(1, n_heads // n_kv_heads + 1):
-            kv = n_kv_heads * r
-            if kv % sp == 0 and n_heads % kv == 0:
-                return r, n_heads
-    # uneven query heads: full MHA, zero-padded to a multiple of sp
-    return n_heads // n_kv_heads, math.ceil(n_heads / sp) * sp
+from .heads import head_plan
 
 
 class UlyssesAttention(nn.Module):

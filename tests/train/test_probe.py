@@ -77,7 +77,7 @@ def test_probe_setup_keeps_the_memory_switches():
     """A probe of a tiled/offloaded run calibrates the planner for that setup, not the plain one."""
     cfg = load_config("yaml_configs/l2.yaml", ["parallel.sp=1", "memory.mlp_tiles=8",
                                                "memory.offload_activations=true"], device="cuda")
-    s = plan._setup_from_probe({"setup": setup_dict(cfg, world_size=1)})
+    s = plan.Setup.from_json(setup_dict(cfg, world_size=1))
     assert s.mlp_tiles == 8 and s.offload_activations is True
     plain = plan.estimate(plan.Setup.from_config(load_config("yaml_configs/l2.yaml", ["parallel.sp=1"]), gpus=1))
     assert plan.estimate(s).allocated_gb == pytest.approx(plan.estimate(plan.Setup.from_config(cfg, gpus=1)).allocated_gb)
@@ -95,10 +95,10 @@ def test_oom_suggestion_asks_no_more_pinned_host_than_this_node_has(monkeypatch)
     m = ModelConfig(n_layers=36, d_model=1024, n_heads=16, n_kv_heads=4, ffn_dim=2816, vocab_size=151936)
     setup = {"model": m.model_dump(), "window": 1 << 20, "gpus": 2, "sp": 2, "recompute": "selective",
              "loss_chunk": 4096}
-    s = plan._setup_from_probe({"setup": setup})
+    s = plan.Setup.from_json(setup)
     free = plan.suggest(s, 141.0)
     assert free.startswith("memory.offload_activations")      # the cheapest when the host is big enough
-    need = plan.estimate(plan._apply(s, "offload_activations")).host_gb
+    need = plan.estimate(plan.apply_change(s, "offload_activations")).host_gb
     monkeypatch.setattr(probe, "_host_gb_per_gpu", lambda: need / 2)
     _, sug = probe._planner(setup, 141.0)
     assert sug and "offload_activations" not in sug and "recompute=full" in sug

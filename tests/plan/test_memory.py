@@ -108,8 +108,8 @@ def test_table_reports_host_memory_and_suggestion_respects_a_host_limit():
 
 def test_suggestions_obey_the_offload_invariant():
     s = plan.Setup(BLU05B, 1048576, recompute="none", loss_chunk=4096)
-    assert plan._apply(s, "offload_activations") is None               # untiled MLP intermediates
-    assert plan._apply(plan._apply(s, "mlp_tiles=8"), "offload_activations").offload_activations
+    assert plan.apply_change(s, "offload_activations") is None               # untiled MLP intermediates
+    assert plan.apply_change(plan.apply_change(s, "mlp_tiles=8"), "offload_activations").offload_activations
 
 
 def test_fit_table_refuses_rows_beyond_the_host_memory():
@@ -129,7 +129,7 @@ def test_backward_peaks_of_the_h200_long_steps(name):
     of the measured peak, never more than 1.5% below it; the host memory exactly."""
     import json
     from pathlib import Path
-    r = json.loads((Path(__file__).resolve().parents[1] / "bench" / "results" / "2026-12-03" / name).read_text())[0]
+    r = json.loads((Path(__file__).resolve().parents[2] / "bench" / "results" / "2026-12-03" / name).read_text())[0]
     m = BLU05B.model_copy(update={"n_layers": r["n_layers"]})
     e = plan.estimate(plan.Setup(m, r["T"], zero_stage=0, optimizer=False, loss_chunk=r["loss_chunk"], ops="cuda",
                                  recompute="full", mlp_tiles=16, offload_activations=True))

@@ -11,7 +11,7 @@ from megablu import plan
 from megablu.config import load_config
 from megablu.config.schema import ModelConfig
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))   # bench/offload_table.py and offload_bench.py (no GPU imports at top)
 
 BLU05B = ModelConfig(n_layers=36, d_model=1024, n_heads=16, n_kv_heads=4, ffn_dim=2816, vocab_size=100352)
@@ -160,10 +160,12 @@ def test_suggestion_prefers_loss_chunk_when_loss_limits():
 
 def _cli(*args):
     # the subcommands as `megablu` will register them (cli._SUBCOMMAND_MODULES)
-    return subprocess.run([sys.executable, "-c", "import sys, argparse\nimport megablu.plan_cli as pc\n"
-                           "p = argparse.ArgumentParser(); s = p.add_subparsers(dest='c', required=True)\n"
-                           "pc.register(s); a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", REGISTER, *args], capture_output=True, text=True, timeout=120)
+
+
+REGISTER = ("import sys, argparse\nimport megablu.plan.cli as pc, megablu.train.cli as tc\n"
+            "p = argparse.ArgumentParser(); s = p.add_subparsers(dest='c', required=True)\n"
+            "pc.register(s); tc.register(s); a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
 
 
 def test_plan_cli_table_on_stdout_and_exit_codes(tmp_path):
@@ -183,7 +185,8 @@ def test_probe_cli_dry_run_builds_the_entry_command():
     r = _cli("probe", "--config", "yaml_configs/l2.yaml", "--gpus", "1", "--dry-run", "--set", "parallel.sp=1")
     assert r.returncode == 0, r.stderr
     cmd = r.stdout.strip()
-    assert cmd.startswith("deepspeed --num_gpus 1 ") and "launch/ext32k.py" in cmd
+    # the launch `megablu train` makes: the entry module, from any directory
+    assert "-m deepspeed.launcher.runner --num_gpus 1 " in cmd and "--module megablu.train.entry" in cmd
     for s in ("train.max_steps=3", "train.probe_steps=3", "schedule.kind=cosine", "checkpoint.save_final=false",
               "eval.final=false", "name=l2_probe"):
         assert f"--set {s}" in cmd
@@ -199,8 +202,9 @@ def test_fit_table_with_the_configs_sp_shards_zero_over_dp_times_sp():
     assert rows[1]["gb_per_gpu"] < rows[0]["gb_per_gpu"]
 
 
-FAKE_DEEPSPEED = r'''#!{py}
-# stands in for `deepspeed ... launch/ext32k.py`: writes the probe.json the trainer would
+FAKE_DEEPSPEED = r'''
+# stands in for `python -m deepspeed.launcher.runner ... --module megablu.train.entry`: writes the
+# probe.json the trainer would
 import json, sys
 from pathlib import Path
 from megablu.config import load_config
@@ -222,15 +226,14 @@ sys.exit(1 if oom else 0)
 
 @pytest.mark.parametrize("oom", [False, True])
 def test_probe_cli_reads_the_runs_probe_json(tmp_path, oom):
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    ds = bindir / "deepspeed"
-    ds.write_text(FAKE_DEEPSPEED.format(py=sys.executable, oom=oom))
-    ds.chmod(0o755)
-    env = {**__import__("os").environ, "PATH": f"{bindir}:{__import__('os').environ['PATH']}"}
-    r = subprocess.run([sys.executable, "-c", "import sys, argparse\nimport megablu.plan_cli as pc\n"
-                        "p = argparse.ArgumentParser(); s = p.add_subparsers(dest='c', required=True)\n"
-                        "pc.register(s); a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))",
+    fake = tmp_path / "fake" / "deepspeed" / "launcher"     # a deepspeed package whose runner is the fake
+    fake.mkdir(parents=True)
+    for d in (fake, fake.parent):
+        (d / "__init__.py").write_text("")
+    (fake / "runner.py").write_text(FAKE_DEEPSPEED.format(oom=oom))
+    os_ = __import__("os")
+    env = {**os_.environ, "PYTHONPATH": os_.pathsep.join([str(tmp_path / "fake"), os_.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-c", REGISTER,
                         "probe", "--config", "yaml_configs/l2.yaml", "--gpus", "1", "--set", "parallel.sp=1",
                         "--set", f"runs_dir={tmp_path / 'runs'}"], capture_output=True, text=True, env=env,
                        timeout=120)
@@ -247,7 +250,7 @@ def test_probe_cli_reads_the_runs_probe_json(tmp_path, oom):
 def test_megablu_command_has_plan_and_probe():
     r = subprocess.run([sys.executable, "-m", "megablu.cli", "plan", "--config", "yaml_configs/ext32k.yaml",
                         "--gpus", "2", "--windows", "64k"], capture_output=True, text=True,
-                       cwd=Path(__file__).resolve().parents[1])
+                       cwd=Path(__file__).resolve().parents[2])
     assert r.returncode == 0, r.stderr
     assert "| 2 | 2 | 64k | 32,768 |" in r.stdout and "comfortable" in r.stdout
     h = subprocess.run([sys.executable, "-m", "megablu.cli", "probe", "--help"], capture_output=True, text=True)
@@ -275,7 +278,7 @@ def _measured_offload_overheads():
 
 
 def test_offload_step_cost_matches_the_h200_rows():
-    """The fit table's cost of ZeRO-Offload is a fixed time per step (plan._cost); against the
+    """The fit table's cost of ZeRO-Offload is a fixed time per step (plan.change_cost); against the
     twelve H200 rows (ten settings, two of them re-run in a later call) its added seconds stay
     within the single steps' spread, and in sum within 15%."""
     from offload_bench import SETTINGS, SHAPES
@@ -288,8 +291,8 @@ def test_offload_step_cost_matches_the_h200_rows():
                           world_size=1, device="cuda")
         s, cost = replace(plan.Setup.from_config(cfg, gpus=1, window=r["fit_T"]), zero_stage=r["zero_stage"]), 1.0
         for change in [c for c in ("offload_optimizer", "offload_params") if r[c]]:
-            s = plan._apply(s, change)
-            cost *= plan._cost(change, s)
+            s = plan.apply_change(s, change)
+            cost *= plan.change_cost(change, s)
         added = plan.step_seconds(s) * (cost - 1)
         assert 0.6 < added / measured < 1.7, (r["shape"], r["setting"], r["fit_T"], added, measured)
         model_sum, meas_sum = model_sum + added, meas_sum + measured
@@ -297,7 +300,7 @@ def test_offload_step_cost_matches_the_h200_rows():
 
 
 def test_offload_cost_falls_with_the_window():
-    s16, s256 = (plan._apply(plan.Setup(BLU05B, t, gpus=1, sp=1, recompute="selective", loss_chunk=4096),
+    s16, s256 = (plan.apply_change(plan.Setup(BLU05B, t, gpus=1, sp=1, recompute="selective", loss_chunk=4096),
                              "offload_optimizer") for t in (16384, 262144))
-    assert plan._cost("offload_optimizer", s16) > 1.5          # a 0.4 s CPU step against a ~0.3 s step
-    assert plan._cost("offload_optimizer", s256) < 1.02        # hidden behind a ~40 s step
+    assert plan.change_cost("offload_optimizer", s16) > 1.5          # a 0.4 s CPU step against a ~0.3 s step
+    assert plan.change_cost("offload_optimizer", s256) < 1.02        # hidden behind a ~40 s step

@@ -1,7 +1,7 @@
 """Data benchmarks: tokenizer throughput and loader batches/s.
 
-    python -m megablu.data.bench tokenize --input DIR --include '*.py' [--max-bytes 8M]
-    python -m megablu.data.bench loader --data data_cache/demo_cl100k --tokenizer tiktoken:cl100k_base \
+    python bench/data_bench.py tokenize --input DIR --include '*.py' [--max-bytes 8M]
+    python bench/data_bench.py loader --data data_cache/demo_cl100k --tokenizer tiktoken:cl100k_base \
         --window 32768 [--mode pack] [--bucket all] [--batches 200]
 
 Results are Markdown table rows on stdout (for docs/BENCHMARKS.md).
@@ -9,8 +9,11 @@ Results are Markdown table rows on stdout (for docs/BENCHMARKS.md).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _cpu() -> float:
@@ -22,8 +25,8 @@ def _cpu() -> float:
 
 
 def bench_tokenize(args) -> None:
-    from .build import Source, iter_documents, tokenize_stream
-    from .tokenizer import load_tokenizer, parse_tokenizer_spec
+    from megablu.data.build import Source, iter_documents, tokenize_stream
+    from megablu.data.tokenizer import load_tokenizer, parse_tokenizer_spec
 
     docs = list(iter_documents([Source(args.input, include=args.include, exclude=args.exclude)],
                                max_bytes=args.max_bytes))
@@ -40,7 +43,7 @@ def bench_tokenize(args) -> None:
         cfg = parse_tokenizer_spec(spec)
         load_tokenizer(cfg)  # seed caches outside the timing
         for w in args.workers:
-            from .build import Doc
+            from megablu.data.build import Doc
 
             items = [Doc(key=str(i), path="", text=t) for i, t in enumerate(texts)]
             t0, c0 = time.perf_counter(), _cpu()
@@ -51,9 +54,9 @@ def bench_tokenize(args) -> None:
 
 
 def bench_loader(args) -> None:
-    from ..config.schema import DataConfig
-    from .loader import build_loader
-    from .tokenizer import load_tokenizer, parse_tokenizer_spec
+    from megablu.config.schema import DataConfig
+    from megablu.data.loader import build_loader
+    from megablu.data.tokenizer import load_tokenizer, parse_tokenizer_spec
 
     ident = load_tokenizer(parse_tokenizer_spec(args.tokenizer)).identity
     print("| data | bucket | mode | T | micro_batch | prefetch | batches | batches/s (wall) | CPU ms/batch |")
@@ -75,9 +78,9 @@ def bench_loader(args) -> None:
 
 
 def main(argv=None) -> None:
-    from .cli import _size
+    from megablu.data.cli import _size
 
-    p = argparse.ArgumentParser(prog="python -m megablu.data.bench")
+    p = argparse.ArgumentParser(prog="python bench/data_bench.py")
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("tokenize")
     t.add_argument("--input", required=True)

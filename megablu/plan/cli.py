@@ -1,0 +1,71 @@
+"""`megablu plan`: the fit table per (GPUs, window) from the analytical memory model.
+
+Results go to stdout, logs to stderr. Exit 0 ok, 2 invalid config.
+
+  megablu plan --config yaml_configs/ext32k.yaml --gpus 1,2,4,8 --windows 16k,32k,64k,128k,1M
+  megablu plan --config yaml_configs/l2.yaml --calibration runs/_probe/.../probe.json --json
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+log = logging.getLogger(__name__)
+
+
+def _load(args):
+    from ..config import ConfigError, load_config
+
+    try:
+        return load_config(args.config, args.set)
+    except ConfigError as e:
+        print(str(e), file=sys.stderr)
+        return None
+
+
+def _plan(args) -> int:
+    from .. import plan
+
+    cfg = _load(args)
+    if cfg is None:
+        return 2
+    try:
+        gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else [cfg.parallel.sp]
+        windows = plan.parse_tokens(args.windows) if args.windows else [cfg.data.window]
+    except ValueError as e:
+        print(f"invalid --gpus/--windows: {e}", file=sys.stderr)
+        return 2
+    calib = plan.load_calibration(args.calibration) if args.calibration else None
+    if calib is not None:
+        log.info("calibration: activations x%.3f, static %+.2f GB", calib.act_scale, calib.static_offset_gb)
+    sp = cfg.parallel.sp if args.sp == "config" else None
+    rows = plan.fit_table(cfg, gpus, windows, args.gpu_gb, calib, ops=args.ops, sp=sp, host_gb=args.host_gb)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(f"{cfg.name}: {cfg.model.n_params() / 1e9:.3f}B params; zero={cfg.parallel.zero_stage} "
+              f"recompute={cfg.memory.recompute} loss_chunk={cfg.memory.loss_chunk} "
+              f"micro_batch={cfg.train.micro_batch}; sp = {'GPUs' if sp is None else sp}; verdict: <= 80% comfortable, <= 100% "
+              f"tight (probe first), else impossible")
+        print(plan.format_table(rows, args.gpu_gb, args.host_gb))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plan", help="memory fit table per (GPUs, window) from the analytical model")
+    p.add_argument("--config", required=True)
+    p.add_argument("--set", action="append", default=[], metavar="a.b=v")
+    p.add_argument("--gpus", default=None, help="comma list, e.g. 1,2,4,8 (sp = GPUs); default: parallel.sp")
+    p.add_argument("--windows", default=None, help="comma list, e.g. 16k,32k,64k,1M; default: data.window")
+    p.add_argument("--gpu-gb", type=float, default=141.0, help="GPU memory in GB (1e9 B); H200: 141")
+    p.add_argument("--host-gb", type=float, default=None,
+                   help="pinned host memory per GPU for offloaded activations (e.g. 110 on a 128 GB 1-GPU host); "
+                        "a row needing more is impossible, and suggestions stay within it")
+    p.add_argument("--calibration", default=None, help="probe.json or a calibration json")
+    p.add_argument("--ops", choices=["cuda", "torch"], default=None,
+                   help="model the fused CUDA ops (default unless memory.ops=torch) or the torch reference")
+    p.add_argument("--sp", choices=["gpus", "config"], default="gpus",
+                   help="sp = the GPU count (default) or the config's parallel.sp (dp = GPUs / sp)")
+    p.add_argument("--json", action="store_true", help="rows as JSON instead of the table")
+    p.set_defaults(func=_plan)

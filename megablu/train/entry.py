@@ -1,0 +1,169 @@
+"""megablu training entry, one process per rank: what `deepspeed` / `torchrun` start.
+
+  deepspeed --num_gpus 2 --module megablu.train.entry --config yaml_configs/ext32k.yaml
+  megablu train --config yaml_configs/ext32k.yaml --gpus 2     # resolves the launch, then the above
+  deepspeed --num_gpus 2 launch/ext32k.py --config ...          # the same, through the script shim
+
+The config is validated against the launch's world size and device, and every input is
+checked (train/preflight.py, the same checks as `megablu config check`), before any rank
+initialises distributed state; every problem is listed and the exit code is 2. Results (the
+run summary) go to stdout on rank 0; logs go to stderr. A rank that fails prints one line
+(its traceback goes to runs/<id>/logs/) and, last, the command that resumes the run; a rank
+whose launcher dies stops within a second.
+"""
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import traceback
+from pathlib import Path
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="megablu long-context training")
+    p.add_argument("--config", required=True, help="yaml_configs/<arm>.yaml")
+    p.add_argument("--set", action="append", default=[], metavar="a.b=v", help="override (repeatable)")
+    p.add_argument("--resume", default=None, help="run id or run dir to resume from its newest verified checkpoint")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
+    args = p.parse_args(argv)
+
+    launched = "RANK" in os.environ   # by deepspeed / torchrun: a launcher whose death must end this rank
+    rank = int(os.environ.get("RANK", 0))
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s")
+
+    from ..config import ConfigError
+    from ..parallel.topology import ranks_per_node_from_env
+    from .preflight import check
+
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    try:
+        # sha256 of data and checkpoints on rank 0 only; if it fails, the launcher ends the others
+        ok = check(args.config, args.set, world_size=world, device="auto", resume=args.resume, hash=rank == 0,
+                   ranks_per_node=ranks_per_node_from_env())
+    except ConfigError as e:
+        if rank == 0 or int(os.environ.get("LOCAL_RANK", 0)) == 0:   # the first rank of every node says it
+            print(str(e), file=sys.stderr)
+        return 2
+    cfg, topo = ok.cfg, ok.topology
+    if rank == 0:
+        print(topo.format(), file=sys.stderr)   # nodes, dp x sp, which ranks share a node
+        for w in ok.warnings:
+            logging.warning("config: %s", w)
+    if ok.ctx.complete:
+        return _already_complete(ok.ctx, rank)
+    if ok.device == "cpu":
+        # DeepSpeed picks its accelerator at import; on CPU it must be told before that
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if not launched:
+        # started as a plain `python` process: a world of one (else DeepSpeed looks for MPI)
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", str(port)))
+
+    from .probe import ProbeOOM
+    from .resume import how_to_continue
+    from .trainer import GateFailed, Trainer
+
+    trainer = Trainer(cfg, resume=args.resume, local_rank=args.local_rank)
+
+    def next_step() -> str:
+        return (how_to_continue(trainer.run_dir, world, topo.nodes) if trainer.run_dir is not None
+                else "no run dir was allocated yet: start the same command again")
+
+    if launched:
+        from .watchdog import exit_with_launcher
+
+        exit_with_launcher(next_step)
+        # DeepSpeed's launcher SIGTERMs every rank when one fails: say how to go on, as a failure does
+        signal.signal(signal.SIGTERM, _terminated)
+    try:
+        # libraries print chatter on stdout (DeepSpeed's op builds); stdout is for the result only
+        with contextlib.redirect_stdout(sys.stderr):
+            summary = trainer.train()
+    except ProbeOOM as e:   # the numbers measured so far and the planner's way out
+        print(str(e), file=sys.stderr)
+        return 1
+    except GateFailed as e:   # trained and saved, but worse at short context than the parent
+        if rank == 0:
+            print(json.dumps(e.summary))
+            print(f"eval gate FAILED: {e}", file=sys.stderr)
+        return 1
+    except (Exception, KeyboardInterrupt, Terminated) as e:  # noqa: BLE001 - one line per rank, then the way on
+        _FAILING.set()
+        return _failed(e, trainer.run_dir, rank, next_step)
+    if rank == 0:
+        print(json.dumps(summary))
+    return 0
+
+
+class Terminated(BaseException):
+    """SIGTERM (the launcher stopping every rank because one failed, or a job scheduler)."""
+
+
+_FAILING = threading.Event()   # set once a failure is being reported: a SIGTERM then lets it finish
+
+
+def _terminated(signum, frame):
+    if not _FAILING.is_set():
+        raise Terminated("stopped by SIGTERM (DeepSpeed's launcher stops every rank when one fails; the failing "
+                         "rank says why)")
+
+
+def _already_complete(ctx, rank: int) -> int:
+    """A resume of a finished run: says so, leaves summary.json as it is (writes it if missing)."""
+    from .metrics import run_summary
+
+    path = ctx.run_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        summary = None
+    if rank == 0:
+        if summary is None:   # killed after its last step and eval, before the summary
+            step = int(ctx.resume_step.name.split("_")[-1])
+            summary = run_summary(ctx.run_dir, {"from_step": step, "to_step": step, "world": None})
+        print(json.dumps(summary))
+        print(f"run {ctx.run_dir.name} is already complete ({ctx.resume_step.name}, train.max_steps="
+              f"{ctx.cfg.train.max_steps}): nothing to train; {path} left as it was", file=sys.stderr)
+    return 1 if (summary or {}).get("gate") else 0
+
+
+def _failed(e: BaseException, run_dir, rank: int, next_step) -> int:
+    """One line for a rank's error (the traceback goes to the run's logs/), then the way on."""
+    from ..config import ConfigError
+    from ..data.shards import DataError
+    from ..data.tokenizer import TokenizerError
+    from ..checkpoint import CheckpointError
+    from .runs import RunError
+
+    text = "; ".join(ln.strip() for ln in str(e).splitlines() if ln.strip()) or repr(e)
+    where = ""
+    if run_dir is not None:
+        try:
+            logs = Path(run_dir) / "logs"
+            logs.mkdir(exist_ok=True)
+            (logs / f"rank{rank}.error.txt").write_text("".join(traceback.format_exception(e)))
+            where = f" (traceback: {logs / f'rank{rank}.error.txt'})"
+        except OSError:
+            pass
+    if not where and rank == 0:
+        traceback.print_exception(e, file=sys.stderr)
+    print(f"rank {rank}: {type(e).__name__}: {text}{where}", file=sys.stderr)
+    print(next_step(), file=sys.stderr)
+    sys.stderr.flush()
+    if isinstance(e, Terminated):
+        return 128 + signal.SIGTERM
+    return 2 if isinstance(e, (CheckpointError, ConfigError, DataError, RunError, TokenizerError)) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
