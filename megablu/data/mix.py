@@ -34,7 +34,7 @@ from typing import Optional
 
 import numpy as np
 
-from .loader import OpenedSource, epochs_problem, log_source, open_source
+from .source import OpenedSource, epochs_problem, log_source, open_source
 from .shards import MANIFEST, DataError, read_manifest
 
 log = logging.getLogger(__name__)

@@ -72,7 +72,7 @@ def data_problems(ctx: Context) -> list[str]:
     """The data's own checks (megablu.data.mix.mix_problems: datasets, buckets, tokenizer identity,
     shard structure, epochs, for data.path or every data.mix source), then, where this process
     hashes, the sha256 of every selected shard by data.verify (cache | full)."""
-    from ..data.loader import verify_selection
+    from ..data.source import verify_selection
     from ..data.mix import mix_problems
     from ..data.shards import DataError
 
