@@ -10,8 +10,9 @@ from setuptools import find_packages, setup
 ext_modules, cmdclass = [], {}
 if os.environ.get("MEGABLU_BUILD_OPS") == "1":
     # Imported lazily: a plain install must not need torch at setup time.
-    from megablu.ops.builder import aot_extension  # noqa: E402
     from torch.utils.cpp_extension import BuildExtension
+
+    from megablu.ops.builder import aot_extension  # noqa: E402
 
     ext_modules = [aot_extension()]
     cmdclass = {"build_ext": BuildExtension}

@@ -108,7 +108,7 @@ def main() -> int:
     if a.check:
         check_on_cpu()
         return 0
-    from train_bench import measure   # the same method as megablu's rows
+    from train_bench import measure  # the same method as megablu's rows
 
     rows = []
     for T in (int(t) for t in a.T.split(",")):

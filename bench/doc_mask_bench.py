@@ -150,9 +150,9 @@ def write(rows, out: Path, meta: dict):
             r.get("note", "")]) + " |")
     lines += ["", "speedup = causal SDPA (default backend) fwd+bwd / this kernel's; eff. TF/s counts only the "
               "document-causal work (sum of 2 L^2 H D per document forward, x3 for fwd+bwd); compile+1st: the "
-              "first fwd+bwd call of this shape (flex compiles once per shape). In training a batch whose rows are each "
-              "one document takes causal SDPA (DocMask auto), so the `one` rows of flex/varlen are the kernels' "
-              "overhead, not what such a step costs."]
+              "first fwd+bwd call of this shape (flex compiles once per shape). In training a batch whose rows "
+              "are each one document takes causal SDPA (DocMask auto), so the `one` rows of flex/varlen are the "
+              "kernels' overhead, not what such a step costs."]
     (out / "doc_mask_bench.md").write_text("\n".join(lines) + "\n")
 
 

@@ -77,7 +77,7 @@ def hbm_bandwidth(gib: float = 4.0, iters: int = 20) -> float:
     x = torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_()
     y = torch.empty_like(x)
     ms = timed(lambda: y.copy_(x), iters)
-    del x, y
+    x = y = None   # free both (the lambda above holds them by name)
     return 2 * n * 2 / (ms * 1e-3) / 1e9
 
 
@@ -142,7 +142,7 @@ def bench_case(c: Case, impl: str, iters: int, kernel: bool = False, by_kernel: 
     outs = fwd(impl)
     outs = outs if isinstance(outs, tuple) else (outs,)
     b_ms = measure(lambda: torch.autograd.grad(outs, inputs, grads[: len(outs)], retain_graph=True), iters, 1)
-    del outs
+    outs = None   # free the graph (the lambda above holds it by name)
     return f_ms, b_ms
 
 

@@ -75,7 +75,7 @@ def main(argv=None) -> int:
                 bad += not row["ok"]
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
-                del model, ids, step
+                model = ids = step = None   # freed before the next row (step holds them by name)
                 gc.collect()
                 torch.cuda.empty_cache()
     print(f"device: {torch.cuda.get_device_name()} ({total:.1f} GB), torch {torch.__version__}")

@@ -96,7 +96,8 @@ def report(work: Path, out: Path, scale: str) -> None:
             r = json.loads(res.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        cells = ", ".join(f"{c['task']}@{c['length']} {c['correct']}/{c['n']} ({c['seconds']:.0f}s)" for c in r["cells"])
+        cells = ", ".join(f"{c['task']}@{c['length']} {c['correct']}/{c['n']} ({c['seconds']:.0f}s)"
+                          for c in r["cells"])
         lines.append(f"- {r['arm']}@{r['step']}: {cells}")
     out = Path(out)
     tmp = out.with_name(out.name + ".tmp")

@@ -49,7 +49,6 @@ def build(name: str):
 
 def measure(name: str, Ts: list[int], d: int, ref_dir: Path) -> list[dict]:
     import torch
-
     from ops_bench import hbm_bandwidth, kernel_ms
 
     ext = build(name)
@@ -112,7 +111,8 @@ def main() -> int:
             continue
         rows += json.loads(r.stdout.strip().splitlines()[-1])
     print(f"add+RMSNorm backward, bf16, d={a.d}, with grad_r; kernel time from the profiler\n")
-    print("| variant | T | kernel ms | kernel % HBM | call ms (incl. dw sum) | HBM GB/s (same process) | bitwise = first |")
+    print("| variant | T | kernel ms | kernel % HBM | call ms (incl. dw sum) | HBM GB/s (same process) "
+          "| bitwise = first |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['variant']} | {r['T']} | {r['kernel_ms']:.4f} | {r['kernel_pct_hbm']:.0f}% | {r['ms']:.4f} | "

@@ -11,7 +11,8 @@ a later carry replaces them):
         --out data_cache/smol --piece-mib 47      # -> data_cache/smol_0/, data_cache/smol_1/, ...
     # on the device, once every piece is there:
     python bench/smollm2_pieces.py join data_cache/smol --to /tmp/smollm2.gguf      # sha256-checked
-    python bench/smollm2_pieces.py convert /tmp/smollm2.gguf --to /tmp/smollm2_blu  # dir: BluModel-named model.safetensors + config.json
+    # dir: BluModel-named model.safetensors + config.json
+    python bench/smollm2_pieces.py convert /tmp/smollm2.gguf --to /tmp/smollm2_blu
 
 `convert` needs transformers and the `gguf` package (carry its wheel); the result is an
 `init_from` for yaml_configs/rep_smollm2_32k.yaml.

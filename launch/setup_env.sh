@@ -7,7 +7,7 @@ if [ ! -x "$root/.venv/bin/python" ]; then
 fi
 # shellcheck disable=SC1091
 source "$root/.venv/bin/activate"
-want=$(cat "$root/requirements.txt" "$root/setup.py" | sha256sum | cut -c1-16)
+want=$(cat "$root/requirements.txt" "$root/setup.py" "$root/pyproject.toml" | sha256sum | cut -c1-16)
 if [ "$(cat "$root/.venv/.megablu-req" 2>/dev/null)" != "$want" ]; then
   python -m pip install -q --upgrade pip >&2
   python -m pip install -q "$(grep '^torch==' "$root/requirements.txt")" >&2

@@ -213,9 +213,9 @@ class Lab:
     def step(self, run_dir: Path, step: int, cfg, *, run_id=None, tokenizer=None, weights=None,
              extra_files: Optional[dict] = None) -> Path:
         """A published step dir whose manifest lists real files with their sha256 (no DeepSpeed)."""
-        from megablu.config import config_hash
         from megablu.checkpoint import CKPT_DIR, save_weights, step_name
         from megablu.checkpoint.layout import _manifest_digest
+        from megablu.config import config_hash
         from megablu.utils.files import sha256_file
 
         d = Path(run_dir) / CKPT_DIR / step_name(step)

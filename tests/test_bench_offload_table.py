@@ -48,7 +48,8 @@ def test_merge_replace_and_ratios(tmp_path):
 
 def test_cli_refuses_empty_input(tmp_path):
     empty = _write(tmp_path / "e.jsonl")
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "offload_table.py"), empty], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "offload_table.py"), empty], capture_output=True,
+                       text=True)
     assert r.returncode == 1 and "no rows" in r.stderr
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "offload_table.py")], capture_output=True, text=True)
     assert r.returncode == 2

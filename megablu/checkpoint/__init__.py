@@ -36,12 +36,36 @@ Files (torchtitan `components/checkpointer/` is the model):
   rng.py      generator states for an exact resume
   cli.py      `megablu ckpt verify | list | export`
 """
-from .layout import (CKPT_DIR, LATEST, MANIFEST, PIN, WEIGHTS, CheckpointError, newest_verified, read_manifest,
-                     resolve_step, scan_steps, step_dirs, step_name, step_of, step_problems, verify_checkpoint)
+from .layout import (
+    CKPT_DIR,
+    LATEST,
+    MANIFEST,
+    PIN,
+    WEIGHTS,
+    CheckpointError,
+    newest_verified,
+    read_manifest,
+    resolve_step,
+    scan_steps,
+    step_dirs,
+    step_name,
+    step_of,
+    step_problems,
+    verify_checkpoint,
+)
 from .manager import CheckpointManager, resolve_step_collective
 from .rng import get_rng_state, set_rng_state
-from .weights import (export_checkpoint, load_weights, parent_record, read_weight_shapes, read_weights,
-                      resolve_weights, save_weights, tied_keys, weights_mismatch)
+from .weights import (
+    export_checkpoint,
+    load_weights,
+    parent_record,
+    read_weight_shapes,
+    read_weights,
+    resolve_weights,
+    save_weights,
+    tied_keys,
+    weights_mismatch,
+)
 
 __all__ = ["CKPT_DIR", "LATEST", "MANIFEST", "PIN", "WEIGHTS", "CheckpointError", "CheckpointManager",
            "export_checkpoint", "get_rng_state", "load_weights", "newest_verified", "parent_record", "read_manifest",

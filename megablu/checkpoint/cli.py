@@ -67,7 +67,8 @@ def _cmd_list(args) -> int:
             flags = ("pinned " if (s / PIN).exists() else "") + ("latest" if s.name == latest else "")
             rows.append([str(s), "ok" if not problems else "BAD", str(m.get("step", "?")),
                          str(m.get("client_state", {}).get("tokens_seen", "?")),
-                         f"w{m.get('world_size', '?')}/dp{m.get('dp', '?')}/sp{m.get('sp', '?')}/z{m.get('zero_stage', '?')}",
+                         f"w{m.get('world_size', '?')}/dp{m.get('dp', '?')}/sp{m.get('sp', '?')}"
+                         f"/z{m.get('zero_stage', '?')}",
                          f"{size / 1e6:.1f}MB", flags.strip(), "; ".join(problems)[:120]])
     rc = 2 if any(r[1] == "BAD" for r in rows) else 0   # like `ckpt verify`: a BAD row is exit 2
     if args.json:

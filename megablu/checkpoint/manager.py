@@ -25,9 +25,30 @@ import torch
 
 from ..utils.dist import all_gather_object, broadcast_object, get_rank, get_world_size
 from ..utils.files import PathLike, atomic_write_text, fsync_dir, fsync_file, sha256_file
-from .layout import (CKPT_DIR, CLIENT_DIR, DS_TAG, FORMAT_VERSION, LATEST, MANIFEST, PIN, PRUNED_PREFIX, TMP_PREFIX,
-                     TRASH_PREFIX, WEIGHTS, CheckpointError, _check_files, _listed_problems, _manifest_digest,
-                     is_run_dir, newest_verified, read_manifest, resolve_step, step_name, step_of, verify_checkpoint)
+from .layout import (
+    CKPT_DIR,
+    CLIENT_DIR,
+    DS_TAG,
+    FORMAT_VERSION,
+    LATEST,
+    MANIFEST,
+    PIN,
+    PRUNED_PREFIX,
+    TMP_PREFIX,
+    TRASH_PREFIX,
+    WEIGHTS,
+    CheckpointError,
+    _check_files,
+    _listed_problems,
+    _manifest_digest,
+    is_run_dir,
+    newest_verified,
+    read_manifest,
+    resolve_step,
+    step_name,
+    step_of,
+    verify_checkpoint,
+)
 from .weights import save_weights
 
 log = logging.getLogger(__name__)
@@ -514,7 +535,8 @@ class CheckpointManager:
         # per-rank trainer state: this rank's file when the world size matches, else rank 0's
         r = get_rank() if m["world_size"] == get_world_size() else 0
         if m["world_size"] != get_world_size():
-            log.warning("world size %d -> %d: per-rank RNG states are taken from rank 0", m["world_size"], get_world_size())
+            log.warning("world size %d -> %d: per-rank RNG states are taken from rank 0", m["world_size"],
+                        get_world_size())
         client = torch.load(root / CLIENT_DIR / f"rank_{r:05d}.pt", map_location="cpu", weights_only=False)
         self.loaded_manifest = m
         return client

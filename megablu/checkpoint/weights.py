@@ -18,8 +18,17 @@ from typing import Optional
 import torch
 
 from ..utils.files import PathLike, fsync_file, sha256_file
-from .layout import CKPT_DIR, MANIFEST, WEIGHTS, CheckpointError, is_run_dir, read_manifest, resolve_step, step_dirs, \
-    verify_checkpoint
+from .layout import (
+    CKPT_DIR,
+    MANIFEST,
+    WEIGHTS,
+    CheckpointError,
+    is_run_dir,
+    read_manifest,
+    resolve_step,
+    step_dirs,
+    verify_checkpoint,
+)
 
 log = logging.getLogger(__name__)
 

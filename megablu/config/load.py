@@ -16,7 +16,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
 import yaml
 from pydantic import ValidationError
@@ -205,7 +205,8 @@ def to_yaml(cfg: Config) -> str:
 
 
 # Fields that describe one invocation, not the run: a resume may change them freely.
-_SESSION_FIELDS = {("train", "stop_after"), ("train", "stop_after_s"), ("train", "probe_steps"), ("train", "log_every"), ("runs_dir",)}
+_SESSION_FIELDS = {("train", "stop_after"), ("train", "stop_after_s"), ("train", "probe_steps"), ("train", "log_every"),
+                   ("runs_dir",)}
 
 
 # Fields added after runs were started, left out of the hash while unset, so that those runs resume.

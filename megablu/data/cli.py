@@ -31,9 +31,10 @@ def _size(s: str) -> int:
 def _errors(fn):
     """Run a subcommand; DataError/TokenizerError -> message on stderr, exit 2."""
     def run(args):
+        from pydantic import ValidationError
+
         from .shards import DataError
         from .tokenizer import TokenizerError
-        from pydantic import ValidationError
 
         try:
             return fn(args)
@@ -219,8 +220,8 @@ def _synth(args) -> int:
 def _mix(args) -> int:
     """The resolved mixture of a training config (token shares, epochs, truncation, padding), before launching."""
     from ..config import ConfigError, load_config
-    from .mix import format_mixture, mix_problems, open_mixture, planned_sequences, resolve_single
     from .loader import open_source
+    from .mix import format_mixture, mix_problems, open_mixture, planned_sequences, resolve_single
     from .tokenizer import load_tokenizer
 
     try:
@@ -250,7 +251,8 @@ def _mix(args) -> int:
 
 
 def register(sub) -> None:
-    data = sub.add_parser("data", help="datasets: build, import, verify, stats, sample, train-tokenizer, demo-corpus, synth, mix")
+    data = sub.add_parser("data", help="datasets: build, import, verify, stats, sample, train-tokenizer, demo-corpus, "
+                                       "synth, mix")
     ds = data.add_subparsers(dest="data_cmd", required=True)
     tok_help = "byte | tiktoken:cl100k_base | tiktoken:o200k_base | tiktoken_file:PATH | sentencepiece:PATH | hf:PATH"
 

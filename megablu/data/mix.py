@@ -34,8 +34,8 @@ from typing import Optional
 
 import numpy as np
 
-from .source import OpenedSource, epochs_problem, log_source, open_source
 from .shards import MANIFEST, DataError, read_manifest
+from .source import OpenedSource, epochs_problem, log_source, open_source
 
 log = logging.getLogger(__name__)
 
@@ -237,9 +237,9 @@ def _plan(d, opened: list[OpenedSource], total: Optional[int]):
         need = math.ceil(row["planned_epochs"] * 100) / 100
         problems.append(
             f"{_field(i, row['name'])}: the run draws {row['planned_sequences']:,} sequences of T={d.window} from "
-            f"it ({row['planned_token_share']:.1%} of the run's loss tokens) but {row['path']} bucket {row['bucket']!r} "
-            f"split {row['split']!r} (mode {row['mode']}) holds {row['sequences_per_epoch']:,} per epoch: "
-            f"{row['planned_epochs']:.2f} epochs > max_epochs={row['max_epochs']:g}; to repeat it set "
+            f"it ({row['planned_token_share']:.1%} of the run's loss tokens) but {row['path']} bucket "
+            f"{row['bucket']!r} split {row['split']!r} (mode {row['mode']}) holds {row['sequences_per_epoch']:,} "
+            f"per epoch: {row['planned_epochs']:.2f} epochs > max_epochs={row['max_epochs']:g}; to repeat it set "
             f"data.mix[{i}].max_epochs >= {need:g}, else lower its weight, add data, or train fewer steps")
     return space, mixture, problems
 

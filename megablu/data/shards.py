@@ -128,7 +128,8 @@ class DatasetWriter:
         self.tmp = self.out.with_name(f".{self.out.name}.tmp-{os.getpid()}")
         if self.tmp.exists():
             shutil.rmtree(self.tmp)
-        stale = sorted(p.name for p in self.out.parent.glob(f".{self.out.name}.tmp-*")) if self.out.parent.exists() else []
+        stale = (sorted(p.name for p in self.out.parent.glob(f".{self.out.name}.tmp-*"))
+                 if self.out.parent.exists() else [])
         if stale:
             log.warning("partial build(s) %s next to %s: an interrupted or concurrent build; delete them if no "
                         "build is running", stale, self.out)
@@ -296,7 +297,8 @@ def verify_shard(root: Path, entry: dict, dtype: str, check_hash: bool = True,
         errs.append(f"{tok}: {size} bytes, manifest says {n_tok} tokens x {item} B ({dtype}) = {n_tok * item}{hint}")
     isize = idx.stat().st_size
     if isize != (n_doc + 1) * 8:
-        errs.append(f"{idx}: {isize} bytes, manifest says {n_doc} documents -> {(n_doc + 1) * 8} bytes of uint64 offsets")
+        errs.append(f"{idx}: {isize} bytes, manifest says {n_doc} documents -> {(n_doc + 1) * 8} bytes of uint64 "
+                    f"offsets")
     else:
         off = np.fromfile(idx, dtype="<u8")
         if off[0] != 0 or off[-1] != n_tok:

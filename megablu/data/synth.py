@@ -152,7 +152,8 @@ class TrainText:
             got = [json.loads(x) for x in lines] or [{}] * int(s["documents"])
             self.meta += [{"source": g.get("source", "unknown"), "license": g.get("license", "unknown"),
                            "key": g.get("key")} for g in got]
-        self.identity = hashlib.sha256(json.dumps([s["sha256"] for s in shards], sort_keys=True).encode()).hexdigest()[:16]
+        self.identity = hashlib.sha256(json.dumps([s["sha256"] for s in shards],
+                                                  sort_keys=True).encode()).hexdigest()[:16]
         self.sep = tokenizer.encode("\n\n")
 
     def span(self, rng: np.random.Generator, n: int, line_end) -> tuple[list[int], list[int]]:
@@ -407,7 +408,8 @@ def synth_dataset(out, tok_cfg: TokenizerConfig, *, lengths: list, docs: int, se
             key = f"synth/{seed}/{i}"
             if meta["filler"] == "text":
                 src = "synth+" + "+".join(meta["filler_sources"])
-                lic = f"{GENERATED_LICENSE}; filler text from {text.root} (train): " + "; ".join(meta["filler_licenses"])
+                lic = (f"{GENERATED_LICENSE}; filler text from {text.root} (train): "
+                       + "; ".join(meta["filler_licenses"]))
             else:
                 src, lic = "synth", GENERATED_LICENSE
             meta.update(source=src, license=lic, key=key, n_tokens=len(ids),

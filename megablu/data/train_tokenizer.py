@@ -63,7 +63,8 @@ def train_bpe(sources: list[Source], out, vocab_size: int = 4096, max_bytes: Opt
     tmp.write_text("".join(f"{base64.b64encode(b).decode()} {r}\n" for b, r in ranks))
     side = out.with_name(out.name + ".json")
     meta = {"pattern": pattern, "eot": EOT_TEXT, "vocab_size": len(ranks) + 1, "trainer": "rustbpe 0.1.0",
-            "trained_on": [{"path": s.path, "include": s.include, "exclude": s.exclude} for s in sources], "documents": seen["docs"], "chars": seen["bytes"],
+            "trained_on": [{"path": s.path, "include": s.include, "exclude": s.exclude} for s in sources],
+            "documents": seen["docs"], "chars": seen["bytes"],
             "skipped_not_utf8": seen["skipped"]}
     stmp = side.with_name(side.name + f".{os.getpid()}.tmp")
     stmp.write_text(json.dumps(meta, indent=1) + "\n")

@@ -129,8 +129,8 @@ def _rope_against_checkpoint(args, cfg) -> dict:
     Evaluating a checkpoint with another rope (theta, YaRN removed or another factor) is a
     legitimate experiment (a parent + YaRN without training), never an accident: it needs
     --rope-override, and the result records both ropes. Returns what the result records."""
-    from ..config.lineage import rope_differences
     from ..checkpoint import CheckpointError, parent_record
+    from ..config.lineage import rope_differences
     from .prompts import EvalError
 
     src = args.ckpt or args.hf

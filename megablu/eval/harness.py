@@ -16,11 +16,11 @@ from typing import Optional
 import torch
 
 from ..config.schema import EvalConfig, eval_padded_len
+from . import report
 from .generate import cut_at_eot, greedy_generate
 from .needle import HAYSTACK_TOKENS, Haystack
 from .prompts import EvalError, HaystackSource, Prompt, TokenizerLike, check_ids, extract_answer, score
 from .tasks import make_builder, needs_text_haystack
-from . import report
 
 log = logging.getLogger(__name__)
 
@@ -136,9 +136,9 @@ def _model_info(model) -> dict:
 
 
 def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int, *, sp_group=None, step: int,
-             out_dir: Path, rank: int, dp_group=None, haystack: Optional[HaystackSource] = None, arm: Optional[str] = None,
-             parent: Optional[dict] = None, batch_tokens: int = 16384, prefill_chunk: Optional[int] = None,
-             plot: bool = True, info: Optional[dict] = None) -> dict:
+             out_dir: Path, rank: int, dp_group=None, haystack: Optional[HaystackSource] = None,
+             arm: Optional[str] = None, parent: Optional[dict] = None, batch_tokens: int = 16384,
+             prefill_chunk: Optional[int] = None, plot: bool = True, info: Optional[dict] = None) -> dict:
     """Evaluate `model` (collective over sp_group when given); rank 0 writes out_dir/step_<step>.json.
 
     Also writes step_<step>.md and, when `plot`, step_<step>.png. Prompts of one length are

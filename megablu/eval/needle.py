@@ -15,8 +15,18 @@ from __future__ import annotations
 import logging
 from typing import Iterable, Optional
 
-from .prompts import (EvalError, HaystackSource, Prompt, TokenizerLike, draw_items, insert_at, pad_ids, repeat_to,
-                      rng_for, stratified_depth)
+from .prompts import (
+    EvalError,
+    HaystackSource,
+    Prompt,
+    TokenizerLike,
+    draw_items,
+    insert_at,
+    pad_ids,
+    repeat_to,
+    rng_for,
+    stratified_depth,
+)
 
 log = logging.getLogger(__name__)
 

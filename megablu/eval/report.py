@@ -29,10 +29,18 @@ import re
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .prompts import EvalError, Prompt, prompt_digest
 from ..config.eval_tasks import RULER_SUITE
-from .stats import (RULER_THRESHOLD, effective_length, effective_length_contiguous, mean_interval, n_to_resolve,
-                    newcombe, slope_per_doubling, wilson)
+from .prompts import EvalError, Prompt, prompt_digest
+from .stats import (
+    RULER_THRESHOLD,
+    effective_length,
+    effective_length_contiguous,
+    mean_interval,
+    n_to_resolve,
+    newcombe,
+    slope_per_doubling,
+    wilson,
+)
 
 SCHEMA = "megablu.eval/1"
 DEPTH_BINS = 10
@@ -286,7 +294,7 @@ def _ruler_tables(results: Sequence[dict], baseline: int, threshold: float) -> l
     if not any(avgs):
         return []
     lengths = sorted({L for a in avgs if a for L in a["lengths"]})
-    lines = [f"### RULER average", "",
+    lines = ["### RULER average", "",
              "| arm | tasks | " + " | ".join(str(L) for L in lengths) + " | eff. length |",
              "|---|---|" + "---|" * len(lengths) + "---|"]
     for r, a in zip(results, avgs):

@@ -158,10 +158,11 @@ def beyond_original_problem(rope_cfg: RopeConfig) -> Optional[str]:
     y = rope_cfg.yarn
     if y is None or y.apply != "beyond_original":
         return None
-    return (f"rope.yarn.apply=beyond_original (original RoPE up to {y.original_max_position} tokens, YaRN x{y.factor:g} "
-            f"beyond) has no transformers equivalent: rope_type 'longrope' switches frequencies on length but applies "
-            f"one attention_factor to short and long inputs, decides per batch rather than per document, and "
-            f"switches mid-generation; the exported model would not compute what was trained. Export plain YaRN "
+    return (f"rope.yarn.apply=beyond_original (original RoPE up to {y.original_max_position} tokens, "
+            f"YaRN x{y.factor:g} beyond) has no transformers equivalent: rope_type 'longrope' switches frequencies "
+            f"on length but applies one attention_factor to short and long inputs, decides per batch rather than "
+            f"per document, and switches mid-generation; the exported model would not compute what was trained. "
+            f"Export plain YaRN "
             f"on purpose with `megablu ckpt export --rope-as-yarn` (exact beyond {y.original_max_position} tokens, "
             f"different below), or evaluate with megablu")
 

@@ -163,8 +163,8 @@ def _run(cmd: list[str]) -> tuple[int, str]:
 def nvcc_cmd(nvcc: str, src: Path, out: Path, arch: str = "90") -> list[str]:
     # the kernels need no torch header: C++17 suffices, and proves they do not rely on C++20;
     # torch's build defines the __CUDA_NO_*__ macros, so the check does too
-    return [nvcc, "-c", "-std=c++17", *TORCH_NVCC_DEFINES, *NVCC_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas=-v",
-            f"-I{csrc_dir() / 'includes'}", str(src), "-o", str(out)]
+    return [nvcc, "-c", "-std=c++17", *TORCH_NVCC_DEFINES, *NVCC_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}",
+            "-Xptxas=-v", f"-I{csrc_dir() / 'includes'}", str(src), "-o", str(out)]
 
 
 def _torch_wants_cxx20() -> bool:
@@ -188,7 +188,8 @@ def _binding_cmd(src: Path, stub: Path, nvcc: str) -> Optional[list[str]]:
     cuda_inc = next((Path(h) / "include" for h in homes if h and (Path(h) / "include/cuda_runtime.h").is_file()), None)
     if cuda_inc is None:
         return None
-    incs = [csrc_dir() / "includes", stub, *map(Path, include_paths()), cuda_inc, Path(sysconfig.get_paths()["include"])]
+    incs = [csrc_dir() / "includes", stub, *map(Path, include_paths()), cuda_inc,
+            Path(sysconfig.get_paths()["include"])]
     std = "-std=c++20" if _torch_wants_cxx20() else "-std=c++17"
     return [cxx, "-fsyntax-only", std, f"-DTORCH_EXTENSION_NAME={EXT_PREFIX}", *[f"-I{p}" for p in incs],
             str(src)]

@@ -46,8 +46,8 @@ def _plan(args) -> int:
     else:
         print(f"{cfg.name}: {cfg.model.n_params() / 1e9:.3f}B params; zero={cfg.parallel.zero_stage} "
               f"recompute={cfg.memory.recompute} loss_chunk={cfg.memory.loss_chunk} "
-              f"micro_batch={cfg.train.micro_batch}; sp = {'GPUs' if sp is None else sp}; verdict: <= 80% comfortable, <= 100% "
-              f"tight (probe first), else impossible")
+              f"micro_batch={cfg.train.micro_batch}; sp = {'GPUs' if sp is None else sp}; verdict: <= 80% "
+              f"comfortable, <= 100% tight (probe first), else impossible")
         print(plan.format_table(rows, args.gpu_gb, args.host_gb))
     return 0
 

@@ -37,8 +37,8 @@ partitions over its sequence-data-parallel group).
 """
 from __future__ import annotations
 
-import math
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Union

@@ -50,8 +50,8 @@ PROBE_SETS = ["train.max_steps={n}", "train.probe_steps={n}", "train.stop_after=
 def probe_command(args, cfg, runs_dir: str) -> tuple[list[str], dict]:
     """The launch `megablu train` makes (launch.build_command: the entry module on one node),
     with the probe's overrides after the user's, so they win."""
-    from .launch import build_command
     from ..utils.device import resolve_device
+    from .launch import build_command
 
     n = args.steps
     sets = [s.format(n=n) for s in PROBE_SETS] + [f"runs_dir={runs_dir}", f"name={cfg.name}_probe"]

@@ -139,10 +139,10 @@ def _already_complete(ctx, rank: int) -> int:
 
 def _failed(e: BaseException, run_dir, rank: int, next_step) -> int:
     """One line for a rank's error (the traceback goes to the run's logs/), then the way on."""
+    from ..checkpoint import CheckpointError
     from ..config import ConfigError
     from ..data.shards import DataError
     from ..data.tokenizer import TokenizerError
-    from ..checkpoint import CheckpointError
     from .runs import RunError
 
     text = "; ".join(ln.strip() for ln in str(e).splitlines() if ln.strip()) or repr(e)

@@ -72,9 +72,9 @@ def data_problems(ctx: Context) -> list[str]:
     """The data's own checks (megablu.data.mix.mix_problems: datasets, buckets, tokenizer identity,
     shard structure, epochs, for data.path or every data.mix source), then, where this process
     hashes, the sha256 of every selected shard by data.verify (cache | full)."""
-    from ..data.source import verify_selection
     from ..data.mix import mix_problems
     from ..data.shards import DataError
+    from ..data.source import verify_selection
 
     cfg = ctx.cfg
     problems = mix_problems(cfg, ctx.tokenizer.identity if ctx.tokenizer is not None else None)
@@ -84,11 +84,11 @@ def data_problems(ctx: Context) -> list[str]:
     selections = ([("data", d.path, d.bucket, d.split)] if d.mix is None else
                   [(f"data.mix[{i}] ({s.name})", s.path, s.bucket, s.split) for i, s in enumerate(d.mix)
                    if s.weight > 0])
-    for field, path, bucket, split in selections:
+    for where, path, bucket, split in selections:
         try:
             verify_selection(path, bucket, split, d.verify)
         except (DataError, OSError) as e:
-            problems.append(f"{field}: {e}")
+            problems.append(f"{where}: {e}")
     return problems
 
 
@@ -112,8 +112,8 @@ def init_from_problems(ctx: Context) -> list[str]:
 
 def init_from_rope_problems(cfg: Config) -> list[str]:
     """The child's rope against what the init_from parent records (config/lineage.py)."""
-    from ..config.lineage import rope_lineage_problems
     from ..checkpoint import CheckpointError, parent_record
+    from ..config.lineage import rope_lineage_problems
 
     try:
         rec = parent_record(cfg.init_from)
@@ -128,8 +128,8 @@ def init_from_rope_problems(cfg: Config) -> list[str]:
 def init_from_weight_problems(ctx: Context) -> list[str]:
     import torch
 
-    from ..model.decoder import BluModel
     from ..checkpoint import CheckpointError, read_weight_shapes, tied_keys, weights_mismatch
+    from ..model.decoder import BluModel
 
     cfg = ctx.cfg
     try:

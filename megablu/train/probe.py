@@ -6,8 +6,8 @@
                        out=run_dir / "probe.json")
 
 step_fn(i) runs step i (a whole optimizer step of the run); it may return the seconds it spent
-on work that is not the step (a checkpoint save or an eval that fell on it), which are not timed. Measured: memory allocated
-before the first step (static: weights, optimizer states), the peak of
+on work that is not the step (a checkpoint save or an eval that fell on it), which are not
+timed. Measured: memory allocated before the first step (static: weights, optimizer states), the peak of
 torch.cuda.max_memory_allocated over the steps, per-token MB = (peak - static) / tokens
 per rank (activations + grads + loss working set, per token of one micro-batch), step time
 (median of the steps after the first, which pays cuDNN autotuning and allocator growth),

@@ -40,7 +40,7 @@ class RunError(Exception):
 
 
 def _check_name(name: str) -> None:
-    from ..config.schema import run_name_problem   # the config's `name` rule, one source
+    from ..config.schema import run_name_problem  # the config's `name` rule, one source
 
     why = run_name_problem(name)
     if why:

@@ -1,8 +1,6 @@
 """One optimizer step over grad_accum micro-batches with SP-correct loss normalisation."""
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.distributed as dist
 

@@ -12,7 +12,8 @@ IDENT = "test:v100000:0123456789abcdef"
 
 
 def unique_docs(lengths, seed=0):
-    """Documents whose every token is unique: doc i, position p -> 1 + i*1000 + p (so a token says where it came from)."""
+    """Documents whose every token is unique: doc i, position p -> 1 + i*1000 + p (so a token says where it
+    came from)."""
     return [np.arange(n, dtype=np.int64) + 1 + i * 1000 for i, n in enumerate(lengths)]
 
 

@@ -191,10 +191,12 @@ def test_fixture_corpus_end_to_end(tmp_path):
                                          "| b2 | >= 1k | 1 | 2,022 | 0 | 0 |", "| all | | 10 | 4,583 | 6 | 1,819 |"]
     r = subprocess.run(cmd + ["verify", str(out), "--tokenizer", "byte", "--check-ids"], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.startswith("ok "), r.stderr
-    r = subprocess.run(cmd + ["sample", str(out), "--tokenizer", "byte", "--window", "1024", "--mode", "fit", "--split", "val"],
+    r = subprocess.run(cmd + ["sample", str(out), "--tokenizer", "byte", "--window", "1024", "--mode", "fit",
+                              "--split", "val"],
                        capture_output=True, text=True)
     assert r.returncode == 0 and "<|EOT|>" in r.stdout, r.stderr
     m = read_manifest(out)
     metas = [json.loads(x) for e in m["shards"] for x in (out / e["meta"]).read_text().splitlines()]
-    assert sorted(x["path"] for x in metas if x["path"].startswith("notes")) == [f"notes.jsonl:{i}" for i in range(1, 9)]
+    notes = sorted(x["path"] for x in metas if x["path"].startswith("notes"))
+    assert notes == [f"notes.jsonl:{i}" for i in range(1, 9)]
     assert any(x["path"] == "prose/ünïcode.txt" for x in metas)

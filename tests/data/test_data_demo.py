@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 
+from megablu.config.schema import TokenizerConfig
 from megablu.data.demo import build_demo_corpus, pick_shakespeare
 from megablu.data.shards import DataError
-from megablu.config.schema import TokenizerConfig
 
 
 def test_pick_shakespeare_prefers_modern_spelling():

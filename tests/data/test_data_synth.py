@@ -13,8 +13,17 @@ import pytest
 from megablu.config.schema import EvalConfig, TokenizerConfig
 from megablu.data.build import Source, build_dataset
 from megablu.data.shards import DataError, DocTable, read_manifest
-from megablu.data.synth import (FILLERS, KEY_TYPES, TASKS, TEMPLATE_NAMES, SynthSpec, Synthesizer, TrainText,
-                                parse_lengths, synth_dataset)
+from megablu.data.synth import (
+    FILLERS,
+    KEY_TYPES,
+    TASKS,
+    TEMPLATE_NAMES,
+    Synthesizer,
+    SynthSpec,
+    TrainText,
+    parse_lengths,
+    synth_dataset,
+)
 from megablu.data.tokenizer import load_tokenizer
 
 TOK = TokenizerConfig(kind="tiktoken_file", path="megablu:stdlib4k")
@@ -147,7 +156,7 @@ def test_cli(tmp_path, capsys):
 def eval_task_names() -> list[str]:
     """Every task the eval harness knows: its registry when there is one, else EvalConfig's Literal."""
     try:
-        from megablu.config.eval_tasks import PRESETS   # noqa: PLC0415 (the task registry, when it exists)
+        from megablu.config.eval_tasks import PRESETS  # noqa: PLC0415 (the task registry, when it exists)
         return sorted(PRESETS)
     except ImportError:
         pass

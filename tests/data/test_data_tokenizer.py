@@ -5,8 +5,13 @@ import sys
 import pytest
 
 from megablu.config.schema import TokenizerConfig
-from megablu.data.tokenizer import (ByteTokenizer, TokenizerError, load_tokenizer, parse_tokenizer_spec,
-                                    seed_tiktoken_cache)
+from megablu.data.tokenizer import (
+    ByteTokenizer,
+    TokenizerError,
+    load_tokenizer,
+    parse_tokenizer_spec,
+    seed_tiktoken_cache,
+)
 
 TEXT = "def f(x):\n    return x + 12345  # héllo wörld ✓\n\n"
 
@@ -96,7 +101,7 @@ def test_sentencepiece(tmp_path):
 
 
 def test_hf_tokenizer_json(tmp_path):
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -38,8 +38,8 @@ def test_final_gate_failure_fails_the_run_after_saving(tmp_path, stdlib_data):
 
     data = stdlib_data
     n = 3
-    parent = {"schema": "megablu.eval/1", "arm": "parent", "step": 40, "window": 512, "tokenizer": "x", "sp": 1, "samples": [],
-              "cells": [{"task": "passkey", "length": 232, "n": n, "correct": n, "acc_pp": 100.0}]}
+    parent = {"schema": "megablu.eval/1", "arm": "parent", "step": 40, "window": 512, "tokenizer": "x", "sp": 1,
+              "samples": [], "cells": [{"task": "passkey", "length": 232, "n": n, "correct": n, "acc_pp": 100.0}]}
     (tmp_path / "parent.json").write_text(json.dumps(parent))
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "1", "--master_port", str(free_port()),
            str(ROOT / "launch" / "ext32k.py"), "--config", str(TINY)]

@@ -5,8 +5,16 @@ import math
 import pytest
 from scipy import stats as sps
 
-from megablu.eval.stats import (effective_length, effective_length_contiguous, n_to_resolve, newcombe,
-                                slope_per_doubling, t_quantile, wilson, z_of)
+from megablu.eval.stats import (
+    effective_length,
+    effective_length_contiguous,
+    n_to_resolve,
+    newcombe,
+    slope_per_doubling,
+    t_quantile,
+    wilson,
+    z_of,
+)
 
 
 @pytest.mark.parametrize("k,n", [(0, 10), (1, 10), (5, 10), (10, 10), (73, 100), (35, 100), (1, 3), (49, 50)])

@@ -12,7 +12,7 @@ from megablu.config.eval_tasks import PRESETS, RULER_SUITE
 from megablu.config.schema import EvalConfig, GateConfig, eval_problems
 from megablu.eval.harness import build_prompts, preflight_problems, run_eval
 from megablu.eval.prompts import EvalError, Prompt, prompt_digest, score
-from megablu.eval.report import cell, ruler_average
+from megablu.eval.report import cell
 
 from .conftest import OracleModel, ruler_oracle, tiny_model
 

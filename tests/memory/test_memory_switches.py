@@ -1,5 +1,6 @@
 """memory.mlp_tiles and memory.offload_activations (applied by megablu.memory.apply_memory): same
-loss and every gradient as the plain path, under each recompute mode and both op paths; what goes to host; one tile alive.
+loss and every gradient as the plain path, under each recompute mode and both op paths; what
+goes to host; one tile alive.
 
 On CPU the offload runs with copy_cpu=True and min_bytes=0: every saved tensor it would move
 goes through the pack (host copy, dedup) and unpack (restore the view) path, without streams.
@@ -16,10 +17,10 @@ import torch
 import torch.nn.functional as F
 
 from megablu.config.schema import MemoryConfig, ModelConfig, RopeConfig
-from megablu.model.decoder import BluModel
 from megablu.memory.apply import apply_memory
 from megablu.memory.offload import KEEP_LAST, MIN_BYTES, ActivationOffload
 from megablu.memory.tiled import tile_bounds, tiled
+from megablu.model.decoder import BluModel
 from megablu.ops.rope import rope_backward_reference, rope_reference
 from megablu.ops.swiglu import swiglu_backward_reference
 

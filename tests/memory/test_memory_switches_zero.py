@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from megablu.config.schema import MemoryConfig
-from megablu.model.decoder import BluModel
 from megablu.memory.apply import apply_memory
 from megablu.memory.offload import ActivationOffload
+from megablu.model.decoder import BluModel
 from tests.dist_utils import run_distributed
 from tests.parallel.test_sp_parity import ROPE, _model_cfg, _reference, engine_grads
 

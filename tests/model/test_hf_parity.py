@@ -10,7 +10,7 @@ import transformers
 
 from megablu.config.schema import MemoryConfig
 from megablu.memory.apply import apply_memory
-from megablu.model.decoder import BluModel, KVCache
+from megablu.model.decoder import KVCache
 from megablu.model.hf import from_hf, to_hf
 
 

@@ -44,7 +44,8 @@ def _run(device, dtype, T, impl):
     x = torch.randn(2, T, CFG.d_model, device=device, dtype=dtype)
     g = torch.randn_like(x)
     outs = {}
-    for name, fn in (("block", lambda x_: blk(x_, cos, sin)), ("fused", lambda x_: fused_block(blk, x_, cos, sin, impl))):
+    for name, fn in (("block", lambda x_: blk(x_, cos, sin)),
+                     ("fused", lambda x_: fused_block(blk, x_, cos, sin, impl))):
         blk.zero_grad(set_to_none=True)
         xi = x.clone().requires_grad_()
         out = fn(xi)

@@ -48,7 +48,8 @@ def _build_emu(tmp_path_factory, defines: tuple = ()):
     if cxx is None or inc is None:
         pytest.skip("needs g++ and the CUDA headers (cuda_bf16.h)")
     probe = tmp_path_factory.mktemp("probe") / "p.cpp"
-    probe.write_text("#include <barrier>\n#include <atomic>\nint main(){float f=0; std::atomic_ref<float>(f).fetch_add(1);}\n")
+    probe.write_text("#include <barrier>\n#include <atomic>\n"
+                     "int main(){float f=0; std::atomic_ref<float>(f).fetch_add(1);}\n")
     if subprocess.run([cxx, "-std=c++20", "-pthread", str(probe), "-o", str(probe.with_suffix(""))],
                       capture_output=True).returncode != 0:
         pytest.skip(f"{cxx} lacks C++20 <barrier>/atomic_ref (g++ >= 11 needed)")

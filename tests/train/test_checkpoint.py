@@ -11,10 +11,17 @@ import numpy as np
 import pytest
 import torch
 
+from megablu.checkpoint import (
+    CheckpointError,
+    get_rng_state,
+    load_weights,
+    read_weights,
+    save_weights,
+    set_rng_state,
+    verify_checkpoint,
+)
 from megablu.config.schema import ModelConfig, RopeConfig, YarnConfig
 from megablu.model.decoder import BluModel
-from megablu.checkpoint import (CheckpointError, get_rng_state, load_weights, read_weights, save_weights,
-                                      set_rng_state, verify_checkpoint)
 
 TINY = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, ffn_dim=64, vocab_size=97)
 

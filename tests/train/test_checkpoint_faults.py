@@ -48,14 +48,14 @@ def _free_port() -> int:
 def _rank_main(rank: int, world: int, port: int, spec: dict, tdir: Path) -> int:
     os.environ.update(DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    import deepspeed
     import numpy as np
     import torch
     import torch.distributed as dist
-    import deepspeed
 
+    from megablu.checkpoint import CheckpointError, CheckpointManager, get_rng_state, set_rng_state
     from megablu.config.schema import ModelConfig, RopeConfig
     from megablu.model.decoder import BluModel
-    from megablu.checkpoint import CheckpointError, CheckpointManager, get_rng_state, set_rng_state
 
     torch.set_num_threads(1)
     cur = {"step": 0}
@@ -91,8 +91,8 @@ def _rank_main(rank: int, world: int, port: int, spec: dict, tdir: Path) -> int:
     eng, *_ = deepspeed.initialize(model=model, optimizer=opt, config={
         "train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0.0, "zero_allow_untested_optimizer": True,
         "zero_optimization": {"stage": stage}, "steps_per_print": 10 ** 9})
-    meta = {"config_hash": spec.get("config_hash", "cfg0"), "tokenizer": spec.get("tokenizer", "bytes-97"), "dp": world, "sp": 1,
-            "world_size": world, "zero_stage": stage, "model": MODEL, "rope": {"theta": 10000.0}}
+    meta = {"config_hash": spec.get("config_hash", "cfg0"), "tokenizer": spec.get("tokenizer", "bytes-97"),
+            "dp": world, "sp": 1, "world_size": world, "zero_stage": stage, "model": MODEL, "rope": {"theta": 10000.0}}
     mgr = CheckpointManager(spec["run_dir"], keep=spec.get("keep", KEEP), meta=meta, on_phase=hook)
     torch.manual_seed(1000 + rank)
     random.seed(rank)
@@ -677,10 +677,10 @@ def test_cli_verify_list_export_roundtrip(results, tmp_path, capsys):
     import torch
     import transformers
 
+    from megablu.checkpoint import load_weights
     from megablu.config.schema import ModelConfig, RopeConfig
     from megablu.model.decoder import BluModel
     from megablu.model.hf import from_hf, to_hf
-    from megablu.checkpoint import load_weights
 
     good = results["_base"] / "good-0001"
     rc, out, _ = _cli(["ckpt", "verify", str(good)], capsys)

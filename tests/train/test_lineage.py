@@ -15,15 +15,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 import yaml
 
+from megablu.checkpoint import parent_record, save_weights
+from megablu.checkpoint.layout import _manifest_digest
 from megablu.config.lineage import ParentRecord, rope_differences, rope_lineage_problems
 from megablu.config.schema import ModelConfig, RopeConfig, YarnConfig
 from megablu.model.decoder import BluModel
-from megablu.checkpoint import parent_record, save_weights
-from megablu.checkpoint.layout import _manifest_digest
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_EXT = ROOT / "yaml_configs" / "tiny_cpu_ext.yaml"
