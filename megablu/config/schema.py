@@ -39,7 +39,7 @@ class ModelConfig(Section):
     vocab_size: int = Field(gt=0)
     tie_embeddings: bool = False
     norm_eps: float = Field(default=1e-5, gt=0)
-    qkv_bias: bool = False  # Qwen2 has q/k/v biases, Llama does not
+    qkv_bias: bool = Field(default=False, description="q/k/v projection biases (Qwen2 has them, Llama does not)")
     init_std: float = Field(default=0.02, gt=0)
 
     @model_validator(mode="after")
@@ -75,8 +75,8 @@ class YarnConfig(Section):
     """YaRN (Peng et al. 2023), computed exactly as transformers' `_compute_yarn_parameters`."""
 
     factor: float = Field(gt=1.0)
-    # No default, on purpose: the length the parent was ACTUALLY trained at.
-    original_max_position: int = Field(gt=0)
+    original_max_position: int = Field(gt=0, description="the length the parent was ACTUALLY trained at; no "
+                                       "default, on purpose (the seed's default of 1024 cost 27 pp)")
     beta_fast: float = 32.0
     beta_slow: float = 1.0
     truncate: bool = True
@@ -139,9 +139,9 @@ class ParallelConfig(Section):
     zero_stage: Literal[0, 1, 2, 3] = 1
     offload_optimizer: bool = False
     offload_params: bool = False
-    # ZeRO-3 reduce-scatter changes how gradients are averaged; megablu corrects the loss
-    # scale for either choice (see parallel/sequence.py), so this is free to set.
-    reduce_scatter: bool = True
+    reduce_scatter: bool = Field(default=True, description="ZeRO-3 reduce-scatter; it changes how gradients "
+                                 "are averaged, and megablu corrects the loss scale for either choice "
+                                 "(parallel/sequence.py), so this is free to set")
 
     @model_validator(mode="after")
     def _offload(self):
@@ -191,9 +191,8 @@ class DataConfig(Section):
     path: Optional[str] = Field(default=None, description="dataset dir made by `megablu data build/import`")
     bucket: str = Field(default="all", description="length bucket (b0..b6, several as 'b2,b3') or 'all'")
     split: Literal["train", "val"] = "train"
-    # fit: only documents that fit, padded; truncate: longer documents cut to the window;
-    # pack: documents concatenated with EOT and cut into windows.
-    mode: Mode = "pack"
+    mode: Mode = Field(default="pack", description="fit: only documents that fit, padded; truncate: longer "
+                       "documents cut to the window; pack: documents concatenated with EOT and cut into windows")
     mix: Optional[list[MixSource]] = Field(
         default=None, description="several sources instead of path/bucket/split/mode: each sequence of the "
         "global order comes from one source, drawn (seeded) so that each source's share of loss tokens matches "
@@ -233,9 +232,9 @@ class TrainConfig(Section):
     log_every: int = Field(default=1, gt=0)
     probe_steps: int = Field(default=3, ge=0, description="first steps of the run measured as the "
                              "memory/speed probe (probe.json in the run dir; 0 = off)")
-    # Time-sliced jobs (e.g. a SLURM limit): stop after this step, checkpoint, exit 0; the
-    # schedule is still the full max_steps one, and `--resume RUN` continues it exactly.
-    stop_after: Optional[int] = Field(default=None, gt=0)
+    stop_after: Optional[int] = Field(default=None, gt=0, description="time-sliced jobs (e.g. a SLURM limit): "
+                                      "stop after this step, checkpoint, exit 0; the schedule is still the full "
+                                      "max_steps one, and `--resume RUN` continues it exactly")
     stop_after_s: Optional[float] = Field(
         default=None, gt=0, description="wall-clock budget of this session in seconds: the run stops (checkpoint, "
         "exit 0) after the last step that, with a checkpoint, still ends within it; `--resume RUN` continues "
