@@ -24,7 +24,8 @@
 #   B  carry ["data_cache/smol_1", "data_cache/smol_2"]            PHASE=b   join, convert, train; baselines beside
 #   C  (warm)                                                      PHASE=c   train to the end; the arm's evals; compare
 # Each call: command "ARM=mix_switch PHASE=x bash bench/h200_issue14.sh", timeout_s 600.
-# $OUT gets report.md (the timeline, the tables so far) and results_<phase>.tar.gz (eval jsons/md,
+# $OUT (at most 8 files come back) gets report.md (the timeline, the tables so far), in phase a
+# mixture.txt, speed.md and speed.tar.gz, and results_<phase>.tar.gz (eval jsons/md, the plots,
 # metrics.csv, mixture.json, probe.json, resolved configs, logs); checkpoints never come back.
 set -u
 cd "$(dirname "$0")/.."
@@ -52,7 +53,7 @@ finish() {   # after every phase step: a call cut short still returns what finis
   } > "$OUT/report.md" 2>/dev/null
   tar czf "$OUT/results_$PHASE.tar.gz.tmp" --exclude=checkpoints --exclude=tb --exclude='*.safetensors' \
     --exclude='*.gguf' --exclude=corpus --exclude=synth --exclude=hf_tokenizer --exclude=smollm2 \
-    -C "$DEV" eval runs work_a work_b work_c work_d compare.md diag.md 2>/dev/null
+    -C "$DEV" eval runs work_a work_b work_c work_d compare.md diag.md compare.png heat 2>/dev/null
   mv "$OUT/results_$PHASE.tar.gz.tmp" "$OUT/results_$PHASE.tar.gz" 2>/dev/null
 }
 
@@ -142,13 +143,15 @@ arm_done() {   # the arm's run finished (not stopped by its time budget)
 
 case "$PHASE" in
 a)  # ARM=dense: the data (CPU) beside issue 17's speed bench (GPU); else GPU checks of doc_mask + its bench
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$WORK/logs/gpu.txt" 2>&1
     EVAL_END=$BUDGET
     if [ "$ARM" = dense ]; then
       prepare_data &
       P_DATA=$!
       if [ -f bench/h200_speed.sh ]; then
-        guard speed $(( BUDGET - 10 )) env BUDGET_S=$(( BUDGET - 25 )) OUT="$OUT/speed" bash bench/h200_speed.sh
+        guard speed $(( BUDGET - 10 )) env BUDGET_S=$(( BUDGET - 25 )) OUT="$DEV/speed" bash bench/h200_speed.sh
+        cp "$DEV/speed/speed.md" "$OUT/" 2>/dev/null
+        tar czf "$OUT/speed.tar.gz" -C "$DEV" speed 2>/dev/null   # the device returns at most 8 files
       fi
       wait $P_DATA
       guard mixture 60 $PY -m megablu.cli data mix "$CFG"
@@ -191,7 +194,7 @@ c|d)  # the rest of the training, then the arm's evals (and any baseline a cut c
     merged native
     if [ -f "$DEV/native.json" ]; then
       guard compare $(( BUDGET + 30 )) $PY -m megablu.cli compare $(ls -d "$DEV"/eval/*/) --md "$DEV/compare.md" \
-        --plot "$OUT/compare.png" --heatmap "$OUT/heat" --gate-parent "$DEV/native.json" \
+        --plot "$DEV/compare.png" --heatmap "$DEV/heat" --gate-parent "$DEV/native.json" \
         --short-lengths 1024 4072 --margin-pp 5 --loss-margin-rel 0.02
     fi
     finish ;;
