@@ -26,7 +26,7 @@ Classes (`classify`; the first rule that matches wins):
   attn_fwd / attn_bwd   launched inside an SDPA/flash/cuDNN/flex attention op (the innermost
                         such op decides fwd or bwd: a recomputed forward inside a checkpoint's
                         backward stays fwd); by kernel name when no op is known
-  optimizer             multi_tensor_apply / adam kernels (none here: no optimizer step)
+  optimizer             fused optimizer kernels (adam, lamb, ...; none here: no optimizer step)
   gemm                  cuBLAS/cuBLASLt/CUTLASS names (gemm, nvjet, xmma, ...) or launched by
                         aten::mm/addmm/bmm/linear
   other                 the embedding lookup and its backward, and anything not matched
@@ -88,14 +88,14 @@ ATTN_SCOPE = re.compile(r"scaled_dot_product|flash_attn|flash_attention|efficien
 BWD = re.compile(r"backward|bwd|bprop", _I)
 ATTN_NAME = re.compile(r"fprop|bprop|flash_fwd|flash_bwd|fmha|FlashAttention|flash_attn|sdpa|attention", _I)
 ATTN_BWD_NAME = re.compile(r"bprop|bwd|backward|fmha_cutlassB|dot_do_o|convert_dq", _I)
-OPTIM_NAME = re.compile(r"multi_tensor_apply|adam|_foreach_|lamb_", _I)
+OPTIM_NAME = re.compile(r"adam|lamb(?!da)|sgd|lion_", _I)    # fused optimizer kernels (a zero_grad foreach is not one)
 OPTIM_SCOPE = re.compile(r"Optimizer\.step|optimizer", _I)
 GEMM_NAME = re.compile(r"gemm|nvjet|xmma|wgmma|cublas|splitKreduce|cutlass", _I)
 GEMM_OP = re.compile(r"^aten::(mm|addmm|addmm_|bmm|baddbmm|addbmm|matmul|linear|_scaled_mm)$")
 COPY_NAME = re.compile(r"copy", _I)
 EMBED_SCOPE = re.compile(r"embedding", _I)
 ELEMENTWISE_NAME = re.compile(r"elementwise|reduce|megablu::|rmsnorm|rope|swiglu|silu|norm|softmax|triton|fill|"
-                              r"cumsum|arange|scatter|gather|index|where|exp|_foreach", _I)
+                              r"cumsum|arange|scatter|gather|index|where|exp|multi_tensor", _I)
 ELEMENTWISE_OP = re.compile(r"^aten::(add|add_|mul|mul_|sub|div|neg|exp|log|rsqrt|sqrt|pow|silu|sigmoid|tanh|mean|"
                             r"sum|where|fill_|zero_|clamp|relu|gelu|softmax|_softmax|_log_softmax|logsumexp|"
                             r"threshold_backward|silu_backward|sigmoid_backward|addcmul|lerp|maximum|minimum|"
