@@ -498,9 +498,14 @@ def case_markdown(r: dict) -> str:
     s, p = r["step"], r["profile"]
     lines = [hdr, "",
              f"blu-0.5b ({r['n_layers']} layers), bf16, batch 1, ops {r['ops']}, loss chunk {r['loss_chunk']}, "
-             f"one fwd+bwd without optimizer. Step without the profiler: {_f(s.get('timed_median_s'), '{:.3f}')} s "
-             f"(median of {len(s.get('timed_s', []))}; warm-up step {_f(s.get('warmup_s'), '{:.2f}')} s), "
-             f"{_f(s.get('tokens_per_s'), '{:.0f}')} tokens/s, MFU {_f(s.get('mfu'), '{:.0%}')}, peak "
+             f"one fwd+bwd without optimizer; weights drawn on the {r.get('init', 'cpu')}; built in "
+             f"{_f(r.get('build_s'), '{:.1f}')} s. "
+             + (f"Step without the profiler: {_f(s.get('timed_median_s'), '{:.3f}')} s (median of "
+                f"{len(s.get('timed_s', []))}; warm-up step {_f(s.get('warmup_s'), '{:.2f}')} s), "
+                if s.get("timed_s") else
+                f"No plain step timed (warm-up step {_f(s.get('warmup_s'), '{:.2f}')} s): tokens/s and MFU are the "
+                f"profiled step's, profiler overhead included; ")
+             + f"{_f(s.get('tokens_per_s'), '{:.0f}')} tokens/s, MFU {_f(s.get('mfu'), '{:.0%}')}, peak "
              f"{_f(s.get('peak_gb'))} GB. Profiled step wall: {p['wall_ms']:.1f} ms. "
              f"Kernels linked to their ops: {r['profile_stats'].get('linked_pct', 0):.0f}% of kernel time.", "",
              "| class | kernel ms | % of step wall | kernels | largest kernel (ms) |", "|---|---|---|---|---|"]
@@ -554,6 +559,10 @@ def case_markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _tk(T: int) -> str:
+    return f"{T // 1024}k" if T % 1024 == 0 else str(T)
+
+
 def summary_markdown(results: list) -> str:
     """Side-by-side table of several cases (each a profile_<T>_<mode>.json)."""
     done = [r for r in results if not r.get("skipped") and not r.get("error")]
@@ -562,12 +571,13 @@ def summary_markdown(results: list) -> str:
         return "no profiled case completed\n" + "".join(f"- T={r.get('T')} {r.get('mode')}: "
                                                        f"{r.get('skipped') or r.get('error')}\n" for r in results)
     done.sort(key=lambda r: (r["T"], r["mode"]))
-    cols = [f"T={r['T'] // 1024}k {r['mode']}" for r in done]
+    cols = [f"T={_tk(r['T'])} {r['mode']}" for r in done]
     out += ["| ms (% of step wall) | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     out.append("| step wall, no profiler (s) | " + " | ".join(_f(r["step"].get("timed_median_s"), "{:.3f}")
                                                              for r in done) + " |")
-    out.append("| tokens/s (no profiler) | " + " | ".join(_f(r["step"].get("tokens_per_s"), "{:.0f}")
-                                                         for r in done) + " |")
+    out.append("| tokens/s (* = of the profiled step) | " + " | ".join(
+        _f(r["step"].get("tokens_per_s"), "{:.0f}") + ("*" if r["step"].get("profiled_only") else "")
+        for r in done) + " |")
     out.append("| profiled step wall (ms) | " + " | ".join(f"{r['profile']['wall_ms']:.1f}" for r in done) + " |")
     for key, label in CLASSES:
         out.append(f"| {label} | " + " | ".join(
@@ -718,6 +728,25 @@ def estimate_case_s(T: int, timed: int) -> float:
     return 15.0 + (2 + timed) * step
 
 
+def build_model(tb, mode: str, T: int, a, device: str) -> tuple:
+    """(model, where its weights were drawn). train_bench.build draws blu-0.5b's 0.6B initial
+    weights on the CPU (several seconds a build); under a CUDA default device the same build
+    draws them on the GPU (the values differ, which no timing depends on). --init-on-cpu, or
+    any failure of the GPU draw, takes train_bench's own path."""
+    import torch
+
+    if device == "cuda" and not a.init_on_cpu:
+        try:
+            with torch.device("cuda"):
+                return tb.build("megablu", mode, T, a.loss_chunk, a.ops, a.mlp_tiles, device=device), "cuda"
+        except Exception as e:  # noqa: BLE001 - fall back to the exact train_bench path
+            gc.collect()
+            torch.cuda.empty_cache()
+            return (tb.build("megablu", mode, T, a.loss_chunk, a.ops, a.mlp_tiles, device=device),
+                    f"cpu (the GPU draw failed: {type(e).__name__}: {str(e)[:200]})")
+    return tb.build("megablu", mode, T, a.loss_chunk, a.ops, a.mlp_tiles, device=device), "cpu"
+
+
 def profile_case(T: int, mode: str, a, device: str = "cuda") -> dict:
     import torch
     from torch.profiler import record_function
@@ -733,7 +762,7 @@ def profile_case(T: int, mode: str, a, device: str = "cuda") -> dict:
     model = None
     try:
         t0 = time.perf_counter()
-        model = tb.build("megablu", mode, T, a.loss_chunk, a.ops, a.mlp_tiles, device=device)
+        model, row["init"] = build_model(tb, mode, T, a, device)
         row["build_s"] = time.perf_counter() - t0
         head = model.lm_head
         head_forward = head.forward
@@ -763,12 +792,12 @@ def profile_case(T: int, mode: str, a, device: str = "cuda") -> dict:
             dt = sorted(times)[len(times) // 2]
             step.update(timed_median_s=dt, tokens_per_s=T / dt,
                         mfu=tb.flops_per_token(cfg, T) * T / dt / 1e12 / tb.PEAK_TFLOPS)
-        if device == "cuda":
+        row["step"] = step
+        acts, ranges, stats, prof = _profile(lambda: tb.step(model, "megablu", ids), device)
+        if device == "cuda":        # over the plain steps and the profiled one (the only one when --timed 0)
             step["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
         off = getattr(model, "offload", None)
         step["host_gb"] = off.host_bytes / 1e9 if off is not None else 0.0
-        row["step"] = step
-        acts, ranges, stats, prof = _profile(lambda: tb.step(model, "megablu", ids), device)
         window = _window(ranges)
         row["profile_stats"] = stats
         row["profile"] = summarize(acts, window, T, cfg.n_heads, cfg.resolved_head_dim, cfg.n_layers)
@@ -786,6 +815,8 @@ def profile_case(T: int, mode: str, a, device: str = "cuda") -> dict:
         gc.collect()
         if device == "cuda":
             torch.cuda.empty_cache()
+            # the offload's pinned host buffers (53 GB at 128k) go back before the next case
+            getattr(torch._C, "_host_emptyCache", lambda: None)()
     return row
 
 
@@ -824,6 +855,8 @@ def parse_args(argv: Optional[list] = None):
     p.add_argument("--loss-chunk", type=int, default=4096)
     p.add_argument("--mlp-tiles", type=int, default=8)
     p.add_argument("--timed", type=int, default=2, help="plain steps timed before the profiled one (0: none)")
+    p.add_argument("--init-on-cpu", action="store_true",
+                   help="draw the initial weights on the CPU as train_bench does (slower; default: on the GPU)")
     p.add_argument("--micro-reps", type=int, default=5, help="SDPA microbenchmark: median of this many")
     p.add_argument("--no-micro", action="store_true", help="skip the same-shape SDPA microbenchmark")
     p.add_argument("--trace-mode", default="", help="export this mode's gzip'd chrome trace to $OUT")

@@ -316,3 +316,31 @@ def test_cpu_rehearsal_of_the_whole_path(tmp_path):
         assert p["gpu"]["busy_ms"] + p["gpu"]["idle_ms"] == pytest.approx(p["wall_ms"])
         assert row["micro"]["kernel_fwd_ms"] > 0
     assert "### T=256, selective+offload" in r.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("os").environ.get("MEGABLU_SLOW") != "1", reason="the device script's CPU rehearsal "
+                    "(~10-40 s): MEGABLU_SLOW=1")
+def test_h200_speed_script_rehearsal(tmp_path):
+    """bench/h200_speed.sh with REHEARSE_CPU=1: the call's order, the build marker, the deadlines,
+    and what comes back (at most 8 files, names the device tool returns, the report's sections)."""
+    import os
+    import re
+
+    out, work = tmp_path / "out", tmp_path / "work"
+    r = subprocess.run(["bash", str(ROOT / "bench/h200_speed.sh")], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "REHEARSE_CPU": "1", "OUT": str(out), "WORK": str(work),
+                            "DS_ACCELERATOR": "cpu"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    names = sorted(p.name for p in out.iterdir())
+    assert len(names) <= 8 and all(re.fullmatch(r"[A-Za-z0-9._-]+", n) for n in names), names
+    assert {"speed.md", "loss_bench.json", "logs.tar.gz", "profile_256_selective-offload.json",
+            "profile_384_selective.json"} <= set(names)
+    timeline = [ln.split("\t") for ln in (work / "timeline.tsv").read_text().splitlines()]
+    assert [t[0] for t in timeline] == ["build", "loss", "prof32k", "prof128k"] or \
+        [t[0] for t in timeline] == ["loss", "build", "prof32k", "prof128k"]
+    assert all(t[3] == "0" for t in timeline), timeline
+    md = (out / "speed.md").read_text()
+    for section in ("## Where a step's time goes", "## Loss through the lm head", "ended).", "### T=384, selective",
+                    "## Timeline"):
+        assert section in md, section
