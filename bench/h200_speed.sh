@@ -20,6 +20,10 @@
 #   3. profile T=131072: selective+offload, selective (no plain step: the profiled one is
 #      timed; a case that no longer fits the budget is recorded as skipped)
 #   4. speed.md: the side-by-side profile table, the loss table, each case's tables, the timeline
+# Expected on the H200 (estimates from BENCHMARKS.md's step times, not measured as a sequence):
+# device_env ~10 s; build 25-60 s (background); loss ~70 s (exactness/compiles ~40 s, timings
+# ~5 s at 32k and ~20 s at 128k); profile 32k ~45 s (2 cases, trace export ~5 s); profile 128k
+# ~65 s (2 cases of warm-up + profiled step, ~11.5 s each); report ~3 s: ~200 s in all.
 # $OUT (the device tool returns at most 8 files): speed.md, profile_<T>_<mode>.json (4),
 # loss_bench.json, trace_32768_selective-offload.json.gz, logs.tar.gz (every part's stdout/stderr,
 # timeline.tsv, nvidia-smi).
@@ -52,7 +56,7 @@ else
     > "$WORK/logs/nvidia-smi.txt" 2>&1
 fi
 min() { [ "$1" -lt "$2" ] && echo "$1" || echo "$2"; }
-left_to() { echo $(( $1 - $(now) - 3 )); }   # seconds a part may plan for before its deadline
+left_to() { local l=$(( $1 - $(now) - 3 )); [ "$l" -lt 1 ] && l=1; echo "$l"; }   # a part's own budget
 
 # 0. the ops build, in the background; its marker lets the loss bench's timings start
 ( guard build $(( BUDGET_S - 30 )) "${build[@]}"; echo $? > "$WORK/build.done" ) &
@@ -99,6 +103,7 @@ rm -f "$OUT"/*.tmp
   echo '```'
 } > "$OUT/speed.md"
 tar czf "$OUT/logs.tar.gz" -C "$WORK" logs timeline.tsv
+sed -n '/^## Where/,/^## Each case/p' "$OUT/speed.md"     # the tables, into the call's output tail
 cat "$WORK/timeline.tsv"
 ls -la "$OUT"
 echo "h200_speed.sh: $(now) s of BUDGET_S=$BUDGET_S"

@@ -2,8 +2,9 @@
 
 One fwd+bwd step under torch.profiler (CPU + CUDA activity); every GPU activity (kernel,
 memcpy, memset) put in one class; per class its kernel time and share of the step's wall
-time; the GPU's idle time (step wall minus the union of all activity intervals) and where
-it sits; attention's in-model TF/s against the same-shape SDPA microbenchmark measured in
+time; the GPU's idle time (step wall minus the union of all activity intervals), its compute
+idle time (minus the union of non-copy kernels only) and where that sits (gaps between
+kernels: sizes, forward or backward, the kernels on either side); attention's in-model TF/s against the same-shape SDPA microbenchmark measured in
 the same process.
 
     source launch/device_env.sh
@@ -388,7 +389,10 @@ def summarize(acts: list, window: tuple, T: int = 0, heads: int = 0, head_dim: i
                   "concurrency_ms": (kernel_sum - length(busy)) / 1e3,
                   "copy_exposed_ms": {k: length(minus(union(iv for a, iv in inside if a.cls == k), compute)) / 1e3
                                       for k in COPY_CLASSES}}
-    res["gaps"] = _gaps(inside, busy, lo, hi)
+    res["gpu"]["compute_idle_ms"] = (wall - length(compute)) / 1e3
+    # where compute stops: gaps between non-copy kernels (a copy running alone, e.g. an offload
+    # stall, counts here as a gap; the GPU idle above counts it as busy)
+    res["gaps"] = _gaps([(a, iv) for a, iv in inside if a.cls not in COPY_CLASSES], compute, lo, hi)
     # forward / backward spans on the GPU: backward = kernels launched by the autograd engine
     fwd = [iv for a, iv in inside if not a.backward]
     bwd = [iv for a, iv in inside if a.backward]
@@ -396,8 +400,9 @@ def summarize(acts: list, window: tuple, T: int = 0, heads: int = 0, head_dim: i
     if fwd and bwd:
         split = min(s for s, _ in bwd)
         for pname, (p0, p1) in (("forward", (lo, split)), ("backward", (split, hi))):
-            pb = overlap(busy, p0, p1)
-            phases[pname] = {"span_ms": (p1 - p0) / 1e3, "busy_ms": pb / 1e3, "idle_ms": (p1 - p0 - pb) / 1e3}
+            pb, pc = overlap(busy, p0, p1), overlap(compute, p0, p1)
+            phases[pname] = {"span_ms": (p1 - p0) / 1e3, "busy_ms": pb / 1e3, "idle_ms": (p1 - p0 - pb) / 1e3,
+                             "compute_idle_ms": (p1 - p0 - pc) / 1e3}
     res["phases"] = phases
     if T and heads and head_dim:
         res["attention"] = _attention(inside, T, heads, head_dim, n_layers)
@@ -518,6 +523,8 @@ def case_markdown(r: dict) -> str:
     lines += [f"| **GPU busy** (union of all activity) | {g['busy_ms']:.1f} | "
               f"{100 * g['busy_ms'] / p['wall_ms']:.1f}% | | concurrency (sum - union) {g['concurrency_ms']:.1f} ms |",
               f"| **GPU idle** (wall - busy) | {g['idle_ms']:.1f} | {g['idle_pct']:.1f}% | | |",
+              f"| compute idle (no kernel but copies) | {g['compute_idle_ms']:.1f} | "
+              f"{100 * g['compute_idle_ms'] / p['wall_ms']:.1f}% | | gaps below are these |",
               f"| copies not hidden by compute | HtoD {g['copy_exposed_ms']['copy_h2d']:.1f}, DtoH "
               f"{g['copy_exposed_ms']['copy_d2h']:.1f}, DtoD {g['copy_exposed_ms']['copy_d2d']:.1f} | | | |", ""]
     a = p.get("attention")
@@ -540,11 +547,11 @@ def case_markdown(r: dict) -> str:
             lines.append(f"SDPA microbenchmark failed: {m['error']}")
         lines.append("")
     gp = p["gaps"]
-    lines.append("Idle gaps: " + ", ".join(f"{k}: {v[0]} ({v[1]:.1f} ms)" for k, v in gp["buckets"].items())
+    lines.append("Compute gaps: " + ", ".join(f"{k}: {v[0]} ({v[1]:.1f} ms)" for k, v in gp["buckets"].items())
                  + ". By phase: " + ", ".join(f"{k} {v:.1f} ms" for k, v in gp["by_phase_ms"].items()) + ".")
     if p.get("phases"):
-        lines.append("GPU spans: " + "; ".join(f"{k} {v['span_ms']:.1f} ms (idle {v['idle_ms']:.1f})"
-                                                for k, v in p["phases"].items()) + ".")
+        lines.append("GPU spans: " + "; ".join(f"{k} {v['span_ms']:.1f} ms (idle {v['idle_ms']:.1f}, compute idle "
+                                                f"{v['compute_idle_ms']:.1f})" for k, v in p["phases"].items()) + ".")
     if gp["largest"]:
         lines += ["", "| largest gaps: at ms | ms | phase | before | after |", "|---|---|---|---|---|"]
         lines += [f"| {x['at_ms']:.2f} | {x['ms']:.3f} | {x['phase']} | {x['before']} | {x['after']} |"
@@ -588,6 +595,9 @@ def summary_markdown(results: list) -> str:
         for r in done) + " |")
     out.append("| **GPU idle** | " + " | ".join(
         f"{r['profile']['gpu']['idle_ms']:.1f} ({r['profile']['gpu']['idle_pct']:.1f}%)" for r in done) + " |")
+    out.append("| compute idle (no kernel but copies) | " + " | ".join(
+        f"{r['profile']['gpu']['compute_idle_ms']:.1f} "
+        f"({100 * r['profile']['gpu']['compute_idle_ms'] / r['profile']['wall_ms']:.1f}%)" for r in done) + " |")
     out.append("| attention fwd+bwd TF/s in model | " + " | ".join(
         _f((r["profile"].get("attention") or {}).get("fwd_bwd_tflops"), "{:.0f}") for r in done) + " |")
     micro = {r["T"]: r["micro"] for r in done if r.get("micro") and not r["micro"].get("error")}

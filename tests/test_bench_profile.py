@@ -198,18 +198,20 @@ def test_summarize_known_timeline():
     assert g["copy_exposed_ms"]["copy_d2h"] == pytest.approx(0)
     assert g["copy_exposed_ms"]["copy_h2d"] * 1e3 == pytest.approx(50)
     assert r["classes"]["attn_fwd"]["pct_wall"] == pytest.approx(20.0)
-    gaps = r["gaps"]
+    assert g["compute_idle_ms"] * 1e3 == pytest.approx(355)      # the HtoD copy runs alone in [900, 950)
+    gaps = r["gaps"]                                               # gaps between non-copy kernels
     assert gaps["count"] == 6
-    assert {k: round(v[1] * 1e3) for k, v in gaps["buckets"].items()} == {"< 10 us": 5, "10-100 us": 70,
+    assert {k: round(v[1] * 1e3) for k, v in gaps["buckets"].items()} == {"< 10 us": 0, "10-100 us": 125,
                                                                            "0.1-1 ms": 230, ">= 1 ms": 0}
     assert {k: round(v * 1e3) for k, v in gaps["by_phase_ms"].items()} == {
-        "head (before the first kernel)": 100, "forward": 25, "backward": 140, "tail (after the last kernel)": 40}
+        "head (before the first kernel)": 100, "forward": 75, "backward": 140, "tail (after the last kernel)": 40}
     top = gaps["largest"][0]
     assert top["ms"] * 1e3 == pytest.approx(130) and top["phase"] == "backward"
     assert top["before"].startswith("sm90_xmma") and top["after"].startswith("cudnn_generated")
     ph = r["phases"]
     assert ph["forward"]["span_ms"] * 1e3 == pytest.approx(600) and ph["forward"]["idle_ms"] * 1e3 == pytest.approx(250)
     assert ph["backward"]["idle_ms"] * 1e3 == pytest.approx(55)
+    assert ph["backward"]["compute_idle_ms"] * 1e3 == pytest.approx(105)
     a = r["attention"]
     assert a["fwd_calls"] == 1 and a["bwd_calls"] == 1           # the GQA sum does not count as a second call
     fl = 2.0 * 1024 * 1024 * 2 * 8
