@@ -154,7 +154,7 @@ a)  # ARM=dense: the data (CPU) beside issue 17's speed bench (GPU); else GPU ch
         tar czf "$OUT/speed.tar.gz" -C "$DEV" speed 2>/dev/null   # the device returns at most 8 files
       fi
       wait $P_DATA
-      guard mixture 60 $PY -m megablu.cli data mix "$CFG"
+      guard mixture $(( $(now) + 60 )) $PY -m megablu.cli data mix "$CFG"
       cp "$WORK/logs/mixture.out" "$OUT/mixture.txt" 2>/dev/null
     else
       guard gpu_tests 210 $PY -m pytest -q tests/ops/test_doc_attention.py tests/model/test_doc_mask.py -k cuda
