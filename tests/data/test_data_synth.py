@@ -95,6 +95,56 @@ def test_every_template_task_key_type_and_filler(tok, text_data):
         assert len(meta["asked"]) == (1 if task == "kv" else len(meta["answer"])) and len(meta["answer"]) >= 1
 
 
+def test_manyq_asks_one_key_per_query_every_tokens_each_answered_at_once(tok, text_data):
+    """The dense task: length // query_every questions (2..MAX_QUERIES), each followed by its own record's value,
+    in an order unrelated to depth; every asked record once in the context, depths uniform."""
+    from megablu.data.synth import MAX_QUERIES
+
+    text = TrainText(text_data, tok)
+    depths, orders = [], []
+    for filler, L, every in (("kv", 3000, 256), ("text", 3000, 256), ("kv", 600, 1024), ("kv", 9000, 64)):
+        syn = Synthesizer(tok, SynthSpec(lengths=[L], tasks=("manyq",), fillers=(filler,), query_every=every,
+                                         seed=5), text)
+        for i in range(6):
+            ids, meta = syn.document(i)
+            n = min(MAX_QUERIES, max(2, L // every))
+            assert len(ids) == L and len(meta["asked"]) == len(meta["answer"]) == len(meta["depths"]) == n
+            qa, ctx = tok.decode(ids[-meta["qa_tokens"]:]), tok.decode(ids[:-meta["qa_tokens"]])
+            lines = [ln for ln in qa.split("\n") if ln]
+            pos = 0
+            for k, v in zip(meta["asked"], meta["answer"]):
+                assert ctx.count(k) == 1    # the key, once: its own record (never inside another item)
+                line = ctx[ctx.rindex("\n", 0, ctx.index(k)) + 1:]
+                assert v in line[:line.index("\n")]   # the value on the key's record line
+                q_at, a_at = qa.index(k, pos), qa.index(v, pos)   # question, then its answer, before the next one
+                assert q_at < a_at
+                pos = a_at + len(v)
+            assert len(lines) >= n
+            depths += meta["depths"]
+            orders.append(meta["depths"] == sorted(meta["depths"]))
+    d = np.asarray(depths)
+    assert d.min() < 0.05 and d.max() > 0.95 and abs(d.mean() - 0.5) < 0.06
+    assert not all(orders)          # questions are not asked in depth order
+    with pytest.raises(DataError, match="--query-every 0: must be a positive"):
+        Synthesizer(tok, SynthSpec(lengths=[500], tasks=("manyq",), query_every=0))
+
+
+def test_an_asked_key_occurs_once_even_among_many_number_records(tok):
+    """5-digit keys among ~1,000 records with values of up to 9 digits: without the pools' protection
+    a key would sit inside some distractor's value in most documents."""
+    from megablu.data.synth import _Pool
+
+    syn = Synthesizer(tok, SynthSpec(lengths=[16000], tasks=("manyq",), key_types=("numbers",),
+                                     value_types=("numbers",), templates=("colon",), query_every=256, seed=2))
+    for i in range(3):
+        ids, meta = syn.document(i)
+        ctx = tok.decode(ids[:-meta["qa_tokens"]])
+        assert meta["records"] > 700 and len(meta["asked"]) == 62
+        assert all(ctx.count(k) == 1 for k in meta["asked"])
+    pool = _Pool("numbers", np.random.default_rng(0), protected=["1"])
+    assert not any("1" in pool.draw("value") for _ in range(300))
+
+
 def test_reproducible_and_seeded(tmp_path):
     kw = dict(lengths=[200], docs=20, progress=False, val_fraction=0.2)
     a = synth_dataset(tmp_path / "a", TOK, seed=1, **kw)
