@@ -27,7 +27,7 @@ def _rope_from_hf(hf_config) -> RopeConfig:
     spellings): default or YaRN, anything else refused. For YaRN, as transformers'
     standardize_rope_params / _compute_yarn_parameters read it: original_max_position from a
     top-level `original_max_position_embeddings` first (Phi-3 style), then the rope dict, then
-    max_position_embeddings; a factor left out = max_position_embeddings / original."""
+    max_position_embeddings; a factor is required."""
     rp = _rope_params(hf_config)
     kind = rp.get("rope_type", rp.get("type", "default"))
     if rp.get("rope_theta") is None:
@@ -44,10 +44,8 @@ def _rope_from_hf(hf_config) -> RopeConfig:
     if orig is None:
         raise ValueError("YaRN without original_max_position_embeddings or max_position_embeddings")
     factor = rp.get("factor")
-    if factor is None:
-        if max_pos is None:
-            raise ValueError("YaRN without factor or max_position_embeddings")
-        factor = max_pos / orig
+    if factor is None:   # transformers refuses it too (a required key of rope_type yarn)
+        raise ValueError("YaRN without a factor")
     return RopeConfig(theta=rp["rope_theta"], yarn=YarnConfig(
         factor=factor, original_max_position=orig, beta_fast=rp.get("beta_fast") or 32.0,
         beta_slow=rp.get("beta_slow") or 1.0, truncate=rp.get("truncate", True),
