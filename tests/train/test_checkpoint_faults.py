@@ -92,7 +92,7 @@ def _rank_main(rank: int, world: int, port: int, spec: dict, tdir: Path) -> int:
         "train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0.0, "zero_allow_untested_optimizer": True,
         "zero_optimization": {"stage": stage}, "steps_per_print": 10 ** 9})
     meta = {"config_hash": spec.get("config_hash", "cfg0"), "tokenizer": spec.get("tokenizer", "bytes-97"), "dp": world, "sp": 1,
-            "world_size": world, "zero_stage": stage, "model": MODEL, "rope": {"theta": 10000.0}}
+            "world_size": world, "zero_stage": stage, "model": MODEL, "rope": {"theta": 10000.0}, "window": 64}
     mgr = CheckpointManager(spec["run_dir"], keep=spec.get("keep", KEEP), meta=meta, on_phase=hook)
     torch.manual_seed(1000 + rank)
     random.seed(rank)

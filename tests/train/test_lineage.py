@@ -385,3 +385,19 @@ def test_hf_records_transformers_cannot_run_are_refused():
                     ({"rope_type": "default"}, "no rope_theta")):
         with pytest.raises(ValueError, match=why):
             rope_record_from_hf({**base, "rope_parameters": rp})
+
+
+def test_entry_refuses_through_the_trainer_guard_when_the_preflight_let_it_pass(tmp_path, monkeypatch):
+    """Defence in depth: with the preflight's init_from check removed, the entry still exits 2 with
+    the rule's message from Trainer() (no traceback, no run dir)."""
+    from megablu.train import preflight
+    from tests.bad_input_lab import Lab
+
+    monkeypatch.setattr(preflight, "CHECKS", [c for c in preflight.CHECKS if c[0] != "init_from"])
+    lab = Lab(tmp_path / "lab")
+    runs = tmp_path / "runs"
+    r = lab.entry([f"runs_dir={runs}", f"init_from={lab.parent()}", "data.window=512", "train.tokens_per_step=2048",
+                   "rope.yarn={factor: 4.0, original_max_position: 128}"])
+    assert r.rc == 2 and r.exc is None and "Traceback" not in r.err, r.err[-2000:]
+    assert "rope.yarn.original_max_position=128 but the parent" in r.err
+    assert not runs.exists()
