@@ -98,6 +98,11 @@ def export_checkpoint(src: PathLike, out: PathLike, force: bool = False,
     m = read_manifest(step)
     run_dir = _run_dir_of(step)
     model_cfg, rope_cfg, window = _model_configs(m, run_dir)
+    if window is None and rope_cfg.yarn is None:
+        raise CheckpointError(f"cannot export {step}: it records no training window (no meta.window in its manifest, "
+                              f"no data.window in {run_dir / 'config.resolved.yaml'}); config.json's "
+                              f"max_position_embeddings would be a guess, and a YaRN extension of the export is "
+                              f"checked against it")
     try:   # refused before any file is written
         cfg = hf_config_dict(model_cfg, rope_cfg, window, rope_as_yarn)
     except RopeExportError as e:
