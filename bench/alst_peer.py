@@ -56,13 +56,13 @@ def tiled_loss(model, ids: torch.Tensor) -> torch.Tensor:
     return TiledFusedLogitsLoss.apply(loss_fn, model, x, y, None, shards, [model.lm_head.weight], "sum")
 
 
-def build(cfg, rope, device: str, dtype: torch.dtype, alst: bool = True):
+def build(cfg, rope, device: str, dtype: torch.dtype, max_position: int, alst: bool = True):
     import transformers
     from transformers.models.llama import modeling_llama
 
     from megablu.model.hf import hf_config_dict
 
-    d = hf_config_dict(cfg, rope)
+    d = hf_config_dict(cfg, rope, max_position)   # positions only: the sequence length to build for
     d.pop("model_type", None), d.pop("architectures", None)
     hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**d, attn_implementation="sdpa"))
     if alst:
@@ -84,8 +84,8 @@ def check_on_cpu() -> None:
     cfg = ModelConfig(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=97)
     rope = RopeConfig(theta=10000.0)
     torch.manual_seed(0)
-    ref = build(cfg, rope, "cpu", torch.float32, alst=False)
-    peer = build(cfg, rope, "cpu", torch.float32, alst=True)
+    ref = build(cfg, rope, "cpu", torch.float32, 64, alst=False)
+    peer = build(cfg, rope, "cpu", torch.float32, 64, alst=True)
     peer.load_state_dict(ref.state_dict())
     peer.train()
     ids = torch.randint(0, 97, (1, 64))

@@ -70,12 +70,12 @@ def build(impl: str, mode: str, T: int, loss_chunk: int, ops: str = "auto", mlp_
     if impl == "alst":   # the ALST-style peer (bench/alst_peer.py)
         import alst_peer
 
-        return alst_peer.build(BLU05B, rope, "cuda", torch.bfloat16).train()
+        return alst_peer.build(BLU05B, rope, "cuda", torch.bfloat16, max_position=T).train()
     import transformers
 
     from megablu.model.hf import hf_config_dict
 
-    d = hf_config_dict(BLU05B, rope)
+    d = hf_config_dict(BLU05B, rope, T)
     d.pop("model_type"), d.pop("architectures")
     hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**d, attn_implementation="sdpa"))
     if mode == "full":

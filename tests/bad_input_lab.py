@@ -198,13 +198,17 @@ class Lab:
             os.environ.update(saved)
 
     def both(self, sets=(), file=None) -> Result:
-        """config check and the entry: both must refuse, with the same first problem (one preflight)."""
+        """config check and the entry: both must refuse, listing the same problems (one preflight)."""
         runs = self.fresh("runs")
         sets = [f"runs_dir={runs}", *sets]
         a, b = self.check(sets, file=file), self.entry(sets, file=file)
         if a.rc != b.rc:
             return Result(a.rc if a.rc != 2 else b.rc, a.out + b.out, f"config check rc {a.rc} but the entry rc "
                           f"{b.rc}:\n{a.err}\n---\n{b.err}", a.exc or b.exc)
+        problems = [sorted(ln for ln in r.err.splitlines() if ln.startswith("  - ")) for r in (a, b)]
+        if problems[0] != problems[1]:   # the case's message found in one of them only is not "alike"
+            return Result(98, a.out + b.out, f"config check and the entry list other problems:\n{a.err}\n---\n"
+                          f"{b.err}", a.exc or b.exc)
         if any(runs.iterdir()):
             return Result(99, "", f"the refusal left {list(runs.iterdir())} in runs_dir", None)
         return Result(b.rc, a.out + b.out, b.err + a.err, a.exc or b.exc)

@@ -180,6 +180,84 @@ def _(lab):
                      "rope.yarn={factor: 4.0, original_max_position: 128}"])
 
 
+# the rope lineage (config/lineage.py): the child at window 512 (or 1024 over a YaRN parent)
+_EXT = ["data.window=512", "train.tokens_per_step=2048"]
+_YARN_PARENT = ["data.window=512", "train.tokens_per_step=2048", "rope.yarn={factor: 2.0, original_max_position: 256}"]
+
+
+@case("configs", "rope.yarn with init_from empty (an unset $PARENT)", "init_from: not set, but rope.yarn is",
+      "rope.allow_yarn_from_scratch=true")
+def _(lab):
+    return lab.both(["init_from=", *_EXT, "rope.yarn={factor: 4.0, original_max_position: 128}"])
+
+
+@case("configs", "init_from: '' (an empty string)", "init_from='' is empty")
+def _(lab):
+    return lab.both(['init_from=""'])
+
+
+@case("configs", "init_from with another rope.theta", "rope.theta=500000 but the parent", "rope.theta=10000")
+def _(lab):
+    return lab.both([f"init_from={lab.parent()}", "rope.theta=500000"])
+
+
+@case("configs", "init_from a YaRN parent, original = the parent's window", "is itself YaRN-extended",
+      "set rope.yarn.original_max_position=256 and rope.yarn.factor=4")
+def _(lab):
+    return lab.both([f"init_from={lab.parent(_YARN_PARENT)}", "data.window=1024", "train.tokens_per_step=4096",
+                     "rope.yarn={factor: 2.0, original_max_position: 512}"])
+
+
+@case("configs", "init_from a YaRN parent, child without YaRN", "rope.yarn: unset, but the parent")
+def _(lab):
+    return lab.both([f"init_from={lab.parent(_YARN_PARENT)}", *_EXT])
+
+
+@case("configs", "init_from a YaRN parent, other beta_fast", "rope.yarn.beta_fast=16.0 but the parent")
+def _(lab):
+    return lab.both([f"init_from={lab.parent(_YARN_PARENT)}", "data.window=1024", "train.tokens_per_step=4096",
+                     "rope.yarn={factor: 4.0, original_max_position: 256, beta_fast: 16.0}"])
+
+
+@case("configs", "init_from a YaRN parent with an explicit attention_factor, child without",
+      "rope.yarn.attention_factor: unset", "set rope.yarn.attention_factor=1 to keep")
+def _(lab):
+    parent = lab.parent([*_EXT, "rope.yarn={factor: 2.0, original_max_position: 256, attention_factor: 1.0}"])
+    return lab.both([f"init_from={parent}", "data.window=1024", "train.tokens_per_step=4096",
+                     "rope.yarn={factor: 4.0, original_max_position: 256}"])
+
+
+@case("configs", "init_from a transformers dir with another rope type", "rope_type='llama3' is not supported")
+def _(lab):
+    d = lab.fresh("hf") / "p"
+    shutil.copytree(_hf_dir(lab), d)
+    c = json.loads((d / "config.json").read_text())
+    c["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                            "original_max_position_embeddings": 128}
+    (d / "config.json").write_text(json.dumps(c))
+    return lab.both([f"init_from={d}", *_EXT, "rope.yarn={factor: 2.0, original_max_position: 256}"])
+
+
+@case("configs", "init_from a sharded transformers model's index, another rope", "trained at window 256")
+def _(lab):
+    import torch
+
+    from megablu.model.decoder import BluModel
+    from megablu.model.hf import to_hf
+
+    cfg = lab.config()
+    torch.manual_seed(0)
+    d = lab.fresh("hf") / "sharded"
+    to_hf(BluModel(cfg.model, cfg.rope), max_position=256).save_pretrained(d, max_shard_size="200KB")
+    return lab.both([f"init_from={d / 'model.safetensors.index.json'}", *_EXT,
+                     "rope.yarn={factor: 4.0, original_max_position: 128}"])
+
+
+@case("configs", "init_from a pytorch_model.bin", "pytorch_model.bin is not safetensors weights")
+def _(lab):
+    return lab.both([f"init_from={lab.write('pytorch_model.bin', b'PK', binary=True)}"])
+
+
 @case("configs", "init_from step with a corrupted weights file", "checksum model.safetensors")
 def _(lab):
     p = lab.parent()
@@ -320,6 +398,20 @@ def _(lab):
     return lab.cli("ckpt", "export", run, "--out", out)
 
 
+@case("checkpoints", "ckpt export: a step that records no window", "records no training window")
+def _(lab):
+    from megablu.checkpoint.layout import _manifest_digest
+
+    _, run = lab.run(steps=(2,), with_weights=True)
+    step = run / "checkpoints" / "step_0000002"
+    m = json.loads((step / "manifest.json").read_text())
+    del m["meta"]["window"]
+    m["manifest_sha256"] = _manifest_digest(m)
+    (step / "manifest.json").write_text(json.dumps(m))
+    (run / "config.resolved.yaml").unlink()
+    return lab.cli("ckpt", "export", step, "--out", lab.root / "export-nowindow")
+
+
 # =========================================================================== eval / hub
 def _hf_dir(lab):
     if "hf" not in lab._cache:
@@ -356,6 +448,24 @@ case("eval/hub", "eval length shorter than the prompt", "eval.lengths [30] canno
     lambda lab: _eval(lab, "--lengths", "30", "--n", "1"))
 case("eval/hub", "eval with a config error", "train.max_step: unknown key")(
     lambda lab: _eval(lab, "--set", "train.max_step=1", model=False))
+case("eval/hub", "eval with YaRN over a plain-RoPE checkpoint", "differs from the one", "rope.yarn: None vs",
+     "--rope-override")(lambda lab: _eval(lab, "--n", "1", "--set", "data.window=512", "--set",
+                                          "train.tokens_per_step=2048", "--set",
+                                          "rope.yarn={factor: 2.0, original_max_position: 256}"))
+case("eval/hub", "eval with another rope.theta", "rope.theta: 10000.0 vs 500000.0", "--rope-override")(
+    lambda lab: _eval(lab, "--n", "1", "--set", "rope.theta=500000"))
+case("eval/hub", "eval of weights that record no rope", "records no rope", "--rope-override")(
+    lambda lab: _eval(lab, "--ckpt", _bare_weights(lab), "--n", "1", model=False))
+
+
+def _bare_weights(lab):
+    from megablu.checkpoint import save_weights
+
+    p = lab.fresh("bare") / "w.safetensors"
+    save_weights(lab.weights(lab.config()), p)
+    return p
+
+
 case("eval/hub", "eval --gate-parent not a result", "megablu eval:")(
     lambda lab: _eval(lab, "--gate-parent", lab.cfg_file, "--n", "1"))
 
@@ -448,6 +558,21 @@ _resume_case("max_steps below the checkpoint's step", "train.max_steps=2 < the c
 _resume_case("stop_after at or before the checkpoint", "train.stop_after=2 <= step 2",
              sets=["train.stop_after=2"])
 _resume_case("resume with an invalid config", "train.betas", sets=["train.betas=[2, 2]"])
+
+
+@case("resume", "a run whose rope contradicts its init_from (started before the check)",
+      "the run started from init_from", "rope.yarn.original_max_position=128 but the parent", "start a new run",
+      watch=lambda lab: _trap_run(lab)[1])
+def _(lab):
+    runs, run, sets = lab._cache["trap"]
+    return lab.entry([f"runs_dir={runs}", *sets], resume=run.name)
+
+
+def _trap_run(lab):
+    sets = [f"init_from={lab.parent()}", *_EXT, "rope.yarn={factor: 4.0, original_max_position: 128}"]
+    runs, run = lab.run(sets=sets)
+    lab._cache["trap"] = (runs, run, sets)
+    return runs, run
 
 
 # =========================================================================== concurrency

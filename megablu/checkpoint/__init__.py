@@ -61,6 +61,7 @@ from .weights import (
     parent_record,
     read_weight_shapes,
     read_weights,
+    resolve_parent,
     resolve_weights,
     save_weights,
     tied_keys,
@@ -69,6 +70,7 @@ from .weights import (
 
 __all__ = ["CKPT_DIR", "LATEST", "MANIFEST", "PIN", "WEIGHTS", "CheckpointError", "CheckpointManager",
            "export_checkpoint", "get_rng_state", "load_weights", "newest_verified", "parent_record", "read_manifest",
-           "read_weight_shapes", "read_weights", "resolve_step", "resolve_step_collective", "resolve_weights",
+           "read_weight_shapes", "read_weights", "resolve_parent", "resolve_step", "resolve_step_collective",
+           "resolve_weights",
            "save_weights", "scan_steps", "set_rng_state", "step_dirs", "step_name", "step_of", "step_problems",
            "tied_keys", "verify_checkpoint", "weights_mismatch"]

@@ -104,13 +104,14 @@ def _verify_collective(root: Path) -> list[str]:
 
 
 
-def resolve_step_collective(path: PathLike, deep: bool = True) -> Path:
-    """`resolve_step` decided once, on rank 0, and broadcast: a save landing meanwhile cannot
-    give two ranks two different steps. Every rank raises rank 0's CheckpointError."""
+def resolve_step_collective(path: PathLike, deep: bool = True, resolve: Callable = resolve_step) -> Path:
+    """`resolve(path, deep)` (default layout.resolve_step; init_from: weights.resolve_parent)
+    decided once, on rank 0, and broadcast: a save landing meanwhile cannot give two ranks two
+    different steps. Every rank raises rank 0's CheckpointError."""
     found, err = None, None
     if get_rank() == 0:
         try:
-            found = str(resolve_step(path, deep=deep))
+            found = str(resolve(path, deep=deep))
         except CheckpointError as e:
             err = str(e)
     found, err = broadcast_object((found, err))

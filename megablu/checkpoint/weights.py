@@ -54,16 +54,19 @@ def save_weights(sd: dict, path: PathLike, extra_meta: Optional[dict] = None) ->
     fsync_file(path)
 
 
-def resolve_weights(path: PathLike, deep: bool = True) -> tuple[list[Path], Optional[dict]]:
-    """safetensors files for a step dir, a run dir (newest verified), an export dir or a file.
+INDEX = "model.safetensors.index.json"
+_PARENT_KINDS = ("a run dir, a checkpoint step dir, an exported or transformers model dir, a .safetensors file or "
+                 "a model.safetensors.index.json")
 
-    Returns (files, manifest or None). Raises CheckpointError with what was looked for.
-    deep=False checks a step's files by size only (the load itself hashes them).
-    """
+
+def resolve_parent(path: PathLike, deep: bool = True) -> Path:
+    """What an init_from / eval path means: a run dir -> its newest verified step
+    (layout.resolve_step, the rule resume and `ckpt` use too), anything else -> itself. The
+    weights (`resolve_weights`) and the record (`parent_record`) are both read from this one
+    path, so they cannot come from two different steps. deep=False checks the steps by size
+    only. Raises CheckpointError."""
     p = Path(path)
-    if p.is_file() and p.suffix == ".safetensors":
-        return [p], None
-    if not p.is_dir():
+    if not p.exists():
         raise CheckpointError(f"init_from {p}: no such file or directory")
     if is_run_dir(p):
         try:
@@ -71,7 +74,26 @@ def resolve_weights(path: PathLike, deep: bool = True) -> tuple[list[Path], Opti
         except CheckpointError as e:
             raise CheckpointError(f"init_from {e}") from None
         log.info("init_from %s: newest verified step is %s", p, newest.name)
-        p = newest
+        return newest
+    return p
+
+
+def resolve_weights(path: PathLike, deep: bool = True) -> tuple[list[Path], Optional[dict]]:
+    """safetensors files for a step dir, a run dir (newest verified), an export dir, a weights
+    file or a sharded model's index file.
+
+    Returns (files, manifest or None). Raises CheckpointError with what was looked for.
+    deep=False checks a step's files by size only (the load itself hashes them).
+    """
+    p = resolve_parent(path, deep=deep)
+    if p.is_file():
+        if p.name.endswith(".safetensors"):
+            return [p], None
+        if p.name.endswith(".safetensors.index.json"):
+            return _index_shards(p), None
+        raise CheckpointError(f"init_from {p}: {p.name} is not safetensors weights; give {_PARENT_KINDS}")
+    if not p.is_dir():
+        raise CheckpointError(f"init_from {p}: no such file or directory")
     m = None
     if (p / MANIFEST).exists():
         problems = verify_checkpoint(p, deep=deep)
@@ -80,38 +102,40 @@ def resolve_weights(path: PathLike, deep: bool = True) -> tuple[list[Path], Opti
         m = read_manifest(p)
     if (p / WEIGHTS).is_file():
         return [p / WEIGHTS], m
-    idx = p / "model.safetensors.index.json"
-    if idx.is_file():
+    if (p / INDEX).is_file():
+        return _index_shards(p / INDEX), m
+    raise CheckpointError(f"init_from {p}: no {WEIGHTS} or {INDEX} (expected {_PARENT_KINDS})")
+
+
+def _index_shards(idx: Path) -> list[Path]:
+    """The shard files a (transformers) model.safetensors.index.json names, beside it."""
+    try:
         shards = sorted(set(json.loads(idx.read_text())["weight_map"].values()))
-        missing = [s for s in shards if not (p / s).is_file()]
-        if missing:
-            raise CheckpointError(f"init_from {p}: index names missing shards {missing}")
-        return [p / s for s in shards], m
-    raise CheckpointError(f"init_from {p}: no {WEIGHTS} or model.safetensors.index.json "
-                          f"(expected a checkpoint step dir, a run dir or an exported HF dir)")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"init_from {idx}: not a readable safetensors index ({type(e).__name__}: {e})") from None
+    missing = [s for s in shards if not (idx.parent / s).is_file()]
+    if missing or not shards:
+        raise CheckpointError(f"init_from {idx}: index names missing shards {missing}" if missing else
+                              f"init_from {idx}: index names no shard")
+    return [idx.parent / s for s in shards]
 
 
-def parent_record(path: PathLike):
+def parent_record(path: PathLike, deep: bool = True):
     """What an init_from parent records about its training: a `ParentRecord` (window, rope, source).
 
-    Read from a step's manifest (a run dir: its newest step whose files are present), the
-    run's config.resolved.yaml for manifests older than the meta, an export's or a
-    transformers dir's config.json, or the same beside a weights file. A record that is
-    absent gives window/rope None; a record that cannot be read raises CheckpointError.
-    Sizes only, no hashing: the load itself verifies every sha256.
+    Read from the step `resolve_parent` gives (a run dir: its newest verified step, the one the
+    weights are loaded from): its manifest, the run's config.resolved.yaml for manifests older
+    than the meta, an export's or a transformers dir's config.json, or the same beside a weights
+    file. A record that is absent gives window/rope None; a record that cannot be read raises
+    CheckpointError. deep=False: the run's steps checked by size only.
     """
     import yaml
 
     from ..config.lineage import ParentRecord
     from ..config.schema import RopeConfig
 
-    p = Path(path)
+    p = resolve_parent(path, deep=deep)
     d = p.parent if p.is_file() else p
-    if is_run_dir(d):
-        try:
-            d = resolve_step(d, deep=False)
-        except CheckpointError as e:
-            raise CheckpointError(f"init_from {e}") from None
     if (d / MANIFEST).exists():
         meta = read_manifest(d).get("meta", {})
         rope, window, src = meta.get("rope"), meta.get("window"), f"{d}/{MANIFEST}"
@@ -279,6 +303,11 @@ def export_checkpoint(src: PathLike, out: PathLike, force: bool = False,
     m = read_manifest(step)
     run_dir = step.parent.parent if step.parent.name == CKPT_DIR else step.parent
     model_cfg, rope_cfg, window = _model_configs(m, run_dir)
+    if window is None and rope_cfg.yarn is None:
+        raise CheckpointError(f"cannot export {step}: it records no training window (no meta.window in its manifest, "
+                              f"no data.window in {run_dir / 'config.resolved.yaml'}); config.json's "
+                              f"max_position_embeddings would be a guess, and a YaRN extension of the export is "
+                              f"checked against it")
     try:   # refused before any file is written
         cfg = hf_config_dict(model_cfg, rope_cfg, window, rope_as_yarn)
     except RopeExportError as e:

@@ -15,12 +15,20 @@ Rules (child rope C at window T, parent trained at window W with rope P):
   and betas, with factor = T / original (YaRN's own 64k -> 128k step kept 4096 and raised
   the factor); an original set to the parent's window W re-bases frequencies the parent
   never saw;
-- P YaRN, C without YaRN: refused (the child would compute other frequencies).
+- P YaRN, C without YaRN: refused (the child would compute other frequencies);
+- P YaRN with an explicit attention_factor, C YaRN without one: refused (C would silently
+  take 0.1 ln(factor) + 1, another attention temperature than the parent chose); an explicit
+  value in C is a decision and is kept;
+- no parent at all (init_from unset), C YaRN: refused unless `rope.allow_yarn_from_scratch`.
+  YaRN re-scales frequencies a parent learned at original_max_position; random weights
+  learned nothing at any length, and an empty `--set init_from=$PARENT` looks exactly like
+  this (it trained a "YaRN extension" of random weights with exit 0).
 `rope.yarn.apply` (always | beyond_original) is the child's recipe, not a property of the
 parent's weights, and is not compared; `megablu eval` compares the whole rope, apply included.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -41,9 +49,21 @@ def _fmt_yarn(r: RopeConfig) -> str:
     return "plain RoPE" if y is None else f"YaRN factor {y.factor:g} x original_max_position {y.original_max_position}"
 
 
-def rope_lineage_problems(child: RopeConfig, window: int, parent: ParentRecord) -> list[str]:
-    """Every way the child's rope contradicts the parent's record, as 'field: values; fix'."""
+def rope_lineage_problems(child: RopeConfig, window: int, parent: Optional[ParentRecord]) -> list[str]:
+    """Every way the child's rope contradicts the parent's record, as 'field: values; fix'.
+
+    parent None: the child has no parent (init_from unset)."""
     errs: list[str] = []
+    if parent is None:
+        y = child.yarn
+        if y is not None and not child.allow_yarn_from_scratch:
+            errs.append(
+                f"init_from: not set, but rope.yarn is ({_fmt_yarn(child)}): YaRN re-scales the frequencies a parent "
+                f"learned at original_max_position, and random weights were trained at no length (an empty "
+                f"`--set init_from=$PARENT` gives this); set init_from=<the parent: a run dir, a step dir or an "
+                f"exported model dir>, or rope.allow_yarn_from_scratch=true to train YaRN frequencies from random "
+                f"weights on purpose")
+        return errs
     p, src = parent.rope, parent.source
     if p is None or parent.window is None:
         if child.yarn is not None:
@@ -82,6 +102,12 @@ def rope_lineage_problems(child: RopeConfig, window: int, parent: ParentRecord) 
         if getattr(c, f) != getattr(py, f):
             errs.append(f"rope.yarn.{f}={getattr(c, f)} but the parent {src} was trained with rope.yarn.{f}="
                         f"{getattr(py, f)}; set rope.yarn.{f}={getattr(py, f)}")
+    if py.attention_factor is not None and c.attention_factor is None:
+        default = 0.1 * math.log(c.factor) + 1.0   # YaRN's, as model/rope.py computes it
+        errs.append(f"rope.yarn.attention_factor: unset (so {default:.4g} = 0.1 ln({c.factor:g}) + 1), but the parent "
+                    f"{src} was trained with rope.yarn.attention_factor={py.attention_factor:g} set explicitly; "
+                    f"set rope.yarn.attention_factor={py.attention_factor:g} to keep the parent's attention "
+                    f"temperature, or the value you mean")
     return errs
 
 
@@ -90,8 +116,8 @@ def rope_differences(a: RopeConfig, b: RopeConfig) -> list[str]:
     da, db = a.model_dump(mode="json"), b.model_dump(mode="json")
     out = []
     for k in sorted(set(da) | set(db)):
-        if k == "allow_theta_change":
-            continue   # a training permission, not part of the rope a model computes
+        if k in ("allow_theta_change", "allow_yarn_from_scratch"):
+            continue   # training permissions, not part of the rope a model computes
         if isinstance(da.get(k), dict) and isinstance(db.get(k), dict):
             out += [f"rope.{k}.{f}: {da[k].get(f)} vs {db[k].get(f)}"
                     for f in sorted(set(da[k]) | set(db[k])) if da[k].get(f) != db[k].get(f)]

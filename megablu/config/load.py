@@ -209,8 +209,9 @@ _SESSION_FIELDS = {("train", "stop_after"), ("train", "stop_after_s"), ("train",
                    ("runs_dir",)}
 
 
-# Fields added after runs were started, left out of the hash while unset, so that those runs resume.
-_LATER_FIELDS = {("data", "mix")}
+# Fields added after runs were started, left out of the hash while unset (None, or a flag left False),
+# so that those runs resume.
+_LATER_FIELDS = {("data", "mix"), ("rope", "allow_yarn_from_scratch")}
 
 
 def config_hash(cfg: Config) -> str:
@@ -220,7 +221,7 @@ def config_hash(cfg: Config) -> str:
         node = d
         for k in path[:-1]:
             node = node[k]
-        if path in _SESSION_FIELDS or node.get(path[-1]) is None:
+        if path in _SESSION_FIELDS or node.get(path[-1]) in (None, False):
             node.pop(path[-1], None)
     blob = json.dumps(d, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

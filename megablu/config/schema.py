@@ -96,6 +96,10 @@ class RopeConfig(Section):
     yarn: Optional[YarnConfig] = None
     allow_theta_change: bool = Field(default=False, description="init_from a parent trained with another "
                                      "rope.theta on purpose (an ABF-style base raise); otherwise a config error")
+    allow_yarn_from_scratch: bool = Field(default=False, description="rope.yarn without init_from on purpose: "
+                                          "YaRN frequencies trained from random weights (tests, ablations); "
+                                          "otherwise a config error, since YaRN extends a parent trained at "
+                                          "original_max_position and an empty init_from is usually a typo")
 
     @model_validator(mode="before")
     @classmethod
@@ -358,6 +362,14 @@ class Config(Section):
     hub: HubConfig = HubConfig()
     init_from: Optional[str] = Field(default=None, description="parent checkpoint (weights only)")
     runs_dir: str = "runs"
+
+    @field_validator("init_from")
+    @classmethod
+    def _init_from(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not v.strip():
+            raise ValueError(f"init_from={v!r} is empty (an unset shell variable?); give the parent (a run dir, a "
+                             f"step dir or an exported model dir), or null to train from scratch")
+        return v
 
     @field_validator("name")
     @classmethod

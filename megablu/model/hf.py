@@ -17,6 +17,7 @@ def _rope_params(hf_config) -> dict:
     rp = getattr(hf_config, "rope_parameters", None)
     if rp is None:  # transformers 4.x
         rp = dict(getattr(hf_config, "rope_scaling", None) or {})
+        # transformers' default for Llama and Qwen2 (LlamaConfig/Qwen2Config.default_theta)
         rp.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
     return dict(rp)
 
@@ -32,24 +33,50 @@ def _sliding_layers(hf_config) -> list[int]:
     return []
 
 
-def _yarn_from_hf(rp: dict, where: str) -> Optional[YarnConfig]:
+def _yarn_from_hf(rp: dict, orig) -> Optional[YarnConfig]:
     """YarnConfig of a transformers yarn rope dict; None for factor 1.0, which IS the plain RoPE
     (interpolated = extrapolated frequencies, attention factor 1); a clear ValueError otherwise."""
     factor = rp.get("factor")
-    if factor is not None and float(factor) == 1.0:
+    if factor is None:   # transformers refuses it too (a required key of rope_type yarn)
+        raise ValueError("YaRN without a factor")
+    if float(factor) == 1.0:
         af = rp.get("attention_factor")
         if af is not None and float(af) != 1.0:
-            raise ValueError(f"{where}: rope_type='yarn' with factor 1.0 and attention_factor {af:g}: YaRN factor "
-                             f"1.0 is the plain RoPE, which scales nothing; this combination is not supported")
+            raise ValueError(f"rope_type='yarn' with factor 1.0 and attention_factor {af:g}: YaRN factor 1.0 is the "
+                             f"plain RoPE, which scales nothing; this combination is not supported")
         return None
     try:
-        return YarnConfig(factor=factor, original_max_position=rp.get("original_max_position_embeddings"),
-                          beta_fast=rp.get("beta_fast") or 32.0, beta_slow=rp.get("beta_slow") or 1.0,
-                          truncate=rp.get("truncate", True), attention_factor=rp.get("attention_factor"))
+        return YarnConfig(factor=factor, original_max_position=orig, beta_fast=rp.get("beta_fast") or 32.0,
+                          beta_slow=rp.get("beta_slow") or 1.0, truncate=rp.get("truncate", True),
+                          attention_factor=rp.get("attention_factor"))
     except ValidationError as e:
         why = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise ValueError(f"{where}: rope_type='yarn' with factor {factor!r}, original_max_position_embeddings "
-                         f"{rp.get('original_max_position_embeddings')!r} is not supported ({why})") from None
+        raise ValueError(f"rope_type='yarn' with factor {factor!r}, original_max_position_embeddings {orig!r} is not "
+                         f"supported ({why})") from None
+
+
+def _rope_from_hf(hf_config) -> RopeConfig:
+    """The RoPE transformers computes for this config (`modeling_rope_utils`, 4.x and 5.x
+    spellings): default or YaRN, anything else refused. For YaRN, as transformers'
+    standardize_rope_params / _compute_yarn_parameters read it: original_max_position from a
+    top-level `original_max_position_embeddings` first (Phi-3 style), then the rope dict, then
+    max_position_embeddings; a factor is required (1.0: the plain RoPE it equals)."""
+    rp = _rope_params(hf_config)
+    kind = rp.get("rope_type", rp.get("type", "default"))
+    if rp.get("rope_theta") is None:
+        raise ValueError("config.json has no rope_theta")
+    if kind == "default":
+        return RopeConfig(theta=rp["rope_theta"])
+    if kind != "yarn":
+        raise ValueError(f"rope_type={kind!r} is not supported (default or yarn)")
+    if rp.get("mscale") and rp.get("mscale_all_dim"):
+        raise ValueError("YaRN with mscale/mscale_all_dim (DeepSeek style) is not supported")
+    max_pos = getattr(hf_config, "max_position_embeddings", None)
+    orig = (getattr(hf_config, "original_max_position_embeddings", None)
+            or rp.get("original_max_position_embeddings") or max_pos)
+    if orig is None:
+        raise ValueError("YaRN without original_max_position_embeddings or max_position_embeddings")
+    return RopeConfig(theta=rp["rope_theta"], yarn=_yarn_from_hf(rp, orig))
 
 
 def configs_from_hf(hf_config) -> tuple[ModelConfig, RopeConfig]:
@@ -74,36 +101,23 @@ def configs_from_hf(hf_config) -> tuple[ModelConfig, RopeConfig]:
         head_dim=getattr(hf_config, "head_dim", None), ffn_dim=hf_config.intermediate_size,
         vocab_size=hf_config.vocab_size, tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
         norm_eps=hf_config.rms_norm_eps, qkv_bias=qkv_bias)
-    rp = _rope_params(hf_config)
-    kind = rp.get("rope_type", rp.get("type", "default"))
-    yarn = None
-    if kind == "yarn":
-        if rp.get("mscale") and rp.get("mscale_all_dim"):
-            raise ValueError("YaRN with mscale/mscale_all_dim (DeepSeek style) is not supported")
-        yarn = _yarn_from_hf(rp, name)
-    elif kind != "default":
-        raise ValueError(f"rope_type={kind!r} is not supported (default or yarn); model {name}")
-    return model, RopeConfig(theta=rp["rope_theta"], yarn=yarn)
+    try:
+        rope = _rope_from_hf(hf_config)
+    except ValueError as e:
+        raise ValueError(f"{e}; model {name}") from None
+    return model, rope
 
 
 def rope_record_from_hf(config: dict) -> tuple[RopeConfig, Optional[int]]:
     """(rope, trained window) from a transformers config.json dict (4.x or 5.x spelling).
 
     The window is max_position_embeddings: the length the model card says it was trained at
-    (for a YaRN model, factor * original_max_position_embeddings)."""
+    (for a YaRN model, factor * original_max_position_embeddings). megablu's own exports write
+    the run's data.window there (`megablu ckpt export`; `to_hf` requires it)."""
     from types import SimpleNamespace
 
-    rp = _rope_params(SimpleNamespace(**config))
-    kind = rp.get("rope_type", rp.get("type", "default"))
-    if "rope_theta" not in rp:
-        raise ValueError("config.json has no rope_theta")
-    yarn = None
-    if kind == "yarn":
-        yarn = _yarn_from_hf(rp, "config.json")
-    elif kind != "default":
-        raise ValueError(f"rope_type={kind!r} is not supported (default or yarn)")
     window = config.get("max_position_embeddings")
-    return RopeConfig(theta=rp["rope_theta"], yarn=yarn), int(window) if window else None
+    return _rope_from_hf(SimpleNamespace(**config)), int(window) if window else None
 
 
 def from_hf(hf_model) -> BluModel:
@@ -124,7 +138,7 @@ def from_hf(hf_model) -> BluModel:
     missing = [m for m in missing if not (model_cfg.tie_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
         raise ValueError(f"from_hf: missing {missing}, unexpected {unexpected}")
-    # the window the model card records: to_hf writes it back (not the 4096 default)
+    # the window the model card records: to_hf writes it back
     model.max_position = getattr(hf_model.config, "max_position_embeddings", None)
     return model.to(next(hf_model.parameters()).dtype)
 
@@ -183,6 +197,11 @@ def hf_config_dict(model_cfg: ModelConfig, rope_cfg: RopeConfig, max_position: O
         if y.attention_factor is not None:
             rope["attention_factor"] = y.attention_factor
         max_position = max_position or int(y.factor * y.original_max_position)
+    if max_position is None:
+        # no silent default (a 4096 here once claimed every export was trained at 4096): a child's
+        # YaRN extension is checked against this number (config/lineage.py)
+        raise ValueError("max_position: the window the model was trained at (written as max_position_embeddings, "
+                         "which a YaRN extension of it is checked against) is required for a plain-RoPE model")
     return dict(
         model_type="qwen2" if model_cfg.qkv_bias else "llama",
         architectures=["Qwen2ForCausalLM" if model_cfg.qkv_bias else "LlamaForCausalLM"],
@@ -191,14 +210,15 @@ def hf_config_dict(model_cfg: ModelConfig, rope_cfg: RopeConfig, max_position: O
         head_dim=model_cfg.resolved_head_dim, intermediate_size=model_cfg.ffn_dim,
         vocab_size=model_cfg.vocab_size, tie_word_embeddings=model_cfg.tie_embeddings,
         rms_norm_eps=model_cfg.norm_eps, hidden_act="silu", attention_bias=False,
-        max_position_embeddings=max_position or 4096, rope_parameters=rope)
+        max_position_embeddings=max_position, rope_parameters=rope)
 
 
 def to_hf(model: BluModel, max_position: Optional[int] = None, rope_as_yarn: bool = False):
     """A transformers model with this BluModel's weights (Llama, or Qwen2 when qkv_bias).
 
     max_position: max_position_embeddings to write; default the one `from_hf` recorded on the
-    model, else factor * original_max_position for YaRN, else 4096."""
+    model, else factor * original_max_position for YaRN; a plain-RoPE model without either is
+    refused (hf_config_dict: no silent default)."""
     import transformers
 
     d = hf_config_dict(model.cfg, model.rope_cfg, max_position or getattr(model, "max_position", None), rope_as_yarn)

@@ -73,7 +73,12 @@ def main(argv=None) -> int:
     from .resume import how_to_continue
     from .trainer import GateFailed, Trainer
 
-    trainer = Trainer(cfg, resume=args.resume, local_rank=args.local_rank)
+    try:   # the Trainer re-applies the rope lineage rule (it guards the Python API too)
+        trainer = Trainer(cfg, resume=args.resume, local_rank=args.local_rank)
+    except ConfigError as e:
+        if rank == 0:
+            print(str(e), file=sys.stderr)
+        return 2
 
     def next_step() -> str:
         return (how_to_continue(trainer.run_dir, world, topo.nodes) if trainer.run_dir is not None

@@ -94,38 +94,61 @@ def data_problems(ctx: Context) -> list[str]:
 
 def init_from_problems(ctx: Context) -> list[str]:
     """The parent exists, is a checkpoint (not a dataset), records the rope the child may assume,
-    and its weights fit the model: names, shapes, vocabulary, tokenizer."""
+    and its weights fit the model: names, shapes, vocabulary, tokenizer. Without init_from, a
+    YaRN rope needs rope.allow_yarn_from_scratch (config/lineage.py). On --resume the run's
+    weights come from its own checkpoint, but a run whose rope contradicts the parent it
+    started from (started before this check, or through the Python API) is refused: every
+    step of it inherits the mismatch."""
     cfg = ctx.cfg
-    if not cfg.init_from or ctx.resume:
-        return []
+    if ctx.resume:
+        if not cfg.init_from or not Path(cfg.init_from).exists():
+            return []   # from scratch (checked when it started), or a parent since moved: nothing to compare
+        problems = init_from_rope_problems(cfg, deep=False)   # its record only: nothing is loaded from it
+        return [f"--resume {ctx.resume}: the run started from init_from {cfg.init_from}, and its rope contradicts "
+                f"that parent's record: {p}; every step of the run inherits this, so resuming it trains on a wrong "
+                f"rope: start a new run from the parent with the rope fixed (nothing was written)"
+                for p in problems]
+    if not cfg.init_from:
+        return init_from_rope_problems(cfg)
     if not Path(cfg.init_from).exists():
         return [f"init_from: parent checkpoint {cfg.init_from} does not exist; give a run dir, a checkpoint step "
                 f"dir or an exported model dir"]
-    from ..checkpoint import CheckpointError, parent_record
+    from ..checkpoint import CheckpointError, parent_record, resolve_parent
 
-    try:
-        parent_record(cfg.init_from)
+    try:   # a run dir: its newest verified step, as the trainer will load it (hashed where ctx.hash)
+        src = resolve_parent(cfg.init_from, deep=ctx.hash)
+        rec = parent_record(src)
     except CheckpointError as e:   # not a checkpoint (a dataset, a damaged manifest): nothing else to check
-        return [f"init_from: {e}"]
-    return init_from_rope_problems(cfg) + init_from_weight_problems(ctx)
-
-
-def init_from_rope_problems(cfg: Config) -> list[str]:
-    """The child's rope against what the init_from parent records (config/lineage.py)."""
-    from ..checkpoint import CheckpointError, parent_record
-    from ..config.lineage import rope_lineage_problems
-
-    try:
-        rec = parent_record(cfg.init_from)
-    except CheckpointError as e:
         return [f"init_from: {e}"]
     if rec.rope is None and cfg.rope.yarn is None:
         log.warning("init_from %s records no rope or window: rope.theta=%g cannot be checked against the parent's",
                     cfg.init_from, cfg.rope.theta)
+    # a step found by the scan above was hashed by it: the weights check then needs sizes only
+    deep = ctx.hash and src == Path(cfg.init_from)
+    return init_from_rope_problems(cfg, src) + init_from_weight_problems(ctx, src, deep)
+
+
+def init_from_rope_problems(cfg: Config, source=None, deep: bool = True) -> list[str]:
+    """The child's rope against the record of the parent it starts from (config/lineage.py).
+
+    source: the path whose weights will be loaded (the trainer passes the step it resolved);
+    default cfg.init_from, read as the load reads it (`checkpoint.resolve_parent`). No
+    init_from: the no-parent rule. The one place the rule is applied: the preflight, the
+    Trainer and a resume all call this."""
+    from ..checkpoint import CheckpointError, parent_record
+    from ..config.lineage import rope_lineage_problems
+
+    if not cfg.init_from:
+        return rope_lineage_problems(cfg.rope, cfg.data.window, None)
+    try:
+        rec = parent_record(source or cfg.init_from, deep=deep)
+    except CheckpointError as e:
+        return [f"init_from: {e}"]
     return rope_lineage_problems(cfg.rope, cfg.data.window, rec)
 
 
-def init_from_weight_problems(ctx: Context) -> list[str]:
+def init_from_weight_problems(ctx: Context, src=None, deep: Optional[bool] = None) -> list[str]:
+    """The weights at src (default init_from) against the model's names and shapes and the tokenizer."""
     import torch
 
     from ..checkpoint import CheckpointError, read_weight_shapes, tied_keys, weights_mismatch
@@ -133,7 +156,7 @@ def init_from_weight_problems(ctx: Context) -> list[str]:
 
     cfg = ctx.cfg
     try:
-        shapes, prov = read_weight_shapes(cfg.init_from, deep=ctx.hash)
+        shapes, prov = read_weight_shapes(src or cfg.init_from, deep=ctx.hash if deep is None else deep)
     except CheckpointError as e:
         return [f"init_from: {e}"]
     except Exception as e:  # noqa: BLE001 - a weights file that is not safetensors (SafetensorError et al.)

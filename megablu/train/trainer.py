@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from ..config import Config, config_hash, grad_accum_steps, to_yaml
+from ..config import Config, ConfigError, config_hash, grad_accum_steps, to_yaml
 from ..memory.apply import apply_memory
 from ..model.decoder import BluModel
 from ..parallel.groups import Groups, build_groups
@@ -96,6 +96,14 @@ class Trainer:
         # train.stop_after_s: this session's wall-clock budget, counted from the Trainer's start
         self._t_start = time.monotonic()
         self._timed, self._out_of_time, self._slowest_extra = False, False, 0.0
+        if not resume:
+            # the seed's -27 pp trap (config/lineage.py), also for a Trainer built without the
+            # entry's preflight (the Python API): refused before any rank or run dir exists
+            from .preflight import init_from_rope_problems
+
+            problems = init_from_rope_problems(cfg, deep=False)
+            if problems:
+                raise ConfigError(problems, "(Trainer)")
 
     # ------------------------------------------------------------------ setup
     def _init_distributed(self) -> Groups:
@@ -148,14 +156,16 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)
         model = BluModel(cfg.model, cfg.rope, seed=cfg.train.seed)
         if cfg.init_from and not self.resume:
-            from ..checkpoint import CheckpointError, load_weights, resolve_step_collective
+            from ..checkpoint import load_weights, resolve_parent, resolve_step_collective
+            from .preflight import init_from_rope_problems
 
             # a run dir means its newest verified checkpoint: decided once, on rank 0, so that
             # a save landing meanwhile cannot give two ranks two different parents
-            try:
-                src = str(resolve_step_collective(cfg.init_from))
-            except CheckpointError:   # every rank raises, none waits on a collective rank 0 left
-                raise FileNotFoundError(f"init_from: run {cfg.init_from} has no verified checkpoint") from None
+            src = str(resolve_step_collective(cfg.init_from, resolve=resolve_parent))
+            # the rope against the record of exactly the step loaded (the preflight read the same rule)
+            problems = init_from_rope_problems(cfg, src)
+            if problems:
+                raise ConfigError(problems, f"(init_from {src})")
             # embeddings trained with another tokenizer have the right shape and mean nothing
             load_weights(model, src, tokenizer=self.tokenizer.identity)
             log.info("initialised weights from %s", src)

@@ -34,7 +34,7 @@ def test_final_gate_failure_fails_the_run_after_saving(tmp_path, stdlib_data):
     import os
 
     from tests.dist_utils import free_port
-    from tests.train.test_resume import ROOT, TINY
+    from tests.train.test_resume import ROOT, SCRATCH, TINY
 
     data = stdlib_data
     n = 3
@@ -43,7 +43,7 @@ def test_final_gate_failure_fails_the_run_after_saving(tmp_path, stdlib_data):
     (tmp_path / "parent.json").write_text(json.dumps(parent))
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "1", "--master_port", str(free_port()),
            str(ROOT / "launch" / "ext32k.py"), "--config", str(TINY)]
-    for s in [f"runs_dir={tmp_path}/runs", f"data.path={data}", "parallel.sp=1", "train.micro_batch=1",
+    for s in [SCRATCH, f"runs_dir={tmp_path}/runs", f"data.path={data}", "parallel.sp=1", "train.micro_batch=1",
               "train.tokens_per_step=512", "train.max_steps=2", "schedule.kind=cosine", "schedule.decay_start=null",
               "schedule.warmup_steps=0", "checkpoint.every_steps=0",
               "data.max_epochs=100", "eval.lengths=[232]", f"eval.n={n}", "eval.final=true",

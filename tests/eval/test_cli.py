@@ -76,7 +76,7 @@ def test_eval_hf_dir_and_invalid_inputs(tmp_path, capsys):
     from megablu.model.hf import to_hf
 
     hf_dir = tmp_path / "hf"
-    to_hf(tiny_model(seed=4)).save_pretrained(str(hf_dir))
+    to_hf(tiny_model(seed=4), max_position=512).save_pretrained(str(hf_dir))
     cfg = _config(tmp_path)
     assert main(["eval", "--config", str(cfg), "--hf", str(hf_dir), "--step", "0", "--arm", "parent",
                  "--out", str(tmp_path / "o"), "--no-plot"]) == 0
@@ -173,7 +173,7 @@ def test_eval_suite_per_length_runs_merge_in_compare_and_bad_input_exits_2(tmp_p
                   {"source": "stdlib", "license": "PSF", "key": f"s/{i}"})
         w.finish()
     hf_dir = tmp_path / "hf"
-    to_hf(tiny_model(seed=4)).save_pretrained(str(hf_dir))
+    to_hf(tiny_model(seed=4), max_position=512).save_pretrained(str(hf_dir))
     cfg = _config(tmp_path)
     base = ["eval", "--config", str(cfg), "--hf", str(hf_dir), "--step", "0", "--arm", "a", "--no-plot",
             "--set", "data.window=2048", "--set", f"eval.loss.data={ds}", "--set", "eval.loss.n=1",

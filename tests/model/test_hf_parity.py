@@ -51,7 +51,7 @@ def test_logits_match_llama(yarn, tie, kv, heads):
 
 def test_round_trip_to_hf_and_qwen2():
     hf = _llama(True, False)
-    back = to_hf(from_hf(hf))
+    back = to_hf(from_hf(hf), max_position=hf.config.max_position_embeddings)
     for (k, v), (k2, v2) in zip(sorted(hf.state_dict().items()), sorted(back.state_dict().items())):
         assert k == k2 and torch.equal(v, v2), k
     assert back.config.rope_parameters["rope_type"] == "yarn"

@@ -67,7 +67,7 @@ def test_init_from_clear_error_when_absent(tmp_path):
     with pytest.raises(CheckpointError, match="no such file"):
         load_weights(_model(), tmp_path / "nope")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(CheckpointError, match="expected a checkpoint step dir, a run dir or an exported HF dir"):
+    with pytest.raises(CheckpointError, match="expected a run dir, a checkpoint step dir, an exported or transformers"):
         load_weights(_model(), tmp_path / "empty")
 
 

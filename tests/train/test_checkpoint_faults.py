@@ -92,7 +92,8 @@ def _rank_main(rank: int, world: int, port: int, spec: dict, tdir: Path) -> int:
         "train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0.0, "zero_allow_untested_optimizer": True,
         "zero_optimization": {"stage": stage}, "steps_per_print": 10 ** 9})
     meta = {"config_hash": spec.get("config_hash", "cfg0"), "tokenizer": spec.get("tokenizer", "bytes-97"),
-            "dp": world, "sp": 1, "world_size": world, "zero_stage": stage, "model": MODEL, "rope": {"theta": 10000.0}}
+            "dp": world, "sp": 1, "world_size": world, "zero_stage": stage, "model": MODEL, "rope": {"theta": 10000.0},
+            "window": 64}
     mgr = CheckpointManager(spec["run_dir"], keep=spec.get("keep", KEEP), meta=meta, on_phase=hook)
     torch.manual_seed(1000 + rank)
     random.seed(rank)
@@ -721,7 +722,7 @@ def test_cli_verify_list_export_roundtrip(results, tmp_path, capsys):
         assert torch.allclose(hf(x).logits, ref, atol=1e-5, rtol=1e-5)
         back = from_hf(hf)                                    # HF -> BluModel -> HF
         assert torch.equal(back(x), ref)
-        assert torch.equal(to_hf(back)(x).logits, hf(x).logits)
+        assert torch.equal(to_hf(back, max_position=hf.config.max_position_embeddings)(x).logits, hf(x).logits)
     blu2 = BluModel(ModelConfig(**MODEL), RopeConfig(theta=10000))
     load_weights(blu2, tmp_path / "hf")                       # init_from an export
     assert all(torch.equal(a, b) for a, b in zip(blu.state_dict().values(), blu2.state_dict().values()))

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 
@@ -190,3 +191,214 @@ def test_eval_refuses_another_rope_unless_overridden(tmp_path):
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "rope_override" not in json.loads((tmp_path / "ev" / "step_0.json").read_text())
+
+
+# --------------------------------------------------------------------------- holes found by the second review
+# Each of these trained (or read a record that lied) on the code before the fix.
+def test_yarn_without_any_parent_is_refused_unless_allowed():
+    """An empty `--set init_from=$PARENT` left init_from null: the 'extension' trained YaRN on
+    random weights with exit 0. Without a parent, YaRN is refused unless allowed on purpose."""
+    errs = rope_lineage_problems(rope(factor=4.0, orig=128), 512, None)
+    assert len(errs) == 1 and errs[0].startswith("init_from: not set, but rope.yarn is (YaRN factor 4")
+    assert "rope.allow_yarn_from_scratch=true" in errs[0]
+    assert rope_lineage_problems(rope(), 256, None) == []            # plain RoPE from scratch: a pretrain
+    ok = RopeConfig(theta=1e4, yarn=YarnConfig(factor=4.0, original_max_position=128), allow_yarn_from_scratch=True)
+    assert rope_lineage_problems(ok, 512, None) == []
+
+
+def test_empty_init_from_and_no_parent_are_refused_by_the_launch_checks(tmp_path, stdlib_data):
+    base = [sys.executable, "-m", "megablu.cli", "config", "check", str(TINY_EXT), "--world-size", "2",
+            "--set", f"runs_dir={tmp_path}/runs", "--set", f"data.path={stdlib_data}",
+            "--set", "rope.yarn.factor=4", "--set", "rope.yarn.original_max_position=128"]
+    for empty, want in (("init_from=", "init_from: not set, but rope.yarn is"),     # YAML null
+                        ('init_from=""', "init_from='' is empty")):
+        r = subprocess.run(base + ["--set", empty], capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert r.returncode == 2 and want in r.stderr, (empty, r.stderr[-2000:])
+    assert not (tmp_path / "runs").exists()
+    r = subprocess.run(base + ["--set", "rope.allow_yarn_from_scratch=true"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_explicit_parent_attention_factor_is_not_silently_dropped():
+    parent = rec(512, rope(factor=2.0, orig=256, attention_factor=1.0))
+    errs = rope_lineage_problems(rope(factor=4.0, orig=256), 1024, parent)
+    assert len(errs) == 1 and errs[0].startswith("rope.yarn.attention_factor: unset (so 1.139 = 0.1 ln(4) + 1)")
+    assert "set rope.yarn.attention_factor=1 to keep" in errs[0]
+    # an explicit value is a decision, kept; a parent on YaRN's default has nothing to keep
+    assert rope_lineage_problems(rope(factor=4.0, orig=256, attention_factor=1.2), 1024, parent) == []
+    assert rope_lineage_problems(rope(factor=4.0, orig=256), 1024, rec(512, rope(factor=2.0, orig=256))) == []
+
+
+def test_the_record_is_read_from_the_step_the_weights_come_from(tmp_path):
+    """A run whose newest step is damaged (same size, a byte flipped): the weights come from the
+    older step, so must the record. Before, the record came from the newest step by size only."""
+    from tests.bad_input_lab import Lab, flip_byte_keep_stat
+
+    lab = Lab(tmp_path / "lab")
+    run = lab.fresh("parent") / "p-0001"
+    run.mkdir()
+    old, new = lab.config(), lab.config(["data.window=128", "train.tokens_per_step=1024"])
+    lab.step(run, 2, old, weights=lab.weights(old))                  # trained at 256
+    s4 = lab.step(run, 4, new, weights=lab.weights(new))             # records 128; damaged below
+    flip_byte_keep_stat(s4 / "model.safetensors", offset=(s4 / "model.safetensors").stat().st_size - 5)
+    assert parent_record(run).window == 256 and parent_record(run).source.endswith("step_0000002/manifest.json")
+    child = ["init_from=" + str(run), "data.window=512", "train.tokens_per_step=2048",
+             "rope.yarn={factor: 4.0, original_max_position: 128}"]    # right for the damaged step only
+    r = lab.check(child)
+    assert r.rc == 2 and "trained at window 256" in r.err, r.err[-2000:]
+
+
+def test_trainer_built_without_the_preflight_refuses_a_contradicting_rope(tmp_path):
+    """The Python API (Trainer(cfg)) skips launch/ext32k.py's preflight: the Trainer applies the
+    same rule before any rank or run dir exists."""
+    from megablu.config import ConfigError
+    from megablu.train.trainer import Trainer
+    from tests.bad_input_lab import Lab
+
+    lab = Lab(tmp_path / "lab")
+    parent = lab.parent()
+    child = lab.config([f"init_from={parent}", "data.window=512", "train.tokens_per_step=2048",
+                        "rope.yarn={factor: 4.0, original_max_position: 128}"])
+    with pytest.raises(ConfigError, match="rope.yarn.original_max_position=128 but the parent"):
+        Trainer(child)
+    with pytest.raises(ConfigError, match="init_from: not set, but rope.yarn is"):
+        Trainer(child.model_copy(update={"init_from": None}))
+    assert not (tmp_path / "lab" / "runs").exists()
+
+
+def test_resume_of_a_run_whose_rope_contradicts_its_parent_is_refused(tmp_path):
+    """A run started before the check (or through the API) with the seed's trap: every step
+    inherits it, so a resume is refused with the reason, and nothing is written."""
+    from tests.bad_input_lab import Lab
+
+    lab = Lab(tmp_path / "lab")
+    parent = lab.parent()
+    sets = [f"init_from={parent}", "data.window=512", "train.tokens_per_step=2048",
+            "rope.yarn={factor: 4.0, original_max_position: 128}"]
+    runs, run = lab.run(sets=sets)
+    r = lab.check([f"runs_dir={runs}", *sets], "--resume", run.name)
+    assert r.rc == 2, r.err[-2000:]
+    assert f"--resume {run.name}: the run started from init_from {parent}" in r.err
+    assert "rope.yarn.original_max_position=128 but the parent" in r.err and "start a new run" in r.err
+    # the same run with the rope its parent allows resumes
+    good = [f"init_from={parent}", "data.window=512", "train.tokens_per_step=2048",
+            "rope.yarn={factor: 2.0, original_max_position: 256}"]
+    runs, run = lab.run(sets=good)
+    assert lab.check([f"runs_dir={runs}", *good], "--resume", run.name).rc == 0
+
+
+def test_a_sharded_transformers_parent_by_its_index_file(tmp_path):
+    """model.safetensors.index.json given directly: the shards it names are the weights (one
+    clear message for a bad rope, none for a good one; before: 'no such file or directory')."""
+    from megablu.checkpoint import read_weights
+    from megablu.config import load_config
+    from megablu.model.hf import to_hf
+    from tests.bad_input_lab import Lab
+
+    cfg = load_config(ROOT / "yaml_configs" / "tiny_cpu.yaml")
+    torch.manual_seed(0)
+    model = BluModel(cfg.model, cfg.rope)
+    to_hf(model, max_position=256).save_pretrained(tmp_path / "hf", max_shard_size="200KB")
+    idx = tmp_path / "hf" / "model.safetensors.index.json"
+    assert len(list((tmp_path / "hf").glob("model-*.safetensors"))) > 1
+    sd = read_weights(idx)
+    assert all(torch.equal(sd[k], v) for k, v in model.state_dict().items() if k != "lm_head.weight")
+    lab = Lab(tmp_path / "lab")
+    assert lab.check([f"init_from={idx}"]).rc == 0
+    r = lab.check([f"init_from={idx}", "data.window=512", "train.tokens_per_step=2048",
+                   "rope.yarn={factor: 4.0, original_max_position: 128}"])
+    problems = [ln for ln in r.err.splitlines() if ln.startswith("  - ")]
+    assert r.rc == 2 and len(problems) == 1 and "trained at window 256" in problems[0], r.err
+    (tmp_path / "hf" / "pytorch_model.bin").write_bytes(b"x")
+    r = lab.check([f"init_from={tmp_path / 'hf' / 'pytorch_model.bin'}"])
+    assert r.rc == 2 and "pytorch_model.bin is not safetensors weights" in r.err, r.err
+
+
+def test_no_default_window_in_an_hf_config():
+    """to_hf / hf_config_dict wrote max_position_embeddings=4096 when not told: a record saying
+    the model was trained at 4096, which a child's original_max_position was then checked against."""
+    from megablu.model.hf import hf_config_dict, to_hf
+
+    m = BluModel(ModelConfig(**TINY), rope())
+    with pytest.raises(ValueError, match="max_position: the window the model was trained at"):
+        hf_config_dict(m.cfg, m.rope_cfg)
+    with pytest.raises(ValueError, match="max_position"):
+        to_hf(m)
+    assert hf_config_dict(m.cfg, m.rope_cfg, 256)["max_position_embeddings"] == 256
+    y = rope(factor=4.0, orig=256)                   # YaRN: factor * original is the trained window
+    assert hf_config_dict(m.cfg, y)["max_position_embeddings"] == 1024
+
+
+def test_export_of_a_step_that_records_no_window_is_refused(tmp_path):
+    from megablu.cli import main
+    from tests.bad_input_lab import Lab
+
+    lab = Lab(tmp_path / "lab")
+    _, run = lab.run(with_weights=True)
+    step = run / "checkpoints" / "step_0000002"
+    m = json.loads((step / "manifest.json").read_text())
+    del m["meta"]["window"]
+    m["manifest_sha256"] = _manifest_digest(m)
+    (step / "manifest.json").write_text(json.dumps(m))
+    (run / "config.resolved.yaml").unlink()
+    assert main(["ckpt", "export", str(step), "--out", str(tmp_path / "out")]) == 2
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("rope_json,top", [
+    ({"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}, {}),                       # original left out
+    ({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}, {"rope_theta": 5e4}),   # 4.x
+    ({"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 32},
+     {"original_max_position_embeddings": 64}),                                          # Phi-3: top level wins
+])
+def test_hf_yarn_record_is_what_transformers_computes(rope_json, top):
+    """The parent's record from config.json must be the rope transformers runs the weights with,
+    whatever the spelling; the frequencies and attention factor are compared with its own."""
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from megablu.model.hf import rope_record_from_hf
+    from megablu.model.rope import yarn_inv_freq
+
+    d = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=80, vocab_size=97, max_position_embeddings=256, **top)
+    d["rope_parameters" if "rope_theta" in rope_json else "rope_scaling"] = rope_json
+    r, window = rope_record_from_hf(d)
+    assert window == 256
+    cfg = transformers.LlamaConfig(**d)
+    ref, ref_att = ROPE_INIT_FUNCTIONS["yarn"](cfg, "cpu")
+    y = r.yarn
+    inv, att = yarn_inv_freq(16, r.theta, y.factor, y.original_max_position, y.beta_fast, y.beta_slow, y.truncate,
+                             y.attention_factor)
+    torch.testing.assert_close(inv.float(), ref.float())
+    assert att == pytest.approx(ref_att)
+
+
+def test_hf_records_transformers_cannot_run_are_refused():
+    from megablu.model.hf import rope_record_from_hf
+
+    base = dict(hidden_size=64, num_attention_heads=4, max_position_embeddings=256)
+    for rp, why in (({"rope_type": "yarn", "rope_theta": 1e4, "original_max_position_embeddings": 64}, "factor"),
+                    ({"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}, "rope_type='llama3'"),
+                    ({"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 1.0},
+                     "mscale"),
+                    ({"rope_type": "default"}, "no rope_theta")):
+        with pytest.raises(ValueError, match=why):
+            rope_record_from_hf({**base, "rope_parameters": rp})
+
+
+def test_entry_refuses_through_the_trainer_guard_when_the_preflight_let_it_pass(tmp_path, monkeypatch):
+    """Defence in depth: with the preflight's init_from check removed, the entry still exits 2 with
+    the rule's message from Trainer() (no traceback, no run dir)."""
+    from megablu.train import preflight
+    from tests.bad_input_lab import Lab
+
+    monkeypatch.setattr(preflight, "CHECKS", [c for c in preflight.CHECKS if c[0] != "init_from"])
+    lab = Lab(tmp_path / "lab")
+    runs = tmp_path / "runs"
+    r = lab.entry([f"runs_dir={runs}", f"init_from={lab.parent()}", "data.window=512", "train.tokens_per_step=2048",
+                   "rope.yarn={factor: 4.0, original_max_position: 128}"])
+    assert r.rc == 2 and r.exc is None and "Traceback" not in r.err, r.err[-2000:]
+    assert "rope.yarn.original_max_position=128 but the parent" in r.err
+    assert not runs.exists()

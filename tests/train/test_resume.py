@@ -13,6 +13,9 @@ from tests.dist_utils import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "yaml_configs" / "tiny_cpu_ext.yaml"
+# the tiny YaRN arm trained from random weights (no parent): a permission, since YaRN without
+# init_from is otherwise refused (config/lineage.py); these tests are about resume, not lineage
+SCRATCH = "rope.allow_yarn_from_scratch=true"
 
 
 @pytest.fixture
@@ -23,7 +26,7 @@ def dataset(stdlib_data):
 def launch(ranks, sets, resume=None):
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(ranks), "--master_port",
-           str(free_port()), str(ROOT / "launch" / "ext32k.py"), "--config", str(TINY)]
+           str(free_port()), str(ROOT / "launch" / "ext32k.py"), "--config", str(TINY), "--set", SCRATCH]
     for s in sets:
         cmd += ["--set", s]
     if resume:

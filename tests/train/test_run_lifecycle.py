@@ -130,7 +130,8 @@ def group_reaper():
 def test_kill9_of_the_launcher_ends_the_ranks_and_a_resume_beside_them_is_refused(tmp_path, stdlib_data,
                                                                                  group_reaper):
     runs = tmp_path / "runs"
-    sets = [f"runs_dir={runs}", f"data.path={stdlib_data}", "data.max_epochs=1000", "train.max_steps=2000",
+    sets = [f"runs_dir={runs}", f"data.path={stdlib_data}", "rope.allow_yarn_from_scratch=true", "data.max_epochs=1000",
+            "train.max_steps=2000",
             "schedule.decay_start=1990", "checkpoint.every_steps=2", "train.probe_steps=0"]
     p = _launch(2, sets)
     group_reaper(p)
@@ -160,7 +161,8 @@ def test_kill9_of_the_launcher_ends_the_ranks_and_a_resume_beside_them_is_refuse
 def test_a_rank_that_dies_leaves_one_line_per_rank_and_the_resume_command_last(tmp_path, stdlib_data,
                                                                               group_reaper):
     runs = tmp_path / "runs"
-    sets = [f"runs_dir={runs}", f"data.path={stdlib_data}", "data.max_epochs=1000", "train.max_steps=2000",
+    sets = [f"runs_dir={runs}", f"data.path={stdlib_data}", "rope.allow_yarn_from_scratch=true", "data.max_epochs=1000",
+            "train.max_steps=2000",
             "schedule.decay_start=1990", "checkpoint.every_steps=2", "train.probe_steps=0"]
     p = _launch(2, sets)
     group_reaper(p)
