@@ -116,3 +116,49 @@ def test_sp2_all_zero_stages_match_one_rank():
 def test_sp4_and_hybrid_match_one_rank():
     results = run_distributed(_worker, 4, CASES_4)
     _check(CASES_4, results, 4)
+
+
+class _RecordingFA4:
+    """flash_attn_func computed by SDPA, recording the shapes Ulysses hands the local kernel."""
+
+    def __init__(self):
+        self.shapes = []
+
+    def __call__(self, q, k, v, causal=False, **kw):
+        from megablu.ops.attention import sdpa_causal
+
+        assert causal and not kw
+        self.shapes.append((tuple(q.shape), tuple(k.shape)))
+        return sdpa_causal(q, k, v), None
+
+
+def _worker_fa4(rank, world, cases):
+    """memory.attention=fa4 under Ulysses: the kernel DistributedAttention wraps is FA4 (a stand-in
+    here: no GPU), on the full sequence and this rank's heads."""
+    from megablu.config.schema import MemoryConfig
+    from megablu.memory.apply import apply_memory
+    from megablu.ops import attention
+    from megablu.parallel.groups import build_groups
+    from megablu.parallel.ulysses import apply_ulysses
+
+    fake = _RecordingFA4()
+    attention._fa4_func = lambda: fake
+    attention.fa4_problem = lambda q, k: None
+    results = []
+    for c in cases:
+        g = build_groups(c["sp"])
+        model = apply_memory(BluModel(_model_cfg(c["h"], c["kv"]), ROPE), MemoryConfig(attention="fa4"))
+        model.reset_parameters(seed=0)
+        apply_ulysses(model, g)
+        fake.shapes.clear()
+        results.append((*engine_grads(model, g, c["stage"], c["T"]), sorted(set(fake.shapes))))
+    return results
+
+
+def test_fa4_is_the_kernel_ulysses_wraps():
+    cases = [dict(h=4, kv=2, sp=2, T=31, stage=1), dict(h=9, kv=3, sp=2, T=32, stage=1)]
+    results = run_distributed(_worker_fa4, 2, cases)
+    _check(cases, [r[:2] for r in results], 2)
+    # (B, T, H/sp, D): the whole (padded) sequence, this rank's heads; 9 heads -> 10 padded MHA heads
+    assert results[0][2] == [((1, 32, 2, 8), (1, 32, 1, 8))]
+    assert results[1][2] == [((1, 32, 5, 8), (1, 32, 5, 8))]
