@@ -124,3 +124,18 @@ def test_preflight_names_a_kernel_library_that_does_not_import(monkeypatch):
     monkeypatch.setattr(cross_entropy, "_liger_func", lambda: object())
     monkeypatch.setattr(attention, "_fa4_func", lambda: object())
     assert kernel_problems(Context(cfg, device="cuda")) == []
+
+
+def test_the_preflight_runs_the_kernel_check(monkeypatch):
+    """check() -> run_checks(): the import check is one of CHECKS (what the entry and `config check` run)."""
+    from megablu.ops import cross_entropy
+    from megablu.train.preflight import Context, run_checks
+
+    def missing():
+        raise ModuleNotFoundError("No module named 'liger_kernel'")
+
+    monkeypatch.setattr(cross_entropy, "_liger_func", missing)
+    cfg = load_config(EXT, ["memory.loss=liger"], world_size=2, device="cuda")
+    probs = run_checks(Context(cfg, world_size=2, device="cuda", hash=False))
+    assert any(p.startswith("memory.loss=liger: liger_kernel is not importable") for p in probs), probs
+    assert not any(p.startswith("memory.") for p in run_checks(Context(cfg, world_size=2, device="cpu", hash=False)))
