@@ -139,3 +139,15 @@ def test_the_preflight_runs_the_kernel_check(monkeypatch):
     probs = run_checks(Context(cfg, world_size=2, device="cuda", hash=False))
     assert any(p.startswith("memory.loss=liger: liger_kernel is not importable") for p in probs), probs
     assert not any(p.startswith("memory.") for p in run_checks(Context(cfg, world_size=2, device="cpu", hash=False)))
+
+
+def test_config_hash_unchanged_by_the_kernel_fields_at_their_defaults():
+    """Runs started before memory.loss/attention existed resume (tiny_cpu's hash on main before them,
+    786b2824aa40a632, checked by hand); choosing liger or fa4 is another run."""
+    from megablu.config import config_hash
+
+    def h(sets, device="cpu"):
+        return config_hash(load_config("yaml_configs/tiny_cpu.yaml", sets, world_size=1, device=device))
+
+    assert h([]) == h(["memory.loss=chunked", "memory.attention=sdpa"]) == "786b2824aa40a632"
+    assert len({h([]), h(["memory.loss=liger"], None), h(["memory.attention=fa4", "train.dtype=bf16"], None)}) == 3
