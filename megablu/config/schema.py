@@ -602,7 +602,7 @@ FA4_HEAD_DIM = (8, 256, 8)
 
 def kernel_invariants(cfg: Config, device: Optional[str] = None) -> list[str]:
     """memory.loss / memory.attention against the config and the device, without importing anything
-    (megablu/memory/kernels.py checks that the chosen library imports, where the run will start)."""
+    (train/preflight.py kernel_problems checks that the chosen library imports, where the run will start)."""
     mem, errs = cfg.memory, []
     if device == "cpu":
         if mem.loss == "liger":

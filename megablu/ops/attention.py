@@ -20,7 +20,7 @@ Kernels (`KERNELS`; LocalAttention.kernel holds the choice, megablu.memory.apply
         with it).
 The library is imported at the first fa4 call, never at import of megablu: liger-kernel and
 flash-attn-4 are optional (not in requirements.txt); `import_problem()` says why fa4 cannot
-be imported (the preflight reports it before any rank starts, megablu/memory/kernels.py).
+be imported (the preflight reports it before any rank starts: train/preflight.py kernel_problems).
 """
 from __future__ import annotations
 
