@@ -10,6 +10,8 @@ against the same-shape SDPA microbenchmark measured in the same process.
     source launch/device_env.sh
     OUT=$OUT python bench/profile_step.py --T 32768 --modes selective+offload,selective
     python bench/profile_step.py --summarize $OUT/profile_*.json   # side-by-side table (CPU)
+    python bench/profile_step.py --summarize $OUT/profile_*.json --baseline selective+offload
+                                    # + each case's tokens/s against the baseline mode's at its T
     python bench/profile_step.py --rehearse-cpu                    # the whole path, toy shape, CPU
 
 The step is bench/train_bench.py's: its `build` (blu-0.5b: 36 layers, d=1024, 16 heads x 64,
@@ -613,6 +615,34 @@ def summary_markdown(results: list) -> str:
     return "\n".join(out) + "\n"
 
 
+def gains_markdown(results: list, baseline: str) -> str:
+    """Per T, each case against the `baseline` mode's case of the same T (same call): tokens/s and
+    its ratio, peak GB, MFU, the warm-up step (first-call compiles: FlashAttention-4's CuTe DSL
+    kernels, Liger's Triton kernels), attention's fwd+bwd TF/s and the loss's ms in the model."""
+    out = [f"| T | mode | tokens/s | x {baseline} | peak GB | MFU | warm-up s | attention TF/s | loss ms |",
+           "|---" * 9 + "|"]
+    by_T: dict = {}
+    for r in results:
+        by_T.setdefault(r.get("T"), []).append(r)
+    for T, rows in sorted(by_T.items(), key=lambda kv: kv[0] or 0):
+        base = next((r for r in rows if r.get("mode") == baseline and "step" in r), None)
+        b = (base or {}).get("step", {}).get("tokens_per_s")
+        for r in sorted(rows, key=lambda r: (r.get("mode") != baseline, r.get("mode", ""))):
+            if r.get("skipped") or r.get("error") or "step" not in r:
+                why = r.get("skipped") or f"FAILED: {r.get('error')}"
+                out.append(f"| {T} | {r.get('mode')} | {why.replace('|', '/')[:300]} | | | | | | |")
+                continue
+            st, pr = r["step"], r.get("profile") or {}
+            tps = st.get("tokens_per_s")
+            ratio = f"{tps / b:.2f}x" if tps and b else "-"
+            out.append(f"| {T} | {r['mode']} | {_f(tps, '{:.0f}')}{'*' if st.get('profiled_only') else ''} | "
+                       f"{ratio} | {_f(st.get('peak_gb'))} | {_f(st.get('mfu'), '{:.0%}')} | "
+                       f"{_f(st.get('warmup_s'))} | "
+                       f"{_f((pr.get('attention') or {}).get('fwd_bwd_tflops'), '{:.0f}')} | "
+                       f"{_f(((pr.get('classes') or {}).get('loss') or {}).get('ms'))} |")
+    return "\n".join(out) + "\n"
+
+
 # ---------------------------------------------------------------- measurement (GPU; CPU rehearsal)
 
 def _sync(device: str) -> None:
@@ -878,6 +908,7 @@ def parse_args(argv: Optional[list] = None):
                    "a case that would not fit is recorded as skipped")
     p.add_argument("--out", default=os.environ.get("OUT", ""), help="directory for the JSON (default $OUT)")
     p.add_argument("--summarize", nargs="*", metavar="JSON", help="print the side-by-side table of these cases")
+    p.add_argument("--baseline", default="", help="with --summarize: also each case against this mode at its T")
     p.add_argument("--rehearse-cpu", action="store_true",
                    help="the whole path on CPU at a toy shape (2 layers, d=64, T=256, torch ops)")
     a = p.parse_args(argv)
@@ -903,6 +934,9 @@ def main(argv: Optional[list] = None) -> int:
     if a.summarize is not None:
         rows = [json.loads(Path(f).read_text()) for f in a.summarize if Path(f).is_file()]
         print(summary_markdown(rows))
+        if a.baseline:
+            print()
+            print(gains_markdown(rows, a.baseline))
         return 0
     t_start = time.perf_counter()
     import torch

@@ -8,12 +8,15 @@ copied to pinned host memory per step (host GB).
 MFU counts model flops only (6 N per token + causal attention 6 L T H D), no recompute,
 against the H200's dense bf16 peak of 989 TF/s.
 
-A mode is `<recompute>[+tiles[N]][+offload]`: recompute none|selective|full, the MLP over N
-sequence tiles (memory.mlp_tiles; N defaults to --mlp-tiles), saved activations offloaded
-to pinned host memory (memory.offload_activations).
+A mode is `<recompute>[+tiles[N]][+offload][+liger][+fa4]`: recompute none|selective|full, the MLP
+over N sequence tiles (memory.mlp_tiles; N defaults to --mlp-tiles), saved activations offloaded
+to pinned host memory (memory.offload_activations), the lm head's loss through Liger's fused
+linear cross-entropy (memory.loss=liger; else megablu's chunked loss of --loss-chunk tokens), the
+causal attention through FlashAttention-4 (memory.attention=fa4; else SDPA).
 
   python bench/train_bench.py --T 16384,32768 --modes none,selective,full --loss-chunk 4096 --hf
   python bench/train_bench.py --T 32768,131072 --modes selective,selective+tiles,selective+offload,full+tiles+offload
+  python bench/train_bench.py --T 32768 --modes selective+offload,selective+offload+liger+fa4
 Writes $OUT/train_bench.json when OUT is set and prints a markdown table.
 """
 from __future__ import annotations
@@ -45,16 +48,22 @@ def flops_per_token(cfg: ModelConfig, T: int) -> float:
 
 
 def parse_mode(mode: str, default_tiles: int = 8) -> dict:
-    """'selective+tiles16+offload' -> MemoryConfig fields (recompute, mlp_tiles, offload_activations)."""
+    """'selective+tiles16+offload+liger+fa4' -> MemoryConfig fields (recompute, mlp_tiles,
+    offload_activations, loss, attention)."""
     recompute, *flags = mode.split("+")
-    out = {"recompute": recompute, "mlp_tiles": 1, "offload_activations": False}
+    out = {"recompute": recompute, "mlp_tiles": 1, "offload_activations": False, "loss": "chunked",
+           "attention": "sdpa"}
     for f in flags:
         if f.startswith("tiles"):
             out["mlp_tiles"] = int(f[5:]) if f[5:] else default_tiles
         elif f == "offload":
             out["offload_activations"] = True
+        elif f == "liger":
+            out["loss"] = "liger"
+        elif f == "fa4":
+            out["attention"] = "fa4"
         else:
-            raise ValueError(f"mode {mode!r}: unknown flag {f!r} (tiles[N], offload)")
+            raise ValueError(f"mode {mode!r}: unknown flag {f!r} (tiles[N], offload, liger, fa4)")
     return out
 
 

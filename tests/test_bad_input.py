@@ -120,6 +120,10 @@ _SETS = [
     ("eval.haystack not a dataset", ["eval.haystack=/nonexistent@b2"], "eval.haystack: /nonexistent has no manifest"),
     ("eval at a step past max_steps", ["eval.lengths=[128]", "eval.at_steps=[9]", "eval.max_new=4", "eval.pad=8"],
      "eval.at_steps: 9 is outside"),
+    ("memory.loss=liger on a CPU run", ["memory.loss=liger"], "memory.loss=liger on a CPU run: Liger's fused linear "
+     "cross-entropy is a Triton GPU kernel; set memory.loss=chunked"),
+    ("memory.attention=fa4 on a CPU run", ["memory.attention=fa4"], "memory.attention=fa4 on a CPU run: "
+     "FlashAttention-4 runs on SM90 GPUs only; set memory.attention=sdpa"),
 ]
 
 

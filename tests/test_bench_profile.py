@@ -347,3 +347,66 @@ def test_h200_speed_script_rehearsal(tmp_path):
     for section in ("## Where a step's time goes", "## Loss through the lm head", "ended).", "### T=384, selective",
                     "## Timeline"):
         assert section in md, section
+
+
+def test_modes_name_the_kernel_choices():
+    import train_bench as tb
+
+    assert tb.parse_mode("selective+offload+liger+fa4") == {
+        "recompute": "selective", "mlp_tiles": 1, "offload_activations": True, "loss": "liger", "attention": "fa4"}
+    assert tb.parse_mode("full+tiles4")["loss"] == "chunked" and tb.parse_mode("none")["attention"] == "sdpa"
+    with pytest.raises(ValueError, match="unknown flag 'fa3'"):
+        tb.parse_mode("selective+fa3")
+    assert ps.mode_fs("selective+offload+liger+fa4") == "selective-offload-liger-fa4"
+
+
+def test_gains_against_the_baseline_mode():
+    def row(T, mode, tps, **kw):
+        return {"T": T, "mode": mode, "step": {"tokens_per_s": tps, "peak_gb": 20.0, "mfu": 0.36, "warmup_s": 3.0,
+                                               **kw},
+                "profile": {"attention": {"fwd_bwd_tflops": 480.0}, "classes": {"loss": {"ms": 45.0}}}}
+
+    rows = [row(32768, "selective+offload+liger+fa4", 44000.0), row(32768, "selective+offload", 34000.0),
+            {"T": 32768, "mode": "selective+offload+fa4", "error": "RuntimeError: memory.attention=fa4: x | y"},
+            row(131072, "selective+offload+liger+fa4", 14000.0, profiled_only=True),
+            {"T": 131072, "mode": "selective+offload", "skipped": "budget: 3 s left"}]
+    md = ps.gains_markdown(rows, "selective+offload").splitlines()
+    assert md[2] == "| 32768 | selective+offload | 34000 | 1.00x | 20.0 | 36% | 3.0 | 480 | 45.0 |"
+    assert md[3].startswith("| 32768 | selective+offload+fa4 | FAILED: RuntimeError: memory.attention=fa4: x / y |")
+    assert md[4] == "| 32768 | selective+offload+liger+fa4 | 44000 | 1.29x | 20.0 | 36% | 3.0 | 480 | 45.0 |"
+    assert md[5].startswith("| 131072 | selective+offload | budget: 3 s left |")
+    assert md[6].startswith("| 131072 | selective+offload+liger+fa4 | 14000* | - |")   # no baseline at 128k
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("os").environ.get("MEGABLU_SLOW") != "1", reason="the device script's CPU rehearsal "
+                    "(~30 s): MEGABLU_SLOW=1")
+def test_h200_kernels_script_rehearsal(tmp_path):
+    """bench/h200_kernels.sh with REHEARSE_CPU=1, both phases: the order, the deadlines, what comes
+    back (at most 8 files, names the device tool returns), the report's sections; the fa4 cases end
+    in their clear CPU error and the call goes on."""
+    import os
+    import re
+
+    env = {**os.environ, "REHEARSE_CPU": "1", "DS_ACCELERATOR": "cpu", "FA4_DIR": str(tmp_path / "fa4"),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    out1, out = tmp_path / "out1", tmp_path / "out"
+    r = subprocess.run(["bash", str(ROOT / "bench/h200_kernels.sh")], capture_output=True, text=True, cwd=ROOT,
+                       env={**env, "PHASE": "1", "OUT": str(out1), "WORK": str(tmp_path / "w1")})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [p.name for p in out1.iterdir()] == ["phase1.txt"]
+    r = subprocess.run(["bash", str(ROOT / "bench/h200_kernels.sh")], capture_output=True, text=True, cwd=ROOT,
+                       env={**env, "PHASE": "2", "BUDGET_S": "400", "OUT": str(out), "WORK": str(tmp_path / "w")})
+    assert r.returncode == 0, r.stderr[-3000:]
+    names = sorted(p.name for p in out.iterdir())
+    assert len(names) <= 8 and all(re.fullmatch(r"[A-Za-z0-9._-]+", n) for n in names), names
+    assert {"kernels.md", "tests.xml", "versions.txt", "profiles.tar.gz", "logs.tar.gz"} <= set(names)
+    timeline = [ln.split("\t") for ln in (tmp_path / "w" / "timeline.tsv").read_text().splitlines()]
+    assert [t[0] for t in timeline][:3] == ["tests", "prof32k", "prof128k"]
+    assert all(t[3] == "0" for t in timeline), timeline
+    md = (out / "kernels.md").read_text()
+    for section in ("## GPU tests", "| T | mode | tokens/s | x selective+offload |", "| 256 | selective+offload | ",
+                    "selective+offload+fa4 | FAILED: RuntimeError: memory.attention=fa4: the tensors are on cpu",
+                    "## Timeline"):
+        assert section in md, section
+    assert re.search(r"\d+ passed", md) and " failed" not in md

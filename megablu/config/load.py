@@ -212,6 +212,8 @@ _SESSION_FIELDS = {("train", "stop_after"), ("train", "stop_after_s"), ("train",
 # Fields added after runs were started, left out of the hash while unset (None, or a flag left False),
 # so that those runs resume.
 _LATER_FIELDS = {("data", "mix"), ("rope", "allow_yarn_from_scratch")}
+# ... and fields added with a default that is the behaviour before them, left out while at it
+_LATER_DEFAULTS = {("memory", "loss"): "chunked", ("memory", "attention"): "sdpa"}
 
 
 def config_hash(cfg: Config) -> str:
@@ -223,5 +225,11 @@ def config_hash(cfg: Config) -> str:
             node = node[k]
         if path in _SESSION_FIELDS or node.get(path[-1]) in (None, False):
             node.pop(path[-1], None)
+    for (*parents, key), default in _LATER_DEFAULTS.items():
+        node = d
+        for k in parents:
+            node = node[k]
+        if node.get(key) == default:
+            node.pop(key)
     blob = json.dumps(d, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

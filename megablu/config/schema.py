@@ -278,6 +278,19 @@ class MemoryConfig(Section):
     offload_activations: bool = Field(default=False, description="each block's saved activations to pinned "
                                       "host memory in the forward, prefetched back one block ahead in the "
                                       "backward (CUDA side stream)")
+    loss: Literal["chunked", "liger"] = Field(
+        default="chunked", description="the lm head's vocab loss: chunked = megablu's own (ops/cross_entropy.py; "
+        "loss_chunk tokens at a time, fp32 logits, dW summed in fp32); liger = Liger-Kernel's fused linear "
+        "cross-entropy (optional package liger-kernel, CUDA only; dW accumulated in fp32: accum_dtype=fp32), "
+        "same sum over labelled tokens, ignore_index -100 and tied-embedding grads. chunked stays the default "
+        "until the H200 validates liger in the model (bench/h200_kernels.sh); liger measured 2.0x chunked's "
+        "speed alone at 32k (docs/BENCHMARKS.md, issue 17)")
+    attention: Literal["sdpa", "fa4"] = Field(
+        default="sdpa", description="the local causal attention kernel (also the one Ulysses wraps): sdpa = "
+        "torch's scaled_dot_product_attention (cuDNN on the H200); fa4 = FlashAttention-4 (optional package "
+        "flash-attn-4, CuTe DSL; SM90 GPUs, bf16/fp16, head_dim a multiple of 8 in 8..256; not with "
+        "data.doc_mask, whose FlexAttention path is unchanged). sdpa stays the default until the H200 "
+        "validates fa4 in the model (bench/h200_kernels.sh); fa4 measured 502 vs 374 TF/s fwd+bwd alone at 32k")
 
 
 class GateConfig(Section):
@@ -578,6 +591,40 @@ def check_invariants(cfg: Config, world_size: Optional[int] = None,
     if device == "cpu" and mem.offload_activations:
         errs.append("memory.offload_activations on a CPU run has no effect (activations already live in host "
                     "memory); set it false")
+    errs += kernel_invariants(cfg, device)
+    return errs
+
+
+# FlashAttention-4's SM90 head sizes (flash_attn/cute/interface.py `_validate_head_dims`, 4.0.0b40: 8..256,
+# a multiple of 16 bytes / element size = 8 for bf16 and fp16)
+FA4_HEAD_DIM = (8, 256, 8)
+
+
+def kernel_invariants(cfg: Config, device: Optional[str] = None) -> list[str]:
+    """memory.loss / memory.attention against the config and the device, without importing anything
+    (train/preflight.py kernel_problems checks that the chosen library imports, where the run will start)."""
+    mem, errs = cfg.memory, []
+    if device == "cpu":
+        if mem.loss == "liger":
+            errs.append("memory.loss=liger on a CPU run: Liger's fused linear cross-entropy is a Triton GPU kernel; "
+                        "set memory.loss=chunked")
+        if mem.attention == "fa4":
+            errs.append("memory.attention=fa4 on a CPU run: FlashAttention-4 runs on SM90 GPUs only; set "
+                        "memory.attention=sdpa")
+    if mem.attention != "fa4":
+        return errs
+    lo, hi, mult = FA4_HEAD_DIM
+    hd = cfg.model.resolved_head_dim
+    if not (lo <= hd <= hi and hd % mult == 0):
+        errs.append(f"memory.attention=fa4 with head_dim {hd}: FlashAttention-4 takes head_dim {lo}..{hi}, a "
+                    f"multiple of {mult}, on SM90; set memory.attention=sdpa")
+    if cfg.data.doc_mask:
+        errs.append("memory.attention=fa4 with data.doc_mask=true: FlashAttention-4 runs plain causal attention "
+                    "here, document masking runs on FlexAttention; set memory.attention=sdpa (or data.doc_mask="
+                    "false)")
+    if cfg.train.dtype != "bf16":
+        errs.append(f"memory.attention=fa4 with train.dtype={cfg.train.dtype}: FlashAttention-4 takes bf16/fp16 "
+                    f"inputs only; set train.dtype=bf16 or memory.attention=sdpa")
     return errs
 
 
@@ -615,6 +662,9 @@ def config_warnings(cfg: Config) -> list[str]:
                  f"only: attention does {padded / m.n_heads:g}x the work of the real heads, the attention time is "
                  f"that of sp={m.n_heads}, and every layer's all-to-all spans {sp} ranks; parallel.sp<={m.n_heads} "
                  f"is as fast in attention and only the rest of the model's activations shard less")
+    if cfg.memory.loss == "liger" and cfg.memory.loss_chunk:
+        w.append(f"memory.loss_chunk={cfg.memory.loss_chunk} has no effect with memory.loss=liger (Liger sizes its "
+                 f"own chunks); remove it")
     if cfg.memory.mlp_tiles > 1 and cfg.memory.recompute == "none":
         w.append("memory.mlp_tiles>1 with memory.recompute=none: the tiles recompute the MLP anyway; "
                  "recompute=selective with the same tiles saves h instead of the norm state and its output, "

@@ -4,12 +4,15 @@
     model = apply_memory(BluModel(cfg.model, cfg.rope), cfg.memory)   # megablu.memory.apply
 
   apply.py      apply_memory: recompute none | selective | full around each block, the tiled
-                MLP, activation offload, the loss chunk and the ops implementation
+                MLP, activation offload, the loss (chunked | liger) and its chunk, the attention
+                kernel (sdpa | fa4) and the ops implementation
   tiled.py      sequence-tiled compute of a row-wise function (the SwiGLU MLP)
   offload.py    saved activations to pinned host memory on a side stream, one block prefetched
   constants.py  numbers the offload and the planner share (no torch)
 
 Every switch is exact: the same loss and gradients as the plain model (tests/model/
-test_memory_switches*.py). This package's __init__ imports nothing, so the planner can read
+test_memory_switches*.py); loss and attention change the kernels, which agree to their dtype's
+rounding (tests/ops/test_attention.py, tests/ops/test_cross_entropy.py, tests/model/
+test_kernel_choices.py). This package's __init__ imports nothing, so the planner can read
 constants.py without torch.
 """

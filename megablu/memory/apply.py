@@ -4,6 +4,9 @@ The model (model/decoder.py) is architecture only: a block's forward is the plai
 attention + MLP computation. What this file installs, per switch:
 - ops (auto | torch | cuda): the `impl` every module passes to megablu.ops;
 - loss_chunk: the head's vocab chunk (ops/cross_entropy.py);
+- loss (chunked | liger): the head's loss implementation (ops/cross_entropy.py);
+- attention (sdpa | fa4): every LocalAttention's causal kernel (ops/attention.py), also one that
+  Ulysses wraps (applied before or after apply_ulysses: the wrapper keeps the LocalAttention);
 - mlp_tiles = n: each MLP's forward runs over n sequence tiles (tiled.py);
 - recompute and offload_activations: each block's forward is wrapped (`_BlockForward`):
     none       the plain forward;
@@ -28,6 +31,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..config.schema import MemoryConfig
+from ..model.decoder import LocalAttention
 from .offload import ActivationOffload
 from .tiled import tiled
 
@@ -113,6 +117,10 @@ def apply_memory(model: nn.Module, memory: Optional[MemoryConfig] = None,
         if hasattr(m, "impl"):   # auto: fused CUDA ops on GPU when built, pure torch otherwise
             m.impl = memory.ops
     model.lm_head.chunk = memory.loss_chunk
+    model.lm_head.loss = memory.loss
+    for m in model.modules():
+        if isinstance(m, LocalAttention):
+            m.kernel = memory.attention
     # saved activations of every block to pinned host memory (training steps only)
     model.offload = (offload or ActivationOffload()) if memory.offload_activations else None
     for i, block in enumerate(model.layers):

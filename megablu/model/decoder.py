@@ -10,8 +10,9 @@ kernel, through Ulysses too (it sees the full S). `rope_len` picks each token's 
 rope.yarn.apply=beyond_original (model/rope.py, model/packing.py).
 
 Memory switches (config `memory:`: recompute, mlp_tiles, offload_activations, loss_chunk,
-ops) are applied from outside, like Ulysses: megablu/memory/apply.py `apply_memory(model,
-cfg.memory)` installs them on the blocks, the MLPs and the head of a built model.
+loss, attention, ops) are applied from outside, like Ulysses: megablu/memory/apply.py
+`apply_memory(model, cfg.memory)` installs them on the blocks, the MLPs, the attention kernels
+and the head of a built model.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from torch import nn
 
 from .. import ops
 from ..config.schema import ModelConfig, RopeConfig
+from ..ops.attention import causal_attention
 from ..ops.cross_entropy import linear_cross_entropy
 from ..ops.doc_attention import DocMask, doc_attention
 from .packing import document_lengths
@@ -92,30 +94,37 @@ class KVCache:
 
 
 class LocalAttention(nn.Module):
-    """Causal SDPA on (B, T, H, D) q and (B, S, Hkv, D) k/v; GQA without materialising repeats.
+    """Causal attention on (B, T, H, D) q and (B, S, Hkv, D) k/v; GQA without materialising repeats.
 
-    With `docs` (a DocMask over these T tokens) the attention is document-causal instead, on
-    the kernel the DocMask chose (FlexAttention on CUDA)."""
+    `kernel` (memory.attention, set by megablu.memory.apply_memory) runs the causal case T == S
+    (training, a prefill): "sdpa" or "fa4" (ops/attention.py). A decode step (T < S, a KV
+    cache) runs SDPA with a bottom-right causal mask whatever the kernel. With `docs` (a DocMask
+    over these T tokens) the attention is document-causal instead, on the kernel the DocMask
+    chose (FlexAttention on CUDA); fa4 refuses it."""
 
     def __init__(self, layer_idx: int = 0):
         super().__init__()
         self.layer_idx = layer_idx
+        self.kernel = "sdpa"
 
     def forward(self, q, k, v, cache: Optional[KVCache] = None, docs: Optional[DocMask] = None):
         if docs is not None:
             if cache is not None:
                 raise ValueError("document masking with a KV cache is not supported (generation runs one sequence)")
+            if self.kernel == "fa4":
+                raise ValueError("memory.attention=fa4 runs plain causal attention; document masking (data.doc_mask) "
+                                 "runs on FlexAttention: set memory.attention=sdpa")
             return doc_attention(q, k, v, docs)
         tq = q.shape[1]
         if cache is not None:
             k, v = cache.append(self.layer_idx, k, v)
         tk = k.shape[1]
+        if tq == tk:
+            return causal_attention(q, k, v, self.kernel)
         # (B, T, H, D) -> (B, H, T, D)
         q, k, v = (x.transpose(1, 2) for x in (q, k, v))
         gqa = q.shape[1] != k.shape[1]
-        if tq == tk:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        elif tq == 1:
+        if tq == 1:
             out = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
         else:
             # new tokens attend to the whole past plus causally among themselves (bottom-right aligned)
@@ -188,18 +197,21 @@ class Block(nn.Module):
 class LMHead(nn.Module):
     """Final projection; holds (or ties) the weight so ZeRO-3 gathers it when called.
 
-    With labels, the loss over `chunk`-token pieces of the vocab projection (0: unchunked;
-    megablu.memory sets it from memory.loss_chunk)."""
+    With labels, the summed loss through `loss` (memory.loss: "chunked" over `chunk`-token pieces
+    of the vocab projection, 0 = unchunked; "liger": Liger's fused linear cross-entropy);
+    megablu.memory.apply_memory sets both (ops/cross_entropy.py)."""
 
     def __init__(self, d: int, vocab: int):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(vocab, d))
         self.chunk = 0
+        self.loss = "chunked"
 
     def forward(self, h: torch.Tensor, labels: Optional[torch.Tensor] = None):
         if labels is None:
             return F.linear(h, self.weight)
-        return linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.weight, labels.reshape(-1), self.chunk)
+        return linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.weight, labels.reshape(-1), self.chunk,
+                                    self.loss)
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""Chunked linear + cross-entropy that never materialises the fp32 [T, V] logits.
+"""Linear + cross-entropy that never materialises the fp32 [T, V] logits: megablu's chunked
+loss, or Liger-Kernel's fused linear cross-entropy (memory.loss: chunked | liger).
 
 At T=32k and V=100k one fp32 logits tensor is 13 GB, and log_softmax's backward keeps
 three of them alive: 94% of HF's memory per token with checkpointing. Here the sequence
@@ -8,15 +9,34 @@ the logits are dropped (Liger-Kernel's fused linear cross-entropy does the same)
 forward therefore holds grad_hidden (N, d) and grad_weight (V, d, fp32) until backward,
 which only scales them by the incoming gradient.
 
-Returns the *sum* of token losses and the count of labelled tokens, so the caller can
-normalise by a count reduced across sequence-parallel ranks.
+Both return the *sum* of token losses and the count of labelled tokens (IGNORE_INDEX
+excluded), so the caller can normalise by a count reduced across sequence-parallel ranks
+(parallel/sequence.py); the head weight's grad flows back to whatever it is (the embedding's
+weight when tied).
+
+Implementations (`LOSSES`; LMHead.loss holds the choice, megablu.memory.apply_memory sets it):
+  chunked  _ChunkedLinearCE below (`chunk` <= 0: the unchunked reference,
+           linear_cross_entropy_reference, which tests compare both against);
+  liger    liger_kernel's fused linear cross-entropy (optional package liger-kernel; Triton, CUDA):
+           reduction="sum", ignore_index=IGNORE_INDEX, accum_dtype=fp32. Liger sizes its own
+           chunks (~T*d/V tokens: bf16 logits per chunk), computes dh and dW in the forward and
+           scales them in the backward, as _ChunkedLinearCE does. accum_dtype=fp32 sums dW over
+           the chunks in fp32, as megablu's chunked loss does: measured on the H200 at 32k
+           (docs/BENCHMARKS.md, issue 17) its dW is 1.7e-3 from an fp32 reference (megablu's
+           2.3e-3) against 7.8e-3 for Liger's bf16 default, whose error grows with the number of
+           chunks summed in bf16 (4x more at 128k), for 7 ms of a ~0.94 s step (47.5 vs 40.4 ms).
 """
 from __future__ import annotations
+
+import functools
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 IGNORE_INDEX = -100
+LOSSES = ("chunked", "liger")
+LIGER_ACCUM_DTYPE = torch.float32
 
 
 def linear_cross_entropy_reference(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor):
@@ -69,8 +89,45 @@ def valid_count(labels: torch.Tensor) -> torch.Tensor:
     return (labels != IGNORE_INDEX).sum()
 
 
-def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int = 0):
-    """(sum of CE over labelled tokens, number of labelled tokens). h (N, d), labels (N,)."""
+@functools.lru_cache(maxsize=None)
+def _liger_func():
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+    return liger_fused_linear_cross_entropy
+
+
+def liger_import_problem() -> Optional[str]:
+    """Why Liger's fused linear cross-entropy cannot be imported here, or None."""
+    try:
+        _liger_func()
+    except Exception as e:  # noqa: BLE001 - a missing dependency (triton ...) of any kind
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return f"liger_kernel is not importable ({type(e).__name__}: {first[:200]})"
+    return None
+
+
+def liger_linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor):
+    """(sum of CE over labelled tokens, their count) through Liger's fused linear cross-entropy."""
+    # CPU tensors run only in Triton's CPU interpreter (TRITON_INTERPRET=1, the opt-in CPU tests); a
+    # config asks for liger on CUDA alone (config/schema.py kernel_invariants refuses it on a CPU run)
+    why = liger_import_problem()
+    if why is not None:
+        raise RuntimeError(f"memory.loss=liger: {why}; install liger-kernel (==0.8.5 was measured) or set "
+                           f"memory.loss=chunked")
+    loss = _liger_func()(h, weight, labels, ignore_index=IGNORE_INDEX, reduction="sum",
+                         accum_dtype=LIGER_ACCUM_DTYPE)
+    return loss, valid_count(labels)
+
+
+def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int = 0,
+                         impl: str = "chunked"):
+    """(sum of CE over labelled tokens, number of labelled tokens). h (N, d), labels (N,).
+
+    impl: "chunked" (megablu's; chunk <= 0 = the unchunked reference) or "liger" (chunk unused)."""
+    if impl == "liger":
+        return liger_linear_cross_entropy(h, weight, labels)
+    if impl != "chunked":
+        raise ValueError(f"memory.loss must be one of {LOSSES}, got {impl!r}")
     if chunk <= 0:
         return linear_cross_entropy_reference(h, weight, labels)
     return _ChunkedLinearCE.apply(h, weight, labels, chunk)

@@ -70,7 +70,7 @@ def apply_change(s: Setup, change: str) -> Optional[Setup]:
         new = change.split("=")[1]
         return replace(s, recompute=new) if order.index(new) > order.index(s.recompute) else None
     if change == "loss_chunk=4096":
-        return replace(s, loss_chunk=4096) if s.loss_chunk <= 0 else None
+        return replace(s, loss_chunk=4096) if s.loss_chunk <= 0 and s.loss == "chunked" else None
     if change.startswith("zero_stage="):
         z = int(change.split("=")[1])
         return replace(s, zero_stage=z) if z > s.zero_stage else None

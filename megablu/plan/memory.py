@@ -21,7 +21,15 @@ only, the whole layer is rebuilt in backward (its working set is then live once)
 Loss (ops/cross_entropy.py, chunk c): the forward holds at most 10*c*V bytes at once
 (fp32 logits, fp32 exp, bf16 grad) plus the fp32 grad of the head weight (4*V*d) and
 grad_hidden (2d per token); unchunked it is three fp32 [T, V] (12 V B per token, 94% of
-HF's 1.29 MB/token with checkpointing, shared/device/README.md).
+HF's 1.29 MB/token with checkpointing, shared/device/README.md). memory.loss=liger (Liger's
+fused linear CE, accum_dtype=fp32, liger-kernel 0.8.5's fused_linear_cross_entropy.py): bf16
+logits of its own chunk c' = next_pow2(T / ceil(V/d)) tokens and the fp32 dW (4Vd) in its loop,
+then the fp32 dW and its bf16 cast (6Vd); + dh (2d), the fp32 per-token loss and the label
+mask per token: 0.684 GB at T=32k for blu-0.5b, measured 0.68 (docs/BENCHMARKS.md, issue 17).
+memory.attention=fa4 saves what SDPA saves (q, k, v, out, fp32 LSE); its backward's buffers
+differ (flash-attn-4 4.0.0b40 interface.py `_flash_attn_bwd`, read, not measured): the fp32 dq
+accumulator, two fp32 row scratches per head, and with GQA fp32 dk/dv accumulators at the kv
+head count instead of SDPA's dk/dv at the query head count.
 Under Ulysses SP a rank holds T/sp tokens; the attention output is saved twice (before and
 after the all-to-all back) and kv heads replicated to a multiple of sp grow k and v.
 memory.mlp_tiles = n (memory/tiled.py): the MLP's (T, ffn) tensors are never saved (its input
@@ -78,6 +86,8 @@ class Setup:
     optimizer: bool = True          # False: fwd+bwd only (BENCHMARKS rows), grads kept bf16
     mlp_tiles: int = 1              # memory.mlp_tiles
     offload_activations: bool = False   # memory.offload_activations
+    loss: str = "chunked"           # memory.loss: chunked | liger
+    attention: str = "sdpa"         # memory.attention: sdpa | fa4
 
     @classmethod
     def from_config(cls, cfg: Config, *, gpus: Optional[int] = None, window: Optional[int] = None,
@@ -90,7 +100,8 @@ class Setup:
                    offload_params=p.offload_params, recompute=cfg.memory.recompute,
                    loss_chunk=cfg.memory.loss_chunk, micro_batch=cfg.train.micro_batch,
                    ops=ops or ("torch" if cfg.memory.ops == "torch" else "cuda"),
-                   mlp_tiles=cfg.memory.mlp_tiles, offload_activations=cfg.memory.offload_activations)
+                   mlp_tiles=cfg.memory.mlp_tiles, offload_activations=cfg.memory.offload_activations,
+                   loss=cfg.memory.loss, attention=cfg.memory.attention)
 
     def to_json(self) -> dict:
         """Plain JSON (probe.json's "setup"; from_json reads it back)."""
@@ -115,8 +126,10 @@ class Setup:
         off += "+param-offload" if self.offload_params else ""
         mem = f" mlp_tiles={self.mlp_tiles}" if self.mlp_tiles > 1 else ""
         mem += " +act-offload" if self.offload_activations else ""
+        loss = "loss=liger" if self.loss == "liger" else f"loss_chunk={self.loss_chunk}"
+        attn = f" attention={self.attention}" if self.attention != "sdpa" else ""
         return (f"gpus={self.gpus} sp={self.sp} zero={self.zero_stage}{off} recompute={self.recompute}{mem} "
-                f"loss_chunk={self.loss_chunk} ops={self.ops}")
+                f"{loss} ops={self.ops}{attn}")
 
 
 
@@ -173,8 +186,9 @@ def _kv_rep(m: ModelConfig, sp: int) -> int:
     return 1 if sp == 1 else head_plan(m.n_heads, m.n_kv_heads, sp)[0]
 
 
-def layer_bytes_per_token(m: ModelConfig, ops: str, sp: int = 1) -> dict:
-    """Saved bytes per token per layer, by part: attn half, MLP half, the layer input, h."""
+def layer_bytes_per_token(m: ModelConfig, ops: str, sp: int = 1, attention: str = "sdpa") -> dict:
+    """Saved bytes per token per layer, by part: attn half, MLP half, the layer input, h.
+    attention: memory.attention (the backward's buffers differ, module docstring)."""
     d, F, hd = m.d_model, m.ffn_dim, m.resolved_head_dim
     q, kv = m.n_heads * hd, m.n_kv_heads * hd * _kv_rep(m, sp)
     # norm: torch keeps r.float() (4d) + the normalised bf16 (2d); cuda keeps r (2d); + rstd
@@ -192,12 +206,17 @@ def layer_bytes_per_token(m: ModelConfig, ops: str, sp: int = 1) -> dict:
     # o_proj and the residual grad. 5.5 KB/token above the MLP backward's point for blu-0.5b:
     # 2.9 GB at 512k, which the planner missed until the H200's 1M/512k steps (2026-12-03).
     gqa_expand = 2 * BF16 * q if kv < q else 0
+    scratch = FP32 * m.n_heads
+    if attention == "fa4":
+        # FA4: fp32 dk/dv accumulators at the kv head count, and two fp32 row scratches per head
+        gqa_expand = 2 * FP32 * kv if kv < q else 0
+        scratch = 2 * FP32 * m.n_heads
     return {"attn": attn, "mlp": mlp, "input": BF16 * d, "h": BF16 * d,
             "mlp_ffn": BF16 * F * (4 if ops == "torch" else 3),   # the (T, ffn) part of "mlp"
             # grads in flight at the MLP backward: d(down input) and d(gate), d(up) (3F) while
             # the down input is already freed (-F), + the residual grad
             "bwd_extra": BF16 * (2 * F + d),
-            "attn_bwd": BF16 * d + BF16 * q + FP32 * q + gqa_expand + BF16 * (q + 2 * kv) + FP32 * m.n_heads,
+            "attn_bwd": BF16 * d + BF16 * q + FP32 * q + gqa_expand + BF16 * (q + 2 * kv) + scratch,
             "a2a": 3 * BF16 * (2 * q + 2 * kv) if sp > 1 else 0}
 
 
@@ -260,9 +279,19 @@ def layer_working_set(lb: dict, recompute: str, mlp_tiles: int = 1) -> float:
     return max(rebuilt + grads + lb["a2a"], attn_point)
 
 
-def loss_bytes(m: ModelConfig, tokens: int, chunk: int) -> tuple[float, float]:
+def liger_chunk(m: ModelConfig, tokens: int) -> int:
+    """Liger's tokens per chunk (fused_linear_cross_entropy.py: next_pow2(ceil(T / ceil(V / d))), <= T)."""
+    inc = -(-m.vocab_size // m.d_model)
+    return min(tokens, 1 << max(0, (-(-tokens // inc) - 1).bit_length()))
+
+
+def loss_bytes(m: ModelConfig, tokens: int, chunk: int, loss: str = "chunked") -> tuple[float, float]:
     """(bytes independent of T, bytes per token) of the loss at its forward peak."""
     V, d = m.vocab_size, m.d_model
+    if loss == "liger":
+        # its loop: fp32 dW + one chunk's bf16 logits; its end: fp32 dW + the bf16 dW cast
+        const = max(FP32 * V * d + BF16 * liger_chunk(m, tokens) * V, (FP32 + BF16) * V * d)
+        return const, BF16 * d + FP32 + 1                 # dh, the fp32 per-token loss, the label mask
     if chunk <= 0:
         return 0.0, 12.0 * V + BF16 * d
     c = min(chunk, tokens)
@@ -303,8 +332,8 @@ def estimate(s: Setup, calib: Optional[Calibration] = None) -> Estimate:
     # --- phases (activations scale with act_scale)
     a = calib.act_scale
     per_tok = saved_per_token(m, s.recompute, s.ops, s.sp, s.mlp_tiles, s.offload_activations) * a
-    lb = layer_bytes_per_token(m, s.ops, s.sp)
-    loss_const, loss_tok = loss_bytes(m, t, s.loss_chunk)
+    lb = layer_bytes_per_token(m, s.ops, s.sp, s.attention)
+    loss_const, loss_tok = loss_bytes(m, t, s.loss_chunk, s.loss)
     fwd_end = per_tok * t + (loss_const + loss_tok * t) * a
     layer_ws = layer_working_set(lb, s.recompute, s.mlp_tiles) * a
     # tiled: fp32 sums of the MLP weights' grads over tiles (memory/tiled.py), one layer at a time
@@ -319,7 +348,9 @@ def estimate(s: Setup, calib: Optional[Calibration] = None) -> Estimate:
                                              else f"{m.n_layers} layers)")
     if phase == "forward end":
         terms[act] = per_tok * t
-        terms["loss" + (f" (chunk {s.loss_chunk})" if s.loss_chunk else " (unchunked fp32 [T, V])")] = \
+        what = (" (liger)" if s.loss == "liger" else f" (chunk {s.loss_chunk})" if s.loss_chunk
+                else " (unchunked fp32 [T, V])")
+        terms["loss" + what] = \
             (loss_const + loss_tok * t) * a
     elif phase == "backward":
         terms[act] = per_tok * t

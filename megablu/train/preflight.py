@@ -32,6 +32,7 @@ class Context:
     cfg: Config
     resume: Optional[str] = None
     world_size: Optional[int] = None
+    device: Optional[str] = None        # "cuda" | "cpu" the run will use; None: not known (no device checks)
     hash: bool = True                   # this process hashes data and checkpoints
     tokenizer: object = None            # set by the tokenizer check (None when it failed)
     run_dir: Optional[Path] = None      # resume: the run found
@@ -203,6 +204,31 @@ def eval_problems(ctx: Context) -> list[str]:
     return problems
 
 
+def kernel_problems(ctx: Context) -> list[str]:
+    """memory.loss=liger / memory.attention=fa4 import where the run will start (CUDA). The config
+    part (CPU, head_dim, doc_mask, dtype) is config/schema.py kernel_invariants; the GPU's
+    architecture is checked at the first call (ops/attention.py): this process may see no GPU."""
+    mem = ctx.cfg.memory
+    if ctx.device != "cuda" or (mem.loss == "chunked" and mem.attention == "sdpa"):
+        return []
+    problems = []
+    if mem.loss == "liger":
+        from ..ops.cross_entropy import liger_import_problem
+
+        why = liger_import_problem()
+        if why:
+            problems.append(f"memory.loss=liger: {why}; install liger-kernel (0.8.5 was measured; on the H200 "
+                            f"carry its wheel in .whl) or set memory.loss=chunked")
+    if mem.attention == "fa4":
+        from ..ops.attention import import_problem
+
+        why = import_problem()
+        if why:
+            problems.append(f"memory.attention=fa4: {why}; install flash-attn-4 and its wheels "
+                            f"(../shared/device/fa4_wheels.sh, bench/h200_kernels.sh) or set memory.attention=sdpa")
+    return problems
+
+
 def resume_problems(ctx: Context) -> list[str]:
     """--resume: the run exists, no live job holds it, it has a checkpoint to continue from, and
     this config may continue it (resume.py); a finished run is marked complete."""
@@ -276,6 +302,7 @@ CHECKS: list[tuple[str, Callable[[Context], list[str]]]] = [
     ("data", data_problems),
     ("init_from", init_from_problems),
     ("eval", eval_problems),
+    ("kernels", kernel_problems),
     ("resume", resume_problems),
 ]
 
@@ -313,7 +340,8 @@ def check(path, sets: Iterable[str] = (), *, world_size: Optional[int] = None, d
     """Load + validate + topology + preflight; raises ConfigError listing every problem.
 
     device="auto" resolves the config's train.device here (cuda when available); files=False
-    skips the filesystem checks (`config check --no-files`)."""
+    skips the filesystem checks and the optional kernels' imports (`config check --no-files`: a
+    config written for another machine)."""
     from ..config import apply_overrides, build_config, load_raw
 
     if device == "auto":
@@ -329,7 +357,7 @@ def check(path, sets: Iterable[str] = (), *, world_size: Optional[int] = None, d
         problems += [f"parallel.sp: {e}" for e in topo.errors]
     ctx = None
     if files:
-        ctx = Context(cfg, resume=resume, world_size=world_size, hash=hash)
+        ctx = Context(cfg, resume=resume, world_size=world_size, hash=hash, device=device)
         problems += run_checks(ctx)
     if problems:
         raise ConfigError(problems, str(path))

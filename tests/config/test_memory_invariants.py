@@ -55,3 +55,99 @@ def test_tiles_without_recompute_warns():
     assert any(w.startswith("memory.mlp_tiles>1 with memory.recompute=none") for w in config_warnings(cfg))
     cfg = load_config(EXT, ["memory.recompute=selective", "memory.mlp_tiles=4"], world_size=2, device="cuda")
     assert not any("mlp_tiles" in w for w in config_warnings(cfg))
+
+
+# --------------------------------------------------------------------------- memory.loss / memory.attention
+def test_kernel_fields_default_to_todays_paths():
+    assert MemoryConfig().loss == "chunked" and MemoryConfig().attention == "sdpa"
+    cfg = load_config(EXT, ["memory.loss=liger", "memory.attention=fa4"], world_size=2, device="cuda")
+    assert (cfg.memory.loss, cfg.memory.attention) == ("liger", "fa4")
+    assert any(e.startswith("memory.loss") for e in errors(["memory.loss=cce"]))
+    assert any(e.startswith("memory.attention") for e in errors(["memory.attention=flash"]))
+
+
+def test_kernels_on_cpu_rejected_with_the_fix():
+    errs = errors(["memory.loss=liger", "memory.attention=fa4", "train.dtype=fp32"], device="cpu")
+    assert "memory.loss=liger on a CPU run: Liger's fused linear cross-entropy is a Triton GPU kernel; set " \
+           "memory.loss=chunked" in errs
+    assert "memory.attention=fa4 on a CPU run: FlashAttention-4 runs on SM90 GPUs only; set " \
+           "memory.attention=sdpa" in errs
+
+
+@pytest.mark.parametrize("sets,expect", [
+    (["model.head_dim=36"], "memory.attention=fa4 with head_dim 36: FlashAttention-4 takes head_dim 8..256, a "
+                            "multiple of 8, on SM90; set memory.attention=sdpa"),
+    (["model.head_dim=264"], "memory.attention=fa4 with head_dim 264"),
+    (["data.doc_mask=true", "data.mode=pack"],
+     "memory.attention=fa4 with data.doc_mask=true: FlashAttention-4 runs plain causal attention here, document "
+     "masking runs on FlexAttention; set memory.attention=sdpa"),
+    (["train.dtype=fp32"], "memory.attention=fa4 with train.dtype=fp32: FlashAttention-4 takes bf16/fp16 inputs "
+                           "only; set train.dtype=bf16 or memory.attention=sdpa"),
+])
+def test_fa4_limits_are_config_errors(sets, expect):
+    errs = errors(["memory.attention=fa4", *sets])
+    assert len(errs) == 1 and errs[0].startswith(expect), errs
+    assert errors(["memory.attention=sdpa", *sets]) == []
+
+
+def test_liger_with_a_loss_chunk_warns():
+    cfg = load_config(EXT, ["memory.loss=liger", "memory.loss_chunk=4096"], world_size=2, device="cuda")
+    assert "memory.loss_chunk=4096 has no effect with memory.loss=liger (Liger sizes its own chunks); remove it" \
+        in config_warnings(cfg)
+    cfg = load_config(EXT, ["memory.loss=liger", "memory.loss_chunk=0"], world_size=2, device="cuda")
+    assert not any("loss_chunk" in w for w in config_warnings(cfg))
+
+
+def test_preflight_names_a_kernel_library_that_does_not_import(monkeypatch):
+    """Where the run starts (device cuda), the chosen library must import: before any rank works."""
+    from megablu.ops import attention, cross_entropy
+    from megablu.train.preflight import Context, kernel_problems
+
+    def missing(name):
+        def f():
+            raise ModuleNotFoundError(f"No module named '{name}'")
+        return f
+
+    monkeypatch.setattr(cross_entropy, "_liger_func", missing("liger_kernel"))
+    monkeypatch.setattr(attention, "_fa4_func", missing("flash_attn"))
+    cfg = load_config(EXT, ["memory.loss=liger", "memory.attention=fa4"], world_size=2, device="cuda")
+    probs = kernel_problems(Context(cfg, device="cuda"))
+    assert probs == [
+        "memory.loss=liger: liger_kernel is not importable (ModuleNotFoundError: No module named 'liger_kernel'); "
+        "install liger-kernel (0.8.5 was measured; on the H200 carry its wheel in .whl) or set memory.loss=chunked",
+        "memory.attention=fa4: flash_attn.cute is not importable (ModuleNotFoundError: No module named 'flash_attn'); "
+        "install flash-attn-4 and its wheels (../shared/device/fa4_wheels.sh, bench/h200_kernels.sh) or set "
+        "memory.attention=sdpa"]
+    # not asked for, or no device known (config check without --device): nothing imported, nothing said
+    assert kernel_problems(Context(load_config(EXT, [], world_size=2, device="cuda"), device="cuda")) == []
+    assert kernel_problems(Context(cfg, device=None)) == []
+    monkeypatch.setattr(cross_entropy, "_liger_func", lambda: object())
+    monkeypatch.setattr(attention, "_fa4_func", lambda: object())
+    assert kernel_problems(Context(cfg, device="cuda")) == []
+
+
+def test_the_preflight_runs_the_kernel_check(monkeypatch):
+    """check() -> run_checks(): the import check is one of CHECKS (what the entry and `config check` run)."""
+    from megablu.ops import cross_entropy
+    from megablu.train.preflight import Context, run_checks
+
+    def missing():
+        raise ModuleNotFoundError("No module named 'liger_kernel'")
+
+    monkeypatch.setattr(cross_entropy, "_liger_func", missing)
+    cfg = load_config(EXT, ["memory.loss=liger"], world_size=2, device="cuda")
+    probs = run_checks(Context(cfg, world_size=2, device="cuda", hash=False))
+    assert any(p.startswith("memory.loss=liger: liger_kernel is not importable") for p in probs), probs
+    assert not any(p.startswith("memory.") for p in run_checks(Context(cfg, world_size=2, device="cpu", hash=False)))
+
+
+def test_config_hash_unchanged_by_the_kernel_fields_at_their_defaults():
+    """Runs started before memory.loss/attention existed resume (tiny_cpu's hash on main before them,
+    786b2824aa40a632, checked by hand); choosing liger or fa4 is another run."""
+    from megablu.config import config_hash
+
+    def h(sets, device="cpu"):
+        return config_hash(load_config("yaml_configs/tiny_cpu.yaml", sets, world_size=1, device=device))
+
+    assert h([]) == h(["memory.loss=chunked", "memory.attention=sdpa"]) == "786b2824aa40a632"
+    assert len({h([]), h(["memory.loss=liger"], None), h(["memory.attention=fa4", "train.dtype=bf16"], None)}) == 3

@@ -116,3 +116,64 @@ def test_sp2_all_zero_stages_match_one_rank():
 def test_sp4_and_hybrid_match_one_rank():
     results = run_distributed(_worker, 4, CASES_4)
     _check(CASES_4, results, 4)
+
+
+class _RecordingFA4:
+    """flash_attn_func computed by SDPA, recording the shapes Ulysses hands the local kernel."""
+
+    def __init__(self):
+        self.shapes = []
+
+    def __call__(self, q, k, v, causal=False, **kw):
+        from megablu.ops.attention import sdpa_causal
+
+        assert causal and not kw
+        self.shapes.append((tuple(q.shape), tuple(k.shape)))
+        return sdpa_causal(q, k, v), None
+
+
+_LIGER_ROWS: list = []
+
+
+def _fake_liger(h, w, y, ignore_index, reduction, accum_dtype):
+    """liger_fused_linear_cross_entropy's contract (the summed CE of this rank's tokens) in torch."""
+    assert reduction == "sum" and accum_dtype == torch.float32
+    _LIGER_ROWS.append(h.shape[0])
+    return torch.nn.functional.cross_entropy((h @ w.t()).float(), y, ignore_index=ignore_index, reduction="sum")
+
+
+def _worker_fa4(rank, world, cases):
+    """memory.attention=fa4 and memory.loss=liger under Ulysses: the kernel DistributedAttention wraps
+    is FA4, on the full sequence and this rank's heads, and the head's loss is Liger's sum over this
+    rank's tokens, normalised by the count reduced over the sp group (stand-ins here: no GPU)."""
+    from megablu.config.schema import MemoryConfig
+    from megablu.memory.apply import apply_memory
+    from megablu.ops import attention, cross_entropy
+    from megablu.parallel.groups import build_groups
+    from megablu.parallel.ulysses import apply_ulysses
+
+    fake = _RecordingFA4()
+    attention._fa4_func = lambda: fake
+    attention.fa4_problem = lambda q, k: None
+    cross_entropy._liger_func = lambda: _fake_liger
+    results = []
+    for c in cases:
+        g = build_groups(c["sp"])
+        model = apply_memory(BluModel(_model_cfg(c["h"], c["kv"]), ROPE), MemoryConfig(attention="fa4", loss="liger"))
+        model.reset_parameters(seed=0)
+        apply_ulysses(model, g)
+        fake.shapes.clear()
+        _LIGER_ROWS.clear()
+        results.append((*engine_grads(model, g, c["stage"], c["T"]), sorted(set(fake.shapes)), list(_LIGER_ROWS)))
+    return results
+
+
+def test_fa4_and_liger_under_ulysses():
+    cases = [dict(h=4, kv=2, sp=2, T=31, stage=1), dict(h=9, kv=3, sp=2, T=32, stage=1)]
+    results = run_distributed(_worker_fa4, 2, cases)
+    _check(cases, [r[:2] for r in results], 2)
+    # (B, T, H/sp, D): the whole (padded) sequence, this rank's heads; 9 heads -> 10 padded MHA heads
+    assert results[0][2] == [((1, 32, 2, 8), (1, 32, 1, 8))]
+    assert results[1][2] == [((1, 32, 5, 8), (1, 32, 5, 8))]
+    # the head's loss went through Liger once per step, on this rank's 16 tokens
+    assert results[0][3] == results[1][3] == [16]

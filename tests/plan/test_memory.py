@@ -136,3 +136,52 @@ def test_backward_peaks_of_the_h200_long_steps(name):
     assert e.phase == "backward"
     assert -0.015 < e.allocated_gb / r["peak_gb"] - 1 < 0.10, (e.allocated_gb, r["peak_gb"])
     assert e.host_gb == pytest.approx(r["host_gb"], rel=1e-3)
+
+
+# --------------------------------------------------------------------------- memory.loss / memory.attention
+# docs/BENCHMARKS.md, issue 17 (H200, d=1024, V=100352, bf16, summed CE): peak GB above the inputs of one
+# fwd+bwd of the loss alone at T=32768, the returned grads included: megablu's chunk 4096, Liger accum fp32
+MEASURED_LOSS_GB_32K = {"chunked": 4.59, "liger": 0.68}
+
+
+@pytest.mark.parametrize("loss", ["chunked", "liger"])
+def test_loss_footprint_matches_the_h200(loss):
+    const, tok = plan.loss_bytes(BLU05B, 32768, 4096, loss)
+    assert (const + tok * 32768) / 1e9 == pytest.approx(MEASURED_LOSS_GB_32K[loss], rel=0.02)
+
+
+def test_liger_footprint_hand_checked():
+    V, d = BLU05B.vocab_size, BLU05B.d_model
+    # its chunk: next_pow2(ceil(T / ceil(V / d))) = next_pow2(ceil(32768 / 98)) = 512; 2048 at 128k; <= T
+    assert [plan.memory.liger_chunk(BLU05B, t) for t in (32768, 131072, 100, 1)] == [512, 2048, 2, 1]
+    # 32k: the end (fp32 dW + its bf16 cast, 6Vd) beats the loop (4Vd + bf16 logits 2*512*V); per token
+    # dh (2d), the fp32 loss (4) and the label mask (1); 128k: the loop (4Vd + 2*2048*V)
+    assert plan.loss_bytes(BLU05B, 32768, 0, "liger") == (6 * V * d, 2 * d + 5)
+    assert plan.loss_bytes(BLU05B, 131072, 0, "liger") == (4 * V * d + 2 * 2048 * V, 2 * d + 5)
+    # a short window: the loss's constant part makes the forward's end the peak, and the term says liger
+    e = plan.estimate(plan.Setup(BLU05B, 1024, zero_stage=0, optimizer=False, recompute="full", loss="liger"))
+    assert e.phase == "forward end" and e.terms["loss (liger)"] == 6 * V * d + (2 * d + 5) * 1024
+
+
+def test_fa4_backward_buffers_hand_checked():
+    # TINY (q = 64, kv = 32): FA4 keeps fp32 dk/dv accumulators at the kv heads (2*4*32) instead of SDPA's
+    # dk, dv expanded to the query heads (2*2*64), and two fp32 row scratches per head (2*4*4) instead of one
+    assert plan.layer_bytes_per_token(TINY, "cuda")["attn_bwd"] == ATTN_BWD
+    assert plan.layer_bytes_per_token(TINY, "cuda", attention="fa4")["attn_bwd"] == ATTN_BWD - 256 + 256 - 16 + 32
+    # MHA: no accumulators for dk/dv in either
+    mha = TINY.model_copy(update={"n_kv_heads": 4})
+    assert (plan.layer_bytes_per_token(mha, "cuda", attention="fa4")["attn_bwd"]
+            == plan.layer_bytes_per_token(mha, "cuda")["attn_bwd"] + 16)
+
+
+def test_kernel_choices_from_config():
+    cfg = load_config("yaml_configs/l2.yaml", ["memory.loss=liger", "memory.attention=fa4"])
+    s = plan.Setup.from_config(cfg, gpus=1, window=32768)
+    assert (s.loss, s.attention) == ("liger", "fa4")
+    assert "loss=liger" in s.describe() and "attention=fa4" in s.describe()
+    # Liger's loss needs no loss_chunk: the planner never suggests one to it
+    assert plan.apply_change(s, "loss_chunk=4096") is None
+    assert plan.Setup.from_json(s.to_json()) == s
+    # a probe.json written before these fields: today's kernels
+    old = {k: v for k, v in s.to_json().items() if k not in ("loss", "attention")}
+    assert (plan.Setup.from_json(old).loss, plan.Setup.from_json(old).attention) == ("chunked", "sdpa")
