@@ -128,8 +128,8 @@ def _probe(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("plan", help="memory fit table per (GPUs, window) from the analytical model")
-    p.add_argument("--config", required=True)
-    p.add_argument("--set", action="append", default=[], metavar="a.b=v")
+    p.add_argument("--config", required=True, help="yaml_configs/<arm>.yaml: model, memory switches, ZeRO, window")
+    p.add_argument("--set", action="append", default=[], metavar="a.b=v", help="config override (repeatable)")
     p.add_argument("--gpus", default=None, help="comma list, e.g. 1,2,4,8 (sp = GPUs); default: parallel.sp")
     p.add_argument("--windows", default=None, help="comma list, e.g. 16k,32k,64k,1M; default: data.window")
     p.add_argument("--gpu-gb", type=float, default=141.0, help="GPU memory in GB (1e9 B); H200: 141")
@@ -145,10 +145,11 @@ def register(sub) -> None:
     p.set_defaults(func=_plan)
 
     q = sub.add_parser("probe", help="run a config's first steps through the normal entry and report memory/speed")
-    q.add_argument("--config", required=True)
-    q.add_argument("--set", action="append", default=[], metavar="a.b=v")
+    q.add_argument("--config", required=True, help="yaml_configs/<arm>.yaml to measure")
+    q.add_argument("--set", action="append", default=[], metavar="a.b=v", help="config override (repeatable)")
     q.add_argument("--gpus", type=int, default=None, help="processes to launch; default parallel.sp")
-    q.add_argument("--steps", type=int, default=3)
-    q.add_argument("--master-port", type=int, default=29611)
+    q.add_argument("--steps", type=int, default=3, help="real training steps to measure (the first pays warm-up)")
+    q.add_argument("--master-port", type=int, default=29611, help="rendezvous port of the launch (change it when "
+                   "two probes run at once)")
     q.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
     q.set_defaults(func=_probe)
