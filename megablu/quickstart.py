@@ -226,17 +226,18 @@ def summary_text(*, parent: dict, untrained: dict, ext: dict, window: int, facto
         lengths = sorted({L for _, r in names for L in _loss(r)})
         n = sorted({x["n"] for _, r in names for x in _loss(r).values()})
         lines += ["", f"held-out loss, nats/token: mean over {', '.join(map(str, n))} val sequences of exactly L "
-                      f"tokens, [95% paired interval] of the difference", " " * w + "".join(f"{L:>22}" for L in lengths)]
+                      f"tokens, [95% paired interval] of the difference",
+                  " " * w + "".join(f"{L:>24}" for L in lengths)]
         for nm, r in names:
             lo = _loss(r)
-            lines.append(f"  {nm:<{w - 2}}" + "".join(f"{lo[L]['loss']:>22.3f}" if L in lo else f"{'-':>22}"
+            lines.append(f"  {nm:<{w - 2}}" + "".join(f"{lo[L]['loss']:>24.3f}" if L in lo else f"{'-':>24}"
                                                        for L in lengths))
         row = []
         for L in lengths:
             d = c["loss"].get(L)
             row.append("-" if d is None else f"{d['diff']:+.3f}{'*' if d['resolvable'] else ''}" + (
                 f" [{d['ci'][0]:+.2f}, {d['ci'][1]:+.2f}]" if d["ci"] else ""))
-        lines.append(f"  {'extension - untrained':<{w - 2}}" + "".join(f"{x:>22}" for x in row))
+        lines.append(f"  {'extension - untrained':<{w - 2}}" + "".join(f"{x:>24}" for x in row))
     lines += ["", "* = the 95% interval of the difference excludes 0 (Newcombe for retrieval, paired t over the "
                   "same sequences for loss)"]
     if gate:

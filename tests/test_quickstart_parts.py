@@ -117,6 +117,7 @@ def test_quickstart_gpu_dry_run_prints_every_step_and_runs_nothing(tmp_path):
     assert "--json" in cmd["parent"] and "init_from=<parent run>" in cmd["extension"]
     assert "quickstart_gpu_ext.yaml" in cmd["extension"] and "--rope-override" in cmd["eval_untrained"]
     assert "--gate-parent <parent run> --short-lengths 256 1024 2024" in cmd["compare"]
+    assert "<parent run> " + str(runs / "quickstart" / "eval_untrained") + " <extension run>" in cmd["compare"]
     # every config the GPU path names passes the config check for one GPU
     for cfg in ("yaml_configs/quickstart_gpu.yaml", "yaml_configs/quickstart_gpu_ext.yaml"):
         assert cfg in r.stderr
