@@ -206,7 +206,8 @@ def summary_text(*, parent: dict, untrained: dict, ext: dict, window: int, facto
              f"window {int(window * factor)}", ""]
     for label, s in (("parent   ", parent_run), ("extension", ext_run)):
         lines.append(f"  {label} {s['run_dir']}: {s['steps']} steps, {s['tokens_seen']:,} tokens, "
-                     f"{_train_loss(s)}, {s['mean_tokens_per_s']:,.0f} tokens/s, {(s.get('world') or '').split(',')[0]}")
+                     f"{_train_loss(s)}, {s['mean_tokens_per_s']:,.0f} tokens/s, "
+                     f"{(s.get('world') or '').split(',')[0]}")
     for task in dict.fromkeys(x["task"] for x in ext["cells"]):
         lengths = sorted({x["length"] for _, r in names for x in r["cells"] if x["task"] == task})
         ns = sorted({x["n"] for _, r in names for x in r["cells"] if x["task"] == task})

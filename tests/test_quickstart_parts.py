@@ -87,7 +87,8 @@ def test_claims_and_verdict():
     good, rest = v.split("; not resolved or worse: ")
     assert "is resolvably better" in good and "passkey_1digit@992 60% vs 20% (+40 pp" in good
     assert "loss@992 -0.300 nats/token" in good and "@480" not in good
-    assert "passkey_1digit@480 72% vs 70%" in rest and "inside the window the same comparison gives loss@240 -0.100" in rest
+    assert "passkey_1digit@480 72% vs 70%" in rest
+    assert "inside the window the same comparison gives loss@240 -0.100" in rest
     # nothing better beyond the window: said so
     c2 = claims(par, un, un, 256)
     assert c2["better_beyond"] == [] and "is NOT resolvably better" in verdict(c2, 4.0)

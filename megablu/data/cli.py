@@ -290,7 +290,8 @@ def register(sub) -> None:
 
     s = ds.add_parser("stats", help="print a dataset's stats table")
     s.add_argument("dir", help="dataset directory (holds manifest.json)")
-    s.add_argument("--json", action="store_true", help="the manifest's tokenizer, buckets, counts, histogram and sources as JSON")
+    s.add_argument("--json", action="store_true",
+                   help="the manifest's tokenizer, buckets, counts, histogram and sources as JSON")
     s.set_defaults(func=_stats)
 
     sm = ds.add_parser("sample", help="print the first loader sequences, decoded (what the model sees)")
@@ -348,13 +349,15 @@ def register(sub) -> None:
     y.add_argument("--tasks", default="kv,multikv", help="kv (one key asked) and/or multikv (2-4 keys asked)")
     y.add_argument("--templates", default="all", help="comma list of json,colon,table,prose,python, or all")
     y.add_argument("--key-types", default="numbers,uuid,words", help="comma list of key kinds: numbers, uuid, words")
-    y.add_argument("--value-types", default="numbers,uuid,words", help="comma list of value kinds: numbers, uuid, words")
+    y.add_argument("--value-types", default="numbers,uuid,words",
+                   help="comma list of value kinds: numbers, uuid, words")
     y.add_argument("--filler", default="kv", help="kv (distractor records), text (real train text of "
                    "--filler-data with a few records inserted) or kv,text (each document draws one)")
     y.add_argument("--filler-data", default=None, help="dataset (same tokenizer) whose TRAIN split is the filler text")
     y.add_argument("--filler-bucket", default="all", help="bucket(s) of --filler-data to draw the text from")
     y.add_argument("--window", type=int, default=None, help="check that every document fits this window in mode fit")
-    y.add_argument("--val-fraction", type=float, default=0.01, help="fraction of documents in val (by a hash of their key)")
+    y.add_argument("--val-fraction", type=float, default=0.01,
+                   help="fraction of documents in val (by a hash of their key)")
     y.add_argument("--split-seed", type=int, default=0, help="seed of that hash")
     y.add_argument("--bucket-edges", type=_edges, default=None, help="document-length edges in tokens (default: "
                    "4096,8192,...,131072 -> b0..b6)")
@@ -377,7 +380,8 @@ def register(sub) -> None:
                         "linux and openjdk (long code documents, Debian source packages), recall (synthetic "
                         "recall documents made of the other parts' train text)")
     d.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: CPU count, max 8)")
-    d.add_argument("--val-fraction", type=float, default=0.05, help="fraction of documents in val, by a hash of their path")
+    d.add_argument("--val-fraction", type=float, default=0.05,
+                   help="fraction of documents in val, by a hash of their path")
     d.add_argument("--min-tokens", type=int, default=1,
                    help="skip documents shorter than this (e.g. 16384: a long-document set small enough to carry)")
     d.add_argument("--overwrite", action="store_true", help="replace --out once the new dataset is complete")
