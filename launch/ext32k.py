@@ -16,9 +16,10 @@
 The config is validated against the launch's world size and device, and every input is
 checked (train/preflight.py, the same checks as `megablu config check`), before any rank
 initialises distributed state; every problem is listed and the exit code is 2. Results (the
-run summary) go to stdout on rank 0; logs go to stderr. A rank that fails prints one line
-(its traceback goes to runs/<id>/logs/) and, last, the command that resumes the run; a rank
-whose launcher dies stops within a second.
+run summary) go to stdout on rank 0 as one JSON line, and with `--json FILE` to FILE too (under
+`deepspeed` the launcher prints its own INFO lines on stdout); logs go to stderr. A rank that
+fails prints one line (its traceback goes to runs/<id>/logs/) and, last, the command that
+resumes the run; a rank whose launcher dies stops within a second.
 
 This file is a shim: the entry is megablu/train/entry.py (`deepspeed --module
 megablu.train.entry`, or `megablu train`, which resolves the launch first).

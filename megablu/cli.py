@@ -1,15 +1,30 @@
-"""`megablu` command. Results go to stdout, every log line to stderr.
+"""megablu: long-context training for small decoder LMs on DeepSpeed.
 
-Subcommands are registered by the module that owns them (`register(subparsers)`), so this
-file stays a table of contents:
-  config check      megablu.cli (here)
-  data ...          megablu.data.cli
-  eval, compare     megablu.eval.cli
-  ckpt ...          megablu.checkpoint.cli
-  hub ...           megablu.hub
-  plan              megablu.plan.cli
-  train, probe      megablu.train.cli
-Exit codes: 0 ok, 2 invalid input (config, data, checkpoint), 1 anything else.
+Extend a model's window with YaRN, train it with Ulysses sequence parallelism and ZeRO, and
+measure -- with confidence intervals -- whether it got better at long context without getting
+worse at short context.
+
+A run, in the order you need the commands:
+  1. megablu data build --input DIR --tokenizer SPEC --out data_cache/X     text -> dataset
+     (megablu data synth: retrieval documents; megablu data mix CONFIG: a mixture resolved)
+  2. megablu config check CONFIG --world-size N    every invariant and input, as the launch checks
+  3. megablu plan --config CONFIG --gpus 1,2,4     will it fit: memory per GPU count and window
+     megablu probe --config CONFIG --gpus N        3 real steps: peak memory, tokens/s
+  4. megablu train --config CONFIG --gpus N        train: a run dir under runs/ (the same as
+     deepspeed --num_gpus N launch/ext32k.py --config CONFIG; --dry-run prints the launch)
+  5. megablu eval --ckpt runs/RUN --config CONFIG  retrieval per length, held-out loss, gate
+  6. megablu compare runs/A runs/B --plot cmp.png  arms side by side, differences with intervals
+  7. megablu runs [show RUN]                       every run's state, loss, checkpoint, last eval
+  megablu ckpt verify|list|export, megablu hub download|upload: checkpoints and the Hub.
+First time: bash launch/quickstart.sh (a tiny real run on CPU, a few minutes). `megablu
+COMMAND --help` explains each command. Results go to stdout, every log line to stderr; exit 0
+ok, 2 invalid input (config, data, checkpoint: nothing was started), 1 anything else.
+
+Subcommands are registered by the module that owns them (`register(subparsers)`), in the order
+above, so this file stays a table of contents: data (megablu.data.cli), config check (here),
+plan (megablu.plan.cli), train and probe (megablu.train.cli), eval and compare
+(megablu.eval.cli), runs (megablu.train.runs_cli), ckpt (megablu.checkpoint.cli), hub
+(megablu.hub).
 """
 from __future__ import annotations
 
@@ -18,15 +33,17 @@ import importlib
 import logging
 import sys
 
-# module path -> registers its subcommands; a module that is absent is a packaging bug, so
-# import errors are not swallowed.
+# module path -> registers its subcommands, in the order `megablu --help` lists them (the order
+# a user needs them); a module that is absent is a packaging bug, so import errors are not swallowed.
 _SUBCOMMAND_MODULES = [
     "megablu.data.cli",
-    "megablu.eval.cli",
-    "megablu.checkpoint.cli",
-    "megablu.hub",
+    "megablu.cli",            # config check (register below)
     "megablu.plan.cli",
     "megablu.train.cli",
+    "megablu.eval.cli",
+    "megablu.train.runs_cli",
+    "megablu.checkpoint.cli",
+    "megablu.hub",
 ]
 
 
@@ -49,15 +66,12 @@ def _config_check(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="megablu", description=__doc__.splitlines()[0])
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    cfg = sub.add_parser("config", help="configuration tools").add_subparsers(dest="config_cmd", required=True)
+def register(sub) -> None:
+    cfg = sub.add_parser("config", help="check a config and every input it names, as the launch does").add_subparsers(
+        dest="config_cmd", required=True)
     chk = cfg.add_parser("check", help="validate a config and every input it names, as the training entry does: "
                                        "print it resolved (exit 0) or list every problem (exit 2)")
-    chk.add_argument("file")
+    chk.add_argument("file", help="yaml_configs/<arm>.yaml")
     chk.add_argument("--set", action="append", default=[], metavar="a.b=v", help="override (repeatable)")
     chk.add_argument("--world-size", type=int, default=None, help="check topology invariants for this many ranks")
     chk.add_argument("--device", choices=["cpu", "cuda"], default=None, help="check device invariants (bf16 on cpu)")
@@ -67,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
                      "checks (a config written for another machine)")
     chk.set_defaults(func=_config_check)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="megablu", description=__doc__.split("\n\nSubcommands")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for mod in _SUBCOMMAND_MODULES:
         importlib.import_module(mod).register(sub)
     return p

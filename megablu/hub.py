@@ -321,11 +321,11 @@ def register(sub) -> None:
         dest="hub_cmd", required=True)
     dl = hub.add_parser("download", help="download files matching --include; exit 2 if a pattern matches "
                                          "nothing or a file is missing/short afterwards")
-    dl.add_argument("repo")
-    dl.add_argument("--repo-type", default="model", choices=["model", "dataset", "space"])
-    dl.add_argument("--revision", default=None)
+    dl.add_argument("repo", help="Hub repo id, e.g. owner/name")
+    dl.add_argument("--repo-type", default="model", choices=["model", "dataset", "space"], help="kind of Hub repo")
+    dl.add_argument("--revision", default=None, help="branch, tag or commit (default: main)")
     dl.add_argument("--include", action="append", required=True, metavar="PAT", help="glob (repeatable)")
-    dl.add_argument("--local-dir", required=True)
+    dl.add_argument("--local-dir", required=True, help="where the files go (the repo's paths kept)")
     dl.add_argument("--from-local", default=None, metavar="DIR",
                     help="a local mirror of the repo instead of the network (offline clusters, tests)")
     dl.set_defaults(func=_cmd_hub_download)

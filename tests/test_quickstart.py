@@ -1,25 +1,77 @@
-"""The README's first command, end to end on CPU: data build, tiny pretrain (1 rank),
-YaRN x2 extension from that parent with sp=2 on 2 ranks, summary on stdout."""
+"""The README's first command, end to end on CPU: data, a tiny parent (window 256, 1 rank) that
+learns a retrieval task, its YaRN x4 extension (window 1024, sp=2 on 2 ranks), the three evals,
+compare with the gate, the summary. The summary's claims are checked here against the run files
+(the eval JSONs), recomputed from their numbers, not read back from the summary."""
 import json
+import math
 import subprocess
 from pathlib import Path
+
+from megablu.eval.stats import newcombe, t_quantile
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _paired(a: list, b: list) -> tuple[float, float, float]:
+    """mean of a - b and its 95% t interval over the distinct sequences (the same ones in both arms;
+    a sequence drawn twice has the same pair of losses and counts once)."""
+    d = [x - y for x, y in dict.fromkeys(zip(a, b))]
+    m = sum(d) / len(d)
+    half = t_quantile(0.95, len(d) - 1) * math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1) / len(d))
+    return m, m - half, m + half
+
+
+def _result(d: Path) -> dict:
+    files = sorted(d.glob("step_*.json"))
+    assert len(files) == 1, files
+    return json.loads(files[0].read_text())
+
+
 def test_quickstart_end_to_end(tmp_path):
-    r = subprocess.run(["bash", str(ROOT / "launch" / "quickstart.sh"), "--runs-dir", str(tmp_path / "runs")],
-                       capture_output=True, text=True, cwd=ROOT, timeout=1500)
+    runs = tmp_path / "runs"
+    r = subprocess.run(["bash", str(ROOT / "launch" / "quickstart.sh"), "--runs-dir", str(runs)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=1800)
     assert r.returncode == 0, r.stderr[-4000:]
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("pretrain", "YaRN"))]
-    assert len(lines) == 2, r.stdout
-    runs = sorted((tmp_path / "runs").iterdir())
-    parent = next(p for p in runs if p.name.startswith("tiny_cpu-"))
-    ext = next(p for p in runs if p.name.startswith("tiny_cpu_ext-"))
-    ps, es = json.loads((parent / "summary.json").read_text()), json.loads((ext / "summary.json").read_text())
-    assert ps["steps"] == 40 and es["steps"] == 16
-    assert ps["last_loss"] < ps["first_loss"] - 1.0          # it learned something real
-    assert es["first_loss"] < ps["first_loss"] - 1.0         # the extension started from the parent's weights
-    assert "sp 2" in es["world"]
+    parent = next(runs.glob("qs_parent-*"))
+    ext = next(runs.glob("qs_ext-*"))
+    ps, es = (json.loads((d / "summary.json").read_text()) for d in (parent, ext))
+    assert ps["steps"] == 800 and es["steps"] == 240 and "sp 2" in es["world"]
     cfg = (ext / "config.resolved.yaml").read_text()
-    assert "original_max_position: 256" in cfg and f"init_from: {parent}" in cfg
+    assert "original_max_position: 256" in cfg and "factor: 4.0" in cfg and f"init_from: {parent}" in cfg
+
+    # the run files: three eval results, the same prompts and val sequences for every arm
+    P, U, E = _result(parent / "eval"), _result(runs / "quickstart" / "eval_untrained"), _result(ext / "eval")
+    assert (P["window"], U["window"], E["window"]) == (256, 1024, 1024)
+    acc = {name: {(c["task"], c["length"]): c for c in res["cells"]} for name, res in (("P", P), ("U", U), ("E", E))}
+    loss = {name: {c["length"]: c for c in res["loss"]["by_length"]} for name, res in (("P", P), ("U", U), ("E", E))}
+    assert sorted(loss["P"]) == [128, 240] and sorted(loss["U"]) == sorted(loss["E"]) == [128, 240, 480, 992]
+    for L in loss["E"]:   # loss per length: n val sequences of exactly L tokens, the same for both arms
+        assert loss["E"][L]["digest"] == loss["U"][L]["digest"] and len(loss["E"][L]["per_seq"]) == loss["E"][L]["n"]
+        assert abs(sum(loss["E"][L]["per_seq"]) / loss["E"][L]["n"] - loss["E"][L]["loss"]) < 1e-6   # equal lengths
+
+    # the parent really retrieves inside its window (chance: 10% for a 1-digit key)
+    assert acc["P"][("passkey_1digit", 240)]["acc_pp"] >= 80, acc["P"]
+    # beyond the old window, the extension is better than the parent with untrained YaRN: the
+    # held-out loss at 480 and 992, each with a paired 95% interval below zero at this seed
+    for L in (480, 992):
+        m, lo, hi = _paired(loss["E"][L]["per_seq"], loss["U"][L]["per_seq"])
+        assert hi < 0, (L, m, lo, hi)
+    # the extension kept the parent's retrieval inside the window (the gate's margin, 5 pp)
+    for L in (128, 240):
+        assert acc["E"][("passkey_1digit", L)]["acc_pp"] >= acc["P"][("passkey_1digit", L)]["acc_pp"] - 5
+
+    # the printed summary says the same, with the numbers of the files
+    out = r.stdout
+    assert out.startswith("megablu quick start (CPU): a parent at window 256, its YaRN x4 extension to window 1024")
+    verdict = [ln for ln in out.splitlines() if ln.startswith("In one line:")]
+    assert len(verdict) == 1 and "is resolvably better than the parent with untrained YaRN on" in verdict[0], out
+    for L in (480, 992):
+        m, lo, hi = _paired(loss["E"][L]["per_seq"], loss["U"][L]["per_seq"])
+        assert f"loss@{L} {m:+.3f} nats/token [{lo:+.3f}, {hi:+.3f}]" in verdict[0].split("not resolved")[0], (L, m)
+    c = acc["E"][("passkey_1digit", 992)], acc["U"][("passkey_1digit", 992)]
+    diff = newcombe(c[0]["correct"], c[0]["n"], c[1]["correct"], c[1]["n"])
+    assert f"passkey_1digit@992 {c[0]['acc_pp']:.0f}% vs {c[1]['acc_pp']:.0f}% ({100 * diff.diff:+.0f} pp" in verdict[0]
+    assert "extension@240: short-context gate passed" in out
+    claims = json.loads((runs / "quickstart" / "claims.json").read_text())
+    assert {(b["what"], b["length"]) for b in claims["better_beyond"]} >= {("loss", 480), ("loss", 992)}
+    assert (runs / "quickstart" / "compare.png").read_bytes()[:4] == b"\x89PNG"

@@ -104,11 +104,12 @@ def register(sub) -> None:
     ls = ck.add_parser("list", help="checkpoints of a run (or of every run in a runs dir); exit 2 if a row is BAD")
     ls.add_argument("path", help="run dir or runs dir")
     ls.add_argument("--verify", action="store_true", help="also check sha256 (slow for big checkpoints)")
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--json", action="store_true", help="the rows as JSON instead of the table")
     ls.set_defaults(func=_cmd_list)
     ex = ck.add_parser("export", help="HF-loadable safetensors + config.json from a step or a run's newest step")
     ex.add_argument("src", help="run dir (newest verified step) or step dir")
-    ex.add_argument("--out", required=True)
+    ex.add_argument("--out", required=True, help="directory for model.safetensors, config.json and "
+                    "megablu_export.json")
     ex.add_argument("--force", action="store_true", help="replace a non-empty --out")
     ex.add_argument("--rope-as-yarn", action="store_true",
                     help="export a rope.yarn.apply=beyond_original model as plain YaRN (no transformers rope "

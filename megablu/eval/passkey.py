@@ -6,8 +6,9 @@
     The grass is green. ... (repeated)
     What is the pass key? The pass key is
 
-The key is a 5-digit number; the needle sits at a filler-sentence boundary nearest to the
-prompt's stratified depth; the filler after it is cut wherever the exact length ends.
+The key is a 5-digit number (`digits` in a task_def: 1..9; with 1 the key is 0..9); the needle
+sits at a filler-sentence boundary nearest to the prompt's stratified depth; the filler after it
+is cut wherever the exact length ends.
 """
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ QUESTION = "\nWhat is the pass key? The pass key is"
 class PasskeyBuilder:
     task = "passkey"
 
-    def __init__(self, tokenizer: TokenizerLike, seed: int, n: int):
-        self.tok, self.seed, self.n = tokenizer, seed, n
+    def __init__(self, tokenizer: TokenizerLike, seed: int, n: int, digits: int = 5):
+        self.tok, self.seed, self.n, self.digits = tokenizer, seed, n, digits
         self.head = tokenizer.encode(INSTRUCTION)
         self.unit = tokenizer.encode(FILLER)
         self.question = tokenizer.encode(QUESTION)
@@ -32,10 +33,11 @@ class PasskeyBuilder:
             raise EvalError("passkey: the filler sentence encodes to zero tokens")
 
     def key(self, index: int) -> str:
-        return str(rng_for(self.seed, self.task, "key", index).randint(10000, 99999))
+        lo = 10 ** (self.digits - 1) if self.digits > 1 else 0
+        return str(rng_for(self.seed, self.task, "key", index).randint(lo, 10 ** self.digits - 1))
 
     def min_length(self) -> int:
-        return len(self.head) + len(self.tok.encode(NEEDLE.format(key="99999"))) + len(self.question)
+        return len(self.head) + len(self.tok.encode(NEEDLE.format(key="9" * self.digits))) + len(self.question)
 
     def build(self, length: int, index: int) -> Prompt:
         key = self.key(index)

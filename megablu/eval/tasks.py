@@ -19,7 +19,10 @@ __all__ = ["RULER_SUITE", "make_builder", "needs_text_haystack"]
 def make_builder(task: str, spec, tokenizer: TokenizerLike, seed: int, n: int, haystack: Optional[Haystack]):
     f = spec.family
     if f == "passkey":
-        return PasskeyBuilder(tokenizer, seed, n)
+        b = PasskeyBuilder(tokenizer, seed, n, digits=spec.digits)
+        if spec.digits != 5:   # a variant: its own name seeds its keys and depths
+            b.task = task
+        return b
     if needs_text_haystack(spec) and haystack is None:
         raise EvalError(f"task {task!r} needs a real-text haystack: set eval.haystack (a dataset dir whose val split "
                         f"is the haystack) or pass haystack=")

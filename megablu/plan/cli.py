@@ -54,8 +54,8 @@ def _plan(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("plan", help="memory fit table per (GPUs, window) from the analytical model")
-    p.add_argument("--config", required=True)
-    p.add_argument("--set", action="append", default=[], metavar="a.b=v")
+    p.add_argument("--config", required=True, help="yaml_configs/<arm>.yaml: model, memory switches, ZeRO, window")
+    p.add_argument("--set", action="append", default=[], metavar="a.b=v", help="config override (repeatable)")
     p.add_argument("--gpus", default=None, help="comma list, e.g. 1,2,4,8 (sp = GPUs); default: parallel.sp")
     p.add_argument("--windows", default=None, help="comma list, e.g. 16k,32k,64k,1M; default: data.window")
     p.add_argument("--gpu-gb", type=float, default=141.0, help="GPU memory in GB (1e9 B); H200: 141")

@@ -118,10 +118,11 @@ def register(sub) -> None:
     t.set_defaults(func=_train)
 
     q = sub.add_parser("probe", help="run a config's first steps through the normal entry and report memory/speed")
-    q.add_argument("--config", required=True)
-    q.add_argument("--set", action="append", default=[], metavar="a.b=v")
+    q.add_argument("--config", required=True, help="yaml_configs/<arm>.yaml to measure")
+    q.add_argument("--set", action="append", default=[], metavar="a.b=v", help="config override (repeatable)")
     q.add_argument("--gpus", type=int, default=None, help="processes to launch; default parallel.sp")
-    q.add_argument("--steps", type=int, default=3)
-    q.add_argument("--master-port", type=int, default=29611)
+    q.add_argument("--steps", type=int, default=3, help="real training steps to measure (the first pays warm-up)")
+    q.add_argument("--master-port", type=int, default=29611, help="rendezvous port of the launch (change it when "
+                   "two probes run at once)")
     q.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
     q.set_defaults(func=_probe)

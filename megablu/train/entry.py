@@ -7,9 +7,10 @@
 The config is validated against the launch's world size and device, and every input is
 checked (train/preflight.py, the same checks as `megablu config check`), before any rank
 initialises distributed state; every problem is listed and the exit code is 2. Results (the
-run summary) go to stdout on rank 0; logs go to stderr. A rank that fails prints one line
-(its traceback goes to runs/<id>/logs/) and, last, the command that resumes the run; a rank
-whose launcher dies stops within a second.
+run summary) go to stdout on rank 0 as one JSON line, and with `--json FILE` to FILE too: under
+`deepspeed` the launcher prints its own INFO lines on stdout, so scripts read FILE; logs go to
+stderr. A rank that fails prints one line (its traceback goes to runs/<id>/logs/) and, last,
+the command that resumes the run; a rank whose launcher dies stops within a second.
 """
 import argparse
 import contextlib
@@ -28,7 +29,11 @@ def main(argv=None) -> int:
     p.add_argument("--config", required=True, help="yaml_configs/<arm>.yaml")
     p.add_argument("--set", action="append", default=[], metavar="a.b=v", help="override (repeatable)")
     p.add_argument("--resume", default=None, help="run id or run dir to resume from its newest verified checkpoint")
-    p.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the run's summary (the JSON line of "
+                   "stdout) to FILE, atomically: what a script reads, since the `deepspeed` launcher prints its own "
+                   "INFO lines on stdout too")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)),
+                   help="set by the launcher")
     args = p.parse_args(argv)
 
     launched = "RANK" in os.environ   # by deepspeed / torchrun: a launcher whose death must end this rank
@@ -55,7 +60,7 @@ def main(argv=None) -> int:
         for w in ok.warnings:
             logging.warning("config: %s", w)
     if ok.ctx.complete:
-        return _already_complete(ok.ctx, rank)
+        return _already_complete(ok.ctx, rank, args.json)
     if ok.device == "cpu":
         # DeepSpeed picks its accelerator at import; on CPU it must be told before that
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -99,15 +104,25 @@ def main(argv=None) -> int:
         return 1
     except GateFailed as e:   # trained and saved, but worse at short context than the parent
         if rank == 0:
-            print(json.dumps(e.summary))
+            _emit(e.summary, args.json)
             print(f"eval gate FAILED: {e}", file=sys.stderr)
         return 1
     except (Exception, KeyboardInterrupt, Terminated) as e:  # noqa: BLE001 - one line per rank, then the way on
         _FAILING.set()
         return _failed(e, trainer.run_dir, rank, next_step)
     if rank == 0:
-        print(json.dumps(summary))
+        _emit(summary, args.json)
     return 0
+
+
+def _emit(summary: dict, path) -> None:
+    """The result: one JSON line on stdout and, with --json FILE, the same JSON in FILE (tmp + rename)."""
+    line = json.dumps(summary)
+    print(line)
+    if path:
+        tmp = Path(f"{path}.tmp{os.getpid()}")
+        tmp.write_text(line + "\n")
+        os.replace(tmp, path)
 
 
 class Terminated(BaseException):
@@ -123,7 +138,7 @@ def _terminated(signum, frame):
                          "rank says why)")
 
 
-def _already_complete(ctx, rank: int) -> int:
+def _already_complete(ctx, rank: int, json_path=None) -> int:
     """A resume of a finished run: says so, leaves summary.json as it is (writes it if missing)."""
     from .metrics import run_summary
 
@@ -136,7 +151,7 @@ def _already_complete(ctx, rank: int) -> int:
         if summary is None:   # killed after its last step and eval, before the summary
             step = int(ctx.resume_step.name.split("_")[-1])
             summary = run_summary(ctx.run_dir, {"from_step": step, "to_step": step, "world": None})
-        print(json.dumps(summary))
+        _emit(summary, json_path)
         print(f"run {ctx.run_dir.name} is already complete ({ctx.resume_step.name}, train.max_steps="
               f"{ctx.cfg.train.max_steps}): nothing to train; {path} left as it was", file=sys.stderr)
     return 1 if (summary or {}).get("gate") else 0

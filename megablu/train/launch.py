@@ -80,19 +80,22 @@ def build_command(a, slots: list[int]) -> tuple[list[str], dict]:
 
 def add_arguments(p) -> None:
     """The launch options `megablu train` takes (launch/*.sh pass their defaults through them)."""
-    p.add_argument("--config", required=True)
+    p.add_argument("--config", required=True, help="yaml_configs/<arm>.yaml to train")
     p.add_argument("--set", action="append", default=[], metavar="a.b=v", help="override (repeatable)")
     p.add_argument("--resume", default=None, help="run id or run dir to resume from its newest verified checkpoint")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: the config's train.device, cuda when a GPU is visible")
     p.add_argument("--gpus", "--num-gpus", dest="gpus", type=int, default=None,
                    help="ranks per node (processes on CPU); default: parallel.sp")
-    p.add_argument("--nodes", "--num-nodes", dest="nodes", type=int, default=1)
+    p.add_argument("--nodes", "--num-nodes", dest="nodes", type=int, default=1,
+                   help="nodes in the job (with --hostfile: taken from it)")
     p.add_argument("--hostfile", default=None, help="DeepSpeed hostfile ('<host> slots=<n>' per node)")
-    p.add_argument("--launcher", choices=["deepspeed", "torchrun"], default="deepspeed")
+    p.add_argument("--launcher", choices=["deepspeed", "torchrun"], default="deepspeed",
+                   help="which launcher starts the ranks (torchrun: run the same command on every node)")
     p.add_argument("--node-rank", type=int, default=0, help="torchrun: this node's index (0 runs the store)")
-    p.add_argument("--master-addr", default="127.0.0.1")
-    p.add_argument("--master-port", type=int, default=29500)
+    p.add_argument("--master-addr", default="127.0.0.1", help="address of rank 0's node (the rendezvous)")
+    p.add_argument("--master-port", type=int, default=29500, help="rendezvous port (change it when two "
+                   "jobs share a node)")
     p.add_argument("--dry-run", action="store_true", help="print topology + command, check the config, exit")
 
 

@@ -160,7 +160,9 @@ def test_extension_without_a_gate_is_warned():
 # world size, device each shipped arm is meant for (tiny arms run on CPU ranks)
 SHIPPED = {"tiny_cpu.yaml": (1, "cpu"), "tiny_cpu_ext.yaml": (2, "cpu"), "ext64k_4gpu.yaml": (4, "cuda"),
            "zero3_offload_params.yaml": (1, "cuda"), "zero2_offload_opt.yaml": (1, "cuda"),
-           "zero3_offload_opt.yaml": (1, "cuda"), "frugal_1m_1gpu.yaml": (1, "cuda")}
+           "zero3_offload_opt.yaml": (1, "cuda"), "frugal_1m_1gpu.yaml": (1, "cuda"),
+           "quickstart_cpu.yaml": (1, "cpu"), "quickstart_cpu_ext.yaml": (2, "cpu"),
+           "quickstart_gpu.yaml": (1, "cuda"), "quickstart_gpu_ext.yaml": (1, "cuda")}
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "yaml_configs").glob("*.yaml")), ids=lambda p: p.name)

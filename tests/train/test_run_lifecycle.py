@@ -26,8 +26,8 @@ TINY_EXT = ROOT / "yaml_configs" / "tiny_cpu_ext.yaml"
 ENV = {**os.environ, "DS_ACCELERATOR": "cpu"}
 
 
-def entry(sets, resume=None, config=TINY):
-    cmd = [sys.executable, str(ROOT / "launch" / "ext32k.py"), "--config", str(config)]
+def entry(sets, resume=None, config=TINY, extra=()):
+    cmd = [sys.executable, str(ROOT / "launch" / "ext32k.py"), "--config", str(config), *extra]
     cmd += sum((["--set", s] for s in sets), [])
     if resume:
         cmd += ["--resume", str(resume)]
@@ -45,11 +45,20 @@ def rows(run_dir):
         return [(int(r["step"]), r["loss"], r["lr"]) for r in csv.DictReader(f)]
 
 
+def runs_states(runs: Path, capsys) -> dict:
+    """`megablu runs RUNS --json`: {run id: (state, why)}."""
+    from megablu.cli import main
+
+    capsys.readouterr()
+    assert main(["runs", str(runs), "--json"]) == 0
+    return {r["run"]: (r["state"], r["why"]) for r in json.loads(capsys.readouterr().out)}
+
+
 def tree(p: Path) -> dict:
     return {str(f.relative_to(p)): f.stat().st_mtime_ns for f in sorted(p.rglob("*")) if f.is_file()}
 
 
-def test_extend_wsd_max_steps_on_resume_then_resume_the_finished_run(tmp_path, stdlib_data):
+def test_extend_wsd_max_steps_on_resume_then_resume_the_finished_run(tmp_path, stdlib_data, capsys):
     """max_steps 6 -> 10 (decay_start 3 -> 7) at step 3, before the decay: the same losses and LRs
     as a straight 10-step run, bit for bit; summary.json covers both sessions; config.resolved.yaml
     now resumes the extended run. Then a resume of the finished run: 'already complete', exit 0,
@@ -61,6 +70,8 @@ def test_extend_wsd_max_steps_on_resume_then_resume_the_finished_run(tmp_path, s
     first = summary(entry(common + ["train.max_steps=6", "schedule.decay_start=3", "train.stop_after=3"]))
     assert first["steps"] == 3
     run = Path(first["run_dir"])
+    st = runs_states(tmp_path / "runs", capsys)         # megablu runs: one finished, one stopped by stop_after
+    assert st[Path(straight["run_dir"]).name][0] == "finished" and st[run.name][0] == "stopped", st
     resumed = summary(entry(common + long, resume=run.name))
     assert resumed["run_dir"] == str(run) and resumed["steps"] == 10
     assert rows(run) == rows(straight["run_dir"])            # losses and LRs as strings: bit for bit
@@ -72,18 +83,21 @@ def test_extend_wsd_max_steps_on_resume_then_resume_the_finished_run(tmp_path, s
     resolved = (run / "config.resolved.yaml").read_text()
     assert "max_steps: 10" in resolved and "decay_start: 7" in resolved and "stop_after: null" in resolved
     assert len(list(run.glob("config.before.*.yaml"))) == 1 and not list(run.glob("config.resume.*"))
+    assert runs_states(tmp_path / "runs", capsys)[run.name] == ("finished", "step 10 of 10")
 
     before, summ = tree(run), (run / "summary.json").read_bytes()
-    r = entry([], resume=run.name, config=run / "config.resolved.yaml")   # the command the run prints
+    r = entry([], resume=run.name, config=run / "config.resolved.yaml",   # the command the run prints
+              extra=["--json", str(tmp_path / "result.json")])
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"run {run.name} is already complete" in r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1]) == json.loads(summ)
+    assert (tmp_path / "result.json").read_text() == r.stdout.strip().splitlines()[-1] + "\n"   # --json FILE
     assert (run / "summary.json").read_bytes() == summ and tree(run) == before
 
 
-def _launch(ranks, sets, config=TINY_EXT, resume=None):
+def _launch(ranks, sets, config=TINY_EXT, resume=None, extra=()):
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(ranks), "--master_port",
-           str(free_port()), str(ROOT / "launch" / "ext32k.py"), "--config", str(config)]
+           str(free_port()), str(ROOT / "launch" / "ext32k.py"), "--config", str(config), *extra]
     cmd += sum((["--set", s] for s in sets), [])
     if resume:
         cmd += ["--resume", resume]
@@ -128,7 +142,7 @@ def group_reaper():
 
 
 def test_kill9_of_the_launcher_ends_the_ranks_and_a_resume_beside_them_is_refused(tmp_path, stdlib_data,
-                                                                                 group_reaper):
+                                                                                 group_reaper, capsys):
     runs = tmp_path / "runs"
     sets = [f"runs_dir={runs}", f"data.path={stdlib_data}", "rope.allow_yarn_from_scratch=true", "data.max_epochs=1000",
             "train.max_steps=2000",
@@ -139,6 +153,7 @@ def test_kill9_of_the_launcher_ends_the_ranks_and_a_resume_beside_them_is_refuse
     ranks = _wait_for(lambda: len(_ranks(p)) == 2 and _ranks(p), 30, "two ranks")
     lock = json.loads((run / "run.lock").read_text())
     assert lock["pid"] in {r.pid for r in ranks}
+    assert runs_states(runs, capsys)[run.name][0] == "running"
     # a resume while the ranks train: refused by name, before anything is written
     check = [sys.executable, "-m", "megablu.cli", "config", "check", str(TINY_EXT), "--world-size", "2",
              "--device", "cpu", *sum((["--set", s] for s in sets), []), "--resume", run.name]
@@ -153,13 +168,15 @@ def test_kill9_of_the_launcher_ends_the_ranks_and_a_resume_beside_them_is_refuse
     n = len(rows(run))
     time.sleep(2)
     assert len(rows(run)) == n                               # nobody trains this run any more
+    state, why = runs_states(runs, capsys)[run.name]          # megablu runs: killed, its lock left stale
+    assert state == "killed" and f"stale run.lock (pid {lock['pid']} is not running" in why, why
     # now the lock names a dead pid: a resume may go on
     r = subprocess.run(check, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
 
 
 def test_a_rank_that_dies_leaves_one_line_per_rank_and_the_resume_command_last(tmp_path, stdlib_data,
-                                                                              group_reaper):
+                                                                              group_reaper, capsys):
     runs = tmp_path / "runs"
     sets = [f"runs_dir={runs}", f"data.path={stdlib_data}", "rope.allow_yarn_from_scratch=true", "data.max_epochs=1000",
             "train.max_steps=2000",
@@ -179,11 +196,18 @@ def test_a_rank_that_dies_leaves_one_line_per_rank_and_the_resume_command_last(t
     assert lines[-1] == (f"resume with: deepspeed --num_gpus 2 launch/ext32k.py --config "
                          f"{run.resolve()}/config.resolved.yaml --resume {run.name}"), lines[-4:]
     assert (run / "logs" / "rank0.error.txt").is_file()       # the traceback is kept, not printed
+    state, why = runs_states(runs, capsys)[run.name]          # megablu runs: failed, rank 0's error
+    assert state == "failed" and why.startswith("rank 0: "), why
     # the printed command resumes the run (for 2 more steps of this session)
     cmd = lines[-1].removeprefix("resume with: ").split()
     step = max(int(d.name.split("_")[1]) for d in (run / "checkpoints").glob("step_*"))
-    q = _launch(2, [f"train.stop_after={step + 2}"], config=Path(cmd[5]), resume=cmd[-1])
+    q = _launch(2, [f"train.stop_after={step + 2}"], config=Path(cmd[5]), resume=cmd[-1],
+                extra=["--json", str(tmp_path / "resumed.json")])
     group_reaper(q)
     out, err = q.communicate(timeout=300)
     assert q.returncode == 0, err[-3000:]
     assert json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])["steps"] == step + 2
+    # under deepspeed the launcher's own lines share stdout; --json FILE holds the result alone
+    assert any(not ln.startswith("{") for ln in out.splitlines() if ln.strip()), out[-2000:]
+    assert json.loads((tmp_path / "resumed.json").read_text())["steps"] == step + 2
+    assert runs_states(runs, capsys)[run.name][0] == "stopped"   # the old session's error no longer counts

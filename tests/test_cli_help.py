@@ -1,0 +1,44 @@
+"""`megablu --help` teaches: what megablu is, the commands in the order a user needs them, and
+help text on every option and positional of every subcommand."""
+import argparse
+
+from megablu.cli import build_parser
+
+
+def _walk(parser, path):
+    """(command path, parser) for the root and every subcommand, depth first."""
+    yield path, parser
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sub in a.choices.items():
+                yield from _walk(sub, f"{path} {name}")
+
+
+def test_every_option_of_every_subcommand_has_help():
+    missing, commands = [], 0
+    for path, p in _walk(build_parser(), "megablu"):
+        commands += 1
+        for a in p._actions:
+            if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            if not (a.help or "").strip() or a.help == argparse.SUPPRESS:
+                missing.append(f"{path} {'/'.join(a.option_strings) or a.dest}")
+    assert commands > 20      # the walk reached the subcommands (data build, eval, runs show ...)
+    assert not missing, f"{len(missing)} option(s) without help: " + ", ".join(missing)
+
+
+def test_subcommands_have_help_and_the_workflow_order():
+    p = build_parser()
+    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    names = list(sub.choices)
+    helps = {c.dest: c.help for c in sub._choices_actions}
+    assert all(helps.get(n) for n in names), helps
+    order = [n for n in ("data", "config", "plan", "train", "eval", "compare", "runs") if n in names]
+    assert [n for n in names if n in order] == order, names
+    text = p.format_help()
+    assert "long-context training" in text and "launch/quickstart.sh" in text
+    # the workflow lines in the description are in the order a user runs them
+    steps = ["megablu data build", "megablu config check", "megablu plan", "launch/ext32k.py", "megablu eval",
+             "megablu compare", "megablu runs"]
+    pos = [text.index(s) for s in steps]
+    assert pos == sorted(pos), dict(zip(steps, pos))
