@@ -74,6 +74,7 @@ def main(argv=None) -> int:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT", str(port)))
 
+    from ..utils.dist import finish
     from .probe import ProbeOOM
     from .resume import how_to_continue
     from .trainer import GateFailed, Trainer
@@ -106,12 +107,14 @@ def main(argv=None) -> int:
         if rank == 0:
             _emit(e.summary, args.json)
             print(f"eval gate FAILED: {e}", file=sys.stderr)
+        finish()
         return 1
     except (Exception, KeyboardInterrupt, Terminated) as e:  # noqa: BLE001 - one line per rank, then the way on
         _FAILING.set()
         return _failed(e, trainer.run_dir, rank, next_step)
     if rank == 0:
         _emit(summary, args.json)
+    finish()   # every rank leaves the process group together
     return 0
 
 
@@ -127,6 +130,10 @@ def _emit(summary: dict, path) -> None:
 
 class Terminated(BaseException):
     """SIGTERM (the launcher stopping every rank because one failed, or a job scheduler)."""
+
+
+class LauncherGone(RuntimeError):
+    """A rank's error that followed its launcher's death (a peer ended by its watchdog first)."""
 
 
 _FAILING = threading.Event()   # set once a failure is being reported: a SIGTERM then lets it finish
@@ -164,7 +171,15 @@ def _failed(e: BaseException, run_dir, rank: int, next_step) -> int:
     from ..data.shards import DataError
     from ..data.tokenizer import TokenizerError
     from .runs import RunError
+    from .watchdog import launcher_gone
 
+    gone = None if isinstance(e, Terminated) else launcher_gone()
+    if gone:   # the launcher died first: that is the cause, the error (often gloo's) its echo
+        try:
+            raise LauncherGone(f"{gone}; this rank's error followed it: {type(e).__name__}: "
+                               + "; ".join(ln.strip() for ln in str(e).splitlines() if ln.strip())[:300]) from e
+        except LauncherGone as wrapped:
+            e = wrapped
     text = "; ".join(ln.strip() for ln in str(e).splitlines() if ln.strip()) or repr(e)
     where = ""
     if run_dir is not None:

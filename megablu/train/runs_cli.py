@@ -14,7 +14,8 @@ a run comes from what it left behind, not from its exit code:
   failed    a rank of the last session wrote logs/rank<N>.error.txt with an error, or the
             probe ran out of memory
   killed    none of the above: the job vanished (kill -9, the OOM killer, a lost node) or
-            every rank's error is a signal (SIGTERM, Ctrl-C); its run.lock may be left stale
+            every rank's error is a signal (SIGTERM, Ctrl-C) or followed its launcher's death
+            (LauncherGone); its run.lock may be left stale
 Loss is the mean of the last 10 steps in metrics.csv; tokens/s the mean over the steps, the
 first step of each session left out (as summary.json); the checkpoint is the newest one that
 `resume` would take (sizes checked; `megablu ckpt verify` hashes them); the eval is the newest
@@ -33,7 +34,7 @@ from typing import Optional
 log = logging.getLogger(__name__)
 
 SMOOTH = 10            # steps in the "last loss" mean
-SIGNALS = ("Terminated", "KeyboardInterrupt")   # errors that say the job was stopped from outside
+SIGNALS = ("Terminated", "KeyboardInterrupt", "LauncherGone")   # errors that say the job was stopped from outside
 
 
 def _rows(run: Path) -> list[dict]:
@@ -118,7 +119,7 @@ def state_of(run: Path, rows: Optional[list[dict]] = None) -> tuple[str, str]:
         r, e = real[0]
         return "failed", f"rank {r}: {e}"
     if errs:
-        return "killed", f"rank {errs[0][0]}: {errs[0][1]}"
+        return "killed", "; ".join(x for x in (f"rank {errs[0][0]}: {errs[0][1]}", stale) if x)
     return "killed", "; ".join(x for x in (f"no error recorded after step {steps}", stale) if x)
 
 

@@ -9,6 +9,11 @@ on this host, the runner too. A watched pid that is gone (or reused: its start t
 changed), or a parent that changed (the rank was re-parented), ends the rank within
 `interval` seconds: one line on stderr (what died, and how to resume), exit code 1.
 The run's lock (runs.py) then names a dead pid and a resume may take it.
+
+A rank can also fail *because* its launcher died before its own watchdog fires: its peer's
+watchdog ended the peer first and the collective in flight says "Connection closed by peer".
+`launcher_gone()` lets the failing rank see that, so the run is recorded as stopped from
+outside (LauncherGone), not as failed with a misleading gloo error.
 """
 from __future__ import annotations
 
@@ -52,9 +57,18 @@ def launcher_pids() -> list[int]:
     return pids
 
 
+_DEAD: Optional[Callable[[], Optional[str]]] = None   # set by exit_with_launcher
+
+
+def launcher_gone() -> Optional[str]:
+    """Why this rank's launcher is gone, or None (also None when no watchdog was started)."""
+    return _DEAD() if _DEAD is not None else None
+
+
 def exit_with_launcher(message: Callable[[], str], interval: float = 1.0) -> threading.Thread:
     """Start a daemon thread that ends this process when a launcher pid dies; `message()` is
     printed first (its last line: how to resume)."""
+    global _DEAD
     pids = launcher_pids()
     starts = {p: proc_start(p) for p in pids}
     parent = pids[0]
@@ -66,6 +80,8 @@ def exit_with_launcher(message: Callable[[], str], interval: float = 1.0) -> thr
             if not pid_alive(p) or proc_start(p) != starts[p]:
                 return f"the launcher (pid {p}: {_cmdline(parent if p == parent else p)[:80] or '?'}) is gone"
         return None
+
+    _DEAD = dead
 
     def watch() -> None:
         ev = threading.Event()

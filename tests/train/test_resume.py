@@ -33,8 +33,10 @@ def launch(ranks, sets, resume=None):
         cmd += ["--resume", resume]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     if r.returncode != 0:
-        errs = [ln for ln in (r.stderr + r.stdout).splitlines() if "Error" in ln or "error" in ln]
-        pytest.fail(f"launch {sets} resume={resume} exit {r.returncode}:\n" + "\n".join(errs[-15:]))
+        tail = [ln for ln in (r.stdout + "\n" + r.stderr).splitlines() if ln.strip()][-60:]   # the whole story
+        pytest.fail(f"launch {sets} resume={resume} exit {r.returncode}:\n" + "\n".join(tail))
+    from megablu.utils.dist import CLOSED
+    assert CLOSED in r.stderr, r.stderr[-3000:]    # every rank left the gloo group together (no exit-time abort)
     return json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1])
 
 

@@ -133,3 +133,34 @@ def test_runs_bad_input_exit_2(tmp_path, capsys):
     assert "no run 'zz-0001'" in capsys.readouterr().err
     assert main(["runs", "show"]) == 2
     assert main(["runs", "a", "b"]) == 2
+
+
+def test_a_rank_error_after_its_launcher_died_is_killed_not_failed(tmp_path, monkeypatch, capsys):
+    """kill -9 of `deepspeed`: one rank's watchdog ends it, the other's collective then fails with
+    gloo's 'Connection closed by peer' before its own watchdog fires. That rank's error follows the
+    launcher's death: the run is killed (stale lock named), not failed with the gloo error."""
+    from megablu.train import entry, watchdog
+
+    root = tmp_path / "runs"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host, now = socket.gethostname(), time.time()
+    run = _run(root, "k-0001", 4, 20, lock={"host": host, "pid": dead.pid, "heartbeat_unix": now,
+                                           "started_unix": now})
+    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:19881")
+    monkeypatch.setattr(watchdog, "_DEAD", lambda: "the launcher (pid 12345: deepspeed) is gone")
+    assert entry._failed(gloo, run, 0, lambda: "resume with: x") == 1
+    err = capsys.readouterr().err
+    assert "rank 0: LauncherGone: the launcher (pid 12345: deepspeed) is gone" in err and "Connection closed" in err
+    assert main(["runs", str(root), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)[0]
+    assert row["state"] == "killed", row
+    assert "LauncherGone" in row["why"] and f"stale run.lock (pid {dead.pid} is not running" in row["why"], row
+
+    # the launcher alive: the same error is the run's failure
+    monkeypatch.setattr(watchdog, "_DEAD", lambda: None)
+    assert entry._failed(gloo, run, 0, lambda: "resume with: x") == 1
+    capsys.readouterr()
+    assert main(["runs", str(root), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)[0]
+    assert row["state"] == "failed" and "Connection closed by peer" in row["why"], row
