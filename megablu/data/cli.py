@@ -196,10 +196,11 @@ def _list(s: str) -> list[str]:
 def _synth(args) -> int:
     from .build import stats_table
     from .shards import DEFAULT_EDGES
-    from .synth import TEMPLATE_NAMES, parse_lengths, synth_dataset
+    from .synth import TEMPLATE_NAMES, parse_distances, parse_lengths, synth_dataset
 
     m = synth_dataset(args.out, _tokcfg(args.tokenizer), lengths=parse_lengths(args.lengths), docs=args.docs,
                       seed=args.seed, tasks=_list(args.tasks), query_every=args.query_every,
+                      distances=parse_distances(args.distances), distance_share=args.distance_share,
                       templates=TEMPLATE_NAMES if args.templates == "all" else _list(args.templates),
                       key_types=_list(args.key_types), value_types=_list(args.value_types),
                       fillers=_list(args.filler), filler_data=args.filler_data, filler_bucket=args.filler_bucket,
@@ -353,12 +354,18 @@ def register(sub) -> None:
                    "retrieval signal); each document draws one")
     y.add_argument("--query-every", type=int, default=1024, help="manyq: one asked key per this many document "
                    "tokens (at least 2, at most 64 per document)")
+    y.add_argument("--distances", default=None, help="LO-HI tokens (e.g. 10k-20k): place a share of the asked "
+                   "records this far back from the questions (uniform in the range) instead of at uniform depths: "
+                   "retrieval at the distances a model fails at")
+    y.add_argument("--distance-share", type=float, default=1.0, help="with --distances: the fraction of asked "
+                   "records placed in that range (the rest at uniform depths)")
     y.add_argument("--templates", default="all", help="comma list of json,colon,table,prose,python, or all")
     y.add_argument("--key-types", default="numbers,uuid,words", help="comma list of key kinds: numbers, uuid, words")
     y.add_argument("--value-types", default="numbers,uuid,words",
                    help="comma list of value kinds: numbers, uuid, words")
     y.add_argument("--filler", default="kv", help="kv (distractor records), text (real train text of "
-                   "--filler-data with a few records inserted) or kv,text (each document draws one)")
+                   "--filler-data with a few records inserted), repeat (a few generated lines repeated, the "
+                   "records inserted: the repeated-filler regime) or a comma list (each document draws one)")
     y.add_argument("--filler-data", default=None, help="dataset (same tokenizer) whose TRAIN split is the filler text")
     y.add_argument("--filler-bucket", default="all", help="bucket(s) of --filler-data to draw the text from")
     y.add_argument("--window", type=int, default=None, help="check that every document fits this window in mode fit")

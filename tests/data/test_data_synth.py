@@ -245,3 +245,97 @@ def test_no_eval_prompt_6gram_in_synthetic_documents(tok, text_data):
             synth |= _grams(tok.decode(syn.document(i)[0]))
     shared = own & synth
     assert not shared, sorted(" ".join(g) for g in shared)[:20]
+
+
+def test_distances_place_asked_records_in_the_band(tok, text_data):
+    """--distances LO-HI: the asked records sit LO..HI tokens back from the questions (exact to one record
+    for kv filler, to the line-end snap for text); with --distance-share 0.5 about half of them do and
+    the rest keep uniform depths; the document is still exact, each key once, its value on its line."""
+    text = TrainText(text_data, tok)
+    lo, hi = 1200, 1800
+    for filler in ("kv", "text", "repeat"):
+        for share in (1.0, 0.5):
+            syn = Synthesizer(tok, SynthSpec(lengths=[(2600, 3400)], tasks=("manyq", "kv"), fillers=(filler,),
+                                             query_every=512, seed=11, distances=(lo, hi), distance_share=share),
+                              text)
+            dist = []
+            for i in range(24):
+                ids, meta = syn.document(i)
+                assert len(ids) == syn.length_of(i)
+                ctx = tok.decode(ids[:-meta["qa_tokens"]])
+                ctx_ids = ids[:-meta["qa_tokens"]]
+                for k, v, d in zip(meta["asked"], meta["answer"], meta["distances"]):
+                    assert ctx.count(k) == 1
+                    line = ctx[ctx.rindex("\n", 0, ctx.index(k)) + 1:]
+                    assert v in line[:line.index("\n")]
+                    # the distance in meta is where the key's record really starts
+                    start = len(ctx_ids) - d
+                    assert k in tok.decode(ctx_ids[start:start + 40]), (filler, d)
+                dist += meta["distances"]
+            d = np.asarray(dist)
+            slack = 80                                      # one record (kv) or the 64-token snap (text)
+            inside = ((d >= lo - slack) & (d <= hi + slack)).mean()
+            if share == 1.0:
+                assert inside == 1.0, (filler, sorted(d)[:5], sorted(d)[-5:])
+                assert d.min() < lo + 150 and d.max() > hi - 150   # the band is covered, not one point
+            else:
+                assert 0.35 < inside < 0.8, (filler, inside)     # the band's own share: ~0.5 + 0.5 * 600/3000
+                assert (d < lo - slack).mean() > 0.06 and (d > hi + slack).mean() > 0.06   # uniform ones: both sides
+
+
+def test_distances_bad_input_and_default_unchanged(tmp_path, tok, text_data):
+    from megablu.data.synth import parse_distances
+
+    assert parse_distances("10k-20k") == (10240, 20480) and parse_distances(None) is None
+    with pytest.raises(DataError, match="one range LO-HI"):
+        parse_distances("10k")
+    with pytest.raises(DataError, match="LO must be below the shortest document"):
+        Synthesizer(tok, SynthSpec(lengths=[(900, 4000)], distances=(1000, 2000)))
+    with pytest.raises(DataError, match="need 0 < LO <= HI"):
+        Synthesizer(tok, SynthSpec(lengths=[900], distances=(500, 400)))
+    with pytest.raises(DataError, match="distance-share 1.5"):
+        Synthesizer(tok, SynthSpec(lengths=[900], distances=(100, 400), distance_share=1.5))
+    # without --distances the documents are those of earlier versions, bit for bit (digest of this setup
+    # computed before --distances existed)
+    import hashlib
+    h = hashlib.sha256()
+    golden = TrainText(GOLDEN_TEXT(tmp_path), tok)
+    for filler in ("kv", "text"):
+        for tasks in (("kv", "multikv"), ("manyq",)):
+            syn = Synthesizer(tok, SynthSpec(lengths=[(600, 3000)], tasks=tasks, fillers=(filler,), query_every=128,
+                                             seed=7), golden)
+            for i in range(6):
+                ids, meta = syn.document(i)
+                h.update(json.dumps([ids, meta["depths"]]).encode())
+    assert h.hexdigest() == "5336c0b8538108de192df66685e664e728e159e9b560c55eb85b86aa79dc4f77"
+    # the CLI writes the options into the manifest
+    m = synth_dataset(tmp_path / "far", TOK, lengths=[900], docs=4, distances=(200, 400), distance_share=0.7,
+                      progress=False)
+    assert m["synth"]["distances"] == [200, 400] and m["synth"]["distance_share"] == 0.7
+    assert 0.5 <= m["synth"]["in_band"] <= 1.0       # what the documents got, not only what was asked for
+
+
+def GOLDEN_TEXT(tmp_path):
+    """The filler the golden digest was computed with: the stdlib's json package, val 0.3."""
+    out = tmp_path / "golden_std"
+    build_dataset([Source(str(STDLIB / "json"), include=["*.py"])], TOK, out, val_fraction=0.3, workers=1,
+                  progress=False)
+    return out
+
+
+def test_repeat_filler_is_one_generated_block_repeated(tok):
+    """filler repeat: the context is one block of generated lines repeated (thousands of identical lines),
+    with the records inserted; the asked key once, its value on its line; licence: generated only."""
+    syn = Synthesizer(tok, SynthSpec(lengths=[3000], tasks=("manyq",), fillers=("repeat",), query_every=512, seed=4))
+    for i in range(4):
+        ids, meta = syn.document(i)
+        assert len(ids) == 3000 and meta["filler"] == "repeat" and "filler_sources" not in meta
+        ctx = tok.decode(ids[:-meta["qa_tokens"]])
+        lines = [ln for ln in ctx.split("\n") if ln]
+        recs = [ln for ln in lines if any(k in ln for k in meta["asked"])]
+        assert len(recs) == len(meta["asked"])
+        filler = [ln for ln in lines if ln not in recs]
+        common = max(set(filler), key=filler.count)
+        assert filler.count(common) > 0.8 * len(filler) and filler.count(common) > 20, (i, set(filler))
+        for k, v in zip(meta["asked"], meta["answer"]):
+            assert ctx.count(k) == 1 and any(k in ln and v in ln for ln in recs)
