@@ -17,6 +17,11 @@
 #                                                                            starts; diagnosis + baseline evals beside it
 #   C  (warm)                                                      PHASE=c   training resumed to the end; arm evals
 #   D  (warm)                                                      PHASE=d   what C left: evals, compare
+# ARM=far (prepared 2026-12-04, third session; the layout of dense below): phase a builds the data
+# and reuses the baselines' and dense's evals of the second session (their prompts are checked
+# against today's code first), while the GPU checks and times issue 17's Liger loss (liger_tests.xml,
+# liger.md come back); phase b trains with the GPU to itself (no baseline evals left to run); phase
+# c trains to the end, evaluates the arm and compares it with dense, the baselines and the gate.
 # The layout of 2026-12-04 (second session, ARM=dense; pieces cut at --piece-mib 41 so that the
 # corpus travels in the first call and the synthetic set is built while the GPU does other work):
 #   A  carry [".whl", "data_cache/carry_b", "data_cache/smol_0"]   PHASE=a   unpack + synth (CPU) beside
@@ -63,6 +68,24 @@ if [ "$ARM" = dense ]; then   # yaml_configs/smol32k_dense.yaml: dense retrieval
   SYNTH=$DEV/synth_dense
   SYNTH_ARGS=(--tasks manyq,manyq,manyq,multikv --query-every 512 --lengths 24k-32700 --docs 800)
 fi
+FILLERS=kv,text
+if [ "$ARM" = far ]; then     # yaml_configs/smol32k_far.yaml: dense's set, half the keys 10-20k back, + repeat filler
+  SYNTH=$DEV/synth_far
+  SYNTH_ARGS=(--tasks manyq,manyq,manyq,multikv --query-every 512 --lengths 24k-32700 --docs 800
+              --distances 10k-20k --distance-share 0.5)
+  FILLERS=kv,text,repeat
+fi
+# ARM=far reuses the baselines' and dense's evals of 2026-12-04 (same prompts, checked on the device by
+# rep_tools.py prompts-match against today's code: a dir whose prompts differ is removed and re-run)
+REUSE=bench/results/2026-12-04b/issue14_dense_results.tar.gz
+reuse_evals() {
+  [ "$ARM" = far ] && [ -f "$REUSE" ] && [ ! -f "$DEV/eval/.reused" ] || return 0
+  tar xzf "$REUSE" -C "$DEV" --wildcards './eval/native_1k' './eval/native_mid' './eval/yarn4_*' './eval/dense_*' \
+    2> "$WORK/logs/reuse.err"
+  rm -rf "$DEV/eval/yarn4_beyond_1k"
+  guard reuse_check 200 $PY bench/rep_tools.py prompts-match "$DEV/eval" --prune \
+    --tokenizer "hf:$DEV/hf_tokenizer/tokenizer.json" --haystack "$DEV/corpus@b3" && touch "$DEV/eval/.reused"
+}
 prepare_data() {   # the corpus and the tokenizer (carried), then the arm's synthetic set (built here)
   if [ ! -f "$DEV/corpus/manifest.json" ]; then
     guard unpack 90 $PY bench/carry_data.py unpack data_cache/carry_b --to "$DEV" \
@@ -71,8 +94,9 @@ prepare_data() {   # the corpus and the tokenizer (carried), then the arm's synt
   fi
   if [ ! -f "$SYNTH/manifest.json" ]; then
     guard synth 240 $PY -m megablu.cli data synth --tokenizer "hf:$DEV/hf_tokenizer/tokenizer.json" --out "$SYNTH" \
-      "${SYNTH_ARGS[@]}" --window 32768 --filler kv,text --filler-data "$DEV/corpus" --no-progress
+      "${SYNTH_ARGS[@]}" --window 32768 --filler "$FILLERS" --filler-data "$DEV/corpus" --no-progress
   fi
+  reuse_evals
 }
 
 ckpt_of_arm() { $PY bench/rep_tools.py newest "$RUNS" "smol32k_$ARM" 2>> "$WORK/logs/newest.err"; }
@@ -94,7 +118,7 @@ evaluate() {   # the config is $ECFG (default: the arm's)
 }
 SUITE="niah_single_1 niah_single_2 niah_single_3 niah_multikey_1 niah_multikey_2 niah_multikey_3 niah_multivalue niah_multiquery vt fwe"
 RULER_LENGTHS="4096 32640"
-if [ "$ARM" = dense ]; then   # one call less of device time: the suite at 32k only, its retrieval tasks and vt
+if [ "$ARM" = dense ] || [ "$ARM" = far ]; then   # one call less: the suite at 32k only, retrieval tasks and vt
   SUITE="niah_single_1 niah_single_2 niah_single_3 niah_multikey_1 niah_multivalue niah_multiquery vt"
   RULER_LENGTHS="32640"
 fi
@@ -114,7 +138,7 @@ eval_set() {   # eval_set ARM CKPT [extra args]: the extension arms and YaRN wit
 native_set() {   # the parent inside its own 8192 positions: the gate's reference
   evaluate native native_1k "$DEV/smollm2" 200 "1024" "passkey needle" --set rope.yarn=null
   evaluate native native_mid "$DEV/smollm2" 100 "4072 8168" "passkey needle" --set rope.yarn=null "${NOLOSS[@]}"
-  [ "$ARM" = dense ] || evaluate native native_ruler "$DEV/smollm2" 50 "4096" "$SUITE" --set rope.yarn=null "${NOLOSS[@]}"
+  [ "$ARM" = dense ] || [ "$ARM" = far ] || evaluate native native_ruler "$DEV/smollm2" 50 "4096" "$SUITE" --set rope.yarn=null "${NOLOSS[@]}"
 }
 baselines() {   # the parent with its own rope, static YaRN and length-aware YaRN, no training
   local ECFG=$BASE_CFG
@@ -122,7 +146,7 @@ baselines() {   # the parent with its own rope, static YaRN and length-aware YaR
   # diagnosis (issue 14 item 5): passkey@1024 (and the short-document loss) of static YaRN vs
   # length-aware YaRN, no training: how much of a static YaRN's short-context loss is the RoPE
   evaluate yarn4 yarn4_1k "$DEV/smollm2" 200 "1024" "passkey needle" --rope-override
-  [ "$ARM" = dense ] || evaluate yarn4_beyond yarn4_beyond_1k "$DEV/smollm2" 200 "1024" "passkey needle" --rope-override \
+  [ "$ARM" = dense ] || [ "$ARM" = far ] || evaluate yarn4_beyond yarn4_beyond_1k "$DEV/smollm2" 200 "1024" "passkey needle" --rope-override \
     --set rope.yarn.apply=beyond_original
   eval_set yarn4 "$DEV/smollm2" --rope-override
 }
@@ -145,13 +169,21 @@ case "$PHASE" in
 a)  # ARM=dense: the data (CPU) beside issue 17's speed bench (GPU); else GPU checks of doc_mask + its bench
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$WORK/logs/gpu.txt" 2>&1
     EVAL_END=$BUDGET
-    if [ "$ARM" = dense ]; then
+    if [ "$ARM" = dense ] || [ "$ARM" = far ]; then
       prepare_data &
       P_DATA=$!
-      if [ -f bench/h200_speed.sh ]; then
+      if [ "$ARM" = dense ] && [ -f bench/h200_speed.sh ]; then
         guard speed $(( BUDGET - 10 )) env BUDGET_S=$(( BUDGET - 25 )) OUT="$DEV/speed" bash bench/h200_speed.sh
         cp "$DEV/speed/speed.md" "$OUT/" 2>/dev/null
         tar czf "$OUT/speed.tar.gz" -C "$DEV" speed 2>/dev/null   # the device returns at most 8 files
+      fi
+      if [ "$ARM" = far ]; then   # the GPU is idle while the data is built: issue 17's Liger loss, checked + timed
+        guard liger_tests 170 $PY -m pytest -q -p no:cacheprovider -rs --junitxml="$OUT/liger_tests.xml" \
+          tests/model/test_kernel_choices.py tests/ops/test_cross_entropy.py
+        guard liger32k 300 $PY bench/profile_step.py --T 32768 --modes selective+offload,selective+offload+liger \
+          --timed 2 --micro-reps 3 --no-micro --out "$DEV/liger_prof" --budget-s $(( 300 - $(now) - 5 ))
+        timeout 30 $PY bench/profile_step.py --summarize "$DEV"/liger_prof/profile_*.json --baseline selective+offload \
+          > "$OUT/liger.md" 2>&1
       fi
       wait $P_DATA
       guard mixture $(( $(now) + 60 )) $PY -m megablu.cli data mix "$CFG"

@@ -120,6 +120,43 @@ def merge(eval_dir: Path, arm: str, out: Path) -> int:
     return 0
 
 
+def prompts_match(eval_dir: Path, tokenizer: str, haystack, prune: bool) -> int:
+    """Rebuild every stored result's prompts (its eval config, today's code, this tokenizer and
+    haystack) and compare digests per cell: results evaluated in an earlier session are reusable
+    (paired with new cells) only when every cell matches. --prune removes the dirs that do not."""
+    import shutil
+
+    from megablu.config.schema import EvalConfig, TokenizerConfig
+    from megablu.data.haystack import haystack_source
+    from megablu.data.tokenizer import load_tokenizer
+    from megablu.eval.harness import build_prompts
+    from megablu.eval.prompts import prompt_digest
+
+    kind, _, path = tokenizer.partition(":")
+    tok = load_tokenizer(TokenizerConfig(kind=kind, path=path) if path else TokenizerConfig(kind="tiktoken", name=kind))
+    hs = haystack_source(haystack, tok) if haystack else None
+    bad_dirs = 0
+    for f in sorted(eval_dir.glob("*/step_*.json")):
+        d = json.loads(f.read_text())
+        fields = {k: v for k, v in d["eval"].items() if k in EvalConfig.model_fields and k != "haystack"}
+        cfg = EvalConfig(**fields)
+        differ = []
+        for c in d["cells"]:
+            one = cfg.model_copy(update={"tasks": [c["task"]], "lengths": [c["length"]], "n": c["n"]})
+            try:
+                got = prompt_digest(build_prompts(one, tok, haystack=hs)[(c["task"], c["length"])])
+            except Exception as e:   # noqa: BLE001 - a cell that cannot be rebuilt is not reusable
+                got = f"error: {e}"
+            if got != c["digest"]:
+                differ.append(f"{c['task']}@{c['length']}")
+        print(f"{f.parent.name}: {'same prompts' if not differ else 'DIFFERENT prompts: ' + ', '.join(differ)}")
+        if differ:
+            bad_dirs += 1
+            if prune:
+                shutil.rmtree(f.parent)
+    return 1 if bad_dirs and not prune else 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -136,7 +173,14 @@ def main(argv=None) -> int:
     m.add_argument("eval_dir")
     m.add_argument("arm")
     m.add_argument("out")
+    q = sub.add_parser("prompts-match", help="are the stored results under EVAL_DIR/*/ today's prompts? (digests)")
+    q.add_argument("eval_dir")
+    q.add_argument("--tokenizer", required=True, help="KIND:PATH as in a config, e.g. hf:DIR/tokenizer.json")
+    q.add_argument("--haystack", default=None, help="the eval.haystack the results used (DIR@bucket)")
+    q.add_argument("--prune", action="store_true", help="remove the result dirs whose prompts differ (exit 0)")
     a = p.parse_args(argv)
+    if a.cmd == "prompts-match":
+        return prompts_match(Path(a.eval_dir), a.tokenizer, a.haystack, a.prune)
     if a.cmd == "merge":
         return merge(Path(a.eval_dir), a.arm, Path(a.out))
     if a.cmd == "newest":
