@@ -150,6 +150,19 @@ baselines() {   # the parent with its own rope, static YaRN and length-aware YaR
     --set rope.yarn.apply=beyond_original
   eval_set yarn4 "$DEV/smollm2" --rope-override
 }
+# ARM=far: does a sharper attention temperature find the passkey at 32k? YaRN's attention factor is
+# 0.1 ln(s) + 1: 1.1386 at factor 4, 1.2079 at factor 8. dense with factor 8 found 85% at 65512 but
+# 70% at 32744 with factor 4, where the low-frequency positions are the same (p / s <= 8k) and the
+# temperature is not. Same prompts as the arm's cells (n=200 at 32744, 100 at 16360): paired.
+temp_probe() {
+  local ck=$1
+  evaluate "${ARM}_t8" "${ARM}_temp8" "$ck" 200 "32744" "passkey" --rope-override \
+    --set rope.yarn.attention_factor=1.2079 "${NOLOSS[@]}"
+  evaluate "${ARM}_t8" "${ARM}_temp8_16k" "$ck" 100 "16360" "passkey" --rope-override \
+    --set rope.yarn.attention_factor=1.2079 "${NOLOSS[@]}"
+  ECFG=$BASE_CFG evaluate yarn4_t8 yarn4_temp8 "$DEV/smollm2" 200 "32744" "passkey" --rope-override \
+    --set rope.yarn.attention_factor=1.2079 "${NOLOSS[@]}"
+}
 merged() {   # merged ARM: one json of all the arm's cells (the gate parent)
   $PY bench/rep_tools.py merge "$DEV/eval" "$1" "$DEV/$1.json" 2>> "$WORK/logs/merge.err"
 }
@@ -220,7 +233,7 @@ c|d)  # the rest of the training, then the arm's evals (and any baseline a cut c
     P_ARM=
     if arm_done; then
       CK=$(ckpt_of_arm)
-      [ -n "$CK" ] && { eval_set "$ARM" "$CK" & P_ARM=$!; }
+      [ -n "$CK" ] && { { eval_set "$ARM" "$CK"; [ "$ARM" = far ] && temp_probe "$CK"; } & P_ARM=$!; }
     fi
     wait $P_BASE ${P_ARM:+$P_ARM}
     merged native
