@@ -157,6 +157,27 @@ def prompts_match(eval_dir: Path, tokenizer: str, haystack, prune: bool) -> int:
     return 1 if bad_dirs and not prune else 0
 
 
+def positions(files: list, bin_tokens: int, task: str) -> int:
+    """Per result and length: correct/n per bin of the needle's position (tokens from the prompt's
+    start; the question sits at the end, so 'back' = length - position). The heatmap's depth rows,
+    in tokens, to tell a distance effect (same 'back' fails at every length) from a position one."""
+    for f in files:
+        d = json.loads(Path(f).read_text())
+        samples = [x for x in d.get("samples", []) if x["task"] == task and x.get("depth") is not None]
+        for L in sorted({x["length"] for x in samples}):
+            bins: dict[int, list] = {}
+            for x in samples:
+                if x["length"] == L:
+                    b = bins.setdefault(int(x["depth"] * L // bin_tokens), [0, 0])
+                    b[0] += int(bool(x["correct"]))
+                    b[1] += 1
+            print(f"{d.get('arm')}@{d.get('step')} {task} {L}")
+            print("  at     " + " ".join(f"{b * bin_tokens / 1024:>6.0f}k" for b in sorted(bins)))
+            print("  back   " + " ".join(f"{(L - b * bin_tokens) / 1024:>6.1f}k" for b in sorted(bins)))   # bin start
+            print("  found  " + " ".join(f"{c:>3}/{n:<3}" for c, n in (bins[b] for b in sorted(bins))))
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -178,7 +199,13 @@ def main(argv=None) -> int:
     q.add_argument("--tokenizer", required=True, help="KIND:PATH as in a config, e.g. hf:DIR/tokenizer.json")
     q.add_argument("--haystack", default=None, help="the eval.haystack the results used (DIR@bucket)")
     q.add_argument("--prune", action="store_true", help="remove the result dirs whose prompts differ (exit 0)")
+    o = sub.add_parser("positions", help="correct/n per bin of the needle's position in result JSONs (samples)")
+    o.add_argument("results", nargs="+")
+    o.add_argument("--bin", type=int, default=2048, help="bin width in tokens")
+    o.add_argument("--task", default="passkey")
     a = p.parse_args(argv)
+    if a.cmd == "positions":
+        return positions(a.results, a.bin, a.task)
     if a.cmd == "prompts-match":
         return prompts_match(Path(a.eval_dir), a.tokenizer, a.haystack, a.prune)
     if a.cmd == "merge":

@@ -35,3 +35,20 @@ def test_prompts_match_keeps_same_prompts_and_prunes_others(tmp_path):
     assert "old: DIFFERENT prompts: passkey@1000, vt@1000" in r.stdout, r.stdout
     r = subprocess.run(cmd + ["--prune"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0 and sorted(p.name for p in (tmp_path / "ev").iterdir()) == ["same"]
+
+
+def test_positions_bins_samples_by_needle_position(tmp_path):
+    """rep_tools.py positions: correct/n per bin of the needle's position, and the tokens back to the question."""
+    samples = [{"task": "passkey", "length": 8192, "depth": d, "correct": ok}
+               for d, ok in ((0.01, True), (0.2, False), (0.3, False), (0.3, True), (0.9, True))]
+    samples.append({"task": "needle", "length": 8192, "depth": 0.5, "correct": True})   # another task: left out
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"arm": "x", "step": 7, "samples": samples}))
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "rep_tools.py"), "positions", str(f), "--bin", "2048"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "x@7 passkey 8192"
+    assert lines[1].split() == ["at", "0k", "2k", "6k"]              # bins 0 (0.01, 0.2), 1 (0.3 x2), 3 (0.9)
+    assert lines[2].split() == ["back", "8.0k", "6.0k", "2.0k"]
+    assert lines[3].split() == ["found", "1/2", "1/2", "1/1"]
