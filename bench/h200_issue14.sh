@@ -21,7 +21,8 @@
 # and reuses the baselines' and dense's evals of the second session (their prompts are checked
 # against today's code first), while the GPU checks and times issue 17's Liger loss (liger_tests.xml,
 # liger.md come back); phase b trains with the GPU to itself (no baseline evals left to run); phase
-# c trains to the end, evaluates the arm and compares it with dense, the baselines and the gate.
+# c evaluates the checkpoint B left (passkey at 32744, n=200: the mid-run point) beside the resumed
+# training, trains to the end, evaluates the arm and compares it with dense, the baselines and the gate.
 # The layout of 2026-12-04 (second session, ARM=dense; pieces cut at --piece-mib 41 so that the
 # corpus travels in the first call and the synthetic set is built while the GPU does other work):
 #   A  carry [".whl", "data_cache/carry_b", "data_cache/smol_0"]   PHASE=a   unpack + synth (CPU) beside
@@ -226,6 +227,18 @@ b)  # model, data, synthetic set; the arm starts training; the parent's evals be
 c|d)  # the rest of the training, then the arm's evals (and any baseline a cut call left)
     TRAIN_END=$BUDGET; EVAL_END=$BUDGET
     P_TRAIN=
+    P_MID=
+    if [ "$ARM" = far ] && ! arm_done && [ ! -d "$DEV/midrun" ]; then
+      # the mid-run checkpoint (where call B stopped) evaluated beside the resumed training: does the
+      # 10-14k-back band close with tokens? Hard links: checkpoint.keep=1 deletes the original at the next save
+      CK_MID=$(ckpt_of_arm)
+      if [ -n "$CK_MID" ]; then
+        mkdir -p "$DEV/midrun/checkpoints" && cp -al "$CK_MID" "$DEV/midrun/checkpoints/"
+        evaluate "$ARM" "${ARM}_midrun" "$DEV/midrun/checkpoints/$(basename "$CK_MID")" 200 "32744" "passkey" \
+          "${NOLOSS[@]}" &
+        P_MID=$!
+      fi
+    fi
     if ! arm_done; then train_arm & P_TRAIN=$!; fi
     baselines &   # whatever a cut call left (each cell is skipped when done), beside the arm
     P_BASE=$!
@@ -235,7 +248,7 @@ c|d)  # the rest of the training, then the arm's evals (and any baseline a cut c
       CK=$(ckpt_of_arm)
       [ -n "$CK" ] && { { eval_set "$ARM" "$CK"; [ "$ARM" = far ] && temp_probe "$CK"; } & P_ARM=$!; }
     fi
-    wait $P_BASE ${P_ARM:+$P_ARM}
+    wait $P_BASE ${P_ARM:+$P_ARM} ${P_MID:+$P_MID}
     merged native
     if [ -f "$DEV/native.json" ]; then
       guard compare $(( BUDGET + 30 )) $PY -m megablu.cli compare $(ls -d "$DEV"/eval/*/) --md "$DEV/compare.md" \
