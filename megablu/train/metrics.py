@@ -10,7 +10,9 @@ from typing import Optional
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ["step", "loss", "lr", "tokens_seen", "step_time_s", "tokens_per_s", "max_mem_gb", "grad_norm"]
+# mfu: model flops (plan.flops_per_token: 6N + causal attention) per GPU per second over the GPU's dense
+# bf16 peak (utils/device.PEAK_BF16_TFLOPS); empty on CPU or a GPU not in that table
+COLUMNS = ["step", "loss", "lr", "tokens_seen", "step_time_s", "tokens_per_s", "max_mem_gb", "grad_norm", "mfu"]
 
 
 class MetricsWriter:

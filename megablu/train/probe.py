@@ -12,7 +12,7 @@ torch.cuda.max_memory_allocated over the steps, per-token MB = (peak - static) /
 per rank (activations + grads + loss working set, per token of one micro-batch), step time
 (median of the steps after the first, which pays cuDNN autotuning and allocator growth),
 tokens/s per rank and MFU = model flops (6N + causal attention 6 L T H D per token, no
-recompute) / step time / 989 TF/s (H200 dense bf16).
+recompute) / step time / the GPU's dense bf16 peak (utils/device.PEAK_BF16_TFLOPS: 989 TF/s on an H200).
 
 On torch.cuda.OutOfMemoryError the probe raises ProbeOOM, carrying what was measured so
 far and the planner's suggestion for the same setup, and writes probe.json with oom=true.
@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Callable, Optional, Union
 
 import torch
+
+from ..utils.device import mfu, peak_bf16_tflops
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +111,7 @@ def _write(out: Optional[Union[str, Path]], result: dict) -> None:
 
 def run_probe(step_fn: Callable[[int], object], *, steps: int, tokens_per_rank: int, device: str,
               tokens_per_step: Optional[int] = None, flops_per_token: Optional[float] = None,
-              peak_tflops: float = 989.0, setup: Optional[dict] = None,
+              peak_tflops: Optional[float] = None, setup: Optional[dict] = None,
               out: Optional[Union[str, Path]] = None, world_size: int = 1) -> dict:
     """Run step_fn(0..steps-1), measure, write `out` (probe.json) and return the result dict.
 
@@ -121,6 +123,8 @@ def run_probe(step_fn: Callable[[int], object], *, steps: int, tokens_per_rank: 
         raise ValueError(f"probe: steps must be > 0, got {steps}")
     cuda = device == "cuda" and torch.cuda.is_available()
     tokens_per_step = tokens_per_step or tokens_per_rank
+    if peak_tflops is None and cuda:
+        peak_tflops = peak_bf16_tflops()   # this GPU's dense bf16 peak; None (no MFU) when not in the table
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -142,8 +146,9 @@ def run_probe(step_fn: Callable[[int], object], *, steps: int, tokens_per_rank: 
             dt = statistics.median(times[1:] or times)
             result.update(step_time_s=dt, tokens_per_s=tokens_per_step / dt,
                           tokens_per_s_all_ranks=tokens_per_step * world_size / dt)
-            if flops_per_token:
-                result["mfu"] = flops_per_token * tokens_per_step / dt / (peak_tflops * 1e12)
+            u = mfu(flops_per_token, tokens_per_step, dt, peak_tflops) if flops_per_token else None
+            if u is not None:
+                result["mfu"] = u
 
     for i in range(steps):
         t0 = time.perf_counter()

@@ -25,7 +25,7 @@ from ..memory.apply import apply_memory
 from ..model.decoder import BluModel
 from ..parallel.groups import Groups, build_groups
 from ..parallel.ulysses import apply_ulysses
-from ..utils.device import resolve_device
+from ..utils.device import mfu, peak_bf16_tflops, resolve_device
 from ..utils.dist import broadcast_object, is_rank0
 from .metrics import MetricsWriter
 from .schedule import lr_at
@@ -90,6 +90,10 @@ class Trainer:
         self.resume = resume
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0)) if local_rank is None else local_rank
         self.device = resolve_device(cfg.train.device, require=True)
+        from ..plan import flops_per_token
+
+        self._flops_per_token = flops_per_token(cfg.model, cfg.data.window)
+        self._peak_tflops = peak_bf16_tflops() if self.device == "cuda" else None
         self._gate_failure: Optional[str] = None
         self.run_dir: Optional[Path] = None   # known once setup allocated or found it
         self.lock = None                      # rank 0: the run's liveness lock (runs.RunLock)
@@ -378,7 +382,6 @@ class Trainer:
 
     def _probe(self, one_step, n: int) -> None:
         """The run's first n steps, measured: probe.json in the run dir (ProbeOOM on OOM)."""
-        from .. import plan
         from .probe import ProbeOOM, run_probe, setup_dict
 
         cfg, g = self.cfg, self.groups
@@ -388,7 +391,7 @@ class Trainer:
             run_probe(one_step, steps=n, device=self.device,
                       tokens_per_rank=cfg.train.micro_batch * cfg.data.window // g.sp,
                       tokens_per_step=cfg.train.tokens_per_step // g.world_size,
-                      flops_per_token=plan.flops_per_token(cfg.model, cfg.data.window),
+                      flops_per_token=self._flops_per_token, peak_tflops=self._peak_tflops,
                       setup=setup_dict(cfg, g.world_size), world_size=g.world_size,
                       out=self.run_dir / name if rank0 else None)
         except ProbeOOM as e:
@@ -412,9 +415,10 @@ class Trainer:
         if not math.isfinite(loss):
             raise FloatingPointError(f"loss is {loss} at step {self.step}; stopping (no checkpoint written)")
         mem = torch.cuda.max_memory_allocated() / 1e9 if self.device == "cuda" else 0.0
+        u = mfu(self._flops_per_token, cfg.train.tokens_per_step / self.groups.world_size, dt, self._peak_tflops)
         row = {"step": self.step, "loss": loss, "lr": self._lr, "tokens_seen": self.tokens_seen,
                "step_time_s": dt, "tokens_per_s": cfg.train.tokens_per_step / dt, "max_mem_gb": mem,
-               "grad_norm": gnorm if gnorm is not None else ""}
+               "grad_norm": gnorm if gnorm is not None else "", "mfu": round(u, 4) if u is not None else ""}
         losses.append(loss)
         tok_s.append(row["tokens_per_s"])
         if self.metrics is not None:
