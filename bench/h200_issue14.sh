@@ -69,6 +69,10 @@ if [ "$ARM" = dense ]; then   # yaml_configs/smol32k_dense.yaml: dense retrieval
   SYNTH=$DEV/synth_dense
   SYNTH_ARGS=(--tasks manyq,manyq,manyq,multikv --query-every 512 --lengths 24k-32700 --docs 800)
 fi
+# arms run before 2026-12-04's third session keep the layout they ran with; every later one (far,
+# long_only, mix) reuses the baselines' and dense's evals, runs dense's cells (the suite at 32640) and
+# checks the Liger loss in phase a
+case "$ARM" in mix_switch|dense) NEW_ARM=0 ;; *) NEW_ARM=1 ;; esac
 FILLERS=kv,text
 if [ "$ARM" = far ]; then     # yaml_configs/smol32k_far.yaml: dense's set, half the keys 10-20k back, + repeat filler
   SYNTH=$DEV/synth_far
@@ -76,11 +80,11 @@ if [ "$ARM" = far ]; then     # yaml_configs/smol32k_far.yaml: dense's set, half
               --distances 10k-20k --distance-share 0.5)
   FILLERS=kv,text,repeat
 fi
-# ARM=far reuses the baselines' and dense's evals of 2026-12-04 (same prompts, checked on the device by
+# A new arm reuses the baselines' and dense's evals of 2026-12-04 (same prompts, checked on the device by
 # rep_tools.py prompts-match against today's code: a dir whose prompts differ is removed and re-run)
 REUSE=bench/results/2026-12-04b/issue14_dense_results.tar.gz
 reuse_evals() {
-  [ "$ARM" = far ] && [ -f "$REUSE" ] && [ ! -f "$DEV/eval/.reused" ] || return 0
+  [ "$NEW_ARM" = 1 ] && [ -f "$REUSE" ] && [ ! -f "$DEV/eval/.reused" ] || return 0
   tar xzf "$REUSE" -C "$DEV" --wildcards './eval/native_1k' './eval/native_mid' './eval/yarn4_*' './eval/dense_*' \
     2> "$WORK/logs/reuse.err"
   rm -rf "$DEV/eval/yarn4_beyond_1k"
@@ -119,7 +123,7 @@ evaluate() {   # the config is $ECFG (default: the arm's)
 }
 SUITE="niah_single_1 niah_single_2 niah_single_3 niah_multikey_1 niah_multikey_2 niah_multikey_3 niah_multivalue niah_multiquery vt fwe"
 RULER_LENGTHS="4096 32640"
-if [ "$ARM" = dense ] || [ "$ARM" = far ]; then   # one call less: the suite at 32k only, retrieval tasks and vt
+if [ "$ARM" = dense ] || [ "$NEW_ARM" = 1 ]; then   # one call less: the suite at 32k only, retrieval tasks, vt
   SUITE="niah_single_1 niah_single_2 niah_single_3 niah_multikey_1 niah_multivalue niah_multiquery vt"
   RULER_LENGTHS="32640"
 fi
@@ -139,7 +143,7 @@ eval_set() {   # eval_set ARM CKPT [extra args]: the extension arms and YaRN wit
 native_set() {   # the parent inside its own 8192 positions: the gate's reference
   evaluate native native_1k "$DEV/smollm2" 200 "1024" "passkey needle" --set rope.yarn=null
   evaluate native native_mid "$DEV/smollm2" 100 "4072 8168" "passkey needle" --set rope.yarn=null "${NOLOSS[@]}"
-  [ "$ARM" = dense ] || [ "$ARM" = far ] || evaluate native native_ruler "$DEV/smollm2" 50 "4096" "$SUITE" --set rope.yarn=null "${NOLOSS[@]}"
+  [ "$ARM" = dense ] || [ "$NEW_ARM" = 1 ] || evaluate native native_ruler "$DEV/smollm2" 50 "4096" "$SUITE" --set rope.yarn=null "${NOLOSS[@]}"
 }
 baselines() {   # the parent with its own rope, static YaRN and length-aware YaRN, no training
   local ECFG=$BASE_CFG
@@ -147,7 +151,7 @@ baselines() {   # the parent with its own rope, static YaRN and length-aware YaR
   # diagnosis (issue 14 item 5): passkey@1024 (and the short-document loss) of static YaRN vs
   # length-aware YaRN, no training: how much of a static YaRN's short-context loss is the RoPE
   evaluate yarn4 yarn4_1k "$DEV/smollm2" 200 "1024" "passkey needle" --rope-override
-  [ "$ARM" = dense ] || [ "$ARM" = far ] || evaluate yarn4_beyond yarn4_beyond_1k "$DEV/smollm2" 200 "1024" "passkey needle" --rope-override \
+  [ "$ARM" = dense ] || [ "$NEW_ARM" = 1 ] || evaluate yarn4_beyond yarn4_beyond_1k "$DEV/smollm2" 200 "1024" "passkey needle" --rope-override \
     --set rope.yarn.apply=beyond_original
   eval_set yarn4 "$DEV/smollm2" --rope-override
 }
@@ -183,7 +187,7 @@ case "$PHASE" in
 a)  # ARM=dense: the data (CPU) beside issue 17's speed bench (GPU); else GPU checks of doc_mask + its bench
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$WORK/logs/gpu.txt" 2>&1
     EVAL_END=$BUDGET
-    if [ "$ARM" = dense ] || [ "$ARM" = far ]; then
+    if [ "$ARM" = dense ] || [ "$NEW_ARM" = 1 ]; then
       prepare_data &
       P_DATA=$!
       if [ "$ARM" = dense ] && [ -f bench/h200_speed.sh ]; then
@@ -191,7 +195,7 @@ a)  # ARM=dense: the data (CPU) beside issue 17's speed bench (GPU); else GPU ch
         cp "$DEV/speed/speed.md" "$OUT/" 2>/dev/null
         tar czf "$OUT/speed.tar.gz" -C "$DEV" speed 2>/dev/null   # the device returns at most 8 files
       fi
-      if [ "$ARM" = far ]; then   # the GPU is idle while the data is built: issue 17's Liger loss, checked + timed
+      if [ "$NEW_ARM" = 1 ]; then   # the GPU is idle while the data is built: issue 17's Liger loss, checked + timed
         guard liger_tests 170 $PY -m pytest -q -p no:cacheprovider -rs --junitxml="$OUT/liger_tests.xml" \
           tests/model/test_kernel_choices.py tests/ops/test_cross_entropy.py
         guard liger32k 300 $PY bench/profile_step.py --T 32768 --modes selective+offload,selective+offload+liger \
@@ -228,7 +232,7 @@ c|d)  # the rest of the training, then the arm's evals (and any baseline a cut c
     TRAIN_END=$BUDGET; EVAL_END=$BUDGET
     P_TRAIN=
     P_MID=
-    if [ "$ARM" = far ] && ! arm_done && [ ! -d "$DEV/midrun" ]; then
+    if [ "$NEW_ARM" = 1 ] && ! arm_done && [ ! -d "$DEV/midrun" ]; then
       # the mid-run checkpoint (where call B stopped) evaluated beside the resumed training: does the
       # 10-14k-back band close with tokens? Hard links: checkpoint.keep=1 deletes the original at the next save
       CK_MID=$(ckpt_of_arm)
