@@ -74,7 +74,6 @@ def main(argv=None) -> int:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT", str(port)))
 
-    from ..utils.dist import finish
     from .probe import ProbeOOM
     from .resume import how_to_continue
     from .trainer import GateFailed, Trainer
@@ -107,14 +106,28 @@ def main(argv=None) -> int:
         if rank == 0:
             _emit(e.summary, args.json)
             print(f"eval gate FAILED: {e}", file=sys.stderr)
-        finish()
+        _leave(rank)
         return 1
     except (Exception, KeyboardInterrupt, Terminated) as e:  # noqa: BLE001 - one line per rank, then the way on
         _FAILING.set()
         return _failed(e, trainer.run_dir, rank, next_step)
     if rank == 0:
         _emit(summary, args.json)
-    finish()   # every rank leaves the process group together
+    return _leave(rank)   # every rank leaves the process group together
+
+
+def _leave(rank: int) -> int:
+    """utils.dist.finish() on a rank whose run ended well: 0, or 1 with one line when a peer is gone
+    before the barrier (its own failure is what it reports; this rank's work is saved)."""
+    from ..utils.dist import finish
+
+    try:
+        finish()
+    except Exception as e:  # noqa: BLE001 - one line, not a traceback
+        first = (str(e).splitlines() or [repr(e)])[0]
+        print(f"rank {rank}: finished its work, but a peer left before the final barrier ({type(e).__name__}: "
+              f"{first}); see that rank's line", file=sys.stderr)
+        return 1
     return 0
 
 
