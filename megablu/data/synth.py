@@ -254,6 +254,9 @@ class Synthesizer:
                 raise DataError(f"synth: --distances {lo}-{hi}: LO must be below the shortest document ({shortest} "
                                 f"tokens of --lengths), or no record can sit that far back; lower LO or raise "
                                 f"--lengths")
+        if spec.distances is None and spec.distance_share != 1.0:
+            raise DataError(f"synth: --distance-share {spec.distance_share} without --distances: the share of asked "
+                            f"records placed in which band? Add --distances LO-HI (e.g. 10k-20k) or drop the share")
         if not 0.0 <= spec.distance_share <= 1.0:
             raise DataError(f"synth: --distance-share {spec.distance_share}: a fraction in [0, 1]")
         self.tok, self.spec, self.text = tokenizer, spec, text

@@ -293,6 +293,8 @@ def test_distances_bad_input_and_default_unchanged(tmp_path, tok, text_data):
         Synthesizer(tok, SynthSpec(lengths=[(900, 4000)], distances=(1000, 2000)))
     with pytest.raises(DataError, match="need 0 < LO <= HI"):
         Synthesizer(tok, SynthSpec(lengths=[900], distances=(500, 400)))
+    with pytest.raises(DataError, match="distance-share 0.5 without --distances"):
+        Synthesizer(tok, SynthSpec(lengths=[900], distance_share=0.5))
     with pytest.raises(DataError, match="distance-share 1.5"):
         Synthesizer(tok, SynthSpec(lengths=[900], distances=(100, 400), distance_share=1.5))
     # without --distances the documents are those of earlier versions, bit for bit (digest of this setup
