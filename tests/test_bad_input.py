@@ -318,6 +318,31 @@ def _(lab):
     return lab.cli("data", "verify", lab.root / "nowhere")
 
 
+def _synth(lab, out, *extra):
+    return lab.cli("data", "synth", "--tokenizer", "tiktoken_file:megablu:stdlib4k", "--out", out, "--docs", "2",
+                   "--no-progress", *extra)
+
+
+def _synth_dir(lab):
+    return lab.root / "synth"
+
+
+@case("data", "`megablu data synth --distances` not below the shortest length", "LO must be below the shortest",
+      watch=_synth_dir)
+def _(lab):
+    return _synth(lab, lab.root / "synth" / "a", "--lengths", "900", "--distances", "1k-2k")
+
+
+@case("data", "`megablu data synth --distance-share` without --distances", "without --distances", watch=_synth_dir)
+def _(lab):
+    return _synth(lab, lab.root / "synth" / "b", "--lengths", "900", "--distance-share", "0.5")
+
+
+@case("data", "`megablu data synth --distances` that is not one range", "one range LO-HI", watch=_synth_dir)
+def _(lab):
+    return _synth(lab, lab.root / "synth" / "c", "--lengths", "900", "--distances", "10k")
+
+
 # =========================================================================== checkpoints
 def _run_with_foreign_step(lab):
     runs, run = lab.run(steps=(2,))
