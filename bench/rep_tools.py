@@ -172,8 +172,9 @@ def positions(files: list, bin_tokens: int, task: str) -> int:
                     b[0] += int(bool(x["correct"]))
                     b[1] += 1
             print(f"{d.get('arm')}@{d.get('step')} {task} {L}")
-            print("  at     " + " ".join(f"{b * bin_tokens / 1024:>6.0f}k" for b in sorted(bins)))
-            print("  back   " + " ".join(f"{(L - b * bin_tokens) / 1024:>6.1f}k" for b in sorted(bins)))   # bin start
+            fmt = (lambda t: f"{t / 1024:>6.1f}k") if bin_tokens >= 1024 else (lambda t: f"{t:>7d}")
+            print("  at     " + " ".join(fmt(b * bin_tokens) for b in sorted(bins)))
+            print("  back   " + " ".join(fmt(L - b * bin_tokens) for b in sorted(bins)))   # from the bin's start
             print("  found  " + " ".join(f"{c:>3}/{n:<3}" for c, n in (bins[b] for b in sorted(bins))))
     return 0
 

@@ -49,6 +49,6 @@ def test_positions_bins_samples_by_needle_position(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == "x@7 passkey 8192"
-    assert lines[1].split() == ["at", "0k", "2k", "6k"]              # bins 0 (0.01, 0.2), 1 (0.3 x2), 3 (0.9)
+    assert lines[1].split() == ["at", "0.0k", "2.0k", "6.0k"]        # bins 0 (0.01, 0.2), 1 (0.3 x2), 3 (0.9)
     assert lines[2].split() == ["back", "8.0k", "6.0k", "2.0k"]
     assert lines[3].split() == ["found", "1/2", "1/2", "1/1"]
