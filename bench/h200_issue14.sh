@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 14 on one H200: SmolLM2-135M-Instruct (8192 positions) extended x4 to 32768 with YaRN,
-# one arm per session (yaml_configs/smol32k_{long_only,mix,mix_switch}.yaml), trained and
+# one arm per session (yaml_configs/smol32k_{long_only,mix,mix_switch,dense,far}.yaml), trained and
 # evaluated through the normal entry points, chained over warm calls. Everything lives under
 # data_cache/dev (git-ignored, kept by a warm machine between calls); every phase can be re-run.
 #
@@ -17,12 +17,14 @@
 #                                                                            starts; diagnosis + baseline evals beside it
 #   C  (warm)                                                      PHASE=c   training resumed to the end; arm evals
 #   D  (warm)                                                      PHASE=d   what C left: evals, compare
-# ARM=far (prepared 2026-12-04, third session; the layout of dense below): phase a builds the data
-# and reuses the baselines' and dense's evals of the second session (their prompts are checked
-# against today's code first), while the GPU checks and times issue 17's Liger loss (liger_tests.xml,
-# liger.md come back); phase b trains with the GPU to itself (no baseline evals left to run); phase
-# c evaluates the checkpoint B left (passkey at 32744, n=200: the mid-run point) beside the resumed
-# training, trains to the end, evaluates the arm and compares it with dense, the baselines and the gate.
+# ARM=far, long_only, mix (NEW_ARM; prepared 2026-12-04, third session; the layout of dense
+# below): phase a builds the data and reuses the baselines' and dense's evals of the second
+# session (their prompts are checked against today's code first; only those that match are
+# used), while the GPU checks and times issue 17's Liger loss (liger_tests.xml and liger.md come
+# back); phase b trains with the GPU to itself (no baseline evals left to run); phase c
+# evaluates the checkpoint B left (passkey at 32744, n=200: the mid-run point) beside the
+# resumed training, trains to the end, evaluates the arm and compares it with dense, the
+# baselines and the gate.
 # The layout of 2026-12-04 (second session, ARM=dense; pieces cut at --piece-mib 41 so that the
 # corpus travels in the first call and the synthetic set is built while the GPU does other work):
 #   A  carry [".whl", "data_cache/carry_b", "data_cache/smol_0"]   PHASE=a   unpack + synth (CPU) beside
@@ -57,10 +59,11 @@ finish() {   # after every phase step: a call cut short still returns what finis
     for f in "$DEV"/eval/*/step_*.md; do [ -f "$f" ] && { echo; echo "## $f"; cat "$f"; }; done
     [ -f "$DEV/compare.md" ] && { echo; echo "## compare"; cat "$DEV/compare.md"; }
   } > "$OUT/report.md" 2>/dev/null
-  tar czf "$OUT/results_$PHASE.tar.gz.tmp" --exclude=checkpoints --exclude=tb --exclude='*.safetensors' \
+  local tmp="$OUT/results_$PHASE.tar.gz.tmp$BASHPID"   # background jobs call finish at the same time
+  tar czf "$tmp" --exclude=checkpoints --exclude=tb --exclude='*.safetensors' \
     --exclude='*.gguf' --exclude=corpus --exclude=synth --exclude=hf_tokenizer --exclude=smollm2 \
     -C "$DEV" eval runs work_a work_b work_c work_d compare.md diag.md compare.png heat 2>/dev/null
-  mv "$OUT/results_$PHASE.tar.gz.tmp" "$OUT/results_$PHASE.tar.gz" 2>/dev/null
+  mv "$tmp" "$OUT/results_$PHASE.tar.gz" 2>/dev/null
 }
 
 SYNTH=$DEV/synth
@@ -83,13 +86,19 @@ fi
 # A new arm reuses the baselines' and dense's evals of 2026-12-04 (same prompts, checked on the device by
 # rep_tools.py prompts-match against today's code: a dir whose prompts differ is removed and re-run)
 REUSE=bench/results/2026-12-04b/issue14_dense_results.tar.gz
-reuse_evals() {
+reuse_evals() {   # staged: only dirs whose prompts were checked equal to today's reach $DEV/eval
   [ "$NEW_ARM" = 1 ] && [ -f "$REUSE" ] && [ ! -f "$DEV/eval/.reused" ] || return 0
-  tar xzf "$REUSE" -C "$DEV" --wildcards './eval/native_1k' './eval/native_mid' './eval/yarn4_*' './eval/dense_*' \
+  local stage=$DEV/reuse_stage
+  rm -rf "$stage" && mkdir -p "$stage"
+  tar xzf "$REUSE" -C "$stage" --wildcards './eval/native_1k' './eval/native_mid' './eval/yarn4_*' './eval/dense_*' \
     2> "$WORK/logs/reuse.err"
-  rm -rf "$DEV/eval/yarn4_beyond_1k"
-  guard reuse_check 200 $PY bench/rep_tools.py prompts-match "$DEV/eval" --prune \
-    --tokenizer "hf:$DEV/hf_tokenizer/tokenizer.json" --haystack "$DEV/corpus@b3" && touch "$DEV/eval/.reused"
+  rm -rf "$stage/eval/yarn4_beyond_1k"
+  if guard reuse_check $(( $(now) + 120 )) $PY bench/rep_tools.py prompts-match "$stage/eval" --prune \
+       --tokenizer "hf:$DEV/hf_tokenizer/tokenizer.json" --haystack "$DEV/corpus@b3"; then
+    for d in "$stage"/eval/*/; do [ -e "$DEV/eval/$(basename "$d")" ] || mv "$d" "$DEV/eval/"; done
+    touch "$DEV/eval/.reused"
+  fi
+  rm -rf "$stage"   # a failed or cut check reuses nothing: the cells are evaluated again
 }
 prepare_data() {   # the corpus and the tokenizer (carried), then the arm's synthetic set (built here)
   if [ ! -f "$DEV/corpus/manifest.json" ]; then
@@ -232,16 +241,17 @@ c|d)  # the rest of the training, then the arm's evals (and any baseline a cut c
     TRAIN_END=$BUDGET; EVAL_END=$BUDGET
     P_TRAIN=
     P_MID=
-    if [ "$NEW_ARM" = 1 ] && ! arm_done && [ ! -d "$DEV/midrun" ]; then
-      # the mid-run checkpoint (where call B stopped) evaluated beside the resumed training: does the
-      # 10-14k-back band close with tokens? Hard links: checkpoint.keep=1 deletes the original at the next save
+    # the mid-run checkpoint (where call B stopped) evaluated beside the resumed training: does the
+    # 10-14k-back band close with tokens? Hard links: checkpoint.keep=1 deletes the original at the next save
+    if [ "$NEW_ARM" = 1 ] && [ ! -d "$DEV/midrun/checkpoints" ] && ! arm_done; then
       CK_MID=$(ckpt_of_arm)
-      if [ -n "$CK_MID" ]; then
-        mkdir -p "$DEV/midrun/checkpoints" && cp -al "$CK_MID" "$DEV/midrun/checkpoints/"
-        evaluate "$ARM" "${ARM}_midrun" "$DEV/midrun/checkpoints/$(basename "$CK_MID")" 200 "32744" "passkey" \
-          "${NOLOSS[@]}" &
-        P_MID=$!
-      fi
+      [ -n "$CK_MID" ] && mkdir -p "$DEV/midrun/ck" && cp -al "$CK_MID" "$DEV/midrun/ck/" \
+        && mv "$DEV/midrun/ck" "$DEV/midrun/checkpoints"
+    fi
+    MID=$(ls -d "$DEV"/midrun/checkpoints/step_* 2> /dev/null | head -1)
+    if [ -n "$MID" ]; then   # evaluate skips it once done; a cut call retries it in the next phase
+      evaluate "$ARM" "${ARM}_midrun" "$MID" 200 "32744" "passkey" "${NOLOSS[@]}" &
+      P_MID=$!
     fi
     if ! arm_done; then train_arm & P_TRAIN=$!; fi
     baselines &   # whatever a cut call left (each cell is skipped when done), beside the arm

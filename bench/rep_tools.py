@@ -136,31 +136,34 @@ def prompts_match(eval_dir: Path, tokenizer: str, haystack, prune: bool) -> int:
     tok = load_tokenizer(TokenizerConfig(kind=kind, path=path) if path else TokenizerConfig(kind="tiktoken", name=kind))
     hs = haystack_source(haystack, tok) if haystack else None
     bad_dirs = 0
-    for f in sorted(eval_dir.glob("*/step_*.json")):
-        d = json.loads(f.read_text())
-        fields = {k: v for k, v in d["eval"].items() if k in EvalConfig.model_fields and k != "haystack"}
-        cfg = EvalConfig(**fields)
+    for run in sorted(p for p in eval_dir.iterdir() if p.is_dir() and any(p.glob("step_*.json"))):
         differ = []
-        for c in d["cells"]:
-            one = cfg.model_copy(update={"tasks": [c["task"]], "lengths": [c["length"]], "n": c["n"]})
-            try:
-                got = prompt_digest(build_prompts(one, tok, haystack=hs)[(c["task"], c["length"])])
-            except Exception as e:   # noqa: BLE001 - a cell that cannot be rebuilt is not reusable
-                got = f"error: {e}"
-            if got != c["digest"]:
-                differ.append(f"{c['task']}@{c['length']}")
-        print(f"{f.parent.name}: {'same prompts' if not differ else 'DIFFERENT prompts: ' + ', '.join(differ)}")
+        for f in sorted(run.glob("step_*.json")):   # a dir is reusable only when every result in it is
+            d = json.loads(f.read_text())
+            fields = {k: v for k, v in d["eval"].items() if k in EvalConfig.model_fields and k != "haystack"}
+            cfg = EvalConfig(**fields)
+            for c in d["cells"]:
+                one = cfg.model_copy(update={"tasks": [c["task"]], "lengths": [c["length"]], "n": c["n"]})
+                try:
+                    got = prompt_digest(build_prompts(one, tok, haystack=hs)[(c["task"], c["length"])])
+                except Exception as e:   # noqa: BLE001 - a cell that cannot be rebuilt is not reusable
+                    got = f"error: {e}"
+                if got != c["digest"]:
+                    differ.append(f"{c['task']}@{c['length']}")
+        print(f"{run.name}: {'same prompts' if not differ else 'DIFFERENT prompts: ' + ', '.join(differ)}")
         if differ:
             bad_dirs += 1
             if prune:
-                shutil.rmtree(f.parent)
+                shutil.rmtree(run)
     return 1 if bad_dirs and not prune else 0
 
 
 def positions(files: list, bin_tokens: int, task: str) -> int:
-    """Per result and length: correct/n per bin of the needle's position (tokens from the prompt's
-    start; the question sits at the end, so 'back' = length - position). The heatmap's depth rows,
-    in tokens, to tell a distance effect (same 'back' fails at every length) from a position one."""
+    """Per result and length: correct/n per bin of the needle's position, depth x length (the
+    sample's depth is its share of the filler, so this is the position to within the prompt's
+    head, needle and question: tens of tokens); 'back' = length - position, the distance to the
+    question. The heatmap's depth rows in tokens, to tell a distance effect (the same 'back' fails
+    at every length) from a position one."""
     for f in files:
         d = json.loads(Path(f).read_text())
         samples = [x for x in d.get("samples", []) if x["task"] == task and x.get("depth") is not None]

@@ -338,6 +338,17 @@ def _(lab):
     return _synth(lab, lab.root / "synth" / "b", "--lengths", "900", "--distance-share", "0.5")
 
 
+@case("data", "`megablu data synth --distances` with HI below LO", "--distances '20k-10k': need 0 < lo <= hi",
+      watch=_synth_dir)
+def _(lab):
+    return _synth(lab, lab.root / "synth" / "d", "--lengths", "900", "--distances", "20k-10k")
+
+
+@case("data", "`megablu data synth --distance-share 1` without --distances", "without --distances", watch=_synth_dir)
+def _(lab):
+    return _synth(lab, lab.root / "synth" / "e", "--lengths", "900", "--distance-share", "1")
+
+
 @case("data", "`megablu data synth --distances` that is not one range", "one range LO-HI", watch=_synth_dir)
 def _(lab):
     return _synth(lab, lab.root / "synth" / "c", "--lengths", "900", "--distances", "10k")

@@ -27,12 +27,17 @@ def test_prompts_match_keeps_same_prompts_and_prunes_others(tmp_path):
     other = build_prompts(cfg.model_copy(update={"seed": 4}), tok)   # an earlier session's prompts: another seed
     _result(tmp_path / "ev" / "old", cfg, lambda t, L: prompt_digest(other[(t, L)]) if L == 1000 else
             prompt_digest(real[(t, L)]))
+    # a dir of two results (two steps of one arm), the second of other prompts: the dir as a whole is not reusable
+    _result(tmp_path / "ev" / "two", cfg, lambda t, L: prompt_digest(real[(t, L)]))
+    (tmp_path / "ev" / "two" / "step_5.json").write_text(json.dumps({"eval": cfg.model_dump(), "cells": [
+        {"task": "vt", "length": 700, "n": cfg.n, "digest": prompt_digest(other[("vt", 700)])}]}))
     cmd = [sys.executable, str(ROOT / "bench" / "rep_tools.py"), "prompts-match", str(tmp_path / "ev"),
            "--tokenizer", "tiktoken_file:megablu:stdlib4k"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 1, r.stderr
     assert "same: same prompts" in r.stdout
     assert "old: DIFFERENT prompts: passkey@1000, vt@1000" in r.stdout, r.stdout
+    assert "two: DIFFERENT prompts: vt@700" in r.stdout, r.stdout
     r = subprocess.run(cmd + ["--prune"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0 and sorted(p.name for p in (tmp_path / "ev").iterdir()) == ["same"]
 

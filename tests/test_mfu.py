@@ -12,8 +12,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("name,peak", [("NVIDIA H200", 989.4), ("NVIDIA H100 80GB HBM3", 989.4),
-                                       ("NVIDIA H100 PCIe", 756.0), ("NVIDIA A100-SXM4-80GB", 312.0),
-                                       ("NVIDIA L40S", 362.1), ("Tesla T4", None)])
+                                       ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H100 NVL", 835.0),
+                                       ("NVIDIA H200 NVL", 835.0), ("NVIDIA GH200 480GB", 989.4),
+                                       ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA L40S", 362.1),
+                                       ("NVIDIA L40", 181.0), ("NVIDIA L4", 121.0), ("NVIDIA GB200", 2500.0),
+                                       ("NVIDIA B200", 2250.0), ("Tesla T4", None), ("NVIDIA H20", None)])
 def test_peak_by_device_name(name, peak):
     assert peak_bf16_tflops(name) == peak
 
@@ -22,7 +25,7 @@ def test_mfu_matches_the_documented_h200_figure():
     """blu-0.5b at 32k, 34.1k tokens/s on one H200: the 36% MFU docs/BENCHMARKS.md and issue 17 quote."""
     cfg = load_config(ROOT / "yaml_configs" / "base.yaml", world_size=2, device="cuda")
     u = mfu(flops_per_token(cfg.model, 32768), 34_100, 1.0, peak_bf16_tflops("NVIDIA H200"))
-    assert 0.35 < u < 0.36
+    assert abs(u - 0.355) < 0.001                          # 35.5%, quoted as 36% (34.2-34.9k there)
     assert mfu(1e9, 1000, 1.0, None) is None            # no peak known (CPU, an unlisted GPU): not guessed
 
 

@@ -192,15 +192,26 @@ def _list(s: str) -> list[str]:
     return [x.strip() for x in s.split(",") if x.strip()]
 
 
+def _distances(args):
+    from .shards import DataError
+    from .synth import parse_distances
+
+    if args.distance_share is not None and args.distances is None:
+        raise DataError(f"synth: --distance-share {args.distance_share:g} without --distances: the share of asked "
+                        f"records placed in which band? Add --distances LO-HI (e.g. 10k-20k) or drop the share")
+    return parse_distances(args.distances)
+
+
 @_errors
 def _synth(args) -> int:
     from .build import stats_table
     from .shards import DEFAULT_EDGES
-    from .synth import TEMPLATE_NAMES, parse_distances, parse_lengths, synth_dataset
+    from .synth import TEMPLATE_NAMES, parse_lengths, synth_dataset
 
     m = synth_dataset(args.out, _tokcfg(args.tokenizer), lengths=parse_lengths(args.lengths), docs=args.docs,
                       seed=args.seed, tasks=_list(args.tasks), query_every=args.query_every,
-                      distances=parse_distances(args.distances), distance_share=args.distance_share,
+                      distances=_distances(args), distance_share=1.0 if args.distance_share is None
+                      else args.distance_share,
                       templates=TEMPLATE_NAMES if args.templates == "all" else _list(args.templates),
                       key_types=_list(args.key_types), value_types=_list(args.value_types),
                       fillers=_list(args.filler), filler_data=args.filler_data, filler_bucket=args.filler_bucket,
@@ -357,8 +368,8 @@ def register(sub) -> None:
     y.add_argument("--distances", default=None, help="LO-HI tokens (e.g. 10k-20k): place a share of the asked "
                    "records this far back from the questions (uniform in the range) instead of at uniform depths: "
                    "retrieval at the distances a model fails at")
-    y.add_argument("--distance-share", type=float, default=1.0, help="with --distances: the fraction of asked "
-                   "records placed in that range (the rest at uniform depths)")
+    y.add_argument("--distance-share", type=float, default=None, help="with --distances: the fraction of asked "
+                   "records placed in that range (the rest at uniform depths); default 1")
     y.add_argument("--templates", default="all", help="comma list of json,colon,table,prose,python, or all")
     y.add_argument("--key-types", default="numbers,uuid,words", help="comma list of key kinds: numbers, uuid, words")
     y.add_argument("--value-types", default="numbers,uuid,words",

@@ -25,13 +25,13 @@ the document's loss); a 32k `manyq` document at query_every=512 carries 64, each
 uniformly random depth, so the same training tokens hold ~50x the retrieval signal.
 
 Distances (--distances LO-HI, --distance-share S): uniform depths make every distance between
-an asked record and the questions equally likely, so a band a model fails at (issue 14: 13-16k
+an asked record and the questions equally likely, so a band a model fails at (issue 14: 10-14k
 tokens back, at 16k and 32k alike) is a small share of the answers. With --distances, each
 asked record is, with probability S, placed so that its distance (tokens from its start to the
 end of the context, where the questions begin) is uniform in [LO, HI] (HI clipped to the
 document); the others keep uniform depths. The placement is exact to one record (kv filler)
 or to the line-end snap (text filler); meta "distances" records what each document got.
-Without --distances the documents are those of earlier versions, bit for bit.
+Without --distances the documents' token ids are those of earlier versions, bit for bit.
 
 Keys and values are numbers, UUID-like strings or three-word names (--key-types,
 --value-types), unique within a document; templates (TEMPLATES) vary the record and question
@@ -392,7 +392,8 @@ class Synthesizer:
 
     def _place_far(self, rng, rows: list, asked, head: int, ctx: int) -> list[int]:
         """Insert the asked records among the distractor `rows` at their target distances (kv filler): each
-        goes before the first row that starts at or past its target start; returns their row indices."""
+        goes before the first row whose midpoint is at or past its target start (so it starts within half
+        a row of it); returns their row indices."""
         want = sorted((ctx - d, j) for j, d in enumerate(self._targets(rng, asked, ctx)))
         out_rows, at, pos, w = [], [0] * len(asked), head, 0
         for row in rows + [None]:
@@ -492,7 +493,10 @@ def parse_distances(spec: Optional[str]) -> Optional[tuple]:
     """'10k-20k' -> (10240, 20480); None -> None."""
     if spec is None:
         return None
-    got = parse_lengths(spec)
+    try:
+        got = parse_lengths(spec)
+    except DataError as e:
+        raise DataError(f"--distances {spec!r}: {str(e).split(': ', 1)[-1]} (LO-HI tokens, like 10k-20k)") from None
     if len(got) != 1 or not isinstance(got[0], tuple):
         raise DataError(f"--distances {spec!r}: expected one range LO-HI in tokens, like 10k-20k")
     return got[0]

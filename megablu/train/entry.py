@@ -106,6 +106,7 @@ def main(argv=None) -> int:
         if rank == 0:
             _emit(e.summary, args.json)
             print(f"eval gate FAILED: {e}", file=sys.stderr)
+        _FAILING.set()   # every rank exits 1: the launcher's SIGTERM to the slower ones is not a new failure
         _leave(rank)
         return 1
     except (Exception, KeyboardInterrupt, Terminated) as e:  # noqa: BLE001 - one line per rank, then the way on
@@ -117,16 +118,16 @@ def main(argv=None) -> int:
 
 
 def _leave(rank: int) -> int:
-    """utils.dist.finish() on a rank whose run ended well: 0, or 1 with one line when a peer is gone
-    before the barrier (its own failure is what it reports; this rank's work is saved)."""
+    """utils.dist.finish() on a rank whose run ended well: 0, or 1 with one line when leaving the
+    group fails (typically a peer already gone; it reports its own failure; this rank's work is saved)."""
     from ..utils.dist import finish
 
     try:
         finish()
     except Exception as e:  # noqa: BLE001 - one line, not a traceback
         first = (str(e).splitlines() or [repr(e)])[0]
-        print(f"rank {rank}: finished its work, but a peer left before the final barrier ({type(e).__name__}: "
-              f"{first}); see that rank's line", file=sys.stderr)
+        print(f"rank {rank}: finished its work, but leaving the process group failed ({type(e).__name__}: "
+              f"{first}); a peer that exited first reports its own error", file=sys.stderr)
         return 1
     return 0
 

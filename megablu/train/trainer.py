@@ -93,7 +93,7 @@ class Trainer:
         from ..plan import flops_per_token
 
         self._flops_per_token = flops_per_token(cfg.model, cfg.data.window)
-        self._peak_tflops = peak_bf16_tflops() if self.device == "cuda" else None
+        self._peak_tflops = peak_bf16_tflops(index=self.local_rank) if self.device == "cuda" else None
         self._gate_failure: Optional[str] = None
         self.run_dir: Optional[Path] = None   # known once setup allocated or found it
         self.lock = None                      # rank 0: the run's liveness lock (runs.RunLock)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Optional
 
-# dense bf16 tensor-core peak, TF/s, by the device name torch reports (vendor datasheets; no sparsity).
-# First match wins, so the more specific names come first.
-PEAK_BF16_TFLOPS = (("H100 PCIe", 756.0), ("H200", 989.4), ("H100", 989.4), ("GH200", 989.4), ("H800", 989.4),
-                    ("B200", 2250.0), ("A100", 312.0), ("A800", 312.0), ("L40S", 362.1), ("L4", 121.0))
+# dense bf16 tensor-core peak, TF/s (vendor datasheets, no sparsity), by a whole-word pattern of the
+# device name torch reports; the more specific names come first (an H100 NVL is not an H100 SXM)
+PEAK_BF16_TFLOPS = ((r"H100 PCIe", 756.0), (r"H100 NVL", 835.0), (r"H200 NVL", 835.0), (r"H800 PCIe", 756.0),
+                    (r"GH200", 989.4), (r"H200", 989.4), (r"H100", 989.4), (r"H800", 989.4),
+                    (r"GB200", 2500.0), (r"B200", 2250.0), (r"A100", 312.0), (r"A800", 312.0),
+                    (r"L40S", 362.1), (r"L40", 181.0), (r"L4", 121.0))
 
 
 def resolve_device(setting: str = "auto", *, require: bool = False) -> str:
@@ -24,16 +26,19 @@ def resolve_device(setting: str = "auto", *, require: bool = False) -> str:
     return setting
 
 
-def peak_bf16_tflops(name: Optional[str] = None) -> Optional[float]:
-    """The dense bf16 peak of a GPU by its name (default: the current CUDA device), or None when it
-    is not in PEAK_BF16_TFLOPS or there is no GPU: MFU is then not reported rather than guessed."""
+def peak_bf16_tflops(name: Optional[str] = None, index: Optional[int] = None) -> Optional[float]:
+    """The dense bf16 peak of a GPU by its name (default: CUDA device `index`, or the current one), or
+    None when it is not in PEAK_BF16_TFLOPS or there is no GPU: MFU is then not reported, not guessed."""
+    import re
+
     if name is None:
         import torch
 
         if not torch.cuda.is_available():
             return None
-        name = torch.cuda.get_device_name(torch.cuda.current_device())
-    return next((tf for key, tf in PEAK_BF16_TFLOPS if key in name), None)
+        name = torch.cuda.get_device_name(torch.cuda.current_device() if index is None else index)
+    return next((tf for pat, tf in PEAK_BF16_TFLOPS if re.search(rf"(?<![A-Za-z0-9]){pat}(?![A-Za-z0-9])", name)),
+                None)
 
 
 def mfu(flops_per_token: float, tokens_per_gpu: float, seconds: float, peak_tflops: Optional[float]) -> Optional[float]:

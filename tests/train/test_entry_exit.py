@@ -17,7 +17,7 @@ def test_leave_is_0_when_the_group_closes_and_one_line_when_a_peer_is_gone(monke
     assert entry._leave(1) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
-    assert err.startswith("rank 1: finished its work, but a peer left before the final barrier (RuntimeError: ")
+    assert err.startswith("rank 1: finished its work, but leaving the process group failed (RuntimeError: ")
     assert "Connection closed by peer" in err
 
 

@@ -19,7 +19,7 @@ def test_probe_measures_steps_and_writes_json(tmp_path):
 
     out = tmp_path / "run" / "probe.json"
     r = run_probe(step, steps=3, tokens_per_rank=1000, tokens_per_step=4000, device="cpu",
-                  flops_per_token=1e6, out=out)
+                  flops_per_token=1e6, peak_tflops=989.0, out=out)
     assert calls == [0, 1, 2]
     saved = json.loads(out.read_text())
     assert saved == json.loads(json.dumps(r))
@@ -29,6 +29,9 @@ def test_probe_measures_steps_and_writes_json(tmp_path):
     assert saved["tokens_per_s"] == pytest.approx(4000 / saved["step_time_s"])
     assert saved["mfu"] == pytest.approx(1e6 * 4000 / saved["step_time_s"] / 989e12)
     assert saved["peak_gb"] is None and saved["static_gb"] is None   # no memory accounting on CPU
+    # no peak given and none known for this device (CPU): no MFU rather than one against a guessed peak
+    r = run_probe(step, steps=2, tokens_per_rank=1000, device="cpu", flops_per_token=1e6, out=None)
+    assert "mfu" not in r
 
 
 def test_probe_oom_is_a_clean_abort_with_numbers_and_suggestion(tmp_path):
