@@ -116,15 +116,16 @@ def paired_loss_diff(a: dict, b: dict, conf: float = 0.95):
 
 def claims(parent: dict, untrained: dict, ext: dict, window: int) -> dict:
     """What the quick start shows, from the three eval results: per task and length the retrieval
-    difference extension - untrained (Newcombe), per length the loss difference (paired t), and
-    `better_beyond`: every resolvable gain of the extension at a length beyond the parent's window."""
-    from .eval.stats import newcombe
+    difference extension - untrained (Newcombe's paired interval: both scored the same prompts),
+    per length the loss difference (paired t), and `better_beyond`: every resolvable gain of the
+    extension at a length beyond the parent's window."""
+    from .eval.report import difference
 
     out = {"window": window, "retrieval": {}, "loss": {}}
     for task in dict.fromkeys(c["task"] for c in ext["cells"]):
         e, u = _cells(ext, task), _cells(untrained, task)
         for L in sorted(set(e) & set(u)):
-            d = newcombe(e[L]["correct"], e[L]["n"], u[L]["correct"], u[L]["n"])
+            d, _ = difference(ext, e[L], untrained, u[L])
             out["retrieval"].setdefault(task, {})[L] = {"ext": e[L]["acc_pp"], "untrained": u[L]["acc_pp"],
                                                         "n": e[L]["n"], **d.as_dict()}
     le, lu = _loss(ext), _loss(untrained)
@@ -239,7 +240,7 @@ def summary_text(*, parent: dict, untrained: dict, ext: dict, window: int, facto
             row.append("-" if d is None else f"{d['diff']:+.3f}{'*' if d['resolvable'] else ''}" + (
                 f" [{d['ci'][0]:+.2f}, {d['ci'][1]:+.2f}]" if d["ci"] else ""))
         lines.append(f"  {'extension - untrained':<{w - 2}}" + "".join(f"{x:>24}" for x in row))
-    lines += ["", "* = the 95% interval of the difference excludes 0 (Newcombe for retrieval, paired t over the "
+    lines += ["", "* = the 95% interval of the difference excludes 0 (Newcombe paired for retrieval, paired t over the "
                   "same sequences for loss)"]
     if gate:
         lines += ["", "short-context gate (megablu compare --gate-parent <parent>):"] + [f"  {g}" for g in

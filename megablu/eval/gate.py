@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .report import cells_by, short_loss_change
-from .stats import newcombe
+from .report import cells_by, difference, short_loss_change
 
 
 @dataclass
@@ -64,14 +63,15 @@ def check_gate(result: dict, parent: dict, gate_cfg) -> GateResult:
                 missing.append(f"{task}@{L} ({'arm' if L not in mine else 'parent'} has no result)")
                 continue
             a, b = mine[L], theirs[L]
-            d = newcombe(a["correct"], a["n"], b["correct"], b["n"])
+            d, paired = difference(result, a, parent, b)
             drop = b["acc_pp"] - a["acc_pp"]
             ok = drop <= margin
             checks.append({"task": task, "length": L, "acc_pp": a["acc_pp"], "parent_acc_pp": b["acc_pp"],
-                           "drop_pp": drop, **d.as_dict(), "passed": ok})
+                           "drop_pp": drop, **d.as_dict(), "paired": paired, "passed": ok})
             if not ok:
                 failures.append(f"{task}@{L}: {a['acc_pp']:.1f}% vs parent {b['acc_pp']:.1f}% = drop {drop:.1f} pp "
-                                f"> margin {margin:g} pp (95% diff [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}])")
+                                f"> margin {margin:g} pp (95% diff [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}]"
+                                f"{', paired' if paired else ''})")
     # what the long lengths did, so the message shows the trade the gate refuses
     gains = []
     for task in tasks:

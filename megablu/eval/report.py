@@ -33,11 +33,13 @@ from ..config.eval_tasks import RULER_SUITE
 from .prompts import EvalError, Prompt, prompt_digest
 from .stats import (
     RULER_THRESHOLD,
+    Difference,
     effective_length,
     effective_length_contiguous,
     mean_interval,
     n_to_resolve,
     newcombe,
+    newcombe_paired,
     slope_per_doubling,
     wilson,
 )
@@ -211,6 +213,24 @@ def merge_results(results: Sequence[dict]) -> list[dict]:
     return list(merged.values())
 
 
+def difference(res_a: dict, cell_a: dict, res_b: dict, cell_b: dict) -> tuple[Difference, bool]:
+    """(interval for acc_a - acc_b, paired?): paired (stats.newcombe_paired) when both cells hold the
+    same prompts (equal digests) and both results keep every prompt's 0/1 outcome; else the
+    independent interval (stats.newcombe)."""
+    if cell_a.get("digest") and cell_a.get("digest") == cell_b.get("digest") and cell_a["n"] == cell_b["n"]:
+        key = (cell_a["task"], cell_a["length"])
+        out_a = {s.get("index"): s for s in res_a.get("samples", []) if (s.get("task"), s.get("length")) == key}
+        out_b = {s.get("index"): s for s in res_b.get("samples", []) if (s.get("task"), s.get("length")) == key}
+        binary = all(float(x.get("score", float(x.get("correct", 0.5)))) in (0.0, 1.0)
+                     for x in (*out_a.values(), *out_b.values()))
+        if len(out_a) == len(out_b) == cell_a["n"] and out_a.keys() == out_b.keys() and None not in out_a and binary:
+            t = {(True, True): 0, (True, False): 0, (False, True): 0, (False, False): 0}
+            for i in out_a:
+                t[(bool(out_a[i]["correct"]), bool(out_b[i]["correct"]))] += 1
+            return newcombe_paired(t[(True, True)], t[(True, False)], t[(False, True)], t[(False, False)]), True
+    return newcombe(cell_a["correct"], cell_a["n"], cell_b["correct"], cell_b["n"]), False
+
+
 def cells_by(res: dict, task: str) -> dict[int, dict]:
     return {c["length"]: c for c in res["cells"] if c["task"] == task}
 
@@ -255,9 +275,11 @@ def _task_tables(results: Sequence[dict], baseline: int, threshold: float) -> li
         if len(results) > 1:
             base = results[baseline]
             bc = cells_by(base, task)
-            lines += [f"Difference to {_label(base)} in pp, Newcombe 95% interval; * = resolvable; "
-                      f"n/arm (unresolved cells) = prompts per arm to resolve the observed difference at 80% "
-                      f"power:", "",
+            lines += [f"Difference to {_label(base)} in pp, 95% interval (Newcombe's for paired data where "
+                      f"both arms scored the same prompts, else for independent samples, marked 'indep.'); "
+                      f"* = resolvable; n/arm (unresolved cells) = prompts per arm to resolve the observed "
+                      f"difference at 80% power (independent-sample estimate; paired cells usually need fewer):",
+                      "",
                       "| arm | " + " | ".join(str(L) for L in lengths) + " |", "|---|" + "---|" * len(lengths)]
             for j, r in enumerate(results):
                 if j == baseline:
@@ -268,12 +290,12 @@ def _task_tables(results: Sequence[dict], baseline: int, threshold: float) -> li
                         row.append("-")
                         continue
                     a, b = cs[L], bc[L]
-                    d = newcombe(a["correct"], a["n"], b["correct"], b["n"])
+                    d, paired = difference(r, a, base, b)
                     pa, pb = a["correct"] / a["n"], b["correct"] / b["n"]
                     # prompts per arm needed: only meaningful while the difference is unresolved
                     need = "" if d.resolvable else (f" n/arm {n_to_resolve(pa, pb)}" if pa != pb else " n/arm inf")
                     flag = "*" if d.resolvable else ""
-                    warn = "" if a["digest"] == b["digest"] else " (prompts differ)"
+                    warn = "" if paired else " indep." if a["digest"] == b["digest"] else " (prompts differ)"
                     row.append(f"{100 * d.diff:+.1f}{flag} [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}]{need}{warn}")
                 lines.append(f"| {_label(r)} | " + " | ".join(row) + " |")
             lines.append("")

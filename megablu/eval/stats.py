@@ -5,6 +5,13 @@ All accuracies are fractions in [0, 1] inside the functions; reports show percen
 - Difference of two independent proportions: Newcombe's hybrid score interval (Newcombe
   1998, "Interval estimation for the difference between independent proportions",
   method 10), built from the two Wilson intervals. "Resolvable" = the interval excludes 0.
+- Difference of two proportions measured on the SAME prompts (two arms, one seeded prompt
+  set): Newcombe's interval for paired data (Newcombe 1998, "Improved confidence intervals for
+  the difference between binomial proportions based on paired data", method 10; recommended
+  by Fagerland, Lydersen & Laake 2014): the two marginal Wilson intervals combined with the
+  phi correlation of the 2x2 table of (arm 1 right?, arm 2 right?). With phi = 0 it is the
+  independent interval; with the positive correlation two arms have on one prompt set it is
+  narrower, so a real difference resolves with fewer prompts. Only for 0/1 scores.
 - Slope in pp per doubling: ordinary least squares of accuracy (pp) on log2(length). Its
   sampling interval propagates each point's binomial variance through the OLS weights
   (with the Agresti-Coull p~ = (k+2)/(n+4) so 0/n and n/n points are not certain); with
@@ -73,6 +80,20 @@ def newcombe(k1: int, n1: int, k2: int, n2: int, conf: float = 0.95) -> Differen
     lo = d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2)
     hi = d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
     return Difference(d, lo, hi)
+
+
+def newcombe_paired(both: int, only1: int, only2: int, neither: int, conf: float = 0.95) -> Difference:
+    """Interval for p1 - p2 from paired 0/1 outcomes: `both` prompts right in arm 1 and arm 2,
+    `only1` right in arm 1 only, `only2` in arm 2 only, `neither` (Newcombe 1998, paired, method 10)."""
+    n = both + only1 + only2 + neither
+    p1, l1, u1 = wilson(both + only1, n, conf)
+    p2, l2, u2 = wilson(both + only2, n, conf)
+    den = (both + only1) * (only2 + neither) * (both + only2) * (only1 + neither)
+    phi = (both * neither - only1 * only2) / math.sqrt(den) if den > 0 else 0.0
+    d = p1 - p2
+    lo = (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2
+    hi = (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2
+    return Difference(d, d - math.sqrt(max(lo, 0.0)), d + math.sqrt(max(hi, 0.0)))
 
 
 @dataclass(frozen=True)
