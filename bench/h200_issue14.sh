@@ -168,6 +168,7 @@ baselines() {   # the parent with its own rope, static YaRN and length-aware YaR
 # 0.1 ln(s) + 1: 1.1386 at factor 4, 1.2079 at factor 8. dense with factor 8 found 85% at 65512 but
 # 70% at 32744 with factor 4, where the low-frequency positions are the same (p / s <= 8k) and the
 # temperature is not. Same prompts as the arm's cells (n=200 at 32744, 100 at 16360): paired.
+# ~2 min of shared GPU in all.
 temp_probe() {
   local ck=$1
   evaluate "${ARM}_t8" "${ARM}_temp8" "$ck" 200 "32744" "passkey" --rope-override \
@@ -176,6 +177,9 @@ temp_probe() {
     --set rope.yarn.attention_factor=1.2079 "${NOLOSS[@]}"
   ECFG=$BASE_CFG evaluate yarn4_t8 yarn4_temp8 "$DEV/smollm2" 200 "32744" "passkey" --rope-override \
     --set rope.yarn.attention_factor=1.2079 "${NOLOSS[@]}"
+  # sharper still: the CPU quick start's extension was best at 1.3-1.45 (docs/RESULTS.md)
+  evaluate "${ARM}_t13" "${ARM}_temp13" "$ck" 200 "32744" "passkey" --rope-override \
+    --set rope.yarn.attention_factor=1.3 "${NOLOSS[@]}"
 }
 merged() {   # merged ARM: one json of all the arm's cells (the gate parent)
   $PY bench/rep_tools.py merge "$DEV/eval" "$1" "$DEV/$1.json" 2>> "$WORK/logs/merge.err"
