@@ -191,9 +191,11 @@ train_arm() {   # the arm's training, resumed when a run exists, stopping with a
   guard train "$TRAIN_END" deepspeed --num_gpus 1 --master_port $(( 29500 + RANDOM % 400 )) launch/ext32k.py \
     --config "$CFG" --set runs_dir="$RUNS" --set train.stop_after_s=$(( TRAIN_END - $(now) - 30 )) "${resume[@]}"
 }
-arm_done() {   # the arm's run finished (not stopped by its time budget)
+arm_done() {   # the arm's run reached train.max_steps (`megablu runs`: finished)
   local RUN; RUN=$(run_of_arm)
-  [ -n "$RUN" ] && [ -f "$RUN/summary.json" ] && ! grep -q '"stopped"' "$RUN/summary.json"
+  [ -n "$RUN" ] && $PY -m megablu.cli runs "$RUNS" --json 2> /dev/null | $PY -c "import json, sys
+states = {r['run']: r['state'] for r in json.load(sys.stdin)}
+sys.exit(0 if states.get('$(basename "$RUN")') == 'finished' else 1)"
 }
 
 case "$PHASE" in
