@@ -51,11 +51,11 @@ def broadcast_object(obj: Any) -> Any:
 
 def finish() -> None:
     """End a run's process group on every rank together: a barrier, then destroy_process_group.
-    Without it a rank that exits first can close its gloo pairs while a peer's transport thread
-    still reads them, and that peer aborts (SIGABRT, exit 250 through DeepSpeed's launcher) after
-    a run that succeeded ("terminate called without an active exception": 8 of 40 two-rank gloo
-    runs without this, 0 of 40 with it, on this machine). Call on success paths only (a failing
-    rank's peers may be gone)."""
+    Without it a rank that reaches interpreter exit first tears its gloo group down while its peer
+    is still connected, and it can abort there (SIGABRT, exit 250 through DeepSpeed's launcher)
+    after a run that succeeded ("terminate called without an active exception": 8 of 40 two-rank
+    gloo runs without this, 0 of 40 with it, on this machine; the rank that exited first aborted).
+    Call on success paths only (a failing rank's peers may be gone)."""
     d = _dist()
     if d is None:
         return
