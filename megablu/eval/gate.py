@@ -67,11 +67,11 @@ def check_gate(result: dict, parent: dict, gate_cfg) -> GateResult:
             drop = b["acc_pp"] - a["acc_pp"]
             ok = drop <= margin
             checks.append({"task": task, "length": L, "acc_pp": a["acc_pp"], "parent_acc_pp": b["acc_pp"],
-                           "drop_pp": drop, **d.as_dict(), "paired": paired, "passed": ok})
+                           "drop_pp": drop, **d.as_dict(), "paired": paired is not None, "passed": ok})
             if not ok:
                 failures.append(f"{task}@{L}: {a['acc_pp']:.1f}% vs parent {b['acc_pp']:.1f}% = drop {drop:.1f} pp "
                                 f"> margin {margin:g} pp (95% diff [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}]"
-                                f"{', paired' if paired else ''})")
+                                f"{', paired' if paired is not None else ''})")
     # what the long lengths did, so the message shows the trade the gate refuses
     gains = []
     for task in tasks:

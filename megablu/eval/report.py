@@ -38,6 +38,7 @@ from .stats import (
     effective_length_contiguous,
     mean_interval,
     n_to_resolve,
+    n_to_resolve_paired,
     newcombe,
     newcombe_paired,
     slope_per_doubling,
@@ -213,10 +214,10 @@ def merge_results(results: Sequence[dict]) -> list[dict]:
     return list(merged.values())
 
 
-def difference(res_a: dict, cell_a: dict, res_b: dict, cell_b: dict) -> tuple[Difference, bool]:
-    """(interval for acc_a - acc_b, paired?): paired (stats.newcombe_paired) when both cells hold the
-    same prompts (equal digests) and both results keep every prompt's 0/1 outcome; else the
-    independent interval (stats.newcombe)."""
+def difference(res_a: dict, cell_a: dict, res_b: dict, cell_b: dict) -> tuple[Difference, Optional[tuple]]:
+    """(interval for acc_a - acc_b, the paired 2x2 table or None): paired (stats.newcombe_paired, table
+    (both right, only a, only b, neither)) when both cells hold the same prompts (equal digests) and
+    both results keep every prompt's 0/1 outcome; else the independent interval (stats.newcombe)."""
     if cell_a.get("digest") and cell_a.get("digest") == cell_b.get("digest") and cell_a["n"] == cell_b["n"]:
         key = (cell_a["task"], cell_a["length"])
         out_a = {s.get("index"): s for s in res_a.get("samples", []) if (s.get("task"), s.get("length")) == key}
@@ -227,8 +228,9 @@ def difference(res_a: dict, cell_a: dict, res_b: dict, cell_b: dict) -> tuple[Di
             t = {(True, True): 0, (True, False): 0, (False, True): 0, (False, False): 0}
             for i in out_a:
                 t[(bool(out_a[i]["correct"]), bool(out_b[i]["correct"]))] += 1
-            return newcombe_paired(t[(True, True)], t[(True, False)], t[(False, True)], t[(False, False)]), True
-    return newcombe(cell_a["correct"], cell_a["n"], cell_b["correct"], cell_b["n"]), False
+            table = (t[(True, True)], t[(True, False)], t[(False, True)], t[(False, False)])
+            return newcombe_paired(*table), table
+    return newcombe(cell_a["correct"], cell_a["n"], cell_b["correct"], cell_b["n"]), None
 
 
 def cells_by(res: dict, task: str) -> dict[int, dict]:
@@ -278,7 +280,7 @@ def _task_tables(results: Sequence[dict], baseline: int, threshold: float) -> li
             lines += [f"Difference to {_label(base)} in pp, 95% interval (Newcombe's for paired data where "
                       f"both arms scored the same prompts, else for independent samples, marked 'indep.'); "
                       f"* = resolvable; n/arm (unresolved cells) = prompts per arm to resolve the observed "
-                      f"difference at 80% power (independent-sample estimate; paired cells usually need fewer):",
+                      f"difference at 80% power (paired cells: McNemar's, from their observed agreement):",
                       "",
                       "| arm | " + " | ".join(str(L) for L in lengths) + " |", "|---|" + "---|" * len(lengths)]
             for j, r in enumerate(results):
@@ -293,9 +295,17 @@ def _task_tables(results: Sequence[dict], baseline: int, threshold: float) -> li
                     d, paired = difference(r, a, base, b)
                     pa, pb = a["correct"] / a["n"], b["correct"] / b["n"]
                     # prompts per arm needed: only meaningful while the difference is unresolved
-                    need = "" if d.resolvable else (f" n/arm {n_to_resolve(pa, pb)}" if pa != pb else " n/arm inf")
+                    if d.resolvable:
+                        need = ""
+                    elif paired is not None:   # the observed 2x2 table: its discordant share and difference
+                        n = sum(paired)
+                        psi, delta = (paired[1] + paired[2]) / n, (paired[1] - paired[2]) / n
+                        need = f" n/arm {n_to_resolve_paired(psi, delta)}" if delta else " n/arm inf"
+                    else:
+                        need = f" n/arm {n_to_resolve(pa, pb)}" if pa != pb else " n/arm inf"
                     flag = "*" if d.resolvable else ""
-                    warn = "" if paired else " indep." if a["digest"] == b["digest"] else " (prompts differ)"
+                    warn = "" if paired is not None else " indep." if a["digest"] == b["digest"] else \
+                        " (prompts differ)"
                     row.append(f"{100 * d.diff:+.1f}{flag} [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}]{need}{warn}")
                 lines.append(f"| {_label(r)} | " + " | ".join(row) + " |")
             lines.append("")

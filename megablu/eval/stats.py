@@ -196,6 +196,21 @@ def mean_interval(cells: Sequence[tuple[float, int]], conf: float = 0.95) -> tup
     return m, max(0.0, m - half), min(1.0, m + half)
 
 
+def n_to_resolve_paired(discordant: float, diff: float, conf: float = 0.95, power: float = 0.8) -> int:
+    """Prompts (scored by both arms) so a true paired difference `diff` = P(only arm 1 right) -
+    P(only arm 2 right), with `discordant` = their sum, is resolved with the given power (Connor
+    1987, the sample size of McNemar's test): n = (z_a sqrt(psi) + z_b sqrt(psi - diff^2))^2 / diff^2.
+    With the arms independent it is the independent formula's n; the more the arms agree, the
+    fewer prompts."""
+    if diff == 0:
+        raise ValueError("n_to_resolve_paired: diff == 0, no finite sample resolves a zero difference")
+    if not abs(diff) <= discordant <= 1:
+        raise ValueError(f"n_to_resolve_paired: need |diff| <= discordant <= 1, got {diff}, {discordant}")
+    za, zb = z_of(conf), NormalDist().inv_cdf(power)
+    n = (za * math.sqrt(discordant) + zb * math.sqrt(discordant - diff * diff)) ** 2 / diff ** 2
+    return max(1, math.ceil(n - 1e-9))
+
+
 def n_to_resolve(p1: float, p2: float, conf: float = 0.95, power: float = 0.8) -> int:
     """Prompts per arm so a true difference p1 - p2 is resolved with the given power."""
     if p1 == p2:

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from megablu.eval.report import difference
-from megablu.eval.stats import newcombe, newcombe_paired
+from megablu.eval.stats import n_to_resolve, n_to_resolve_paired, newcombe, newcombe_paired
 
 
 def test_no_correlation_is_the_independent_interval():
@@ -60,13 +60,35 @@ def test_compare_pairs_same_prompts_and_not_others():
     rb, cb = _res(base)
     d, paired = difference(ra, ca, rb, cb)
     i = newcombe(ca["correct"], 400, cb["correct"], 400)
-    assert paired and d.resolvable and d.lo > 0
+    assert paired == (303, 14, 0, 83) and d.resolvable and d.lo > 0
     assert not i.resolvable and d.diff == pytest.approx(i.diff)
     rc, cc = _res(arm, digest="other")
     d2, paired2 = difference(rc, cc, rb, cb)
-    assert not paired2 and (d2.lo, d2.hi) == pytest.approx((i.lo, i.hi))
+    assert paired2 is None and (d2.lo, d2.hi) == pytest.approx((i.lo, i.hi))
     # part-credit scores (not 0/1) or missing samples: independent
     ra["samples"][0]["score"] = 0.5
-    assert difference(ra, ca, rb, cb)[1] is False
+    assert difference(ra, ca, rb, cb)[1] is None
     del rb["samples"][-1]
-    assert difference(_res(arm)[0], ca, rb, cb)[1] is False
+    assert difference(_res(arm)[0], ca, rb, cb)[1] is None
+
+
+def test_paired_sample_size():
+    """McNemar's sample size (Connor 1987): with independent arms it is the independent formula's n
+    (within rounding); the more the arms agree (fewer discordant prompts), the fewer prompts; and a
+    simulated paired study of that size resolves the difference about `power` of the time."""
+    p1, p2 = 0.8, 0.7
+    indep_psi = p1 * (1 - p2) + p2 * (1 - p1)                # discordant share of independent arms
+    assert abs(n_to_resolve_paired(indep_psi, p1 - p2) - n_to_resolve(p1, p2)) <= 0.03 * n_to_resolve(p1, p2)
+    assert n_to_resolve_paired(0.14, 0.10) < n_to_resolve(p1, p2) / 2
+    n = n_to_resolve_paired(0.14, 0.10)
+    rng = random.Random(1)
+    hits = 0
+    for _ in range(1000):
+        t = [0, 0, 0, 0]
+        for _ in range(n):
+            u = rng.random()
+            t[0 if u < 0.68 else 1 if u < 0.80 else 2 if u < 0.82 else 3] += 1    # only1 0.12, only2 0.02
+        hits += newcombe_paired(*t).resolvable
+    assert 0.7 < hits / 1000 < 0.9, (n, hits)
+    with pytest.raises(ValueError):
+        n_to_resolve_paired(0.1, 0.0)
