@@ -246,6 +246,20 @@ class Lab:
         (d / "manifest.json").write_text(json.dumps(m, indent=1))
         return d
 
+    def run_without_window(self) -> Path:
+        """A real run's step 2 whose manifest records no training window (re-signed) and whose run has no
+        config.resolved.yaml: nothing says at which length the weights were trained."""
+        from megablu.checkpoint.layout import _manifest_digest
+
+        _, run = self.run(steps=(2,), with_weights=True)
+        step = run / "checkpoints" / "step_0000002"
+        m = json.loads((step / "manifest.json").read_text())
+        del m["meta"]["window"]
+        m["manifest_sha256"] = _manifest_digest(m)
+        (step / "manifest.json").write_text(json.dumps(m))
+        (run / "config.resolved.yaml").unlink()
+        return step
+
     def weights(self, cfg):
         import torch
 

@@ -318,40 +318,20 @@ def _(lab):
     return lab.cli("data", "verify", lab.root / "nowhere")
 
 
-def _synth(lab, out, *extra):
-    return lab.cli("data", "synth", "--tokenizer", "tiktoken_file:megablu:stdlib4k", "--out", out, "--docs", "2",
-                   "--no-progress", *extra)
+def _synth_case(name, expect, *args):
+    """`megablu data synth` refused with `expect`, writing nothing under the lab's synth/ dir."""
+    def run(lab):
+        out = lab.root / "synth" / f"s{len(CASES)}"
+        return lab.cli("data", "synth", "--tokenizer", "tiktoken_file:megablu:stdlib4k", "--out", out, "--docs", "2",
+                       "--no-progress", "--lengths", "900", *args)
+    case("data", f"`megablu data synth` {name}", expect, watch=lambda lab: lab.root / "synth")(run)
 
 
-def _synth_dir(lab):
-    return lab.root / "synth"
-
-
-@case("data", "`megablu data synth --distances` not below the shortest length", "LO must be below the shortest",
-      watch=_synth_dir)
-def _(lab):
-    return _synth(lab, lab.root / "synth" / "a", "--lengths", "900", "--distances", "1k-2k")
-
-
-@case("data", "`megablu data synth --distance-share` without --distances", "without --distances", watch=_synth_dir)
-def _(lab):
-    return _synth(lab, lab.root / "synth" / "b", "--lengths", "900", "--distance-share", "0.5")
-
-
-@case("data", "`megablu data synth --distances` with HI below LO", "--distances '20k-10k': need 0 < lo <= hi",
-      watch=_synth_dir)
-def _(lab):
-    return _synth(lab, lab.root / "synth" / "d", "--lengths", "900", "--distances", "20k-10k")
-
-
-@case("data", "`megablu data synth --distance-share 1` without --distances", "without --distances", watch=_synth_dir)
-def _(lab):
-    return _synth(lab, lab.root / "synth" / "e", "--lengths", "900", "--distance-share", "1")
-
-
-@case("data", "`megablu data synth --distances` that is not one range", "one range LO-HI", watch=_synth_dir)
-def _(lab):
-    return _synth(lab, lab.root / "synth" / "c", "--lengths", "900", "--distances", "10k")
+_synth_case("--distances not below the shortest length", "LO must be below the shortest", "--distances", "1k-2k")
+_synth_case("--distances with HI below LO", "--distances '20k-10k': need 0 < lo <= hi", "--distances", "20k-10k")
+_synth_case("--distances that is not one range", "one range LO-HI", "--distances", "10k")
+_synth_case("--distance-share without --distances", "without --distances", "--distance-share", "0.5")
+_synth_case("--distance-share 1 without --distances", "without --distances", "--distance-share", "1")
 
 
 # =========================================================================== checkpoints
@@ -440,16 +420,7 @@ def _(lab):
 
 @case("checkpoints", "ckpt export: a step that records no window", "records no training window")
 def _(lab):
-    from megablu.checkpoint.layout import _manifest_digest
-
-    _, run = lab.run(steps=(2,), with_weights=True)
-    step = run / "checkpoints" / "step_0000002"
-    m = json.loads((step / "manifest.json").read_text())
-    del m["meta"]["window"]
-    m["manifest_sha256"] = _manifest_digest(m)
-    (step / "manifest.json").write_text(json.dumps(m))
-    (run / "config.resolved.yaml").unlink()
-    return lab.cli("ckpt", "export", step, "--out", lab.root / "export-nowindow")
+    return lab.cli("ckpt", "export", lab.run_without_window(), "--out", lab.root / "export-nowindow")
 
 
 # =========================================================================== eval / hub

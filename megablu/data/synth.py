@@ -468,15 +468,14 @@ class Synthesizer:
             inside = inside[:len(dis)] + [slot[j] for j in range(len(asked))]
         depths = [s / max(1, len(stream) - (e - s)) for s, e in inside[len(dis):]]
         body = stream + self.nl + qa_ids
-        if repeat:
-            return body, {"records": len(recs), "depths": [round(d, 4) for d in depths],
-                          "distances": [len(stream) - s for s, _ in inside[len(dis):]]}
-        srcs = sorted({self.text.meta[d]["source"] for d in used})
-        lic = sorted({f"{self.text.meta[d]['source']}: {self.text.meta[d]['license']}" for d in used})
-        return body, {"records": len(recs), "depths": [round(d, 4) for d in depths],
-                      "distances": [len(stream) - s for s, _ in inside[len(dis):]],   # record start -> context end
-                      "filler_sources": srcs, "filler_licenses": lic,
-                      "filler_docs": [self.text.meta[d]["key"] for d in used]}
+        meta = {"records": len(recs), "depths": [round(d, 4) for d in depths],
+                "distances": [len(stream) - s for s, _ in inside[len(dis):]]}   # record start -> context end
+        if not repeat:   # real text: where it came from, under which licences
+            meta.update(filler_sources=sorted({self.text.meta[d]["source"] for d in used}),
+                        filler_licenses=sorted({f"{self.text.meta[d]['source']}: {self.text.meta[d]['license']}"
+                                                for d in used}),
+                        filler_docs=[self.text.meta[d]["key"] for d in used])
+        return body, meta
 
 
 # --------------------------------------------------------------------------- lengths

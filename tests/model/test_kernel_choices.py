@@ -29,8 +29,8 @@ import yaml
 from megablu.config.schema import MemoryConfig, ModelConfig, RopeConfig
 from megablu.memory.apply import apply_memory
 from megablu.model.decoder import BluModel
-from megablu.ops import attention as A
 from megablu.ops.cross_entropy import IGNORE_INDEX, liger_import_problem
+from tests.ops.test_attention import _fa4_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ModelConfig(**yaml.safe_load((ROOT / "yaml_configs" / "tiny_cpu.yaml").read_text())["model"])
@@ -108,12 +108,6 @@ def test_liger_loss_matches_chunked(tied):
     assert ("embed_tokens.weight" in errs) and (("lm_head.weight" in errs) is not tied)
 
 
-def _fa4_ready() -> str:
-    if not torch.cuda.is_available():
-        return "needs a CUDA GPU"
-    if torch.cuda.get_device_capability()[0] != 9:
-        return "FA4 is used on SM90 only"
-    return A.import_problem() or ""
 
 
 @pytest.mark.skipif(bool(_fa4_ready()), reason=_fa4_ready() or "ready")

@@ -334,14 +334,7 @@ def test_export_of_a_step_that_records_no_window_is_refused(tmp_path):
     from megablu.cli import main
     from tests.bad_input_lab import Lab
 
-    lab = Lab(tmp_path / "lab")
-    _, run = lab.run(with_weights=True)
-    step = run / "checkpoints" / "step_0000002"
-    m = json.loads((step / "manifest.json").read_text())
-    del m["meta"]["window"]
-    m["manifest_sha256"] = _manifest_digest(m)
-    (step / "manifest.json").write_text(json.dumps(m))
-    (run / "config.resolved.yaml").unlink()
+    step = Lab(tmp_path / "lab").run_without_window()
     assert main(["ckpt", "export", str(step), "--out", str(tmp_path / "out")]) == 2
     assert not (tmp_path / "out").exists()
 
