@@ -31,6 +31,13 @@
 #                                                                            bench/h200_speed.sh (issue 17) when present
 #   B  carry ["data_cache/smol_1", "data_cache/smol_2"]            PHASE=b   join, convert, train; baselines beside
 #   C  (warm)                                                      PHASE=c   train to the end; the arm's evals; compare
+# CONFIRM=1 with ARM=far (prepared 2026-12-04, fourth session; layout A/B/C of far, then D at once):
+# far trained again with every 25th checkpoint kept (checkpoint.keep_every), each kept one from
+# step 75 and the final scored at 32744 on fresh prompts (eval.seed=1, n=200: far at step 125 scored
+# 90.5% on the prompts it was picked on) and step 125 also on today's (seed 0: does the rerun
+# reproduce it?); the temperature probe runs first after the training, before the arm's cells.
+# Call each phase the moment the previous returns: a machine idle for 30 s is gone with the run
+# (2026-12-04: the fourth call found a fresh machine and the probe was lost).
 # Each call: command "ARM=mix_switch PHASE=x bash bench/h200_issue14.sh", timeout_s 600.
 # $OUT (at most 8 files come back) gets report.md (the timeline, the tables so far), in phase a
 # mixture.txt, speed.md and speed.tar.gz, and results_<phase>.tar.gz (eval jsons/md, the plots,
@@ -80,6 +87,13 @@ fi
 # long_only, mix) reuses the baselines' and dense's evals, runs dense's cells (the suite at 32640) and
 # checks the Liger loss in phase a
 case "$ARM" in mix_switch|dense) NEW_ARM=0 ;; *) NEW_ARM=1 ;; esac
+CONFIRM=${CONFIRM:-0}
+KEEP_EVERY=${KEEP_EVERY:-25} CONFIRM_FROM=${CONFIRM_FROM:-75} CONFIRM_S0=${CONFIRM_S0:-125}   # steps
+TRAIN_SET=()
+if [ "$CONFIRM" = 1 ]; then   # every 25th checkpoint kept (repeated on resume: the same overrides)
+  [ "$ARM" = far ] || { echo "CONFIRM=1 is written for ARM=far" >&2; exit 2; }
+  TRAIN_SET=(--set checkpoint.every_steps=$KEEP_EVERY --set checkpoint.keep_every=$KEEP_EVERY)
+fi
 FILLERS=kv,text
 if [ "$ARM" = far ]; then     # yaml_configs/smol32k_far.yaml: dense's set, half the keys 10-20k back, + repeat filler
   SYNTH=$DEV/synth_far
@@ -185,6 +199,21 @@ temp_probe() {
   evaluate "${ARM}_t13" "${ARM}_temp13" "$ck" 200 "32744" "passkey" --rope-override \
     --set rope.yarn.attention_factor=1.3 "${NOLOSS[@]}"
 }
+# CONFIRM=1: the kept checkpoints from step 75 (multiples of 25: never rotated out) and the final one,
+# passkey at 32744 on fresh prompts (eval.seed=1; dirs ${ARM}_s1_<step>, arm ${ARM}_s1), step 125 also
+# on the prompts of every earlier arm (${ARM}_s0_125). FINAL=1 adds the final checkpoint.
+confirm_set() {
+  local run ck step; run=$(run_of_arm)
+  [ -n "$run" ] || return 0
+  for ck in "$run"/checkpoints/step_*; do
+    [ -f "$ck/model.safetensors" ] || continue
+    step=$((10#${ck##*step_}))
+    if { [ $((step % KEEP_EVERY)) = 0 ] && [ "$step" -ge "$CONFIRM_FROM" ]; } || { [ "${FINAL:-0}" = 1 ] && [ "$ck" = "$(ckpt_of_arm)" ]; }; then
+      evaluate "${ARM}_s1" "${ARM}_s1_$step" "$ck" 200 "32744" "passkey" --set eval.seed=1 "${NOLOSS[@]}"
+      [ "$step" = "$CONFIRM_S0" ] && evaluate "${ARM}_s0" "${ARM}_s0_$step" "$ck" 200 "32744" "passkey" "${NOLOSS[@]}"
+    fi
+  done
+}
 merged() {   # merged ARM: one json of all the arm's cells (the gate parent)
   $PY bench/rep_tools.py merge "$DEV/eval" "$1" "$DEV/$1.json" 2>> "$WORK/logs/merge.err"
 }
@@ -193,7 +222,8 @@ train_arm() {   # the arm's training, resumed when a run exists, stopping with a
   RUN=$(run_of_arm)
   [ -n "$RUN" ] && resume=(--resume "$RUN")
   guard train "$TRAIN_END" deepspeed --num_gpus 1 --master_port $(( 29500 + RANDOM % 400 )) launch/ext32k.py \
-    --config "$CFG" --set runs_dir="$RUNS" --set train.stop_after_s=$(( TRAIN_END - $(now) - 30 )) "${resume[@]}"
+    --config "$CFG" --set runs_dir="$RUNS" --set train.stop_after_s=$(( TRAIN_END - $(now) - 30 )) "${TRAIN_SET[@]}" \
+    "${resume[@]}"
 }
 arm_done() {   # the arm's run reached train.max_steps (`megablu runs`: finished)
   local RUN; RUN=$(run_of_arm)
@@ -253,7 +283,7 @@ c|d)  # the rest of the training, then the arm's evals (and any baseline a cut c
     P_MID=
     # the mid-run checkpoint (where call B stopped) evaluated beside the resumed training: does the
     # 10-14k-back band close with tokens? Hard links: checkpoint.keep=1 deletes the original at the next save
-    if [ "$NEW_ARM" = 1 ] && [ ! -d "$DEV/midrun/checkpoints" ] && ! arm_done; then
+    if [ "$NEW_ARM" = 1 ] && [ "$CONFIRM" = 0 ] && [ ! -d "$DEV/midrun/checkpoints" ] && ! arm_done; then
       CK_MID=$(ckpt_of_arm)
       [ -n "$CK_MID" ] && mkdir -p "$DEV/midrun/ck" && cp -al "$CK_MID" "$DEV/midrun/ck/" \
         && mv "$DEV/midrun/ck" "$DEV/midrun/checkpoints"
@@ -263,6 +293,10 @@ c|d)  # the rest of the training, then the arm's evals (and any baseline a cut c
       evaluate "$ARM" "${ARM}_midrun" "$MID" 200 "32744" "passkey" "${NOLOSS[@]}" &
       P_MID=$!
     fi
+    if [ "$CONFIRM" = 1 ]; then   # the checkpoints call B kept, beside the resumed training
+      confirm_set &
+      P_MID=$!
+    fi
     if ! arm_done; then train_arm & P_TRAIN=$!; fi
     baselines &   # whatever a cut call left (each cell is skipped when done), beside the arm
     P_BASE=$!
@@ -270,7 +304,13 @@ c|d)  # the rest of the training, then the arm's evals (and any baseline a cut c
     P_ARM=
     if arm_done; then
       CK=$(ckpt_of_arm)
-      [ -n "$CK" ] && { { eval_set "$ARM" "$CK"; [ "$ARM" = far ] && temp_probe "$CK"; } & P_ARM=$!; }
+      if [ -n "$CK" ] && [ "$CONFIRM" = 1 ]; then   # the probe first, then every kept checkpoint, then the cells
+        [ -n "$P_MID" ] && wait "$P_MID"; P_MID=   # one confirm_set at a time: no cell evaluated twice at once
+        { temp_probe "$CK"; FINAL=1 confirm_set; eval_set "$ARM" "$CK"; } &
+        P_ARM=$!
+      elif [ -n "$CK" ]; then
+        { eval_set "$ARM" "$CK"; [ "$ARM" = far ] && temp_probe "$CK"; } & P_ARM=$!
+      fi
     fi
     wait $P_BASE ${P_ARM:+$P_ARM} ${P_MID:+$P_MID}
     merged native

@@ -27,7 +27,7 @@ def _train(dev: Path, stdlib_data, *extra):
     assert r.returncode == 0, r.stderr[-3000:]
 
 
-def _phase(tmp_path: Path, dev: Path, phase: str) -> list[str]:
+def _phase(tmp_path: Path, dev: Path, phase: str, **extra_env) -> list[str]:
     fake = tmp_path / "bin"
     fake.mkdir(exist_ok=True)
     (fake / "timeout").write_text(FAKE_TIMEOUT)
@@ -36,7 +36,7 @@ def _phase(tmp_path: Path, dev: Path, phase: str) -> list[str]:
     log.unlink(missing_ok=True)   # one invocation's commands
     env = {**os.environ, "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}", "REHEARSE_CPU": "1",
            "REHEARSE_LOG": str(log), "I14_DEV": str(dev), "OUT": str(tmp_path / "out"), "ARM": "far",
-           "PHASE": phase, "BUDGET_S": "555", "DS_ACCELERATOR": "cpu"}
+           "PHASE": phase, "BUDGET_S": "555", "DS_ACCELERATOR": "cpu", **extra_env}
     r = subprocess.run(["bash", str(ROOT / "bench" / "h200_issue14.sh")], capture_output=True, text=True, env=env,
                        cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -83,3 +83,34 @@ def test_phase_a_builds_the_far_set_and_checks_liger(tmp_path):
     assert any("profile_step.py" in c and "selective+offload+liger" in c for c in cmds)
     assert any("prompts-match" in c and "--prune" in c for c in cmds)     # the reused evals are checked first
     assert any(" data mix " in c and "smol32k_far.yaml" in c for c in cmds)
+
+
+def test_phase_c_confirm_scores_every_kept_checkpoint_on_fresh_prompts(tmp_path, stdlib_data):
+    """CONFIRM=1 (far trained again, every KEEP_EVERY-th checkpoint kept): beside the resumed training the
+    kept checkpoints are scored on fresh prompts (eval.seed=1) and CONFIRM_S0 also on the old ones; once
+    the run is finished the temperature probe comes first, then the final checkpoint, then the arm's cells."""
+    dev = tmp_path / "dev"
+    (dev / "eval").mkdir(parents=True)
+    (dev / "eval" / ".reused").touch()
+    env = {"CONFIRM": "1", "KEEP_EVERY": "2", "CONFIRM_FROM": "2", "CONFIRM_S0": "4"}
+    keep = ("--set", "checkpoint.every_steps=2", "--set", "checkpoint.keep_every=2", "--set", "checkpoint.keep=1",
+            "--set", "train.max_steps=7")
+    _train(dev, stdlib_data, "--set", "train.stop_after=5", *keep)          # call B stopped at step 5
+    run = dev / "runs" / "smol32k_far-0001"
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == [
+        "step_0000002", "step_0000004", "step_0000005"]
+    cmds = _phase(tmp_path, dev, "c", **env)
+    train = [c for c in cmds if c.startswith("deepspeed ")]
+    assert len(train) == 1 and "checkpoint.keep_every=2" in train[0] and f"--resume {run}" in train[0]
+    assert not (dev / "midrun").exists()                                     # no hard-linked mid-run copy
+    scored = {c.split("--out ")[1].split()[0].rsplit("/", 1)[1]: c for c in cmds if " eval " in c and "--arm far" in c}
+    assert set(scored) == {"far_s1_2", "far_s1_4", "far_s0_4"}, set(scored)  # not step 5: no multiple, not final
+    assert "eval.seed=1" in scored["far_s1_4"] and "eval.seed" not in scored["far_s0_4"]
+    assert f"--ckpt {run}/checkpoints/step_0000004 " in scored["far_s0_4"] and "--n 200" in scored["far_s1_2"]
+
+    _train(dev, stdlib_data, "--resume", str(run), *keep)                    # finished at step 7
+    cmds = _phase(tmp_path, dev, "c", **env)
+    outs = [c.split("--out ")[1].split()[0].rsplit("/", 1)[1] for c in cmds if " eval " in c and "--out " in c]
+    assert not any(c.startswith("deepspeed ") for c in cmds)
+    assert {"far_s1_6", "far_s1_7", "far_temp8", "far_1k", "far_pk32k"} <= set(outs), outs
+    assert outs.index("far_temp13") < outs.index("far_s1_7") < outs.index("far_1k"), outs   # the probe first
