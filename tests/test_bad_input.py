@@ -120,6 +120,12 @@ _SETS = [
     ("eval.haystack not a dataset", ["eval.haystack=/nonexistent@b2"], "eval.haystack: /nonexistent has no manifest"),
     ("eval at a step past max_steps", ["eval.lengths=[128]", "eval.at_steps=[9]", "eval.max_new=4", "eval.pad=8"],
      "eval.at_steps: 9 is outside"),
+    ("checkpoint.keep_every -1", ["checkpoint.keep_every=-1"],
+     "checkpoint.keep_every: Input should be greater than or equal to 0"),
+    ("keep_every not a multiple of every_steps", ["checkpoint.every_steps=2", "checkpoint.keep_every=5"],
+     "checkpoint.keep_every=5 is not a multiple of checkpoint.every_steps=2"),
+    ("keep_every with every_steps 0", ["checkpoint.every_steps=0", "checkpoint.keep_every=4"],
+     "checkpoint.keep_every=4 with checkpoint.every_steps=0: only the final checkpoint is saved"),
     ("memory.loss=liger on a CPU run", ["memory.loss=liger"], "memory.loss=liger on a CPU run: Liger's fused linear "
      "cross-entropy is a Triton GPU kernel; set memory.loss=chunked"),
     ("memory.attention=fa4 on a CPU run", ["memory.attention=fa4"], "memory.attention=fa4 on a CPU run: "

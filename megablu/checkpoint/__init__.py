@@ -25,7 +25,8 @@ The seed's traps and what makes each impossible here:
   checkpoint engine that catches the error instead of leaving the other ranks in a
   collective; the ranks then exchange their status and every rank raises CheckpointError.
 - keep-N pruned another run's shard: pruning looks only inside this run's directory and
-  only at complete steps whose manifest names this run; never the newest, never pinned.
+  only at complete steps whose manifest names this run; never the newest, never pinned,
+  never a step that checkpoint.keep_every keeps.
 - kill -9 at any point: a step is visible only after `rename(.tmp-step, step)`, and
   `latest()` trusts nothing it has not verified, so the newest complete step wins.
 

@@ -209,6 +209,8 @@ class CheckpointManager:
 
     run_dir: the allocated run directory (its name is the run id).
     keep: how many newest complete unpinned checkpoints keep-N leaves (pinned ones extra).
+    keep_every: steps that are positive multiples of it are kept like pinned ones and are not
+      counted in `keep` (config checkpoint.keep_every); 0 = off.
     meta: recorded in every manifest and checked on load: config_hash, tokenizer
       (identity), dp, sp, world_size, zero_stage; model/rope (config dicts, for export)
       when given.
@@ -218,13 +220,16 @@ class CheckpointManager:
 
 
     def __init__(self, run_dir: PathLike, keep: int, meta: dict,
-                 on_phase: Optional[Callable[[str], None]] = None):
+                 on_phase: Optional[Callable[[str], None]] = None, keep_every: int = 0):
         if keep < 1:
             raise ValueError(f"keep={keep}: at least the newest checkpoint must be kept")
+        if keep_every < 0:
+            raise ValueError(f"keep_every={keep_every}: must be >= 0 (0 = off)")
         self.run_dir = Path(run_dir)
         self.run_id = self.run_dir.resolve().name
         self.ckpt_dir = self.run_dir / CKPT_DIR
         self.keep = keep
+        self.keep_every = keep_every
         self.meta = dict(meta)
         self.on_phase = on_phase
         self.loaded_manifest: Optional[dict] = None
@@ -439,8 +444,15 @@ class CheckpointManager:
             shutil.rmtree(trash, ignore_errors=True)
 
     # ------------------------------------------------------------------ keep-N
+    def _kept_by_every(self, p: Path) -> bool:
+        """A step keep_every keeps: a positive multiple of it."""
+        s = step_of(p)
+        return self.keep_every > 0 and s > 0 and s % self.keep_every == 0
+
     def prune(self, newest: Optional[Path] = None) -> list[Path]:
-        """Delete this run's complete checkpoints beyond the newest `keep` (pinned ones stay).
+        """Delete this run's complete checkpoints beyond the newest `keep`. Pinned steps and
+        keep_every's steps stay and are not counted; the newest is always kept and counted,
+        unless keep_every keeps it.
 
         Only dirs named step_N inside this run's checkpoints dir, whose manifest is intact,
         names this run and lists files that are all present with their sizes, and that are
@@ -462,9 +474,10 @@ class CheckpointManager:
                 log.warning("keep-N: %s names another run, left alone", p)
                 continue
             complete.append(p)
-        unpinned = [p for p in complete if not (p / PIN).exists() and p != newest]
-        n_keep_more = self.keep - 1  # newest is always kept and counts
-        victims = unpinned[:max(0, len(unpinned) - n_keep_more)]
+        rotating = [p for p in complete if not (p / PIN).exists() and not self._kept_by_every(p) and p != newest]
+        # newest is always kept; it counts toward keep unless keep_every keeps it anyway
+        n_keep_more = self.keep - (0 if self._kept_by_every(newest) else 1)
+        victims = rotating[:max(0, len(rotating) - n_keep_more)]
         for p in victims:
             trash = self.ckpt_dir / f"{PRUNED_PREFIX}{p.name}-{os.getpid()}"
             os.replace(p, trash)  # atomic: a kill leaves a dot-dir, never a half step

@@ -213,7 +213,8 @@ _SESSION_FIELDS = {("train", "stop_after"), ("train", "stop_after_s"), ("train",
 # so that those runs resume.
 _LATER_FIELDS = {("data", "mix"), ("rope", "allow_yarn_from_scratch")}
 # ... and fields added with a default that is the behaviour before them, left out while at it
-_LATER_DEFAULTS = {("memory", "loss"): "chunked", ("memory", "attention"): "sdpa"}
+_LATER_DEFAULTS = {("memory", "loss"): "chunked", ("memory", "attention"): "sdpa",
+                   ("checkpoint", "keep_every"): 0}
 
 
 def config_hash(cfg: Config) -> str:

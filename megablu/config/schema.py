@@ -266,6 +266,12 @@ class ScheduleConfig(Section):
 class CheckpointConfig(Section):
     every_steps: int = Field(default=0, ge=0, description="0: only the final checkpoint")
     keep: int = Field(default=2, ge=1)
+    keep_every: int = Field(
+        default=0, ge=0, description="keep-N never deletes a checkpoint whose step is a positive multiple of "
+        "keep_every; `keep` counts only the other checkpoints and keeps the newest `keep` of them (the run's "
+        "newest checkpoint is always kept, counted in `keep` unless its step is such a multiple). keep=1, "
+        "keep_every=3, every_steps=1, 10 steps: 3, 6, 9, 10 remain. A multiple of every_steps, which must be > 0. "
+        "0 = off")
     save_final: bool = True
 
 
@@ -442,6 +448,24 @@ def eval_problems(e: EvalConfig, window: int) -> list[str]:
     return errs
 
 
+def checkpoint_problems(c: CheckpointConfig) -> list[str]:
+    """keep_every against every_steps: a step it keeps must be a step that is saved (check_invariants calls it)."""
+    k, e = c.keep_every, c.every_steps
+    if not k:
+        return []
+    if not e:
+        return [f"checkpoint.keep_every={k} with checkpoint.every_steps=0: only the final checkpoint is saved, so "
+                f"there is no step {k}, {2 * k}, ... to keep; set checkpoint.every_steps={k} (or a divisor of "
+                f"it), or checkpoint.keep_every=0"]
+    if k % e:
+        lo = k // e * e
+        near = lo if lo and k - lo <= lo + e - k else lo + e   # a tie goes down: fewer checkpoints kept
+        return [f"checkpoint.keep_every={k} is not a multiple of checkpoint.every_steps={e}: checkpoints are "
+                f"saved at multiples of {e}, so step {k} is never saved (only multiples of {math.lcm(k, e)} would "
+                f"be kept); set checkpoint.keep_every={near} (the nearest multiple of {e})"]
+    return []
+
+
 def grad_accum_steps(cfg: Config, world_size: int) -> int:
     dp = world_size // cfg.parallel.sp
     per = cfg.train.micro_batch * cfg.data.window * dp
@@ -530,6 +554,9 @@ def check_invariants(cfg: Config, world_size: Optional[int] = None,
             errs.append(f"schedule.warmup_steps={s.warmup_steps} >= train.max_steps={steps}; nothing left to decay")
     if s.min_lr > s.lr:
         errs.append(f"schedule.min_lr={s.min_lr} > schedule.lr={s.lr}")
+
+    # Checkpoints kept by keep_every exist only where a periodic save lands.
+    errs += checkpoint_problems(cfg.checkpoint)
 
     # Eval: every task at every length fits the window (PAD rule) and holds its content.
     errs += eval_problems(cfg.eval, T)
@@ -634,6 +661,9 @@ def config_warnings(cfg: Config) -> list[str]:
     if cfg.checkpoint.every_steps > cfg.train.max_steps:
         w.append(f"checkpoint.every_steps={cfg.checkpoint.every_steps} > train.max_steps={cfg.train.max_steps}: "
                  f"only the final checkpoint will be written")
+    if cfg.checkpoint.keep_every > cfg.train.max_steps:
+        w.append(f"checkpoint.keep_every={cfg.checkpoint.keep_every} > train.max_steps={cfg.train.max_steps}: "
+                 f"no step of this run is kept by it")
     if cfg.parallel.zero_stage != 3 and not cfg.parallel.reduce_scatter:
         w.append("parallel.reduce_scatter=false only affects ZeRO stage 3")
     if cfg.eval.gate.parent is None and not (cfg.eval.at_steps or cfg.eval.final) and cfg.eval.lengths:

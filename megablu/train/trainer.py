@@ -214,7 +214,7 @@ class Trainer:
 
         from ..checkpoint import CheckpointManager
 
-        self.ckpt = CheckpointManager(self.run_dir, cfg.checkpoint.keep, meta={
+        self.ckpt = CheckpointManager(self.run_dir, cfg.checkpoint.keep, keep_every=cfg.checkpoint.keep_every, meta={
             "config_hash": config_hash(cfg), "tokenizer": self.tokenizer.identity, "world_size": g.world_size,
             "dp": g.dp, "sp": g.sp, "zero_stage": cfg.parallel.zero_stage,
             # enough to export or evaluate a checkpoint without the YAML it came from

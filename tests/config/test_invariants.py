@@ -72,6 +72,39 @@ def test_tokens_per_step_exact_and_suggests_values():
     assert errors([], world=4) == []
 
 
+def test_keep_every_must_land_on_saved_steps():
+    """ext32k saves every 50 steps: keep_every must be one of its multiples, and needs periodic saves."""
+    assert errors(["checkpoint.keep_every=250"]) == []
+    errs = errors(["checkpoint.keep_every=260"])
+    assert len(errs) == 1 and errs[0].startswith("checkpoint.keep_every=260 is not a multiple of "
+                                                 "checkpoint.every_steps=50")
+    assert "step 260 is never saved (only multiples of 1300 would be kept)" in errs[0]
+    assert errs[0].endswith("set checkpoint.keep_every=250 (the nearest multiple of 50)")
+    for k, near in ((280, 300), (20, 50), (275, 250)):     # up, up from below the first multiple, a tie goes down
+        assert errors([f"checkpoint.keep_every={k}"])[0].endswith(f"set checkpoint.keep_every={near} (the nearest "
+                                                                  f"multiple of 50)")
+    errs = errors(["checkpoint.every_steps=0", "checkpoint.keep_every=100"])
+    assert len(errs) == 1 and errs[0].startswith("checkpoint.keep_every=100 with checkpoint.every_steps=0: only the "
+                                                 "final checkpoint is saved")
+    assert "set checkpoint.every_steps=100 (or a divisor of it), or checkpoint.keep_every=0" in errs[0]
+    errs = errors(["checkpoint.keep_every=-50"])
+    assert len(errs) == 1 and errs[0].startswith("checkpoint.keep_every: Input should be greater than or equal to 0")
+
+
+def test_keep_every_at_its_default_leaves_the_config_hash_alone():
+    """Runs started before checkpoint.keep_every existed resume: tiny_cpu's hash is main's before it."""
+    from megablu.config import config_hash, config_warnings
+
+    def cfg(sets):
+        return load_config(ROOT / "yaml_configs" / "tiny_cpu.yaml", sets, world_size=1, device="cpu")
+
+    assert config_hash(cfg([])) == config_hash(cfg(["checkpoint.keep_every=0"])) == "786b2824aa40a632"
+    assert config_hash(cfg(["checkpoint.keep_every=20"])) != "786b2824aa40a632"
+    steps = cfg([]).train.max_steps
+    assert any(w.startswith(f"checkpoint.keep_every={steps + 20} > train.max_steps")
+               for w in config_warnings(cfg([f"checkpoint.keep_every={steps + 20}"])))
+
+
 def test_bf16_on_cpu_rejected():
     errs = errors([], device="cpu")
     assert any("train.dtype=bf16 on a CPU run" in e for e in errs)

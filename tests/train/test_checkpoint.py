@@ -114,3 +114,59 @@ def test_config_hash_refusal_names_what_changed(tmp_path):
     assert "sp saved 2, now 1" in msg and "rope.yarn saved None, now {'factor': 2.0}" in msg
     assert "dp saved" not in msg and "model." not in msg          # unchanged fields are not listed
     mgr.check_compatible(saved, allow_config_change=True)    # a deliberate change
+
+
+def _publish(mgr, step: int) -> None:
+    """step_<step> as save() publishes it (a manifest naming this run, every file listed with its
+    size and sha256), then save()'s keep-N: prune(newest=the step just published)."""
+    from megablu.checkpoint import MANIFEST, WEIGHTS, step_name
+    from megablu.checkpoint.layout import _manifest_digest
+    from megablu.utils.files import sha256_file
+
+    d = mgr.ckpt_dir / step_name(step)
+    d.mkdir(parents=True)
+    (d / WEIGHTS).write_bytes(bytes([step]) * 8)
+    m = {"format": 1, "run_id": mgr.run_id, "step": step,
+         "files": {WEIGHTS: {"size": 8, "sha256": sha256_file(d / WEIGHTS)}}}
+    m["manifest_sha256"] = _manifest_digest(m)
+    (d / MANIFEST).write_text(json.dumps(m))
+    mgr.prune(newest=d)
+
+
+def _rotate(run_dir, keep: int, keep_every: int, steps: int = 10, half_written=()) -> dict[int, list[int]]:
+    """A save every step through the run's CheckpointManager: {step: the steps on disk after its save}."""
+    from megablu.checkpoint import CheckpointManager, step_name, step_of
+
+    mgr = CheckpointManager(run_dir, keep=keep, meta={}, keep_every=keep_every)
+    after = {}
+    for s in range(1, steps + 1):
+        if s in half_written:   # a step dir without its manifest (not what save() publishes, but on disk)
+            (mgr.ckpt_dir / step_name(s)).mkdir(parents=True)
+        else:
+            _publish(mgr, s)
+        after[s] = [step_of(p) for p in mgr.steps()]
+    return after
+
+
+def test_keep_every_steps_are_never_rotated_out(tmp_path):
+    """keep=1, keep_every=3, a save every step: 3, 6, 9 stay beside the newest; keep counts only the
+    others (after the save of 9, kept by keep_every, the newest other step, 8, is still there)."""
+    from megablu.checkpoint import newest_verified, scan_steps, step_name
+
+    run = tmp_path / "run-0001"
+    after = _rotate(run, keep=1, keep_every=3)
+    assert after[10] == [3, 6, 9, 10]
+    assert after[9] == [3, 6, 8, 9] and after[4] == [3, 4] and after[2] == [2]
+    # the run's newest verified checkpoint is still its newest, not a kept older one
+    assert newest_verified(run) == run / "checkpoints" / step_name(10)
+    assert scan_steps(run) == (run / "checkpoints" / step_name(10), [])
+    # a half-written step is neither counted in keep nor deleted
+    after = _rotate(tmp_path / "run-0002", keep=1, keep_every=3, half_written=(5,))
+    assert after[10] == [3, 5, 6, 9, 10]
+
+
+def test_keep_every_off_rotates_as_before(tmp_path):
+    assert _rotate(tmp_path / "run-0001", keep=1, keep_every=0)[10] == [10]
+    assert _rotate(tmp_path / "run-0002", keep=2, keep_every=0)[10] == [9, 10]
+    # keep_every larger than the run: nothing is kept by it
+    assert _rotate(tmp_path / "run-0003", keep=1, keep_every=11)[10] == [10]

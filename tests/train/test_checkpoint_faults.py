@@ -94,7 +94,8 @@ def _rank_main(rank: int, world: int, port: int, spec: dict, tdir: Path) -> int:
     meta = {"config_hash": spec.get("config_hash", "cfg0"), "tokenizer": spec.get("tokenizer", "bytes-97"),
             "dp": world, "sp": 1, "world_size": world, "zero_stage": stage, "model": MODEL, "rope": {"theta": 10000.0},
             "window": 64}
-    mgr = CheckpointManager(spec["run_dir"], keep=spec.get("keep", KEEP), meta=meta, on_phase=hook)
+    mgr = CheckpointManager(spec["run_dir"], keep=spec.get("keep", KEEP), meta=meta, on_phase=hook,
+                            keep_every=spec.get("keep_every", 0))
     torch.manual_seed(1000 + rank)
     random.seed(rank)
     np.random.seed(rank)
@@ -433,7 +434,8 @@ def _rebrand(run: Path, old_id: str) -> None:
 
 
 def scenario_keep(base: Path) -> dict:
-    """Two runs of the same name in one runs dir, keep=1, pinned step, a foreign step dir."""
+    """Two runs of the same name in one runs dir, keep=1, pinned step, a foreign step dir; a third run
+    saving every step with keep=1, keep_every=3 for 10 steps, then resumed to 12."""
     from megablu.checkpoint import CKPT_DIR, step_name
 
     a, b = new_run(base, "same"), new_run(base, "same")
@@ -443,8 +445,14 @@ def scenario_keep(base: Path) -> dict:
     shutil.copytree(a / CKPT_DIR / step_name(4), b / CKPT_DIR / step_name(1))
     rb = trial({"run_dir": str(b), "keep": 1, "pin": [2], "steps": 8})
     fa, fb = fs_check(a), fs_check(b)
+    c = new_run(base, "every")
+    rc = trial({"run_dir": str(c), "keep": 1, "keep_every": 3, "every": 1, "steps": 10})
+    fc = fs_check(c)
+    rc2 = trial({"run_dir": str(c), "keep": 1, "keep_every": 3, "every": 1, "steps": 12, "resume": True})
     return {"ids": [a.name, b.name], "rc": [ra["rc"], rb["rc"]], "a": fa, "b": fb,
-            "tb": [ra["tracebacks"], rb["tracebacks"]]}
+            "tb": [ra["tracebacks"], rb["tracebacks"], rc["tracebacks"], rc2["tracebacks"]],
+            "every": {"id": c.name, "rc": [rc["rc"], rc2["rc"]], "after_10": fc, "resumed_from": rc2["start"],
+                      "after_12": fs_check(c)}}
 
 
 def scenario_topology(base: Path) -> dict:
@@ -633,6 +641,25 @@ def test_keep_n_two_runs_pinned_and_foreign(results):
     assert out["a"]["verified"] == [4] and out["a"]["corrupted"] == []
     # run B: newest (8) kept, pinned 2 kept, foreign step_1 (manifest names run A) left alone
     assert out["b"]["verified"] == [1, 2, 8], out["b"]
+
+
+def test_keep_every_outlives_keep_n_and_the_newest_stays_newest(results, capsys):
+    """keep=1, keep_every=3, a save every step: steps 3, 6, 9 survive keep-N beside the newest; a resume
+    continues from the newest (10), and keep counts only the steps keep_every does not keep: at 12
+    (kept by keep_every) the newest other step, 11, stays. The run tools still name the newest."""
+    c = results["keep"]["every"]
+    assert c["rc"] == [[0, 0], [0, 0]], results["keep"]["tb"]
+    assert c["after_10"]["verified"] == [3, 6, 9, 10] and c["after_10"]["corrupted"] == [], c
+    assert c["after_10"]["latest"] == "step_0000010" and c["after_10"]["tmp"] == [], c
+    assert c["resumed_from"] == 10, c
+    assert c["after_12"]["verified"] == [3, 6, 9, 11, 12] and c["after_12"]["latest"] == "step_0000012", c
+    run = results["_base"] / c["id"]
+    rc, out, _ = _cli(["ckpt", "list", str(run), "--json"], capsys)
+    rows = json.loads(out)
+    assert rc == 0 and [r["step"] for r in rows] == ["3", "6", "9", "11", "12"], rows
+    assert [r["flags"] for r in rows] == ["", "", "", "", "latest"] and {r["status"] for r in rows} == {"ok"}
+    rc, out, _ = _cli(["runs", str(results["_base"]), "--json"], capsys)
+    assert rc == 0 and {r["run"]: r["checkpoint"] for r in json.loads(out)}[c["id"]] == "step_0000012"
 
 
 def test_resume_on_other_world_size(results):

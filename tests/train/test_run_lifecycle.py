@@ -1,5 +1,6 @@
 """A run's life through real launches (issue 19, items 2, 7, 8, 9): extending max_steps on
-resume, resuming a finished run, a rank that dies, a launcher killed with -9.
+resume, resuming a finished run, a rank that dies, a launcher killed with -9; the checkpoints
+checkpoint.keep_every keeps across a stop and a resume.
 
 Single-rank runs use `python launch/ext32k.py` (~10 s each); the two that need a launcher
 use DeepSpeed's on 2 CPU ranks (~30-40 s each).
@@ -139,6 +140,28 @@ def group_reaper():
             os.killpg(p.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def test_keep_every_keeps_its_steps_across_a_resume(tmp_path, stdlib_data, capsys):
+    """A save every step, keep=1, keep_every=3: stopped at 4 ({3, 4} on disk), resumed from 4 to 7:
+    3 and 6 stay beside the newest, 7, which the run tools name."""
+    common = [f"runs_dir={tmp_path}/runs", f"data.path={stdlib_data}", "data.max_epochs=100", "train.max_steps=7",
+              "checkpoint.every_steps=1", "checkpoint.keep=1", "checkpoint.keep_every=3", "train.probe_steps=0"]
+    first = summary(entry(common + ["train.stop_after=4"]))
+    run = Path(first["run_dir"])
+    assert first["steps"] == 4 and sorted(p.name for p in (run / "checkpoints").glob("step_*")) == [
+        "step_0000003", "step_0000004"]
+    resumed = summary(entry(common, resume=run.name))
+    assert resumed["run_dir"] == str(run) and resumed["steps"] == 7
+    assert [r[0] for r in rows(run)] == list(range(1, 8))
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_0000003", "step_0000006",
+                                                                            "step_0000007"]
+    from megablu.cli import main
+
+    capsys.readouterr()
+    assert main(["runs", str(tmp_path / "runs"), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["state"] == "finished" and row["checkpoint"] == "step_0000007", row
 
 
 def test_kill9_of_the_launcher_ends_the_ranks_and_a_resume_beside_them_is_refused(tmp_path, stdlib_data,
