@@ -27,6 +27,20 @@ def _device_and_dtype(cfg):
     return torch.device(dev), dtype
 
 
+def _eval_memory(memory):
+    """The config's memory switches an eval's forwards use, as a MemoryConfig for apply_memory:
+    ops (the CUDA extension or the torch reference: `ops: torch` must not build the extension),
+    attention (the causal kernel of sequence_nll's forward and of a generation's first prefill chunk;
+    decode steps run SDPA whatever it is), loss and loss_chunk (the head's loss with labels, installed
+    as in training; the eval's held-out loss runs the head without labels, eval/loss.py, so they do not
+    change its numbers). recompute and offload_activations act on training forwards only (grad enabled),
+    and mlp_tiles bounds a training step's (T, ffn) saved tensors; an eval runs without grad and sizes
+    its own forwards (--batch-tokens, --prefill-chunk), so these stay at their defaults here."""
+    from ..config.schema import MemoryConfig
+
+    return MemoryConfig(ops=memory.ops, attention=memory.attention, loss=memory.loss, loss_chunk=memory.loss_chunk)
+
+
 def _step_from_path(path: str):
     m = re.search(r"step[_-]?(\d+)", Path(path).name) or re.search(r"step[_-]?(\d+)", str(path))
     return int(m.group(1)) if m else None
@@ -88,6 +102,9 @@ def _eval(args) -> int:
     except Exception as e:  # CLI boundary: any failure to build the model is invalid input, reported
         print(f"megablu eval: cannot load weights: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
+    from ..memory.apply import apply_memory
+
+    model = apply_memory(model, _eval_memory(cfg.memory), device=device.type)
     model = model.to(device=device, dtype=dtype).eval()
 
     step = args.step if args.step is not None else _step_from_path(args.ckpt or args.hf or "")

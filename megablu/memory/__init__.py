@@ -4,7 +4,7 @@
     model = apply_memory(BluModel(cfg.model, cfg.rope), cfg.memory)   # megablu.memory.apply
 
   apply.py      apply_memory: recompute none | selective | full around each block, the tiled
-                MLP, activation offload, the loss (chunked | liger) and its chunk, the attention
+                MLP, activation offload, the loss (auto | chunked | liger) and its chunk, the attention
                 kernel (sdpa | fa4) and the ops implementation
   tiled.py      sequence-tiled compute of a row-wise function (the SwiGLU MLP)
   offload.py    saved activations to pinned host memory on a side stream, one block prefetched

@@ -4,7 +4,9 @@ The model (model/decoder.py) is architecture only: a block's forward is the plai
 attention + MLP computation. What this file installs, per switch:
 - ops (auto | torch | cuda): the `impl` every module passes to megablu.ops;
 - loss_chunk: the head's vocab chunk (ops/cross_entropy.py);
-- loss (chunked | liger): the head's loss implementation (ops/cross_entropy.py);
+- loss (auto | chunked | liger): the head's loss implementation (ops/cross_entropy.py); auto is
+  resolved here, once, for the run's device (resolve_loss: liger on CUDA when liger_kernel imports,
+  else chunked), and the head holds the implementation that runs;
 - attention (sdpa | fa4): every LocalAttention's causal kernel (ops/attention.py), also one that
   Ulysses wraps (applied before or after apply_ulysses: the wrapper keeps the LocalAttention);
 - mlp_tiles = n: each MLP's forward runs over n sequence tiles (tiled.py);
@@ -32,6 +34,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..config.schema import MemoryConfig
 from ..model.decoder import LocalAttention
+from ..ops.cross_entropy import resolve_loss
 from .offload import ActivationOffload
 from .tiled import tiled
 
@@ -104,11 +107,14 @@ class _BlockForward:
 
 
 def apply_memory(model: nn.Module, memory: Optional[MemoryConfig] = None,
-                 offload: Optional[ActivationOffload] = None) -> nn.Module:
+                 offload: Optional[ActivationOffload] = None, device: Optional[str] = None) -> nn.Module:
     """Install `memory` (a MemoryConfig; None = the defaults) on a BluModel, in place; returns it.
 
     offload: the ActivationOffload to use when memory.offload_activations (default: a new one);
     `model.offload` holds it (None when off) and is read at every forward.
+    device: where the model will run ("cuda" | "cpu"), for memory.loss=auto; default: where its
+    parameters are now (the trainer and the eval build on the CPU and move the model later: they pass it).
+    `model.lm_head.loss` is the loss implementation that runs (auto resolved).
     """
     memory = memory or MemoryConfig()
     if getattr(model, "memory", None) is not None:
@@ -117,7 +123,7 @@ def apply_memory(model: nn.Module, memory: Optional[MemoryConfig] = None,
         if hasattr(m, "impl"):   # auto: fused CUDA ops on GPU when built, pure torch otherwise
             m.impl = memory.ops
     model.lm_head.chunk = memory.loss_chunk
-    model.lm_head.loss = memory.loss
+    model.lm_head.loss = resolve_loss(memory.loss, device or next(model.parameters()).device.type)
     for m in model.modules():
         if isinstance(m, LocalAttention):
             m.kernel = memory.attention

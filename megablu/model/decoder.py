@@ -197,9 +197,9 @@ class Block(nn.Module):
 class LMHead(nn.Module):
     """Final projection; holds (or ties) the weight so ZeRO-3 gathers it when called.
 
-    With labels, the summed loss through `loss` (memory.loss: "chunked" over `chunk`-token pieces
-    of the vocab projection, 0 = unchunked; "liger": Liger's fused linear cross-entropy);
-    megablu.memory.apply_memory sets both (ops/cross_entropy.py)."""
+    With labels, the summed loss through `loss` ("chunked" over `chunk`-token pieces of the vocab
+    projection, 0 = unchunked; "liger": Liger's fused linear cross-entropy); megablu.memory.apply_memory
+    sets both from memory.loss / loss_chunk, memory.loss=auto resolved to one of them (ops/cross_entropy.py)."""
 
     def __init__(self, d: int, vocab: int):
         super().__init__()

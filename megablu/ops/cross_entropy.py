@@ -1,5 +1,5 @@
 """Linear + cross-entropy that never materialises the fp32 [T, V] logits: megablu's chunked
-loss, or Liger-Kernel's fused linear cross-entropy (memory.loss: chunked | liger).
+loss, or Liger-Kernel's fused linear cross-entropy (memory.loss: auto | chunked | liger).
 
 At T=32k and V=100k one fp32 logits tensor is 13 GB, and log_softmax's backward keeps
 three of them alive: 94% of HF's memory per token with checkpointing. Here the sequence
@@ -14,7 +14,8 @@ excluded), so the caller can normalise by a count reduced across sequence-parall
 (parallel/sequence.py); the head weight's grad flows back to whatever it is (the embedding's
 weight when tied).
 
-Implementations (`LOSSES`; LMHead.loss holds the choice, megablu.memory.apply_memory sets it):
+Implementations (`LOSSES`; LMHead.loss holds the choice, megablu.memory.apply_memory sets it; memory.loss=auto
+resolves to one of them once per model, resolve_loss below):
   chunked  _ChunkedLinearCE below (`chunk` <= 0: the unchunked reference,
            linear_cross_entropy_reference, which tests compare both against);
   liger    liger_kernel's fused linear cross-entropy (optional package liger-kernel; Triton, CUDA):
@@ -35,7 +36,8 @@ import torch
 import torch.nn.functional as F
 
 IGNORE_INDEX = -100
-LOSSES = ("chunked", "liger")
+LOSSES = ("chunked", "liger")           # the implementations (LMHead.loss)
+LOSS_MODES = ("auto", *LOSSES)          # memory.loss: auto picks one of LOSSES per run (resolve_loss)
 LIGER_ACCUM_DTYPE = torch.float32
 
 
@@ -106,6 +108,34 @@ def liger_import_problem() -> Optional[str]:
     return None
 
 
+def auto_loss(device: str) -> tuple[str, str]:
+    """(implementation, why) memory.loss=auto picks on a run on `device` ("cuda" or "cpu"): liger when
+    the run is on CUDA and liger_kernel imports, else chunked. Liger was validated in the model on the
+    H200 (2026-12-04: tests/model/test_kernel_choices.py, and a blu-0.5b 32k step 1.04x faster with
+    3.6 GB less peak; docs/BENCHMARKS.md)."""
+    if device != "cuda":
+        return "chunked", f"a {device} run: Liger's fused linear cross-entropy is a Triton GPU kernel"
+    why = liger_import_problem()
+    if why is not None:
+        return "chunked", f"a CUDA run, but {why}"
+    return "liger", "a CUDA run and liger_kernel imports"
+
+
+def resolve_loss(mode: str, device: str) -> str:
+    """The implementation (one of LOSSES) memory.loss=`mode` runs on a run on `device`. An explicit
+    chunked or liger is returned as given (liger on a CPU run is a config error: config/schema.py
+    kernel_invariants); auto's choice is logged once with its reason (as ops/dispatch.py does)."""
+    if mode not in LOSS_MODES:
+        raise ValueError(f"memory.loss must be one of {LOSS_MODES}, got {mode!r}")
+    if mode != "auto":
+        return mode
+    loss, why = auto_loss(device)
+    from .dispatch import _log_once
+
+    _log_once("loss", f"memory.loss=auto: {loss} ({why})")
+    return loss
+
+
 def liger_linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor):
     """(sum of CE over labelled tokens, their count) through Liger's fused linear cross-entropy."""
     # CPU tensors run only in Triton's CPU interpreter (TRITON_INTERPRET=1, the opt-in CPU tests); a
@@ -123,11 +153,13 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Te
                          impl: str = "chunked"):
     """(sum of CE over labelled tokens, number of labelled tokens). h (N, d), labels (N,).
 
-    impl: "chunked" (megablu's; chunk <= 0 = the unchunked reference) or "liger" (chunk unused)."""
+    impl: "chunked" (megablu's; chunk <= 0 = the unchunked reference) or "liger" (chunk unused); never
+    "auto", which resolve_loss turns into one of them before the model runs."""
     if impl == "liger":
         return liger_linear_cross_entropy(h, weight, labels)
     if impl != "chunked":
-        raise ValueError(f"memory.loss must be one of {LOSSES}, got {impl!r}")
+        raise ValueError(f"memory.loss must be one of {LOSSES} here (auto resolves before: resolve_loss), got "
+                         f"{impl!r}")
     if chunk <= 0:
         return linear_cross_entropy_reference(h, weight, labels)
     return _ChunkedLinearCE.apply(h, weight, labels, chunk)

@@ -86,13 +86,19 @@ class Setup:
     optimizer: bool = True          # False: fwd+bwd only (BENCHMARKS rows), grads kept bf16
     mlp_tiles: int = 1              # memory.mlp_tiles
     offload_activations: bool = False   # memory.offload_activations
-    loss: str = "chunked"           # memory.loss: chunked | liger
+    loss: str = "chunked"           # the loss that runs: chunked | liger (memory.loss=auto resolved)
     attention: str = "sdpa"         # memory.attention: sdpa | fa4
 
     @classmethod
     def from_config(cls, cfg: Config, *, gpus: Optional[int] = None, window: Optional[int] = None,
-                    sp: Optional[int] = None, ops: Optional[str] = None) -> "Setup":
+                    sp: Optional[int] = None, ops: Optional[str] = None, loss: Optional[str] = None) -> "Setup":
+        """loss: the implementation that runs (a probe's); default memory.loss, where auto is what it picks
+        for a GPU run in this environment (liger when liger_kernel imports here, else chunked)."""
         p = cfg.parallel
+        if loss is None and cfg.memory.loss == "auto":
+            from ..ops.cross_entropy import auto_loss
+
+            loss = auto_loss("cuda")[0]
         g = gpus if gpus is not None else p.sp
         return cls(model=cfg.model, window=window or cfg.data.window, gpus=g,
                    sp=sp if sp is not None else (g if gpus is not None else p.sp),
@@ -101,7 +107,7 @@ class Setup:
                    loss_chunk=cfg.memory.loss_chunk, micro_batch=cfg.train.micro_batch,
                    ops=ops or ("torch" if cfg.memory.ops == "torch" else "cuda"),
                    mlp_tiles=cfg.memory.mlp_tiles, offload_activations=cfg.memory.offload_activations,
-                   loss=cfg.memory.loss, attention=cfg.memory.attention)
+                   loss=loss or cfg.memory.loss, attention=cfg.memory.attention)
 
     def to_json(self) -> dict:
         """Plain JSON (probe.json's "setup"; from_json reads it back)."""

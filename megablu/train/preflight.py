@@ -207,9 +207,10 @@ def eval_problems(ctx: Context) -> list[str]:
 def kernel_problems(ctx: Context) -> list[str]:
     """memory.loss=liger / memory.attention=fa4 import where the run will start (CUDA). The config
     part (CPU, head_dim, doc_mask, dtype) is config/schema.py kernel_invariants; the GPU's
-    architecture is checked at the first call (ops/attention.py): this process may see no GPU."""
+    architecture is checked at the first call (ops/attention.py): this process may see no GPU.
+    memory.loss=auto needs nothing: without liger_kernel it runs chunked (ops/cross_entropy.py auto_loss)."""
     mem = ctx.cfg.memory
-    if ctx.device != "cuda" or (mem.loss == "chunked" and mem.attention == "sdpa"):
+    if ctx.device != "cuda" or (mem.loss != "liger" and mem.attention == "sdpa"):
         return []
     problems = []
     if mem.loss == "liger":

@@ -59,13 +59,14 @@ def _gb(x: Optional[float]) -> str:
     return "n/a" if x is None else f"{x:.2f} GB"
 
 
-def setup_dict(cfg, world_size: int, ops_used: Optional[str] = None) -> dict:
+def setup_dict(cfg, world_size: int, ops_used: Optional[str] = None, loss_used: Optional[str] = None) -> dict:
     """The planner's Setup for this run as plain JSON (probe.json 'setup'; Setup.from_json reads it),
-    plus the configured memory.ops (`ops` is what ran: "auto" resolves at the first step)."""
+    plus the configured memory.ops and memory.loss (`ops` is what ran: "auto" resolves at the first
+    step; `loss` is the implementation the model's head runs, `loss_used`: apply_memory resolved auto)."""
     from ..plan import Setup
 
-    setup = Setup.from_config(cfg, gpus=world_size, sp=cfg.parallel.sp, ops=ops_used)
-    return {**setup.to_json(), "ops_config": cfg.memory.ops}
+    setup = Setup.from_config(cfg, gpus=world_size, sp=cfg.parallel.sp, ops=ops_used, loss=loss_used)
+    return {**setup.to_json(), "ops_config": cfg.memory.ops, "loss_config": cfg.memory.loss}
 
 
 def _ops_used(device: str) -> str:

@@ -4,6 +4,9 @@ A checkpoint continues exactly the run that saved it (same config hash), with th
 exceptions, checked here once for the preflight and the trainer:
 - session fields (train.stop_after, probe_steps, log_every, runs_dir): free;
 - parallel.sp: Ulysses shards activations, not weights (see Trainer);
+- memory.loss: which implementation computes the same summed loss (chunked, liger, or auto's pick);
+  weights, optimizer state and data position do not depend on it (a run started with chunked, the
+  default before auto, resumes under the auto default);
 - train.max_steps (and schedule.decay_start): the LR is a pure function of the step and the
   schedule (schedule.py), so a new max_steps is accepted when it leaves the LR of every step
   already trained unchanged and refused otherwise, naming the first step whose LR would move.
@@ -29,7 +32,7 @@ from .schedule import lr_at
 
 RESOLVED = "config.resolved.yaml"
 # fields a resume may change (besides the session fields), each with its own rule below
-RESUMABLE = {"parallel.sp", "train.max_steps", "schedule.decay_start"}
+RESUMABLE = {"parallel.sp", "memory.loss", "train.max_steps", "schedule.decay_start"}
 _SESSION = {".".join(p) for p in _SESSION_FIELDS}
 
 

@@ -199,7 +199,8 @@ class Trainer:
         self.loader = build_loader(cfg.data, self.tokenizer.identity, micro_batch=cfg.train.micro_batch,
                                    dp_rank=g.dp_rank, dp_size=g.dp, total_sequences=planned_sequences(cfg))
 
-        model = apply_memory(self._build_model(), cfg.memory)
+        # built on the CPU, moved by DeepSpeed: memory.loss=auto is resolved for the run's device
+        model = apply_memory(self._build_model(), cfg.memory, device=self.device)
         apply_ulysses(model, g)
         self.model = model
         ds_cfg = deepspeed_config(cfg, self.grad_accum, g.dp, self.device)
@@ -258,8 +259,8 @@ class Trainer:
 
     def _allowed_change(self, path: Path) -> bool:
         """True when the checkpoint's config differs from this run's only in what a resume may
-        change (train/resume.py: parallel.sp, a train.max_steps that leaves the trained part of
-        the LR curve unchanged); the preflight refused anything else, naming the fields.
+        change (train/resume.py: parallel.sp, memory.loss, a train.max_steps that leaves the trained
+        part of the LR curve unchanged); the preflight refused anything else, naming the fields.
 
         sp: Ulysses shards activations, not weights: the weights and ZeRO partitions (over all
         dp x sp ranks) do not depend on sp, and the loader's position is global, so such a
@@ -392,7 +393,8 @@ class Trainer:
                       tokens_per_rank=cfg.train.micro_batch * cfg.data.window // g.sp,
                       tokens_per_step=cfg.train.tokens_per_step // g.world_size,
                       flops_per_token=self._flops_per_token, peak_tflops=self._peak_tflops,
-                      setup=setup_dict(cfg, g.world_size), world_size=g.world_size,
+                      setup=setup_dict(cfg, g.world_size, loss_used=self.model.lm_head.loss),
+                      world_size=g.world_size,
                       out=self.run_dir / name if rank0 else None)
         except ProbeOOM as e:
             if not rank0:   # rank 0 wrote probe.json; the rank that ran out writes its own

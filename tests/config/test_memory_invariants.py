@@ -58,12 +58,29 @@ def test_tiles_without_recompute_warns():
 
 
 # --------------------------------------------------------------------------- memory.loss / memory.attention
-def test_kernel_fields_default_to_todays_paths():
-    assert MemoryConfig().loss == "chunked" and MemoryConfig().attention == "sdpa"
+def test_kernel_field_defaults():
+    """loss: auto (liger where the run is on CUDA and liger_kernel imports, else chunked: ops/cross_entropy.py);
+    attention: sdpa until the H200 validates fa4."""
+    assert MemoryConfig().loss == "auto" and MemoryConfig().attention == "sdpa"
     cfg = load_config(EXT, ["memory.loss=liger", "memory.attention=fa4"], world_size=2, device="cuda")
     assert (cfg.memory.loss, cfg.memory.attention) == ("liger", "fa4")
     assert any(e.startswith("memory.loss") for e in errors(["memory.loss=cce"]))
     assert any(e.startswith("memory.attention") for e in errors(["memory.attention=flash"]))
+
+
+def test_auto_loss_is_never_a_config_error(monkeypatch):
+    """auto falls back to chunked: nothing to refuse on a CPU run, nothing to import before a CUDA one."""
+    from megablu.ops import cross_entropy
+    from megablu.train.preflight import Context, kernel_problems
+
+    assert errors(["memory.loss=auto", "train.dtype=fp32"], device="cpu") == []
+
+    def missing():
+        raise ModuleNotFoundError("No module named 'liger_kernel'")
+
+    monkeypatch.setattr(cross_entropy, "_liger_func", missing)
+    cfg = load_config(EXT, ["memory.loss=auto"], world_size=2, device="cuda")
+    assert kernel_problems(Context(cfg, device="cuda")) == []
 
 
 def test_kernels_on_cpu_rejected_with_the_fix():
@@ -142,12 +159,27 @@ def test_the_preflight_runs_the_kernel_check(monkeypatch):
 
 
 def test_config_hash_unchanged_by_the_kernel_fields_at_their_defaults():
-    """Runs started before memory.loss/attention existed resume (tiny_cpu's hash on main before them,
-    786b2824aa40a632, checked by hand); choosing liger or fa4 is another run."""
+    """Runs started before memory.loss/attention existed keep their hash with the behaviour of then
+    (tiny_cpu's hash on main before them, 786b2824aa40a632, checked by hand): loss=chunked, attention=sdpa.
+    auto (loss's default since 2026-12-04), liger and fa4 are other values; a resume accepts a memory.loss
+    change (train/resume.py, test_a_resume_accepts_a_loss_change)."""
     from megablu.config import config_hash
 
     def h(sets, device="cpu"):
         return config_hash(load_config("yaml_configs/tiny_cpu.yaml", sets, world_size=1, device=device))
 
-    assert h([]) == h(["memory.loss=chunked", "memory.attention=sdpa"]) == "786b2824aa40a632"
-    assert len({h([]), h(["memory.loss=liger"], None), h(["memory.attention=fa4", "train.dtype=bf16"], None)}) == 3
+    assert h(["memory.loss=chunked"]) == h(["memory.loss=chunked", "memory.attention=sdpa"]) == "786b2824aa40a632"
+    assert len({h(["memory.loss=chunked"]), h([]), h(["memory.loss=liger"], None),
+                h(["memory.loss=chunked", "memory.attention=fa4", "train.dtype=bf16"], None)}) == 4
+
+
+def test_a_resume_accepts_a_loss_change():
+    """A run saved with memory.loss=chunked (the default before auto) continues under auto, or liger:
+    the same summed loss, computed by another kernel; another memory field is still refused."""
+    from megablu.train.resume import resume_problems
+
+    saved = load_config(EXT, ["memory.loss=chunked"], world_size=2, device="cuda").model_dump(mode="json")
+    for loss in ("auto", "liger"):
+        assert resume_problems(saved, load_config(EXT, [f"memory.loss={loss}"], world_size=2, device="cuda"), 5) == []
+    now = load_config(EXT, ["memory.loss=auto", "memory.recompute=full"], world_size=2, device="cuda")
+    assert resume_problems(saved, now, 5) == [f"memory.recompute: saved {saved['memory']['recompute']!r}, now 'full'"]

@@ -3,10 +3,12 @@ exit 1 on a failed gate, 2 on invalid input; a real --ckpt and an HF --hf direct
 import json
 import re
 
+import pytest
 import yaml
 
 from megablu.cli import main
 from megablu.config.schema import EvalConfig
+from megablu.eval import cli as cli_module
 from megablu.eval.report import make_result, write_result
 
 from .conftest import tiny_model
@@ -90,6 +92,35 @@ def test_eval_hf_dir_and_invalid_inputs(tmp_path, capsys):
     assert "cannot load weights" in capsys.readouterr().err
     assert main(["eval", "--config", str(cfg), "--hf", str(hf_dir), "--step", "1", "--lengths", "600"]) == 2
     assert "do not fit the window" in capsys.readouterr().err
+
+
+def test_eval_applies_the_configs_memory_switches(tmp_path, capsys, monkeypatch):
+    """memory.ops and memory.attention reach the evaluated model (megablu/eval/cli.py _eval_memory): ops=cuda
+    on CPU tensors raises the dispatch's error (cuda never falls back), attention=fa4 FlashAttention-4's;
+    ops=torch runs. The training-only switches do not reach it."""
+    from megablu.model.hf import to_hf
+
+    hf_dir = tmp_path / "hf"
+    to_hf(tiny_model(seed=4), max_position=512).save_pretrained(str(hf_dir))
+    cfg = _config(tmp_path)
+    run = ["eval", "--config", str(cfg), "--hf", str(hf_dir), "--step", "0", "--out", str(tmp_path / "o"), "--no-plot"]
+    with pytest.raises(ValueError, match=r"megablu \w+: impl='cuda' needs CUDA tensors, got devices \['cpu'\]"):
+        main(run + ["--set", "memory.ops=cuda"])
+    with pytest.raises(RuntimeError, match=r"memory\.attention=fa4: "):
+        main(run + ["--set", "memory.attention=fa4", "--set", "train.dtype=bf16"])
+    capsys.readouterr()
+    seen = {}
+    real = cli_module._eval_memory
+
+    def spy(memory):
+        seen["memory"] = out = real(memory)
+        return out
+
+    monkeypatch.setattr(cli_module, "_eval_memory", spy)
+    assert main(run + ["--set", "memory.ops=torch", "--set", "memory.recompute=full", "--set", "memory.mlp_tiles=2",
+                       "--set", "memory.offload_activations=true"]) == 0, capsys.readouterr().err
+    m = seen["memory"]
+    assert (m.ops, m.recompute, m.mlp_tiles, m.offload_activations) == ("torch", "none", 1, False)
 
 
 def test_compare_joins_cells_measured_separately(tmp_path, capsys):

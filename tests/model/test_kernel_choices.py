@@ -121,5 +121,5 @@ def test_fa4_attention_matches_sdpa(recompute):
 @pytest.mark.skipif(bool(_fa4_ready()) or bool(liger_import_problem()), reason="needs CUDA, FA4 and Liger")
 def test_both_new_kernels_together_match_todays_paths():
     got = run_model(MemoryConfig(attention="fa4", loss="liger", recompute="selective"), "cuda", torch.bfloat16)
-    ref = run_model(MemoryConfig(recompute="selective", loss_chunk=128), "cuda", torch.bfloat16)
+    ref = run_model(MemoryConfig(recompute="selective", loss="chunked", loss_chunk=128), "cuda", torch.bfloat16)
     assert_same(got, ref, torch.bfloat16, "fa4+liger vs sdpa+chunked")

@@ -3,8 +3,9 @@
 CPU (CI): megablu's chunked loss against the unchunked fp64 reference (fwd, dh, dW, ignored
 labels, a chunk that does not divide N); the liger path's wiring through the model
 (apply_memory -> LMHead.loss -> Liger's function with reduction="sum", ignore_index=-100,
-accum_dtype=fp32) with a torch stand-in for Liger, tied embeddings included; the errors that
-name the field and the fix. The real Liger kernel is tests/model/test_kernel_choices.py's (GPU,
+accum_dtype=fp32) with a torch stand-in for Liger, tied embeddings included; memory.loss=auto
+resolved once per model (liger on a CUDA run where liger_kernel imports, else chunked); the errors
+that name the field and the fix. The real Liger kernel is tests/model/test_kernel_choices.py's (GPU,
 or Triton's CPU interpreter when asked).
 """
 import pytest
@@ -41,8 +42,13 @@ def test_chunked_matches_reference_fwd_and_grads(chunk):
 
 def test_unknown_loss_is_an_error():
     h, w, y = _inputs()
-    with pytest.raises(ValueError, match=r"memory.loss must be one of \('chunked', 'liger'\), got 'cce'"):
+    with pytest.raises(ValueError, match=r"memory.loss must be one of \('chunked', 'liger'\) here \(auto resolves "
+                                         r"before: resolve_loss\), got 'cce'"):
         CE.linear_cross_entropy(h, w, y, 8, "cce")
+    with pytest.raises(ValueError, match=r"got 'auto'"):     # auto never reaches the kernel call unresolved
+        CE.linear_cross_entropy(h, w, y, 8, "auto")
+    with pytest.raises(ValueError, match=r"memory.loss must be one of \('auto', 'chunked', 'liger'\), got 'cce'"):
+        CE.resolve_loss("cce", "cpu")
 
 
 class FakeLiger:
@@ -102,3 +108,64 @@ def test_liger_without_the_library_names_the_fix(monkeypatch):
                                            r": No module named 'liger_kernel'\); install liger-kernel .* or set "
                                            r"memory.loss=chunked"):
         CE.linear_cross_entropy(h, w, y, 0, "liger")
+
+
+# --------------------------------------------------------------------------- memory.loss=auto
+@pytest.fixture
+def fresh_log(monkeypatch):
+    """dispatch logs each decision once per process: an earlier test may have logged this one."""
+    from megablu.ops import dispatch
+
+    monkeypatch.setattr(dispatch, "_logged", set())
+
+
+def _tiny(tied=True):
+    return ModelConfig(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, ffn_dim=48, vocab_size=61, tie_embeddings=tied)
+
+
+def test_auto_is_the_default_and_resolves_to_chunked_on_a_cpu_run(fake_liger, fresh_log, caplog):
+    """Liger is importable here (the stand-in), but the run is on the CPU: chunked, said once with why."""
+    assert MemoryConfig().loss == "auto"
+    with caplog.at_level("INFO", logger="megablu.ops.dispatch"):
+        m = apply_memory(BluModel(_tiny(), ROPE, seed=0), MemoryConfig(loss_chunk=7))   # parameters on the CPU
+        apply_memory(BluModel(_tiny(), ROPE, seed=0), MemoryConfig(), device="cpu")
+    assert m.lm_head.loss == "chunked"
+    ids = torch.randint(0, 61, (1, 11), generator=torch.Generator().manual_seed(0))
+    m(ids, labels=ids)
+    assert fake_liger.calls == []
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("memory.loss=auto")]
+    assert said == ["memory.loss=auto: chunked (a cpu run: Liger's fused linear cross-entropy is a Triton GPU "
+                    "kernel)"]
+
+
+def test_auto_resolves_to_liger_on_a_cuda_run_with_liger(fake_liger, fresh_log, monkeypatch, caplog):
+    """A CUDA run (the trainer's device) where liger_kernel imports: the head runs Liger's function
+    (here the stand-in, on CPU tensors), and its loss and grads are chunked's."""
+    monkeypatch.setattr(CE, "liger_import_problem", lambda: None)
+    ids = torch.randint(0, 61, (2, 13), generator=torch.Generator().manual_seed(1))
+    with caplog.at_level("INFO", logger="megablu.ops.dispatch"):
+        auto = apply_memory(BluModel(_tiny(), ROPE, seed=0), MemoryConfig(), device="cuda")
+    assert auto.lm_head.loss == "liger"
+    assert "memory.loss=auto: liger (a CUDA run and liger_kernel imports)" in caplog.messages
+    ref = apply_memory(BluModel(_tiny(), ROPE, seed=0), MemoryConfig(loss="chunked"), device="cuda")
+    assert ref.lm_head.loss == "chunked"                       # explicit choices are kept as given
+    out = []
+    for m in (auto, ref):
+        s, n = m(ids, labels=ids)
+        (s / n).backward()
+        out.append((float(s.detach()), {k: p.grad for k, p in m.named_parameters()}))
+    assert len(fake_liger.calls) == 1 and fake_liger.calls[0]["shape"] == (26, 32)
+    assert out[0][0] == pytest.approx(out[1][0], rel=1e-6)
+    for k, g in out[1][1].items():
+        torch.testing.assert_close(out[0][1][k], g, rtol=1e-5, atol=1e-7)
+
+
+def test_auto_without_liger_resolves_to_chunked_on_a_cuda_run(monkeypatch):
+    def missing():
+        raise ModuleNotFoundError("No module named 'liger_kernel'")
+
+    monkeypatch.setattr(CE, "_liger_func", missing)
+    assert CE.auto_loss("cuda") == ("chunked", "a CUDA run, but liger_kernel is not importable "
+                                               "(ModuleNotFoundError: No module named 'liger_kernel')")
+    assert CE.resolve_loss("auto", "cuda") == "chunked"
+    assert CE.resolve_loss("liger", "cpu") == "liger"        # explicit liger on a CPU run: a config error, not here

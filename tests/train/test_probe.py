@@ -1,6 +1,8 @@
 """The probe on CPU: timings, probe.json contents, and the OOM path (a real torch.cuda.OutOfMemoryError)."""
 import json
+import os
 import statistics
+from pathlib import Path
 
 import pytest
 import torch
@@ -88,6 +90,25 @@ def test_probe_setup_keeps_the_memory_switches():
     assert plan.estimate(s).allocated_gb < plain.allocated_gb
 
 
+def test_probe_setup_records_the_loss_that_ran(monkeypatch):
+    """memory.loss=auto: probe.json's setup holds the implementation the model's head runs (the trainer
+    passes model.lm_head.loss, resolved by apply_memory) and the configured value as loss_config; without
+    a run, the planner's view of auto for a GPU here (liger when liger_kernel imports)."""
+    from megablu.ops import cross_entropy
+
+    monkeypatch.setattr(cross_entropy, "liger_import_problem", lambda: None)
+    cfg = load_config("yaml_configs/l2.yaml", ["parallel.sp=1"])
+    assert cfg.memory.loss == "auto"
+    ran = setup_dict(cfg, world_size=1, loss_used="chunked")   # e.g. a CPU run: auto picked chunked
+    assert (ran["loss"], ran["loss_config"]) == ("chunked", "auto")
+    assert plan.Setup.from_json(ran).loss == "chunked"
+    assert setup_dict(cfg, world_size=1)["loss"] == plan.Setup.from_config(cfg, gpus=1).loss == "liger"
+    monkeypatch.setattr(cross_entropy, "liger_import_problem", lambda: "liger_kernel is not importable")
+    assert plan.Setup.from_config(cfg, gpus=1).loss == "chunked"
+    explicit = load_config("yaml_configs/l2.yaml", ["parallel.sp=1", "memory.loss=liger"], device="cuda")
+    assert (setup_dict(explicit, 1)["loss"], setup_dict(explicit, 1)["loss_config"]) == ("liger", "liger")
+
+
 def test_oom_suggestion_asks_no_more_pinned_host_than_this_node_has(monkeypatch):
     """The OOM report's suggestion is for this node: an activation offload needing more pinned
     host memory than 80% of its RAM per GPU is not offered."""
@@ -106,3 +127,25 @@ def test_oom_suggestion_asks_no_more_pinned_host_than_this_node_has(monkeypatch)
     monkeypatch.setattr(probe, "_host_gb_per_gpu", lambda: need / 2)
     _, sug = probe._planner(setup, 141.0)
     assert sug and "offload_activations" not in sug and "recompute=full" in sug
+
+
+def test_a_run_records_the_loss_auto_picked(tmp_path, stdlib_data, monkeypatch):
+    """One CPU rank through the launcher where liger_kernel imports (a stand-in that fails if called):
+    the run's auto picks chunked (a CPU run), trains, and probe.json records what ran, not the
+    planner's GPU view (which would be liger here)."""
+    from tests.train.test_resume import launch
+
+    fake = tmp_path / "fake" / "liger_kernel" / "transformers"
+    fake.mkdir(parents=True)
+    (fake.parent / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text("")
+    (fake / "functional.py").write_text("def liger_fused_linear_cross_entropy(*a, **k):\n"
+                                        "    raise AssertionError('a CPU run called Liger')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path / "fake"),
+                                                                    os.environ.get("PYTHONPATH")])))
+    out = launch(1, [f"runs_dir={tmp_path}/runs", f"data.path={stdlib_data}", "parallel.sp=1", "train.micro_batch=1",
+                     "train.tokens_per_step=512", "train.max_steps=1", "train.probe_steps=1", "schedule.kind=cosine",
+                     "schedule.warmup_steps=0", "schedule.decay_start=null", "checkpoint.every_steps=0",
+                     "eval.final=false", "data.max_epochs=100"])
+    setup = json.loads((Path(out["run_dir"]) / "probe.json").read_text())["setup"]
+    assert (setup["loss"], setup["loss_config"]) == ("chunked", "auto")
