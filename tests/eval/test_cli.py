@@ -3,7 +3,6 @@ exit 1 on a failed gate, 2 on invalid input; a real --ckpt and an HF --hf direct
 import json
 import re
 
-import pytest
 import yaml
 
 from megablu.cli import main
@@ -95,20 +94,21 @@ def test_eval_hf_dir_and_invalid_inputs(tmp_path, capsys):
 
 
 def test_eval_applies_the_configs_memory_switches(tmp_path, capsys, monkeypatch):
-    """memory.ops and memory.attention reach the evaluated model (megablu/eval/cli.py _eval_memory): ops=cuda
-    on CPU tensors raises the dispatch's error (cuda never falls back), attention=fa4 FlashAttention-4's;
-    ops=torch runs. The training-only switches do not reach it."""
+    """memory.ops and memory.attention reach the evaluated model (megablu/eval/cli.py _eval_memory), and
+    switches that cannot run on this device are refused before any weight loads (exit 2, the field and the
+    fix): ops=cuda and attention=fa4 on CPU. ops=torch runs, on every module of the model; the
+    training-only switches do not reach it."""
     from megablu.model.hf import to_hf
 
     hf_dir = tmp_path / "hf"
     to_hf(tiny_model(seed=4), max_position=512).save_pretrained(str(hf_dir))
     cfg = _config(tmp_path)
     run = ["eval", "--config", str(cfg), "--hf", str(hf_dir), "--step", "0", "--out", str(tmp_path / "o"), "--no-plot"]
-    with pytest.raises(ValueError, match=r"megablu \w+: impl='cuda' needs CUDA tensors, got devices \['cpu'\]"):
-        main(run + ["--set", "memory.ops=cuda"])
-    with pytest.raises(RuntimeError, match=r"memory\.attention=fa4: "):
-        main(run + ["--set", "memory.attention=fa4", "--set", "train.dtype=bf16"])
     capsys.readouterr()
+    assert main(run + ["--set", "memory.ops=cuda"]) == 2
+    assert "memory.ops=cuda on a cpu eval" in capsys.readouterr().err
+    assert main(run + ["--set", "memory.attention=fa4", "--set", "train.dtype=bf16"]) == 2
+    assert "memory.attention=fa4 on a CPU run" in capsys.readouterr().err
     seen = {}
     real = cli_module._eval_memory
 
@@ -116,11 +116,22 @@ def test_eval_applies_the_configs_memory_switches(tmp_path, capsys, monkeypatch)
         seen["memory"] = out = real(memory)
         return out
 
+    import megablu.memory.apply as apply_module
+
+    real_apply = apply_module.apply_memory
+
+    def spy_apply(model, *a, **kw):
+        out = real_apply(model, *a, **kw)
+        seen["impls"] = {m.impl for m in out.modules() if hasattr(m, "impl")}
+        return out
+
     monkeypatch.setattr(cli_module, "_eval_memory", spy)
+    monkeypatch.setattr(apply_module, "apply_memory", spy_apply)
     assert main(run + ["--set", "memory.ops=torch", "--set", "memory.recompute=full", "--set", "memory.mlp_tiles=2",
                        "--set", "memory.offload_activations=true"]) == 0, capsys.readouterr().err
     m = seen["memory"]
     assert (m.ops, m.recompute, m.mlp_tiles, m.offload_activations) == ("torch", "none", 1, False)
+    assert seen["impls"] == {"torch"}
 
 
 def test_compare_joins_cells_measured_separately(tmp_path, capsys):
