@@ -87,7 +87,14 @@ fi
 # long_only, mix) reuses the baselines' and dense's evals, runs dense's cells (the suite at 32640) and
 # checks the Liger loss in phase a
 case "$ARM" in mix_switch|dense) NEW_ARM=0 ;; *) NEW_ARM=1 ;; esac
-CONFIRM=${CONFIRM:-0}
+# CONFIRM is the run's (its checkpoint settings are in the config hash: a resume without them is refused):
+# recorded in $DEV by the first phase, taken from there when unset, and a different value is refused
+SAVED_CONFIRM=$(cat "$DEV/.confirm" 2> /dev/null)
+CONFIRM=${CONFIRM:-${SAVED_CONFIRM:-0}}
+if [ -n "$SAVED_CONFIRM" ] && [ "$SAVED_CONFIRM" != "$CONFIRM" ]; then
+  echo "CONFIRM=$CONFIRM but this device's run was started with CONFIRM=$SAVED_CONFIRM ($DEV/.confirm)" >&2; exit 2
+fi
+echo "$CONFIRM" > "$DEV/.confirm"
 KEEP_EVERY=${KEEP_EVERY:-25} CONFIRM_FROM=${CONFIRM_FROM:-75} CONFIRM_S0=${CONFIRM_S0:-125}   # steps
 TRAIN_SET=()
 if [ "$CONFIRM" = 1 ]; then   # every 25th checkpoint kept (repeated on resume: the same overrides)
@@ -144,6 +151,7 @@ evaluate() {   # the config is $ECFG (default: the arm's)
   local dir="$DEV/eval/$name"
   ls "$dir"/step_*.json > /dev/null 2>&1 && return 0
   guard "eval_$name" "$EVAL_END" $PY -m megablu.cli eval --config "${ECFG:-$CFG}" --ckpt "$ck" "${step[@]}" \
+    --set memory.ops=auto \
     --arm "$arm" --out "$dir" --tasks $tasks --lengths $lens --n "$n" --no-plot \
     --set "eval.lengths=[$(echo $lens | tr ' ' ',')]" "$@"
   finish
@@ -203,12 +211,13 @@ temp_probe() {
 # passkey at 32744 on fresh prompts (eval.seed=1; dirs ${ARM}_s1_<step>, arm ${ARM}_s1), step 125 also
 # on the prompts of every earlier arm (${ARM}_s0_125). FINAL=1 adds the final checkpoint.
 confirm_set() {
-  local run ck step; run=$(run_of_arm)
+  local run ck step newest=; run=$(run_of_arm)
   [ -n "$run" ] || return 0
+  [ "${FINAL:-0}" = 1 ] && newest=$(ckpt_of_arm)   # sha256-checks the weights: once
   for ck in "$run"/checkpoints/step_*; do
     [ -f "$ck/model.safetensors" ] || continue
     step=$((10#${ck##*step_}))
-    if { [ $((step % KEEP_EVERY)) = 0 ] && [ "$step" -ge "$CONFIRM_FROM" ]; } || { [ "${FINAL:-0}" = 1 ] && [ "$ck" = "$(ckpt_of_arm)" ]; }; then
+    if { [ $((step % KEEP_EVERY)) = 0 ] && [ "$step" -ge "$CONFIRM_FROM" ]; } || { [ -n "$newest" ] && [ "$ck" = "$newest" ]; }; then
       evaluate "${ARM}_s1" "${ARM}_s1_$step" "$ck" 200 "32744" "passkey" --set eval.seed=1 "${NOLOSS[@]}"
       [ "$step" = "$CONFIRM_S0" ] && evaluate "${ARM}_s0" "${ARM}_s0_$step" "$ck" 200 "32744" "passkey" "${NOLOSS[@]}"
     fi
@@ -244,7 +253,7 @@ a)  # ARM=dense: the data (CPU) beside issue 17's speed bench (GPU); else GPU ch
         cp "$DEV/speed/speed.md" "$OUT/" 2>/dev/null
         tar czf "$OUT/speed.tar.gz" -C "$DEV" speed 2>/dev/null   # the device returns at most 8 files
       fi
-      if [ "$NEW_ARM" = 1 ]; then   # the GPU is idle while the data is built: issue 17's Liger loss, checked + timed
+      if [ "$NEW_ARM" = 1 ] && [ "$CONFIRM" = 0 ]; then   # GPU idle while the data is built: issue 17's Liger loss
         guard liger_tests 170 $PY -m pytest -q -p no:cacheprovider -rs --junitxml="$OUT/liger_tests.xml" \
           tests/model/test_kernel_choices.py tests/ops/test_cross_entropy.py
         guard liger32k 300 $PY bench/profile_step.py --T 32768 --modes selective+offload,selective+offload+liger \
@@ -293,9 +302,10 @@ c|d)  # the rest of the training, then the arm's evals (and any baseline a cut c
       evaluate "$ARM" "${ARM}_midrun" "$MID" 200 "32744" "passkey" "${NOLOSS[@]}" &
       P_MID=$!
     fi
-    if [ "$CONFIRM" = 1 ]; then   # the checkpoints call B kept, beside the resumed training
+    P_CONF=
+    if [ "$CONFIRM" = 1 ] && ! arm_done; then   # the checkpoints call B kept, beside the resumed training
       confirm_set &
-      P_MID=$!
+      P_CONF=$!
     fi
     if ! arm_done; then train_arm & P_TRAIN=$!; fi
     baselines &   # whatever a cut call left (each cell is skipped when done), beside the arm
@@ -305,14 +315,14 @@ c|d)  # the rest of the training, then the arm's evals (and any baseline a cut c
     if arm_done; then
       CK=$(ckpt_of_arm)
       if [ -n "$CK" ] && [ "$CONFIRM" = 1 ]; then   # the probe first, then every kept checkpoint, then the cells
-        [ -n "$P_MID" ] && wait "$P_MID"; P_MID=   # one confirm_set at a time: no cell evaluated twice at once
+        [ -n "$P_CONF" ] && wait "$P_CONF"; P_CONF=   # one confirm_set at a time: no cell evaluated twice at once
         { temp_probe "$CK"; FINAL=1 confirm_set; eval_set "$ARM" "$CK"; } &
         P_ARM=$!
       elif [ -n "$CK" ]; then
         { eval_set "$ARM" "$CK"; [ "$ARM" = far ] && temp_probe "$CK"; } & P_ARM=$!
       fi
     fi
-    wait $P_BASE ${P_ARM:+$P_ARM} ${P_MID:+$P_MID}
+    wait $P_BASE ${P_ARM:+$P_ARM} ${P_MID:+$P_MID} ${P_CONF:+$P_CONF}
     merged native
     if [ -f "$DEV/native.json" ]; then
       guard compare $(( BUDGET + 30 )) $PY -m megablu.cli compare $(ls -d "$DEV"/eval/*/) --md "$DEV/compare.md" \

@@ -27,7 +27,8 @@ def _train(dev: Path, stdlib_data, *extra):
     assert r.returncode == 0, r.stderr[-3000:]
 
 
-def _phase(tmp_path: Path, dev: Path, phase: str, **extra_env) -> list[str]:
+def _phase(tmp_path: Path, dev: Path, phase: str, rc: int = 0, **extra_env) -> list[str]:
+    """The commands one phase ran (its stderr's lines when rc, the expected exit status, is not 0)."""
     fake = tmp_path / "bin"
     fake.mkdir(exist_ok=True)
     (fake / "timeout").write_text(FAKE_TIMEOUT)
@@ -39,6 +40,9 @@ def _phase(tmp_path: Path, dev: Path, phase: str, **extra_env) -> list[str]:
            "PHASE": phase, "BUDGET_S": "555", "DS_ACCELERATOR": "cpu", **extra_env}
     r = subprocess.run(["bash", str(ROOT / "bench" / "h200_issue14.sh")], capture_output=True, text=True, env=env,
                        cwd=ROOT, timeout=600)
+    if rc:
+        assert r.returncode == rc, r.stdout[-2000:] + r.stderr[-2000:]
+        return r.stderr.splitlines()
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert f"phase {phase} done" in r.stdout
     return log.read_text().splitlines() if log.exists() else []
@@ -107,10 +111,14 @@ def test_phase_c_confirm_scores_every_kept_checkpoint_on_fresh_prompts(tmp_path,
     assert set(scored) == {"far_s1_2", "far_s1_4", "far_s0_4"}, set(scored)  # not step 5: no multiple, not final
     assert "eval.seed=1" in scored["far_s1_4"] and "eval.seed" not in scored["far_s0_4"]
     assert f"--ckpt {run}/checkpoints/step_0000004 " in scored["far_s0_4"] and "--n 200" in scored["far_s1_2"]
+    assert all("memory.ops=auto" in c for c in scored.values())   # the CUDA ops, as every stored result
 
     _train(dev, stdlib_data, "--resume", str(run), *keep)                    # finished at step 7
     cmds = _phase(tmp_path, dev, "c", **env)
     outs = [c.split("--out ")[1].split()[0].rsplit("/", 1)[1] for c in cmds if " eval " in c and "--out " in c]
     assert not any(c.startswith("deepspeed ") for c in cmds)
     assert {"far_s1_6", "far_s1_7", "far_temp8", "far_1k", "far_pk32k"} <= set(outs), outs
-    assert outs.index("far_temp13") < outs.index("far_s1_7") < outs.index("far_1k"), outs   # the probe first
+    first_kept = min(i for i, o in enumerate(outs) if o.startswith("far_s1_"))
+    assert outs.index("far_temp13") < first_kept < outs.index("far_s1_7") < outs.index("far_1k"), outs  # probe first
+    refused = _phase(tmp_path, dev, "d", rc=2, CONFIRM="0")                 # the run is CONFIRM=1's
+    assert any("started with CONFIRM=1" in ln for ln in refused), refused
