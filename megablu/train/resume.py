@@ -119,6 +119,34 @@ def resume_problems(saved: dict, now: Config, step: int) -> list[str]:
     return problems
 
 
+def loss_change(run_dir: PathLike, step: int, loss_now: str) -> Optional[str]:
+    """A line for the log when the loss implementation that runs now (the head's, memory.loss=auto
+    resolved) differs from the one the run's last session up to `step` ran (its probe file's setup:
+    probe.json at step 0, probe.step<N>.json for a session resumed at N); None when the same or not
+    recorded. memory.loss=auto picks by what imports here, so the same config can run another kernel
+    on another machine: the same summed loss, rounded otherwise, so said once and not refused."""
+    import json
+
+    before = []
+    for f in Path(run_dir).glob("probe*.json"):
+        at = 0 if f.name == "probe.json" else f.name[len("probe.step"):-len(".json")]
+        if not str(at).isdigit() or int(at) > step:
+            continue
+        try:
+            ran = json.loads(f.read_text()).get("setup", {}).get("loss")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if ran:
+            before.append((int(at), ran))
+    if not before:
+        return None
+    at, ran = max(before)
+    if ran == loss_now:
+        return None
+    return (f"resume: the vocab loss runs {loss_now} now; the session from step {at} ran {ran} (memory.loss=auto picks "
+            f"by what imports on this machine): the same summed loss by another kernel, its rounding differs")
+
+
 def entry_path() -> str:
     """launch/ext32k.py as the user would type it from here."""
     return _shown(Path(__file__).resolve().parents[2] / "launch" / "ext32k.py")

@@ -256,6 +256,11 @@ class Trainer:
         set_rng_state(state["rng"])
         if is_rank0():
             log.info("resumed from %s at step %d (%d tokens seen)", path, self.step, self.tokens_seen)
+            from .resume import loss_change
+
+            note = loss_change(self.run_dir, self.step, self.model.lm_head.loss)
+            if note:
+                log.warning(note)
 
     def _allowed_change(self, path: Path) -> bool:
         """True when the checkpoint's config differs from this run's only in what a resume may

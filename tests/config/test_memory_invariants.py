@@ -183,3 +183,28 @@ def test_a_resume_accepts_a_loss_change():
         assert resume_problems(saved, load_config(EXT, [f"memory.loss={loss}"], world_size=2, device="cuda"), 5) == []
     now = load_config(EXT, ["memory.loss=auto", "memory.recompute=full"], world_size=2, device="cuda")
     assert resume_problems(saved, now, 5) == [f"memory.recompute: saved {saved['memory']['recompute']!r}, now 'full'"]
+
+
+def test_a_resume_names_a_loss_kernel_that_differs_from_the_last_session(tmp_path):
+    """memory.loss=auto picks by what imports: the session resumed at step 30 ran liger, this one runs
+    chunked (liger_kernel missing here) -> one line naming both; the same kernel, or no record -> None."""
+    import json
+
+    from megablu.train.resume import loss_change
+
+    def probe(name, loss):
+        setup = {"ops": "torch"} if loss is None else {"ops": "torch", "loss": loss}
+        (tmp_path / name).write_text(json.dumps({"steps": 3, "setup": setup}))
+
+    assert loss_change(tmp_path, 50, "chunked") is None                       # no probe files
+    probe("probe.json", None)                                                 # a run from before the record
+    assert loss_change(tmp_path, 50, "chunked") is None
+    probe("probe.json", "chunked")
+    probe("probe.step30.json", "liger")
+    probe("probe.step60.json", "chunked")                                     # a later session: not before 50
+    note = loss_change(tmp_path, 50, "chunked")
+    assert note and "runs chunked now" in note and "from step 30 ran liger" in note, note
+    assert loss_change(tmp_path, 50, "liger") is None
+    assert "from step 0 ran chunked" in loss_change(tmp_path, 20, "liger")
+    probe("probe.step50.json", "liger")               # an earlier attempt at resuming at 50 (it saved nothing)
+    assert "from step 50 ran liger" in loss_change(tmp_path, 50, "chunked")
