@@ -218,3 +218,18 @@ def test_sp_above_the_head_count_warns_with_the_cost():
     w = [x for x in config_warnings(cfg) if x.startswith("parallel.sp=4 > model.n_heads=2")]
     assert len(w) == 1 and "2 of the 4 ranks" in w[0] and "2x the work" in w[0] and "sp=2" in w[0]
     assert not any("model.n_heads" in x for x in config_warnings(load_config(tiny, world_size=2, device="cpu")))
+
+
+def test_a_resume_may_change_when_checkpoints_are_saved_and_kept():
+    """checkpoint.every_steps / keep / keep_every decide saving from now on (keep_every turned on for a run
+    under way): a resume accepts them; another checkpoint field (save_final) is still refused."""
+    from megablu.train.resume import resume_problems
+
+    def cfg(sets):
+        return load_config(ROOT / "yaml_configs" / "tiny_cpu.yaml", sets, world_size=1, device="cpu")
+
+    saved = cfg(["checkpoint.every_steps=3"]).model_dump(mode="json")
+    now = cfg(["checkpoint.every_steps=2", "checkpoint.keep=1", "checkpoint.keep_every=4"])
+    assert resume_problems(saved, now, 3) == []
+    assert resume_problems(saved, cfg(["checkpoint.every_steps=3", "checkpoint.save_final=false"]), 3) == [
+        "checkpoint.save_final: saved True, now False"]
