@@ -87,7 +87,7 @@ fi
 # long_only, mix) reuses the baselines' and dense's evals, runs dense's cells (the suite at 32640) and
 # checks the Liger loss in phase a
 case "$ARM" in mix_switch|dense) NEW_ARM=0 ;; *) NEW_ARM=1 ;; esac
-# CONFIRM is the run's (its checkpoint settings are in the config hash: a resume without them is refused):
+# CONFIRM is the run's (the phases differ by it: kept checkpoints vs the hard-linked mid-run copy):
 # recorded in $DEV by the first phase, taken from there when unset, and a different value is refused
 SAVED_CONFIRM=$(cat "$DEV/.confirm" 2> /dev/null)
 CONFIRM=${CONFIRM:-${SAVED_CONFIRM:-0}}

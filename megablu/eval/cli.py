@@ -41,10 +41,12 @@ def _eval_memory(memory):
     return MemoryConfig(ops=memory.ops, attention=memory.attention, loss=memory.loss, loss_chunk=memory.loss_chunk)
 
 
-def _memory_problems(cfg, device: str, kernel_invariants) -> list[str]:
+def _memory_problems(cfg, device: str) -> list[str]:
     """The memory switches an eval applies (_eval_memory) that cannot run on `device`: the kernels'
     config checks (liger / fa4 on a CPU run, fa4's head_dim and dtype) and ops=cuda without CUDA."""
-    problems = list(kernel_invariants(cfg, device))
+    from ..config.schema import kernel_invariants
+
+    problems = kernel_invariants(cfg, device)
     if cfg.memory.ops == "cuda" and device != "cuda":
         problems.append(f"memory.ops=cuda on a {device} eval: the CUDA ops need a GPU; set memory.ops=auto "
                         "(CUDA when there is one) or torch")
@@ -94,13 +96,13 @@ def _eval(args) -> int:
         return 2
 
     device, dtype = _device_and_dtype(cfg)
-    from ..config.schema import eval_problems, kernel_invariants
+    from ..config.schema import eval_problems
     from .harness import preflight_problems
 
     # every task at every length, the haystack, the loss data, the memory switches on this device:
     # before any weight is loaded
     problems = (preflight_problems(eval_cfg, tok, cfg.data.window) or eval_problems(eval_cfg, cfg.data.window)
-                or _memory_problems(cfg, device.type, kernel_invariants))
+                or _memory_problems(cfg, device.type))
     if problems:
         print("megablu eval: invalid eval setup:\n  " + "\n  ".join(problems), file=sys.stderr)
         return 2

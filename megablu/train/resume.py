@@ -133,8 +133,8 @@ def loss_change(run_dir: PathLike, step: int, loss_now: str) -> Optional[str]:
 
     before = []
     for f in Path(run_dir).glob("probe*.json"):
-        at = 0 if f.name == "probe.json" else f.name[len("probe.step"):-len(".json")]
-        if not str(at).isdigit() or int(at) > step:
+        at = "0" if f.name == "probe.json" else f.name[len("probe.step"):-len(".json")]
+        if not at.isdigit() or int(at) > step:   # probe.rank<N>.json, or a later session
             continue
         try:
             ran = json.loads(f.read_text()).get("setup", {}).get("loss")

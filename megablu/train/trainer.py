@@ -264,8 +264,9 @@ class Trainer:
 
     def _allowed_change(self, path: Path) -> bool:
         """True when the checkpoint's config differs from this run's only in what a resume may
-        change (train/resume.py: parallel.sp, memory.loss, a train.max_steps that leaves the trained
-        part of the LR curve unchanged); the preflight refused anything else, naming the fields.
+        change (train/resume.py RESUMABLE: parallel.sp, memory.loss, the checkpoint cadence, a
+        train.max_steps that leaves the trained part of the LR curve unchanged); the preflight refused
+        anything else, naming the fields.
 
         sp: Ulysses shards activations, not weights: the weights and ZeRO partitions (over all
         dp x sp ranks) do not depend on sp, and the loader's position is global, so such a
