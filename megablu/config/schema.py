@@ -295,12 +295,16 @@ class MemoryConfig(Section):
         "of tests/ops/test_cross_entropy.py pass; a blu-0.5b 32k step, selective+offload, ran 35,222 vs "
         "33,732 tokens/s (1.04x), loss 46.8 vs 96.5 ms per step, peak 4.4 vs 8.0 GB; docs/BENCHMARKS.md); "
         "loss_chunk applies to chunked only")
-    attention: Literal["sdpa", "fa4"] = Field(
-        default="sdpa", description="the local causal attention kernel (also the one Ulysses wraps): sdpa = "
+    attention: Literal["auto", "sdpa", "fa4"] = Field(
+        default="auto", description="the local causal attention kernel (also the one Ulysses wraps): sdpa = "
         "torch's scaled_dot_product_attention (cuDNN on the H200); fa4 = FlashAttention-4 (optional package "
         "flash-attn-4, CuTe DSL; SM90 GPUs, bf16/fp16, head_dim a multiple of 8 in 8..256; not with "
-        "data.doc_mask, whose FlexAttention path is unchanged). sdpa stays the default until the H200 "
-        "validates fa4 in the model (bench/h200_kernels.sh); fa4 measured 502 vs 374 TF/s fwd+bwd alone at 32k")
+        "data.doc_mask, whose FlexAttention path is unchanged); auto (the default) = fa4 where it can take the "
+        "tensors (CUDA SM90, bf16/fp16, its head sizes) and flash_attn.cute imports, else sdpa, chosen at the "
+        "first call and logged with its reason (probe.json's setup: attention, attention_config); with "
+        "data.doc_mask the masked path runs as before. The H200 validated fa4 in the model on 2026-12-04 "
+        "(tests/ops/test_attention.py, tests/model/test_kernel_choices.py: 40 passed; a blu-0.5b 32k step "
+        "1.12x faster, 1.17x with liger; docs/BENCHMARKS.md)")
 
 
 class GateConfig(Section):
@@ -634,7 +638,8 @@ FA4_HEAD_DIM = (8, 256, 8)
 def kernel_invariants(cfg: Config, device: Optional[str] = None) -> list[str]:
     """memory.loss / memory.attention against the config and the device, without importing anything
     (train/preflight.py kernel_problems checks that the chosen library imports, where the run will start).
-    memory.loss=auto is never an error: it falls back to chunked (ops/cross_entropy.py auto_loss)."""
+    memory.loss=auto and memory.attention=auto are never errors: they fall back to chunked and sdpa
+    (ops/cross_entropy.py auto_loss, ops/attention.py auto_kernel)."""
     mem, errs = cfg.memory, []
     if device == "cpu":
         if mem.loss == "liger":

@@ -7,8 +7,9 @@ attention + MLP computation. What this file installs, per switch:
 - loss (auto | chunked | liger): the head's loss implementation (ops/cross_entropy.py); auto is
   resolved here, once, for the run's device (resolve_loss: liger on CUDA when liger_kernel imports,
   else chunked), and the head holds the implementation that runs;
-- attention (sdpa | fa4): every LocalAttention's causal kernel (ops/attention.py), also one that
-  Ulysses wraps (applied before or after apply_ulysses: the wrapper keeps the LocalAttention);
+- attention (auto | sdpa | fa4): every LocalAttention's causal kernel (ops/attention.py), also one that
+  Ulysses wraps (applied before or after apply_ulysses: the wrapper keeps the LocalAttention); auto
+  picks per call, by the tensors (ops/attention.py auto_kernel);
 - mlp_tiles = n: each MLP's forward runs over n sequence tiles (tiled.py);
 - recompute and offload_activations: each block's forward is wrapped (`_BlockForward`):
     none       the plain forward;

@@ -97,7 +97,7 @@ class LocalAttention(nn.Module):
     """Causal attention on (B, T, H, D) q and (B, S, Hkv, D) k/v; GQA without materialising repeats.
 
     `kernel` (memory.attention, set by megablu.memory.apply_memory) runs the causal case T == S
-    (training, a prefill): "sdpa" or "fa4" (ops/attention.py). A decode step (T < S, a KV
+    (training, a prefill): "sdpa", "fa4" or "auto" (ops/attention.py). A decode step (T < S, a KV
     cache) runs SDPA with a bottom-right causal mask whatever the kernel. With `docs` (a DocMask
     over these T tokens) the attention is document-causal instead, on the kernel the DocMask
     chose (FlexAttention on CUDA); fa4 refuses it."""

@@ -1,7 +1,9 @@
 """Causal GQA attention on (B, T, H, D) q and (B, T, Hkv, D) k/v: the kernel LocalAttention runs
 when q and k have the same length (training, and a prefill), chosen by memory.attention.
 
-Kernels (`KERNELS`; LocalAttention.kernel holds the choice, megablu.memory.apply_memory sets it):
+Kernels (`KERNELS`; LocalAttention.kernel holds memory.attention, megablu.memory.apply_memory sets it;
+"auto", the default, picks one per call with `auto_kernel`: fa4 where it can take the tensors and
+flash_attn.cute imports, else sdpa, logged once with the reason; `AUTO_CHOICE` keeps the last pick):
   sdpa  torch's scaled_dot_product_attention(is_causal=True, enable_gqa=...) on (B, H, T, D)
         views: cuDNN's fused kernel on the H200, any device; the reference the other is
         tested against (tests/ops/test_attention.py, fwd and every grad).
@@ -33,6 +35,8 @@ import torch.nn.functional as F
 from ..config.schema import FA4_HEAD_DIM  # (min, max, multiple) on SM90; the config checks it too
 
 KERNELS = ("sdpa", "fa4")
+MODES = ("auto",) + KERNELS
+AUTO_CHOICE: dict = {}    # {"kernel": ..., "why": ...}: what memory.attention=auto ran last (probe.json)
 FA4_DTYPES = (torch.bfloat16, torch.float16)
 FA4_FIX = "set memory.attention=sdpa"
 
@@ -104,10 +108,49 @@ def fa4_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tenso
     return res[0] if isinstance(res, tuple) else res
 
 
+@functools.lru_cache(maxsize=None)
+def _import_problem_once() -> Optional[str]:
+    return import_problem()   # auto asks at every call: a failed import is tried once per process
+
+
+def auto_kernel(q: torch.Tensor, k: torch.Tensor) -> tuple[str, str]:
+    """(kernel, why) memory.attention=auto runs for these q and k: fa4 when FlashAttention-4 can take
+    them (CUDA SM90, bf16/fp16, its head sizes) and flash_attn.cute imports, else sdpa. fa4 was
+    validated in the model on the H200 on 2026-12-04 (tests/ops/test_attention.py and
+    tests/model/test_kernel_choices.py: 40 passed; a blu-0.5b 32k step 1.12x faster, attention at
+    449 vs 356 TF/s in the model; docs/BENCHMARKS.md)."""
+    why = fa4_problem(q, k) or _import_problem_once()
+    if why is not None:
+        return "sdpa", why
+    return "fa4", "CUDA SM90, bf16/fp16, a head size FlashAttention-4 takes, and flash_attn.cute imports"
+
+
+def auto_for_config(cfg, device: str = "cuda") -> tuple[str, str]:
+    """(kernel, why) memory.attention=auto is expected to run for a Config on `device`, before any
+    tensor exists (the planner, `megablu plan`): fa4 when the config allows it (config/schema.py
+    kernel_invariants: head_dim, no doc_mask, bf16) on CUDA and flash_attn.cute imports here; the
+    GPU's architecture is only known at the first call (auto_kernel)."""
+    from ..config.schema import kernel_invariants
+
+    if device != "cuda":
+        return "sdpa", f"a {device} run: FlashAttention-4 runs on SM90 GPUs only"
+    errs = kernel_invariants(cfg.model_copy(update={"memory": cfg.memory.model_copy(update={"attention": "fa4"})}),
+                             device)
+    why = errs[0].split(": ", 1)[-1] if errs else _import_problem_once()
+    return ("sdpa", why) if why else ("fa4", "a CUDA run, the config allows it and flash_attn.cute imports")
+
+
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str = "sdpa") -> torch.Tensor:
-    """Causal attention with `kernel` (KERNELS); q (B, T, H, D), k/v (B, T, Hkv, D) -> (B, T, H, D)."""
+    """Causal attention with `kernel` (MODES); q (B, T, H, D), k/v (B, T, Hkv, D) -> (B, T, H, D)."""
+    if kernel == "auto":
+        kernel, why = auto_kernel(q, k)
+        if AUTO_CHOICE.get("kernel") != kernel:
+            from .dispatch import _log_once
+
+            _log_once("attention", f"memory.attention=auto: {kernel} ({why})")
+            AUTO_CHOICE.update(kernel=kernel, why=why)
     if kernel == "sdpa":
         return sdpa_causal(q, k, v)
     if kernel == "fa4":
         return fa4_causal(q, k, v)
-    raise ValueError(f"memory.attention must be one of {KERNELS}, got {kernel!r}")
+    raise ValueError(f"memory.attention must be one of {MODES}, got {kernel!r}")

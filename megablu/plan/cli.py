@@ -44,10 +44,12 @@ def _plan(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
-        loss = plan.Setup.from_config(cfg).loss   # memory.loss=auto: what it picks for a GPU run here
-        shown = loss if cfg.memory.loss == loss else f"{cfg.memory.loss}->{loss}"
+        picked = plan.Setup.from_config(cfg)   # memory.loss/attention=auto: what they pick for a GPU run here
+        shown = picked.loss if cfg.memory.loss == picked.loss else f"{cfg.memory.loss}->{picked.loss}"
+        att = cfg.memory.attention
+        att = picked.attention if att == picked.attention else f"{att}->{picked.attention}"
         print(f"{cfg.name}: {cfg.model.n_params() / 1e9:.3f}B params; zero={cfg.parallel.zero_stage} "
-              f"recompute={cfg.memory.recompute} loss={shown} loss_chunk={cfg.memory.loss_chunk} "
+              f"recompute={cfg.memory.recompute} loss={shown} attention={att} loss_chunk={cfg.memory.loss_chunk} "
               f"micro_batch={cfg.train.micro_batch}; sp = {'GPUs' if sp is None else sp}; verdict: <= 80% "
               f"comfortable, <= 100% tight (probe first), else impossible")
         print(plan.format_table(rows, args.gpu_gb, args.host_gb))

@@ -87,18 +87,24 @@ class Setup:
     mlp_tiles: int = 1              # memory.mlp_tiles
     offload_activations: bool = False   # memory.offload_activations
     loss: str = "chunked"           # the loss that runs: chunked | liger (memory.loss=auto resolved)
-    attention: str = "sdpa"         # memory.attention: sdpa | fa4
+    attention: str = "sdpa"         # the kernel that runs: sdpa | fa4 (memory.attention=auto resolved)
 
     @classmethod
     def from_config(cls, cfg: Config, *, gpus: Optional[int] = None, window: Optional[int] = None,
                     sp: Optional[int] = None, ops: Optional[str] = None, loss: Optional[str] = None) -> "Setup":
         """loss: the implementation that runs (a probe's); default memory.loss, where auto is what it picks
-        for a GPU run in this environment (liger when liger_kernel imports here, else chunked)."""
+        for a GPU run in this environment (liger when liger_kernel imports here, else chunked); the same for
+        attention (memory.attention=auto: fa4 when the config allows it and flash_attn.cute imports here)."""
         p = cfg.parallel
         if loss is None and cfg.memory.loss == "auto":
             from ..ops.cross_entropy import auto_loss
 
             loss = auto_loss("cuda")[0]
+        attention = cfg.memory.attention
+        if attention == "auto":
+            from ..ops.attention import auto_for_config
+
+            attention = auto_for_config(cfg, "cuda")[0]
         g = gpus if gpus is not None else p.sp
         return cls(model=cfg.model, window=window or cfg.data.window, gpus=g,
                    sp=sp if sp is not None else (g if gpus is not None else p.sp),
@@ -107,7 +113,7 @@ class Setup:
                    loss_chunk=cfg.memory.loss_chunk, micro_batch=cfg.train.micro_batch,
                    ops=ops or ("torch" if cfg.memory.ops == "torch" else "cuda"),
                    mlp_tiles=cfg.memory.mlp_tiles, offload_activations=cfg.memory.offload_activations,
-                   loss=loss or cfg.memory.loss, attention=cfg.memory.attention)
+                   loss=loss or cfg.memory.loss, attention=attention)
 
     def to_json(self) -> dict:
         """Plain JSON (probe.json's "setup"; from_json reads it back)."""

@@ -208,9 +208,10 @@ def kernel_problems(ctx: Context) -> list[str]:
     """memory.loss=liger / memory.attention=fa4 import where the run will start (CUDA). The config
     part (CPU, head_dim, doc_mask, dtype) is config/schema.py kernel_invariants; the GPU's
     architecture is checked at the first call (ops/attention.py): this process may see no GPU.
-    memory.loss=auto needs nothing: without liger_kernel it runs chunked (ops/cross_entropy.py auto_loss)."""
+    memory.loss=auto and memory.attention=auto need nothing: without liger_kernel / flash_attn.cute they
+    run chunked / sdpa (ops/cross_entropy.py auto_loss, ops/attention.py auto_kernel)."""
     mem = ctx.cfg.memory
-    if ctx.device != "cuda" or (mem.loss != "liger" and mem.attention == "sdpa"):
+    if ctx.device != "cuda" or (mem.loss != "liger" and mem.attention != "fa4"):
         return []
     problems = []
     if mem.loss == "liger":

@@ -61,12 +61,14 @@ def _gb(x: Optional[float]) -> str:
 
 def setup_dict(cfg, world_size: int, ops_used: Optional[str] = None, loss_used: Optional[str] = None) -> dict:
     """The planner's Setup for this run as plain JSON (probe.json 'setup'; Setup.from_json reads it),
-    plus the configured memory.ops and memory.loss (`ops` is what ran: "auto" resolves at the first
-    step; `loss` is the implementation the model's head runs, `loss_used`: apply_memory resolved auto)."""
+    plus the configured memory.ops, memory.loss and memory.attention (`ops` and `attention` are what ran:
+    "auto" resolves at the first step; `loss` is the implementation the model's head runs, `loss_used`:
+    apply_memory resolved auto)."""
     from ..plan import Setup
 
     setup = Setup.from_config(cfg, gpus=world_size, sp=cfg.parallel.sp, ops=ops_used, loss=loss_used)
-    return {**setup.to_json(), "ops_config": cfg.memory.ops, "loss_config": cfg.memory.loss}
+    return {**setup.to_json(), "ops_config": cfg.memory.ops, "loss_config": cfg.memory.loss,
+            "attention_config": cfg.memory.attention}
 
 
 def _ops_used(device: str) -> str:
@@ -169,6 +171,10 @@ def run_probe(step_fn: Callable[[int], object], *, steps: int, tokens_per_rank: 
         times.append(time.perf_counter() - t0 - (aside if isinstance(aside, (int, float)) else 0.0))
         if i == 0 and setup is not None and setup.get("ops_config") == "auto":
             setup["ops"] = _ops_used(device)  # auto falls back to torch when the build fails
+        if i == 0 and setup is not None and setup.get("attention_config") == "auto":
+            from ..ops.attention import AUTO_CHOICE
+
+            setup["attention"] = AUTO_CHOICE.get("kernel", setup.get("attention"))   # what the first step ran
     summarise()
     _write(out, result)
     log.info("probe: peak %s (static %s, %s MB/token/rank), %.3f s/step, %.0f tokens/s%s",

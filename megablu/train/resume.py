@@ -7,6 +7,8 @@ exceptions, checked here once for the preflight and the trainer:
 - memory.loss: which implementation computes the same summed loss (chunked, liger, or auto's pick);
   weights, optimizer state and data position do not depend on it (a run started with chunked, the
   default before auto, resumes under the auto default);
+- memory.attention: the same causal attention by another kernel (sdpa, fa4, or auto's pick); nothing
+  saved depends on it (a run started with sdpa, the default before auto, resumes under auto);
 - checkpoint.every_steps, keep, keep_every: when to save and what to keep from now on (e.g. keep_every
   turned on for a run under way, to evaluate its later checkpoints); nothing saved depends on them, and
   the steps already on disk are kept or pruned by the new rule at the next save;
@@ -35,7 +37,7 @@ from .schedule import lr_at
 
 RESOLVED = "config.resolved.yaml"
 # fields a resume may change (besides the session fields), each with its own rule below
-RESUMABLE = {"parallel.sp", "memory.loss", "train.max_steps", "schedule.decay_start",
+RESUMABLE = {"parallel.sp", "memory.loss", "memory.attention", "train.max_steps", "schedule.decay_start",
              "checkpoint.every_steps", "checkpoint.keep", "checkpoint.keep_every"}
 _SESSION = {".".join(p) for p in _SESSION_FIELDS}
 

@@ -98,8 +98,9 @@ def test_keep_every_at_its_default_leaves_the_config_hash_alone():
     def cfg(sets):
         return load_config(ROOT / "yaml_configs" / "tiny_cpu.yaml", sets, world_size=1, device="cpu")
 
-    # the runs before it trained with memory.loss chunked (the default then; auto since, hashed as itself)
-    old = ["memory.loss=chunked"]
+    # the runs before it trained with memory.loss chunked and memory.attention sdpa (the defaults then;
+    # auto since, hashed as itself: a resume accepts both changes, train/resume.py RESUMABLE)
+    old = ["memory.loss=chunked", "memory.attention=sdpa"]
     assert config_hash(cfg(old)) == config_hash(cfg(old + ["checkpoint.keep_every=0"])) == "786b2824aa40a632"
     assert config_hash(cfg(old + ["checkpoint.keep_every=20"])) != "786b2824aa40a632"
     steps = cfg([]).train.max_steps

@@ -60,8 +60,9 @@ def test_tiles_without_recompute_warns():
 # --------------------------------------------------------------------------- memory.loss / memory.attention
 def test_kernel_field_defaults():
     """loss: auto (liger where the run is on CUDA and liger_kernel imports, else chunked: ops/cross_entropy.py);
-    attention: sdpa until the H200 validates fa4."""
-    assert MemoryConfig().loss == "auto" and MemoryConfig().attention == "sdpa"
+    attention: auto (fa4 where it takes the tensors and flash_attn.cute imports, else sdpa: ops/attention.py;
+    the H200 validated fa4 on 2026-12-04)."""
+    assert MemoryConfig().loss == "auto" and MemoryConfig().attention == "auto"
     cfg = load_config(EXT, ["memory.loss=liger", "memory.attention=fa4"], world_size=2, device="cuda")
     assert (cfg.memory.loss, cfg.memory.attention) == ("liger", "fa4")
     assert any(e.startswith("memory.loss") for e in errors(["memory.loss=cce"]))
@@ -161,16 +162,18 @@ def test_the_preflight_runs_the_kernel_check(monkeypatch):
 def test_config_hash_unchanged_by_the_kernel_fields_at_their_defaults():
     """Runs started before memory.loss/attention existed keep their hash with the behaviour of then
     (tiny_cpu's hash on main before them, 786b2824aa40a632, checked by hand): loss=chunked, attention=sdpa.
-    auto (loss's default since 2026-12-04), liger and fa4 are other values; a resume accepts a memory.loss
-    change (train/resume.py, test_a_resume_accepts_a_loss_change)."""
+    auto (loss's and attention's default since 2026-12-04), liger and fa4 are other values; a resume accepts
+    a memory.loss or memory.attention change (train/resume.py, test_a_resume_accepts_a_loss_change)."""
     from megablu.config import config_hash
 
     def h(sets, device="cpu"):
         return config_hash(load_config("yaml_configs/tiny_cpu.yaml", sets, world_size=1, device=device))
 
-    assert h(["memory.loss=chunked"]) == h(["memory.loss=chunked", "memory.attention=sdpa"]) == "786b2824aa40a632"
-    assert len({h(["memory.loss=chunked"]), h([]), h(["memory.loss=liger"], None),
-                h(["memory.loss=chunked", "memory.attention=fa4", "train.dtype=bf16"], None)}) == 4
+    old = ["memory.loss=chunked", "memory.attention=sdpa"]
+    assert h(old) == "786b2824aa40a632"
+    assert len({h(old), h([]), h(["memory.loss=liger", "memory.attention=sdpa"], None),
+                h(["memory.loss=chunked", "memory.attention=fa4", "train.dtype=bf16"], None),
+                h(["memory.loss=chunked"])}) == 5        # the last: attention at its default, auto
 
 
 def test_a_resume_accepts_a_loss_change():
@@ -181,6 +184,10 @@ def test_a_resume_accepts_a_loss_change():
     saved = load_config(EXT, ["memory.loss=chunked"], world_size=2, device="cuda").model_dump(mode="json")
     for loss in ("auto", "liger"):
         assert resume_problems(saved, load_config(EXT, [f"memory.loss={loss}"], world_size=2, device="cuda"), 5) == []
+    # the attention kernel likewise (sdpa, the default before auto -> auto or fa4)
+    for att in ("auto", "fa4"):
+        now = load_config(EXT, ["memory.loss=chunked", f"memory.attention={att}"], world_size=2, device="cuda")
+        assert resume_problems({**saved, "memory": {**saved["memory"], "attention": "sdpa"}}, now, 5) == []
     now = load_config(EXT, ["memory.loss=auto", "memory.recompute=full"], world_size=2, device="cuda")
     assert resume_problems(saved, now, 5) == [f"memory.recompute: saved {saved['memory']['recompute']!r}, now 'full'"]
 

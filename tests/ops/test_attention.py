@@ -53,7 +53,7 @@ def test_sdpa_kernel_matches_math_fwd_and_grads(B, T, H, Hkv, D):
 
 def test_unknown_kernel_and_fa4_on_cpu_are_errors_that_name_the_field():
     q, k, v = _inputs(1, 8, 2, 1, 8, torch.float32)
-    with pytest.raises(ValueError, match=r"memory.attention must be one of \('sdpa', 'fa4'\), got 'flash'"):
+    with pytest.raises(ValueError, match=r"memory.attention must be one of \('auto', 'sdpa', 'fa4'\), got 'flash'"):
         A.causal_attention(q, k, v, "flash")
     with pytest.raises(RuntimeError, match=r"memory.attention=fa4: the tensors are on cpu, FlashAttention-4 runs "
                                            r"on CUDA \(SM90\) only; set memory.attention=sdpa"):
@@ -133,6 +133,92 @@ def test_decode_steps_keep_sdpa_and_doc_mask_refuses_fa4(fake_fa4):
     with pytest.raises(ValueError, match=r"memory.attention=fa4 runs plain causal attention; document masking "
                                          r"\(data.doc_mask\) runs on FlexAttention: set memory.attention=sdpa"):
         model(ids, doc_ids=torch.zeros_like(ids))
+
+
+@pytest.fixture
+def fresh_auto(monkeypatch):
+    """auto's log is once per process and its last pick is kept: each test starts with neither."""
+    from megablu.ops import dispatch
+
+    monkeypatch.setattr(dispatch, "_logged", set())
+    monkeypatch.setattr(A, "AUTO_CHOICE", {})
+    A._import_problem_once.cache_clear()
+    yield
+    A._import_problem_once.cache_clear()
+
+
+def test_auto_is_the_default_and_runs_sdpa_on_cpu_saying_why(fresh_auto, caplog):
+    """The default config's model on the CPU: auto runs SDPA (bit-equal to sdpa's forward and grads),
+    logged once with the reason; FlashAttention-4 is never asked."""
+    assert MemoryConfig().attention == "auto"
+    ids = torch.randint(0, CFG.vocab_size, (2, 29), generator=torch.Generator().manual_seed(3))
+    with caplog.at_level("INFO", logger="megablu.ops.dispatch"):
+        auto = apply_memory(BluModel(CFG, ROPE, seed=0), MemoryConfig(recompute="selective"))
+        assert {m.kernel for m in auto.modules() if isinstance(m, LocalAttention)} == {"auto"}
+        loss, grads = _loss_and_grads(auto, ids)
+    said = [m for m in caplog.messages if m.startswith("memory.attention=auto")]
+    assert said == ["memory.attention=auto: sdpa (the tensors are on cpu, FlashAttention-4 runs on CUDA (SM90) "
+                    "only)"]
+    assert A.AUTO_CHOICE["kernel"] == "sdpa"
+    ref = apply_memory(BluModel(CFG, ROPE, seed=0), MemoryConfig(recompute="selective", attention="sdpa"))
+    ref_loss, ref_grads = _loss_and_grads(ref, ids)
+    assert loss == ref_loss
+    for k in ref_grads:
+        assert torch.equal(grads[k], ref_grads[k]), k
+
+
+def test_auto_runs_fa4_where_it_can_take_the_tensors_and_imports(fake_fa4, fresh_auto, caplog):
+    """Where FA4 takes the tensors and imports (here the stand-in), auto calls it for the causal case,
+    with the loss and grads of sdpa; with document masking it keeps the masked path (no error, unlike
+    an explicit fa4); where flash_attn.cute does not import, it runs sdpa and says why."""
+    ids = torch.randint(0, CFG.vocab_size, (2, 37), generator=torch.Generator().manual_seed(1))
+    with caplog.at_level("INFO", logger="megablu.ops.dispatch"):
+        model = apply_memory(BluModel(CFG, ROPE, seed=0), MemoryConfig(recompute="selective"))
+        loss, grads = _loss_and_grads(model, ids)
+    assert fake_fa4.calls == [{"q": (2, 37, 9, 8), "k": (2, 37, 3, 8), "causal": True, "kw": {}}] * CFG.n_layers
+    assert "memory.attention=auto: fa4 (CUDA SM90, bf16/fp16, a head size FlashAttention-4 takes, and " \
+           "flash_attn.cute imports)" in caplog.messages
+    ref_loss, ref_grads = _loss_and_grads(apply_memory(BluModel(CFG, ROPE, seed=0),
+                                                       MemoryConfig(recompute="selective", attention="sdpa")), ids)
+    assert loss == pytest.approx(ref_loss, rel=1e-6)
+    for k in ref_grads:
+        torch.testing.assert_close(grads[k], ref_grads[k], msg=lambda m: f"{k}: {m}")
+    fake_fa4.calls.clear()
+    with torch.no_grad():
+        model(ids, doc_ids=torch.zeros_like(ids))                # document-causal: FlexAttention's path
+    assert fake_fa4.calls == []
+
+    def missing():
+        raise ModuleNotFoundError("No module named 'flash_attn'")
+
+    A._import_problem_once.cache_clear()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(A, "_fa4_func", missing)
+        q, k, v = _inputs(1, 8, 2, 1, 8, torch.float32)
+        assert A.auto_kernel(q, k) == ("sdpa", "flash_attn.cute is not importable (ModuleNotFoundError: No module "
+                                                "named 'flash_attn')")
+        torch.testing.assert_close(A.causal_attention(q, k, v, "auto"), A.sdpa_causal(q, k, v), rtol=0, atol=0)
+    assert fake_fa4.calls == []
+
+
+def test_auto_for_a_config_what_the_planner_shows(fresh_auto, monkeypatch):
+    """Before any tensor exists (plan, probe.json's planned setup): fa4 on a CUDA run when the config
+    allows it and flash_attn.cute imports; sdpa with doc_mask, another dtype, an odd head size, on CPU."""
+    from megablu import plan
+    from megablu.config import load_config
+
+    monkeypatch.setattr(A, "_fa4_func", lambda: object())    # imports
+    cfg = load_config("yaml_configs/l2.yaml", ["parallel.sp=1"])
+    assert cfg.memory.attention == "auto"
+    assert A.auto_for_config(cfg, "cuda")[0] == "fa4"
+    assert plan.Setup.from_config(cfg, gpus=1).attention == "fa4"
+    assert A.auto_for_config(cfg, "cpu") == ("sdpa", "a cpu run: FlashAttention-4 runs on SM90 GPUs only")
+    masked = load_config("yaml_configs/l2.yaml", ["parallel.sp=1", "data.mode=pack", "data.doc_mask=true"])
+    kind, why = A.auto_for_config(masked, "cuda")
+    assert kind == "sdpa" and why.startswith("FlashAttention-4 runs plain causal attention here")
+    assert plan.Setup.from_config(masked, gpus=1).attention == "sdpa"
+    pinned = load_config("yaml_configs/l2.yaml", ["parallel.sp=1", "memory.attention=sdpa"])
+    assert plan.Setup.from_config(pinned, gpus=1).attention == "sdpa"
 
 
 def test_fa4_without_the_library_names_the_fix(monkeypatch):

@@ -149,3 +149,5 @@ def test_a_run_records_the_loss_auto_picked(tmp_path, stdlib_data, monkeypatch):
                      "eval.final=false", "data.max_epochs=100"])
     setup = json.loads((Path(out["run_dir"]) / "probe.json").read_text())["setup"]
     assert (setup["loss"], setup["loss_config"]) == ("chunked", "auto")
+    # memory.attention=auto on a CPU run: the first step ran sdpa, recorded beside the configured value
+    assert (setup["attention"], setup["attention_config"]) == ("sdpa", "auto")
