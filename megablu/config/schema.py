@@ -284,6 +284,10 @@ class MemoryConfig(Section):
     offload_activations: bool = Field(default=False, description="each block's saved activations to pinned "
                                       "host memory in the forward, prefetched back one block ahead in the "
                                       "backward (CUDA side stream)")
+    offload_keep: int = Field(default=1, ge=1, description="with offload_activations: the last offload_keep "
+                              "blocks keep their saved activations on the GPU (the backward needs them first; "
+                              "each kept block gives the prefetch of the offloaded ones a block's backward of "
+                              "head start, for one block's saved set of GPU memory: megablu plan shows both)")
     loss: Literal["auto", "chunked", "liger"] = Field(
         default="auto", description="the lm head's vocab loss: chunked = megablu's own (ops/cross_entropy.py; "
         "loss_chunk tokens at a time, fp32 logits, dW summed in fp32); liger = Liger-Kernel's fused linear "
@@ -623,6 +627,10 @@ def check_invariants(cfg: Config, world_size: Optional[int] = None,
         errs.append(f"memory.offload_activations with memory.recompute=none and memory.mlp_tiles=1 copies every "
                     f"layer's (T, ffn) MLP intermediates ({3 * 2 * m.ffn_dim} B/token/layer in bf16) to host and "
                     f"back each step; set memory.recompute=selective (or full), or memory.mlp_tiles >= 2")
+    if mem.offload_activations and mem.offload_keep >= cfg.model.n_layers:
+        errs.append(f"memory.offload_keep={mem.offload_keep} with model.n_layers={cfg.model.n_layers}: every block "
+                    f"would keep its activations on the GPU, so nothing is offloaded; set memory.offload_keep<="
+                    f"{cfg.model.n_layers - 1}, or memory.offload_activations=false")
     if device == "cpu" and mem.offload_activations:
         errs.append("memory.offload_activations on a CPU run has no effect (activations already live in host "
                     "memory); set it false")
@@ -674,6 +682,9 @@ def config_warnings(cfg: Config) -> list[str]:
     if cfg.checkpoint.keep_every > cfg.train.max_steps:
         w.append(f"checkpoint.keep_every={cfg.checkpoint.keep_every} > train.max_steps={cfg.train.max_steps}: "
                  f"no step of this run is kept by it")
+    if cfg.memory.offload_keep != 1 and not cfg.memory.offload_activations:
+        w.append(f"memory.offload_keep={cfg.memory.offload_keep} without memory.offload_activations has no effect "
+                 f"(nothing is offloaded)")
     if cfg.parallel.zero_stage != 3 and not cfg.parallel.reduce_scatter:
         w.append("parallel.reduce_scatter=false only affects ZeRO stage 3")
     if cfg.eval.gate.parent is None and not (cfg.eval.at_steps or cfg.eval.final) and cfg.eval.lengths:

@@ -16,7 +16,7 @@ attention + MLP computation. What this file installs, per switch:
     selective  attention's inputs and outputs stay saved (attention is never recomputed); the
                second norm, the MLP and its (B, T, ffn) intermediates are recomputed from h;
     full       the whole block is recomputed from its input (a checkpoint per block);
-  with offload, every block but the last `keep_last` runs inside the offload's saved-tensor
+  with offload, every block but the last `keep_last` (memory.offload_keep) runs inside the offload's saved-tensor
   hooks (offload.py), and its checkpoints are reentrant, which saves their inputs with
   save_for_backward where the hooks see them (the non-reentrant checkpoint holds them by
   Python reference, on the GPU).
@@ -129,7 +129,7 @@ def apply_memory(model: nn.Module, memory: Optional[MemoryConfig] = None,
         if isinstance(m, LocalAttention):
             m.kernel = memory.attention
     # saved activations of every block to pinned host memory (training steps only)
-    model.offload = (offload or ActivationOffload()) if memory.offload_activations else None
+    model.offload = (offload or ActivationOffload(keep_last=memory.offload_keep)) if memory.offload_activations else None
     for i, block in enumerate(model.layers):
         if memory.mlp_tiles > 1:
             block.mlp.forward = _TiledForward(block.mlp, memory.mlp_tiles)

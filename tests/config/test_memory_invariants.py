@@ -215,3 +215,27 @@ def test_a_resume_names_a_loss_kernel_that_differs_from_the_last_session(tmp_pat
     assert "from step 0 ran chunked" in loss_change(tmp_path, 20, "liger")
     probe("probe.step50.json", "liger")               # an earlier attempt at resuming at 50 (it saved nothing)
     assert "from step 50 ran liger" in loss_change(tmp_path, 50, "chunked")
+
+
+def test_offload_keep_bounds_and_its_hash():
+    """memory.offload_keep: keeping every block (or more) offloads nothing: refused with the bound; without
+    offload_activations it is a warning; at its default (1) a run's hash is the one from before the field."""
+    from megablu.config import config_hash
+
+    n = load_config(EXT, [], world_size=2, device="cuda").model.n_layers
+    on = ["memory.offload_activations=true"]
+    assert errors(on + [f"memory.offload_keep={n - 1}"]) == []
+    errs = errors(on + [f"memory.offload_keep={n}"])
+    assert errs == [f"memory.offload_keep={n} with model.n_layers={n}: every block would keep its activations on "
+                    f"the GPU, so nothing is offloaded; set memory.offload_keep<={n - 1}, or "
+                    f"memory.offload_activations=false"]
+    assert any(e.startswith("memory.offload_keep: Input should be greater than or equal to 1")
+               for e in errors(on + ["memory.offload_keep=0"]))
+    w = config_warnings(load_config(EXT, ["memory.offload_keep=4"], world_size=2, device="cuda"))
+    assert "memory.offload_keep=4 without memory.offload_activations has no effect (nothing is offloaded)" in w
+
+    def h(sets):
+        return config_hash(load_config("yaml_configs/tiny_cpu.yaml", ["memory.loss=chunked", "memory.attention=sdpa"]
+                                       + sets, world_size=1, device="cpu"))
+
+    assert h(["memory.offload_keep=1"]) == "786b2824aa40a632" != h(["memory.offload_keep=2"])

@@ -129,6 +129,24 @@ def test_switches_match_plain_path(request, ops, recompute, tiles, offload, keep
         assert m.offload.host_bytes > 0
 
 
+def test_offload_keep_is_installed_and_keeps_that_many_blocks_on_the_device():
+    """memory.offload_keep = K: apply_memory's offload keeps the last K blocks' saved sets on the device;
+    the others go to host (here CPU copies), the same bytes per block; grads equal the plain path's."""
+    ids, labels = batch()
+    ref = step(build(MemoryConfig()), ids, labels)
+    host = {}
+    for keep in (1, 2):
+        m = BluModel(CFG, ROPE)
+        m.reset_parameters(seed=0)
+        m = apply_memory(m, MemoryConfig(recompute="selective", offload_activations=True, offload_keep=keep))
+        assert m.offload.keep_last == keep
+        m.offload.copy_cpu, m.offload.min_bytes = True, 0       # the CPU stand-in for the pinned copies
+        assert_same(step(m, ids, labels), ref, f"offload_keep={keep}")
+        host[keep] = m.offload.host_bytes
+    n = CFG.n_layers
+    assert host[2] > 0 and host[1] * (n - 2) == host[2] * (n - 1)     # n-1 blocks moved vs n-2, the same each
+
+
 @pytest.mark.parametrize("tiles", [2, 74, 200])      # 200 > B*T rows: one row per tile
 def test_tile_counts_match_plain_path(tiles):
     ids, labels = batch(1)

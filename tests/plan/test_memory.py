@@ -67,6 +67,19 @@ def test_offload_gpu_activations_independent_of_depth_and_host_holds_the_rest():
     assert plan.estimate(plan.Setup(deep, 1024, recompute="full", loss_chunk=256)).host == 0
 
 
+def test_offload_keep_moves_blocks_from_host_to_gpu():
+    """memory.offload_keep = K: K blocks' saved sets stay on the GPU (+ one in flight), the other
+    n - K on host; K = 1 is the default's accounting."""
+    deep = TINY.model_copy(update={"n_layers": 8})
+    per = ATTN + H
+    assert plan.saved_per_token(deep, "selective", "cuda", offload=True, keep=1) == 2 * per + OUT
+    assert plan.saved_per_token(deep, "selective", "cuda", offload=True, keep=5) == 6 * per + OUT
+    assert plan.host_per_token(deep, "selective", "cuda", keep=5) == 3 * per
+    s = plan.Setup(deep, 1024, recompute="selective", loss_chunk=256, offload_activations=True, offload_keep=5)
+    assert plan.estimate(s).host == 3 * per * 1024
+    assert "keep=5" in s.describe()
+
+
 def test_blu05b_at_1m_tokens_on_one_gpu():
     def est(**kw):
         return plan.estimate(plan.Setup(BLU05B, 1048576, loss_chunk=4096, **kw))
