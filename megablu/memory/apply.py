@@ -129,7 +129,9 @@ def apply_memory(model: nn.Module, memory: Optional[MemoryConfig] = None,
         if isinstance(m, LocalAttention):
             m.kernel = memory.attention
     # saved activations of every block to pinned host memory (training steps only)
-    model.offload = (offload or ActivationOffload(keep_last=memory.offload_keep)) if memory.offload_activations else None
+    model.offload = None
+    if memory.offload_activations:
+        model.offload = offload or ActivationOffload(keep_last=memory.offload_keep)
     for i, block in enumerate(model.layers):
         if memory.mlp_tiles > 1:
             block.mlp.forward = _TiledForward(block.mlp, memory.mlp_tiles)
