@@ -8,7 +8,7 @@ copied to pinned host memory per step (host GB).
 MFU counts model flops only (6 N per token + causal attention 6 L T H D), no recompute,
 against the H200's dense bf16 peak of 989 TF/s.
 
-A mode is `<recompute>[+tiles[N]][+offload[+keepN]][+liger][+fa4]`: recompute none|selective|full, the MLP
+A mode is `<recompute>[+tiles[N]][+offload[+keepN][+fracF]][+liger][+fa4]`: recompute none|selective|full, the MLP
 over N sequence tiles (memory.mlp_tiles; N defaults to --mlp-tiles), saved activations offloaded
 to pinned host memory (memory.offload_activations), the lm head's loss through Liger's fused
 linear cross-entropy (memory.loss=liger; else megablu's chunked loss of --loss-chunk tokens), the
@@ -60,12 +60,14 @@ def parse_mode(mode: str, default_tiles: int = 8) -> dict:
             out["offload_activations"] = True
         elif f.startswith("keep") and f[4:].isdigit():
             out["offload_keep"] = int(f[4:])
+        elif f.startswith("frac"):
+            out["offload_fraction"] = float(f[4:])
         elif f == "liger":
             out["loss"] = "liger"
         elif f == "fa4":
             out["attention"] = "fa4"
         else:
-            raise ValueError(f"mode {mode!r}: unknown flag {f!r} (tiles[N], offload, keepN, liger, fa4)")
+            raise ValueError(f"mode {mode!r}: unknown flag {f!r} (tiles[N], offload, keepN, fracF, liger, fa4)")
     return out
 
 

@@ -216,7 +216,8 @@ _LATER_FIELDS = {("data", "mix"), ("rope", "allow_yarn_from_scratch")}
 # (memory.loss's default is auto since 2026-12-04, hashed as itself; chunked keeps the hash of the runs
 # from before the field, and a resume accepts a memory.loss change: train/resume.py)
 _LATER_DEFAULTS = {("memory", "loss"): "chunked", ("memory", "attention"): "sdpa",
-                   ("checkpoint", "keep_every"): 0, ("memory", "offload_keep"): 1}
+                   ("checkpoint", "keep_every"): 0, ("memory", "offload_keep"): 1,
+                   ("memory", "offload_fraction"): 1.0}
 
 
 def config_hash(cfg: Config) -> str:

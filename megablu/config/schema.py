@@ -12,6 +12,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
+from ..memory.constants import offloaded_count
 from .eval_tasks import PRESETS, TaskSpec, default_max_new, min_words, needs_text_haystack
 
 
@@ -288,6 +289,11 @@ class MemoryConfig(Section):
                               "blocks keep their saved activations on the GPU (the backward needs them first; "
                               "each kept block gives the prefetch of the offloaded ones a block's backward of "
                               "head start, for one block's saved set of GPU memory: megablu plan shows both)")
+    offload_fraction: float = Field(default=1.0, gt=0, le=1, description="with offload_activations: the share of "
+                                    "the blocks before the last offload_keep that offload, spread evenly (0.75: "
+                                    "three of every four); the kept ones stay on the GPU and their compute hides "
+                                    "the others' copies, where the host link is slower than a block's forward "
+                                    "(blu-0.5b with FlashAttention-4 at 32k on an H200: docs/BENCHMARKS.md)")
     loss: Literal["auto", "chunked", "liger"] = Field(
         default="auto", description="the lm head's vocab loss: chunked = megablu's own (ops/cross_entropy.py; "
         "loss_chunk tokens at a time, fp32 logits, dW summed in fp32); liger = Liger-Kernel's fused linear "
@@ -627,6 +633,12 @@ def check_invariants(cfg: Config, world_size: Optional[int] = None,
         errs.append(f"memory.offload_activations with memory.recompute=none and memory.mlp_tiles=1 copies every "
                     f"layer's (T, ffn) MLP intermediates ({3 * 2 * m.ffn_dim} B/token/layer in bf16) to host and "
                     f"back each step; set memory.recompute=selective (or full), or memory.mlp_tiles >= 2")
+    if mem.offload_activations and mem.offload_keep < cfg.model.n_layers \
+            and offloaded_count(cfg.model.n_layers, mem.offload_keep, mem.offload_fraction) == 0:
+        errs.append(f"memory.offload_fraction={mem.offload_fraction:g} of the {cfg.model.n_layers - mem.offload_keep} "
+                    f"blocks before the last memory.offload_keep={mem.offload_keep} is none of them: nothing is "
+                    f"offloaded; set memory.offload_fraction>={1 / (cfg.model.n_layers - mem.offload_keep):.3g}, or "
+                    f"memory.offload_activations=false")
     if mem.offload_activations and mem.offload_keep >= cfg.model.n_layers:
         errs.append(f"memory.offload_keep={mem.offload_keep} with model.n_layers={cfg.model.n_layers}: every block "
                     f"would keep its activations on the GPU, so nothing is offloaded; set memory.offload_keep<="
@@ -685,6 +697,9 @@ def config_warnings(cfg: Config) -> list[str]:
     if cfg.memory.offload_keep != 1 and not cfg.memory.offload_activations:
         w.append(f"memory.offload_keep={cfg.memory.offload_keep} without memory.offload_activations has no effect "
                  f"(nothing is offloaded)")
+    if cfg.memory.offload_fraction != 1 and not cfg.memory.offload_activations:
+        w.append(f"memory.offload_fraction={cfg.memory.offload_fraction:g} without memory.offload_activations has "
+                 f"no effect (nothing is offloaded)")
     if cfg.parallel.zero_stage != 3 and not cfg.parallel.reduce_scatter:
         w.append("parallel.reduce_scatter=false only affects ZeRO stage 3")
     if cfg.eval.gate.parent is None and not (cfg.eval.at_steps or cfg.eval.final) and cfg.eval.lengths:

@@ -16,7 +16,8 @@ attention + MLP computation. What this file installs, per switch:
     selective  attention's inputs and outputs stay saved (attention is never recomputed); the
                second norm, the MLP and its (B, T, ffn) intermediates are recomputed from h;
     full       the whole block is recomputed from its input (a checkpoint per block);
-  with offload, every block but the last `keep_last` (memory.offload_keep) runs inside the offload's saved-tensor
+  with offload, every block but the last `keep_last` (memory.offload_keep), or an evenly spread
+  memory.offload_fraction of them, runs inside the offload's saved-tensor
   hooks (offload.py), and its checkpoints are reentrant, which saves their inputs with
   save_for_backward where the hooks see them (the non-reentrant checkpoint holds them by
   Python reference, on the GPU).
@@ -69,7 +70,7 @@ class _BlockForward:
         n = len(self.model.layers)
         if self.index == 0:
             off.begin()
-        if self.index < n - off.keep_last:
+        if off.offloads(self.index, n):
             # cos/sin and the doc mask are shared by every layer: saved by reference, not copied per layer
             keep = (cos, sin, *(docs.tensors() if docs is not None else ()))
             with off.block(self.block, keep=keep):
@@ -131,7 +132,7 @@ def apply_memory(model: nn.Module, memory: Optional[MemoryConfig] = None,
     # saved activations of every block to pinned host memory (training steps only)
     model.offload = None
     if memory.offload_activations:
-        model.offload = offload or ActivationOffload(keep_last=memory.offload_keep)
+        model.offload = offload or ActivationOffload(keep_last=memory.offload_keep, fraction=memory.offload_fraction)
     for i, block in enumerate(model.layers):
         if memory.mlp_tiles > 1:
             block.mlp.forward = _TiledForward(block.mlp, memory.mlp_tiles)

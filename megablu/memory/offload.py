@@ -58,7 +58,7 @@ from typing import Iterable, Iterator, Optional
 import torch
 from torch import nn
 
-from .constants import KEEP_LAST, MAX_INFLIGHT, MIN_BYTES
+from .constants import KEEP_LAST, MAX_INFLIGHT, MIN_BYTES, offloaded
 
 
 class _Stored:
@@ -195,15 +195,15 @@ class ActivationOffload:
 
         off.begin()                               # once per forward
         for i, layer in enumerate(layers):
-            with off.block(layer, keep=(cos, sin)) if i < len(layers) - off.keep_last else nullcontext():
+            with off.block(layer, keep=(cos, sin)) if off.offloads(i, len(layers)) else nullcontext():
                 h = layer(h, ...)
         off.end()
     """
 
     def __init__(self, min_bytes: int = MIN_BYTES, copy_cpu: bool = False, max_inflight: int = MAX_INFLIGHT,
-                 keep_last: int = KEEP_LAST):
+                 keep_last: int = KEEP_LAST, fraction: float = 1.0):
         self.min_bytes, self.copy_cpu, self.max_inflight = min_bytes, copy_cpu, max_inflight
-        self.keep_last = keep_last
+        self.keep_last, self.fraction = keep_last, fraction
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
         self._last: Optional[_BlockState] = None
         self.host_bytes = 0          # bytes copied to host by the current (or last) forward
@@ -212,6 +212,11 @@ class ActivationOffload:
         if device not in self._streams:
             self._streams[device] = torch.cuda.Stream(device=device)
         return self._streams[device]
+
+    def offloads(self, i: int, n: int) -> bool:
+        """Block i of n goes through block(): not the last keep_last, and `fraction` of the rest, spread
+        evenly (constants.offloaded; memory.offload_keep, memory.offload_fraction)."""
+        return offloaded(i, n, self.keep_last, self.fraction)
 
     def begin(self) -> None:
         self._last = None

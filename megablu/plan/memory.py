@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from ..config.schema import Config, ModelConfig
-from ..memory.constants import KEEP_LAST, MAX_INFLIGHT
+from ..memory.constants import KEEP_LAST, MAX_INFLIGHT, offloaded_count
 from ..parallel.heads import head_plan
 
 GB = 1e9
@@ -87,6 +87,7 @@ class Setup:
     mlp_tiles: int = 1              # memory.mlp_tiles
     offload_activations: bool = False   # memory.offload_activations
     offload_keep: int = 1           # memory.offload_keep: the last blocks whose saved sets stay on the GPU
+    offload_fraction: float = 1.0   # memory.offload_fraction: the share of the others that offload
     loss: str = "chunked"           # the loss that runs: chunked | liger (memory.loss=auto resolved)
     attention: str = "sdpa"         # the kernel that runs: sdpa | fa4 (memory.attention=auto resolved)
 
@@ -114,7 +115,7 @@ class Setup:
                    loss_chunk=cfg.memory.loss_chunk, micro_batch=cfg.train.micro_batch,
                    ops=ops or ("torch" if cfg.memory.ops == "torch" else "cuda"),
                    mlp_tiles=cfg.memory.mlp_tiles, offload_activations=cfg.memory.offload_activations,
-                   offload_keep=cfg.memory.offload_keep,
+                   offload_keep=cfg.memory.offload_keep, offload_fraction=cfg.memory.offload_fraction,
                    loss=loss or cfg.memory.loss, attention=attention)
 
     def to_json(self) -> dict:
@@ -141,6 +142,7 @@ class Setup:
         mem = f" mlp_tiles={self.mlp_tiles}" if self.mlp_tiles > 1 else ""
         mem += " +act-offload" if self.offload_activations else ""
         mem += f" keep={self.offload_keep}" if self.offload_activations and self.offload_keep != 1 else ""
+        mem += f" fraction={self.offload_fraction:g}" if self.offload_activations and self.offload_fraction != 1 else ""
         loss = "loss=liger" if self.loss == "liger" else f"loss_chunk={self.loss_chunk}"
         attn = f" attention={self.attention}" if self.attention != "sdpa" else ""
         return (f"gpus={self.gpus} sp={self.sp} zero={self.zero_stage}{off} recompute={self.recompute}{mem} "
@@ -261,27 +263,29 @@ OFFLOAD_RESIDENT_LAYERS = MAX_INFLIGHT   # memory/offload.py: the block running 
 OFFLOAD_KEPT_LAYERS = KEEP_LAST          # memory/offload.py: the final blocks never leave the GPU
 
 
-def resident_layers(n_layers: int, keep: int = OFFLOAD_KEPT_LAYERS) -> int:
-    """Layers' saved sets on the GPU with activation offload: the `keep` last blocks (never offloaded)
-    + the block running and one in flight / prefetched (OFFLOAD_RESIDENT_LAYERS counts both with the
-    default keep of 1: the last block is the first one running in the backward)."""
-    return min(n_layers, max(OFFLOAD_RESIDENT_LAYERS, keep + OFFLOAD_RESIDENT_LAYERS - OFFLOAD_KEPT_LAYERS))
+def resident_layers(n_layers: int, keep: int = OFFLOAD_KEPT_LAYERS, fraction: float = 1.0) -> int:
+    """Layers' saved sets on the GPU with activation offload: the blocks never offloaded (the `keep`
+    last, and 1 - fraction of the others) + one offloaded block running or in flight / prefetched
+    (OFFLOAD_RESIDENT_LAYERS = 2 with the defaults: the last block and the one prefetched)."""
+    kept = n_layers - offloaded_count(n_layers, keep, fraction)
+    return min(n_layers, max(OFFLOAD_RESIDENT_LAYERS, kept + OFFLOAD_RESIDENT_LAYERS - OFFLOAD_KEPT_LAYERS))
 
 
 def saved_per_token(m: ModelConfig, recompute: str, ops: str, sp: int = 1, mlp_tiles: int = 1,
-                    offload: bool = False, keep: int = OFFLOAD_KEPT_LAYERS) -> float:
+                    offload: bool = False, keep: int = OFFLOAD_KEPT_LAYERS, fraction: float = 1.0) -> float:
     """Bytes per token per rank saved for backward on the GPU over all layers + head + RoPE tables."""
     per_layer = saved_per_layer(layer_bytes_per_token(m, ops, sp), recompute, mlp_tiles)
-    layers = resident_layers(m.n_layers, keep) if offload else m.n_layers
+    layers = resident_layers(m.n_layers, keep, fraction) if offload else m.n_layers
     return layers * per_layer + outside_layers_per_token(m, ops)
 
 
 def host_per_token(m: ModelConfig, recompute: str, ops: str, sp: int = 1, mlp_tiles: int = 1,
-                   keep: int = OFFLOAD_KEPT_LAYERS) -> float:
-    """Pinned host bytes per token per rank with memory.offload_activations: every layer's saved
-    set but the last `keep` ones (memory.offload_keep: memory/offload.py keeps those on the device)."""
-    return (m.n_layers - min(keep, m.n_layers)) * saved_per_layer(layer_bytes_per_token(m, ops, sp), recompute,
-                                                                   mlp_tiles)
+                   keep: int = OFFLOAD_KEPT_LAYERS, fraction: float = 1.0) -> float:
+    """Pinned host bytes per token per rank with memory.offload_activations: the saved sets of the
+    blocks that offload (all but the last `keep`, memory.offload_keep, or `fraction` of them spread
+    evenly, memory.offload_fraction: memory/constants.py offloaded)."""
+    return offloaded_count(m.n_layers, keep, fraction) * saved_per_layer(layer_bytes_per_token(m, ops, sp),
+                                                                         recompute, mlp_tiles)
 
 
 def layer_working_set(lb: dict, recompute: str, mlp_tiles: int = 1) -> float:
@@ -355,7 +359,8 @@ def estimate(s: Setup, calib: Optional[Calibration] = None) -> Estimate:
 
     # --- phases (activations scale with act_scale)
     a = calib.act_scale
-    per_tok = saved_per_token(m, s.recompute, s.ops, s.sp, s.mlp_tiles, s.offload_activations, s.offload_keep) * a
+    per_tok = saved_per_token(m, s.recompute, s.ops, s.sp, s.mlp_tiles, s.offload_activations, s.offload_keep,
+                              s.offload_fraction) * a
     lb = layer_bytes_per_token(m, s.ops, s.sp, s.attention)
     loss_const, loss_tok = loss_bytes(m, t, s.loss_chunk, s.loss)
     fwd_end = per_tok * t + (loss_const + loss_tok * t) * a
@@ -363,12 +368,13 @@ def estimate(s: Setup, calib: Optional[Calibration] = None) -> Estimate:
     # tiled: fp32 sums of the MLP weights' grads over tiles (memory/tiled.py), one layer at a time
     tile_acc = FP32 * 3 * m.d_model * m.ffn_dim if s.mlp_tiles > 1 else 0.0
     bwd = per_tok * t + layer_ws * t + tile_acc
-    host = (host_per_token(m, s.recompute, s.ops, s.sp, s.mlp_tiles, s.offload_keep) * a * t
+    host = (host_per_token(m, s.recompute, s.ops, s.sp, s.mlp_tiles, s.offload_keep, s.offload_fraction) * a * t
             if s.offload_activations else 0.0)
     step = FP32 * N / K if (s.optimizer and not s.offload_optimizer) else 0.0
     phases = {"forward end": fwd_end, "backward": bwd, "optimizer step": step}
     phase = max(phases, key=phases.get)
-    act = f"activations ({s.recompute}, " + (f"{resident_layers(m.n_layers, s.offload_keep)} of {m.n_layers} layers "
+    act = f"activations ({s.recompute}, " + (f"{resident_layers(m.n_layers, s.offload_keep, s.offload_fraction)} of "
+                                             f"{m.n_layers} layers "
                                              f"on the GPU, rest on host)" if s.offload_activations
                                              else f"{m.n_layers} layers)")
     if phase == "forward end":

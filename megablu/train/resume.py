@@ -7,7 +7,7 @@ exceptions, checked here once for the preflight and the trainer:
 - memory.loss: which implementation computes the same summed loss (chunked, liger, or auto's pick);
   weights, optimizer state and data position do not depend on it (a run started with chunked, the
   default before auto, resumes under the auto default);
-- memory.offload_keep: where saved activations wait (GPU or pinned host), not what they are;
+- memory.offload_keep, offload_fraction: where saved activations wait (GPU or pinned host), not what they are;
 - memory.attention: the same causal attention by another kernel (sdpa, fa4, or auto's pick); nothing
   saved depends on it (a run started with sdpa, the default before auto, resumes under auto);
 - checkpoint.every_steps, keep, keep_every: when to save and what to keep from now on (e.g. keep_every
@@ -38,8 +38,8 @@ from .schedule import lr_at
 
 RESOLVED = "config.resolved.yaml"
 # fields a resume may change (besides the session fields), each with its own rule below
-RESUMABLE = {"parallel.sp", "memory.loss", "memory.attention", "memory.offload_keep", "train.max_steps",
-             "schedule.decay_start", "checkpoint.every_steps", "checkpoint.keep", "checkpoint.keep_every"}
+RESUMABLE = {"parallel.sp", "memory.loss", "memory.attention", "memory.offload_keep",
+             "memory.offload_fraction", "train.max_steps", "schedule.decay_start", "checkpoint.every_steps", "checkpoint.keep", "checkpoint.keep_every"}
 _SESSION = {".".join(p) for p in _SESSION_FIELDS}
 
 

@@ -239,3 +239,17 @@ def test_offload_keep_bounds_and_its_hash():
                                        + sets, world_size=1, device="cpu"))
 
     assert h(["memory.offload_keep=1"]) == "786b2824aa40a632" != h(["memory.offload_keep=2"])
+
+
+def test_offload_fraction_that_offloads_nothing_is_refused():
+    n = load_config(EXT, [], world_size=2, device="cuda").model.n_layers
+    on = ["memory.offload_activations=true"]
+    assert errors(on + ["memory.offload_fraction=0.75"]) == []
+    errs = errors(on + ["memory.offload_fraction=0.01"])
+    assert errs == [f"memory.offload_fraction=0.01 of the {n - 1} blocks before the last memory.offload_keep=1 is "
+                    f"none of them: nothing is offloaded; set memory.offload_fraction>={1 / (n - 1):.3g}, or "
+                    f"memory.offload_activations=false"]
+    assert any(e.startswith("memory.offload_fraction: Input should be less than or equal to 1")
+               for e in errors(on + ["memory.offload_fraction=1.5"]))
+    w = config_warnings(load_config(EXT, ["memory.offload_fraction=0.5"], world_size=2, device="cuda"))
+    assert "memory.offload_fraction=0.5 without memory.offload_activations has no effect (nothing is offloaded)" in w

@@ -147,6 +147,32 @@ def test_offload_keep_is_installed_and_keeps_that_many_blocks_on_the_device():
     assert host[2] > 0 and host[1] * (n - 2) == host[2] * (n - 1)     # n-1 blocks moved vs n-2, the same each
 
 
+def test_offload_fraction_spreads_the_offloaded_blocks_and_keeps_the_grads():
+    """memory.offload_fraction: of the blocks before the last offload_keep, that share offloads, spread
+    evenly (0.75 of 35: 26 blocks, every fourth kept from the first); the model's grads equal the plain
+    path's and the host holds exactly the offloaded blocks' bytes."""
+    from megablu.memory.constants import offloaded, offloaded_count
+
+    assert [int(offloaded(i, 9, 1, 0.75)) for i in range(9)] == [0, 1, 1, 1, 0, 1, 1, 1, 0]
+    assert offloaded_count(36, 1, 0.75) == 26 and offloaded_count(36, 1, 1.0) == 35
+    assert offloaded_count(36, 4, 0.5) == 16 and offloaded_count(36, 1, 0.01) == 0
+    deep = CFG.model_copy(update={"n_layers": 5})
+    ids, labels = batch()
+    ref_model = BluModel(deep, ROPE)
+    ref_model.reset_parameters(seed=0)
+    ref = step(apply_memory(ref_model, MemoryConfig()), ids, labels)
+    host = {}
+    for frac in (1.0, 0.5):
+        m = BluModel(deep, ROPE)
+        m.reset_parameters(seed=0)
+        m = apply_memory(m, MemoryConfig(recompute="selective", offload_activations=True, offload_fraction=frac))
+        assert m.offload.fraction == frac
+        m.offload.copy_cpu, m.offload.min_bytes = True, 0
+        assert_same(step(m, ids, labels), ref, f"offload_fraction={frac}")
+        host[frac] = m.offload.host_bytes
+    assert offloaded_count(5, 1, 0.5) == 2 and host[0.5] > 0 and host[1.0] * 2 == host[0.5] * 4
+
+
 @pytest.mark.parametrize("tiles", [2, 74, 200])      # 200 > B*T rows: one row per tile
 def test_tile_counts_match_plain_path(tiles):
     ids, labels = batch(1)

@@ -78,6 +78,12 @@ def test_offload_keep_moves_blocks_from_host_to_gpu():
     s = plan.Setup(deep, 1024, recompute="selective", loss_chunk=256, offload_activations=True, offload_keep=5)
     assert plan.estimate(s).host == 3 * per * 1024
     assert "keep=5" in s.describe()
+    # offload_fraction 0.5 of the 7 blocks before the last: 3 offloaded, 5 kept + 1 in flight on the GPU
+    assert plan.host_per_token(deep, "selective", "cuda", fraction=0.5) == 3 * per
+    assert plan.saved_per_token(deep, "selective", "cuda", offload=True, fraction=0.5) == 6 * per + OUT
+    half = plan.Setup(deep, 1024, recompute="selective", loss_chunk=256, offload_activations=True,
+                      offload_fraction=0.5)
+    assert plan.estimate(half).host == 3 * per * 1024 and "fraction=0.5" in half.describe()
 
 
 def test_blu05b_at_1m_tokens_on_one_gpu():
