@@ -40,6 +40,10 @@
 # step 75 and the final scored at 32744 on fresh prompts (eval.seed=1, n=200: far at step 125 scored
 # 90.5% on the prompts it was picked on) and step 125 also on today's (seed 0: does the rerun
 # reproduce it?); the temperature probe runs first after the training, before the arm's cells.
+# CONFIRM_STOP=125 with CONFIRM=1 (prepared 2026-12-04, fifth session): the short form. Training stops at
+# step 125 (train.stop_after; the schedule stays the full run's, so it is the first run's step 125), then
+# steps 75, 100, 125 are scored on fresh prompts, 125 also on the old ones, and the temperature probe runs on
+# 125; no arm cells. A/B as above, then C: ~1,100 s in all instead of ~1,700.
 # Call each phase the moment the previous returns: a machine idle for 30 s is gone with the run
 # (2026-12-04: the fourth call found a fresh machine and the probe was lost).
 # Each call: command "ARM=mix_switch PHASE=x bash bench/h200_issue14.sh", timeout_s 600.
@@ -104,6 +108,10 @@ TRAIN_SET=()
 if [ "$CONFIRM" = 1 ]; then   # every 25th checkpoint kept (repeated on resume: the same overrides)
   [ "$ARM" = far ] || { echo "CONFIRM=1 is written for ARM=far" >&2; exit 2; }
   TRAIN_SET=(--set checkpoint.every_steps=$KEEP_EVERY --set checkpoint.keep_every=$KEEP_EVERY)
+  # CONFIRM_STOP=N (e.g. 125): train only to step N (train.stop_after: the schedule is the full run's, so
+  # step N is the first run's step N), then score the kept checkpoints and probe the temperature there;
+  # the short form of the confirmation when device time cannot hold the whole run (~800 s instead of 1,700)
+  [ -n "${CONFIRM_STOP:-}" ] && TRAIN_SET+=(--set train.stop_after=$CONFIRM_STOP)
 fi
 FILLERS=kv,text
 if [ "$ARM" = far ]; then     # yaml_configs/smol32k_far.yaml: dense's set, half the keys 10-20k back, + repeat filler
@@ -316,8 +324,13 @@ c|d)  # the rest of the training, then the arm's evals (and any baseline a cut c
     P_BASE=$!
     [ -n "$P_TRAIN" ] && { wait $P_TRAIN; finish; }
     P_ARM=
-    if arm_done; then
-      CK=$(ckpt_of_arm)
+    CK=$(ckpt_of_arm)
+    if [ "$CONFIRM" = 1 ] && [ -n "${CONFIRM_STOP:-}" ] && [ -n "$CK" ] && ! arm_done \
+        && [ "$((10#${CK##*step_}))" = "$CONFIRM_STOP" ]; then   # stopped where asked: that checkpoint's cells
+      [ -n "$P_CONF" ] && wait "$P_CONF"; P_CONF=
+      { confirm_set; temp_probe "$CK"; } &
+      P_ARM=$!
+    elif arm_done; then
       if [ -n "$CK" ] && [ "$CONFIRM" = 1 ]; then   # the probe first, then every kept checkpoint, then the cells
         [ -n "$P_CONF" ] && wait "$P_CONF"; P_CONF=   # one confirm_set at a time: no cell evaluated twice at once
         { temp_probe "$CK"; FINAL=1 confirm_set; eval_set "$ARM" "$CK"; } &
