@@ -12,7 +12,6 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
-from ..memory.constants import offloaded_count
 from .eval_tasks import PRESETS, TaskSpec, default_max_new, min_words, needs_text_haystack
 
 
@@ -633,8 +632,9 @@ def check_invariants(cfg: Config, world_size: Optional[int] = None,
         errs.append(f"memory.offload_activations with memory.recompute=none and memory.mlp_tiles=1 copies every "
                     f"layer's (T, ffn) MLP intermediates ({3 * 2 * m.ffn_dim} B/token/layer in bf16) to host and "
                     f"back each step; set memory.recompute=selective (or full), or memory.mlp_tiles >= 2")
+    # how many blocks offload: floor(fraction * (n_layers - offload_keep)), memory/constants.py offloaded_count
     if mem.offload_activations and mem.offload_keep < cfg.model.n_layers \
-            and offloaded_count(cfg.model.n_layers, mem.offload_keep, mem.offload_fraction) == 0:
+            and int((cfg.model.n_layers - mem.offload_keep) * mem.offload_fraction + 1e-9) == 0:
         errs.append(f"memory.offload_fraction={mem.offload_fraction:g} of the {cfg.model.n_layers - mem.offload_keep} "
                     f"blocks before the last memory.offload_keep={mem.offload_keep} is none of them: nothing is "
                     f"offloaded; set memory.offload_fraction>={1 / (cfg.model.n_layers - mem.offload_keep):.3g}, or "

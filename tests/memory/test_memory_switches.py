@@ -10,6 +10,7 @@ with tiles and offload on a GPU-less machine too. The streams are checked on a G
 """
 import collections
 import importlib
+import itertools
 import weakref
 
 import pytest
@@ -156,6 +157,8 @@ def test_offload_fraction_spreads_the_offloaded_blocks_and_keeps_the_grads():
     assert [int(offloaded(i, 9, 1, 0.75)) for i in range(9)] == [0, 1, 1, 1, 0, 1, 1, 1, 0]
     assert offloaded_count(36, 1, 0.75) == 26 and offloaded_count(36, 1, 1.0) == 35
     assert offloaded_count(36, 4, 0.5) == 16 and offloaded_count(36, 1, 0.01) == 0
+    for n, k, f in itertools.product(range(1, 20), range(1, 5), (1.0, 0.75, 2 / 3, 0.5, 0.3, 0.01)):
+        assert offloaded_count(n, k, f) == sum(offloaded(i, n, k, f) for i in range(n)), (n, k, f)   # closed form
     deep = CFG.model_copy(update={"n_layers": 5})
     ids, labels = batch()
     ref_model = BluModel(deep, ROPE)
