@@ -92,7 +92,8 @@ def test_phase_a_builds_the_far_set_and_checks_liger(tmp_path):
 def test_phase_c_confirm_scores_every_kept_checkpoint_on_fresh_prompts(tmp_path, stdlib_data):
     """CONFIRM=1 (far trained again, every KEEP_EVERY-th checkpoint kept): beside the resumed training the
     kept checkpoints are scored on fresh prompts (eval.seed=1) and CONFIRM_S0 also on the old ones; once
-    the run is finished the temperature probe comes first, then the final checkpoint, then the arm's cells."""
+    the run is finished the temperature probe comes first, then the final checkpoint, then the arm's cells.
+    CONFIRM_STOP (the short form) on the mid-run state: the probe only once the run stopped where asked."""
     dev = tmp_path / "dev"
     (dev / "eval").mkdir(parents=True)
     (dev / "eval" / ".reused").touch()
@@ -113,6 +114,17 @@ def test_phase_c_confirm_scores_every_kept_checkpoint_on_fresh_prompts(tmp_path,
     assert f"--ckpt {run}/checkpoints/step_0000004 " in scored["far_s0_4"] and "--n 200" in scored["far_s1_2"]
     assert all("memory.ops=auto" in c for c in scored.values())   # the CUDA ops, as every stored result
 
+    # CONFIRM_STOP=N, the short form: the training asked to stop at N; stopped short of it (here 6), no probe
+    # yet; stopped at it (5), the kept checkpoints' cells and the temperature probe on N, no arm cells
+    cmds = _phase(tmp_path, dev, "c", **env, CONFIRM_STOP="6")
+    assert "train.stop_after=6" in next(c for c in cmds if c.startswith("deepspeed "))
+    assert not any("_temp" in c for c in cmds)
+    cmds = _phase(tmp_path, dev, "c", **env, CONFIRM_STOP="5")
+    outs = {c.split("--out ")[1].split()[0].rsplit("/", 1)[1] for c in cmds if " eval " in c and "--out " in c}
+    assert {"far_s1_2", "far_s1_4", "far_s0_4", "far_temp8", "far_temp13"} <= outs, outs
+    assert f"--ckpt {run}/checkpoints/step_0000005 " in next(c for c in cmds if "/far_temp8 " in c)
+    assert not {"far_1k", "far_pk32k"} & outs, outs
+
     _train(dev, stdlib_data, "--resume", str(run), *keep)                    # finished at step 7
     cmds = _phase(tmp_path, dev, "c", **env)
     outs = [c.split("--out ")[1].split()[0].rsplit("/", 1)[1] for c in cmds if " eval " in c and "--out " in c]
@@ -123,27 +135,3 @@ def test_phase_c_confirm_scores_every_kept_checkpoint_on_fresh_prompts(tmp_path,
     refused = _phase(tmp_path, dev, "d", rc=2, CONFIRM="0")                 # the run is CONFIRM=1's
     assert any("started with CONFIRM=1" in ln for ln in refused), refused
 
-
-def test_phase_c_confirm_stop_scores_the_step_it_stopped_at(tmp_path, stdlib_data):
-    """CONFIRM_STOP=N (the short confirmation): the training is asked to stop at step N; stopped there, the
-    kept checkpoints (N among them) are scored on fresh prompts and the temperature probe runs on step N's
-    checkpoint; the arm's full cells wait for a finished run. Stopped short of N: no probe yet."""
-    dev = tmp_path / "dev"
-    (dev / "eval").mkdir(parents=True)
-    (dev / "eval" / ".reused").touch()
-    env = {"CONFIRM": "1", "KEEP_EVERY": "2", "CONFIRM_FROM": "2", "CONFIRM_S0": "4", "CONFIRM_STOP": "4"}
-    keep = ("--set", "checkpoint.every_steps=2", "--set", "checkpoint.keep_every=2", "--set", "checkpoint.keep=1",
-            "--set", "train.max_steps=7")
-    run = dev / "runs" / "smol32k_far-0001"
-    _train(dev, stdlib_data, "--set", "train.stop_after=3", *keep)          # a call cut short of step 4
-    cmds = _phase(tmp_path, dev, "c", **env)
-    train = [c for c in cmds if c.startswith("deepspeed ")]
-    assert len(train) == 1 and "train.stop_after=4" in train[0] and f"--resume {run}" in train[0]
-    assert not any("_temp" in c for c in cmds)
-
-    _train(dev, stdlib_data, "--resume", str(run), "--set", "train.stop_after=4", *keep)   # stopped at 4
-    cmds = _phase(tmp_path, dev, "c", **env)
-    outs = [c.split("--out ")[1].split()[0].rsplit("/", 1)[1] for c in cmds if " eval " in c and "--out " in c]
-    assert {"far_s1_2", "far_s1_4", "far_s0_4", "far_temp8", "far_temp13"} <= set(outs), outs
-    assert f"--ckpt {run}/checkpoints/step_0000004 " in next(c for c in cmds if "/far_temp8 " in c)
-    assert not {"far_1k", "far_pk32k", "far_s1_7"} & set(outs), outs        # the run is not finished
