@@ -694,12 +694,11 @@ def config_warnings(cfg: Config) -> list[str]:
     if cfg.checkpoint.keep_every > cfg.train.max_steps:
         w.append(f"checkpoint.keep_every={cfg.checkpoint.keep_every} > train.max_steps={cfg.train.max_steps}: "
                  f"no step of this run is kept by it")
-    if cfg.memory.offload_keep != 1 and not cfg.memory.offload_activations:
-        w.append(f"memory.offload_keep={cfg.memory.offload_keep} without memory.offload_activations has no effect "
-                 f"(nothing is offloaded)")
-    if cfg.memory.offload_fraction != 1 and not cfg.memory.offload_activations:
-        w.append(f"memory.offload_fraction={cfg.memory.offload_fraction:g} without memory.offload_activations has "
-                 f"no effect (nothing is offloaded)")
+    for field in ("offload_keep", "offload_fraction"):   # tune the offload: nothing to tune without it
+        value = getattr(cfg.memory, field)
+        if value != MemoryConfig.model_fields[field].default and not cfg.memory.offload_activations:
+            w.append(f"memory.{field}={value:g} without memory.offload_activations has no effect (nothing is "
+                     f"offloaded)")
     if cfg.parallel.zero_stage != 3 and not cfg.parallel.reduce_scatter:
         w.append("parallel.reduce_scatter=false only affects ZeRO stage 3")
     if cfg.eval.gate.parent is None and not (cfg.eval.at_steps or cfg.eval.final) and cfg.eval.lengths:

@@ -217,39 +217,33 @@ def test_a_resume_names_a_loss_kernel_that_differs_from_the_last_session(tmp_pat
     assert "from step 50 ran liger" in loss_change(tmp_path, 50, "chunked")
 
 
-def test_offload_keep_bounds_and_its_hash():
-    """memory.offload_keep: keeping every block (or more) offloads nothing: refused with the bound; without
-    offload_activations it is a warning; at its default (1) a run's hash is the one from before the field."""
+def test_offload_keep_and_fraction_bounds_warnings_and_hash():
+    """memory.offload_keep / offload_fraction: a setting that offloads no block is refused with the bound
+    (keeping every block; a fraction of the rest that rounds to none); out of range is a field error; either
+    without offload_activations is a warning; at their defaults (1, 1.0) a run's hash is the one from before."""
     from megablu.config import config_hash
 
     n = load_config(EXT, [], world_size=2, device="cuda").model.n_layers
     on = ["memory.offload_activations=true"]
-    assert errors(on + [f"memory.offload_keep={n - 1}"]) == []
-    errs = errors(on + [f"memory.offload_keep={n}"])
-    assert errs == [f"memory.offload_keep={n} with model.n_layers={n}: every block would keep its activations on "
-                    f"the GPU, so nothing is offloaded; set memory.offload_keep<={n - 1}, or "
-                    f"memory.offload_activations=false"]
-    assert any(e.startswith("memory.offload_keep: Input should be greater than or equal to 1")
-               for e in errors(on + ["memory.offload_keep=0"]))
-    w = config_warnings(load_config(EXT, ["memory.offload_keep=4"], world_size=2, device="cuda"))
-    assert "memory.offload_keep=4 without memory.offload_activations has no effect (nothing is offloaded)" in w
+    assert errors(on + [f"memory.offload_keep={n - 1}"]) == errors(on + ["memory.offload_fraction=0.75"]) == []
+    assert errors(on + [f"memory.offload_keep={n}"]) == [
+        f"memory.offload_keep={n} with model.n_layers={n}: every block would keep its activations on the GPU, so "
+        f"nothing is offloaded; set memory.offload_keep<={n - 1}, or memory.offload_activations=false"]
+    assert errors(on + ["memory.offload_fraction=0.01"]) == [
+        f"memory.offload_fraction=0.01 of the {n - 1} blocks before the last memory.offload_keep=1 is none of them: "
+        f"nothing is offloaded; set memory.offload_fraction>={1 / (n - 1):.3g}, or memory.offload_activations=false"]
+    for bad, why in (("offload_keep=0", "greater than or equal to 1"), ("offload_fraction=1.5", "less than or equal "
+                                                                                              "to 1")):
+        field = bad.split("=")[0]
+        assert any(e.startswith(f"memory.{field}: Input should be {why}") for e in errors(on + [f"memory.{bad}"]))
+    w = config_warnings(load_config(EXT, ["memory.offload_keep=4", "memory.offload_fraction=0.5"], world_size=2,
+                                    device="cuda"))
+    for field, value in (("offload_keep", "4"), ("offload_fraction", "0.5")):
+        assert f"memory.{field}={value} without memory.offload_activations has no effect (nothing is offloaded)" in w
 
     def h(sets):
         return config_hash(load_config("yaml_configs/tiny_cpu.yaml", ["memory.loss=chunked", "memory.attention=sdpa"]
                                        + sets, world_size=1, device="cpu"))
 
-    assert h(["memory.offload_keep=1"]) == "786b2824aa40a632" != h(["memory.offload_keep=2"])
-
-
-def test_offload_fraction_that_offloads_nothing_is_refused():
-    n = load_config(EXT, [], world_size=2, device="cuda").model.n_layers
-    on = ["memory.offload_activations=true"]
-    assert errors(on + ["memory.offload_fraction=0.75"]) == []
-    errs = errors(on + ["memory.offload_fraction=0.01"])
-    assert errs == [f"memory.offload_fraction=0.01 of the {n - 1} blocks before the last memory.offload_keep=1 is "
-                    f"none of them: nothing is offloaded; set memory.offload_fraction>={1 / (n - 1):.3g}, or "
-                    f"memory.offload_activations=false"]
-    assert any(e.startswith("memory.offload_fraction: Input should be less than or equal to 1")
-               for e in errors(on + ["memory.offload_fraction=1.5"]))
-    w = config_warnings(load_config(EXT, ["memory.offload_fraction=0.5"], world_size=2, device="cuda"))
-    assert "memory.offload_fraction=0.5 without memory.offload_activations has no effect (nothing is offloaded)" in w
+    assert h(["memory.offload_keep=1", "memory.offload_fraction=1.0"]) == "786b2824aa40a632"
+    assert len({"786b2824aa40a632", h(["memory.offload_keep=2"]), h(["memory.offload_fraction=0.5"])}) == 3

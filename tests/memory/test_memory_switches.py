@@ -87,10 +87,14 @@ def batch(seed=0):
     return ids[:, :-1], labels
 
 
-def build(memory: MemoryConfig, min_bytes=0, device="cpu", dtype=torch.float32, keep_last=KEEP_LAST):
-    m = BluModel(CFG, ROPE)
+def _seeded(model_cfg):
+    m = BluModel(model_cfg, ROPE)
     m.reset_parameters(seed=0)
-    m = apply_memory(m.to(device=device, dtype=dtype), memory)
+    return m
+
+
+def build(memory: MemoryConfig, min_bytes=0, device="cpu", dtype=torch.float32, keep_last=KEEP_LAST):
+    m = apply_memory(_seeded(CFG).to(device=device, dtype=dtype), memory)
     if m.offload is not None:
         m.offload = ActivationOffload(min_bytes=min_bytes, copy_cpu=True, keep_last=keep_last)
     return m
@@ -130,21 +134,27 @@ def test_switches_match_plain_path(request, ops, recompute, tiles, offload, keep
         assert m.offload.host_bytes > 0
 
 
-def test_offload_keep_is_installed_and_keeps_that_many_blocks_on_the_device():
-    """memory.offload_keep = K: apply_memory's offload keeps the last K blocks' saved sets on the device;
-    the others go to host (here CPU copies), the same bytes per block; grads equal the plain path's."""
+def _offload_host_bytes(model_cfg, **memory) -> dict:
+    """{setting: host bytes of one step} for each offload setting, each model's loss and grads checked
+    against the plain path's; apply_memory installs the offload (CPU copies stand in for pinned ones)."""
     ids, labels = batch()
-    ref = step(build(MemoryConfig()), ids, labels)
+    ref = step(apply_memory(_seeded(model_cfg), MemoryConfig()), ids, labels)
+    (field, values), = memory.items()
     host = {}
-    for keep in (1, 2):
-        m = BluModel(CFG, ROPE)
-        m.reset_parameters(seed=0)
-        m = apply_memory(m, MemoryConfig(recompute="selective", offload_activations=True, offload_keep=keep))
-        assert m.offload.keep_last == keep
-        m.offload.copy_cpu, m.offload.min_bytes = True, 0       # the CPU stand-in for the pinned copies
-        assert_same(step(m, ids, labels), ref, f"offload_keep={keep}")
-        host[keep] = m.offload.host_bytes
-    n = CFG.n_layers
+    for v in values:
+        m = apply_memory(_seeded(model_cfg),
+                         MemoryConfig(recompute="selective", offload_activations=True, **{field: v}))
+        assert (m.offload.keep_last, m.offload.fraction) == ((v, 1.0) if field == "offload_keep" else (1, v))
+        m.offload.copy_cpu, m.offload.min_bytes = True, 0
+        assert_same(step(m, ids, labels), ref, f"{field}={v}")
+        host[v] = m.offload.host_bytes
+    return host
+
+
+def test_offload_keep_is_installed_and_keeps_that_many_blocks_on_the_device():
+    """memory.offload_keep = K: the last K blocks' saved sets stay on the device, the others go to host,
+    the same bytes per block; grads equal the plain path's."""
+    host, n = _offload_host_bytes(CFG, offload_keep=(1, 2)), CFG.n_layers
     assert host[2] > 0 and host[1] * (n - 2) == host[2] * (n - 1)     # n-1 blocks moved vs n-2, the same each
 
 
@@ -159,20 +169,7 @@ def test_offload_fraction_spreads_the_offloaded_blocks_and_keeps_the_grads():
     assert offloaded_count(36, 4, 0.5) == 16 and offloaded_count(36, 1, 0.01) == 0
     for n, k, f in itertools.product(range(1, 20), range(1, 5), (1.0, 0.75, 2 / 3, 0.5, 0.3, 0.01)):
         assert offloaded_count(n, k, f) == sum(offloaded(i, n, k, f) for i in range(n)), (n, k, f)   # closed form
-    deep = CFG.model_copy(update={"n_layers": 5})
-    ids, labels = batch()
-    ref_model = BluModel(deep, ROPE)
-    ref_model.reset_parameters(seed=0)
-    ref = step(apply_memory(ref_model, MemoryConfig()), ids, labels)
-    host = {}
-    for frac in (1.0, 0.5):
-        m = BluModel(deep, ROPE)
-        m.reset_parameters(seed=0)
-        m = apply_memory(m, MemoryConfig(recompute="selective", offload_activations=True, offload_fraction=frac))
-        assert m.offload.fraction == frac
-        m.offload.copy_cpu, m.offload.min_bytes = True, 0
-        assert_same(step(m, ids, labels), ref, f"offload_fraction={frac}")
-        host[frac] = m.offload.host_bytes
+    host = _offload_host_bytes(CFG.model_copy(update={"n_layers": 5}), offload_fraction=(1.0, 0.5))
     assert offloaded_count(5, 1, 0.5) == 2 and host[0.5] > 0 and host[1.0] * 2 == host[0.5] * 4
 
 
