@@ -118,7 +118,8 @@ def claims(parent: dict, untrained: dict, ext: dict, window: int) -> dict:
     """What the quick start shows, from the three eval results: per task and length the retrieval
     difference extension - untrained (Newcombe's paired interval: both scored the same prompts),
     per length the loss difference (paired t), and `better_beyond`: every resolvable gain of the
-    extension at a length beyond the parent's window."""
+    extension at a length beyond the parent's window, with `long_context`: whether it exceeds the
+    best gain of the same measure inside the window (an equal gain everywhere is extra training)."""
     from .eval.report import difference
 
     out = {"window": window, "retrieval": {}, "loss": {}}
@@ -136,10 +137,17 @@ def claims(parent: dict, untrained: dict, ext: dict, window: int) -> dict:
                           "diff": le[L]["loss"] - lu[L]["loss"] if d is None else d[0],
                           "n": le[L]["n"], "ci": None if d is None else [d[1], d[2]],
                           "resolvable": d is not None and (d[1] > 0 or d[2] < 0)}
-    better = [{"what": task, "length": L, "diff": d["diff_pp"], "ci": d["ci_pp"]}
-              for task, by in out["retrieval"].items() for L, d in by.items()
-              if L > window and d["resolvable"] and d["diff_pp"] > 0]
-    better += [{"what": "loss", "length": L, "diff": d["diff"], "ci": d["ci"]}
+    # a gain beyond the window is a long-context gain only when it exceeds every gain of the same
+    # measure inside the window: an equal gain at every length is extra training, not longer context
+    better = []
+    for task, by in out["retrieval"].items():
+        inside = max([d["diff_pp"] for L, d in by.items() if L <= window], default=0.0)
+        better += [{"what": task, "length": L, "diff": d["diff_pp"], "ci": d["ci_pp"],
+                    "inside_best": inside, "long_context": d["diff_pp"] > max(inside, 0.0)}
+                   for L, d in by.items() if L > window and d["resolvable"] and d["diff_pp"] > 0]
+    inside = min([d["diff"] for L, d in out["loss"].items() if L <= window], default=0.0)
+    better += [{"what": "loss", "length": L, "diff": d["diff"], "ci": d["ci"],
+                "inside_best": inside, "long_context": d["diff"] < min(inside, 0.0)}
                for L, d in out["loss"].items() if L > window and d["resolvable"] and d["diff"] < 0]
     out["better_beyond"] = better
     return out
@@ -147,29 +155,39 @@ def claims(parent: dict, untrained: dict, ext: dict, window: int) -> dict:
 
 def verdict(c: dict, factor: float) -> str:
     """One line: where the extension is resolvably better than untrained YaRN beyond the parent's
-    window, where it is not, and what the same comparison gives inside the window."""
+    window by more than inside it (a long-context gain), where only by as much as inside (extra
+    training), where not at all, and what the same comparison gives inside the window."""
     W = c["window"]
-    good, rest = [], []
+    long_ctx = {(b["what"], b["length"]): b["long_context"] for b in c["better_beyond"]}
+    good, same, rest = [], [], []
     for task, by in c["retrieval"].items():
         for L, d in by.items():
             if L <= W:
                 continue
             txt = (f"{task}@{L} {d['ext']:.0f}% vs {d['untrained']:.0f}% ({d['diff_pp']:+.0f} pp "
                    f"[{d['ci_pp'][0]:+.0f}, {d['ci_pp'][1]:+.0f}])")
-            (good if d["resolvable"] and d["diff_pp"] > 0 else rest).append(txt)
+            lc = long_ctx.get((task, L))
+            (rest if lc is None else good if lc else same).append(txt)
     for L, d in c["loss"].items():
         if L <= W:
             continue
         ci = f" [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]" if d["ci"] else ""
-        (good if d["resolvable"] and d["diff"] < 0 else rest).append(f"loss@{L} {d['diff']:+.3f} nats/token{ci}")
+        lc = long_ctx.get(("loss", L))
+        (rest if lc is None else good if lc else same).append(f"loss@{L} {d['diff']:+.3f} nats/token{ci}")
     inside = [f"loss@{L} {d['diff']:+.3f}" for L, d in c["loss"].items() if L <= W]
     inside += [f"{t}@{L} {d['diff_pp']:+.0f} pp" for t, by in c["retrieval"].items() for L, d in by.items() if L <= W]
+    head = f"In one line: beyond the parent's window ({W} tokens), the YaRN x{factor:g} extension is "
     if good:
-        line = (f"In one line: beyond the parent's window ({W} tokens), the YaRN x{factor:g} extension is resolvably "
-                f"better than the parent with untrained YaRN on " + "; ".join(good))
+        line = (head + "resolvably better than the parent with untrained YaRN, by more than inside the window "
+                "(a long-context gain), on " + "; ".join(good))
+        if same:
+            line += ("; also better there, but by no more than inside the window (extra training, not longer "
+                     "context): " + "; ".join(same))
+    elif same:
+        line = (head + "resolvably better than the parent with untrained YaRN only by as much as inside the window "
+                "(extra training, not longer context), on " + "; ".join(same))
     else:
-        line = (f"In one line: beyond the parent's window ({W} tokens), the YaRN x{factor:g} extension is NOT "
-                f"resolvably better than the parent with untrained YaRN")
+        line = head + "NOT resolvably better than the parent with untrained YaRN"
     if rest:
         line += "; not resolved or worse: " + "; ".join(rest)
     if inside:

@@ -7,7 +7,7 @@ import math
 import subprocess
 from pathlib import Path
 
-from megablu.eval.stats import newcombe, t_quantile
+from megablu.eval.stats import newcombe_paired, t_quantile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,27 +51,49 @@ def test_quickstart_end_to_end(tmp_path):
 
     # the parent really retrieves inside its window (chance: 10% for a 1-digit key)
     assert acc["P"][("passkey_1digit", 240)]["acc_pp"] >= 80, acc["P"]
-    # beyond the old window, the extension is better than the parent with untrained YaRN: the
-    # held-out loss at 480 and 992, each with a paired 95% interval below zero at this seed
-    for L in (480, 992):
-        m, lo, hi = _paired(loss["E"][L]["per_seq"], loss["U"][L]["per_seq"])
-        assert hi < 0, (L, m, lo, hi)
     # the extension kept the parent's retrieval inside the window (the gate's margin, 5 pp)
     for L in (128, 240):
         assert acc["E"][("passkey_1digit", L)]["acc_pp"] >= acc["P"][("passkey_1digit", L)]["acc_pp"] - 5
+
+    # extension - untrained per length, recomputed here from the files: retrieval from every prompt's
+    # outcome (the same prompts: a paired interval), loss over the same val sequences (paired t)
+    def retrieval(L):
+        key = ("passkey_1digit", L)
+        assert acc["E"][key]["digest"] == acc["U"][key]["digest"]
+        got = {name: {s["index"]: bool(s["correct"]) for s in res["samples"] if (s["task"], s["length"]) == key}
+               for name, res in (("E", E), ("U", U))}
+        assert got["E"].keys() == got["U"].keys() and len(got["E"]) == acc["E"][key]["n"]
+        t = [sum(1 for i in got["E"] if (got["E"][i], got["U"][i]) == k)
+             for k in ((True, True), (True, False), (False, True), (False, False))]
+        d = newcombe_paired(*t)
+        return 100 * d.diff, 100 * d.lo, 100 * d.hi
+
+    diffs = {("passkey_1digit", L): retrieval(L) for L in (128, 240, 480, 992)}
+    diffs.update({("loss", L): _paired(loss["E"][L]["per_seq"], loss["U"][L]["per_seq"]) for L in (128, 240, 480, 992)})
+    better = lambda k: (diffs[k][1] > 0) if k[0] != "loss" else (diffs[k][2] < 0)   # noqa: E731
+    gain = lambda k: diffs[k][0] if k[0] != "loss" else -diffs[k][0]                 # noqa: E731
+    beyond = [k for k in diffs if k[1] > 256 and better(k)]
+    # the claim: beyond the old window the extension is resolvably better than untrained
+    # YaRN on retrieval or loss, at this seed
+    assert beyond, diffs
+    # the summary's claims are these, and a gain is called long-context exactly when it exceeds every
+    # gain of the same measure inside the window
+    claims = json.loads((runs / "quickstart" / "claims.json").read_text())
+    inside = {w: max([gain(k) for k in diffs if k[0] == w and k[1] <= 256] + [0.0]) for w in ("passkey_1digit", "loss")}
+    want = {(k[0], k[1], gain(k) > inside[k[0]]) for k in beyond}
+    assert {(b["what"], b["length"], b["long_context"]) for b in claims["better_beyond"]} == want, (claims, diffs)
 
     # the printed summary says the same, with the numbers of the files
     out = r.stdout
     assert out.startswith("megablu quick start (CPU): a parent at window 256, its YaRN x4 extension to window 1024")
     verdict = [ln for ln in out.splitlines() if ln.startswith("In one line:")]
-    assert len(verdict) == 1 and "is resolvably better than the parent with untrained YaRN on" in verdict[0], out
-    for L in (480, 992):
-        m, lo, hi = _paired(loss["E"][L]["per_seq"], loss["U"][L]["per_seq"])
-        assert f"loss@{L} {m:+.3f} nats/token [{lo:+.3f}, {hi:+.3f}]" in verdict[0].split("not resolved")[0], (L, m)
-    c = acc["E"][("passkey_1digit", 992)], acc["U"][("passkey_1digit", 992)]
-    diff = newcombe(c[0]["correct"], c[0]["n"], c[1]["correct"], c[1]["n"])
-    assert f"passkey_1digit@992 {c[0]['acc_pp']:.0f}% vs {c[1]['acc_pp']:.0f}% ({100 * diff.diff:+.0f} pp" in verdict[0]
+    assert len(verdict) == 1 and "is resolvably better than the parent with untrained YaRN" in verdict[0], out
+    said = verdict[0].split("; not resolved or worse: ")[0]
+    for what, L, _ in want:
+        m, lo, hi = diffs[(what, L)]
+        if what == "loss":
+            assert f"loss@{L} {m:+.3f} nats/token [{lo:+.3f}, {hi:+.3f}]" in said, (L, m, said)
+        else:
+            assert f"{what}@{L} " in said and f"({m:+.0f} pp [{lo:+.0f}, {hi:+.0f}])" in said, (L, m, said)
     assert "extension@240: short-context gate passed" in out
-    claims = json.loads((runs / "quickstart" / "claims.json").read_text())
-    assert {(b["what"], b["length"]) for b in claims["better_beyond"]} >= {("loss", 480), ("loss", 992)}
     assert (runs / "quickstart" / "compare.png").read_bytes()[:4] == b"\x89PNG"

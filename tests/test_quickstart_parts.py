@@ -83,12 +83,27 @@ def test_claims_and_verdict():
     assert {(b["what"], b["length"]) for b in c["better_beyond"]} == {("passkey_1digit", 992), ("loss", 992)}
     assert c["retrieval"]["passkey_1digit"][480]["resolvable"] is False     # 72 vs 70 at n = 100
     assert c["loss"][480]["resolvable"] is False and c["loss"][992]["resolvable"] is True
+    assert all(b["long_context"] for b in c["better_beyond"])    # +40 pp > +2 inside; -0.3 < -0.1 inside
     v = verdict(c, 4.0)
     good, rest = v.split("; not resolved or worse: ")
-    assert "is resolvably better" in good and "passkey_1digit@992 60% vs 20% (+40 pp" in good
-    assert "loss@992 -0.300 nats/token" in good and "@480" not in good
+    assert "is resolvably better than the parent with untrained YaRN, by more than inside the window" in good
+    assert "passkey_1digit@992 60% vs 20% (+40 pp" in good
+    assert "loss@992 -0.300 nats/token" in good and "@480" not in good and "extra training" not in good
     assert "passkey_1digit@480 72% vs 70%" in rest
     assert "inside the window the same comparison gives loss@240 -0.100" in rest
+    # the same loss gain inside the window: extra training, not a long-context gain
+    ext3 = _res(1024, [(240, 97), (480, 72), (992, 60)],
+                [(240, [5.6, 5.7, 5.8]), (480, [6.01, 6.0, 6.3]), (992, [5.7, 5.8, 5.9])])
+    c3 = claims(par, un, ext3, 256)
+    assert {(b["what"], b["length"], b["long_context"]) for b in c3["better_beyond"]} == {
+        ("passkey_1digit", 992, True), ("loss", 992, False)}
+    good3 = verdict(c3, 4.0).split("; not resolved or worse: ")[0]
+    assert "by more than inside the window (a long-context gain), on passkey_1digit@992" in good3
+    assert "by no more than inside the window (extra training, not longer context): loss@992 -0.300" in good3
+    ext4 = _res(1024, [(240, 95), (480, 70), (992, 20)],      # retrieval as untrained, loss as ext3
+                [(240, [5.6, 5.7, 5.8]), (480, [6.0, 6.1, 6.2]), (992, [5.7, 5.8, 5.9])])
+    only = verdict(claims(par, un, ext4, 256), 4.0)
+    assert "only by as much as inside the window (extra training, not longer context), on loss@992" in only
     # nothing better beyond the window: said so
     c2 = claims(par, un, un, 256)
     assert c2["better_beyond"] == [] and "is NOT resolvably better" in verdict(c2, 4.0)
