@@ -52,13 +52,14 @@ def test_quickstart_end_to_end(tmp_path):
     # the parent really retrieves inside its window (chance: 10% for a 1-digit key)
     assert acc["P"][("passkey_1digit", 240)]["acc_pp"] >= 80, acc["P"]
     # the extension kept the parent's retrieval inside the window (the gate's margin, 5 pp)
-    for L in (128, 240):
-        assert acc["E"][("passkey_1digit", L)]["acc_pp"] >= acc["P"][("passkey_1digit", L)]["acc_pp"] - 5
+    for t in ("passkey_1digit", "passkey_1digit_far"):
+        for L in (128, 240):
+            assert acc["E"][(t, L)]["acc_pp"] >= acc["P"][(t, L)]["acc_pp"] - 5
 
     # extension - untrained per length, recomputed here from the files: retrieval from every prompt's
     # outcome (the same prompts: a paired interval), loss over the same val sequences (paired t)
-    def retrieval(L):
-        key = ("passkey_1digit", L)
+    def retrieval(task, L):
+        key = (task, L)
         assert acc["E"][key]["digest"] == acc["U"][key]["digest"]
         got = {name: {s["index"]: bool(s["correct"]) for s in res["samples"] if (s["task"], s["length"]) == key}
                for name, res in (("E", E), ("U", U))}
@@ -68,7 +69,9 @@ def test_quickstart_end_to_end(tmp_path):
         d = newcombe_paired(*t)
         return 100 * d.diff, 100 * d.lo, 100 * d.hi
 
-    diffs = {("passkey_1digit", L): retrieval(L) for L in (128, 240, 480, 992)}
+    tasks = ("passkey_1digit", "passkey_1digit_far")      # the far one: every key in the first 30%
+    assert {t for t, _ in acc["E"]} == set(tasks)
+    diffs = {(t, L): retrieval(t, L) for t in tasks for L in (128, 240, 480, 992)}
     diffs.update({("loss", L): _paired(loss["E"][L]["per_seq"], loss["U"][L]["per_seq"]) for L in (128, 240, 480, 992)})
     better = lambda k: (diffs[k][1] > 0) if k[0] != "loss" else (diffs[k][2] < 0)   # noqa: E731
     gain = lambda k: diffs[k][0] if k[0] != "loss" else -diffs[k][0]                 # noqa: E731
@@ -79,7 +82,7 @@ def test_quickstart_end_to_end(tmp_path):
     # the summary's claims are these, and a gain is called long-context exactly when it exceeds every
     # gain of the same measure inside the window
     claims = json.loads((runs / "quickstart" / "claims.json").read_text())
-    inside = {w: max([gain(k) for k in diffs if k[0] == w and k[1] <= 256] + [0.0]) for w in ("passkey_1digit", "loss")}
+    inside = {w: max([gain(k) for k in diffs if k[0] == w and k[1] <= 256] + [0.0]) for w in (*tasks, "loss")}
     want = {(k[0], k[1], gain(k) > inside[k[0]]) for k in beyond}
     assert {(b["what"], b["length"], b["long_context"]) for b in claims["better_beyond"]} == want, (claims, diffs)
 

@@ -26,6 +26,17 @@ class PasskeySpec(_Spec):
     family: Literal["passkey"] = "passkey"
     digits: int = Field(default=5, ge=1, le=9, description="digits of the key (1: the one digit token in the "
                         "filler, a retrieval a tiny model learns in minutes; chance is 10%)")
+    depth: tuple[float, float] = Field(default=(0.0, 1.0), description="[lo, hi]: the needle's depths, stratified "
+                                       "over this share of the filler (0 = first); [0, 0.3] keeps every key far from "
+                                       "its question, the retrieval a YaRN extension has to learn")
+
+    @model_validator(mode="after")
+    def _depth(self):
+        lo, hi = self.depth
+        if not 0.0 <= lo < hi <= 1.0:
+            raise ValueError(f"passkey: depth={list(self.depth)} needs 0 <= lo < hi <= 1 (e.g. [0, 0.3]: keys far "
+                             f"from the question)")
+        return self
 
 
 class NeedleSpec(_Spec):

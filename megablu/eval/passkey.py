@@ -7,8 +7,8 @@
     What is the pass key? The pass key is
 
 The key is a 5-digit number (`digits` in a task_def: 1..9; with 1 the key is 0..9); the needle
-sits at a filler-sentence boundary nearest to the prompt's stratified depth; the filler after it
-is cut wherever the exact length ends.
+sits at a filler-sentence boundary nearest to the prompt's stratified depth (over `depth` [lo, hi]
+of the filler; default all of it); the filler after it is cut wherever the exact length ends.
 """
 from __future__ import annotations
 
@@ -24,8 +24,10 @@ QUESTION = "\nWhat is the pass key? The pass key is"
 class PasskeyBuilder:
     task = "passkey"
 
-    def __init__(self, tokenizer: TokenizerLike, seed: int, n: int, digits: int = 5):
+    def __init__(self, tokenizer: TokenizerLike, seed: int, n: int, digits: int = 5,
+                 depth: tuple[float, float] = (0.0, 1.0)):
         self.tok, self.seed, self.n, self.digits = tokenizer, seed, n, digits
+        self.depth = depth
         self.head = tokenizer.encode(INSTRUCTION)
         self.unit = tokenizer.encode(FILLER)
         self.question = tokenizer.encode(QUESTION)
@@ -41,7 +43,8 @@ class PasskeyBuilder:
 
     def build(self, length: int, index: int) -> Prompt:
         key = self.key(index)
-        depth = stratified_depth(self.seed, self.task, index, self.n)
+        lo, hi = self.depth
+        depth = lo + (hi - lo) * stratified_depth(self.seed, self.task, index, self.n)
         needle = self.tok.encode(NEEDLE.format(key=key))
         n_fill = length - len(self.head) - len(needle) - len(self.question)
         if n_fill < 0:

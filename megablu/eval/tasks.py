@@ -19,8 +19,8 @@ __all__ = ["RULER_SUITE", "make_builder", "needs_text_haystack"]
 def make_builder(task: str, spec, tokenizer: TokenizerLike, seed: int, n: int, haystack: Optional[Haystack]):
     f = spec.family
     if f == "passkey":
-        b = PasskeyBuilder(tokenizer, seed, n, digits=spec.digits)
-        if spec.digits != 5:   # a variant: its own name seeds its keys and depths
+        b = PasskeyBuilder(tokenizer, seed, n, digits=spec.digits, depth=spec.depth)
+        if spec.digits != 5 or spec.depth != (0.0, 1.0):   # a variant: its own name seeds its keys and depths
             b.task = task
         return b
     if needs_text_haystack(spec) and haystack is None:

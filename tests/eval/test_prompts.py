@@ -44,6 +44,28 @@ def test_passkey_depth_is_where_the_needle_is(bpe_tok):
         assert list(p.ids[pos:pos + len(needle)]) == needle
 
 
+def test_passkey_depth_range_keeps_every_key_far_from_the_question(bpe_tok):
+    """task_defs {family: passkey, depth: [0, 0.3]}: every needle in the first 30% of the filler,
+    stratified inside it; a variant seeded by its own name; a range that is no range is refused."""
+    from pydantic import ValidationError
+
+    cfg = EvalConfig(lengths=[992], tasks=["passkey", "far"], n=20,
+                     task_defs={"far": {"family": "passkey", "depth": [0.0, 0.3]}})
+    by = {task: ps for (task, _), ps in build_prompts(cfg, bpe_tok).items()}
+    unit = len(bpe_tok.encode("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back "
+                              "again. "))
+    slack = unit / 900
+    far = sorted(p.depth for p in by["far"])
+    assert max(far) <= 0.3 + slack and far[-1] - far[0] > 0.2             # spread over the range, not bunched
+    assert max(p.depth for p in by["passkey"]) > 0.6                        # the default still spans it all
+    for i, p in enumerate(sorted(by["far"], key=lambda p: p.index)):       # stratified inside [0, 0.3]
+        assert 0.3 * i / 20 - slack <= p.depth <= 0.3 * (i + 1) / 20 + slack
+    assert [p.answer for p in by["far"]] != [p.answer for p in by["passkey"]]   # its own keys
+    for bad in ([0.5, 0.2], [0.0, 1.5], [0.3, 0.3]):
+        with pytest.raises(ValidationError, match="needs 0 <= lo < hi <= 1"):
+            EvalConfig(lengths=[992], tasks=["far"], task_defs={"far": {"family": "passkey", "depth": bad}})
+
+
 def test_prompts_are_deterministic_and_seeded(bpe_tok, haystack_docs):
     cfg = EvalConfig(lengths=[512, 1500], tasks=["passkey", "needle", "multikey"], n=6, seed=7)
     a = build_prompts(cfg, bpe_tok, haystack=haystack_docs)
