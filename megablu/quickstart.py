@@ -141,13 +141,13 @@ def claims(parent: dict, untrained: dict, ext: dict, window: int) -> dict:
     # measure inside the window: an equal gain at every length is extra training, not longer context
     better = []
     for task, by in out["retrieval"].items():
-        inside = max([d["diff_pp"] for L, d in by.items() if L <= window], default=0.0)
+        inside = max([d["diff_pp"] for L, d in by.items() if L <= window] + [0.0])   # no gain: 0
         better += [{"what": task, "length": L, "diff": d["diff_pp"], "ci": d["ci_pp"],
-                    "inside_best": inside, "long_context": d["diff_pp"] > max(inside, 0.0)}
+                    "inside_best": inside, "long_context": d["diff_pp"] > inside}
                    for L, d in by.items() if L > window and d["resolvable"] and d["diff_pp"] > 0]
-    inside = min([d["diff"] for L, d in out["loss"].items() if L <= window], default=0.0)
+    inside = min([d["diff"] for L, d in out["loss"].items() if L <= window] + [0.0])
     better += [{"what": "loss", "length": L, "diff": d["diff"], "ci": d["ci"],
-                "inside_best": inside, "long_context": d["diff"] < min(inside, 0.0)}
+                "inside_best": inside, "long_context": d["diff"] < inside}
                for L, d in out["loss"].items() if L > window and d["resolvable"] and d["diff"] < 0]
     out["better_beyond"] = better
     return out
