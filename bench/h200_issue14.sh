@@ -235,6 +235,33 @@ confirm_set() {
     fi
   done
 }
+# CONFIRM_STOP in phase b (the two-call form, 2026-12-05: a machine lost between calls took a third call's
+# work twice): each kept checkpoint before the stop is scored on fresh prompts while the training goes on
+# (an eval beside it cost the training ~1%, fourth session), then the stop's on fresh and old prompts at once
+confirm_watch() {   # confirm_watch PID: passes over the kept checkpoints while PID trains, and one after
+  local run ck step alive=1 tried=" "
+  while [ "$alive" = 1 ]; do
+    kill -0 "$1" 2> /dev/null || alive=0
+    run=$(run_of_arm)
+    for ck in ${run:+"$run"/checkpoints/step_*}; do
+      [ -f "$ck/model.safetensors" ] || continue
+      step=$((10#${ck##*step_}))
+      { [ $((step % KEEP_EVERY)) = 0 ] && [ "$step" -ge "$CONFIRM_FROM" ] && [ "$step" -lt "$CONFIRM_STOP" ]; } || continue
+      [[ $tried == *" $step "* ]] && continue   # once per call, also when it failed
+      tried="$tried$step "
+      evaluate "${ARM}_s1" "${ARM}_s1_$step" "$ck" 200 "32744" "passkey" --set eval.seed=1 "${NOLOSS[@]}"
+    done
+    [ "$alive" = 1 ] && sleep 5
+  done
+}
+confirm_stop_cells() {   # the checkpoint where the training stopped as asked: fresh and old prompts in parallel
+  local ck p1; ck=$(ckpt_of_arm)
+  { [ -n "$ck" ] && [ "$((10#${ck##*step_}))" = "$CONFIRM_STOP" ]; } || return 0
+  evaluate "${ARM}_s1" "${ARM}_s1_$CONFIRM_STOP" "$ck" 200 "32744" "passkey" --set eval.seed=1 "${NOLOSS[@]}" &
+  p1=$!
+  evaluate "${ARM}_s0" "${ARM}_s0_$CONFIRM_STOP" "$ck" 200 "32744" "passkey" "${NOLOSS[@]}"
+  wait $p1
+}
 merged() {   # merged ARM: one json of all the arm's cells (the gate parent)
   $PY bench/rep_tools.py merge "$DEV/eval" "$1" "$DEV/$1.json" 2>> "$WORK/logs/merge.err"
 }
@@ -294,9 +321,12 @@ b)  # model, data, synthetic set; the arm starts training; the parent's evals be
     prepare_data
     train_arm &
     P_TRAIN=$!
+    P_WATCH=
+    if [ "$CONFIRM" = 1 ] && [ -n "${CONFIRM_STOP:-}" ]; then confirm_watch $P_TRAIN & P_WATCH=$!; fi
     baselines &
     P_EVAL=$!
     wait $P_TRAIN; finish
+    [ -n "$P_WATCH" ] && { confirm_stop_cells; wait $P_WATCH; finish; }
     wait $P_EVAL; finish ;;
 c|d)  # the rest of the training, then the arm's evals (and any baseline a cut call left)
     TRAIN_END=$BUDGET; EVAL_END=$BUDGET

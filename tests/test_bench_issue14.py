@@ -135,3 +135,28 @@ def test_phase_c_confirm_scores_every_kept_checkpoint_on_fresh_prompts(tmp_path,
     refused = _phase(tmp_path, dev, "d", rc=2, CONFIRM="0")                 # the run is CONFIRM=1's
     assert any("started with CONFIRM=1" in ln for ln in refused), refused
 
+
+
+def test_phase_b_confirm_stop_scores_while_training_then_the_stop(tmp_path, stdlib_data):
+    """CONFIRM_STOP in phase b (the two-call form): the kept checkpoints before the stop are scored on fresh
+    prompts beside the training, then the stop's checkpoint on fresh and old prompts, each cell once."""
+    dev = tmp_path / "dev"
+    for d in ("eval", "smollm2", "corpus", "synth_far"):
+        (dev / d).mkdir(parents=True)
+    (dev / "eval" / ".reused").touch()
+    (dev / "smollm2" / "model.safetensors").touch()      # joined + converted by an earlier call
+    (dev / "corpus" / "manifest.json").write_text("{}")
+    (dev / "synth_far" / "manifest.json").write_text("{}")
+    _train(dev, stdlib_data, "--set", "train.stop_after=5", "--set", "checkpoint.every_steps=2",
+           "--set", "checkpoint.keep_every=2", "--set", "checkpoint.keep=1", "--set", "train.max_steps=7")
+    run = dev / "runs" / "smol32k_far-0001"
+    cmds = _phase(tmp_path, dev, "b", CONFIRM="1", KEEP_EVERY="2", CONFIRM_FROM="2", CONFIRM_STOP="5")
+    train = next(c for c in cmds if c.startswith("deepspeed "))
+    assert "train.stop_after=5" in train and "checkpoint.keep_every=2" in train
+    outs = [c.split("--out ")[1].split()[0].rsplit("/", 1)[1] for c in cmds if " eval " in c and "--arm far" in c]
+    assert sorted(outs) == ["far_s0_5", "far_s1_2", "far_s1_4", "far_s1_5"], outs
+    by = {c.split("--out ")[1].split()[0].rsplit("/", 1)[1]: c for c in cmds if " eval " in c and "--arm far" in c}
+    assert "eval.seed=1" in by["far_s1_5"] and "eval.seed" not in by["far_s0_5"]
+    assert f"--ckpt {run}/checkpoints/step_0000005 " in by["far_s0_5"]
+    assert f"--ckpt {run}/checkpoints/step_0000002 " in by["far_s1_2"]
+    assert not any("_temp" in c for c in cmds)
