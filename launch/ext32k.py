@@ -30,7 +30,7 @@ from pathlib import Path
 # the megablu beside this script, whatever is installed (a checkout next to an editable install)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from megablu.train.entry import main  # noqa: E402
+from megablu.train.entry import main, run  # noqa: E402, F401 - main: the in-process call tests make
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -60,3 +60,25 @@ def test_train_runs_the_entry_module_from_any_directory(tmp_path, stdlib_data):
     assert "config check (world 1, cpu): ok" in r.stderr and "--module megablu.train.entry" in r.stderr
     s = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1])
     assert s["steps"] == 2 and Path(s["run_dir"]).parent == tmp_path / "runs"
+
+
+def test_a_finished_run_ends_by_the_hard_exit_with_its_output_flushed(tmp_path, stdlib_data):
+    """After a run that left its process group well, the entry ends with os._exit (the interpreter's
+    teardown can abort a finished gloo rank): no atexit handler runs, and the JSON line on a piped,
+    block-buffered stdout and the --json file are complete all the same."""
+    env = {k: v for k, v in ENV.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "PYTHONUNBUFFERED")}
+    argv = ["launch/ext32k.py", "--config", "yaml_configs/tiny_cpu.yaml", "--json", str(tmp_path / "s.json"),
+            "--set", f"runs_dir={tmp_path / 'runs'}", "--set", f"data.path={stdlib_data}",
+            "--set", "train.max_steps=2", "--set", "train.probe_steps=0", "--set", "schedule.warmup_steps=1",
+            "--set", "checkpoint.every_steps=0", "--set", "data.max_epochs=100"]
+    code = ("import atexit, runpy, sys; atexit.register(lambda: print('ATEXIT-RAN', file=sys.stderr)); "
+            f"sys.argv = {argv!r}; runpy.run_path('launch/ext32k.py', run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "ATEXIT-RAN" not in r.stderr
+    s = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1])
+    assert s["steps"] == 2 and json.loads((tmp_path / "s.json").read_text()) == s
+    # a run that fails leaves by the ordinary exit (its peers may be gone; nothing to skip)
+    bad = code.replace("train.max_steps=2", "train.max_steps=-1")
+    r = subprocess.run([sys.executable, "-c", bad], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert r.returncode == 2 and "ATEXIT-RAN" in r.stderr, r.stderr[-2000:]
