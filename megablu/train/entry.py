@@ -130,15 +130,16 @@ def _leave(rank: int) -> int:
         print(f"rank {rank}: finished its work, but leaving the process group failed ({type(e).__name__}: "
               f"{first}); a peer that exited first reports its own error", file=sys.stderr)
         return 1
-    _LEFT.set()
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1:   # one rank has no peer to race (and keeps cProfile's dump)
+        _LEFT.set()
     return 0
 
 
-_LEFT = threading.Event()   # this rank's run ended well and it left the process group with its peers
+_LEFT = threading.Event()   # this rank's run ended well and it left the process group with its peers (world > 1)
 
 
 def run(argv=None) -> NoReturn:
-    """main(), then the exit. After a run that left its process group well, the process ends with
+    """main(), then the exit. After a run that left its process group with its peers well, the process ends with
     os._exit once stdout, stderr and the log handlers are flushed: the interpreter's own teardown
     (C++ destructors of torch's and DeepSpeed's objects) can still abort a two-rank gloo process
     after finish() ("terminate called without an active exception", exit 250 through the launcher;

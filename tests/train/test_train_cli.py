@@ -62,23 +62,43 @@ def test_train_runs_the_entry_module_from_any_directory(tmp_path, stdlib_data):
     assert s["steps"] == 2 and Path(s["run_dir"]).parent == tmp_path / "runs"
 
 
-def test_a_finished_run_ends_by_the_hard_exit_with_its_output_flushed(tmp_path, stdlib_data):
-    """After a run that left its process group well, the entry ends with os._exit (the interpreter's
-    teardown can abort a finished gloo rank): no atexit handler runs, and the JSON line on a piped,
-    block-buffered stdout and the --json file are complete all the same."""
-    env = {k: v for k, v in ENV.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "PYTHONUNBUFFERED")}
+
+def _ranks(code, world, port, tmp_path):
+    """`world` ranks of `python -c code` started the way a launcher starts them (RANK, WORLD_SIZE,
+    MASTER_*), without its `python -u`: stdout goes to a file, block-buffered. [(rc, out, err)]."""
+    base = {k: v for k, v in ENV.items() if k != "PYTHONUNBUFFERED"}
+    procs = []
+    for r in range(world):
+        out, err = (open(tmp_path / f"rank{r}.{port}.{k}", "w+") for k in ("out", "err"))
+        env = {**base, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        procs.append((subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=err, cwd=ROOT, env=env),
+                      out, err))
+    results = []
+    for p, out, err in procs:
+        rc = p.wait(timeout=600)
+        results.append((rc, *(f.seek(0) or f.read() for f in (out, err))))
+        out.close(), err.close()
+    return results
+
+
+def test_a_finished_two_rank_run_ends_by_the_hard_exit_with_its_output_flushed(tmp_path, stdlib_data):
+    """After a run whose ranks left their process group together, each rank ends with os._exit (the
+    interpreter's teardown can abort a finished gloo rank): no atexit handler runs, and rank 0's
+    JSON line on a block-buffered stdout and the --json file are whole all the same. One rank and
+    failing runs keep the ordinary exit."""
     argv = ["launch/ext32k.py", "--config", "yaml_configs/tiny_cpu.yaml", "--json", str(tmp_path / "s.json"),
             "--set", f"runs_dir={tmp_path / 'runs'}", "--set", f"data.path={stdlib_data}",
             "--set", "train.max_steps=2", "--set", "train.probe_steps=0", "--set", "schedule.warmup_steps=1",
             "--set", "checkpoint.every_steps=0", "--set", "data.max_epochs=100"]
     code = ("import atexit, runpy, sys; atexit.register(lambda: print('ATEXIT-RAN', file=sys.stderr)); "
             f"sys.argv = {argv!r}; runpy.run_path('launch/ext32k.py', run_name='__main__')")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "ATEXIT-RAN" not in r.stderr
-    s = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1])
+    (rc0, out0, err0), (rc1, _, err1) = _ranks(code, 2, free_port(), tmp_path)
+    assert rc0 == 0 and rc1 == 0, err0[-2000:] + err1[-2000:]
+    assert "ATEXIT-RAN" not in err0 + err1
+    s = json.loads([ln for ln in out0.splitlines() if ln.startswith("{")][-1])
     assert s["steps"] == 2 and json.loads((tmp_path / "s.json").read_text()) == s
-    # a run that fails leaves by the ordinary exit (its peers may be gone; nothing to skip)
-    bad = code.replace("train.max_steps=2", "train.max_steps=-1")
-    r = subprocess.run([sys.executable, "-c", bad], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
-    assert r.returncode == 2 and "ATEXIT-RAN" in r.stderr, r.stderr[-2000:]
+    [(rc, out, err)] = _ranks(code, 1, free_port(), tmp_path)   # one rank: no peer to race, the ordinary exit
+    assert rc == 0 and "ATEXIT-RAN" in err and out.splitlines()[-1].startswith("{"), err[-2000:]
+    [(rc, _, err)] = _ranks(code.replace("train.max_steps=2", "train.max_steps=-1"), 1, free_port(), tmp_path)
+    assert rc == 2 and "ATEXIT-RAN" in err, err[-2000:]
