@@ -130,23 +130,19 @@ def _leave(rank: int) -> int:
         print(f"rank {rank}: finished its work, but leaving the process group failed ({type(e).__name__}: "
               f"{first}); a peer that exited first reports its own error", file=sys.stderr)
         return 1
-    if int(os.environ.get("WORLD_SIZE", 1)) > 1:   # one rank has no peer to race (and keeps cProfile's dump)
-        _LEFT.set()
     return 0
 
 
-_LEFT = threading.Event()   # this rank's run ended well and it left the process group with its peers (world > 1)
-
-
 def run(argv=None) -> NoReturn:
-    """main(), then the exit. After a run that left its process group with its peers well, the process ends with
-    os._exit once stdout, stderr and the log handlers are flushed: the interpreter's own teardown
-    (C++ destructors of torch's and DeepSpeed's objects) can still abort a two-rank gloo process
-    after finish() ("terminate called without an active exception", exit 250 through the launcher;
-    seen once in ~70 CI runs of tests/eval/test_autoeval.py), turning a finished run into a failed
-    one. Every file the run writes is closed by then (metrics, checkpoints, run.lock, summary)."""
+    """main(), then the exit. A rank with peers (world > 1) whose run ended well (0: it left the process
+    group with them) ends with os._exit once stdout, stderr and the log handlers are flushed: the
+    interpreter's own teardown (C++ destructors of torch's and DeepSpeed's objects) can still abort
+    a two-rank gloo process after finish() ("terminate called without an active exception", exit 250
+    through the launcher; seen once in CI, tests/eval/test_autoeval.py), turning a finished run into
+    a failed one. Every file the run writes is closed by then (metrics, checkpoints, run.lock,
+    summary). One rank (no peer to race; cProfile's dump) and failures keep the ordinary exit."""
     rc = main(argv)
-    if _LEFT.is_set():
+    if rc == 0 and int(os.environ.get("WORLD_SIZE", 1)) > 1:
         sys.stdout.flush()
         sys.stderr.flush()
         logging.shutdown()

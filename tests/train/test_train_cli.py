@@ -62,7 +62,6 @@ def test_train_runs_the_entry_module_from_any_directory(tmp_path, stdlib_data):
     assert s["steps"] == 2 and Path(s["run_dir"]).parent == tmp_path / "runs"
 
 
-
 def _ranks(code, world, port, tmp_path):
     """`world` ranks of `python -c code` started the way a launcher starts them (RANK, WORLD_SIZE,
     MASTER_*), without its `python -u`: stdout goes to a file, block-buffered. [(rc, out, err)]."""
@@ -78,7 +77,8 @@ def _ranks(code, world, port, tmp_path):
     for p, out, err in procs:
         rc = p.wait(timeout=600)
         results.append((rc, *(f.seek(0) or f.read() for f in (out, err))))
-        out.close(), err.close()
+        out.close()
+        err.close()
     return results
 
 
