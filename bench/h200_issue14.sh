@@ -44,6 +44,9 @@
 # step 125 (train.stop_after; the schedule stays the full run's, so it is the first run's step 125), then
 # steps 75, 100, 125 are scored on fresh prompts, 125 also on the old ones, and the temperature probe runs on
 # 125; no arm cells. A/B as above, then C: ~1,100 s in all instead of ~1,700.
+# On an H100 (2026-12-05, ninth session: 69.7k tokens/s against the H200's 76.1k) B's guard stops the
+# training at step 108, so C is needed: PHASE=c BUDGET_S=430, timeout_s 460 (444 s) resumed to 125 and
+# scored everything but the probe's 1.3 cell. A 145 s, B 599 s, C 444 s.
 # Call each phase the moment the previous returns: a machine idle for 30 s is gone with the run
 # (2026-12-04: the fourth call found a fresh machine and the probe was lost).
 # Each call: command "ARM=mix_switch PHASE=x bash bench/h200_issue14.sh", timeout_s 600.
