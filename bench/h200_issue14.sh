@@ -47,6 +47,10 @@
 # On an H100 (2026-12-05, ninth session: 69.7k tokens/s against the H200's 76.1k) B's guard stops the
 # training at step 108, so C is needed: PHASE=c BUDGET_S=430, timeout_s 460 (444 s) resumed to 125 and
 # scored everything but the probe's 1.3 cell. A 145 s, B 599 s, C 444 s.
+# CONFIRM=1 with ARM=long_only or mix (2026-12-05, ninth session; far's rerun scored 13.5 pp below the first run on
+# the same prompts): the arm's kept checkpoints from CONFIRM_FROM on fresh prompts beside its cells, so the
+# three-arm table carries a spread over checkpoints, not one checkpoint's figure; no temperature probe.
+# CONFIRM_FROM=125 keeps it to 125, 150, 175, 180 and 125 on the old prompts: ~5 cells, ~250 s more GPU (a D call).
 # Call each phase the moment the previous returns: a machine idle for 30 s is gone with the run
 # (2026-12-04: the fourth call found a fresh machine and the probe was lost).
 # Each call: command "ARM=mix_switch PHASE=x bash bench/h200_issue14.sh", timeout_s 600.
@@ -109,7 +113,9 @@ echo "$CONFIRM" > "$DEV/.confirm"
 KEEP_EVERY=${KEEP_EVERY:-25} CONFIRM_FROM=${CONFIRM_FROM:-75} CONFIRM_S0=${CONFIRM_S0:-125}   # steps
 TRAIN_SET=()
 if [ "$CONFIRM" = 1 ]; then   # every 25th checkpoint kept (repeated on resume: the same overrides)
-  [ "$ARM" = far ] || { echo "CONFIRM=1 is written for ARM=far" >&2; exit 2; }
+  # any arm (2026-12-05, ninth session): a rerun of far moved passkey@32744 by 13.5 pp on the same prompts, so
+  # an arm's figure is worth more as several kept checkpoints on fresh prompts than as its final one alone;
+  # the temperature probe stays far's
   TRAIN_SET=(--set checkpoint.every_steps=$KEEP_EVERY --set checkpoint.keep_every=$KEEP_EVERY)
   # CONFIRM_STOP=N (e.g. 125): train only to step N (train.stop_after: the schedule is the full run's, so
   # step N is the first run's step N), then score the kept checkpoints and probe the temperature there;
@@ -361,12 +367,12 @@ c|d)  # the rest of the training, then the arm's evals (and any baseline a cut c
     if [ "$CONFIRM" = 1 ] && [ -n "${CONFIRM_STOP:-}" ] && [ -n "$CK" ] && ! arm_done \
         && [ "$((10#${CK##*step_}))" = "$CONFIRM_STOP" ]; then   # stopped where asked: that checkpoint's cells
       [ -n "$P_CONF" ] && wait "$P_CONF"; P_CONF=
-      { confirm_set; temp_probe "$CK"; } &
+      { confirm_set; [ "$ARM" = far ] && temp_probe "$CK"; } &
       P_ARM=$!
     elif arm_done; then
       if [ -n "$CK" ] && [ "$CONFIRM" = 1 ]; then   # the probe first, then every kept checkpoint, then the cells
         [ -n "$P_CONF" ] && wait "$P_CONF"; P_CONF=   # one confirm_set at a time: no cell evaluated twice at once
-        { temp_probe "$CK"; FINAL=1 confirm_set; eval_set "$ARM" "$CK"; } &
+        { [ "$ARM" = far ] && temp_probe "$CK"; FINAL=1 confirm_set; eval_set "$ARM" "$CK"; } &
         P_ARM=$!
       elif [ -n "$CK" ]; then
         { eval_set "$ARM" "$CK"; [ "$ARM" = far ] && temp_probe "$CK"; } & P_ARM=$!

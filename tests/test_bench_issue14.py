@@ -17,9 +17,9 @@ exit 0
 """
 
 
-def _train(dev: Path, stdlib_data, *extra):
+def _train(dev: Path, stdlib_data, *extra, arm: str = "far"):
     cmd = [sys.executable, str(ROOT / "launch" / "ext32k.py"), "--config", str(ROOT / "yaml_configs" / "tiny_cpu.yaml"),
-           "--set", "name=smol32k_far", "--set", f"runs_dir={dev / 'runs'}", "--set", f"data.path={stdlib_data}",
+           "--set", f"name=smol32k_{arm}", "--set", f"runs_dir={dev / 'runs'}", "--set", f"data.path={stdlib_data}",
            "--set", "train.max_steps=6", "--set", "checkpoint.every_steps=3", "--set", "train.probe_steps=0", *extra]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     r = subprocess.run(cmd, capture_output=True, text=True, env={**env, "DS_ACCELERATOR": "cpu"}, cwd=ROOT,
@@ -135,6 +135,31 @@ def test_phase_c_confirm_scores_every_kept_checkpoint_on_fresh_prompts(tmp_path,
     refused = _phase(tmp_path, dev, "d", rc=2, CONFIRM="0")                 # the run is CONFIRM=1's
     assert any("started with CONFIRM=1" in ln for ln in refused), refused
 
+
+
+def test_confirm_on_another_arm_scores_its_kept_checkpoints_without_far_s_probe(tmp_path, stdlib_data):
+    """CONFIRM=1 with ARM=long_only: the kept checkpoints on fresh prompts and the arm's cells, as for far, but
+    no temperature probe (far's question): once stopped where asked, and once finished."""
+    dev = tmp_path / "dev"
+    (dev / "eval").mkdir(parents=True)
+    (dev / "eval" / ".reused").touch()
+    env = {"ARM": "long_only", "CONFIRM": "1", "KEEP_EVERY": "2", "CONFIRM_FROM": "2", "CONFIRM_S0": "4"}
+    keep = ("--set", "checkpoint.every_steps=2", "--set", "checkpoint.keep_every=2", "--set", "checkpoint.keep=1",
+            "--set", "train.max_steps=5")
+    _train(dev, stdlib_data, "--set", "train.stop_after=4", *keep, arm="long_only")
+    run = dev / "runs" / "smol32k_long_only-0001"
+    cmds = _phase(tmp_path, dev, "c", **env, CONFIRM_STOP="4")
+    outs = {c.split("--out ")[1].split()[0].rsplit("/", 1)[1] for c in cmds if " eval " in c and "--out " in c}
+    assert {"long_only_s1_2", "long_only_s1_4", "long_only_s0_4"} <= outs, outs
+    assert not any("_temp" in c for c in cmds), [c for c in cmds if "_temp" in c]
+
+    _train(dev, stdlib_data, "--resume", str(run), *keep, arm="long_only")      # finished at step 5
+    cmds = _phase(tmp_path, dev, "c", **env)
+    outs = [c.split("--out ")[1].split()[0].rsplit("/", 1)[1] for c in cmds if " eval " in c and "--out " in c]
+    assert {"long_only_s1_5", "long_only_1k", "long_only_pk32k"} <= set(outs), outs
+    assert outs.index("long_only_s1_5") < outs.index("long_only_1k"), outs
+    assert f"--ckpt {run}/checkpoints/step_0000005 " in next(c for c in cmds if "/long_only_s1_5 " in c)
+    assert not any("_temp" in c for c in cmds), [c for c in cmds if "_temp" in c]
 
 
 def test_phase_b_confirm_stop_scores_while_training_then_the_stop(tmp_path, stdlib_data):
