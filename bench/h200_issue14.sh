@@ -152,11 +152,15 @@ prepare_data() {   # the corpus and the tokenizer (carried), then the arm's synt
       && tar xJf data_cache/carry_b/hf_tokenizer.tar.xz -C "$DEV" \
       && guard verify 120 $PY -m megablu.cli data verify "$DEV/corpus"
   fi
+  # the reuse check needs only the corpus and the tokenizer: beside the synthetic set (one CPU each of 16;
+  # one after the other they took 62 + 62 s of the H100 call A on 2026-12-05)
+  reuse_evals &
+  local p_reuse=$!
   if [ ! -f "$SYNTH/manifest.json" ]; then
     guard synth 240 $PY -m megablu.cli data synth --tokenizer "hf:$DEV/hf_tokenizer/tokenizer.json" --out "$SYNTH" \
       "${SYNTH_ARGS[@]}" --window 32768 --filler "$FILLERS" --filler-data "$DEV/corpus" --no-progress
   fi
-  reuse_evals
+  wait $p_reuse
 }
 
 ckpt_of_arm() { $PY bench/rep_tools.py newest "$RUNS" "smol32k_$ARM" 2>> "$WORK/logs/newest.err"; }

@@ -13,6 +13,10 @@ ROOT = Path(__file__).resolve().parents[1]
 FAKE_TIMEOUT = """#!/bin/bash
 shift 2   # --kill-after=10 SECONDS
 echo "$*" >> "$REHEARSE_LOG"
+case "$*" in   # what runs side by side: the reuse check outlasts the synthetic set
+  *" data synth "*) sleep "${REHEARSE_SLOW_S:-0}" ;;
+  *prompts-match*) sleep "$(( ${REHEARSE_SLOW_S:-0} * 3 / 2 ))" ;;
+esac
 exit 0
 """
 
@@ -79,7 +83,7 @@ def test_phase_a_builds_the_far_set_and_checks_liger(tmp_path):
     dev = tmp_path / "dev"
     (dev / "corpus").mkdir(parents=True)
     (dev / "corpus" / "manifest.json").write_text("{}")     # carried corpus already unpacked
-    cmds = _phase(tmp_path, dev, "a")
+    cmds = _phase(tmp_path, dev, "a", REHEARSE_SLOW_S="2")
     synth = next(c for c in cmds if " data synth " in c)
     for opt in ("--distances 10k-20k", "--distance-share 0.5", "--filler kv,text,repeat", f"--out {dev}/synth_far"):
         assert opt in synth, synth
@@ -87,6 +91,11 @@ def test_phase_a_builds_the_far_set_and_checks_liger(tmp_path):
     assert any("profile_step.py" in c and "selective+offload+liger" in c for c in cmds)
     assert any("prompts-match" in c and "--prune" in c for c in cmds)     # the reused evals are checked first
     assert any(" data mix " in c and "smol32k_far.yaml" in c for c in cmds)
+    # the reuse check (3 s here) beside the synthetic set (2 s), both done before the mixture
+    steps = {ln.split("\t")[0]: [int(x) for x in ln.split("\t")[1:3]]
+             for ln in (dev / "work_a" / "timeline.tsv").read_text().splitlines()}
+    assert abs(steps["reuse_check"][0] - steps["synth"][0]) <= 1, steps
+    assert steps["mixture"][0] >= max(steps["reuse_check"][1], steps["synth"][1]), steps
 
 
 def test_phase_c_confirm_scores_every_kept_checkpoint_on_fresh_prompts(tmp_path, stdlib_data):
