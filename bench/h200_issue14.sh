@@ -220,7 +220,8 @@ baselines() {   # the parent with its own rope, static YaRN and length-aware YaR
 # 70% at 32744 with factor 4, where the low-frequency positions are the same (p / s <= 8k) and the
 # temperature is not. Same prompts as the arm's cells (n=200 at 32744, 100 at 16360): paired.
 # ~2 min of shared GPU in all.
-temp_probe() {
+temp_probe() {   # far's question: any other arm returns at once
+  [ "$ARM" = far ] || return 0
   local ck=$1
   evaluate "${ARM}_t8" "${ARM}_temp8" "$ck" 200 "32744" "passkey" --rope-override \
     --set rope.yarn.attention_factor=1.2079 "${NOLOSS[@]}"
@@ -371,15 +372,15 @@ c|d)  # the rest of the training, then the arm's evals (and any baseline a cut c
     if [ "$CONFIRM" = 1 ] && [ -n "${CONFIRM_STOP:-}" ] && [ -n "$CK" ] && ! arm_done \
         && [ "$((10#${CK##*step_}))" = "$CONFIRM_STOP" ]; then   # stopped where asked: that checkpoint's cells
       [ -n "$P_CONF" ] && wait "$P_CONF"; P_CONF=
-      { confirm_set; [ "$ARM" = far ] && temp_probe "$CK"; } &
+      { confirm_set; temp_probe "$CK"; } &
       P_ARM=$!
     elif arm_done; then
       if [ -n "$CK" ] && [ "$CONFIRM" = 1 ]; then   # the probe first, then every kept checkpoint, then the cells
         [ -n "$P_CONF" ] && wait "$P_CONF"; P_CONF=   # one confirm_set at a time: no cell evaluated twice at once
-        { [ "$ARM" = far ] && temp_probe "$CK"; FINAL=1 confirm_set; eval_set "$ARM" "$CK"; } &
+        { temp_probe "$CK"; FINAL=1 confirm_set; eval_set "$ARM" "$CK"; } &
         P_ARM=$!
       elif [ -n "$CK" ]; then
-        { eval_set "$ARM" "$CK"; [ "$ARM" = far ] && temp_probe "$CK"; } & P_ARM=$!
+        { eval_set "$ARM" "$CK"; temp_probe "$CK"; } & P_ARM=$!
       fi
     fi
     wait $P_BASE ${P_ARM:+$P_ARM} ${P_MID:+$P_MID} ${P_CONF:+$P_CONF}

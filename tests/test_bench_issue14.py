@@ -145,7 +145,6 @@ def test_phase_c_confirm_scores_every_kept_checkpoint_on_fresh_prompts(tmp_path,
     assert any("started with CONFIRM=1" in ln for ln in refused), refused
 
 
-
 def test_confirm_on_another_arm_scores_its_kept_checkpoints_without_far_s_probe(tmp_path, stdlib_data):
     """CONFIRM=1 with ARM=long_only: the kept checkpoints on fresh prompts and the arm's cells, as for far, but
     no temperature probe (far's question): once stopped where asked, and once finished."""
