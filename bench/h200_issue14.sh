@@ -19,6 +19,8 @@
 #   A  carry [".whl", "data_cache/smol_0", "data_cache/smol_2"]   PHASE=a   GPU checks of doc_mask, its bench
 #   B  carry ["data_cache/smol_1", "data_cache/carry_b"]           PHASE=b   model, data, synth; the arm's training
 #                                                                            starts; diagnosis + baseline evals beside it
+#   (mix_switch's layout. Every later arm: A carry [".whl", "data_cache/carry_b", "data_cache/smol_0"], B carry
+#   ["data_cache/smol_1", "data_cache/smol_2"]: A builds the data. A is 67.09 MB with the tree of 2026-12-05.)
 #   C  (warm)                                                      PHASE=c   training resumed to the end; arm evals
 #   D  (warm)                                                      PHASE=d   what C left: evals, compare
 # ARM=far, long_only, mix (NEW_ARM; prepared 2026-12-04, third session; the layout of dense
@@ -306,7 +308,9 @@ a)  # ARM=dense: the data (CPU) beside issue 17's speed bench (GPU); else GPU ch
         cp "$DEV/speed/speed.md" "$OUT/" 2>/dev/null
         tar czf "$OUT/speed.tar.gz" -C "$DEV" speed 2>/dev/null   # the device returns at most 8 files
       fi
-      if [ "$NEW_ARM" = 1 ] && [ "$CONFIRM" = 0 ]; then   # GPU idle while the data is built: issue 17's Liger loss
+      # GPU idle while the data is built: issue 17's Liger loss (LIGER=0: not measured, e.g. no liger wheel
+      # carried, or the GPU quick start shares the call)
+      if [ "$NEW_ARM" = 1 ] && [ "$CONFIRM" = 0 ] && [ "${LIGER:-1}" = 1 ]; then
         guard liger_tests 170 $PY -m pytest -q -p no:cacheprovider -rs --junitxml="$OUT/liger_tests.xml" \
           tests/model/test_kernel_choices.py tests/ops/test_cross_entropy.py
         guard liger32k 300 $PY bench/profile_step.py --T 32768 --modes selective+offload,selective+offload+liger \

@@ -98,6 +98,16 @@ def test_phase_a_builds_the_far_set_and_checks_liger(tmp_path):
     assert steps["mixture"][0] >= max(steps["reuse_check"][1], steps["synth"][1]), steps
 
 
+def test_phase_a_liger_0_builds_the_data_and_leaves_the_gpu_alone(tmp_path):
+    # LIGER=0: the GPU quick start shares the call (or no liger wheel travels): no Liger tests or profile
+    dev = tmp_path / "dev"
+    (dev / "corpus").mkdir(parents=True)
+    (dev / "corpus" / "manifest.json").write_text("{}")
+    cmds = _phase(tmp_path, dev, "a", LIGER="0")
+    assert any(" data synth " in c for c in cmds) and any(" data mix " in c for c in cmds)
+    assert not any("--junitxml" in c or "profile_step.py" in c for c in cmds), cmds
+
+
 def test_phase_c_confirm_scores_every_kept_checkpoint_on_fresh_prompts(tmp_path, stdlib_data):
     """CONFIRM=1 (far trained again, every KEEP_EVERY-th checkpoint kept): beside the resumed training the
     kept checkpoints are scored on fresh prompts (eval.seed=1) and CONFIRM_S0 also on the old ones; once
