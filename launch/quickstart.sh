@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# megablu quick start: a parent trained from scratch, its YaRN x4 extension, and whether the
+# megablu quick start: a parent trained from scratch, its YaRN extension (x4 on CPU, x8 on a GPU), and whether the
 # extension works beyond the parent's window -- measured, with intervals. One command:
 #   bash launch/quickstart.sh            CPU (2 cores are enough): ~4 min after the one-time install
 #   bash launch/quickstart.sh --gpu      one GPU, offline: 6.5 min on an H200 (measured 2026-12-04)
@@ -9,8 +9,8 @@
 #   2. data: this Python's stdlib sources tokenized (megablu data build) and passkey training
 #      documents (python -m megablu.quickstart passkey-docs: the eval's template, other keys)
 #   3. pretrain the parent         CPU: window 256, 1 rank        GPU: window 2048
-#   4. YaRN x4 extension from it   CPU: window 1024, Ulysses sp=2 on 2 ranks   GPU: window 8192
-#   5. megablu eval of the parent, of the parent with YaRN x4 and no training, and of the
+#   4. YaRN extension from it      CPU: x4 to window 1024, Ulysses sp=2 on 2 ranks   GPU: x8 to window 16384
+#   5. megablu eval of the parent, of the parent with the same YaRN and no training, and of the
 #      extension, inside and beyond the parent's window: passkey retrieval with 95% intervals and
 #      the held-out loss per length
 #   6. megablu compare with the short-context gate; the summary on stdout (the runs' own output
@@ -38,7 +38,7 @@ if [ $GPU = 1 ]; then
   CFG_EXT=yaml_configs/quickstart_gpu_ext.yaml; RANKS_EXT=1
   BUILD=(--val-fraction 0.05)                       # all of the stdlib's sources, its tests too
   PK_PARENT=(--lengths 512-2047 --docs 12000 --seed 11 --digits 5)
-  PK_LONG=(--lengths 4096-8191 --docs 1000 --seed 12 --digits 5 --depth 0-0.6)
+  PK_LONG=(--lengths 8192-16383 --docs 1000 --seed 12 --digits 5 --depth 0-0.6)
   SHORT=(256 1024 2024)                             # the gate's lengths: the parent's eval lengths
 else
   DEV=CPU; NAME=qs; DATA=data_cache/qs; CFG=yaml_configs/quickstart_cpu.yaml
@@ -93,7 +93,7 @@ fi
 PK=(python3 -m megablu.quickstart passkey-docs --tokenizer $TOK)
 if [ $GPU = 1 ]; then
   step data_passkey "${PK[@]}" --out "$DATA/passkey2048" "${PK_PARENT[@]}"      # the extension reuses them too
-  step data_passkey_long "${PK[@]}" --out "$DATA/passkey8192" "${PK_LONG[@]}"
+  step data_passkey_long "${PK[@]}" --out "$DATA/passkey16384" "${PK_LONG[@]}"
 else
   step data_passkey "${PK[@]}" --out "$DATA/passkey256" "${PK_PARENT[@]}"     # the extension reuses them too
   step data_passkey_long "${PK[@]}" --out "$DATA/passkey1024" "${PK_LONG[@]}"

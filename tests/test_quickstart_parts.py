@@ -128,7 +128,7 @@ def test_quickstart_gpu_dry_run_prints_every_step_and_runs_nothing(tmp_path):
                      "eval_untrained", "eval_extension", "compare", "summary"], names
     cmd = dict(s.split(": ", 1) for s in steps[1:])
     assert "--val-fraction 0.05" in cmd["data_stdlib"] and "--max-bytes" not in cmd["data_stdlib"]
-    assert "--digits 5" in cmd["data_passkey"] and "passkey8192" in cmd["data_passkey_long"]
+    assert "--digits 5" in cmd["data_passkey"] and "passkey16384" in cmd["data_passkey_long"]
     assert cmd["parent"].startswith("deepspeed --num_gpus 1 ") and "yaml_configs/quickstart_gpu.yaml" in cmd["parent"]
     assert "--json" in cmd["parent"] and "init_from=<parent run>" in cmd["extension"]
     assert "quickstart_gpu_ext.yaml" in cmd["extension"] and "--rope-override" in cmd["eval_untrained"]
