@@ -2,7 +2,7 @@
 # megablu quick start: a parent trained from scratch, its YaRN extension (x4 on CPU, x8 on a GPU), and whether the
 # extension works beyond the parent's window -- measured, with intervals. One command:
 #   bash launch/quickstart.sh            CPU (2 cores are enough): ~4 min after the one-time install
-#   bash launch/quickstart.sh --gpu      one GPU, offline: 6.5 min on an H200 (measured 2026-12-04)
+#   bash launch/quickstart.sh --gpu      one GPU, offline: 6.8 min on an H100 (measured 2026-12-05)
 # Steps (each command is printed on stderr as it starts, with the seconds elapsed):
 #   1. set-up: .venv (launch/setup_env.sh), or on the H200 device the carried wheels
 #      (launch/device_env.sh, when .whl/ is there)
