@@ -22,6 +22,7 @@ OUT=${OUT:-/tmp/entry32k}
 WORK=${WORK:-/tmp/entry32k_work}
 MODE=${MODE:-selective+offload+frac0.75}
 STEPS=${STEPS:-12}
+BENCH_ALSO=${BENCH_ALSO:-}
 REHEARSE=${REHEARSE_CPU:-0}
 mkdir -p "$OUT" "$WORK"
 T0=$SECONDS
@@ -42,7 +43,7 @@ print(' '.join(f'--set memory.{k}={str(v).lower() if isinstance(v, bool) else v}
 STDLIB=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
 say "data: $STDLIB with $TOK"
 timeout 240 $PY -m megablu.cli data build --input "$STDLIB" --include '*.py' --exclude 'site-packages/*' \
-  --exclude '*/site-packages/*' --skip-bad-utf8 --val-fraction 0.01 --tokenizer "$TOK" --out "$WORK/stdlib" \
+  --exclude '*/site-packages/*' --skip-bad-utf8 --val-fraction 0.01 --max-bytes 4M --tokenizer "$TOK" --out "$WORK/stdlib" \
   --overwrite --source-name python-stdlib --license PSF-2.0 --provenance "$STDLIB" --no-progress \
   > "$WORK/data.out" 2> "$WORK/data.err" || { say "data build failed: $(tail -3 "$WORK/data.err")"; exit 1; }
 say "entry: $CFG at T=$T, $MODE, $STEPS steps"
@@ -77,9 +78,17 @@ else
   say "no metrics: $(tail -5 "$WORK/entry.err")"
 fi
 if [ "$REHEARSE" != 1 ]; then   # the same switches' fwd+bwd alone, in the same call
-  timeout 150 python3 bench/profile_step.py --T "$T" --modes "$MODE+liger+fa4" --timed 3 --micro-reps 1 \
+  # the kernels the entry's auto took: Liger's loss and FA4 where they import (a call without the FA4 carry
+  # or the liger wheel measures without them, and says so); BENCH_ALSO: modes timed first, for a ratio
+  KERN=
+  $PY -c "import liger_kernel" 2> /dev/null && KERN+=+liger
+  $PY -c "import flash_attn.cute" 2> /dev/null && KERN+=+fa4
+  say "bench: $MODE${KERN:-, no Liger or FA4 here} ${BENCH_ALSO:+beside $BENCH_ALSO}"
+  modes=
+  for m in $BENCH_ALSO $MODE; do modes+=${modes:+,}$m$KERN; done
+  timeout 150 python3 bench/profile_step.py --T "$T" --modes "$modes" --timed 3 --micro-reps 1 \
     --out "$WORK/prof" --budget-s 140 > "$WORK/prof.out" 2>&1
-  timeout 20 python3 bench/profile_step.py --summarize "$WORK"/prof/profile_*.json --baseline "$MODE+liger+fa4" \
+  timeout 20 python3 bench/profile_step.py --summarize "$WORK"/prof/profile_*.json --baseline "${modes%%,*}" \
     >> "$OUT/entry32k.md" 2>&1
 fi
 tar czf "$OUT/logs.tar.gz" -C "$WORK" data.err entry.out entry.err prof.out 2>/dev/null
