@@ -235,6 +235,20 @@ temp_probe() {   # far's question: any other arm returns at once
   evaluate "${ARM}_t13" "${ARM}_temp13" "$ck" 200 "32744" "passkey" --rope-override \
     --set rope.yarn.attention_factor=1.3 "${NOLOSS[@]}"
 }
+# Every arm, after its cells: YaRN factor 8's positions at 32744 with factor 4's attention temperature
+# (0.1 ln 4 + 1 = 1.1386), on the prompts of the arm's passkey cell (paired), and untrained YaRN the same
+# way. Why (2026-12-05, tenth session): every model misses passkey@32744 in the same contiguous bands of
+# distance (29-33k, 10-16k and the last 3k back), untrained YaRN too, with no answer at all (" a small,
+# circular piece of metal ..."), not a wrong digit; dense with factor 8 found 85% at 65512 where factor 4
+# found 70% at 32744, and the temperature alone (factor 8's 1.2079 on factor 4's positions) cost 14.5 pp.
+# Does the position map alone move the bands? ~2 min of GPU in all.
+rope_probe() {
+  local ck=$1
+  evaluate "${ARM}_pos8" "${ARM}_pos8" "$ck" 200 "32744" "passkey" --rope-override \
+    --set rope.yarn.factor=8.0 --set rope.yarn.attention_factor=1.1386 "${NOLOSS[@]}"
+  ECFG=$BASE_CFG evaluate yarn4_pos8 yarn4_pos8 "$DEV/smollm2" 200 "32744" "passkey" --rope-override \
+    --set rope.yarn.factor=8.0 --set rope.yarn.attention_factor=1.1386 "${NOLOSS[@]}"
+}
 # CONFIRM=1: the kept checkpoints from step 75 (multiples of 25: never rotated out) and the final one,
 # passkey at 32744 on fresh prompts (eval.seed=1; dirs ${ARM}_s1_<step>, arm ${ARM}_s1), step 125 also
 # on the prompts of every earlier arm (${ARM}_s0_125). FINAL=1 adds the final checkpoint.
@@ -381,10 +395,10 @@ c|d)  # the rest of the training, then the arm's evals (and any baseline a cut c
     elif arm_done; then
       if [ -n "$CK" ] && [ "$CONFIRM" = 1 ]; then   # the probe first, then every kept checkpoint, then the cells
         [ -n "$P_CONF" ] && wait "$P_CONF"; P_CONF=   # one confirm_set at a time: no cell evaluated twice at once
-        { temp_probe "$CK"; FINAL=1 confirm_set; eval_set "$ARM" "$CK"; } &
+        { temp_probe "$CK"; FINAL=1 confirm_set; eval_set "$ARM" "$CK"; rope_probe "$CK"; } &
         P_ARM=$!
       elif [ -n "$CK" ]; then
-        { eval_set "$ARM" "$CK"; temp_probe "$CK"; } & P_ARM=$!
+        { eval_set "$ARM" "$CK"; temp_probe "$CK"; rope_probe "$CK"; } & P_ARM=$!
       fi
     fi
     wait $P_BASE ${P_ARM:+$P_ARM} ${P_MID:+$P_MID} ${P_CONF:+$P_CONF}

@@ -177,6 +177,12 @@ def test_confirm_on_another_arm_scores_its_kept_checkpoints_without_far_s_probe(
     assert {"long_only_s1_5", "long_only_1k", "long_only_pk32k"} <= set(outs), outs
     assert outs.index("long_only_s1_5") < outs.index("long_only_1k"), outs
     assert f"--ckpt {run}/checkpoints/step_0000005 " in next(c for c in cmds if "/long_only_s1_5 " in c)
+    # the position probe last, the arm's and untrained YaRN's, on the passkey cell's prompts (no eval.seed)
+    assert outs[-2:] == ["long_only_pos8", "yarn4_pos8"], outs
+    for c in (c for c in cmds if "_pos8 " in c):
+        assert "--rope-override" in c and "rope.yarn.factor=8.0" in c and "rope.yarn.attention_factor=1.1386" in c
+        assert "--lengths 32744" in c and "eval.seed" not in c, c
+    assert "smol32k_long_only.yaml" in next(c for c in cmds if "/yarn4_pos8 " in c)   # the baselines' config
     assert not any("_temp" in c for c in cmds), [c for c in cmds if "_temp" in c]
 
 
