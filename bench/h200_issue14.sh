@@ -19,14 +19,14 @@
 #   A  carry [".whl", "data_cache/smol_0", "data_cache/smol_2"]   PHASE=a   GPU checks of doc_mask, its bench
 #   B  carry ["data_cache/smol_1", "data_cache/carry_b"]           PHASE=b   model, data, synth; the arm's training
 #                                                                            starts; diagnosis + baseline evals beside it
-#   (mix_switch's layout. Every later arm: A carry [".whl", "data_cache/carry_b", "data_cache/smol_0"], B carry
+#   C  (warm)                                                      PHASE=c   training resumed to the end; arm evals
+#   D  (warm)                                                      PHASE=d   what C left: evals, compare
+# (That is mix_switch's layout. Every later arm: A carry [".whl", "data_cache/carry_b", "data_cache/smol_0"], B carry
 #   ["data_cache/smol_1", "data_cache/smol_2"]: A builds the data. A is 67.09 MB with the tree of 2026-12-05.)
 # The tracked tree travels too and has outgrown A's room (2026-12-05: refused, "larger than 64 MiB"). Here,
 # before the calls, take out what the device does not read (the phase-a reuse tarball stays), and put it back
 # after:  git ls-files docs/img 'bench/results/*.tar.*' | grep -v 2026-12-04b/issue14_dense_results | xargs rm
 #         ... the calls ...;  git checkout -- docs/img bench/results      (saves ~4.9 MB)
-#   C  (warm)                                                      PHASE=c   training resumed to the end; arm evals
-#   D  (warm)                                                      PHASE=d   what C left: evals, compare
 # ARM=far, long_only, mix (NEW_ARM; prepared 2026-12-04, third session; the layout of dense
 # below): phase a builds the data and reuses the baselines' and dense's evals of the second
 # session (their prompts are checked against today's code first; only those that match are
