@@ -246,12 +246,11 @@ temp_probe() {   # far's question: any other arm returns at once
 # circular piece of metal ..."), not a wrong digit; dense with factor 8 found 85% at 65512 where factor 4
 # found 70% at 32744, and the temperature alone (factor 8's 1.2079 on factor 4's positions) cost 14.5 pp.
 # Does the position map alone move the bands? ~2 min of GPU in all.
-rope_probe() {
+POS8=(--rope-override --set data.window=65536 --set rope.yarn.factor=8.0 --set rope.yarn.attention_factor=1.1386)
+rope_probe() {   # factor 8 needs the 65536 window it implies (2026-12-05: without it both cells were config errors)
   local ck=$1
-  evaluate "${ARM}_pos8" "${ARM}_pos8" "$ck" 200 "32744" "passkey" --rope-override \
-    --set rope.yarn.factor=8.0 --set rope.yarn.attention_factor=1.1386 "${NOLOSS[@]}"
-  ECFG=$BASE_CFG evaluate yarn4_pos8 yarn4_pos8 "$DEV/smollm2" 200 "32744" "passkey" --rope-override \
-    --set rope.yarn.factor=8.0 --set rope.yarn.attention_factor=1.1386 "${NOLOSS[@]}"
+  evaluate "${ARM}_pos8" "${ARM}_pos8" "$ck" 200 "32744" "passkey" "${POS8[@]}" "${NOLOSS[@]}"
+  ECFG=$BASE_CFG evaluate yarn4_pos8 yarn4_pos8 "$DEV/smollm2" 200 "32744" "passkey" "${POS8[@]}" "${NOLOSS[@]}"
 }
 # CONFIRM=1: the kept checkpoints from step 75 (multiples of 25: never rotated out) and the final one,
 # passkey at 32744 on fresh prompts (eval.seed=1; dirs ${ARM}_s1_<step>, arm ${ARM}_s1), step 125 also

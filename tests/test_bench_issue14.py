@@ -49,7 +49,27 @@ def _phase(tmp_path: Path, dev: Path, phase: str, rc: int = 0, **extra_env) -> l
         return r.stderr.splitlines()
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert f"phase {phase} done" in r.stdout
-    return log.read_text().splitlines() if log.exists() else []
+    cmds = log.read_text().splitlines() if log.exists() else []
+    _assert_configs_load(cmds)
+    return cmds
+
+
+def _assert_configs_load(cmds: list[str]) -> None:
+    """Every logged command's --config with its --set overrides passes the config checks the real command
+    runs first (2026-12-05: the position probe's factor 8 without the 65536 window it implies logged fine
+    here and was a config error on the device, costing both of its cells)."""
+    from megablu.config import ConfigError, load_config
+
+    for c in cmds:
+        words = c.split()
+        if "--config" not in words:
+            continue
+        cfg = words[words.index("--config") + 1]
+        sets = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
+        try:
+            load_config(ROOT / cfg, sets)
+        except ConfigError as e:
+            raise AssertionError(f"{c}\n{e}") from None
 
 
 def test_phase_c_mid_run_then_finished(tmp_path, stdlib_data):
