@@ -27,6 +27,8 @@
 # before the calls, take out what the device does not read (the phase-a reuse tarball stays), and put it back
 # after:  git ls-files docs/img 'bench/results/*.tar.*' | grep -v 2026-12-04b/issue14_dense_results | xargs rm
 #         ... the calls ...;  git checkout -- docs/img bench/results      (saves ~4.9 MB)
+# ARM=edge (prepared 2026-12-05, eleventh session): far's layout and flow, with a second synthetic set
+# (every asked key 24-32k back: the distance no arm retrieves) built in phase a beside far's own.
 # ARM=far, long_only, mix (NEW_ARM; prepared 2026-12-04, third session; the layout of dense
 # below): phase a builds the data and reuses the baselines' and dense's evals of the second
 # session (their prompts are checked against today's code first; only those that match are
@@ -129,11 +131,16 @@ if [ "$CONFIRM" = 1 ]; then   # every 25th checkpoint kept (repeated on resume: 
   [ -n "${CONFIRM_STOP:-}" ] && TRAIN_SET+=(--set train.stop_after=$CONFIRM_STOP)
 fi
 FILLERS=kv,text
-if [ "$ARM" = far ]; then     # yaml_configs/smol32k_far.yaml: dense's set, half the keys 10-20k back, + repeat filler
-  SYNTH=$DEV/synth_far
+SYNTH2=   # a second synthetic set (ARM=edge)
+if [ "$ARM" = far ] || [ "$ARM" = edge ]; then   # yaml_configs/smol32k_far.yaml: dense's set, half the keys 10-20k back,
+  SYNTH=$DEV/synth_far                            # + repeat filler
   SYNTH_ARGS=(--tasks manyq,manyq,manyq,multikv --query-every 512 --lengths 24k-32700 --docs 800
               --distances 10k-20k --distance-share 0.5)
   FILLERS=kv,text,repeat
+fi
+if [ "$ARM" = edge ]; then    # yaml_configs/smol32k_edge.yaml: far's set at half weight + every asked key 24-32k back
+  SYNTH2=$DEV/synth_edge
+  SYNTH2_ARGS=(--tasks kv,multikv --lengths 30k-32700 --docs 400 --distances 24k-32k --seed 1)
 fi
 # A new arm reuses the baselines' and dense's evals of 2026-12-04 (same prompts, checked on the device by
 # rep_tools.py prompts-match against today's code: a dir whose prompts differ is removed and re-run)
@@ -162,11 +169,17 @@ prepare_data() {   # the corpus and the tokenizer (carried), then the arm's synt
   # one after the other they took 62 + 62 s of the H100 call A on 2026-12-05)
   reuse_evals &
   local p_reuse=$!
+  local p_synth2=
+  if [ -n "$SYNTH2" ] && [ ! -f "$SYNTH2/manifest.json" ]; then   # beside the first set: a CPU each
+    guard synth2 240 $PY -m megablu.cli data synth --tokenizer "hf:$DEV/hf_tokenizer/tokenizer.json" --out "$SYNTH2" \
+      "${SYNTH2_ARGS[@]}" --window 32768 --filler "$FILLERS" --filler-data "$DEV/corpus" --no-progress &
+    p_synth2=$!
+  fi
   if [ ! -f "$SYNTH/manifest.json" ]; then
     guard synth 240 $PY -m megablu.cli data synth --tokenizer "hf:$DEV/hf_tokenizer/tokenizer.json" --out "$SYNTH" \
       "${SYNTH_ARGS[@]}" --window 32768 --filler "$FILLERS" --filler-data "$DEV/corpus" --no-progress
   fi
-  wait $p_reuse
+  wait $p_reuse ${p_synth2:+$p_synth2}
 }
 
 ckpt_of_arm() { $PY bench/rep_tools.py newest "$RUNS" "smol32k_$ARM" 2>> "$WORK/logs/newest.err"; }

@@ -62,9 +62,12 @@ def _assert_configs_load(cmds: list[str]) -> None:
 
     for c in cmds:
         words = c.split()
-        if "--config" not in words:
+        if "--config" in words:
+            cfg = words[words.index("--config") + 1]
+        elif " data mix " in f" {c} ":
+            cfg = words[words.index("mix") + 1]
+        else:
             continue
-        cfg = words[words.index("--config") + 1]
         sets = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
         try:
             load_config(ROOT / cfg, sets)
@@ -116,6 +119,28 @@ def test_phase_a_builds_the_far_set_and_checks_liger(tmp_path):
              for ln in (dev / "work_a" / "timeline.tsv").read_text().splitlines()}
     assert abs(steps["reuse_check"][0] - steps["synth"][0]) <= 1, steps
     assert steps["mixture"][0] >= max(steps["reuse_check"][1], steps["synth"][1]), steps
+
+
+def test_phase_a_edge_builds_far_s_set_and_the_edge_set_side_by_side(tmp_path):
+    """ARM=edge (far with half its synthetic share on keys 24-32k back): far's set and the edge set are
+    built at once, beside the reuse check, and both before the mixture that reads them."""
+    dev = tmp_path / "dev"
+    (dev / "corpus").mkdir(parents=True)
+    (dev / "corpus" / "manifest.json").write_text("{}")
+    cmds = _phase(tmp_path, dev, "a", ARM="edge", LIGER="0", REHEARSE_SLOW_S="2")
+    synth = [c for c in cmds if " data synth " in c]
+    assert len(synth) == 2, synth
+    far = next(c for c in synth if f"--out {dev}/synth_far " in c)
+    edge = next(c for c in synth if f"--out {dev}/synth_edge " in c)
+    for opt in ("--distances 10k-20k", "--distance-share 0.5", "--filler kv,text,repeat"):
+        assert opt in far, far
+    for opt in ("--distances 24k-32k", "--lengths 30k-32700", "--filler kv,text,repeat", "--seed 1"):
+        assert opt in edge, edge
+    assert any(" data mix " in c and "smol32k_edge.yaml" in c for c in cmds)
+    steps = {ln.split("\t")[0]: [int(x) for x in ln.split("\t")[1:3]]
+             for ln in (dev / "work_a" / "timeline.tsv").read_text().splitlines()}
+    assert abs(steps["synth2"][0] - steps["synth"][0]) <= 1, steps
+    assert steps["mixture"][0] >= max(steps["synth"][1], steps["synth2"][1], steps["reuse_check"][1]), steps
 
 
 def test_phase_a_liger_0_builds_the_data_and_leaves_the_gpu_alone(tmp_path):
