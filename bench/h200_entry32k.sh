@@ -23,6 +23,9 @@ OUT=${OUT:-/tmp/entry32k}
 WORK=${WORK:-/tmp/entry32k_work}
 MODE=${MODE:-selective+offload+frac0.75}
 STEPS=${STEPS:-12}
+# train.profile_step: that step split by phase (profile/step_N.md comes back), left out of the median below;
+# 0 = none. Default: the third step from the end, after the probe's first 3 steps
+PROFILE_STEP=${PROFILE_STEP:-$(( STEPS > 6 ? STEPS - 3 : 0 ))}
 BENCH_ALSO=${BENCH_ALSO:-}
 REHEARSE=${REHEARSE_CPU:-0}
 mkdir -p "$OUT" "$WORK"
@@ -54,23 +57,27 @@ timeout 300 deepspeed --num_gpus 1 --master_port $(( 29500 + RANDOM % 400 )) lau
   --set train.max_steps="$STEPS" --set train.tokens_per_step=$T --set train.micro_batch=1 --set train.probe_steps=3 \
   --set schedule.kind=wsd --set schedule.warmup_steps=2 --set schedule.decay_start=$(( STEPS - 2 )) --set checkpoint.every_steps=0 \
   --set checkpoint.save_final=false --set eval.final=false $mem --json "$WORK/entry.json" \
+  $( [ "$PROFILE_STEP" -gt 0 ] && echo "--set train.profile_step=$PROFILE_STEP --set train.profile_trace_mib=40" ) \
   > "$WORK/entry.out" 2> "$WORK/entry.err"
 rc=$?
 say "entry exit $rc"
 run=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["run_dir"])' "$WORK/entry.json" 2>/dev/null)
 if [ -n "$run" ] && [ -f "$run/metrics.csv" ]; then
   cp "$run/metrics.csv" "$OUT/metrics.csv"; cp "$run/probe.json" "$OUT/probe.json" 2>/dev/null
-  $PY - "$run" >> "$OUT/entry32k.md" <<'PY'
+  cp "$run"/profile/step_*.md "$OUT/" 2>/dev/null; cp "$run"/profile/step_*.trace.json.gz "$OUT/" 2>/dev/null
+  $PY - "$run" "$PROFILE_STEP" >> "$OUT/entry32k.md" <<'PY'
 import csv, json, statistics, sys
 from pathlib import Path
 run = Path(sys.argv[1])
 rows = list(csv.DictReader(open(run / "metrics.csv")))
-steady = rows[3:] or rows               # after the probe's first steps (warm-up, kernels' first calls)
+# after the probe's first steps (warm-up, kernels' first calls), without the profiled step (its syncs)
+steady = [r for r in rows[3:] if r["step"] != sys.argv[2]] or rows
 tps = statistics.median(float(r["tokens_per_s"]) for r in steady)
 mfus = [float(r["mfu"]) for r in steady if r.get("mfu")]      # empty on a CPU run
 mfu = f"{statistics.median(mfus):.0%}" if mfus else "n/a"
 setup = json.loads((run / "probe.json").read_text()).get("setup", {}) if (run / "probe.json").exists() else {}
-print(f"\nentry: {len(rows)} steps, median tokens/s over steps {int(steady[0]['step'])}-{rows[-1]['step']}: "
+left_out = f" (step {sys.argv[2]} profiled, left out)" if sys.argv[2] != "0" else ""
+print(f"\nentry: {len(rows)} steps, median tokens/s over {len(steady)} steps from step {steady[0]['step']}{left_out}: "
       f"{tps:.0f}, MFU {mfu}, max_mem {max(float(r['max_mem_gb']) for r in rows):.1f} GB; "
       f"loss {setup.get('loss')} (config {setup.get('loss_config')}), attention {setup.get('attention')} "
       f"(config {setup.get('attention_config')}); loss {rows[0]['loss']} -> {rows[-1]['loss']}")

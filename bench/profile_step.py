@@ -50,11 +50,9 @@ from __future__ import annotations
 import argparse
 import bisect
 import gc
-import gzip
 import json
 import os
 import re
-import shutil
 import statistics
 import sys
 import time
@@ -64,8 +62,8 @@ from typing import Iterable, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from megablu.train.step_profile import STEP_RANGE, export_trace, profiler_table  # noqa: E402
 
-STEP_RANGE = "megablu::step"
 LOSS_RANGE = "megablu::loss"
 
 # (key, label) in report order
@@ -746,16 +744,6 @@ def sdpa_micro(T: int, H: int, Hkv: int, D: int, reps: int, device: str = "cuda"
     return out
 
 
-def _profiler_table(prof, rows: int = 30) -> str:
-    for key in ("self_device_time_total", "self_cuda_time_total", "device_time_total", "cuda_time_total",
-                "self_cpu_time_total"):
-        try:
-            return prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=90)
-        except Exception:  # noqa: BLE001 - the key this torch build does not know
-            continue
-    return ""
-
-
 def mode_fs(mode: str) -> str:
     """A mode as a file-name part: the device tool returns only [A-Za-z0-9._-] names."""
     return re.sub(r"[^A-Za-z0-9._-]", "-", mode)
@@ -848,7 +836,7 @@ def profile_case(T: int, mode: str, a, device: str = "cuda") -> dict:
             w = row["profile"]["wall_ms"] / 1e3
             step.update(profiled_only=True, tokens_per_s=T / w,
                         mfu=tb.flops_per_token(cfg, T) * T / w / 1e12 / tb.PEAK_TFLOPS)
-        row["profiler_table"] = _profiler_table(prof)
+        row["profiler_table"] = profiler_table(prof)
         row["prof"] = prof          # popped by the caller (trace export), never serialised
     except Exception as e:  # noqa: BLE001 - a failing case must not stop the others
         oom = type(e).__name__ == "OutOfMemoryError"
@@ -867,20 +855,6 @@ def _device_name(device: str) -> str:
     import torch
 
     return torch.cuda.get_device_name() if device == "cuda" else "cpu"
-
-
-def _export_trace(prof, path: Path, max_bytes: int) -> str:
-    """gzip'd chrome trace of the profiled step, dropped when over max_bytes."""
-    tmp = path.with_suffix("")          # .json
-    prof.export_chrome_trace(str(tmp))
-    with open(tmp, "rb") as f, gzip.open(path, "wb", compresslevel=6) as g:
-        shutil.copyfileobj(f, g)
-    tmp.unlink()
-    size = path.stat().st_size
-    if size > max_bytes:
-        path.unlink()
-        return f"trace {size / 2**20:.1f} MiB gzip'd > {max_bytes / 2**20:.0f} MiB: not kept"
-    return f"trace kept: {path.name} ({size / 2**20:.1f} MiB)"
 
 
 def write_json(path: Path, row: dict) -> None:
@@ -981,7 +955,7 @@ def main(argv: Optional[list] = None) -> int:
             left = a.budget_s - (time.perf_counter() - t_start) if a.budget_s else float("inf")
             if left > 20:
                 try:
-                    row["trace"] = _export_trace(prof, out / f"trace_{a.T}_{mode_fs(mode)}.json.gz",
+                    row["trace"] = export_trace(prof, out / f"trace_{a.T}_{mode_fs(mode)}.json.gz",
                                                  int(a.trace_max_mib * 2**20))
                 except Exception as e:  # noqa: BLE001 - the analysis is saved anyway
                     row["trace"] = f"not exported: {type(e).__name__}: {e}"

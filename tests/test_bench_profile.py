@@ -424,11 +424,12 @@ def test_h200_entry32k_script_rehearsal(tmp_path):
 
     out, work = tmp_path / "out", tmp_path / "work"
     r = subprocess.run(["bash", str(ROOT / "bench/h200_entry32k.sh")], capture_output=True, text=True, cwd=ROOT,
-                       env={**os.environ, "REHEARSE_CPU": "1", "OUT": str(out), "WORK": str(work), "STEPS": "5"},
-                       timeout=600)
+                       env={**os.environ, "REHEARSE_CPU": "1", "OUT": str(out), "WORK": str(work), "STEPS": "6",
+                            "PROFILE_STEP": "5"}, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     md = (out / "entry32k.md").read_text()
     assert "entry exit 0" in md, md
-    assert "entry: 5 steps, median tokens/s over steps 4-5:" in md
+    assert "entry: 6 steps, median tokens/s over 2 steps from step 4 (step 5 profiled, left out):" in md
+    assert "| optimizer_step | 1 |" in (out / "step_5.md").read_text()   # train.profile_step's phase table
     assert "loss chunked (config auto), attention sdpa (config auto)" in md
-    assert (out / "metrics.csv").read_text().count("\n") == 6 and (out / "probe.json").is_file()
+    assert (out / "metrics.csv").read_text().count("\n") == 7 and (out / "probe.json").is_file()

@@ -243,6 +243,12 @@ class TrainConfig(Section):
         default=None, gt=0, description="wall-clock budget of this session in seconds: the run stops (checkpoint, "
         "exit 0) after the last step that, with a checkpoint, still ends within it; `--resume RUN` continues "
         "exactly. For time-sliced jobs (a SLURM limit, a device call)")
+    profile_step: Optional[int] = Field(
+        default=None, gt=0, description="run this step under torch.profiler: its wall time split by phase (data, "
+        "forward, backward, optimizer step, ...) and the top kernels in profile/step_<N>.md of the run dir, a chrome "
+        "trace beside it; every other step runs unprofiled")
+    profile_trace_mib: float = Field(default=64.0, gt=0, description="with profile_step: the largest gzip'd trace "
+                                     "kept (a 32k step of a 0.5B model is tens of MiB)")
 
     @field_validator("betas")
     @classmethod
@@ -550,6 +556,11 @@ def check_invariants(cfg: Config, world_size: Optional[int] = None,
                 f"rope.yarn: factor*original_max_position = {y.factor}*{y.original_max_position} = {prod:g} "
                 f"!= data.window {T}; set rope.yarn.factor={T / y.original_max_position:g} "
                 f"(original_max_position must be the length the parent was actually trained at)")
+
+    ps = cfg.train.profile_step
+    if ps is not None and ps > cfg.train.max_steps:
+        errs.append(f"train.profile_step: {ps} > train.max_steps {cfg.train.max_steps}: that step never runs; "
+                    f"pick a step after the first few (warm-up), e.g. train.profile_step={min(5, cfg.train.max_steps)}")
 
     # Schedule.
     s, steps = cfg.schedule, cfg.train.max_steps

@@ -2,7 +2,7 @@
 
 A checkpoint continues exactly the run that saved it (same config hash), with these
 exceptions, checked here once for the preflight and the trainer:
-- session fields (train.stop_after, probe_steps, log_every, runs_dir): free;
+- session fields (train.stop_after, stop_after_s, probe_steps, log_every, profile_step, runs_dir): free;
 - parallel.sp: Ulysses shards activations, not weights (see Trainer);
 - memory.loss: which implementation computes the same summed loss (chunked, liger, or auto's pick);
   weights, optimizer state and data position do not depend on it (a run started with chunked, the

@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,6 +31,7 @@ from ..utils.dist import broadcast_object, is_rank0
 from .metrics import MetricsWriter
 from .schedule import lr_at
 from .step import forward_backward
+from .step_profile import no_timer
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,7 @@ class Trainer:
         # train.stop_after_s: this session's wall-clock budget, counted from the Trainer's start
         self._t_start = time.monotonic()
         self._timed, self._out_of_time, self._slowest_extra = False, False, 0.0
+        self._step_s: list[float] = []   # unprofiled step times, for train.profile_step's report
         if not resume:
             # the seed's -27 pp trap (config/lineage.py), also for a Trainer built without the
             # entry's preflight (the Python API): refused before any rank or run dir exists
@@ -297,11 +300,13 @@ class Trainer:
 
     def _write_resolved(self) -> None:
         """runs/<id>/config.resolved.yaml: the config this run's checkpoints are saved with, so that
-        `--config runs/<id>/config.resolved.yaml --resume <id>` continues it. train.stop_after is an
-        invocation's time slice, not the run's, and is left out. A resume that changed the run
-        (max_steps, sp) keeps the previous file as config.before.<unix>.yaml."""
+        `--config runs/<id>/config.resolved.yaml --resume <id>` continues it. train.stop_after (an
+        invocation's time slice) and train.profile_step (its profiled step) are not the run's and are
+        left out. A resume that changed the run (max_steps, sp) keeps the previous file as
+        config.before.<unix>.yaml."""
         resolved = self.run_dir / "config.resolved.yaml"
-        text = to_yaml(self.cfg.model_copy(update={"train": self.cfg.train.model_copy(update={"stop_after": None})}))
+        session = {"stop_after": None, "profile_step": None}   # an invocation's, not the run's
+        text = to_yaml(self.cfg.model_copy(update={"train": self.cfg.train.model_copy(update=session)}))
         if resolved.exists():
             if resolved.read_text() == text:
                 return
@@ -317,14 +322,30 @@ class Trainer:
                 "rng": get_rng_state(), "schedule": {"kind": self.cfg.schedule.kind, "lr": self._lr}}
 
     # ------------------------------------------------------------------ loop
-    def _train_step(self) -> tuple[float, Optional[float]]:
+    def _train_step(self, timer=no_timer) -> tuple[float, Optional[float]]:
         """One optimizer step over grad_accum micro-batches; returns (token-mean loss, grad norm)."""
-        micro = [self.loader.next_batch() for _ in range(self.grad_accum)]
+        with timer("data"):
+            micro = [self.loader.next_batch() for _ in range(self.grad_accum)]
         loss = forward_backward(self.engine, micro, self.groups, self.cfg.parallel.zero_stage,
                                 self.cfg.parallel.reduce_scatter, doc_mask=self.cfg.data.doc_mask,
-                                doc_positions=self.cfg.data.doc_positions)
-        gn = self.engine.get_global_grad_norm()
-        return loss, (float(gn) if gn is not None else None)
+                                doc_positions=self.cfg.data.doc_positions, timer=timer)
+        with timer("grad_norm"):
+            gn = self.engine.get_global_grad_norm()
+            gn = float(gn) if gn is not None else None
+        return loss, gn
+
+    def _profiled_train_step(self) -> tuple[float, Optional[float]]:
+        """train.profile_step: this step under torch.profiler, profile/step_<N>.md in the run dir."""
+        from .step_profile import run_profiled
+
+        n = self.step + 1
+        others = statistics.median(self._step_s) if self._step_s else None
+        out = run_profiled(self._train_step, device=self.device, step=n, run_dir=self.run_dir,
+                           others_median_s=others, trace_max_mib=self.cfg.train.profile_trace_mib,
+                           write=is_rank0())
+        if is_rank0():
+            log.info("step %d profiled: %s", n, self.run_dir / "profile" / f"step_{n}.md")
+        return out
 
     def _set_lr(self) -> None:
         self._lr = lr_at(self.step, self.cfg.schedule, self.cfg.train.max_steps)
@@ -414,10 +435,13 @@ class Trainer:
         cfg, losses, tok_s = self.cfg, self._losses, self._tok_s
         self._set_lr()
         t0 = time.perf_counter()
-        loss, gnorm = self._train_step()
+        profiled = cfg.train.profile_step == self.step + 1
+        loss, gnorm = self._profiled_train_step() if profiled else self._train_step()
         if self.device == "cuda":
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
+        if not profiled:
+            self._step_s.append(dt)
         self.step += 1
         self.tokens_seen += cfg.train.tokens_per_step
         if not math.isfinite(loss):
