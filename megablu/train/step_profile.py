@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-STEP_RANGE = "megablu::step"   # the same range name as bench/profile_step.py's
+STEP_RANGE = "megablu::step"   # bench/profile_step.py imports it: one name for the step range
 
 
 def _sync(device: str) -> None:
