@@ -21,6 +21,9 @@ def _entry(rank, world, port, fn, args, out):
     torch.set_num_threads(1)
     import deepspeed
 
+    from megablu.utils.dist import skip_cpu_shm_op
+
+    skip_cpu_shm_op()   # the ranks train and evaluate; that op is DeepSpeed inference's only
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)
     result = fn(rank, world, *args)
     if rank == 0:

@@ -42,3 +42,24 @@ def test_subcommands_have_help_and_the_workflow_order():
              "megablu compare", "megablu runs"]
     pos = [text.index(s) for s in steps]
     assert pos == sorted(pos), dict(zip(steps, pos))
+
+
+def test_commands_that_train_nothing_start_without_torch(tmp_path):
+    """Registering every subcommand, and the commands that read files only (config check, runs, the
+    launch's dry run on CPU), leave torch unimported: its import is ~1 s of every such command's
+    start, paid dozens of times by a script or this suite."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys\nfrom megablu.cli import build_parser, main\nbuild_parser()\nrc = main(sys.argv[1:])\n"
+            "print('torch' in sys.modules)\nsys.exit(rc)\n")
+    root = Path(__file__).resolve().parents[1]
+    for args in (["runs", str(tmp_path)],
+                 ["config", "check", "yaml_configs/tiny_cpu.yaml", "--world-size", "1", "--device", "cpu",
+                  "--no-files"],
+                 ["train", "--config", "yaml_configs/tiny_cpu_ext.yaml", "--device", "cpu", "--gpus", "2",
+                  "--dry-run"]):
+        r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=root,
+                           timeout=120)
+        assert r.returncode == 0 and r.stdout.splitlines()[-1] == "False", (args, r.stdout[-500:], r.stderr[-2000:])

@@ -37,6 +37,11 @@ Files (torchtitan `components/checkpointer/` is the model):
   rng.py      generator states for an exact resume
   cli.py      `megablu ckpt verify | list | export`
 """
+from typing import TYPE_CHECKING
+
+# layout (manifests, verification, what a step or run dir means) needs no torch: `megablu ckpt`,
+# `megablu runs` and every other command's registration import this package, and torch's import
+# is ~1 s of each such command's start. The torch-coupled names load on first use (PEP 562).
 from .layout import (
     CKPT_DIR,
     LATEST,
@@ -54,20 +59,41 @@ from .layout import (
     step_problems,
     verify_checkpoint,
 )
-from .manager import CheckpointManager, resolve_step_collective
-from .rng import get_rng_state, set_rng_state
-from .weights import (
-    export_checkpoint,
-    load_weights,
-    parent_record,
-    read_weight_shapes,
-    read_weights,
-    resolve_parent,
-    resolve_weights,
-    save_weights,
-    tied_keys,
-    weights_mismatch,
-)
+
+if TYPE_CHECKING:   # the same names, imported for real by __getattr__ below
+    from .manager import CheckpointManager, resolve_step_collective
+    from .rng import get_rng_state, set_rng_state
+    from .weights import (
+        export_checkpoint,
+        load_weights,
+        parent_record,
+        read_weight_shapes,
+        read_weights,
+        resolve_parent,
+        resolve_weights,
+        save_weights,
+        tied_keys,
+        weights_mismatch,
+    )
+
+_LAZY = {
+    **dict.fromkeys(["CheckpointManager", "resolve_step_collective"], "manager"),
+    **dict.fromkeys(["get_rng_state", "set_rng_state"], "rng"),
+    **dict.fromkeys(["export_checkpoint", "load_weights", "parent_record", "read_weight_shapes", "read_weights",
+                     "resolve_parent", "resolve_weights", "save_weights", "tied_keys", "weights_mismatch"],
+                    "weights"),
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value   # once: later lookups do not come back here
+    return value
+
 
 __all__ = ["CKPT_DIR", "LATEST", "MANIFEST", "PIN", "WEIGHTS", "CheckpointError", "CheckpointManager",
            "export_checkpoint", "get_rng_state", "load_weights", "newest_verified", "parent_record", "read_manifest",

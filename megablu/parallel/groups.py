@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-import torch.distributed as dist
-
 
 @dataclass
 class Groups:
@@ -77,6 +75,10 @@ def layout(world_size: int, sp: int) -> list[list[int]]:
 
 def build_groups(sp: int, ranks_per_node: Optional[int] = None) -> Groups:
     """Create the process groups (collective: every rank calls it, same order)."""
+    # imported here: `layout` is what the launch checks need (parallel/topology.py), and they run
+    # in commands that never start a process group (`megablu train --dry-run`, `config check`)
+    import torch.distributed as dist
+
     world, rank = dist.get_world_size(), dist.get_rank()
     sp_layout = layout(world, sp)
     dp = world // sp

@@ -27,7 +27,7 @@ from ..model.decoder import BluModel
 from ..parallel.groups import Groups, build_groups
 from ..parallel.ulysses import apply_ulysses
 from ..utils.device import mfu, peak_bf16_tflops, resolve_device
-from ..utils.dist import broadcast_object, is_rank0
+from ..utils.dist import broadcast_object, is_rank0, skip_cpu_shm_op
 from .metrics import MetricsWriter
 from .schedule import lr_at
 from .step import forward_backward
@@ -125,11 +125,7 @@ class Trainer:
         else:
             # CPU ranks share the cores: one rank per core-share, no oversubscription
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // (ranks_per_node or 1)))
-            # DeepSpeed JIT-builds a shared-memory all-reduce for CPU inference at init; training
-            # never uses it, and a build killed midway leaves a lock that hangs every later launch
-            ds_torch = sys.modules.get("deepspeed.comm.torch")
-            if ds_torch is not None and hasattr(ds_torch, "build_shm_op"):
-                ds_torch.build_shm_op = lambda: None
+            skip_cpu_shm_op()   # an inference-only op DeepSpeed would JIT-build in init_distributed
         deepspeed.init_distributed(dist_backend="nccl" if self.device == "cuda" else "gloo")
         return build_groups(self.cfg.parallel.sp, ranks_per_node)
 

@@ -64,3 +64,18 @@ def finish() -> None:
     d.destroy_process_group()
     if rank == 0:
         logging.getLogger(__name__).info(CLOSED)
+
+
+def skip_cpu_shm_op() -> None:
+    """Keep deepspeed.init_distributed from JIT-building its CPU shared-memory all-reduce.
+
+    DeepSpeed builds that op (~25 s of C++ on 2 cores, once per torch_extensions cache) in every
+    init_distributed on CPU, for inference_all_reduce; training never calls it. A rank killed while
+    the build runs leaves a lock in the shared cache that hangs every later DeepSpeed start on the
+    machine. Patched through sys.modules: the attribute `deepspeed.comm.torch` is the torch package
+    itself (deepspeed/comm imports it under that name), so setting it there does nothing."""
+    import sys
+
+    import deepspeed.comm.torch  # noqa: F401  (registers the module under its dotted name)
+
+    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None

@@ -1,7 +1,7 @@
-"""Auto-eval in a tiny real run (2 CPU ranks through the deepspeed launcher, sp=2, ZeRO-2; ~20 s
-once DeepSpeed's shm_comm extension is built): the trainer evaluates at eval.at_steps, writes
-eval/step_<N>.json from the sp-collective run_eval, pins that checkpoint, resumes training, and
-evaluates again at the end (eval.final) on the same prompts."""
+"""Auto-eval in a tiny real run (2 CPU ranks through the deepspeed launcher, sp=2, ZeRO-2; ~12 s on
+2 cores): the trainer evaluates at eval.at_steps, writes eval/step_<N>.json from the sp-collective
+run_eval, pins that checkpoint, resumes training, and evaluates again at the end (eval.final) on
+the same prompts."""
 import json
 import subprocess
 import sys
@@ -67,22 +67,28 @@ def test_final_gate_failure_fails_the_run_after_saving(tmp_path, stdlib_data):
 
 def test_eval_step_killed_before_its_result_is_evaluated_on_resume(tmp_path, stdlib_data):
     """A stop between an eval step's checkpoint and its result (simulated: the result deleted)
-    is evaluated on resume before training goes on; a run whose result exists is not re-evaluated."""
-    from tests.train.test_resume import launch
+    is evaluated on resume before training goes on; a run whose result exists is not re-evaluated.
+    One rank, the entry started as a plain process (what happens on resume is the trainer's, not the
+    launcher's: the deepspeed launcher runs the tests above)."""
+    from tests.train.test_resume import SCRATCH, TINY
+    from tests.train.test_run_lifecycle import entry, summary
+
+    def run(sets, resume=None):
+        return summary(entry([SCRATCH, *sets], resume=resume, config=TINY))
 
     data = stdlib_data
     common = [f"runs_dir={tmp_path}/runs", f"data.path={data}", "parallel.sp=1", "train.micro_batch=1",
               "train.tokens_per_step=512", "train.max_steps=4", "schedule.warmup_steps=1", "schedule.decay_start=2",
               "checkpoint.every_steps=0", "data.max_epochs=100", "eval.lengths=[232]", "eval.n=2",
               "eval.at_steps=[2]", "eval.final=false", "train.probe_steps=0"]
-    first = launch(1, common + ["train.stop_after=2"])
-    run = Path(first["run_dir"])
-    result = run / "eval" / "step_2.json"
+    first = run(common + ["train.stop_after=2"])
+    run_dir = Path(first["run_dir"])
+    result = run_dir / "eval" / "step_2.json"
     assert result.is_file()
     result.unlink()                                               # as if killed before the eval finished
-    for f in (run / "eval").glob("step_2.*"):
+    for f in (run_dir / "eval").glob("step_2.*"):
         f.unlink()
-    resumed = launch(1, common, resume=str(run))
+    resumed = run(common, resume=str(run_dir))
     assert resumed["steps"] == 4
     again = json.loads(result.read_text())
     assert again["step"] == 2 and again["cells"][0]["n"] == 2

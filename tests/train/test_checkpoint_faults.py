@@ -498,16 +498,13 @@ def _driver_main(argv: list[str]) -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     # import everything heavy once, before forking ranks (no torch op runs in the parent)
     import deepspeed  # noqa: F401
-    import deepspeed.comm.torch
     import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401  (pulls torch._dynamo: ~6 s)
 
-    # DeepSpeed JIT-loads its shm op (used only by inference_all_reduce, never in training)
-    # in init_distributed. A rank killed while that load rebuilds it (another session's
-    # build flags change its version) leaves a stale lock in the shared torch_extensions
-    # cache that hangs every later DeepSpeed start on the machine; the ranks here skip it.
-    # (through sys.modules: the attribute `deepspeed.comm.torch` is the torch package itself,
-    # which deepspeed/comm imports under that name, so patching it there does nothing)
-    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+    # a rank killed while DeepSpeed JIT-builds its inference-only shm op would leave a stale lock
+    # in the shared torch_extensions cache (another session's build flags change its version)
+    from megablu.utils.dist import skip_cpu_shm_op
+
+    skip_cpu_shm_op()
     import megablu.checkpoint  # noqa: F401
     name = argv[0]
     base = Path(argv[1])
