@@ -260,10 +260,21 @@ temp_probe() {   # far's question: any other arm returns at once
 # found 70% at 32744, and the temperature alone (factor 8's 1.2079 on factor 4's positions) cost 14.5 pp.
 # Does the position map alone move the bands? ~2 min of GPU in all.
 POS8=(--rope-override --set data.window=65536 --set rope.yarn.factor=8.0 --set rope.yarn.attention_factor=1.1386)
+# Then (2026-12-05, twelfth session) factor 5's positions the same way: 32744 back maps to 6.5k of the parent's
+# positions instead of 8k. The native model itself misses passkeys 7.6-8.1k back at 8168 (3/6, against 6/6 or 7/7
+# in every other 512-token bin), so the 30-32k-back band may be its window's edge seen through YaRN x4: if factor
+# 5's map finds that band (untrained too), a YaRN with slack is the cheap fix, not training at the edge. Last, the
+# softer temperature the ninth session left untested (attention factor 1.0 on the arm's own positions; 1.2079
+# cost 14.5 pp). Each cell ~45 s on an H100 alone; a cut call leaves the rest to phase d.
+POS5=(--rope-override --set data.window=40960 --set rope.yarn.factor=5.0 --set rope.yarn.attention_factor=1.1386)
 rope_probe() {   # factor 8 needs the 65536 window it implies (2026-12-05: without it both cells were config errors)
   local ck=$1
   evaluate "${ARM}_pos8" "${ARM}_pos8" "$ck" 200 "32744" "passkey" "${POS8[@]}" "${NOLOSS[@]}"
   ECFG=$BASE_CFG evaluate yarn4_pos8 yarn4_pos8 "$DEV/smollm2" 200 "32744" "passkey" "${POS8[@]}" "${NOLOSS[@]}"
+  evaluate "${ARM}_pos5" "${ARM}_pos5" "$ck" 200 "32744" "passkey" "${POS5[@]}" "${NOLOSS[@]}"
+  ECFG=$BASE_CFG evaluate yarn4_pos5 yarn4_pos5 "$DEV/smollm2" 200 "32744" "passkey" "${POS5[@]}" "${NOLOSS[@]}"
+  evaluate "${ARM}_t10" "${ARM}_temp10" "$ck" 200 "32744" "passkey" --rope-override \
+    --set rope.yarn.attention_factor=1.0 "${NOLOSS[@]}"
 }
 # CONFIRM=1: the kept checkpoints from step 75 (multiples of 25: never rotated out) and the final one,
 # passkey at 32744 on fresh prompts (eval.seed=1; dirs ${ARM}_s1_<step>, arm ${ARM}_s1), step 125 also

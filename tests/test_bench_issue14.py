@@ -204,12 +204,16 @@ def test_confirm_on_another_arm_scores_its_kept_checkpoints_without_far_s_probe(
     assert outs.index("long_only_s1_5") < outs.index("long_only_1k"), outs
     assert f"--ckpt {run}/checkpoints/step_0000005 " in next(c for c in cmds if "/long_only_s1_5 " in c)
     # the position probe last, the arm's and untrained YaRN's, on the passkey cell's prompts (no eval.seed)
-    assert outs[-2:] == ["long_only_pos8", "yarn4_pos8"], outs
-    for c in (c for c in cmds if "_pos8 " in c):
-        assert "--rope-override" in c and "rope.yarn.factor=8.0" in c and "rope.yarn.attention_factor=1.1386" in c
-        assert "--lengths 32744" in c and "eval.seed" not in c, c
-    assert "smol32k_long_only.yaml" in next(c for c in cmds if "/yarn4_pos8 " in c)   # the baselines' config
-    assert not any("_temp" in c for c in cmds), [c for c in cmds if "_temp" in c]
+    # then factor 5's positions the same way, then the arm at attention factor 1.0
+    assert outs[-5:] == ["long_only_pos8", "yarn4_pos8", "long_only_pos5", "yarn4_pos5", "long_only_temp10"], outs
+    for pos, window in (("8", 65536), ("5", 40960)):
+        for c in (c for c in cmds if f"_pos{pos} " in c):
+            assert "--rope-override" in c and f"rope.yarn.factor={pos}.0" in c and f"data.window={window}" in c, c
+            assert "rope.yarn.attention_factor=1.1386" in c and "--lengths 32744" in c and "eval.seed" not in c, c
+        assert "smol32k_long_only.yaml" in next(c for c in cmds if f"/yarn4_pos{pos} " in c)   # the baselines' config
+    soft = next(c for c in cmds if "/long_only_temp10 " in c)
+    assert "rope.yarn.attention_factor=1.0 " in soft and "rope.yarn.factor" not in soft and "--lengths 32744" in soft
+    assert not any("_temp8" in c or "_temp13" in c for c in cmds), [c for c in cmds if "_temp" in c]   # far's probe
 
 
 def test_phase_b_confirm_stop_scores_while_training_then_the_stop(tmp_path, stdlib_data):
