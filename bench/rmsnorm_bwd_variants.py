@@ -1,18 +1,19 @@
-"""The add+RMSNorm backward kernel's compile-time variants, side by side on one GPU.
+"""The add+RMSNorm backward kernel's two paths, side by side on one GPU.
 
     source launch/device_env.sh && OUT=$OUT python bench/rmsnorm_bwd_variants.py [--T 32768 131072]
 
-Each variant is the whole extension built with its -D flags under its own module name (the
-builds run in parallel subprocesses, then each variant is measured in its own process, one
-after another). A variant's row: the backward kernel's GPU time from the profiler, its % of
-the HBM copy bandwidth measured in the same process (bytes as bench/ops_bench.py: read gy,
-grad_r, r, rstd; write dr), and whether dr and dw are bitwise equal to the first variant's
-(a variant moves loads, never the arithmetic).
+The extension is built once (megablu.ops.builder, as training loads it); each variant is then
+measured in its own process, one after another, with MEGABLU_RMS_BWD_ASYNC set to force its
+path (the kernel reads the variable once per process). A variant's row: the backward
+kernel's GPU time from the profiler, its % of the HBM copy bandwidth measured in the same
+process (bytes as bench/ops_bench.py: read gy, grad_r, r, rstd; write dr), and whether dr and
+dw are bitwise equal to the first variant's (a variant moves loads, never the arithmetic).
 
-Variants: the register path as shipped, and MEGABLU_RMS_BWD_ASYNC=1 (rows staged through
-shared memory by cp.async; see csrc/rmsnorm/rmsnorm_kernel.cu). Two earlier knobs, an L2
-prefetch of the next row and grad_r loaded early, were measured slower on 2026-12-03 and
-removed (docs/BENCHMARKS.md).
+Variants: the register path, and the cp.async path (rows staged through shared memory; see
+csrc/rmsnorm/rmsnorm_kernel.cu), which is the default where the GPU has the shared memory
+for it. Forcing it where it does not fit fails that variant with the binding's message. Two
+earlier knobs, an L2 prefetch of the next row and grad_r loaded early, were measured slower
+on 2026-12-03 and removed (docs/BENCHMARKS.md).
 Prints a markdown table; writes rmsnorm_bwd_variants.json under $OUT when set.
 """
 from __future__ import annotations
@@ -29,29 +30,24 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-# name -> -D flags; the first is the reference for the bitwise check
-VARIANTS = {"registers": [], "async": ["-DMEGABLU_RMS_BWD_ASYNC=1"]}
+# name -> the environment that forces its path; the first is the reference for the bitwise check
+VARIANTS = {"registers": {"MEGABLU_RMS_BWD_ASYNC": "0"}, "async": {"MEGABLU_RMS_BWD_ASYNC": "1"}}
 
 
-def build(name: str):
-    """The extension with the variant's -D flags (torch's extension cache keeps it for measure())."""
-    from torch.utils.cpp_extension import load as torch_load
-
+def build():
+    """The extension, as megablu loads it (torch's extension cache keeps it for measure())."""
     from megablu.ops import builder
 
-    root = builder.csrc_dir()
-    digest = builder.source_hash(root)
-    defines = [*VARIANTS[name], builder._hash_define(digest)]
-    return torch_load(name=f"megablu_rmsvar_{name}_{digest}", sources=[str(p) for p in builder.sources(root)],
-                      extra_include_paths=[str(root / "includes")], extra_cflags=[*builder.CXX_FLAGS, *defines],
-                      extra_cuda_cflags=[*builder.NVCC_FLAGS, *defines])
+    return builder.load()
 
 
 def measure(name: str, Ts: list[int], d: int, ref_dir: Path) -> list[dict]:
     import torch
     from ops_bench import hbm_bandwidth, kernel_ms
 
-    ext = build(name)
+    for k, v in VARIANTS[name].items():     # set by main() for this process
+        assert os.environ.get(k) == v, f"variant {name} needs {k}={v} in its environment, got {os.environ.get(k)!r}"
+    ext = build()
     bw = hbm_bandwidth()
     rows = []
     for T in Ts:
@@ -69,7 +65,7 @@ def measure(name: str, Ts: list[int], d: int, ref_dir: Path) -> list[dict]:
         if not ref.exists():
             torch.save({"dr": dr.cpu(), "dw": dw.cpu()}, ref)
         want = torch.load(ref)
-        rows.append({"variant": name, "defines": VARIANTS[name], "T": T, "hbm_GBps": bw,
+        rows.append({"variant": name, "env": VARIANTS[name], "T": T, "hbm_GBps": bw,
                      "ms": ms, "kernel_ms": split[kern], "pct_hbm": 100 * nbytes / (ms * 1e-3) / 1e9 / bw,
                      "kernel_pct_hbm": 100 * nbytes / (split[kern] * 1e-3) / 1e9 / bw,
                      "bitwise_equal": bool(torch.equal(dr.cpu(), want["dr"]) and torch.equal(dw.cpu(), want["dw"]))})
@@ -80,15 +76,15 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--T", type=int, nargs="+", default=[32768, 131072])
     p.add_argument("--d", type=int, default=1024)
-    p.add_argument("--one", help=argparse.SUPPRESS)          # internal: build or measure one variant
+    p.add_argument("--one", help=argparse.SUPPRESS)          # internal: measure one variant
     p.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--ref-dir", default="/tmp/rmsvar_ref", help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.build_only:
+        build()
+        return 0
     if a.one:
-        if a.build_only:
-            build(a.one)
-        else:
-            print(json.dumps(measure(a.one, a.T, a.d, Path(a.ref_dir))))
+        print(json.dumps(measure(a.one, a.T, a.d, Path(a.ref_dir))))
         return 0
 
     ref_dir = Path(a.ref_dir)
@@ -96,16 +92,17 @@ def main() -> int:
     for f in ref_dir.glob("*.pt"):
         f.unlink()
     t0 = time.time()
-    env = dict(os.environ, MAX_JOBS=str(max(1, (os.cpu_count() or 4) // len(VARIANTS))))
-    builds = [subprocess.Popen([sys.executable, __file__, "--one", v, "--build-only"], env=env) for v in VARIANTS]
-    failed = [v for v, b in zip(VARIANTS, builds) if b.wait() != 0]
-    print(f"<!-- {len(VARIANTS)} builds in {time.time() - t0:.0f} s; failed: {failed or 'none'} -->", flush=True)
+    built = subprocess.run([sys.executable, __file__, "--build-only"]).returncode == 0
+    failed = [] if built else list(VARIANTS)
+    print(f"<!-- 1 build for {len(VARIANTS)} variants in {time.time() - t0:.0f} s; failed: {failed or 'none'} -->",
+          flush=True)
     rows = []
     for v in VARIANTS:
         if v in failed:
             continue
         r = subprocess.run([sys.executable, __file__, "--one", v, "--ref-dir", str(ref_dir),
-                            "--T", *map(str, a.T), "--d", str(a.d)], capture_output=True, text=True)
+                            "--T", *map(str, a.T), "--d", str(a.d)], capture_output=True, text=True,
+                           env={**os.environ, **VARIANTS[v]})
         if r.returncode != 0:
             print(f"<!-- {v} failed: {r.stderr[-400:]} -->")
             continue

@@ -18,8 +18,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("k"), py::arg("cos"), py::arg("sin"), py::arg("backward"));
   m.def("rmsnorm_fwd", &megablu::rmsnorm_fwd, "residual add + RMSNorm forward -> (y, r, rstd)", py::arg("x"),
         py::arg("residual"), py::arg("weight"), py::arg("eps"));
-  m.def("rmsnorm_bwd", &megablu::rmsnorm_bwd, "residual add + RMSNorm backward -> (dr, dw)", py::arg("grad_y"),
-        py::arg("grad_residual"), py::arg("r"), py::arg("weight"), py::arg("rstd"));
+  m.def("rmsnorm_bwd", &megablu::rmsnorm_bwd,
+        "residual add + RMSNorm backward -> (dr, dw); path: -1 MEGABLU_RMS_BWD_ASYNC or auto, 0 registers, "
+        "1 cp.async (same bits)",
+        py::arg("grad_y"), py::arg("grad_residual"), py::arg("r"), py::arg("weight"), py::arg("rstd"),
+        py::arg("path") = -1);
   m.def("swiglu_fwd", &megablu::swiglu_fwd, "silu(gate) * up", py::arg("gate"), py::arg("up"));
   m.def("swiglu_bwd", &megablu::swiglu_bwd, "SwiGLU backward", py::arg("grad"), py::arg("gate"), py::arg("up"),
         py::arg("packed"));

@@ -23,9 +23,11 @@ std::vector<at::Tensor> rope_apply(const at::Tensor& q, const at::Tensor& k, con
 // r is x itself when residual is None.
 std::vector<at::Tensor> rmsnorm_fwd(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
                                     const at::Tensor& weight, double eps);
-// returns {dr (rows, d), dw (d,) in weight's dtype}
+// returns {dr (rows, d), dw (d,) in weight's dtype}. path: -1 MEGABLU_RMS_BWD_ASYNC or auto,
+// 0 the register path, 1 the cp.async one (both give the same bits; tests compare them).
 std::vector<at::Tensor> rmsnorm_bwd(const at::Tensor& gy, const c10::optional<at::Tensor>& g_res,
-                                    const at::Tensor& r, const at::Tensor& weight, const at::Tensor& rstd);
+                                    const at::Tensor& r, const at::Tensor& weight, const at::Tensor& rstd,
+                                    int64_t path);
 
 // gate, up (rows, cols) with unit column stride: returns out (rows, cols) contiguous.
 at::Tensor swiglu_fwd(const at::Tensor& gate, const at::Tensor& up);

@@ -84,23 +84,31 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, VEC>& v) {
 
 // 16-byte global -> shared copies that need no register and do not block (cp.async, sm_80+),
 // in groups: commit closes a group, wait<N> returns once at most N groups are in flight.
-// The host emulator copies at once.
+// The host emulator, and a build for an arch below sm_80 (where the launchers never pick a
+// kernel that uses them, but the extension must still compile), copy at once.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define MEGABLU_CP_ASYNC 1
+#else
+#define MEGABLU_CP_ASYNC 0
+#endif
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-#ifdef __CUDA_ARCH__
+#if MEGABLU_CP_ASYNC
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+#elif defined(__CUDA_ARCH__)
+  *static_cast<uint4*>(smem) = *static_cast<const uint4*>(gmem);
 #else
   std::memcpy(smem, gmem, 16);
 #endif
 }
 __device__ __forceinline__ void cp_async_commit() {
-#ifdef __CUDA_ARCH__
+#if MEGABLU_CP_ASYNC
   asm volatile("cp.async.commit_group;" ::: "memory");
 #endif
 }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
-#ifdef __CUDA_ARCH__
+#if MEGABLU_CP_ASYNC
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 #endif
 }

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace megablu {
@@ -49,11 +50,26 @@ struct RmsNormBwdArgs {
   void* dr; float* dw_partial;
   int64_t rows; int64_t d; int blocks;
   DType dtype; int vec; int vpt;
+  bool async_stages;   // the path, from rmsnorm_bwd_pick: rows staged by cp.async, else registers
 };
 cudaError_t rmsnorm_bwd_launch(const RmsNormBwdArgs& a, cudaStream_t stream);
 // Grid size (= rows of dw_partial) for rmsnorm_bwd_launch: enough blocks to fill the GPU
-// at the kernel's occupancy, never more than there are row groups. Reads a.rows/d/dtype/vpt.
+// at the kernel's occupancy, never more than there are row groups; 0 when the chosen path's
+// shared memory cannot be had. Reads a.rows/d/dtype/vpt/async_stages.
 int rmsnorm_bwd_grid(const RmsNormBwdArgs& a);
+
+// The backward's two paths give the same bits (csrc/rmsnorm/rmsnorm_kernel.cu says how they
+// differ). Dynamic shared memory per block of one path, in bytes.
+size_t rmsnorm_bwd_smem(int64_t d, DType dtype, bool async);
+// MEGABLU_RMS_BWD_ASYNC as read once per process: -1 unset, empty or "auto"; 0 or 1 as set
+// (force registers / force the cp.async stages); -2 any other value (the binding's error).
+int rmsnorm_bwd_async_env();
+// The path for rows of d on a device of compute capability cc_major.x that gives a block at
+// most smem_optin bytes of shared memory (cudaDevAttrMaxSharedMemoryPerBlockOptin):
+// force -1 (auto) -> 1 (async) where the device has cp.async (sm_80+) and the stages fit,
+// else 0 (registers); force 0 -> 0; force 1 -> 1 where it fits, else -1 (cannot run here).
+int rmsnorm_bwd_pick(int64_t d, DType dtype, int force, int cc_major, int smem_optin);
+
 constexpr int kRmsNormWarps = 8;   // rows (warps) per block
 
 // ---- SwiGLU ------------------------------------------------------------------------------

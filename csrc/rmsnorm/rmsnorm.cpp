@@ -1,6 +1,8 @@
 // Torch binding of the fused residual-add + RMSNorm kernels (csrc/rmsnorm/rmsnorm_kernel.cu).
 #include "megablu_bindings.h"
 
+#include <cstdlib>
+
 namespace megablu {
 
 namespace {
@@ -27,6 +29,43 @@ std::pair<int, int> plan(int64_t d, int64_t es) {
   const int vpt = round_vpt((d / vec + 31) / 32);
   TORCH_CHECK(vpt > 0, "rmsnorm: d=", d, " exceeds the kernel's limit of ", 32 * 8 * vec);
   return {vec, vpt};
+}
+
+// The backward's path for a (a.async_stages; the two give the same bits): `path` 0/1 when
+// given, else MEGABLU_RMS_BWD_ASYNC 0/1 when set, else the cp.async stages where this GPU
+// has room for them (rmsnorm_bwd_pick). Sets a.blocks for that path. A forced path that
+// cannot run here is an error naming the numbers, not a failed launch.
+void choose_bwd_path(RmsNormBwdArgs& a, int64_t path) {
+  TORCH_CHECK(path >= -1 && path <= 1, "rmsnorm: path must be -1 (auto), 0 (registers) or 1 (cp.async), got ", path);
+  const int env = rmsnorm_bwd_async_env();
+  if (path < 0) {
+    const char* v = std::getenv("MEGABLU_RMS_BWD_ASYNC");
+    TORCH_CHECK(env >= -1, "rmsnorm: MEGABLU_RMS_BWD_ASYNC must be 0 (registers), 1 (cp.async), auto or unset, got '",
+                v ? v : "", "'");
+  }
+  const int force = path >= 0 ? static_cast<int>(path) : env;
+  const char* by = path >= 0 ? "path=1" : "MEGABLU_RMS_BWD_ASYNC=1";
+  const char* fix = path >= 0 ? "pass path=-1 (auto) or 0" : "unset it (auto) or set 0";
+  int dev = 0, cc = 0, optin = 0;
+  check_launch(cudaGetDevice(&dev), "rmsnorm_bwd (device query)");
+  check_launch(cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev), "rmsnorm_bwd (device query)");
+  check_launch(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+               "rmsnorm_bwd (device query)");
+  const int pick = rmsnorm_bwd_pick(a.d, a.dtype, force, cc, optin);
+  const size_t need = rmsnorm_bwd_smem(a.d, a.dtype, true);
+  TORCH_CHECK(pick >= 0, "rmsnorm: ", by, " forces the cp.async backward, which needs sm_80+ and ", need,
+              " bytes of shared memory per block at d=", a.d, "; GPU ", dev, " is sm_", cc, "x with ", optin,
+              " bytes per block: ", fix, " to run the register path here");
+  a.async_stages = pick == 1;
+  a.blocks = rmsnorm_bwd_grid(a);
+  if (a.rows > 0 && a.blocks == 0 && a.async_stages) {
+    // the opt-in to that much shared memory was refused after all: auto takes the registers
+    TORCH_CHECK(force != 1, "rmsnorm: ", by, " forces the cp.async backward, but GPU ", dev, " did not grant its ",
+                need, " bytes of shared memory per block at d=", a.d, " (the opt-in or the occupancy query failed): ",
+                fix);
+    a.async_stages = false;
+    a.blocks = rmsnorm_bwd_grid(a);
+  }
 }
 }  // namespace
 
@@ -57,7 +96,8 @@ std::vector<at::Tensor> rmsnorm_fwd(const at::Tensor& x, const c10::optional<at:
 }
 
 std::vector<at::Tensor> rmsnorm_bwd(const at::Tensor& gy, const c10::optional<at::Tensor>& g_res,
-                                    const at::Tensor& r, const at::Tensor& weight, const at::Tensor& rstd) {
+                                    const at::Tensor& r, const at::Tensor& weight, const at::Tensor& rstd,
+                                    int64_t path) {
   TORCH_CHECK(r.dim() == 2, "rmsnorm: r must be (rows, d), got ", r.sizes());
   check_rows(r, r, "r");
   check_rows(gy, r, "grad_y");
@@ -74,7 +114,7 @@ std::vector<at::Tensor> rmsnorm_bwd(const at::Tensor& gy, const c10::optional<at
   a.gy = gy.data_ptr(); a.g_res = has_gr ? g_res->data_ptr() : nullptr; a.r = r.data_ptr();
   a.weight = weight.data_ptr(); a.rstd = rstd.data_ptr<float>(); a.dr = dr.data_ptr();
   a.rows = rows; a.d = d; a.dtype = to_dtype(r.scalar_type()); a.vec = vec; a.vpt = vpt;
-  a.blocks = rmsnorm_bwd_grid(a);
+  choose_bwd_path(a, path);
   // one fp32 partial dw row per block, summed here (fp32) then cast to the weight's dtype
   auto partial = at::empty({std::max(a.blocks, 1), d}, r.options().dtype(at::kFloat));
   if (a.blocks == 0) partial.zero_();

@@ -15,6 +15,9 @@
 #include "megablu_common.cuh"
 #include "megablu_ops.h"
 
+#include <cstdlib>
+#include <cstring>
+
 namespace megablu {
 namespace {
 
@@ -94,22 +97,27 @@ __global__ void __launch_bounds__(kWarps * 32) rmsnorm_fwd_kernel(RmsNormFwdArgs
 //   warp's next loads wait for its current row, and with the dw sums in registers (128 a
 //   lane) 16 warps fit on an SM. Prefetching the next row into L2, and loading grad_r with
 //   gy and r (16 more registers, spills), both made it slower (44-60%).
-// MEGABLU_RMS_BWD_ASYNC = 1 stages rows through shared memory with cp.async instead: each
-// warp has the NEXT row's gy, r and grad_r in flight (no registers held) while it works on
-// the current one from shared memory, reading it twice rather than keeping it in registers.
-// Per block: kWarps x 2 stages x 3 rows of d, beside the dw sums (100 KB for bf16 d=1024).
-// Each lane copies and later reads only its own vectors, so no barrier is needed between.
-#ifndef MEGABLU_RMS_BWD_ASYNC
-#define MEGABLU_RMS_BWD_ASYNC 0
-#endif
+// ASYNC = true stages rows through shared memory with cp.async instead: each warp has the
+// NEXT row's gy, r and grad_r in flight (no registers held) while it works on the current
+// one from shared memory, reading it twice rather than keeping it in registers. Each lane
+// copies and later reads only its own vectors, so no barrier is needed between. Measured on
+// an H100 (bf16, d=1024): 86-93% of HBM against the register path's 72-76%, bitwise equal.
+// Per block it needs kWarps x 2 stages x 3 rows of d in T beside the dw sums (100 KB for bf16
+// d=1024, 200 KB at d=2048): more than some GPUs give a block (A100: 163 KB), so both paths
+// are built and the binding (rmsnorm.cpp) chooses per call with rmsnorm_bwd_pick (end of
+// this file): the stages where the device's opt-in shared memory per block holds them and
+// it has cp.async (sm_80+), else registers. MEGABLU_RMS_BWD_ASYNC=0/1 in the environment
+// forces either (bench/rmsnorm_bwd_variants.py). Both are instantiated for every arch the
+// extension is built for (TORCH_CUDA_ARCH_LIST or the visible GPUs, so possibly below
+// sm_80): there cp_async16 is a plain copy (megablu_common.cuh) and the path is never picked.
 
 // dynamic shared memory of the backward: the dw sums (fp32 d) + the async path's stages
 template <typename T>
-inline size_t rmsnorm_bwd_smem(int64_t d) {
-  return sizeof(float) * d + (MEGABLU_RMS_BWD_ASYNC ? sizeof(T) * kWarps * 2 * 3 * d : 0);
+inline size_t bwd_smem(int64_t d, bool async) {
+  return sizeof(float) * d + (async ? sizeof(T) * kWarps * 2 * 3 * d : 0);
 }
 
-template <typename T, int VEC, int VPT>
+template <typename T, int VEC, int VPT, bool ASYNC>
 __global__ void __launch_bounds__(kWarps * 32, (VPT <= 4 ? 2 : 1)) rmsnorm_bwd_kernel(RmsNormBwdArgs a) {
   extern __shared__ float dw_smem[];   // (VEC, d / VEC): column j*VEC+e at e*nvec + j
   const int lane = threadIdx.x & 31;
@@ -125,8 +133,7 @@ __global__ void __launch_bounds__(kWarps * 32, (VPT <= 4 ? 2 : 1)) rmsnorm_bwd_k
     for (int e = 0; e < VEC; ++e) dw[i][e] = 0.f;
 
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
-#if MEGABLU_RMS_BWD_ASYNC
-  // this warp's two stages, each gy | r | grad_r of one row
+  // ASYNC: this warp's two stages, each gy | r | grad_r of one row
   T* const stages = reinterpret_cast<T*>(dw_smem + a.d) + static_cast<int64_t>(warp) * 2 * 3 * a.d;
   auto issue = [&](int64_t row, int stage) {   // the row's copies, as one group (empty past the end)
     if (row < a.rows) {
@@ -143,61 +150,55 @@ __global__ void __launch_bounds__(kWarps * 32, (VPT <= 4 ? 2 : 1)) rmsnorm_bwd_k
     }
     cp_async_commit();
   };
-  issue(first, 0);
   int stage = 0;
-#endif
+  if constexpr (ASYNC) issue(first, 0);
   for (int64_t row = first; row < a.rows; row += stride) {
-#if MEGABLU_RMS_BWD_ASYNC
-    issue(row + stride, stage ^ 1);   // the next row flies while this one is computed
-    cp_async_wait<1>();               // this row's group has landed
-    const T* __restrict__ gy = stages + stage * 3 * a.d;
-    const T* __restrict__ rr = gy + a.d;
-    const T* __restrict__ gres = a.g_res ? gy + 2 * a.d : nullptr;
-    stage ^= 1;
-#else
-    const T* __restrict__ gy = static_cast<const T*>(a.gy) + row * a.d;
-    const T* __restrict__ rr = static_cast<const T*>(a.r) + row * a.d;
-    const T* __restrict__ gres = a.g_res ? static_cast<const T*>(a.g_res) + row * a.d : nullptr;
-#endif
+    if constexpr (ASYNC) {
+      issue(row + stride, stage ^ 1);   // the next row flies while this one is computed
+      cp_async_wait<1>();               // this row's group has landed
+    }
+    // the row's gy | r | grad_r: this warp's stage in shared memory (ASYNC), else global memory
+    const T* __restrict__ gy = ASYNC ? stages + stage * 3 * a.d : static_cast<const T*>(a.gy) + row * a.d;
+    const T* __restrict__ rr = ASYNC ? gy + a.d : static_cast<const T*>(a.r) + row * a.d;
+    const T* __restrict__ gres =
+        !a.g_res ? nullptr : ASYNC ? gy + 2 * a.d : static_cast<const T*>(a.g_res) + row * a.d;
+    if constexpr (ASYNC) stage ^= 1;
     const float rstd = a.rstd[row];
     float dot = 0.f;   // sum over the row of (w*gy) * xhat
-#if MEGABLU_RMS_BWD_ASYNC
+    Vec<T, VEC> gv[VPT], rv[VPT];   // the register path keeps the row here for the second pass
+    if constexpr (ASYNC) {
 #pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int64_t j = lane + 32 * i;
-      if (j < nvec) {
-        const Vec<T, VEC> gv = load_vec<T, VEC>(gy + j * VEC), rv = load_vec<T, VEC>(rr + j * VEC);
-        const Vec<T, VEC> wv = load_vec<T, VEC>(w + j * VEC);
+      for (int i = 0; i < VPT; ++i) {
+        const int64_t j = lane + 32 * i;
+        if (j < nvec) {
+          const Vec<T, VEC> g1 = load_vec<T, VEC>(gy + j * VEC), r1 = load_vec<T, VEC>(rr + j * VEC);
+          const Vec<T, VEC> wv = load_vec<T, VEC>(w + j * VEC);
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) dot += to_f(gv.v[e]) * to_f(wv.v[e]) * (to_f(rv.v[e]) * rstd);
+          for (int e = 0; e < VEC; ++e) dot += to_f(g1.v[e]) * to_f(wv.v[e]) * (to_f(r1.v[e]) * rstd);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int64_t j = lane + 32 * i;
+        if (j < nvec) {
+          gv[i] = load_vec<T, VEC>(gy + j * VEC);
+          rv[i] = load_vec<T, VEC>(rr + j * VEC);
+          const Vec<T, VEC> wv = load_vec<T, VEC>(w + j * VEC);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) dot += to_f(gv[i].v[e]) * to_f(wv.v[e]) * (to_f(rv[i].v[e]) * rstd);
+        }
       }
     }
-#else
-    Vec<T, VEC> gv[VPT], rv[VPT];
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int64_t j = lane + 32 * i;
-      if (j < nvec) {
-        gv[i] = load_vec<T, VEC>(gy + j * VEC);
-        rv[i] = load_vec<T, VEC>(rr + j * VEC);
-        const Vec<T, VEC> wv = load_vec<T, VEC>(w + j * VEC);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) dot += to_f(gv[i].v[e]) * to_f(wv.v[e]) * (to_f(rv[i].v[e]) * rstd);
-      }
-    }
-#endif
     const float mean_dot = warp_sum(dot) * inv_d;
     T* __restrict__ dr = static_cast<T*>(a.dr) + row * a.d;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int64_t j = lane + 32 * i;
       if (j < nvec) {
-#if MEGABLU_RMS_BWD_ASYNC
-        const Vec<T, VEC> gvi = load_vec<T, VEC>(gy + j * VEC), rvi = load_vec<T, VEC>(rr + j * VEC);
-#else
-        const Vec<T, VEC>& gvi = gv[i];
-        const Vec<T, VEC>& rvi = rv[i];
-#endif
+        // ASYNC reads the row from its stage a second time instead of holding it
+        const Vec<T, VEC> gvi = ASYNC ? load_vec<T, VEC>(gy + j * VEC) : gv[i];
+        const Vec<T, VEC> rvi = ASYNC ? load_vec<T, VEC>(rr + j * VEC) : rv[i];
         const Vec<T, VEC> wv = load_vec<T, VEC>(w + j * VEC);
         Vec<T, VEC> ev;
         if (gres) ev = load_vec<T, VEC>(gres + j * VEC);
@@ -214,9 +215,7 @@ __global__ void __launch_bounds__(kWarps * 32, (VPT <= 4 ? 2 : 1)) rmsnorm_bwd_k
       }
     }
   }
-#if MEGABLU_RMS_BWD_ASYNC
-  cp_async_wait<0>();
-#endif
+  if constexpr (ASYNC) cp_async_wait<0>();
 
   // the warps' sums into shared memory, warp 0 first (it writes every column: lanes x VPT
   // cover all nvec vectors), then each next warp adds; element-major layout (e * nvec + j)
@@ -269,17 +268,34 @@ cudaError_t fwd_typed(const RmsNormFwdArgs& a, cudaStream_t s) {
   return cudaGetLastError();
 }
 
+// The backward kernel for a.vpt and a.async_stages, or nullptr when not instantiated.
+using BwdKernel = void (*)(RmsNormBwdArgs);
+template <typename T, bool ASYNC>
+BwdKernel bwd_kernel_vpt(int vpt) {
+  constexpr int V = 16 / sizeof(T);
+  switch (vpt) {
+    case 1: return rmsnorm_bwd_kernel<T, V, 1, ASYNC>;
+    case 2: return rmsnorm_bwd_kernel<T, V, 2, ASYNC>;
+    case 3: return rmsnorm_bwd_kernel<T, V, 3, ASYNC>;
+    case 4: return rmsnorm_bwd_kernel<T, V, 4, ASYNC>;
+    case 6: return rmsnorm_bwd_kernel<T, V, 6, ASYNC>;
+    case 8: return rmsnorm_bwd_kernel<T, V, 8, ASYNC>;
+    default: return nullptr;
+  }
+}
+template <typename T>
+BwdKernel bwd_kernel(const RmsNormBwdArgs& a) {
+  if (a.vec != 16 / static_cast<int>(sizeof(T))) return nullptr;
+  return a.async_stages ? bwd_kernel_vpt<T, true>(a.vpt) : bwd_kernel_vpt<T, false>(a.vpt);
+}
+
 template <typename T>
 cudaError_t bwd_typed(const RmsNormBwdArgs& a, cudaStream_t s) {
   if (a.rows == 0) return cudaSuccess;
   if (a.blocks <= 0) return cudaErrorInvalidConfiguration;   // rmsnorm_bwd_grid found no fit
-  const size_t smem = rmsnorm_bwd_smem<T>(a.d);
-  constexpr int V = 16 / sizeof(T);
-  if (a.vec == V) {
-    MEGABLU_RMS_VPT(rmsnorm_bwd_kernel, T, V, a.blocks, kWarps * 32, smem, s)
-  } else {
-    return cudaErrorInvalidValue;
-  }
+  const BwdKernel k = bwd_kernel<T>(a);
+  if (k == nullptr) return cudaErrorInvalidValue;
+  k<<<a.blocks, kWarps * 32, bwd_smem<T>(a.d, a.async_stages), s>>>(a);
   return cudaGetLastError();
 }
 
@@ -297,21 +313,13 @@ cudaError_t rmsnorm_fwd_launch(const RmsNormFwdArgs& a, cudaStream_t s) {
 namespace {
 template <typename T>
 int bwd_grid_typed(const RmsNormBwdArgs& a) {
-  constexpr int V = 16 / sizeof(T);
-  const void* fn = nullptr;
-  switch (a.vpt) {
-    case 1: fn = reinterpret_cast<const void*>(rmsnorm_bwd_kernel<T, V, 1>); break;
-    case 2: fn = reinterpret_cast<const void*>(rmsnorm_bwd_kernel<T, V, 2>); break;
-    case 3: fn = reinterpret_cast<const void*>(rmsnorm_bwd_kernel<T, V, 3>); break;
-    case 4: fn = reinterpret_cast<const void*>(rmsnorm_bwd_kernel<T, V, 4>); break;
-    case 6: fn = reinterpret_cast<const void*>(rmsnorm_bwd_kernel<T, V, 6>); break;
-    case 8: fn = reinterpret_cast<const void*>(rmsnorm_bwd_kernel<T, V, 8>); break;
-    default: return 0;
-  }
+  const BwdKernel k = bwd_kernel<T>(a);
+  if (k == nullptr) return 0;
+  const void* fn = reinterpret_cast<const void*>(k);
   int dev = 0, sms = 0, per_sm = 0;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  const size_t smem = rmsnorm_bwd_smem<T>(a.d);
+  const size_t smem = bwd_smem<T>(a.d, a.async_stages);   // the chosen path's
   // above 48 KB of dynamic shared memory a kernel must opt in; 0 blocks (an error at launch)
   // when the device cannot give it
   if (smem > 48 * 1024 &&
@@ -350,5 +358,30 @@ cudaError_t rmsnorm_bwd_launch(const RmsNormBwdArgs& a, cudaStream_t s) {
 #else
 }  // namespace
 #endif
+
+// ---- which backward path (host code; the emulator runs it too) ----------------------------
+
+size_t rmsnorm_bwd_smem(int64_t d, DType dtype, bool async) {
+  return dtype == DType::F32 ? bwd_smem<float>(d, async) : bwd_smem<__nv_bfloat16>(d, async);
+}
+
+int rmsnorm_bwd_async_env() {
+  // read once per process (a launch must not depend on when the variable was changed)
+  static const int force = [] {
+    const char* v = std::getenv("MEGABLU_RMS_BWD_ASYNC");
+    if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return -1;
+    if (std::strcmp(v, "0") == 0) return 0;
+    if (std::strcmp(v, "1") == 0) return 1;
+    return -2;
+  }();
+  return force;
+}
+
+int rmsnorm_bwd_pick(int64_t d, DType dtype, int force, int cc_major, int smem_optin) {
+  if (force == 0) return 0;
+  const bool fits = cc_major >= 8 && rmsnorm_bwd_smem(d, dtype, true) <= static_cast<size_t>(smem_optin);
+  if (fits) return 1;
+  return force == 1 ? -1 : 0;
+}
 
 }  // namespace megablu

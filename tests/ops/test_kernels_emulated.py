@@ -12,6 +12,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,7 @@ def _cuda_include():
     return None
 
 
-def _build_emu(tmp_path_factory, defines: tuple = ()):
+def _build_emu(tmp_path_factory):
     cxx = shutil.which("g++") or shutil.which("c++")
     inc = _cuda_include()
     if cxx is None or inc is None:
@@ -54,14 +55,14 @@ def _build_emu(tmp_path_factory, defines: tuple = ()):
                       capture_output=True).returncode != 0:
         pytest.skip(f"{cxx} lacks C++20 <barrier>/atomic_ref (g++ >= 11 needed)")
     srcs = sorted([*(ROOT / "csrc").glob("*/*_kernel.cu"), *(ROOT / "csrc/includes").glob("*"), *EMU.glob("*")])
-    tag = hashlib.sha256(b"".join(p.read_bytes() for p in srcs) + " ".join(defines).encode()).hexdigest()[:12]
+    tag = hashlib.sha256(b"".join(p.read_bytes() for p in srcs)).hexdigest()[:12]
     # a build artifact keyed by the sources' hash: reused across runs (5 s of g++ saved)
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "megablu" / "emulator"
     so = cache / f"megablu_emu_{tag}.so"
     if not so.is_file():
         cache.mkdir(parents=True, exist_ok=True)
         tmp = tmp_path_factory.mktemp("emu") / so.name
-        cmd = [cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", *defines, f"-I{ROOT / 'csrc/includes'}",
+        cmd = [cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", f"-I{ROOT / 'csrc/includes'}",
                f"-I{inc}", str(EMU / "emulator.cpp"), "-o", str(tmp)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr[-3000:]
@@ -91,7 +92,7 @@ class RmsFwdArgs(ctypes.Structure):
 class RmsBwdArgs(ctypes.Structure):
     _fields_ = [(n, P) for n in ("gy", "g_res", "r", "weight", "rstd", "dr", "dw_partial")] + \
                [("rows", I64), ("d", I64), ("blocks", ctypes.c_int), ("dtype", ctypes.c_int), ("vec", ctypes.c_int),
-                ("vpt", ctypes.c_int)]
+                ("vpt", ctypes.c_int), ("async_stages", ctypes.c_bool)]
 
 
 class SwFwdArgs(ctypes.Structure):
@@ -226,26 +227,89 @@ def test_rmsnorm_kernels(emu, dtype, d, vpt, with_res):
 
 @pytest.mark.parametrize("dtype,d,vpt", [(torch.bfloat16, 1024, 4), (torch.bfloat16, 576, 3),
                                          (torch.bfloat16, 2048, 8), (torch.float32, 1024, 8)])
-def test_rmsnorm_backward_async_staging_changes_loads_not_results(emu, tmp_path_factory, dtype, d, vpt):
-    """MEGABLU_RMS_BWD_ASYNC=1 (rows staged through shared memory by cp.async, measured by
-    bench/rmsnorm_bwd_variants.py) changes where the kernel reads from, never what it
-    computes: bitwise the same dr and dw partials as the register path, on the grid-stride
-    path (two stages in turn), with and without grad_r."""
-    other = _build_emu(tmp_path_factory, ("-DMEGABLU_RMS_BWD_ASYNC=1",))
+def test_rmsnorm_backward_async_staging_changes_loads_not_results(emu, dtype, d, vpt):
+    """The two backward paths of one build, chosen by the launch argument async_stages (rows
+    staged through shared memory by cp.async, the default where the GPU has room, measured
+    by bench/rmsnorm_bwd_variants.py; or kept in registers): where the kernel reads from
+    changes, never what it computes. Bitwise the same dr and dw partials, on the grid-stride
+    path (two stages in turn), with and without grad_r, at the largest row of each dtype."""
     rows, blocks, vec = 37, 2, 16 // torch.tensor([], dtype=dtype).element_size()
     gy, gr, r = (_rand(rows, d, dtype=dtype, seed=s) for s in (5, 6, 7))
     w = (1 + 0.5 * torch.randn(d, generator=torch.Generator().manual_seed(8))).to(dtype)
     rstd = torch.rand(rows, generator=torch.Generator().manual_seed(9)) + 0.5
     for with_res in (True, False):
         outs = []
-        for lib in (emu, other):
-            dr, part = torch.empty_like(gy), torch.empty(blocks, d, dtype=torch.float32)
+        for async_stages in (False, True):
+            dr, part = torch.full_like(gy, float("nan")), torch.full((blocks, d), float("nan"))
             b = RmsBwdArgs(gy.data_ptr(), gr.data_ptr() if with_res else None, r.data_ptr(), w.data_ptr(),
-                           rstd.data_ptr(), dr.data_ptr(), part.data_ptr(), rows, d, blocks, DT[dtype], vec, vpt)
-            assert lib.emu_rmsnorm_bwd(ctypes.byref(b)) == 0
+                           rstd.data_ptr(), dr.data_ptr(), part.data_ptr(), rows, d, blocks, DT[dtype], vec, vpt,
+                           async_stages)
+            assert emu.emu_rmsnorm_bwd(ctypes.byref(b)) == 0
             outs.append((dr, part))
         assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
         assert outs[0][0].abs().sum() > 0 and outs[0][1].abs().sum() > 0
+
+
+# the opt-in shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin) of three GPUs
+H100, A100, SM75 = (9, 227 * 1024), (8, 163 * 1024), (7, 64 * 1024)
+
+
+def _pick(emu, d, dtype, force, device):
+    return emu.emu_rmsnorm_bwd_pick(I64(d), DT[dtype], force, *device)
+
+
+def test_rmsnorm_backward_path_rule(emu):
+    """Which backward path the binding launches (rmsnorm_bwd_pick, the kernel file's host code):
+    the cp.async stages when their shared memory fits the device's opt-in limit per block and
+    the device has cp.async (sm_80+), else registers; MEGABLU_RMS_BWD_ASYNC=0/1 forces either,
+    and forcing the stages where they cannot run is an error (-1), not a launch that fails."""
+    emu.emu_rmsnorm_bwd_smem.restype = ctypes.c_size_t
+    smem = lambda d, dtype, a: emu.emu_rmsnorm_bwd_smem(I64(d), DT[dtype], a)  # noqa: E731
+    # fp32 dw sums, plus 8 warps x 2 stages x (gy, r, grad_r) rows of d
+    assert smem(1024, torch.bfloat16, False) == 4 * 1024
+    assert smem(1024, torch.bfloat16, True) == 4 * 1024 + 8 * 2 * 3 * 1024 * 2 == 100 * 1024
+    assert smem(2048, torch.bfloat16, True) == 200 * 1024
+    assert smem(1024, torch.float32, True) == 4 * 1024 + 8 * 2 * 3 * 1024 * 4
+
+    auto, regs, stages = -1, 0, 1
+    need = smem(1024, torch.bfloat16, True)
+    # auto: the limit decides, to the byte
+    assert _pick(emu, 1024, torch.bfloat16, auto, (9, need)) == 1
+    assert _pick(emu, 1024, torch.bfloat16, auto, (9, need - 1)) == 0
+    assert _pick(emu, 1024, torch.bfloat16, auto, H100) == 1
+    assert _pick(emu, 1024, torch.bfloat16, auto, A100) == 1
+    assert _pick(emu, 2048, torch.bfloat16, auto, A100) == 0        # 200 KB > 163 KB
+    assert _pick(emu, 2048, torch.bfloat16, auto, H100) == 1
+    assert _pick(emu, 1024, torch.float32, auto, A100) == 0         # fp32 stages take twice the bytes
+    assert _pick(emu, 64, torch.bfloat16, auto, SM75) == 0          # fits, but no cp.async below sm_80
+    # forced
+    assert _pick(emu, 1024, torch.bfloat16, regs, H100) == 0
+    assert _pick(emu, 2048, torch.bfloat16, stages, H100) == 1
+    assert _pick(emu, 2048, torch.bfloat16, stages, A100) == -1
+    assert _pick(emu, 64, torch.bfloat16, stages, SM75) == -1
+
+
+def _env_reads(emu, value, then=None):
+    """emu_rmsnorm_bwd_async_env() in a fresh process with MEGABLU_RMS_BWD_ASYNC=value (None:
+    unset), then again after the process sets it to `then`."""
+    env = {k: v for k, v in os.environ.items() if k != "MEGABLU_RMS_BWD_ASYNC"}
+    if value is not None:
+        env["MEGABLU_RMS_BWD_ASYNC"] = value
+    code = ("import ctypes, os, sys; lib = ctypes.CDLL(sys.argv[1]); a = lib.emu_rmsnorm_bwd_async_env()\n"
+            "if len(sys.argv) > 2: os.environ['MEGABLU_RMS_BWD_ASYNC'] = sys.argv[2]\n"
+            "print(a, lib.emu_rmsnorm_bwd_async_env())")
+    r = subprocess.run([sys.executable, "-c", code, emu._name, *([then] if then is not None else [])], env=env,
+                       capture_output=True, text=True, check=True)
+    return tuple(int(x) for x in r.stdout.split())
+
+
+def test_rmsnorm_backward_env_override(emu):
+    """MEGABLU_RMS_BWD_ASYNC as the binding reads it: unset, empty or auto -> -1 (the rule
+    chooses), 0 / 1 force, anything else -2 (the binding raises); read once per process."""
+    for value, want in ((None, -1), ("", -1), ("auto", -1), ("0", 0), ("1", 1), ("yes", -2)):
+        assert _env_reads(emu, value) == (want, want), value
+    assert _env_reads(emu, "1", then="0") == (1, 1)
+    assert _env_reads(emu, None, then="1") == (-1, -1)
 
 
 # --------------------------------------------------------------------------- SwiGLU
@@ -327,14 +391,20 @@ class EmulatedExt:
         assert self.lib.emu_rmsnorm_fwd(ctypes.byref(a)) == 0
         return [y, r, rstd]
 
-    def rmsnorm_bwd(self, gy, g_res, r, weight, rstd):
+    def rmsnorm_bwd(self, gy, g_res, r, weight, rstd, path=-1):
         rows, d = r.shape
         vec, vpt = self._plan(d, r.element_size())
+        # the binding's choose_bwd_path, on an H100's limits: the cp.async stages unless forced off
+        force = path if path >= 0 else self.lib.emu_rmsnorm_bwd_async_env()
+        assert force >= -1, "MEGABLU_RMS_BWD_ASYNC must be 0, 1, auto or unset"
+        pick = _pick(self.lib, d, r.dtype, force, H100)
+        if pick < 0:
+            raise RuntimeError(f"rmsnorm: the cp.async backward is forced but cannot run at d={d}")
         blocks = min((rows + 7) // 8, 3)
         dr, part = torch.empty_like(r), torch.zeros(max(blocks, 1), d, dtype=torch.float32)
         a = RmsBwdArgs(gy.data_ptr(), g_res.data_ptr() if g_res is not None else None, r.data_ptr(),
                        weight.data_ptr(), rstd.data_ptr(), dr.data_ptr(), part.data_ptr(), rows, d, blocks,
-                       DT[r.dtype], vec, vpt)
+                       DT[r.dtype], vec, vpt, pick == 1)
         assert self.lib.emu_rmsnorm_bwd(ctypes.byref(a)) == 0
         return [dr, part.sum(0).to(weight.dtype)]
 

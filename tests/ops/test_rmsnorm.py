@@ -165,3 +165,31 @@ def test_cuda_backward_is_bitwise_repeatable():
         grads.append(torch.autograd.grad((y, r), (xc, resc, wc), (gy, gr)))
     for a, b in zip(*grads):
         assert torch.equal(a, b)
+
+
+@cuda
+@pytest.mark.parametrize("dtype,d", [(torch.bfloat16, 1024), (torch.bfloat16, 576), (torch.bfloat16, 2048),
+                                     (torch.float32, 1024)])
+def test_cuda_backward_paths_bitwise_equal(dtype, d):
+    """The backward's two paths, forced through the binding's `path` (0: registers; 1: rows
+    staged through shared memory by cp.async, the default where the GPU has room), give the
+    same bits at many rows per warp, and the default gives them too. Where this GPU cannot
+    hold the stages, forcing them is an error that names the numbers, not a failed launch."""
+    from megablu.ops import builder
+
+    ext = builder.load()
+    x, res, w, gy, gr = _inputs((16411, d), dtype, "cuda")
+    _, r, rstd = ext.rmsnorm_fwd(x, res, w, EPS)
+    regs = ext.rmsnorm_bwd(gy, gr, r, w, rstd, path=0)
+    default = ext.rmsnorm_bwd(gy, gr, r, w, rstd)
+    props = torch.cuda.get_device_properties(r.device)
+    need = 4 * d + 8 * 2 * 3 * d * r.element_size()          # fp32 dw sums + 8 warps x 2 stages x 3 rows
+    if props.major >= 8 and need <= props.shared_memory_per_block_optin:
+        staged = ext.rmsnorm_bwd(gy, gr, r, w, rstd, path=1)
+        assert torch.equal(regs[0], staged[0]) and torch.equal(regs[1], staged[1])
+    else:
+        with pytest.raises(RuntimeError, match="forces the cp.async backward"):
+            ext.rmsnorm_bwd(gy, gr, r, w, rstd, path=1)
+    assert torch.equal(regs[0], default[0]) and torch.equal(regs[1], default[1])
+    with pytest.raises(RuntimeError, match="path must be"):
+        ext.rmsnorm_bwd(gy, gr, r, w, rstd, path=2)
