@@ -70,6 +70,10 @@ def apply_string(model, string) -> Optional[object]:
     + shift - local); every LocalAttention holds the shift its mask uses."""
     from .decoder import LocalAttention
 
+    if not hasattr(model, "string"):   # not a BluModel (a test's oracle): nothing to install or remove
+        if string is not None:
+            raise ValueError(f"eval.string (STRING) needs a BluModel; {type(model).__name__} has no STRING path")
+        return None
     prev = model.string
     model.string = string
     for m in model.modules():
