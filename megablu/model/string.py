@@ -42,7 +42,10 @@ def string_attention(q: torch.Tensor, k: torch.Tensor, ks: torch.Tensor, v: torc
     if ks.shape != k.shape:
         raise ValueError(f"string attention: shifted keys {tuple(ks.shape)} != keys {tuple(k.shape)}")
     off = tk - T
-    gqa = q.shape[2] != k.shape[2]
+    # GQA: each kv head repeated for its query heads. SDPA's enable_gqa runs only the flash and math
+    # kernels on CUDA, and flash takes no mask: the math kernel would hold (B, H, rows, keys) scores.
+    # Repeated heads let the memory-efficient kernel take the boolean mask.
+    rep = q.shape[2] // k.shape[2]
     # (B, T, H, D) -> (B, H, T, D)
     qh, kh, ksh, vh = (x.transpose(1, 2) for x in (q, k, ks, v))
     outs = []
@@ -55,9 +58,11 @@ def string_attention(q: torch.Tensor, k: torch.Tensor, ks: torch.Tensor, v: torc
         near = (d >= 0) & (d < shift)                    # (rows, b - lo): plain keys
         far = (i - torch.arange(0, hi, device=q.device)[None, :]) >= shift   # (rows, hi): shifted keys
         mask = torch.cat([near, far], dim=1)
-        keys = torch.cat([kh[:, :, lo:b], ksh[:, :, :hi]], dim=2)
+        keys = torch.cat([kh[:, :, lo:b], ksh[:, :, :hi]], dim=2)       # (B, Hkv, b - lo + hi, D)
         vals = torch.cat([vh[:, :, lo:b], vh[:, :, :hi]], dim=2)
-        outs.append(F.scaled_dot_product_attention(qh[:, :, r0:r1], keys, vals, attn_mask=mask, enable_gqa=gqa))
+        if rep > 1:
+            keys, vals = keys.repeat_interleave(rep, dim=1), vals.repeat_interleave(rep, dim=1)
+        outs.append(F.scaled_dot_product_attention(qh[:, :, r0:r1], keys, vals, attn_mask=mask))
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
     return out.transpose(1, 2)
 
