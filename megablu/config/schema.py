@@ -342,6 +342,24 @@ class LossEvalConfig(Section):
     short_max: int = Field(default=4096, gt=0)
 
 
+class StringConfig(Section):
+    """STRING at evaluation (An et al. 2024, "Why Does the Effective Context Length of LLMs Fall Short?",
+    arXiv 2410.18745; megablu/model/string.py): each relative distance d >= shift is attended as
+    d - shift + local, so the largest distances reuse well-trained positions; distances below shift are
+    unchanged. Inference only: training never applies it."""
+
+    shift: int = Field(strict=True, gt=0, description="S: distances d >= S are replaced by d - S + local")
+    local: int = Field(strict=True, ge=0, description="W: the position a distance of exactly S becomes; W < S")
+
+    @model_validator(mode="after")
+    def _order(self):
+        if self.local >= self.shift:
+            raise ValueError(f"eval.string: local={self.local} >= shift={self.shift}; STRING maps distances d >= "
+                             f"shift to d - shift + local, which only moves them closer when local < shift: set "
+                             f"local < shift (e.g. shift=10922, local=128)")
+        return self
+
+
 class EvalConfig(Section):
     lengths: list[PositiveInt] = Field(default=[], description="prompt lengths in tokens; each must hold every "
                                        "task's prompt without filler (checked against the tokenizer)")
@@ -359,6 +377,8 @@ class EvalConfig(Section):
     haystack: Optional[str] = Field(default=None, description="dataset dir whose val text is the haystack")
     loss: LossEvalConfig = LossEvalConfig()
     gate: GateConfig = GateConfig()
+    string: Optional[StringConfig] = Field(default=None, description="STRING position remapping at evaluation "
+                                           "({shift, local}; megablu/model/string.py); null = off")
 
     @model_validator(mode="after")
     def _tasks(self):
@@ -591,6 +611,10 @@ def check_invariants(cfg: Config, world_size: Optional[int] = None,
     for st in cfg.eval.at_steps:
         if not 0 < st <= steps:
             errs.append(f"eval.at_steps: {st} is outside 1..train.max_steps={steps}")
+    if cfg.eval.string is not None and cfg.parallel.sp > 1:
+        errs.append(f"eval.string with parallel.sp={cfg.parallel.sp}: STRING attention runs on one rank (a "
+                    f"sequence-parallel prefill shards the keys it remaps); run the eval with parallel.sp=1 "
+                    f"(megablu eval --set parallel.sp=1), or set eval.string=null for this run's own evals")
 
     # Document masking: only packed sequences hold more than one document.
     d = cfg.data

@@ -45,6 +45,8 @@ class StaticKVCache(KVCache):
         self._kb = [None] * n_layers
         self._vb = [None] * n_layers
         self._n = [0] * n_layers
+        self._ksb = [None] * n_layers   # STRING's shifted keys (model/string.py), allocated when first appended
+        self._nks = [0] * n_layers
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         if self._kb[layer] is None:
@@ -60,11 +62,25 @@ class StaticKVCache(KVCache):
         self.k[layer], self.v[layer] = self._kb[layer][:, :s + t], self._vb[layer][:, :s + t]
         return self.k[layer], self.v[layer]
 
+    def append_shifted(self, layer: int, ks: torch.Tensor) -> torch.Tensor:
+        if self._ksb[layer] is None:
+            self._ksb[layer] = ks.new_empty(ks.shape[0], self.capacity, *ks.shape[2:])
+        s, t = self._nks[layer], ks.shape[1]
+        if s + t > self.capacity:
+            raise RuntimeError(f"StaticKVCache: {s} + {t} shifted keys > capacity {self.capacity}")
+        self._ksb[layer][:, s:s + t] = ks
+        self._nks[layer] = s + t
+        self.ks[layer] = self._ksb[layer][:, :s + t]
+        return self.ks[layer]
+
     def truncate(self, length: int) -> None:
         self._n = [min(n, length) for n in self._n]
+        self._nks = [min(n, length) for n in self._nks]
         for i, n in enumerate(self._n):
             if self._kb[i] is not None:
                 self.k[i], self.v[i] = self._kb[i][:, :n], self._vb[i][:, :n]
+            if self._ksb[i] is not None:
+                self.ks[i] = self._ksb[i][:, :self._nks[i]]
 
 
 def new_cache(model, capacity: int, rope_len: int, seq_sharded: bool = False) -> KVCache:

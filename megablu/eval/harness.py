@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 
 from ..config.schema import EvalConfig, eval_padded_len
+from ..model.string import apply_string
 from . import report
 from .generate import cut_at_eot, greedy_generate
 from .needle import HAYSTACK_TOKENS, Haystack
@@ -23,6 +24,10 @@ from .prompts import EvalError, HaystackSource, Prompt, TokenizerLike, check_ids
 from .tasks import make_builder, needs_text_haystack
 
 log = logging.getLogger(__name__)
+
+# eval.string on a GPU: the prefill chunk when none is given (whole-prompt prefill otherwise), so each
+# chunk's masked SDPA over [keys; shifted keys] stays small (model/string.py also blocks the queries)
+STRING_PREFILL_CHUNK = 4096
 
 
 def check_lengths(eval_cfg: EvalConfig, window: int) -> None:
@@ -143,7 +148,8 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
 
     Also writes step_<step>.md and, when `plot`, step_<step>.png. Prompts of one length are
     batched max(1, batch_tokens // length) at a time; prefill runs in prefill_chunk-token
-    chunks on one rank (None: the whole prompt at once on a GPU, 2048-token chunks on a CPU), and
+    chunks on one rank (None: the whole prompt at once on a GPU -- 4096-token chunks with eval.string --,
+    2048-token chunks on a CPU), and
     decoding stops when every prompt of the batch has emitted EOT. With eval.loss.data the
     held-out loss per length and on short documents is measured too (result["loss"]).
     Returns the result dict on every rank. When eval.gate.parent is set (or `parent`, a loaded
@@ -151,6 +157,8 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
     result["gate"]["passed"] is False (`megablu eval` exits 1). With dp_group (the ranks that
     share this rank's sp position across data-parallel groups), each dp group generates every
     dp-th prompt and the samples are gathered: the same result, dp times sooner.
+    With eval.string, STRING (model/string.py) is installed on the model for this eval only (generation
+    and held-out loss) and the previous setting restored after; it needs one rank (sp == 1).
     """
     out_dir = Path(out_dir)
     check_lengths(eval_cfg, window)
@@ -169,12 +177,25 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
 
         loss_data = loss_inputs(eval_cfg, tokenizer)
     sp = torch.distributed.get_world_size(sp_group) if sp_group is not None else 1
+    string = eval_cfg.string
+    if string is not None:
+        if sp > 1:
+            raise EvalError(f"eval.string with sp={sp}: STRING attention runs on one rank (a sequence-parallel "
+                            f"prefill shards the keys it remaps); run the eval with parallel.sp=1")
+        longest = max(L + eval_cfg.task_max_new(t) for t in eval_cfg.tasks for L in eval_cfg.lengths)
+        if string.shift >= longest:
+            log.warning("eval.string.shift=%d >= the longest sequence (%d tokens with its answer): no distance "
+                        "reaches it, so STRING changes nothing here", string.shift, longest)
     if prefill_chunk is None:   # a GPU's flash kernel prefills a whole prompt fastest; a CPU in chunks
-        prefill_chunk = 0 if next(model.parameters()).device.type == "cuda" else 2048
+        if next(model.parameters()).device.type == "cuda":
+            prefill_chunk = STRING_PREFILL_CHUNK if string is not None else 0
+        else:
+            prefill_chunk = 2048
 
     was_training = model.training
     model.eval()
     samples, cells = [], []
+    prev_string = apply_string(model, string)
     try:
         dp = torch.distributed.get_world_size(dp_group) if dp_group is not None else 1
         dp_rank = torch.distributed.get_rank(dp_group) if dp_group is not None else 0
@@ -211,6 +232,7 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
                          ", ".join(f"{c['length']}: {c['loss']:.3f}" for c in loss["by_length"]),
                          f"; short docs {loss['short']['loss']:.3f}" if loss["short"] else "", time.perf_counter() - t0)
     finally:
+        apply_string(model, prev_string)
         if was_training:
             model.train()
 

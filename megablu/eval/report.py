@@ -193,6 +193,10 @@ def merge_results(results: Sequence[dict]) -> list[dict]:
             merged[key] = {**r, "cells": list(r["cells"]), "samples": list(r.get("samples", []))}
             continue
         m = merged[key]
+        s0, s1 = (m.get("eval") or {}).get("string"), (r.get("eval") or {}).get("string")
+        if s0 != s1:
+            raise EvalError(f"{r['arm']}@{r['step']}: results with different eval.string ({s0} in {m.get('_path')}, "
+                            f"{s1} in {r.get('_path')}) are different arms; evaluate them under different --arm names")
         have = {(c["task"], c["length"]): c for c in m["cells"]}
         for c in r["cells"]:
             old = have.get((c["task"], c["length"]))
@@ -238,7 +242,9 @@ def cells_by(res: dict, task: str) -> dict[int, dict]:
 
 
 def _label(res: dict) -> str:
-    return f"{res['arm']}@{res['step']}"
+    """arm@step, and the eval-time STRING setting when the result used one (it is part of the arm)."""
+    st = (res.get("eval") or {}).get("string")
+    return f"{res['arm']}@{res['step']}" + (f" +string(S={st['shift']},W={st['local']})" if st else "")
 
 
 def _fmt_len(L: Optional[int]) -> str:

@@ -1,0 +1,121 @@
+"""eval.string (STRING at evaluation, megablu/model/string.py) as a user sets it: validated config (the
+field, the values and the fix), `megablu eval --set eval.string.shift=... --set eval.string.local=...`
+end to end on a tiny model (the result records it, the tables label it), refused under sp > 1, applied
+for the eval only (run_eval restores the model), and never merged with a result of another setting."""
+import json
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from megablu.cli import main
+from megablu.config.load import load_config
+from megablu.config.schema import EvalConfig, StringConfig, check_invariants
+from megablu.eval import harness
+from megablu.eval.prompts import EvalError
+from megablu.eval.report import make_result, markdown, merge_results
+
+from .conftest import tiny_model
+from .test_cli import _config
+
+
+def test_string_config_validation():
+    assert EvalConfig().string is None                       # off by default
+    s = EvalConfig(string={"shift": 10922, "local": 128}).string
+    assert (s.shift, s.local) == (10922, 128)
+    with pytest.raises(ValidationError, match=r"local=128 >= shift=128.*set local < shift"):
+        StringConfig(shift=128, local=128)
+    with pytest.raises(ValidationError, match="shift"):
+        StringConfig(shift=0, local=0)
+    with pytest.raises(ValidationError, match="local"):
+        StringConfig(shift=10, local=-1)
+    with pytest.raises(ValidationError, match="shift"):
+        StringConfig(shift=10.5, local=1)                    # an integer, not a float
+
+
+def test_config_refuses_string_under_sequence_parallelism(tmp_path):
+    """The trainer's own evals run run_eval, which applies eval.string there too; under parallel.sp > 1
+    they would be sequence-parallel, so the config refuses the pair, naming both fields and the fix."""
+    cfg = load_config(_config(tmp_path), ["eval.string.shift=64", "eval.string.local=8"])
+    assert check_invariants(cfg) == []
+    from megablu.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"eval.string with parallel.sp=2.*parallel.sp=1"):
+        load_config(_config(tmp_path), ["eval.string.shift=64", "eval.string.local=8", "parallel.sp=2"])
+
+
+def test_eval_cli_with_string(tmp_path, capsys):
+    from megablu.model.hf import to_hf
+
+    hf_dir = tmp_path / "hf"
+    to_hf(tiny_model(seed=4), max_position=512).save_pretrained(str(hf_dir))
+    cfg = _config(tmp_path)
+    run = ["eval", "--config", str(cfg), "--hf", str(hf_dir), "--step", "0", "--no-plot"]
+    rc = main(run + ["--out", str(tmp_path / "s"), "--set", "eval.string.shift=64", "--set", "eval.string.local=8"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    res = json.loads((tmp_path / "s" / "step_0.json").read_text())
+    assert res["eval"]["string"] == {"shift": 64, "local": 8}
+    assert "tiny@0 +string(S=64,W=8)" in out
+    # the mapping form of --set works too
+    assert main(run + ["--out", str(tmp_path / "s2"), "--set", "eval.string={shift: 64, local: 8}"]) == 0
+    assert json.loads((tmp_path / "s2" / "step_0.json").read_text())["eval"]["string"] == {"shift": 64, "local": 8}
+    capsys.readouterr()
+    assert main(run + ["--out", str(tmp_path / "p"), "--set", "eval.string.shift=64",
+                       "--set", "eval.string.local=64"]) == 2
+    assert "eval.string: local=64 >= shift=64" in capsys.readouterr().err
+    assert main(run + ["--out", str(tmp_path / "p"), "--set", "eval.string.shift=64",
+                       "--set", "eval.string.local=8", "--set", "parallel.sp=2"]) == 2
+    err = capsys.readouterr().err
+    assert "eval.string with parallel.sp=2" in err and "parallel.sp=1" in err
+    assert not (tmp_path / "p").exists()
+    # a plain eval of the same weights: another arm in compare, and not mergeable with the string one
+    assert main(run + ["--out", str(tmp_path / "o")]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "o" / "step_0.json"), str(tmp_path / "s" / "step_0.json")]) == 2
+    assert "different eval.string" in capsys.readouterr().err
+
+
+def test_run_eval_applies_string_for_the_eval_only(tmp_path, byte_tok, monkeypatch):
+    """Generation sees STRING on (shift, local as configured); afterwards the model is as before (the
+    trainer's model goes back to training without it); an sp group of 2 is refused before generating."""
+    m = tiny_model(seed=5)
+    m.train()
+    seen = []
+    real = harness.greedy_generate
+
+    def spy(model, *a, **k):
+        seen.append((model.string, model.layers[0].self_attn.core.string_shift, k["prefill_chunk"]))
+        return real(model, *a, **k)
+
+    monkeypatch.setattr(harness, "greedy_generate", spy)
+    cfg = EvalConfig(lengths=[300], n=2, max_new=4, pad=32, string={"shift": 64, "local": 8})
+    res = harness.run_eval(m, byte_tok, cfg, 512, step=1, out_dir=tmp_path, rank=0, plot=False)
+    assert res["eval"]["string"] == {"shift": 64, "local": 8}
+    assert seen and all(s == (StringConfig(shift=64, local=8), 64, 2048) for s in seen)
+    assert m.string is None and m.layers[0].self_attn.core.string_shift is None and m.training
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda g=None: 2)
+    seen.clear()
+    with pytest.raises(EvalError, match="parallel.sp=1"):
+        harness.run_eval(m, byte_tok, cfg, 512, step=2, out_dir=tmp_path, rank=0, sp_group=object(), plot=False)
+    assert not seen
+
+
+def _res(arm, string=None, length=1024):
+    cells = [{"task": "passkey", "length": length, "n": 2, "correct": 1, "acc_pp": 50.0, "ci_pp": [0, 100],
+              "padded_len": length, "digest": "d", "seconds": 0, "by_depth": []}]
+    samples = [{"task": "passkey", "length": length, "index": i, "correct": i == 0} for i in range(2)]
+    return make_result(cells, samples, arm=arm, step=5, window=32768, tokenizer_identity="t", sp=1,
+                       eval_cfg=EvalConfig(lengths=[length], string=string))
+
+
+def test_results_of_another_string_setting_are_another_arm():
+    """merge_results joins the cells of one arm@step measured in separate jobs: a result with another
+    eval.string is refused there (never joined into one arm), and the tables name the setting."""
+    s = {"shift": 512, "local": 64}
+    merged = merge_results([_res("a", s, 1024), _res("a", s, 2048)])
+    assert len(merged) == 1 and len(merged[0]["cells"]) == 2
+    with pytest.raises(EvalError, match="different eval.string"):
+        merge_results([_res("a", None, 1024), _res("a", s, 2048)])
+    md = markdown(merge_results([_res("a"), _res("a-string", s)]))
+    assert "| a@5 |" in md and "| a-string@5 +string(S=512,W=64) |" in md

@@ -1,0 +1,247 @@
+"""STRING at inference (megablu/model/string.py): the attention and the whole model against explicit
+per-pair relative positions (each pair (m, n) at P(d) = d if d < S else d - S + W, d = m - n: q rotated
+at m, k rotated at m - P), in fp64 at 1e-10; the switch is live (a small S changes the logits), inert
+when S exceeds every distance, and the KV-cache path (chunked prefill, decode) equals one full forward,
+also under YaRN with apply=beyond_original. Plus the refusals (document masking, a sequence-parallel
+core or slice, positions out of order) and the plain path's kernel being untouched."""
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+from megablu.config.schema import ModelConfig, RopeConfig, StringConfig, YarnConfig
+from megablu.eval.generate import greedy_generate, new_cache
+from megablu.model import decoder
+from megablu.model.decoder import BluModel, KVCache
+from megablu.model.rope import RotaryEmbedding
+from megablu.model.string import apply_string, string_attention
+from megablu.ops.rope import rope_reference
+
+TOL = 1e-10   # fp64 throughout: the remapped and the explicit computation differ by rounding only
+YARN_BO = RopeConfig(theta=10000.0, yarn=YarnConfig(factor=4.0, original_max_position=16, apply="beyond_original"))
+
+
+def P(d: int, S: int, W: int) -> int:
+    return d if d < S else d - S + W
+
+
+def _rot(x, rot, pos, rope_len=None):
+    """x (B, T, H, D) rotated at positions pos (T,) with `rot`'s tables (rope_len: the sequence's length)."""
+    p = torch.as_tensor(pos)[None]
+    rl = None if rope_len is None else torch.full((1, 1), rope_len)
+    c, s = rot(p, torch.float64, rl)
+    return rope_reference(x, x, c, s)[1]
+
+
+def reference_attention(q, k, v, rot, S, W, positions, rope_len=None):
+    """Raw q (B, T, H, D) at `positions`, raw k/v (B, tk, Hkv, D) at 0..tk-1: softmax over the keys n <= m
+    of q_m(m) . k_n(m - P(m - n)) / sqrt(D), one query at a time. -> (B, T, H, D)."""
+    B, T, H, D = q.shape
+    rep = H // k.shape[2]
+    k, v = k.repeat_interleave(rep, 2), v.repeat_interleave(rep, 2)
+    out = torch.zeros_like(q)
+    for t, m in enumerate(positions):
+        qm = _rot(q[:, t:t + 1], rot, [m], rope_len)                              # (B, 1, H, D)
+        kp = _rot(k[:, :m + 1], rot, [m - P(m - n, S, W) for n in range(m + 1)], rope_len)   # (B, m+1, H, D)
+        p = torch.softmax(torch.einsum("bhd,bnhd->bhn", qm[:, 0], kp) / math.sqrt(D), -1)
+        out[:, t] = torch.einsum("bhn,bnhd->bhd", p, v[:, :m + 1])
+    return out
+
+
+@pytest.mark.parametrize("S,W", [(12, 3), (5, 0), (1, 0), (30, 29), (60, 5)])
+@pytest.mark.parametrize("block", [4096, 7])
+def test_attention_equals_explicit_positions(S, W, block):
+    """Whole sequence (T == tk), GQA (6 query heads on 2 kv heads), an odd T; block=7 splits the
+    queries into blocks the way a 32k forward is split. S=60 > T: every distance is plain."""
+    g = torch.Generator().manual_seed(S * 100 + W)
+    T, H, Hk, D = 41, 6, 2, 16
+    rot = RotaryEmbedding(D, RopeConfig(theta=10000.0))
+    q, k, v = (torch.randn(2, T, h, D, generator=g, dtype=torch.float64) for h in (H, Hk, Hk))
+    pos = list(range(T))
+    qr, kr = _rot(q, rot, pos), _rot(k, rot, pos)
+    ks = _rot(k, rot, [n + S - W for n in pos])
+    got = string_attention(qr, kr, ks, v, S, block=block)
+    ref = reference_attention(q, k, v, rot, S, W, pos)
+    assert (got - ref).abs().max() < TOL
+
+
+@pytest.mark.parametrize("T", [1, 9])
+def test_attention_bottom_right_aligned(T):
+    """A decode step (T == 1) and a chunk of 9 new queries after a cached past of 32 keys."""
+    g = torch.Generator().manual_seed(T)
+    tk, H, Hk, D, S, W = 41, 4, 2, 8, 10, 2
+    rot = RotaryEmbedding(D, RopeConfig(theta=500.0))
+    q = torch.randn(1, T, H, D, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(1, tk, Hk, D, generator=g, dtype=torch.float64) for _ in range(2))
+    pos = list(range(tk - T, tk))
+    got = string_attention(_rot(q, rot, pos), _rot(k, rot, range(tk)), _rot(k, rot, [n + S - W for n in range(tk)]),
+                           v, S, block=4)
+    assert (got - reference_attention(q, k, v, rot, S, W, pos)).abs().max() < TOL
+
+
+def tiny(rope=None, seed=0, h=4, kv=2):
+    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=h, n_kv_heads=kv, ffn_dim=64, vocab_size=61)
+    m = BluModel(cfg, rope or RopeConfig(theta=10000.0), seed=seed)
+    return m.double().eval()
+
+
+@torch.no_grad()
+def reference_model(m: BluModel, ids, S, W, rope_len=None):
+    """The whole model with explicit per-pair positions in every layer (no cache, no string_attention)."""
+    B, T = ids.shape
+    h = m.embed_tokens(ids)
+    for layer in m.layers:
+        a = layer.self_attn
+        x = layer.input_layernorm(h)
+        q = a.q_proj(x).view(B, T, a.n_heads, a.head_dim)
+        k = a.k_proj(x).view(B, T, a.n_kv_heads, a.head_dim)
+        v = a.v_proj(x).view(B, T, a.n_kv_heads, a.head_dim)
+        o = reference_attention(q, k, v, m.rotary, S, W, list(range(T)), rope_len)
+        h = h + a.o_proj(o.reshape(B, T, -1))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return m.lm_head(m.norm(h))
+
+
+@pytest.mark.parametrize("rope", [None, YARN_BO], ids=["rope", "yarn-beyond-original"])
+def test_model_equals_explicit_positions(rope):
+    """The model's remapped forward (shifted keys at position + S - W through BluModel.forward's rotary,
+    same rope_len) equals explicit positions layer by layer. Under YaRN beyond_original, T = 30 > 16
+    picks YaRN (frequencies and attention factor) for both the plain and the shifted keys."""
+    m = tiny(rope, seed=1)
+    ids = torch.randint(0, 61, (2, 30), generator=torch.Generator().manual_seed(0))
+    S, W = 9, 2
+    apply_string(m, StringConfig(shift=S, local=W))
+    with torch.no_grad():
+        got = m(ids)
+    assert (got - reference_model(m, ids, S, W, rope_len=30 if rope else None)).abs().max() < TOL
+
+
+def test_switch_is_live_and_inert_beyond_every_distance():
+    m = tiny(seed=2)
+    ids = torch.randint(0, 61, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        plain = m(ids)
+        apply_string(m, StringConfig(shift=40, local=3))      # every distance < 40: nothing remapped
+        inert = m(ids)
+        apply_string(m, StringConfig(shift=8, local=3))
+        live = m(ids)
+        prev = apply_string(m, None)
+        back = m(ids)
+    assert prev == StringConfig(shift=8, local=3) and m.string is None
+    assert (inert - plain).abs().max() < TOL
+    assert (live - plain).abs().max() > 1e-6   # 1e-6: 1e9 x the rounding the equalities allow
+    # rows before the first remapped distance (position < S) are untouched
+    assert (live[:, :8] - plain[:, :8]).abs().max() < TOL
+    assert torch.equal(back, plain)
+
+
+@pytest.mark.parametrize("rope,total", [(None, 36), (YARN_BO, 36), (YARN_BO, 14)],
+                         ids=["rope", "yarn-beyond-original", "beyond-original-short"])
+@pytest.mark.parametrize("static", [True, False], ids=["static-cache", "cat-cache"])
+def test_cache_path_equals_full_forward(rope, total, static):
+    """Prefill in chunks of 7 through the cache (k and the shifted keys), then decode one token at a
+    time: the logits at every position equal one forward of the whole sequence with STRING on. Under
+    beyond_original, the total length (36 > 16: YaRN; 14 <= 16: the original RoPE) picks the rope once."""
+    m = tiny(rope, seed=3)
+    S, W, new = 9, 2, 6
+    L = total - new
+    ids = torch.randint(0, 61, (1, L), generator=torch.Generator().manual_seed(2))
+    apply_string(m, StringConfig(shift=S, local=W))
+    with torch.no_grad():
+        if static:
+            cache = new_cache(m, total, rope_len=total)
+        else:
+            cache = KVCache(m.cfg.n_layers, rope_len=total)
+        logits = [m(ids[:, s:s + 7], cache=cache) for s in range(0, L, 7)]
+        seq = ids
+        for _ in range(new):
+            tok = logits[-1][:, -1].argmax(-1, keepdim=True)
+            seq = torch.cat([seq, tok], 1)
+            logits.append(m(tok, cache=cache))
+        got = torch.cat(logits, 1)[:, :total - 1]
+        full = m(seq, rope_len=total)[:, :total - 1]
+        assert cache.ks[0].shape[1] == cache.k[0].shape[1] == total
+        assert (got - full).abs().max() < TOL
+        if total > S + 1:   # the remapping is exercised: the plain model differs
+            apply_string(m, None)
+            assert (m(seq, rope_len=total)[:, :total - 1] - full).abs().max() > 1e-6
+            apply_string(m, StringConfig(shift=S, local=W))
+        # greedy_generate through the cache equals its recompute path with STRING on
+        ref = greedy_generate(m, ids, new, use_cache=False)
+        for chunk in (0, 7, 1):
+            assert torch.equal(greedy_generate(m, ids, new, prefill_chunk=chunk), ref), chunk
+
+
+@pytest.mark.parametrize("static", [True, False], ids=["static-cache", "cat-cache"])
+def test_truncate_keeps_the_shifted_keys_aligned(static):
+    m = tiny(seed=4)
+    apply_string(m, StringConfig(shift=5, local=1))
+    ids = torch.randint(0, 61, (1, 20), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        cache = new_cache(m, 24, rope_len=24) if static else KVCache(m.cfg.n_layers, rope_len=24)
+        m(ids, cache=cache)
+        cache.truncate(12)
+        assert [t.shape[1] for t in cache.ks] == [t.shape[1] for t in cache.k] == [12, 12]
+        # continuing after the truncation equals a forward of the first 12 tokens plus the new ones
+        got = m(ids[:, 12:15], cache=cache)
+        full = m(ids[:, :15], rope_len=24)[:, 12:15]
+    assert (got - full).abs().max() < TOL
+
+
+def test_string_never_runs_the_causal_kernel(monkeypatch):
+    """memory.attention (fa4 / sdpa causal) is for the plain path; STRING runs string_attention in every case."""
+    m = tiny(seed=5)
+    for mod in m.modules():
+        if isinstance(mod, decoder.LocalAttention):
+            mod.kernel = "fa4"
+
+    def boom(*a, **k):
+        raise AssertionError("the causal kernel ran with STRING on")
+
+    monkeypatch.setattr(decoder, "causal_attention", boom)
+    apply_string(m, StringConfig(shift=6, local=2))
+    ids = torch.randint(0, 61, (1, 12), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        m(ids)
+        greedy_generate(m, ids, 3, prefill_chunk=5)
+
+
+def test_plain_path_unchanged(monkeypatch):
+    """String off: the whole-sequence forward calls the configured causal kernel, as before."""
+    m = tiny(seed=5)
+    seen = []
+    real = decoder.causal_attention
+    monkeypatch.setattr(decoder, "causal_attention",
+                        lambda q, k, v, kernel: seen.append(kernel) or real(q, k, v, kernel))
+    with torch.no_grad():
+        m(torch.zeros(1, 8, dtype=torch.long))
+    assert seen == ["sdpa", "sdpa"]
+
+
+def test_refusals():
+    m = tiny(seed=6)
+    apply_string(m, StringConfig(shift=6, local=2))
+    ids = torch.randint(0, 61, (1, 12), generator=torch.Generator().manual_seed(5))
+    with pytest.raises(ValueError, match="document masking"):
+        m(ids, doc_ids=torch.zeros(1, 12, dtype=torch.long))
+    with pytest.raises(ValueError, match="parallel.sp=1"):
+        m(ids, cache=KVCache(m.cfg.n_layers, seq_sharded=True))
+    with pytest.raises(ValueError, match="in order"):
+        m(ids, position_ids=torch.arange(12)[None] + 3)
+    m(ids, position_ids=torch.arange(12)[None])              # the eval's own positions pass
+
+    class Sharded(nn.Module):   # stands in for parallel/ulysses.py's UlyssesAttention
+        def forward(self, q, k, v, cache=None, docs=None):
+            return q
+
+    m.layers[0].self_attn.core = Sharded()
+    with pytest.raises(ValueError, match="parallel.sp=1"):
+        m(ids)
+    # half on (a LocalAttention with a shift but no shifted keys) is an error, not a silent plain attention
+    la = decoder.LocalAttention()
+    la.string_shift = 4
+    x = torch.zeros(1, 3, 2, 8)
+    with pytest.raises(ValueError, match="apply_string"):
+        la(x, x, x)
+
