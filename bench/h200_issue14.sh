@@ -260,19 +260,28 @@ temp_probe() {   # far's question: any other arm returns at once
 # found 70% at 32744, and the temperature alone (factor 8's 1.2079 on factor 4's positions) cost 14.5 pp.
 # Does the position map alone move the bands? ~2 min of GPU in all.
 POS8=(--rope-override --set data.window=65536 --set rope.yarn.factor=8.0 --set rope.yarn.attention_factor=1.1386)
-# Then (2026-12-05, twelfth session) factor 5's positions the same way: 32744 back maps to 6.5k of the parent's
-# positions instead of 8k. The native model itself misses passkeys 7.6-8.1k back at 8168 (3/6, against 6/6 or 7/7
-# in every other 512-token bin), so the 30-32k-back band may be its window's edge seen through YaRN x4: if factor
-# 5's map finds that band (untrained too), a YaRN with slack is the cheap fix, not training at the edge. Last, the
-# softer temperature the ninth session left untested (attention factor 1.0 on the arm's own positions; 1.2079
-# cost 14.5 pp). Each cell ~45 s on an H100 alone; a cut call leaves the rest to phase d.
+# Then (2026-12-05, twelfth session) the two fixes for the 30-32k-back band that need no training, on the same
+# prompts (paired): the native model itself misses passkeys 7.9-8.2k back at 8168 (2/13 on CPU, against 5/5 and
+# 6/6 at 7.5-7.9k), the under-trained tail of relative positions that STRING (An et al. 2024, arXiv 2410.18745)
+# describes, and YaRN x4 maps 30-32k back onto that tail.
+#   - STRING at eval (eval.string): every distance d >= S attended as d - S + W; S = 10922 (= 32768 / 3, our
+#     choice) and W = 128, the arm and untrained YaRN;
+#   - factor 5's positions with factor 4's temperature: 32744 back lands on 6.5k of the parent's positions;
+#   - factor 8's the same way (4k), as before;
+#   - the softer temperature the ninth session left untested (attention factor 1.0; 1.2079 cost 14.5 pp).
+# STRING first: it is the one that keeps every distance below S exact. ~45 s a cell on an H100 alone (STRING's
+# masked prefill over twice the keys: slower, unmeasured); a cut call leaves the rest to phase d.
+STR=(--set eval.string.shift=10922 --set eval.string.local=128)
 POS5=(--rope-override --set data.window=40960 --set rope.yarn.factor=5.0 --set rope.yarn.attention_factor=1.1386)
 rope_probe() {   # factor 8 needs the 65536 window it implies (2026-12-05: without it both cells were config errors)
   local ck=$1
-  evaluate "${ARM}_pos8" "${ARM}_pos8" "$ck" 200 "32744" "passkey" "${POS8[@]}" "${NOLOSS[@]}"
-  ECFG=$BASE_CFG evaluate yarn4_pos8 yarn4_pos8 "$DEV/smollm2" 200 "32744" "passkey" "${POS8[@]}" "${NOLOSS[@]}"
+  evaluate "${ARM}_string" "${ARM}_string" "$ck" 200 "32744" "passkey" "${STR[@]}" "${NOLOSS[@]}"
+  ECFG=$BASE_CFG evaluate yarn4_string yarn4_string "$DEV/smollm2" 200 "32744" "passkey" --rope-override "${STR[@]}" \
+    "${NOLOSS[@]}"
   evaluate "${ARM}_pos5" "${ARM}_pos5" "$ck" 200 "32744" "passkey" "${POS5[@]}" "${NOLOSS[@]}"
   ECFG=$BASE_CFG evaluate yarn4_pos5 yarn4_pos5 "$DEV/smollm2" 200 "32744" "passkey" "${POS5[@]}" "${NOLOSS[@]}"
+  evaluate "${ARM}_pos8" "${ARM}_pos8" "$ck" 200 "32744" "passkey" "${POS8[@]}" "${NOLOSS[@]}"
+  ECFG=$BASE_CFG evaluate yarn4_pos8 yarn4_pos8 "$DEV/smollm2" 200 "32744" "passkey" "${POS8[@]}" "${NOLOSS[@]}"
   evaluate "${ARM}_t10" "${ARM}_temp10" "$ck" 200 "32744" "passkey" --rope-override \
     --set rope.yarn.attention_factor=1.0 "${NOLOSS[@]}"
 }

@@ -204,8 +204,14 @@ def test_confirm_on_another_arm_scores_its_kept_checkpoints_without_far_s_probe(
     assert outs.index("long_only_s1_5") < outs.index("long_only_1k"), outs
     assert f"--ckpt {run}/checkpoints/step_0000005 " in next(c for c in cmds if "/long_only_s1_5 " in c)
     # the position probe last, the arm's and untrained YaRN's, on the passkey cell's prompts (no eval.seed)
-    # then factor 5's positions the same way, then the arm at attention factor 1.0
-    assert outs[-5:] == ["long_only_pos8", "yarn4_pos8", "long_only_pos5", "yarn4_pos5", "long_only_temp10"], outs
+    # STRING at eval first, then factor 5's and factor 8's positions the same way, then attention factor 1.0
+    assert outs[-7:] == ["long_only_string", "yarn4_string", "long_only_pos5", "yarn4_pos5", "long_only_pos8",
+                         "yarn4_pos8", "long_only_temp10"], outs
+    for c in (c for c in cmds if "_string " in c):
+        assert "eval.string.shift=10922" in c and "eval.string.local=128" in c and "--lengths 32744" in c, c
+        assert "rope.yarn.factor" not in c and "eval.seed" not in c, c
+    assert "--rope-override" in next(c for c in cmds if "/yarn4_string " in c)
+    assert "smol32k_long_only.yaml" in next(c for c in cmds if "/yarn4_string " in c)
     for pos, window in (("8", 65536), ("5", 40960)):
         for c in (c for c in cmds if f"_pos{pos} " in c):
             assert "--rope-override" in c and f"rope.yarn.factor={pos}.0" in c and f"data.window={window}" in c, c
