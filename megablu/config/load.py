@@ -211,7 +211,7 @@ _SESSION_FIELDS = {("train", "stop_after"), ("train", "stop_after_s"), ("train",
 
 # Fields added after runs were started, left out of the hash while unset (None, or a flag left False),
 # so that those runs resume.
-_LATER_FIELDS = {("data", "mix"), ("rope", "allow_yarn_from_scratch")}
+_LATER_FIELDS = {("data", "mix"), ("rope", "allow_yarn_from_scratch"), ("eval", "string")}
 # ... and fields added with a default that is the behaviour before them, left out while at it
 # (memory.loss's default is auto since 2026-12-04, hashed as itself; chunked keeps the hash of the runs
 # from before the field, and a resume accepts a memory.loss change: train/resume.py)

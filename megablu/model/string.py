@@ -73,15 +73,13 @@ def apply_string(model, string) -> Optional[object]:
 
     model.string holds the setting BluModel.forward reads (it rotates the shifted keys at position
     + shift - local); every LocalAttention holds the shift its mask uses."""
-    from .decoder import LocalAttention
-
     if not hasattr(model, "string"):   # not a BluModel (a test's oracle): nothing to install or remove
         if string is not None:
             raise ValueError(f"eval.string (STRING) needs a BluModel; {type(model).__name__} has no STRING path")
         return None
     prev = model.string
     model.string = string
-    for m in model.modules():
-        if isinstance(m, LocalAttention):
+    for m in model.modules():   # decoder.LocalAttention (found by its field: decoder imports this module)
+        if hasattr(m, "string_shift"):
             m.string_shift = None if string is None else string.shift
     return prev

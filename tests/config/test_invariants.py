@@ -103,6 +103,9 @@ def test_keep_every_at_its_default_leaves_the_config_hash_alone():
     old = ["memory.loss=chunked", "memory.attention=sdpa"]
     assert config_hash(cfg(old)) == config_hash(cfg(old + ["checkpoint.keep_every=0"])) == "786b2824aa40a632"
     assert config_hash(cfg(old + ["checkpoint.keep_every=20"])) != "786b2824aa40a632"
+    # eval.string (STRING at eval, added 2026-12-05) the same way: hashed only when set
+    assert config_hash(cfg(old + ["eval.string=null"])) == "786b2824aa40a632"
+    assert config_hash(cfg(old + ["eval.string.shift=64", "eval.string.local=8"])) != "786b2824aa40a632"
     steps = cfg([]).train.max_steps
     assert any(w.startswith(f"checkpoint.keep_every={steps + 20} > train.max_steps")
                for w in config_warnings(cfg([f"checkpoint.keep_every={steps + 20}"])))
