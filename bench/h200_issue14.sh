@@ -217,6 +217,10 @@ eval_set() {   # eval_set ARM CKPT [extra args]: the extension arms and YaRN wit
   evaluate "$arm" "${arm}_pk32k" "$ck" 200 "32744" "passkey" "$@" "${NOLOSS[@]}"
   evaluate "$arm" "${arm}_pk16k" "$ck" 100 "16360" "passkey" "$@" "${NOLOSS[@]}"
   evaluate "$arm" "${arm}_needle" "$ck" 100 "16360 32744" "needle" "$@" "${NOLOSS[@]}"
+  [ "${NORULER:-0}" = 1 ] || eval_ruler "$arm" "$ck" "$@"
+}
+eval_ruler() {   # eval_ruler ARM CKPT [extra args]: the suite (the trained arm runs it after string_set)
+  local arm=$1 ck=$2; shift 2
   evaluate "$arm" "${arm}_ruler" "$ck" 50 "$RULER_LENGTHS" "$SUITE" "$@" "${NOLOSS[@]}"
 }
 native_set() {   # the parent inside its own 8192 positions: the gate's reference
@@ -273,9 +277,21 @@ POS8=(--rope-override --set data.window=65536 --set rope.yarn.factor=8.0 --set r
 # masked prefill over twice the keys: slower, unmeasured); a cut call leaves the rest to phase d.
 STR=(--set eval.string.shift=10922 --set eval.string.local=128)
 POS5=(--rope-override --set data.window=40960 --set rope.yarn.factor=5.0 --set rope.yarn.attention_factor=1.1386)
-rope_probe() {   # factor 8 needs the 65536 window it implies (2026-12-05: without it both cells were config errors)
+# string_set runs before the arm's suite (2026-12-05, twelfth session: edge + STRING 88.0% against 66.5% plain on
+# the same prompts, +21.5 pp): the paired cell, then fresh prompts (eval.seed=1) with STRING and without (the
+# shift was not picked on them; with CONFIRM=1 the final checkpoint's plain seed-1 cell is confirm_set's), then
+# needle with STRING. rope_probe after the suite: untrained YaRN with STRING, the position maps, the temperature.
+string_set() {
   local ck=$1
   evaluate "${ARM}_string" "${ARM}_string" "$ck" 200 "32744" "passkey" "${STR[@]}" "${NOLOSS[@]}"
+  evaluate "${ARM}_string_s1" "${ARM}_string_s1" "$ck" 200 "32744" "passkey" "${STR[@]}" --set eval.seed=1 \
+    "${NOLOSS[@]}"
+  [ "$CONFIRM" = 1 ] || evaluate "${ARM}_s1" "${ARM}_plain_s1" "$ck" 200 "32744" "passkey" --set eval.seed=1 \
+    "${NOLOSS[@]}"
+  evaluate "${ARM}_string" "${ARM}_string_needle" "$ck" 100 "32744" "needle" "${STR[@]}" "${NOLOSS[@]}"
+}
+rope_probe() {   # factor 8 needs the 65536 window it implies (2026-12-05: without it both cells were config errors)
+  local ck=$1
   ECFG=$BASE_CFG evaluate yarn4_string yarn4_string "$DEV/smollm2" 200 "32744" "passkey" --rope-override "${STR[@]}" \
     "${NOLOSS[@]}"
   evaluate "${ARM}_pos5" "${ARM}_pos5" "$ck" 200 "32744" "passkey" "${POS5[@]}" "${NOLOSS[@]}"
@@ -431,10 +447,12 @@ c|d)  # the rest of the training, then the arm's evals (and any baseline a cut c
     elif arm_done; then
       if [ -n "$CK" ] && [ "$CONFIRM" = 1 ]; then   # the probe first, then every kept checkpoint, then the cells
         [ -n "$P_CONF" ] && wait "$P_CONF"; P_CONF=   # one confirm_set at a time: no cell evaluated twice at once
-        { temp_probe "$CK"; FINAL=1 confirm_set; eval_set "$ARM" "$CK"; rope_probe "$CK"; } &
+        { temp_probe "$CK"; FINAL=1 confirm_set; NORULER=1 eval_set "$ARM" "$CK"; string_set "$CK"
+          eval_ruler "$ARM" "$CK"; rope_probe "$CK"; } &
         P_ARM=$!
       elif [ -n "$CK" ]; then
-        { eval_set "$ARM" "$CK"; temp_probe "$CK"; rope_probe "$CK"; } & P_ARM=$!
+        { NORULER=1 eval_set "$ARM" "$CK"; string_set "$CK"; eval_ruler "$ARM" "$CK"; temp_probe "$CK"
+          rope_probe "$CK"; } & P_ARM=$!
       fi
     fi
     wait $P_BASE ${P_ARM:+$P_ARM} ${P_MID:+$P_MID} ${P_CONF:+$P_CONF}

@@ -77,6 +77,12 @@ def test_phase_c_mid_run_then_finished(tmp_path, stdlib_data):
             "yarn4_temp8", "far_temp13"} <= outs, outs
     probe = next(c for c in cmds if "/far_temp13 " in c)
     assert "--rope-override" in probe and "rope.yarn.attention_factor=1.3" in probe
+    # STRING at eval before the suite; without CONFIRM the plain fresh-prompt cell is string_set's own
+    order = [c.split("--out ")[1].split()[0].rsplit("/", 1)[1] for c in cmds if " eval " in c and "--out " in c]
+    assert order.index("far_needle") < order.index("far_string") < order.index("far_string_s1") \
+        < order.index("far_plain_s1") < order.index("far_string_needle") < order.index("far_ruler"), order
+    plain_s1 = next(c for c in cmds if "/far_plain_s1 " in c)
+    assert "--arm far_s1 " in plain_s1 and "eval.seed=1" in plain_s1 and "eval.string" not in plain_s1
     assert "--ckpt " + str(run / "checkpoints" / "step_0000006") in next(c for c in cmds if "/far_pk32k " in c)
     assert not any(c.startswith("deepspeed ") for c in cmds)          # finished: no training
     # no native results here (the logged evals wrote nothing): no gate parent, so no compare
@@ -204,12 +210,17 @@ def test_confirm_on_another_arm_scores_its_kept_checkpoints_without_far_s_probe(
     assert outs.index("long_only_s1_5") < outs.index("long_only_1k"), outs
     assert f"--ckpt {run}/checkpoints/step_0000005 " in next(c for c in cmds if "/long_only_s1_5 " in c)
     # the position probe last, the arm's and untrained YaRN's, on the passkey cell's prompts (no eval.seed)
-    # STRING at eval first, then factor 5's and factor 8's positions the same way, then attention factor 1.0
-    assert outs[-7:] == ["long_only_string", "yarn4_string", "long_only_pos5", "yarn4_pos5", "long_only_pos8",
-                         "yarn4_pos8", "long_only_temp10"], outs
-    for c in (c for c in cmds if "_string " in c):
+    # the arm's cells without the suite, STRING at eval on the arm (paired, fresh prompts, needle; under CONFIRM
+    # the plain fresh cell is confirm_set's), the suite, then untrained YaRN with STRING, factor 5's and factor
+    # 8's positions the same way, then attention factor 1.0
+    assert outs[-11:] == ["long_only_needle", "long_only_string", "long_only_string_s1", "long_only_string_needle",
+                          "long_only_ruler", "yarn4_string", "long_only_pos5", "yarn4_pos5", "long_only_pos8",
+                          "yarn4_pos8", "long_only_temp10"], outs
+    for c in (c for c in cmds if "_string" in c and " eval " in c):
         assert "eval.string.shift=10922" in c and "eval.string.local=128" in c and "--lengths 32744" in c, c
-        assert "rope.yarn.factor" not in c and "eval.seed" not in c, c
+        assert "rope.yarn.factor" not in c and ("eval.seed=1" in c) == ("_string_s1 " in c), c
+    assert "--tasks needle " in next(c for c in cmds if "/long_only_string_needle " in c)
+    assert "--arm long_only_string " in next(c for c in cmds if "/long_only_string_needle " in c)   # one arm, merged
     assert "--rope-override" in next(c for c in cmds if "/yarn4_string " in c)
     assert "smol32k_long_only.yaml" in next(c for c in cmds if "/yarn4_string " in c)
     for pos, window in (("8", 65536), ("5", 40960)):
