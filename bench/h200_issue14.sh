@@ -28,7 +28,8 @@
 # after:  git ls-files docs/img 'bench/results/*.tar.*' | grep -v 2026-12-04b/issue14_dense_results | xargs rm
 #         ... the calls ...;  git checkout -- docs/img bench/results      (saves ~4.9 MB)
 # ARM=edge (prepared 2026-12-05, eleventh session): far's layout and flow, with a second synthetic set
-# (every asked key 24-32k back: the distance no arm retrieves) built in phase a beside far's own.
+# (every asked key 24-32k back: the distance no arm retrieves) built in phase a beside far's own. Ran on an H100
+# (twelfth session, A 48 s, B 546 s, C 565 s, BUDGET_S=340 D 348 s): 66.5% plain, 88.0% with STRING at eval.
 # ARM=far, long_only, mix (NEW_ARM; prepared 2026-12-04, third session; the layout of dense
 # below): phase a builds the data and reuses the baselines' and dense's evals of the second
 # session (their prompts are checked against today's code first; only those that match are
