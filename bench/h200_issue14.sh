@@ -385,6 +385,14 @@ a)  # ARM=dense: the data (CPU) beside issue 17's speed bench (GPU); else GPU ch
         timeout 30 $PY bench/profile_step.py --summarize "$DEV"/liger_prof/profile_*.json --baseline selective+offload \
           > "$OUT/liger.md" 2>&1
       fi
+      # OPS17=1 (2026-12-05, thirteenth session): issue 17's GPU tests of the add+RMSNorm backward's run-time
+      # path choice (cp.async where the opt-in shared memory fits) and both paths side by side, while the CPU
+      # builds the data (~50 s alone; the extension's build is most of the tests' ~125 s on a fresh machine)
+      if [ "${OPS17:-0}" = 1 ]; then
+        guard ops_tests 200 $PY -m pytest -q -p no:cacheprovider -rs --junitxml="$OUT/ops_tests.xml" tests/ops
+        guard rms_variants 290 env OUT="$OUT" $PY bench/rmsnorm_bwd_variants.py
+        cp "$WORK/logs/rms_variants.out" "$OUT/rms_variants.md" 2>/dev/null
+      fi
       wait $P_DATA
       guard mixture $(( $(now) + 60 )) $PY -m megablu.cli data mix "$CFG"
       cp "$WORK/logs/mixture.out" "$OUT/mixture.txt" 2>/dev/null

@@ -140,6 +140,22 @@ def test_phase_a_liger_0_builds_the_data_and_leaves_the_gpu_alone(tmp_path):
     assert not any("--junitxml" in c or "profile_step.py" in c for c in cmds), cmds
 
 
+def test_phase_a_ops17_runs_the_gpu_ops_tests_and_the_rmsnorm_variants_beside_the_data(tmp_path):
+    # OPS17=1: issue 17's GPU tests and the add+RMSNorm backward's two paths, before the mixture is resolved
+    dev = tmp_path / "dev"
+    (dev / "corpus").mkdir(parents=True)
+    (dev / "corpus" / "manifest.json").write_text("{}")
+    cmds = _phase(tmp_path, dev, "a", LIGER="0", OPS17="1")
+    ops = [i for i, c in enumerate(cmds) if "pytest" in c and c.rstrip().endswith("tests/ops")]
+    rms = [i for i, c in enumerate(cmds) if "rmsnorm_bwd_variants.py" in c]
+    mix = [i for i, c in enumerate(cmds) if " data mix " in c]
+    assert len(ops) == 1 and len(rms) == 1 and len(mix) == 1, cmds
+    assert ops[0] < rms[0] < mix[0], cmds
+    assert any(" data synth " in c for c in cmds)
+    assert not any(("pytest" in c and "tests/ops" in c) or "rmsnorm_bwd" in c
+                   for c in _phase(tmp_path, dev, "a", LIGER="0")), "OPS17 unset must leave the GPU alone"
+
+
 def test_phase_c_confirm_scores_every_kept_checkpoint_on_fresh_prompts(tmp_path, stdlib_data):
     """CONFIRM=1 (far trained again, every KEEP_EVERY-th checkpoint kept): beside the resumed training the
     kept checkpoints are scored on fresh prompts (eval.seed=1) and CONFIRM_S0 also on the old ones; once
