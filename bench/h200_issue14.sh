@@ -291,6 +291,24 @@ string_set() {
     "${NOLOSS[@]}"
   evaluate "${ARM}_string" "${ARM}_string_needle" "$ck" 100 "32744" "needle" "${STR[@]}" "${NOLOSS[@]}"
 }
+# arm_cells (2026-12-05, thirteenth session; the arm's cells without CONFIRM): the same cells as eval_set +
+# string_set + the suite, in the order that decides the target first, so that a call cut short (a device session
+# with less time left than a whole D) loses the least: the gate's 1024, then STRING on fresh prompts (the
+# candidate), the paired seed-0 pair, 4072/8168, the plain fresh cell, needle with and without STRING, 16360
+arm_cells() {
+  local ck=$1
+  evaluate "$ARM" "${ARM}_1k" "$ck" 200 "1024" "passkey needle"
+  evaluate "${ARM}_string_s1" "${ARM}_string_s1" "$ck" 200 "32744" "passkey" "${STR[@]}" --set eval.seed=1 \
+    "${NOLOSS[@]}"
+  evaluate "$ARM" "${ARM}_pk32k" "$ck" 200 "32744" "passkey" "${NOLOSS[@]}"
+  evaluate "${ARM}_string" "${ARM}_string" "$ck" 200 "32744" "passkey" "${STR[@]}" "${NOLOSS[@]}"
+  evaluate "$ARM" "${ARM}_mid" "$ck" 100 "4072 8168" "passkey needle" "${NOLOSS[@]}"
+  evaluate "${ARM}_s1" "${ARM}_plain_s1" "$ck" 200 "32744" "passkey" --set eval.seed=1 "${NOLOSS[@]}"
+  evaluate "${ARM}_string" "${ARM}_string_needle" "$ck" 100 "32744" "needle" "${STR[@]}" "${NOLOSS[@]}"
+  evaluate "$ARM" "${ARM}_needle" "$ck" 100 "16360 32744" "needle" "${NOLOSS[@]}"
+  evaluate "$ARM" "${ARM}_pk16k" "$ck" 100 "16360" "passkey" "${NOLOSS[@]}"
+  eval_ruler "$ARM" "$ck"
+}
 rope_probe() {   # factor 8 needs the 65536 window it implies (2026-12-05: without it both cells were config errors)
   local ck=$1
   ECFG=$BASE_CFG evaluate yarn4_string yarn4_string "$DEV/smollm2" 200 "32744" "passkey" --rope-override "${STR[@]}" \
@@ -460,8 +478,7 @@ c|d)  # the rest of the training, then the arm's evals (and any baseline a cut c
           eval_ruler "$ARM" "$CK"; rope_probe "$CK"; } &
         P_ARM=$!
       elif [ -n "$CK" ]; then
-        { NORULER=1 eval_set "$ARM" "$CK"; string_set "$CK"; eval_ruler "$ARM" "$CK"; temp_probe "$CK"
-          rope_probe "$CK"; } & P_ARM=$!
+        { arm_cells "$CK"; temp_probe "$CK"; rope_probe "$CK"; } & P_ARM=$!
       fi
     fi
     wait $P_BASE ${P_ARM:+$P_ARM} ${P_MID:+$P_MID} ${P_CONF:+$P_CONF}
