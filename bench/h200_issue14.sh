@@ -403,10 +403,12 @@ a)  # ARM=dense: the data (CPU) beside issue 17's speed bench (GPU); else GPU ch
         timeout 30 $PY bench/profile_step.py --summarize "$DEV"/liger_prof/profile_*.json --baseline selective+offload \
           > "$OUT/liger.md" 2>&1
       fi
-      # OPS17=1 (2026-12-05, thirteenth session): issue 17's GPU tests of the add+RMSNorm backward's run-time
+      # OPS17=a (2026-12-05, thirteenth session): issue 17's GPU tests of the add+RMSNorm backward's run-time
       # path choice (cp.async where the opt-in shared memory fits) and both paths side by side, while the CPU
-      # builds the data (~50 s alone; the extension's build is most of the tests' ~125 s on a fresh machine)
-      if [ "${OPS17:-0}" = 1 ]; then
+      # builds the data (~50 s alone; the extension's build is most of the tests' ~125 s on a fresh machine).
+      # OPS17=b: the tests alone, in phase b beside the model's conversion and the training (no device time of
+      # their own; no timing there, the GPU is shared)
+      if [ "${OPS17:-}" = a ]; then
         guard ops_tests 200 $PY -m pytest -q -p no:cacheprovider -rs --junitxml="$OUT/ops_tests.xml" tests/ops
         guard rms_variants 290 env OUT="$OUT" $PY bench/rmsnorm_bwd_variants.py
         cp "$WORK/logs/rms_variants.out" "$OUT/rms_variants.md" 2>/dev/null
@@ -423,6 +425,12 @@ a)  # ARM=dense: the data (CPU) beside issue 17's speed bench (GPU); else GPU ch
     finish ;;
 b)  # model, data, synthetic set; the arm starts training; the parent's evals beside it
     TRAIN_END=$BUDGET; EVAL_END=$BUDGET
+    P_OPS=
+    if [ "${OPS17:-}" = b ]; then   # phase a's note above; beside the join and the conversion (CPU)
+      guard ops_tests $(( BUDGET - 20 )) $PY -m pytest -q -p no:cacheprovider -rs --junitxml="$OUT/ops_tests.xml" \
+        tests/ops &
+      P_OPS=$!
+    fi
     if [ ! -f "$DEV/smollm2/model.safetensors" ]; then
       guard join 60 $PY bench/smollm2_pieces.py join data_cache/smol --to "$DEV/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" \
         && guard convert 150 $PY bench/smollm2_pieces.py convert "$DEV/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" \
@@ -438,7 +446,7 @@ b)  # model, data, synthetic set; the arm starts training; the parent's evals be
     P_EVAL=$!
     wait $P_TRAIN; finish
     [ -n "$P_WATCH" ] && { confirm_stop_cells; wait $P_WATCH; finish; }
-    wait $P_EVAL; finish ;;
+    wait $P_EVAL ${P_OPS:+$P_OPS}; finish ;;
 c|d)  # the rest of the training, then the arm's evals (and any baseline a cut call left)
     TRAIN_END=$BUDGET; EVAL_END=$BUDGET
     P_TRAIN=

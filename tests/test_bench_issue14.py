@@ -143,12 +143,12 @@ def test_phase_a_liger_0_builds_the_data_and_leaves_the_gpu_alone(tmp_path):
     assert not any("--junitxml" in c or "profile_step.py" in c for c in cmds), cmds
 
 
-def test_phase_a_ops17_runs_the_gpu_ops_tests_and_the_rmsnorm_variants_beside_the_data(tmp_path):
-    # OPS17=1: issue 17's GPU tests and the add+RMSNorm backward's two paths, before the mixture is resolved
+def test_phase_a_ops17_a_runs_the_gpu_ops_tests_and_the_rmsnorm_variants_beside_the_data(tmp_path):
+    # OPS17=a: issue 17's GPU tests and the add+RMSNorm backward's two paths, before the mixture is resolved
     dev = tmp_path / "dev"
     (dev / "corpus").mkdir(parents=True)
     (dev / "corpus" / "manifest.json").write_text("{}")
-    cmds = _phase(tmp_path, dev, "a", LIGER="0", OPS17="1")
+    cmds = _phase(tmp_path, dev, "a", LIGER="0", OPS17="a")
     ops = [i for i, c in enumerate(cmds) if "pytest" in c and c.rstrip().endswith("tests/ops")]
     rms = [i for i, c in enumerate(cmds) if "rmsnorm_bwd_variants.py" in c]
     mix = [i for i, c in enumerate(cmds) if " data mix " in c]
@@ -275,3 +275,21 @@ def test_phase_b_confirm_stop_scores_while_training_then_the_stop(tmp_path, stdl
     assert f"--ckpt {run}/checkpoints/step_0000005 " in by["far_s0_5"]
     assert f"--ckpt {run}/checkpoints/step_0000002 " in by["far_s1_2"]
     assert not any("_temp" in c for c in cmds)
+
+
+def test_phase_b_ops17_b_runs_the_gpu_ops_tests_beside_the_training_and_no_timing(tmp_path):
+    # OPS17=b: the tests start with the phase (beside join/convert and the training), the variants bench does not
+    # run (the GPU is shared there); without OPS17 phase b runs no ops tests
+    dev = tmp_path / "dev"
+    for d in ("eval", "smollm2", "corpus", "synth_far"):
+        (dev / d).mkdir(parents=True)
+    (dev / "eval" / ".reused").touch()
+    (dev / "smollm2" / "model.safetensors").touch()
+    (dev / "corpus" / "manifest.json").write_text("{}")
+    (dev / "synth_far" / "manifest.json").write_text("{}")
+    cmds = _phase(tmp_path, dev, "b", OPS17="b")
+    ops = [i for i, c in enumerate(cmds) if "pytest" in c and c.rstrip().endswith("tests/ops")]
+    train = [i for i, c in enumerate(cmds) if c.startswith("deepspeed ")]
+    assert len(ops) == 1 and len(train) == 1 and ops[0] < train[0], cmds
+    assert not any("rmsnorm_bwd_variants" in c for c in cmds), cmds
+    assert not any("tests/ops" in c for c in _phase(tmp_path, dev, "b")), "OPS17 unset: no ops tests"
