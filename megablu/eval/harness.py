@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from ..config.schema import EvalConfig, eval_padded_len
-from ..model.string import apply_string
+from ..model.string import apply_string, string_impl
 from . import report
 from .generate import cut_at_eot, greedy_generate
 from .needle import HAYSTACK_TOKENS, Haystack
@@ -25,8 +25,9 @@ from .tasks import make_builder, needs_text_haystack
 
 log = logging.getLogger(__name__)
 
-# eval.string on a GPU: the prefill chunk when none is given (whole-prompt prefill otherwise), so each
-# chunk's masked SDPA over [keys; shifted keys] stays small (model/string.py also blocks the queries)
+# eval.string on a GPU with the sdpa kernel (MEGABLU_STRING_IMPL=sdpa): the prefill chunk when none is given,
+# so each chunk's masked SDPA over [keys; shifted keys] stays small (model/string.py also blocks the queries).
+# The flex kernel (auto on a GPU) prefills a whole prompt like the plain path: one shape, one compile.
 STRING_PREFILL_CHUNK = 4096
 
 
@@ -148,7 +149,8 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
 
     Also writes step_<step>.md and, when `plot`, step_<step>.png. Prompts of one length are
     batched max(1, batch_tokens // length) at a time; prefill runs in prefill_chunk-token
-    chunks on one rank (None: the whole prompt at once on a GPU -- 4096-token chunks with eval.string --,
+    chunks on one rank (None: the whole prompt at once on a GPU -- 4096-token chunks with eval.string's sdpa
+    kernel --,
     2048-token chunks on a CPU), and
     decoding stops when every prompt of the batch has emitted EOT. With eval.loss.data the
     held-out loss per length and on short documents is measured too (result["loss"]).
@@ -188,7 +190,8 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
                         "reaches it, so STRING changes nothing here", string.shift, longest)
     if prefill_chunk is None:   # a GPU's flash kernel prefills a whole prompt fastest; a CPU in chunks
         if next(model.parameters()).device.type == "cuda":
-            prefill_chunk = STRING_PREFILL_CHUNK if string is not None else 0
+            sdpa = string is not None and string_impl(next(model.parameters()).device) == "sdpa"
+            prefill_chunk = STRING_PREFILL_CHUNK if sdpa else 0
         else:
             prefill_chunk = 2048
 
@@ -238,7 +241,9 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
 
     res = report.make_result(cells, samples, arm=arm or out_dir.parent.name, step=step, window=window,
                              eval_cfg=eval_cfg, tokenizer_identity=tokenizer.identity, sp=sp,
-                             extra={**_model_info(model), **(info or {}), **({"loss": loss} if loss else {})})
+                             extra={**_model_info(model), **(info or {}), **({"loss": loss} if loss else {}),
+                                    **({"string_kernel": string_impl(next(model.parameters()).device, 2)}
+                                       if string is not None else {})})
     if gate_parent is not None:
         from .gate import check_gate
 

@@ -11,12 +11,24 @@ attention factor and the beyond_original choice carry over), and one attention r
 Each query sees each earlier token exactly once, so the softmax is the one over the remapped
 positions (tests/model/test_string.py checks it against explicit per-pair positions in fp64).
 
+Two kernels compute the same attention (`MEGABLU_STRING_IMPL`: auto | sdpa | flex):
+  sdpa  per block of query rows, SDPA with a boolean mask over [k_r ; k_s] (any device; the memory-
+        efficient kernel, which computes every (row, key) tile, masked or not, on repeated kv heads);
+  flex  FlexAttention over [k_r ; k_s] with a BlockMask built here from tile bounds: a tile with no
+        visible pair is skipped and one where every pair is visible runs unmasked, so the work is a
+        causal attention's plus the tiles on the two diagonals (d = 0 and d = S); GQA without
+        repeating kv heads; compiled on CUDA (one compile per shape and process).
+auto is flex on CUDA for more than one query row (a prefill), sdpa for a decode step and on a CPU.
+The two differ by the order of their float sums only (tests/model/test_string.py).
+
 `apply_string(model, cfg)` installs it on a built BluModel from outside (the eval does, for the
 eval only, like memory/apply.py installs the kernels); the KV cache then also stores k_s.
 Inference only: it is never applied to training forwards.
 """
 from __future__ import annotations
 
+import functools
+import os
 from typing import Optional
 
 import torch
@@ -27,8 +39,24 @@ import torch.nn.functional as F
 QUERY_BLOCK = 4096
 
 
+IMPLS = ("auto", "sdpa", "flex")
+ENV = "MEGABLU_STRING_IMPL"
+TILE = 128   # FlexAttention's sparse block (as ops/doc_attention.py)
+
+
+def string_impl(device: torch.device, rows: int = 2) -> str:
+    """The kernel STRING attention takes for `rows` query rows on `device` (ENV forces one)."""
+    impl = os.environ.get(ENV, "auto")
+    if impl not in IMPLS:
+        raise ValueError(f"{ENV}={impl!r}: must be one of {', '.join(IMPLS)} (auto: flex on CUDA for a prefill, "
+                         f"sdpa otherwise)")
+    if impl == "auto":
+        return "flex" if torch.device(device).type == "cuda" and rows > 1 else "sdpa"
+    return impl
+
+
 def string_attention(q: torch.Tensor, k: torch.Tensor, ks: torch.Tensor, v: torch.Tensor, shift: int,
-                     block: int = QUERY_BLOCK) -> torch.Tensor:
+                     block: int = QUERY_BLOCK, impl: Optional[str] = None) -> torch.Tensor:
     """Causal GQA attention with STRING's remapped distances.
 
     q (B, T, H, D) rotated at the positions tk - T .. tk - 1 (bottom-right aligned: a whole sequence,
@@ -41,6 +69,13 @@ def string_attention(q: torch.Tensor, k: torch.Tensor, ks: torch.Tensor, v: torc
     T, tk = q.shape[1], k.shape[1]
     if ks.shape != k.shape:
         raise ValueError(f"string attention: shifted keys {tuple(ks.shape)} != keys {tuple(k.shape)}")
+    if tk < T:
+        raise ValueError(f"string attention: {T} query rows but only {tk} keys (the keys include the queries' own)")
+    impl = impl or string_impl(q.device, T)
+    if impl == "flex":
+        return string_attention_flex(q, k, ks, v, shift)
+    if impl != "sdpa":
+        raise ValueError(f"string attention: impl must be sdpa or flex, got {impl!r}")
     off = tk - T
     # GQA: each kv head repeated for its query heads. SDPA's enable_gqa runs only the flash and math
     # kernels on CUDA, and flash takes no mask: the math kernel would hold (B, H, rows, keys) scores.
@@ -64,6 +99,77 @@ def string_attention(q: torch.Tensor, k: torch.Tensor, ks: torch.Tensor, v: torc
             keys, vals = keys.repeat_interleave(rep, dim=1), vals.repeat_interleave(rep, dim=1)
         outs.append(F.scaled_dot_product_attention(qh[:, :, r0:r1], keys, vals, attn_mask=mask))
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+    return out.transpose(1, 2)
+
+
+def tile_classes(T: int, tk: int, shift: int, tile: int = TILE,
+                 device: Optional[torch.device] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(partial, full) booleans (n_q, n_kv) over the tiles of `tile` query rows x `tile` keys of
+    [k_r ; k_s] (2 tk keys): full when every pair in the tile is visible (and the tile is whole, not cut
+    by a length), partial when some are; neither: skipped.
+
+    Query row r sits at position i = r + tk - T. Plain key j (< tk) is visible iff 0 <= i - j < S,
+    shifted key tk + j iff i - j >= S. Over a tile's rows [qa, qb] and the key positions [a, b] of one
+    part, the distance runs over [qa - b, qb - a]; a tile straddling the two parts is full only when both
+    parts are."""
+    off = tk - T
+    nq, nk = -(-T // tile), -(-2 * tk // tile)
+    r0 = torch.arange(nq, device=device) * tile
+    r1 = torch.clamp(r0 + tile, max=T) - 1
+    qa, qb = (r0 + off)[:, None], (r1 + off)[:, None]
+    c0 = torch.arange(nk, device=device) * tile
+    c1 = torch.clamp(c0 + tile, max=2 * tk) - 1
+    has_p, pa, pb = c0 < tk, c0, torch.clamp(c1, max=tk - 1)          # the plain keys' positions
+    has_s, sa, sb = c1 >= tk, torch.clamp(c0, min=tk) - tk, c1 - tk    # the shifted keys' positions
+    p_any = has_p & (qb - pa >= 0) & (qa - pb <= shift - 1)
+    p_all = ~has_p | ((qa - pb >= 0) & (qb - pa <= shift - 1))
+    s_any = has_s & (qb - sa >= shift)
+    s_all = ~has_s | (qa - sb >= shift)
+    whole = ((r1 - r0 + 1) == tile)[:, None] & ((c1 - c0 + 1) == tile)[None, :]
+    any_ = p_any | s_any
+    full = whole & any_ & p_all & s_all
+    return any_ & ~full, full
+
+
+@functools.lru_cache(maxsize=8)
+def _block_mask(T: int, tk: int, shift: int, device: str, tile: int):
+    """The BlockMask of one (T, tk, S) on one device: shared by every layer of a forward."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    partial, full = tile_classes(T, tk, shift, tile, torch.device(device))
+
+    def ordered(m):   # (n_q, n_kv) bool -> (count (1, 1, n_q), indices (1, 1, n_q, n_kv)): valid tiles first
+        num = m.sum(-1, dtype=torch.int32)
+        idx = torch.argsort((~m).to(torch.int32), dim=-1, stable=True).to(torch.int32)
+        return num[None, None].contiguous(), idx[None, None].contiguous()
+
+    off = tk - T
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        plain = kv_idx < tk
+        d = q_idx + off - torch.where(plain, kv_idx, kv_idx - tk)
+        return torch.where(plain, (d >= 0) & (d < shift), d >= shift)
+
+    kv_num, kv_idx = ordered(partial)
+    full_num, full_idx = ordered(full)
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=tile, mask_mod=mask_mod,
+                                    seq_lengths=(T, 2 * tk))
+
+
+def string_attention_flex(q: torch.Tensor, k: torch.Tensor, ks: torch.Tensor, v: torch.Tensor, shift: int,
+                          tile: int = TILE) -> torch.Tensor:
+    """string_attention's flex kernel: q (B, T, H, D), k/ks/v (B, tk, Hkv, D) -> (B, T, H, D)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from ..ops.doc_attention import _compiled_flex
+
+    T, tk = q.shape[1], k.shape[1]
+    bm = _block_mask(T, tk, int(shift), str(q.device), tile)
+    qh = q.transpose(1, 2)                                           # (B, H, T, D)
+    keys = torch.cat([k, ks], dim=1).transpose(1, 2)                 # (B, Hkv, 2 tk, D)
+    vals = torch.cat([v, v], dim=1).transpose(1, 2)
+    fn = _compiled_flex() if q.is_cuda else flex_attention
+    out = fn(qh, keys, vals, block_mask=bm, enable_gqa=q.shape[2] != k.shape[2])
     return out.transpose(1, 2)
 
 

@@ -245,3 +245,126 @@ def test_refusals():
     with pytest.raises(ValueError, match="apply_string"):
         la(x, x, x)
 
+
+
+# ---------------------------------------------------------------- the flex kernel (string_attention_flex)
+def _explicit_mask(T: int, tk: int, S: int) -> torch.Tensor:
+    """(T, 2 tk) bool over [plain keys ; shifted keys], one pair at a time (no tiles, no broadcasting)."""
+    m = torch.zeros(T, 2 * tk, dtype=torch.bool)
+    for r in range(T):
+        i = r + tk - T
+        for j in range(tk):
+            m[r, j] = 0 <= i - j < S
+            m[r, tk + j] = i - j >= S
+    return m
+
+
+@pytest.mark.parametrize("T,tk,S,tile", [(41, 41, 12, 8), (41, 41, 1, 8), (64, 64, 16, 16), (9, 41, 10, 4),
+                                         (1, 41, 10, 8), (37, 37, 60, 8), (33, 50, 7, 16), (128, 128, 40, 128),
+                                         (64, 64, 23, 8), (64, 64, 18, 8), (60, 100, 41, 16), (50, 64, 41, 16)])
+def test_tile_classes_against_every_pair(T, tk, S, tile):
+    """A skipped tile holds no visible pair, a full one only visible pairs (and is whole), and every tile
+    with a visible pair is kept: checked against the explicit mask, pair by pair."""
+    from megablu.model.string import tile_classes
+
+    partial, full = tile_classes(T, tk, S, tile)
+    m = _explicit_mask(T, tk, S)
+    for a in range(partial.shape[0]):
+        for b in range(partial.shape[1]):
+            t = m[a * tile:(a + 1) * tile, b * tile:(b + 1) * tile]
+            whole = t.shape == (tile, tile)
+            assert bool(full[a, b]) == (whole and bool(t.all())), (a, b)
+            assert bool(partial[a, b]) == (bool(t.any()) and not bool(full[a, b])), (a, b)
+    assert not (partial & full).any()
+
+
+@pytest.mark.parametrize("S,W", [(12, 3), (5, 0), (1, 0), (30, 29), (60, 5), (23, 4), (18, 1)])
+@pytest.mark.parametrize("tile", [8, 16, 128])
+def test_flex_equals_explicit_positions(S, W, tile):
+    """The flex kernel (eager on the CPU: the block mask decides which tiles count) against explicit
+    per-pair positions, fp64, GQA, an odd T and batch 2 (one block mask broadcast over the batch)."""
+    from megablu.model.string import string_attention_flex
+
+    g = torch.Generator().manual_seed(S * 100 + W)
+    T, H, Hk, D = 41, 6, 2, 16
+    rot = RotaryEmbedding(D, RopeConfig(theta=10000.0))
+    q, k, v = (torch.randn(2, T, h, D, generator=g, dtype=torch.float64) for h in (H, Hk, Hk))
+    pos = list(range(T))
+    qr, kr, ks = _rot(q, rot, pos), _rot(k, rot, pos), _rot(k, rot, [n + S - W for n in pos])
+    got = string_attention_flex(qr, kr, ks, v, S, tile=tile)
+    assert (got - reference_attention(q, k, v, rot, S, W, pos)).abs().max() < TOL
+    assert (got - string_attention(qr, kr, ks, v, S, impl="sdpa")).abs().max() < TOL
+
+
+@pytest.mark.parametrize("T", [1, 9])
+def test_flex_bottom_right_aligned(T):
+    from megablu.model.string import string_attention_flex
+
+    g = torch.Generator().manual_seed(T)
+    tk, H, Hk, D, S, W = 41, 4, 2, 8, 10, 2
+    rot = RotaryEmbedding(D, RopeConfig(theta=500.0))
+    q = torch.randn(1, T, H, D, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(1, tk, Hk, D, generator=g, dtype=torch.float64) for _ in range(2))
+    pos = list(range(tk - T, tk))
+    got = string_attention_flex(_rot(q, rot, pos), _rot(k, rot, range(tk)),
+                                _rot(k, rot, [n + S - W for n in range(tk)]), v, S, tile=8)
+    assert (got - reference_attention(q, k, v, rot, S, W, pos)).abs().max() < TOL
+
+
+@pytest.mark.parametrize("rope", [None, YARN_BO], ids=["rope", "yarn-beyond-original"])
+def test_model_and_cache_with_the_flex_kernel(rope, monkeypatch):
+    """MEGABLU_STRING_IMPL=flex through the model: the whole forward equals explicit positions, and the
+    cache path (chunks of 7, then decode steps) equals the whole forward."""
+    from megablu.model import string as string_mod
+
+    monkeypatch.setenv(string_mod.ENV, "flex")
+    seen = []
+    real = string_mod.string_attention_flex
+    monkeypatch.setattr(string_mod, "string_attention_flex",
+                        lambda *a, **kw: seen.append(a[0].shape[1]) or real(*a, **kw))
+    m = tiny(rope, seed=1)
+    ids = torch.randint(0, 61, (2, 30), generator=torch.Generator().manual_seed(0))
+    S, W = 9, 2
+    apply_string(m, StringConfig(shift=S, local=W))
+    with torch.no_grad():
+        full = m(ids)
+        assert (full - reference_model(m, ids, S, W, rope_len=30 if rope else None)).abs().max() < TOL
+        cache = KVCache(m.cfg.n_layers, rope_len=30)
+        got = torch.cat([m(ids[:, s:s + 7], cache=cache) for s in range(0, 30, 7)], 1)
+    assert (got - full).abs().max() < TOL
+    assert seen and set(seen) >= {30, 7, 2}, seen   # forced: whole forward, chunks, and the last chunk of 2
+
+
+def test_impl_choice(monkeypatch):
+    from megablu.model.string import ENV, string_impl
+
+    monkeypatch.delenv(ENV, raising=False)
+    assert string_impl(torch.device("cpu"), 4096) == "sdpa"
+    assert string_impl(torch.device("cuda"), 4096) == "flex" and string_impl(torch.device("cuda"), 1) == "sdpa"
+    monkeypatch.setenv(ENV, "sdpa")
+    assert string_impl(torch.device("cuda"), 4096) == "sdpa"
+    monkeypatch.setenv(ENV, "flash")
+    with pytest.raises(ValueError, match="MEGABLU_STRING_IMPL='flash'"):
+        string_impl(torch.device("cpu"))
+    x = torch.zeros(1, 3, 2, 8)
+    with pytest.raises(ValueError, match="impl must be sdpa or flex"):
+        string_attention(x, x, x, x, 2, impl="dense")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled flex kernel needs CUDA (device runs)")
+@pytest.mark.parametrize("T,tk", [(4096, 4096), (1000, 5000)])
+def test_flex_matches_sdpa_on_cuda_bf16(T, tk):
+    """On the GPU, compiled: flex and the masked-SDPA kernel agree in bf16 (SmolLM2's 9/3 heads, d 64),
+    against an fp32 reference of the same inputs."""
+    from megablu.model.string import string_attention_flex
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, T, 9, 64, device="cuda", generator=g)
+    k, ks, v = (torch.randn(1, tk, 3, 64, device="cuda", generator=g) for _ in range(3))
+    S = 1500
+    ref = string_attention(q, k, ks, v, S, impl="sdpa")                     # fp32
+    b = [x.bfloat16() for x in (q, k, ks, v)]
+    got_flex = string_attention_flex(*b, S).float()
+    got_sdpa = string_attention(*b, S, impl="sdpa").float()
+    err_flex, err_sdpa = (got_flex - ref).abs().max().item(), (got_sdpa - ref).abs().max().item()
+    assert err_flex < 2e-2 and err_flex < 2 * err_sdpa + 1e-3, (err_flex, err_sdpa)
