@@ -119,6 +119,9 @@ if [ -n "$SAVED_CONFIRM" ] && [ "$SAVED_CONFIRM" != "$CONFIRM" ]; then
   echo "CONFIRM=$CONFIRM but this device's run was started with CONFIRM=$SAVED_CONFIRM ($DEV/.confirm)" >&2; exit 2
 fi
 echo "$CONFIRM" > "$DEV/.confirm"
+# STRING's kernel for every eval of this run: phase a checks the flex kernel (the default on CUDA) on this GPU and
+# writes sdpa here when its tests or its bench fail, so the STRING cells of the later phases take the other kernel
+[ -f "$DEV/.string_impl" ] && export MEGABLU_STRING_IMPL=$(cat "$DEV/.string_impl")
 KEEP_EVERY=${KEEP_EVERY:-25} CONFIRM_FROM=${CONFIRM_FROM:-75} CONFIRM_S0=${CONFIRM_S0:-125}   # steps
 TRAIN_SET=()
 if [ "$CONFIRM" = 1 ]; then   # every 25th checkpoint kept (repeated on resume: the same overrides)
@@ -402,6 +405,15 @@ a)  # ARM=dense: the data (CPU) beside issue 17's speed bench (GPU); else GPU ch
           --timed 2 --micro-reps 3 --no-micro --out "$DEV/liger_prof" --budget-s $(( 300 - $(now) - 5 ))
         timeout 30 $PY bench/profile_step.py --summarize "$DEV"/liger_prof/profile_*.json --baseline selective+offload \
           > "$OUT/liger.md" 2>&1
+      fi
+      # STRING's flex kernel (2026-12-05, thirteenth session: the masked-SDPA kernel made a STRING cell 3.1x a
+      # plain one on an H100; flex skips the empty tiles): its GPU tests and its bench at 32744 while the CPU
+      # builds the data; a failure of either sends the later phases' STRING cells to the sdpa kernel (above)
+      if [ "${STRING_CHECK:-1}" = 1 ]; then
+        guard string_gpu 150 $PY -m pytest -q -p no:cacheprovider -rs tests/model/test_string.py -k cuda \
+          || echo sdpa > "$DEV/.string_impl"
+        guard string_bench 230 env OUT="$OUT" $PY bench/string_bench.py || echo sdpa > "$DEV/.string_impl"
+        cp "$WORK/logs/string_bench.out" "$OUT/string_bench.md" 2>/dev/null
       fi
       # OPS17=a (2026-12-05, thirteenth session): issue 17's GPU tests of the add+RMSNorm backward's run-time
       # path choice (cp.async where the opt-in shared memory fits) and both paths side by side, while the CPU

@@ -15,6 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FAKE_TIMEOUT = """#!/bin/bash
 shift 2   # --kill-after=10 SECONDS
 echo "$*" >> "$REHEARSE_LOG"
+[ -n "${MEGABLU_STRING_IMPL:-}" ] && echo "$MEGABLU_STRING_IMPL $*" >> "$REHEARSE_LOG.env"
+[ -n "${REHEARSE_FAIL:-}" ] && [[ "$*" == *"$REHEARSE_FAIL"* ]] && exit 1
 case "$*" in   # what runs side by side: the reuse check outlasts the synthetic set
   *" data synth "*) sleep "${REHEARSE_SLOW_S:-0}" ;;
   *prompts-match*) sleep "$(( ${REHEARSE_SLOW_S:-0} * 3 / 2 ))" ;;
@@ -293,3 +295,27 @@ def test_phase_b_ops17_b_runs_the_gpu_ops_tests_beside_the_training_and_no_timin
     assert len(ops) == 1 and len(train) == 1 and ops[0] < train[0], cmds
     assert not any("rmsnorm_bwd_variants" in c for c in cmds), cmds
     assert not any("tests/ops" in c for c in _phase(tmp_path, dev, "b")), "OPS17 unset: no ops tests"
+
+
+def test_phase_a_checks_string_s_flex_kernel_and_a_failure_moves_later_phases_to_sdpa(tmp_path, stdlib_data):
+    dev = tmp_path / "dev"
+    (dev / "corpus").mkdir(parents=True)
+    (dev / "corpus" / "manifest.json").write_text("{}")
+    cmds = _phase(tmp_path, dev, "a", LIGER="0")
+    idx = {name: [i for i, c in enumerate(cmds) if key in c]
+           for name, key in (("tests", "tests/model/test_string.py -k cuda"), ("bench", "bench/string_bench.py"),
+                             ("mix", " data mix "))}
+    assert all(len(v) == 1 for v in idx.values()), cmds
+    assert idx["tests"][0] < idx["bench"][0] < idx["mix"][0]
+    assert not (dev / ".string_impl").exists()      # both passed: the default (flex) stays
+    assert not any("string_bench" in c for c in _phase(tmp_path, dev, "a", LIGER="0", STRING_CHECK="0"))
+
+    _phase(tmp_path, dev, "a", LIGER="0", REHEARSE_FAIL="bench/string_bench.py")
+    assert (dev / ".string_impl").read_text().strip() == "sdpa"
+    (dev / "eval").mkdir(exist_ok=True)
+    (dev / "eval" / ".reused").touch()
+    _train(dev, stdlib_data)                            # finished: phase d runs the arm's cells
+    log = tmp_path / "cmds_d.log.env"
+    _phase(tmp_path, dev, "d")
+    string_cells = [c for c in log.read_text().splitlines() if "eval.string.shift" in c]
+    assert string_cells and all(c.startswith("sdpa ") for c in string_cells), string_cells

@@ -42,6 +42,7 @@ QUERY_BLOCK = 4096
 IMPLS = ("auto", "sdpa", "flex")
 ENV = "MEGABLU_STRING_IMPL"
 TILE = 128   # FlexAttention's sparse block (as ops/doc_attention.py)
+RECOMPILE_LIMIT = 64   # compiled shapes of the flex kernel per process
 
 
 def string_impl(device: torch.device, rows: int = 2) -> str:
@@ -168,8 +169,13 @@ def string_attention_flex(q: torch.Tensor, k: torch.Tensor, ks: torch.Tensor, v:
     qh = q.transpose(1, 2)                                           # (B, H, T, D)
     keys = torch.cat([k, ks], dim=1).transpose(1, 2)                 # (B, Hkv, 2 tk, D)
     vals = torch.cat([v, v], dim=1).transpose(1, 2)
-    fn = _compiled_flex() if q.is_cuda else flex_attention
-    out = fn(qh, keys, vals, block_mask=bm, enable_gqa=q.shape[2] != k.shape[2])
+    gqa = q.shape[2] != k.shape[2]
+    if not q.is_cuda:   # eager (the tests): materialises the (T, 2 tk) scores, so short sequences only
+        return flex_attention(qh, keys, vals, block_mask=bm, enable_gqa=gqa).transpose(1, 2)
+    # one compile per shape (an eval has a few: each length, the last batch); past the recompile limit dynamo
+    # would run flex eagerly, whose (B, H, T, 2 tk) fp32 scores at 32k are tens of GB: fail loudly instead
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
+        out = _compiled_flex()(qh, keys, vals, block_mask=bm, enable_gqa=gqa)
     return out.transpose(1, 2)
 
 
