@@ -119,3 +119,24 @@ def test_results_of_another_string_setting_are_another_arm():
         merge_results([_res("a", None, 1024), _res("a", s, 2048)])
     md = markdown(merge_results([_res("a"), _res("a-string", s)]))
     assert "| a@5 |" in md and "| a-string@5 +string(S=512,W=64) |" in md
+
+
+def test_run_eval_with_either_string_kernel_gives_the_same_answers_and_records_which_ran(tmp_path, byte_tok,
+                                                                                     monkeypatch):
+    """MEGABLU_STRING_IMPL=flex (eager on the CPU) and sdpa: the same generated text for every prompt, and the
+    result says which kernel ran (string_kernel); without STRING there is no such field."""
+    from megablu.model import string as string_mod
+
+    cfg = EvalConfig(lengths=[300], n=3, max_new=4, pad=32, string={"shift": 64, "local": 8})
+    outs = {}
+    for impl in ("sdpa", "flex"):
+        monkeypatch.setenv(string_mod.ENV, impl)
+        m = tiny_model(seed=5).double()
+        res = harness.run_eval(m, byte_tok, cfg, 512, step=1, out_dir=tmp_path / impl, rank=0, plot=False)
+        assert res["string_kernel"] == impl
+        outs[impl] = [s["output"] for s in res["samples"]]
+    assert outs["sdpa"] == outs["flex"] and len(outs["sdpa"]) == 3
+    monkeypatch.delenv(string_mod.ENV)
+    res = harness.run_eval(tiny_model(seed=5), byte_tok, EvalConfig(lengths=[300], n=1, max_new=4, pad=32), 512,
+                           step=1, out_dir=tmp_path / "plain", rank=0, plot=False)
+    assert "string_kernel" not in res
