@@ -300,7 +300,8 @@ def register(sub) -> None:
     e.add_argument("--batch-tokens", type=int, help="prompts per batch = max(1, this // length); default 262144 "
                    "on a GPU, 16384 on a CPU")
     e.add_argument("--prefill-chunk", type=int, help="prefill in chunks of this many tokens through the KV cache; "
-                   "0 = the whole prompt at once; default: whole on a GPU, 2048 on a CPU")
+                   "0 = the whole prompt at once; default: whole on a GPU (4096 with eval.string's sdpa kernel), "
+                   "2048 on a CPU")
     e.add_argument("--no-plot", action="store_true", help="skip step_<N>.png (json and md are always written)")
     e.set_defaults(func=_eval)
 
