@@ -137,13 +137,9 @@ def _block_mask(T: int, tk: int, shift: int, device: str, tile: int):
     """The BlockMask of one (T, tk, S) on one device: shared by every layer of a forward."""
     from torch.nn.attention.flex_attention import BlockMask
 
+    from ..ops.doc_attention import tile_lists
+
     partial, full = tile_classes(T, tk, shift, tile, torch.device(device))
-
-    def ordered(m):   # (n_q, n_kv) bool -> (count (1, 1, n_q), indices (1, 1, n_q, n_kv)): valid tiles first
-        num = m.sum(-1, dtype=torch.int32)
-        idx = torch.argsort((~m).to(torch.int32), dim=-1, stable=True).to(torch.int32)
-        return num[None, None].contiguous(), idx[None, None].contiguous()
-
     off = tk - T
 
     def mask_mod(b, h, q_idx, kv_idx):
@@ -151,8 +147,9 @@ def _block_mask(T: int, tk: int, shift: int, device: str, tile: int):
         d = q_idx + off - torch.where(plain, kv_idx, kv_idx - tk)
         return torch.where(plain, (d >= 0) & (d < shift), d >= shift)
 
-    kv_num, kv_idx = ordered(partial)
-    full_num, full_idx = ordered(full)
+    # one (1, 1, n_q, n_kv) map: broadcast over the batch and the heads
+    kv_num, kv_idx = tile_lists(partial[None, None])
+    full_num, full_idx = tile_lists(full[None, None])
     return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=tile, mask_mod=mask_mod,
                                     seq_lengths=(T, 2 * tk))
 

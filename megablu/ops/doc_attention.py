@@ -69,6 +69,14 @@ def _varlen_fn():
     return varlen_attn
 
 
+def tile_lists(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (..., n_q, n_kv) boolean tile map -> BlockMask.from_kv_blocks' (count (..., n_q), indices
+    (..., n_q, n_kv)) int32: each q tile's valid kv tiles first, in ascending order."""
+    num = m.sum(-1, dtype=torch.int32)
+    idx = torch.argsort((~m).to(torch.int32), dim=-1, stable=True).to(torch.int32)
+    return num, idx.contiguous()
+
+
 @functools.lru_cache(maxsize=1)
 def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
@@ -151,20 +159,13 @@ class DocMask:
         from torch.nn.attention.flex_attention import BlockMask
 
         partial, full = self._block_classes()
-
-        def ordered(m):
-            # (B, 1, n, n) bool -> (count (B, 1, n), indices (B, 1, n, n)): valid tiles first, ascending
-            num = m.sum(-1, dtype=torch.int32)
-            idx = torch.argsort((~m).to(torch.int32), dim=-1, stable=True).to(torch.int32)
-            return num, idx.contiguous()
-
         doc = self.doc_ids
 
         def mask_mod(b, h, q, kv):
             return (q >= kv) & (doc[b, q] == doc[b, kv])
 
-        kv_num, kv_idx = ordered(partial)
-        full_num, full_idx = ordered(full)
+        kv_num, kv_idx = tile_lists(partial)
+        full_num, full_idx = tile_lists(full)
         return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=self.block,
                                         mask_mod=mask_mod, seq_lengths=(self.S, self.S))
 

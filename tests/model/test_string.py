@@ -15,7 +15,7 @@ from megablu.eval.generate import greedy_generate, new_cache
 from megablu.model import decoder
 from megablu.model.decoder import BluModel, KVCache
 from megablu.model.rope import RotaryEmbedding
-from megablu.model.string import apply_string, string_attention
+from megablu.model.string import apply_string, string_attention, string_attention_flex
 from megablu.ops.rope import rope_reference
 
 TOL = 1e-10   # fp64 throughout: the remapped and the explicit computation differ by rounding only
@@ -49,11 +49,22 @@ def reference_attention(q, k, v, rot, S, W, positions, rope_len=None):
     return out
 
 
-@pytest.mark.parametrize("S,W", [(12, 3), (5, 0), (1, 0), (30, 29), (60, 5)])
-@pytest.mark.parametrize("block", [4096, 7])
-def test_attention_equals_explicit_positions(S, W, block):
-    """Whole sequence (T == tk), GQA (6 query heads on 2 kv heads), an odd T; block=7 splits the
-    queries into blocks the way a 32k forward is split. S=60 > T: every distance is plain."""
+# (kernel, its block): sdpa's query-row blocks (7 splits the queries the way a 32k forward is split), flex's tiles
+# (8 and 16 make many tiles, with full and skipped ones, out of these short sequences)
+KERNELS = [("sdpa", 4096), ("sdpa", 7), ("flex", 8), ("flex", 16), ("flex", 128)]
+
+
+def _attend(kind, size, q, k, ks, v, S):
+    if kind == "sdpa":
+        return string_attention(q, k, ks, v, S, block=size, impl="sdpa")
+    return string_attention_flex(q, k, ks, v, S, tile=size)   # eager on the CPU: full tiles skip mask_mod
+
+
+@pytest.mark.parametrize("S,W", [(12, 3), (5, 0), (1, 0), (30, 29), (60, 5), (23, 4), (18, 1)])
+@pytest.mark.parametrize("kind,size", KERNELS)
+def test_attention_equals_explicit_positions(S, W, kind, size):
+    """Whole sequence (T == tk), GQA (6 query heads on 2 kv heads), an odd T, batch 2 (flex: one block mask
+    broadcast over the batch). S=60 > T: every distance is plain."""
     g = torch.Generator().manual_seed(S * 100 + W)
     T, H, Hk, D = 41, 6, 2, 16
     rot = RotaryEmbedding(D, RopeConfig(theta=10000.0))
@@ -61,13 +72,14 @@ def test_attention_equals_explicit_positions(S, W, block):
     pos = list(range(T))
     qr, kr = _rot(q, rot, pos), _rot(k, rot, pos)
     ks = _rot(k, rot, [n + S - W for n in pos])
-    got = string_attention(qr, kr, ks, v, S, block=block)
+    got = _attend(kind, size, qr, kr, ks, v, S)
     ref = reference_attention(q, k, v, rot, S, W, pos)
     assert (got - ref).abs().max() < TOL
 
 
 @pytest.mark.parametrize("T", [1, 9])
-def test_attention_bottom_right_aligned(T):
+@pytest.mark.parametrize("kind,size", [("sdpa", 4), ("flex", 8)])
+def test_attention_bottom_right_aligned(T, kind, size):
     """A decode step (T == 1) and a chunk of 9 new queries after a cached past of 32 keys."""
     g = torch.Generator().manual_seed(T)
     tk, H, Hk, D, S, W = 41, 4, 2, 8, 10, 2
@@ -75,8 +87,8 @@ def test_attention_bottom_right_aligned(T):
     q = torch.randn(1, T, H, D, generator=g, dtype=torch.float64)
     k, v = (torch.randn(1, tk, Hk, D, generator=g, dtype=torch.float64) for _ in range(2))
     pos = list(range(tk - T, tk))
-    got = string_attention(_rot(q, rot, pos), _rot(k, rot, range(tk)), _rot(k, rot, [n + S - W for n in range(tk)]),
-                           v, S, block=4)
+    got = _attend(kind, size, _rot(q, rot, pos), _rot(k, rot, range(tk)),
+                  _rot(k, rot, [n + S - W for n in range(tk)]), v, S)
     assert (got - reference_attention(q, k, v, rot, S, W, pos)).abs().max() < TOL
 
 
@@ -276,39 +288,20 @@ def test_tile_classes_against_every_pair(T, tk, S, tile):
             assert bool(full[a, b]) == (whole and bool(t.all())), (a, b)
             assert bool(partial[a, b]) == (bool(t.any()) and not bool(full[a, b])), (a, b)
     assert not (partial & full).any()
+    # the BlockMask the kernel gets lists exactly these tiles, partial as partial and full as full (an eager flex on
+    # the CPU applies mask_mod to every pair, so only the compiled kernel would feel a tile listed in the wrong place)
+    from megablu.model.string import _block_mask
 
+    bm = _block_mask(T, tk, S, "cpu", tile)
 
-@pytest.mark.parametrize("S,W", [(12, 3), (5, 0), (1, 0), (30, 29), (60, 5), (23, 4), (18, 1)])
-@pytest.mark.parametrize("tile", [8, 16, 128])
-def test_flex_equals_explicit_positions(S, W, tile):
-    """The flex kernel (eager on the CPU: the block mask decides which tiles count) against explicit
-    per-pair positions, fp64, GQA, an odd T and batch 2 (one block mask broadcast over the batch)."""
-    from megablu.model.string import string_attention_flex
+    def listed(num, idx):
+        got = torch.zeros_like(partial)
+        for a in range(got.shape[0]):
+            got[a, idx[0, 0, a, :num[0, 0, a]].long()] = True
+        return got
 
-    g = torch.Generator().manual_seed(S * 100 + W)
-    T, H, Hk, D = 41, 6, 2, 16
-    rot = RotaryEmbedding(D, RopeConfig(theta=10000.0))
-    q, k, v = (torch.randn(2, T, h, D, generator=g, dtype=torch.float64) for h in (H, Hk, Hk))
-    pos = list(range(T))
-    qr, kr, ks = _rot(q, rot, pos), _rot(k, rot, pos), _rot(k, rot, [n + S - W for n in pos])
-    got = string_attention_flex(qr, kr, ks, v, S, tile=tile)
-    assert (got - reference_attention(q, k, v, rot, S, W, pos)).abs().max() < TOL
-    assert (got - string_attention(qr, kr, ks, v, S, impl="sdpa")).abs().max() < TOL
-
-
-@pytest.mark.parametrize("T", [1, 9])
-def test_flex_bottom_right_aligned(T):
-    from megablu.model.string import string_attention_flex
-
-    g = torch.Generator().manual_seed(T)
-    tk, H, Hk, D, S, W = 41, 4, 2, 8, 10, 2
-    rot = RotaryEmbedding(D, RopeConfig(theta=500.0))
-    q = torch.randn(1, T, H, D, generator=g, dtype=torch.float64)
-    k, v = (torch.randn(1, tk, Hk, D, generator=g, dtype=torch.float64) for _ in range(2))
-    pos = list(range(tk - T, tk))
-    got = string_attention_flex(_rot(q, rot, pos), _rot(k, rot, range(tk)),
-                                _rot(k, rot, [n + S - W for n in range(tk)]), v, S, tile=8)
-    assert (got - reference_attention(q, k, v, rot, S, W, pos)).abs().max() < TOL
+    assert torch.equal(listed(bm.kv_num_blocks, bm.kv_indices), partial)
+    assert torch.equal(listed(bm.full_kv_num_blocks, bm.full_kv_indices), full)
 
 
 @pytest.mark.parametrize("rope", [None, YARN_BO], ids=["rope", "yarn-beyond-original"])
@@ -356,8 +349,6 @@ def test_impl_choice(monkeypatch):
 def test_flex_matches_sdpa_on_cuda_bf16(T, tk):
     """On the GPU, compiled: flex and the masked-SDPA kernel agree in bf16 (SmolLM2's 9/3 heads, d 64),
     against an fp32 reference of the same inputs."""
-    from megablu.model.string import string_attention_flex
-
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(1, T, 9, 64, device="cuda", generator=g)
     k, ks, v = (torch.randn(1, tk, 3, 64, device="cuda", generator=g) for _ in range(3))
