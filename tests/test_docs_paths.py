@@ -1,0 +1,43 @@
+"""Every committed result the docs point to is in the repo: each `docs/img/...` and
+`bench/results/...` path named in README.md and docs/*.md exists (a glob or `{a,b}` form: at
+least one match). A device call's carry limit has us take these files out of the working tree
+for a while; a commit made in that window deleted twelve figures and ten result tarballs once
+(2026-12-06, restored from history). This test makes such a commit fail CI."""
+import glob
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PATH_RE = re.compile(r"(?:docs/img|bench/results)/[A-Za-z0-9_./<>*{}-]+")
+
+
+def named_paths() -> dict[str, list[str]]:
+    """path pattern -> the docs naming it (trailing punctuation and a cut `{a,b}` list trimmed)."""
+    found: dict[str, list[str]] = {}
+    for doc in DOCS:
+        for m in PATH_RE.findall(doc.read_text(encoding="utf-8")):
+            p = m.rstrip(".,;:)")
+            if "{" in p:                      # `name.{md,json}`: the prefix must match something
+                p = p.split("{", 1)[0] + "*"
+            if "<" in p:                      # a placeholder (`<arm>`): not a committed path
+                continue
+            found.setdefault(p, []).append(doc.name)
+    return found
+
+
+def test_docs_name_some_paths():
+    """The scan sees the docs' results (a broken regex would pass the test below vacuously)."""
+    paths = named_paths()
+    assert any(p.startswith("docs/img/") for p in paths), sorted(paths)
+    assert any(p.endswith(".tar.gz") for p in paths), sorted(paths)
+
+
+@pytest.mark.parametrize("pattern", sorted(named_paths()))
+def test_named_path_exists(pattern):
+    hits = glob.glob(str(ROOT / pattern))
+    assert hits, (f"{pattern} is named in {sorted(set(named_paths()[pattern]))} but is not in the repo: "
+                  f"restore it (git log --diff-filter=D -- '{pattern}'; git checkout <commit>~1 -- <path>) "
+                  "or correct the doc")
