@@ -1,0 +1,94 @@
+"""The CUDA extension's own argument checks raise RuntimeError with their message, each call in
+a process of its own.
+
+Why a process per case: on an H100 (2026-12-06, torch 2.11.0+cu130) `rmsnorm_bwd(..., path=2)`,
+whose first check must throw "path must be", killed the whole pytest run with SIGSEGV, so
+none of the later tests/ops ran. Here a crash fails one case, with its signal and the
+faulthandler's stack, and the cases say whether every TORCH_CHECK throw out of the extension
+crashes (the build: exceptions across the module) or only that one (its call).
+
+The extension's Python callers validate before calling it (megablu/ops/*.py: an unsupported shape or
+dtype takes the torch path), so these checks are the second line; they must still fail loudly and
+never take the process down."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .helpers import cuda
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SETUP = """
+import torch
+from megablu.ops import builder
+ext = builder.load()
+g = torch.Generator(device="cpu").manual_seed(0)
+def t(*shape, dtype=torch.bfloat16, device="cuda"):
+    return torch.randn(*shape, generator=g).to(device, dtype)
+x, res, w = t(64, 1024), t(64, 1024), t(1024)
+y, r, rstd = ext.rmsnorm_fwd(x, res, w, 1e-5)
+gy, gr = t(64, 1024), t(64, 1024)
+torch.cuda.synchronize()
+"""
+
+# (case, the call that must raise, a fragment of its message)
+CASES = [
+    ("rmsnorm_fwd_1d", "ext.rmsnorm_fwd(x.flatten(), None, w, 1e-5)", "x must be (rows, d)"),
+    ("rmsnorm_bwd_grad_on_cpu", "ext.rmsnorm_bwd(gy.cpu(), gr, r, w, rstd)", "grad_y must be on"),
+    ("rmsnorm_bwd_rstd_dtype", "ext.rmsnorm_bwd(gy, gr, r, w, rstd.bfloat16())", "rstd must be fp32"),
+    ("rmsnorm_bwd_path_2", "ext.rmsnorm_bwd(gy, gr, r, w, rstd, path=2)", "path must be"),
+    ("swiglu_fwd_shape", "ext.swiglu_fwd(t(8, 64), t(8, 32))", "swiglu: up must be (rows, cols)"),
+    ("rope_cpu", "ext.rope_apply(t(1, 8, 2, 64, device='cpu'), t(1, 8, 2, 64, device='cpu'), "
+                 "t(1, 8, 64, device='cpu'), t(1, 8, 64, device='cpu'), False)", "CUDA tensors expected"),
+]
+
+PROBE = """
+import json
+try:
+    {call}
+except RuntimeError as e:
+    print(json.dumps({{"raised": "RuntimeError", "msg": str(e).splitlines()[0]}}))
+except Exception as e:
+    print(json.dumps({{"raised": type(e).__name__, "msg": str(e).splitlines()[0]}}))
+else:
+    print(json.dumps({{"raised": None}}))
+"""
+
+
+def run_probe(call: str, setup: str = SETUP) -> tuple[int, str, dict]:
+    """Run `call` after `setup` in a fresh interpreter: (rc, stderr, what it raised)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    p = subprocess.run([sys.executable, "-X", "faulthandler", "-c", (setup + PROBE).format(call=call)], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=600)
+    lines = p.stdout.strip().splitlines()
+    return p.returncode, p.stderr, (json.loads(lines[-1]) if p.returncode == 0 and lines else {})
+
+
+@cuda
+@pytest.mark.parametrize("case,call,fragment", CASES, ids=[c[0] for c in CASES])
+def test_extension_check_raises_in_its_own_process(case, call, fragment):
+    rc, err, got = run_probe(call)
+    assert rc == 0, (f"{case}: `{call}` ended the process with rc {rc}{' (signal %d)' % -rc if rc < 0 else ''} "
+                     f"instead of raising; stderr tail:\n{err[-3000:]}")
+    assert got["raised"] == "RuntimeError" and fragment in got["msg"], (case, got)
+
+
+def test_probe_cases_are_python():
+    """The probes compile as Python (a typo in a case would read as the extension's failure on a GPU)."""
+    for case, call, _ in CASES:
+        compile((SETUP + PROBE).format(call=call), case, "exec")
+
+
+def test_probe_tells_a_raise_from_a_crash():
+    """The harness on CPU: a raise comes back with its type and message, a SIGSEGV as rc -11 with
+    the faulthandler's stack, a call that does not raise as raised None."""
+    rc, _, got = run_probe("torch.zeros(2) @ torch.zeros(3)", setup="import torch\n")
+    assert rc == 0 and got["raised"] == "RuntimeError" and "size" in got["msg"], got
+    rc, err, _ = run_probe("os.kill(os.getpid(), signal.SIGSEGV)", setup="import os, signal\n")
+    assert rc == -11 and "Segmentation fault" in err, (rc, err[-500:])
+    rc, _, got = run_probe("pass", setup="")
+    assert rc == 0 and got["raised"] is None
