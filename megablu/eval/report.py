@@ -442,6 +442,21 @@ def _offsets(k: int, step: float = 0.06) -> list[float]:
     return [(j - (k - 1) / 2) * step for j in range(k)]
 
 
+def panel_x(lengths_by_arm: dict[int, list[int]]) -> dict[int, list[float]]:
+    """x of each point in one panel: log2(length) plus a sideways offset shared out among the arms
+    that have points in this panel only (a panel where 2 of 9 arms have cells sets those 2 side by
+    side at the length, not at the two ends of nine arms' spread)."""
+    offs = _offsets(len(lengths_by_arm))
+    return {j: [math.log2(L) + o for L in Ls] for (j, Ls), o in zip(lengths_by_arm.items(), offs)}
+
+
+def panel_xlim(lengths: Sequence[int], k: int) -> tuple[float, float]:
+    """x limits around a panel's lengths (log2) with room for k arms' offsets, at least half a
+    doubling each side, so a one-length panel has its points over its tick, centred."""
+    pad = max(0.5, abs(_offsets(k)[0]) + 0.25) if k else 0.5
+    return math.log2(lengths[0]) - pad, math.log2(lengths[-1]) + pad
+
+
 def _n_note(cells: list[dict]) -> Optional[str]:
     ns = sorted({c["n"] for c in cells})
     return f"n={ns[0]} per cell" if len(ns) == 1 else None
@@ -459,11 +474,9 @@ def plot(results: Sequence[dict], path: Path, task: Optional[str] = None) -> Pat
     cols = min(4, len(panels))
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4.2 * rows), squeeze=False)
-    offs = _offsets(len(results))
     for ax, (kind, t) in zip(axes.flat, panels):
-        lengths = set()
+        series = {}                       # arm index -> its points in this panel
         for j, r in enumerate(results):
-            sty = dict(marker=_MARKERS[j % len(_MARKERS)], ls=_STYLES[j % len(_STYLES)], label=_label(r), ms=5)
             if kind == "task":
                 pts = [(c["length"], c["acc_pp"], c["ci_pp"][0], c["ci_pp"][1], c["n"])
                        for c in sorted(cells_by(r, t).values(), key=lambda c: c["length"])]
@@ -474,16 +487,21 @@ def plot(results: Sequence[dict], path: Path, task: Optional[str] = None) -> Pat
             else:
                 lo = r.get("loss") or {}
                 pts = [(c["length"], c["loss"], c["loss"], c["loss"], c["n"]) for c in lo.get("by_length", [])]
-            if not pts:
-                continue
-            lengths |= {p[0] for p in pts}
-            x = [math.log2(p[0]) + offs[j] for p in pts]
+            if pts:
+                series[j] = pts
+        xs = panel_x({j: [p[0] for p in pts] for j, pts in series.items()})
+        lengths = {p[0] for pts in series.values() for p in pts}
+        for j, pts in series.items():
+            r, x = results[j], xs[j]
+            sty = dict(marker=_MARKERS[j % len(_MARKERS)], ls=_STYLES[j % len(_STYLES)], label=_label(r), ms=5)
             line, = ax.plot(x, [p[1] for p in pts], **sty)
             if kind != "loss":
                 ax.fill_between(x, [p[2] for p in pts], [p[3] for p in pts], alpha=0.15, color=line.get_color())
             if kind == "task" and _n_note([cells_by(r, t)[p[0]] for p in pts]) is None:
                 for xi, p in zip(x, pts):
                     ax.annotate(f"n={p[4]}", (xi, p[1]), fontsize=6, xytext=(2, 3), textcoords="offset points")
+        if lengths:
+            ax.set_xlim(*panel_xlim(sorted(lengths), len(series)))
         ls = sorted(lengths)
         ax.set_xticks([math.log2(L) for L in ls], [str(L) for L in ls], rotation=30)
         ax.set_xlabel("prompt length (tokens, log2 axis)")
