@@ -288,6 +288,28 @@ def _model_configs(manifest: dict, run_dir: Path):
     return ModelConfig(**model), RopeConfig(**rope), window
 
 
+def _string_evals(run_dir: Path) -> list[str]:
+    """Where this run was evaluated with STRING (eval.string in its resolved config, or in an eval
+    result under its eval/). STRING is an inference change in megablu's attention that no transformers
+    setting reproduces, so an export of these weights scores as the plain model does."""
+    import yaml
+
+    where = []
+    cfg_file = run_dir / "config.resolved.yaml"
+    if cfg_file.exists():
+        s = ((yaml.safe_load(cfg_file.read_text()) or {}).get("eval") or {}).get("string")
+        if s:
+            where.append(f"{cfg_file.name} (eval.string={s})")
+    for f in sorted((run_dir / "eval").glob("step_*.json")):
+        try:
+            s = (json.loads(f.read_text()).get("eval") or {}).get("string")
+        except (OSError, ValueError):
+            continue
+        if s:
+            where.append(f"eval/{f.name} (eval.string={s})")
+    return where
+
+
 def export_checkpoint(src: PathLike, out: PathLike, force: bool = False,
                       rope_as_yarn: bool = False) -> tuple[Path, dict, Path]:
     """HF-loadable dir (model.safetensors + config.json) from a step or a run's newest verified step.
@@ -295,7 +317,8 @@ def export_checkpoint(src: PathLike, out: PathLike, force: bool = False,
     Returns (out dir, source manifest, run dir). Written into a temp dir, then renamed.
     A rope.yarn.apply=beyond_original model is refused (no transformers rope reproduces it,
     model/hf.py beyond_original_problem) unless rope_as_yarn: then plain YaRN, recorded in
-    megablu_export.json as "rope_export".
+    megablu_export.json as "rope_export". Where the run was evaluated with STRING (eval.string), a
+    warning and megablu_export.json's "string_not_exported" say that the export scores as the plain model.
     """
     from ..model.hf import RopeExportError, beyond_original_problem, hf_config_dict
 
@@ -312,6 +335,12 @@ def export_checkpoint(src: PathLike, out: PathLike, force: bool = False,
         cfg = hf_config_dict(model_cfg, rope_cfg, window, rope_as_yarn)
     except RopeExportError as e:
         raise CheckpointError(f"cannot export {step}: {e}") from None
+    strings = _string_evals(run_dir)
+    string_note = (f"this run was evaluated with STRING ({'; '.join(strings)}); transformers has no STRING, so "
+                   "the exported model computes plain attention and scores as the plain model (megablu eval "
+                   "without eval.string)") if strings else None
+    if string_note:
+        log.warning("export of %s: %s", step, string_note)
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         if not force:
@@ -338,6 +367,7 @@ def export_checkpoint(src: PathLike, out: PathLike, force: bool = False,
             **({"rope_export": "yarn (always) from rope.yarn.apply=beyond_original: exact only beyond "
                                f"{rope_cfg.yarn.original_max_position} tokens"}
                if beyond_original_problem(rope_cfg) else {}),
+            **({"string_not_exported": string_note} if string_note else {}),
             "files": {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)}
                       for p in sorted(tmp.iterdir()) if p.is_file()}}
     (tmp / "megablu_export.json").write_text(json.dumps(prov, indent=1) + "\n")

@@ -395,3 +395,25 @@ def test_entry_refuses_through_the_trainer_guard_when_the_preflight_let_it_pass(
     assert r.rc == 2 and r.exc is None and "Traceback" not in r.err, r.err[-2000:]
     assert "rope.yarn.original_max_position=128 but the parent" in r.err
     assert not runs.exists()
+
+
+def test_export_of_a_run_evaluated_with_string_says_the_export_scores_plain(tmp_path, caplog):
+    """STRING (eval.string) changes megablu's attention at inference; transformers has none. An export
+    of a run that was evaluated with it still writes the weights, and says -- in a warning and in
+    megablu_export.json -- that the exported model scores as the plain one. A run without it: no note."""
+    import logging
+
+    from megablu.cli import main
+    from tests.bad_input_lab import Lab
+
+    lab = Lab(tmp_path / "lab")
+    _, run = lab.run(steps=(2,), with_weights=True)
+    assert main(["ckpt", "export", str(run), "--out", str(tmp_path / "plain")]) == 0
+    assert "string_not_exported" not in json.loads((tmp_path / "plain" / "megablu_export.json").read_text())
+    (run / "eval").mkdir()
+    (run / "eval" / "step_0000002.json").write_text(json.dumps({"eval": {"string": {"shift": 10922, "local": 128}}}))
+    with caplog.at_level(logging.WARNING, logger="megablu.checkpoint.weights"):
+        assert main(["ckpt", "export", str(run), "--out", str(tmp_path / "str")]) == 0
+    note = json.loads((tmp_path / "str" / "megablu_export.json").read_text())["string_not_exported"]
+    assert "eval/step_0000002.json" in note and "scores as the plain model" in note
+    assert any("transformers has no STRING" in r.getMessage() for r in caplog.records)
