@@ -310,7 +310,15 @@ arm_cells() {
   evaluate "${ARM}_string" "${ARM}_string_needle" "$ck" 100 "32744" "needle" "${STR[@]}" "${NOLOSS[@]}"
   evaluate "$ARM" "${ARM}_needle" "$ck" 100 "16360 32744" "needle" "${NOLOSS[@]}"
   evaluate "$ARM" "${ARM}_pk16k" "$ck" 100 "16360" "passkey" "${NOLOSS[@]}"
+  # STRING's arm whole (2026-12-06, fourteenth session: far + STRING's slope had to be put together by hand from
+  # the plain cells below S, and 16360 with STRING never ran): 16360, then after the plain suite the gate's cells
+  # (at T <= S STRING is the plain attention, so these must equal the plain ones: a check of the kernel too) and
+  # the suite with STRING. ~15 + 40 + 90 s on an H100.
+  evaluate "${ARM}_string" "${ARM}_string_pk16k" "$ck" 100 "16360" "passkey" "${STR[@]}" "${NOLOSS[@]}"
   eval_ruler "$ARM" "$ck"
+  evaluate "${ARM}_string" "${ARM}_string_1k" "$ck" 200 "1024" "passkey needle" "${STR[@]}"
+  evaluate "${ARM}_string" "${ARM}_string_mid" "$ck" 100 "4072 8168" "passkey needle" "${STR[@]}" "${NOLOSS[@]}"
+  eval_ruler "${ARM}_string" "$ck" "${STR[@]}"
 }
 rope_probe() {   # factor 8 needs the 65536 window it implies (2026-12-05: without it both cells were config errors)
   local ck=$1

@@ -83,9 +83,15 @@ def test_phase_c_mid_run_then_finished(tmp_path, stdlib_data):
     # paired seed-0 pair), the suite after every passkey and needle cell, the probes last
     order = [c.split("--out ")[1].split()[0].rsplit("/", 1)[1] for c in cmds if " eval " in c and "--out " in c]
     arm = [o for o in order if o.startswith("far_") and o != "far_midrun"]   # midrun: beside, until done
-    assert arm[:10] == ["far_1k", "far_string_s1", "far_pk32k", "far_string", "far_mid", "far_plain_s1",
-                        "far_string_needle", "far_needle", "far_pk16k", "far_ruler"], order
+    assert arm[:14] == ["far_1k", "far_string_s1", "far_pk32k", "far_string", "far_mid", "far_plain_s1",
+                        "far_string_needle", "far_needle", "far_pk16k", "far_string_pk16k", "far_ruler",
+                        "far_string_1k", "far_string_mid", "far_string_ruler"], order
     assert len(arm) == len(set(arm)), order   # no cell twice
+    for c in cmds:   # STRING's cells: one arm (its slope and gate in compare), the shift on each; no other cell has it
+        if " eval " in c and "--out " in c and "/far_" in c:
+            string = c.split("--out ")[1].split()[0].rsplit("/", 1)[1].startswith("far_string")
+            assert ("eval.string.shift=10922" in c) == string, c
+            assert not string or "--arm far_string " in c or "--arm far_string_s1 " in c, c
     plain_s1 = next(c for c in cmds if "/far_plain_s1 " in c)
     assert "--arm far_s1 " in plain_s1 and "eval.seed=1" in plain_s1 and "eval.string" not in plain_s1
     assert "--ckpt " + str(run / "checkpoints" / "step_0000006") in next(c for c in cmds if "/far_pk32k " in c)
