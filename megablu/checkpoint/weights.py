@@ -289,24 +289,43 @@ def _model_configs(manifest: dict, run_dir: Path):
 
 
 def _string_evals(run_dir: Path) -> list[str]:
-    """Where this run was evaluated with STRING (eval.string in its resolved config, or in an eval
-    result under its eval/). STRING is an inference change in megablu's attention that no transformers
-    setting reproduces, so an export of these weights scores as the plain model does."""
+    """Where this run's weights were evaluated with STRING: eval.string in its resolved config, an eval
+    result under its eval/, or a line of eval/string_evals.jsonl (megablu eval writes one for every STRING
+    eval of the run's checkpoints, wherever its --out). STRING is an inference change in megablu's
+    attention that no transformers setting reproduces, so an export of these weights scores as the plain
+    model does. A file that cannot be read or parsed is skipped: this only adds a note to an export."""
     import yaml
+
+    def string_of(d) -> Optional[dict]:
+        e = d.get("eval") if isinstance(d, dict) else None
+        return e.get("string") if isinstance(e, dict) else None
 
     where = []
     cfg_file = run_dir / "config.resolved.yaml"
-    if cfg_file.exists():
-        s = ((yaml.safe_load(cfg_file.read_text()) or {}).get("eval") or {}).get("string")
-        if s:
-            where.append(f"{cfg_file.name} (eval.string={s})")
+    try:
+        s = string_of(yaml.safe_load(cfg_file.read_text())) if cfg_file.exists() else None
+    except (OSError, yaml.YAMLError):
+        s = None
+    if s:
+        where.append(f"{cfg_file.name} (eval.string={s})")
     for f in sorted((run_dir / "eval").glob("step_*.json")):
         try:
-            s = (json.loads(f.read_text()).get("eval") or {}).get("string")
+            s = string_of(json.loads(f.read_text()))
         except (OSError, ValueError):
             continue
         if s:
             where.append(f"eval/{f.name} (eval.string={s})")
+    try:
+        lines = (run_dir / "eval" / "string_evals.jsonl").read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(r, dict) and r.get("string"):
+            where.append(f"{r.get('out')} (step {r.get('step')}, eval.string={r['string']})")
     return where
 
 
@@ -339,12 +358,12 @@ def export_checkpoint(src: PathLike, out: PathLike, force: bool = False,
     string_note = (f"this run was evaluated with STRING ({'; '.join(strings)}); transformers has no STRING, so "
                    "the exported model computes plain attention and scores as the plain model (megablu eval "
                    "without eval.string)") if strings else None
-    if string_note:
-        log.warning("export of %s: %s", step, string_note)
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         if not force:
             raise CheckpointError(f"{out} exists and is not empty (use --force to replace it)")
+    if string_note:
+        log.warning("export of %s: %s", step, string_note)
     sd = read_weights(step)
     hf_sd = {}
     for k, v in sd.items():

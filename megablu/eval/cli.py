@@ -145,6 +145,8 @@ def _eval(args) -> int:
     except EvalError as e:
         print(f"megablu eval: {e}", file=sys.stderr)
         return 2
+    if run is not None and eval_cfg.string is not None:
+        _record_string_eval(run, out, step, arm, eval_cfg.string.model_dump(mode="json"))
     print(markdown([res]))
     gate = res.get("gate")
     if gate is not None:
@@ -187,6 +189,24 @@ def _rope_against_checkpoint(args, cfg) -> dict:
     log.warning("rope override: %s (checkpoint vs config)", "; ".join(diff))
     return {"rope_override": {"checkpoint": rec.rope.model_dump(mode="json"), "source": rec.source,
                               "differences": diff}}
+
+
+STRING_EVALS = "string_evals.jsonl"   # <run>/eval/: every STRING eval of the run's checkpoints, wherever its out
+
+
+def _record_string_eval(run: Path, out: Path, step: int, arm: str, string: dict) -> None:
+    """A line in <run>/eval/string_evals.jsonl: this run's weights were scored with STRING, which no
+    export reproduces (`megablu ckpt export` reads it and says so). Never fails the eval."""
+    import json
+    import time
+
+    rec = {"out": str(out.resolve()), "step": step, "arm": arm, "string": string, "unix": time.time()}
+    try:
+        (run / "eval").mkdir(parents=True, exist_ok=True)
+        with open(run / "eval" / STRING_EVALS, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+    except OSError as e:
+        log.warning("could not record the STRING eval in %s: %s", run / "eval" / STRING_EVALS, e)
 
 
 def _run_dir_of(ckpt: Path):

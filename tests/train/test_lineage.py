@@ -399,8 +399,10 @@ def test_entry_refuses_through_the_trainer_guard_when_the_preflight_let_it_pass(
 
 def test_export_of_a_run_evaluated_with_string_says_the_export_scores_plain(tmp_path, caplog):
     """STRING (eval.string) changes megablu's attention at inference; transformers has none. An export
-    of a run that was evaluated with it still writes the weights, and says -- in a warning and in
-    megablu_export.json -- that the exported model scores as the plain one. A run without it: no note."""
+    of a run whose checkpoint was evaluated with it still writes the weights, and says -- in a warning
+    and in megablu_export.json -- that the exported model scores as the plain one. The STRING eval
+    here writes its result outside the run (as bench/h200_issue14.sh does): `megablu eval` records it
+    in the run's eval/string_evals.jsonl. A plain eval leaves no note; unreadable records are skipped."""
     import logging
 
     from megablu.cli import main
@@ -408,12 +410,20 @@ def test_export_of_a_run_evaluated_with_string_says_the_export_scores_plain(tmp_
 
     lab = Lab(tmp_path / "lab")
     _, run = lab.run(steps=(2,), with_weights=True)
+    ev = ["eval", "--config", str(lab.cfg_file), "--ckpt", str(run / "checkpoints" / "step_0000002"),
+          "--tasks", "passkey", "--lengths", "200", "--n", "2", "--no-plot", "--set", "eval.lengths=[200]",
+          "--set", "eval.loss.data=null"]
+    assert main([*ev, "--out", str(tmp_path / "plain_eval")]) in (0, 1)
+    assert not (run / "eval").exists()                                          # a plain eval records nothing
+    (run / "eval").mkdir()
+    (run / "eval" / "step_0000001.json").write_text("[]")                      # parses, but no mapping
+    (run / "eval" / "string_evals.jsonl").write_text("not json\n")
     assert main(["ckpt", "export", str(run), "--out", str(tmp_path / "plain")]) == 0
     assert "string_not_exported" not in json.loads((tmp_path / "plain" / "megablu_export.json").read_text())
-    (run / "eval").mkdir()
-    (run / "eval" / "step_0000002.json").write_text(json.dumps({"eval": {"string": {"shift": 10922, "local": 128}}}))
+    assert main([*ev, "--out", str(tmp_path / "elsewhere"), "--set", "eval.string.shift=64",
+                 "--set", "eval.string.local=8"]) in (0, 1)
     with caplog.at_level(logging.WARNING, logger="megablu.checkpoint.weights"):
         assert main(["ckpt", "export", str(run), "--out", str(tmp_path / "str")]) == 0
     note = json.loads((tmp_path / "str" / "megablu_export.json").read_text())["string_not_exported"]
-    assert "eval/step_0000002.json" in note and "scores as the plain model" in note
+    assert str((tmp_path / "elsewhere").resolve()) in note and "scores as the plain model" in note, note
     assert any("transformers has no STRING" in r.getMessage() for r in caplog.records)
