@@ -65,15 +65,17 @@ def run_probe(call: str, setup: str = SETUP) -> tuple[int, str, dict]:
     p = subprocess.run([sys.executable, "-X", "faulthandler", "-c", (setup + PROBE).format(call=call)], cwd=ROOT,
                        env=env, capture_output=True, text=True, timeout=600)
     lines = p.stdout.strip().splitlines()
-    return p.returncode, p.stderr, (json.loads(lines[-1]) if p.returncode == 0 and lines else {})
+    if p.returncode == 0 and not lines:
+        return p.returncode, p.stderr, {"raised": "nothing printed", "msg": p.stderr[-2000:]}
+    return p.returncode, p.stderr, (json.loads(lines[-1]) if p.returncode == 0 else {})
 
 
 @cuda
 @pytest.mark.parametrize("case,call,fragment", CASES, ids=[c[0] for c in CASES])
 def test_extension_check_raises_in_its_own_process(case, call, fragment):
     rc, err, got = run_probe(call)
-    assert rc == 0, (f"{case}: `{call}` ended the process with rc {rc}{' (signal %d)' % -rc if rc < 0 else ''} "
-                     f"instead of raising; stderr tail:\n{err[-3000:]}")
+    assert rc == 0, (f"{case}: the probe (the extension's load and inputs, then `{call}`) ended the process with "
+                     f"rc {rc}{' (signal %d)' % -rc if rc < 0 else ''} instead of raising; stderr tail:\n{err[-3000:]}")
     assert got["raised"] == "RuntimeError" and fragment in got["msg"], (case, got)
 
 
@@ -92,3 +94,5 @@ def test_probe_tells_a_raise_from_a_crash():
     assert rc == -11 and "Segmentation fault" in err, (rc, err[-500:])
     rc, _, got = run_probe("pass", setup="")
     assert rc == 0 and got["raised"] is None
+    rc, _, got = run_probe("pass", setup="import sys\nsys.exit(0)\n")     # exit 0 before the probe: said so
+    assert rc == 0 and got["raised"] == "nothing printed", got
