@@ -313,7 +313,7 @@ arm_cells() {
   # STRING's arm whole (2026-12-06, fourteenth session: far + STRING's slope had to be put together by hand from
   # the plain cells below S, and 16360 with STRING never ran): 16360, then after the plain suite the gate's cells
   # (at T <= S STRING is the plain attention, so these must equal the plain ones: a check of the kernel too) and
-  # the suite with STRING. ~15 + 40 + 90 s on an H100.
+  # the suite with STRING. ~15 + 40 + 180 s on an H100 (the plain suite took 89 s; STRING cells cost ~2.2x).
   evaluate "${ARM}_string" "${ARM}_string_pk16k" "$ck" 100 "16360" "passkey" "${STR[@]}" "${NOLOSS[@]}"
   eval_ruler "$ARM" "$ck"
   evaluate "${ARM}_string" "${ARM}_string_1k" "$ck" 200 "1024" "passkey needle" "${STR[@]}"
