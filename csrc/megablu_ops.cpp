@@ -23,6 +23,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "1 cp.async (same bits)",
         py::arg("grad_y"), py::arg("grad_residual"), py::arg("r"), py::arg("weight"), py::arg("rstd"),
         py::arg("path") = -1);
+  // A diagnostic (tests/ops/test_ext_errors.py): throw one kind of exception out of this module, 0 pybind11's
+  // value_error, 1 c10::Error (TORCH_CHECK, what every argument check throws), 2 std::runtime_error, else none.
+  // On an H100 (2026-12-06) a TORCH_CHECK throw out of rmsnorm_bwd ended the process with SIGSEGV; which kinds
+  // reach Python as exceptions tells the build's exception path from one call's bug.
+  m.def(
+      "_throw_probe",
+      [](int64_t kind) {
+        if (kind == 0) throw py::value_error("megablu throw probe: pybind11 value_error");
+        TORCH_CHECK(kind != 1, "megablu throw probe: c10::Error");
+        if (kind == 2) throw std::runtime_error("megablu throw probe: std::runtime_error");
+        return kind;
+      },
+      "throw a pybind11 value_error (0), a c10::Error (1) or a std::runtime_error (2); else return kind",
+      py::arg("kind"));
   m.def("swiglu_fwd", &megablu::swiglu_fwd, "silu(gate) * up", py::arg("gate"), py::arg("up"));
   m.def("swiglu_bwd", &megablu::swiglu_bwd, "SwiGLU backward", py::arg("grad"), py::arg("gate"), py::arg("up"),
         py::arg("packed"));

@@ -35,8 +35,13 @@ gy, gr = t(64, 1024), t(64, 1024)
 torch.cuda.synchronize()
 """
 
-# (case, the call that must raise, a fragment of its message)
+# (case, the call that must raise, a fragment of its message[, the Python exception, RuntimeError if not given])
 CASES = [
+    # the module's exception path alone, one kind each (csrc/megablu_ops.cpp _throw_probe): if only c10::Error
+    # crashes, torch's translation of it does; if all three do, unwinding out of this build does
+    ("throw_pybind11_value_error", "ext._throw_probe(0)", "pybind11 value_error", "ValueError"),
+    ("throw_c10_error", "ext._throw_probe(1)", "c10::Error"),
+    ("throw_std_runtime_error", "ext._throw_probe(2)", "std::runtime_error"),
     ("rmsnorm_fwd_1d", "ext.rmsnorm_fwd(x.flatten(), None, w, 1e-5)", "x must be (rows, d)"),
     ("rmsnorm_bwd_grad_on_cpu", "ext.rmsnorm_bwd(gy.cpu(), gr, r, w, rstd)", "grad_y must be on"),
     ("rmsnorm_bwd_rstd_dtype", "ext.rmsnorm_bwd(gy, gr, r, w, rstd.bfloat16())", "rstd must be fp32"),
@@ -71,17 +76,17 @@ def run_probe(call: str, setup: str = SETUP) -> tuple[int, str, dict]:
 
 
 @cuda
-@pytest.mark.parametrize("case,call,fragment", CASES, ids=[c[0] for c in CASES])
-def test_extension_check_raises_in_its_own_process(case, call, fragment):
+@pytest.mark.parametrize("case,call,fragment,exc", [(*c, "RuntimeError")[:4] for c in CASES], ids=[c[0] for c in CASES])
+def test_extension_check_raises_in_its_own_process(case, call, fragment, exc):
     rc, err, got = run_probe(call)
     assert rc == 0, (f"{case}: the probe (the extension's load and inputs, then `{call}`) ended the process with "
                      f"rc {rc}{' (signal %d)' % -rc if rc < 0 else ''} instead of raising; stderr tail:\n{err[-3000:]}")
-    assert got["raised"] == "RuntimeError" and fragment in got["msg"], (case, got)
+    assert got["raised"] == exc and fragment in got["msg"], (case, got)
 
 
 def test_probe_cases_are_python():
     """The probes compile as Python (a typo in a case would read as the extension's failure on a GPU)."""
-    for case, call, _ in CASES:
+    for case, call, *_ in CASES:
         compile((SETUP + PROBE).format(call=call), case, "exec")
 
 
