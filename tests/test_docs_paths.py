@@ -1,7 +1,7 @@
 """Every committed result the docs point to is in the repo: each `docs/img/...` and
-`bench/results/...` path named in README.md and docs/*.md exists (a glob or `{a,b}` form: at
-least one match). A device call's carry limit has us take these files out of the working tree
-for a while; a commit made in that window deleted twelve figures and ten result tarballs once
+`bench/results/...` path named in README.md and docs/*.md exists (a glob: at least one match;
+a `{a,b}` form: each of its paths). A device call's carry limit has us take these files out of the
+working tree for a while; a commit made in that window deleted twelve figures and ten result tarballs once
 (2026-12-06, restored from history). This test makes such a commit fail CI."""
 import glob
 import re
@@ -11,20 +11,27 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-PATH_RE = re.compile(r"(?:docs/img|bench/results)/[A-Za-z0-9_./<>*{}-]+")
+PATH_RE = re.compile(r"(?:docs/img|bench/results)/(?:[A-Za-z0-9_./<>*-]|\{[^{}\s]*\})+")
+BRACES = re.compile(r"\{([^{}]*)\}")
+
+
+def expand(p: str) -> list[str]:
+    """`a.{md,json}` -> a.md, a.json (each form named must exist, not just one)."""
+    m = BRACES.search(p)
+    if not m:
+        return [p]
+    return [q for alt in m.group(1).split(",") for q in expand(p[:m.start()] + alt + p[m.end():])]
 
 
 def named_paths() -> dict[str, list[str]]:
-    """path pattern -> the docs naming it (trailing punctuation and a cut `{a,b}` list trimmed)."""
+    """path pattern -> the docs naming it (trailing punctuation trimmed, `{a,b}` expanded)."""
     found: dict[str, list[str]] = {}
     for doc in DOCS:
         for m in PATH_RE.findall(doc.read_text(encoding="utf-8")):
-            p = m.rstrip(".,;:)")
-            if "{" in p:                      # `name.{md,json}`: the prefix must match something
-                p = p.split("{", 1)[0] + "*"
-            if "<" in p:                      # a placeholder (`<arm>`): not a committed path
-                continue
-            found.setdefault(p, []).append(doc.name)
+            for p in expand(m.rstrip(".,;:)")):
+                if "<" in p:                  # a placeholder (`<arm>`): not a committed path
+                    continue
+                found.setdefault(p, []).append(doc.name)
     return found
 
 
@@ -33,6 +40,8 @@ def test_docs_name_some_paths():
     paths = named_paths()
     assert any(p.startswith("docs/img/") for p in paths), sorted(paths)
     assert any(p.endswith(".tar.gz") for p in paths), sorted(paths)
+    assert expand("r/a.{md,json}") == ["r/a.md", "r/a.json"] and expand("r/{x,y}_{1,2}") == \
+        ["r/x_1", "r/x_2", "r/y_1", "r/y_2"]
 
 
 @pytest.mark.parametrize("pattern", sorted(named_paths()))
