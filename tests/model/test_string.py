@@ -115,18 +115,25 @@ def reference_model(m: BluModel, ids, S, W, rope_len=None):
     return m.lm_head(m.norm(h))
 
 
+def string_model(rope):
+    """A tiny model with STRING (S 9, W 2) on, two 30-token rows, and its explicit-positions reference
+    (computed before any forward of the model under test)."""
+    m = tiny(rope, seed=1)
+    ids = torch.randint(0, 61, (2, 30), generator=torch.Generator().manual_seed(0))
+    apply_string(m, StringConfig(shift=9, local=2))
+    with torch.no_grad():
+        return m, ids, reference_model(m, ids, 9, 2, rope_len=30 if rope else None)
+
+
 @pytest.mark.parametrize("rope", [None, YARN_BO], ids=["rope", "yarn-beyond-original"])
 def test_model_equals_explicit_positions(rope):
     """The model's remapped forward (shifted keys at position + S - W through BluModel.forward's rotary,
     same rope_len) equals explicit positions layer by layer. Under YaRN beyond_original, T = 30 > 16
     picks YaRN (frequencies and attention factor) for both the plain and the shifted keys."""
-    m = tiny(rope, seed=1)
-    ids = torch.randint(0, 61, (2, 30), generator=torch.Generator().manual_seed(0))
-    S, W = 9, 2
-    apply_string(m, StringConfig(shift=S, local=W))
+    m, ids, ref = string_model(rope)
     with torch.no_grad():
         got = m(ids)
-    assert (got - reference_model(m, ids, S, W, rope_len=30 if rope else None)).abs().max() < TOL
+    assert (got - ref).abs().max() < TOL
 
 
 def test_switch_is_live_and_inert_beyond_every_distance():
@@ -315,13 +322,10 @@ def test_model_and_cache_with_the_flex_kernel(rope, monkeypatch):
     real = string_mod.string_attention_flex
     monkeypatch.setattr(string_mod, "string_attention_flex",
                         lambda *a, **kw: seen.append(a[0].shape[1]) or real(*a, **kw))
-    m = tiny(rope, seed=1)
-    ids = torch.randint(0, 61, (2, 30), generator=torch.Generator().manual_seed(0))
-    S, W = 9, 2
-    apply_string(m, StringConfig(shift=S, local=W))
+    m, ids, ref = string_model(rope)
     with torch.no_grad():
         full = m(ids)
-        assert (full - reference_model(m, ids, S, W, rope_len=30 if rope else None)).abs().max() < TOL
+        assert (full - ref).abs().max() < TOL
         cache = KVCache(m.cfg.n_layers, rope_len=30)
         got = torch.cat([m(ids[:, s:s + 7], cache=cache) for s in range(0, 30, 7)], 1)
     assert (got - full).abs().max() < TOL
