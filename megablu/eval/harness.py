@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from ..config.schema import EvalConfig, eval_padded_len
-from ..model.string import apply_string, string_impl
+from ..model.string import apply_string, kernels_used, string_impl
 from . import report
 from .generate import cut_at_eot, greedy_generate
 from .needle import HAYSTACK_TOKENS, Haystack
@@ -199,6 +199,9 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
     model.eval()
     samples, cells = [], []
     prev_string = apply_string(model, string)
+    kernels_used(reset=True)
+    # the STRING kernel asked for at the start; string_kernels_used says what ran (flex can fall back to sdpa)
+    string_kernel = string_impl(next(model.parameters()).device, 2) if string is not None else None
     try:
         dp = torch.distributed.get_world_size(dp_group) if dp_group is not None else 1
         dp_rank = torch.distributed.get_rank(dp_group) if dp_group is not None else 0
@@ -235,6 +238,7 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
                          ", ".join(f"{c['length']}: {c['loss']:.3f}" for c in loss["by_length"]),
                          f"; short docs {loss['short']['loss']:.3f}" if loss["short"] else "", time.perf_counter() - t0)
     finally:
+        string_used = kernels_used(reset=True)   # attention calls per kernel (plain: no distance reached S)
         apply_string(model, prev_string)
         if was_training:
             model.train()
@@ -242,7 +246,7 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
     res = report.make_result(cells, samples, arm=arm or out_dir.parent.name, step=step, window=window,
                              eval_cfg=eval_cfg, tokenizer_identity=tokenizer.identity, sp=sp,
                              extra={**_model_info(model), **(info or {}), **({"loss": loss} if loss else {}),
-                                    **({"string_kernel": string_impl(next(model.parameters()).device, 2)}
+                                    **({"string_kernel": string_kernel, "string_kernels_used": string_used}
                                        if string is not None else {})})
     if gate_parent is not None:
         from .gate import check_gate

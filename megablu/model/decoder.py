@@ -36,6 +36,7 @@ from ..ops.cross_entropy import linear_cross_entropy
 from ..ops.doc_attention import DocMask, doc_attention
 from .packing import document_lengths
 from .rope import RotaryEmbedding
+from . import string as string_mod
 from .string import string_attention
 
 
@@ -119,8 +120,9 @@ class LocalAttention(nn.Module):
     chose (FlexAttention on CUDA); fa4 refuses it.
 
     `string_shift` (STRING's S, set by model/string.py apply_string; None = off): with it every call
-    also gets `ks`, the shifted keys, and runs string_attention (SDPA with a mask over [k; ks]) in
-    every case -- whole sequence, prefill chunk, decode step -- never `kernel`."""
+    also gets `ks`, the shifted keys (the KV cache keeps them), and runs string_attention over [k; ks] --
+    whole sequence, prefill chunk, decode step -- never `kernel`; except where the keys are at most S,
+    where no distance reaches the shift and the plain attention below runs (the same logits, bit for bit)."""
 
     def __init__(self, layer_idx: int = 0):
         super().__init__()
@@ -139,10 +141,13 @@ class LocalAttention(nn.Module):
                 raise ValueError("memory.attention=fa4 runs plain causal attention; document masking (data.doc_mask) "
                                  "runs on FlexAttention: set memory.attention=sdpa")
             return doc_attention(q, k, v, docs)
-        tq = q.shape[1]
         if cache is not None:
             k, v = cache.append(self.layer_idx, k, v)
-        tk = k.shape[1]
+        return self._plain(q, k, v)
+
+    def _plain(self, q, k, v):
+        """Causal attention of q (B, T, H, D) over k, v (B, tk, Hkv, D), tk >= T (bottom-right aligned)."""
+        tq, tk = q.shape[1], k.shape[1]
         if tq == tk:
             return causal_attention(q, k, v, self.kernel)
         # (B, T, H, D) -> (B, H, T, D)
@@ -172,6 +177,9 @@ class LocalAttention(nn.Module):
             if ks.shape[1] != k.shape[1]:
                 raise RuntimeError(f"KV cache layer {self.layer_idx}: {ks.shape[1]} shifted keys but {k.shape[1]} "
                                    f"keys (STRING switched on or off mid-sequence?)")
+        if k.shape[1] <= self.string_shift:   # no distance d = m - n <= tk - 1 reaches S: STRING is the identity
+            string_mod.KERNELS_USED["plain"] += 1
+            return self._plain(q, k, v)
         return string_attention(q, k, ks, v, self.string_shift)
 
 

@@ -19,7 +19,11 @@ Two kernels compute the same attention (`MEGABLU_STRING_IMPL`: auto | sdpa | fle
         causal attention's plus the tiles on the two diagonals (d = 0 and d = S); GQA without
         repeating kv heads; compiled on CUDA (one compile per shape and process).
 auto is flex on CUDA for more than one query row (a prefill), sdpa for a decode step and on a CPU.
-The two differ by the order of their float sums only (tests/model/test_string.py).
+The two differ by the order of their float sums only (tests/model/test_string.py). flex compiles once per
+shape; a process that meets more shapes than RECOMPILE_LIMIT (an H100 eval, 2026-12-06: whole short
+validation documents of every length) goes on with sdpa, logged once and counted in KERNELS_USED.
+Where no distance reaches S (keys <= S), LocalAttention runs its plain attention instead of either:
+STRING is the identity there, so those logits are the plain model's bit for bit.
 
 `apply_string(model, cfg)` installs it on a built BluModel from outside (the eval does, for the
 eval only, like memory/apply.py installs the kernels); the KV cache then also stores k_s.
@@ -27,7 +31,9 @@ Inference only: it is never applied to training forwards.
 """
 from __future__ import annotations
 
+import collections
 import functools
+import logging
 import os
 from typing import Optional
 
@@ -44,6 +50,21 @@ ENV = "MEGABLU_STRING_IMPL"
 TILE = 128   # FlexAttention's sparse block (as ops/doc_attention.py)
 RECOMPILE_LIMIT = 64   # compiled shapes of the flex kernel per process
 
+log = logging.getLogger(__name__)
+
+# attention calls per kernel since the last reset (the eval records them with its results): flex, sdpa, and
+# plain (keys <= S: LocalAttention's own attention, STRING being the identity there)
+KERNELS_USED: collections.Counter = collections.Counter()
+# why flex is off for the rest of this process (its recompile limit was hit), or None
+FLEX_OFF: dict = {}
+
+
+def flex_recompile_error() -> type:
+    """dynamo's exception for a compile past the limit (torch >= 2.6), or a class nothing raises."""
+    import torch._dynamo.exc as exc
+
+    return getattr(exc, "FailOnRecompileLimitHit", type("NoFailOnRecompileLimitHit", (Exception,), {}))
+
 
 def string_impl(device: torch.device, rows: int = 2) -> str:
     """The kernel STRING attention takes for `rows` query rows on `device` (ENV forces one)."""
@@ -52,7 +73,7 @@ def string_impl(device: torch.device, rows: int = 2) -> str:
         raise ValueError(f"{ENV}={impl!r}: must be one of {', '.join(IMPLS)} (auto: flex on CUDA for a prefill, "
                          f"sdpa otherwise)")
     if impl == "auto":
-        return "flex" if torch.device(device).type == "cuda" and rows > 1 else "sdpa"
+        return "flex" if torch.device(device).type == "cuda" and rows > 1 and not FLEX_OFF else "sdpa"
     return impl
 
 
@@ -73,8 +94,19 @@ def string_attention(q: torch.Tensor, k: torch.Tensor, ks: torch.Tensor, v: torc
     if tk < T:
         raise ValueError(f"string attention: {T} query rows but only {tk} keys (the keys include the queries' own)")
     impl = impl or string_impl(q.device, T)
+    if impl == "flex" and FLEX_OFF:   # this process's flex met its recompile limit (below): sdpa from then on
+        impl = "sdpa"
     if impl == "flex":
-        return string_attention_flex(q, k, ks, v, shift)
+        try:
+            out = string_attention_flex(q, k, ks, v, shift)
+            KERNELS_USED["flex"] += 1
+            return out
+        except flex_recompile_error() as e:
+            FLEX_OFF.update(reason=f"dynamo's recompile limit ({RECOMPILE_LIMIT} shapes) at T={T}, keys={tk}")
+            log.warning("STRING: the flex kernel hit dynamo's recompile limit (%d shapes in this process; %s); the "
+                        "rest of the process runs the sdpa kernel (the same attention, slower)", RECOMPILE_LIMIT,
+                        type(e).__name__)
+            impl = "sdpa"
     if impl != "sdpa":
         raise ValueError(f"string attention: impl must be sdpa or flex, got {impl!r}")
     off = tk - T
@@ -100,6 +132,7 @@ def string_attention(q: torch.Tensor, k: torch.Tensor, ks: torch.Tensor, v: torc
             keys, vals = keys.repeat_interleave(rep, dim=1), vals.repeat_interleave(rep, dim=1)
         outs.append(F.scaled_dot_product_attention(qh[:, :, r0:r1], keys, vals, attn_mask=mask))
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+    KERNELS_USED["sdpa"] += 1
     return out.transpose(1, 2)
 
 
@@ -174,6 +207,15 @@ def string_attention_flex(q: torch.Tensor, k: torch.Tensor, ks: torch.Tensor, v:
     with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
         out = _compiled_flex()(qh, keys, vals, block_mask=bm, enable_gqa=gqa)
     return out.transpose(1, 2)
+
+
+def kernels_used(reset: bool = False) -> dict:
+    """{kernel: attention calls} since the last reset (one call per layer per forward), plus flex_off: why flex
+    stopped, when it did; reset=True starts the count again (an eval does, before its prompts)."""
+    used = {**dict(KERNELS_USED), **({"flex_off": FLEX_OFF["reason"]} if FLEX_OFF else {})}
+    if reset:
+        KERNELS_USED.clear()
+    return used
 
 
 def apply_string(model, string) -> Optional[object]:

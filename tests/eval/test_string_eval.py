@@ -134,9 +134,26 @@ def test_run_eval_with_either_string_kernel_gives_the_same_answers_and_records_w
         m = tiny_model(seed=5).double()
         res = harness.run_eval(m, byte_tok, cfg, 512, step=1, out_dir=tmp_path / impl, rank=0, plot=False)
         assert res["string_kernel"] == impl
+        used = res["string_kernels_used"]   # every forward here has more keys than S = 64: no plain call
+        assert set(used) == {impl} and used[impl] > 0, used
         outs[impl] = [s["output"] for s in res["samples"]]
     assert outs["sdpa"] == outs["flex"] and len(outs["sdpa"]) == 3
     monkeypatch.delenv(string_mod.ENV)
     res = harness.run_eval(tiny_model(seed=5), byte_tok, EvalConfig(lengths=[300], n=1, max_new=4, pad=32), 512,
                            step=1, out_dir=tmp_path / "plain", rank=0, plot=False)
     assert "string_kernel" not in res
+
+
+def test_run_eval_below_the_shift_is_the_plain_eval(tmp_path, byte_tok):
+    """Prompts (with their answers) shorter than S: STRING is the identity, so the eval runs the plain
+    attention (string_kernels_used counts only plain calls) and writes the plain eval's answers, bit for bit,
+    with no kernel compiled per length (the 2026-12-06 H100 eval of short documents hit flex's recompile
+    limit)."""
+    cfg = EvalConfig(lengths=[300], n=3, max_new=4, pad=32)
+    plain = harness.run_eval(tiny_model(seed=5), byte_tok, cfg, 512, step=1, out_dir=tmp_path / "p", rank=0,
+                             plot=False)
+    cfg_s = EvalConfig(lengths=[300], n=3, max_new=4, pad=32, string={"shift": 400, "local": 8})
+    res = harness.run_eval(tiny_model(seed=5), byte_tok, cfg_s, 512, step=1, out_dir=tmp_path / "s", rank=0,
+                           plot=False)
+    assert set(res["string_kernels_used"]) == {"plain"}, res["string_kernels_used"]
+    assert [s["output"] for s in res["samples"]] == [s["output"] for s in plain["samples"]]

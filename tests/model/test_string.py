@@ -4,6 +4,7 @@ at m, k rotated at m - P), in fp64 at 1e-10; the switch is live (a small S chang
 when S exceeds every distance, and the KV-cache path (chunked prefill, decode) equals one full forward,
 also under YaRN with apply=beyond_original. Plus the refusals (document masking, a sequence-parallel
 core or slice, positions out of order) and the plain path's kernel being untouched."""
+import collections
 import math
 
 import pytest
@@ -208,8 +209,10 @@ def test_truncate_keeps_the_shifted_keys_aligned(static):
     assert (got - full).abs().max() < TOL
 
 
-def test_string_never_runs_the_causal_kernel(monkeypatch):
-    """memory.attention (fa4 / sdpa causal) is for the plain path; STRING runs string_attention in every case."""
+def test_string_never_runs_the_causal_kernel_where_a_distance_reaches_the_shift(monkeypatch):
+    """memory.attention (fa4 / sdpa causal) is for the plain path; STRING runs string_attention wherever the
+    keys exceed S (S = 6: the whole 12 tokens, prefill chunks of 7, decode steps; at most S keys is
+    test_at_most_s_keys_run_the_plain_attention's case)."""
     m = tiny(seed=5)
     for mod in m.modules():
         if isinstance(mod, decoder.LocalAttention):
@@ -223,7 +226,69 @@ def test_string_never_runs_the_causal_kernel(monkeypatch):
     ids = torch.randint(0, 61, (1, 12), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         m(ids)
-        greedy_generate(m, ids, 3, prefill_chunk=5)
+        greedy_generate(m, ids, 3, prefill_chunk=7)
+
+
+def test_at_most_s_keys_run_the_plain_attention(monkeypatch):
+    """With at most S keys no distance reaches the shift: the layer runs its plain attention (the configured
+    kernel, no string_attention), so the logits are the plain model's bit for bit; one key more and
+    string_attention runs."""
+    from megablu.model import string as string_mod
+
+    m = tiny(seed=2)
+    ids = torch.randint(0, 61, (2, 41), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        plain = m(ids[:, :40])
+        apply_string(m, StringConfig(shift=40, local=3))
+        string_mod.kernels_used(reset=True)
+        same = m(ids[:, :40])
+        assert torch.equal(same, plain)
+        assert string_mod.kernels_used(reset=True) == {"plain": 2}   # one call per layer
+        real = decoder.string_attention
+        monkeypatch.setattr(decoder, "string_attention", lambda *a: (_ for _ in ()).throw(AssertionError("ran")))
+        m(ids[:, :40])
+        with pytest.raises(AssertionError, match="ran"):
+            m(ids)                                                   # 41 keys: distance 40 = S is remapped
+        monkeypatch.setattr(decoder, "string_attention", real)
+        # a prefill chunk after a cached past: the keys, not the chunk's rows, decide
+        string_mod.kernels_used(reset=True)
+        cache = KVCache(m.cfg.n_layers, rope_len=41)
+        got = torch.cat([m(ids[:, :30], cache=cache), m(ids[:, 30:], cache=cache)], 1)
+    assert string_mod.kernels_used(reset=True) == {"plain": 2, "sdpa": 2}
+    assert (got - m(ids, rope_len=41)).abs().max() < TOL
+
+
+def test_flex_past_its_recompile_limit_goes_on_with_sdpa(monkeypatch, caplog):
+    """The compiled flex kernel refusing one more shape (dynamo's recompile limit; an H100 eval met it on
+    2026-12-06) is not the eval's end: the call and every later one in the process run the sdpa kernel,
+    with one warning, and the kernel counts say so."""
+    from megablu.model import string as string_mod
+
+    calls = []
+
+    def limit(*a, **k):
+        calls.append(a[0].shape)
+        raise string_mod.flex_recompile_error()("recompile limit")
+
+    monkeypatch.setattr(string_mod, "string_attention_flex", limit)
+    monkeypatch.setattr(string_mod, "FLEX_OFF", {})
+    monkeypatch.setattr(string_mod, "KERNELS_USED", collections.Counter())
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 20, 4, 8, generator=g)
+    k, ks, v = (torch.randn(1, 20, 2, 8, generator=g) for _ in range(3))
+    ref = string_attention(q, k, ks, v, 6, impl="sdpa")
+    with caplog.at_level("WARNING", logger=string_mod.__name__):
+        assert torch.equal(string_attention(q, k, ks, v, 6, impl="flex"), ref)
+        assert torch.equal(string_attention(q, k, ks, v, 6, impl="flex"), ref)
+    assert len(calls) == 1 and sum("recompile limit" in r.getMessage() for r in caplog.records) == 1
+    assert string_mod.string_impl(torch.device("cuda"), 4096) == "sdpa"
+    used = string_mod.kernels_used()
+    assert used["sdpa"] == 3 and "flex" not in used and "recompile limit" in used["flex_off"]
+    # any other error of the kernel is not swallowed
+    monkeypatch.setattr(string_mod, "FLEX_OFF", {})
+    monkeypatch.setattr(string_mod, "string_attention_flex", lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        string_attention(q, k, ks, v, 6, impl="flex")
 
 
 def test_plain_path_unchanged(monkeypatch):
