@@ -34,9 +34,9 @@ from ..config.schema import ModelConfig, RopeConfig
 from ..ops.attention import causal_attention
 from ..ops.cross_entropy import linear_cross_entropy
 from ..ops.doc_attention import DocMask, doc_attention
+from . import string as string_mod
 from .packing import document_lengths
 from .rope import RotaryEmbedding
-from . import string as string_mod
 from .string import string_attention
 
 
