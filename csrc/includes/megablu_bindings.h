@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "megablu_msg.h"
 #include "megablu_ops.h"
 
 namespace megablu {
@@ -36,19 +37,20 @@ std::vector<at::Tensor> swiglu_bwd(const at::Tensor& grad, const at::Tensor& gat
                                    bool packed);
 
 // ---- helpers shared by the bindings ----
+
 inline DType to_dtype(at::ScalarType t) {
   switch (t) {
     case at::kFloat: return DType::F32;
     case at::kBFloat16: return DType::BF16;
     // float16 is not instantiated (megablu trains in bf16; it would cost a third more
     // compile time): the Python dispatch sends it to the torch reference
-    default: TORCH_CHECK(false, "megablu ops: unsupported dtype ", t, " (float32 and bfloat16 only)");
+    default: MEGABLU_CHECK(false, "megablu ops: unsupported dtype ", t, " (float32 and bfloat16 only)");
   }
   return DType::F32;
 }
 
 inline void check_launch(cudaError_t err, const char* what) {
-  TORCH_CHECK(err == cudaSuccess, "megablu ", what, " launch failed: ", cudaGetErrorString(err));
+  MEGABLU_CHECK(err == cudaSuccess, "megablu ", what, " launch failed: ", cudaGetErrorString(err));
 }
 
 // Largest v in {max_vec, max_vec/2, ..., 1} dividing every value in `divisible` and keeping

@@ -10,24 +10,24 @@ int64_t st(const at::Tensor& t, int i) { return t.size(i) == 1 ? 0 : t.stride(i)
 
 std::vector<at::Tensor> rope_apply(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                                    const at::Tensor& sin, bool backward) {
-  TORCH_CHECK(q.is_cuda() && k.is_cuda() && cos.is_cuda() && sin.is_cuda(), "rope: CUDA tensors expected");
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4, "rope: q (B,T,H,D) and k (B,T,Hkv,D) expected, got ", q.sizes(),
+  MEGABLU_CHECK(q.is_cuda() && k.is_cuda() && cos.is_cuda() && sin.is_cuda(), "rope: CUDA tensors expected");
+  MEGABLU_CHECK(q.dim() == 4 && k.dim() == 4, "rope: q (B,T,H,D) and k (B,T,Hkv,D) expected, got ", q.sizes(),
               " and ", k.sizes());
-  TORCH_CHECK(cos.dim() == 3 && sin.dim() == 3, "rope: cos/sin (B|1, T, D) expected, got ", cos.sizes());
+  MEGABLU_CHECK(cos.dim() == 3 && sin.dim() == 3, "rope: cos/sin (B|1, T, D) expected, got ", cos.sizes());
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3), Hkv = k.size(2);
-  TORCH_CHECK(k.size(0) == B && k.size(1) == T && k.size(3) == D, "rope: k ", k.sizes(), " does not match q ",
+  MEGABLU_CHECK(k.size(0) == B && k.size(1) == T && k.size(3) == D, "rope: k ", k.sizes(), " does not match q ",
               q.sizes());
-  TORCH_CHECK(D % 2 == 0, "rope: head_dim must be even, got ", D);
-  TORCH_CHECK(q.scalar_type() == k.scalar_type(), "rope: q and k dtypes differ");
-  TORCH_CHECK(cos.scalar_type() == sin.scalar_type(), "rope: cos and sin dtypes differ");
-  TORCH_CHECK(cos.scalar_type() == q.scalar_type() || cos.scalar_type() == at::kFloat,
+  MEGABLU_CHECK(D % 2 == 0, "rope: head_dim must be even, got ", D);
+  MEGABLU_CHECK(q.scalar_type() == k.scalar_type(), "rope: q and k dtypes differ");
+  MEGABLU_CHECK(cos.scalar_type() == sin.scalar_type(), "rope: cos and sin dtypes differ");
+  MEGABLU_CHECK(cos.scalar_type() == q.scalar_type() || cos.scalar_type() == at::kFloat,
               "rope: cos/sin must be float32 or q's dtype");
   for (const at::Tensor* t : {&cos, &sin}) {
-    TORCH_CHECK((t->size(0) == B || t->size(0) == 1) && t->size(1) == T && t->size(2) == D,
+    MEGABLU_CHECK((t->size(0) == B || t->size(0) == 1) && t->size(1) == T && t->size(2) == D,
                 "rope: cos/sin shape ", t->sizes(), " does not match q ", q.sizes());
-    TORCH_CHECK(t->stride(2) == 1 || D == 1, "rope: cos/sin need a contiguous last dim");
+    MEGABLU_CHECK(t->stride(2) == 1 || D == 1, "rope: cos/sin need a contiguous last dim");
   }
-  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1, "rope: q/k need a contiguous last dim");
+  MEGABLU_CHECK(q.stride(3) == 1 && k.stride(3) == 1, "rope: q/k need a contiguous last dim");
 
   const c10::cuda::CUDAGuard guard(q.device());
   auto oq = at::empty({B, T, H, D}, q.options());

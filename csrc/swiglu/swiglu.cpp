@@ -5,11 +5,11 @@ namespace megablu {
 
 namespace {
 void check_2d(const at::Tensor& t, const at::Tensor& like, const char* name) {
-  TORCH_CHECK(t.is_cuda() && t.device() == like.device(), "swiglu: ", name, " must be on ", like.device());
-  TORCH_CHECK(t.dim() == 2 && t.size(0) == like.size(0) && t.size(1) == like.size(1),
+  MEGABLU_CHECK(t.is_cuda() && t.device() == like.device(), "swiglu: ", name, " must be on ", like.device());
+  MEGABLU_CHECK(t.dim() == 2 && t.size(0) == like.size(0) && t.size(1) == like.size(1),
               "swiglu: ", name, " must be (rows, cols) = ", like.sizes(), ", got ", t.sizes());
-  TORCH_CHECK(t.stride(1) == 1 || t.size(1) == 1, "swiglu: ", name, " needs unit column stride");
-  TORCH_CHECK(t.scalar_type() == like.scalar_type(), "swiglu: ", name, " dtype differs");
+  MEGABLU_CHECK(t.stride(1) == 1 || t.size(1) == 1, "swiglu: ", name, " needs unit column stride");
+  MEGABLU_CHECK(t.scalar_type() == like.scalar_type(), "swiglu: ", name, " dtype differs");
 }
 int64_t rs(const at::Tensor& t) { return t.size(0) == 1 ? t.size(1) : t.stride(0); }
 }  // namespace

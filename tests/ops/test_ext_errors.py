@@ -4,8 +4,11 @@ a process of its own.
 Why a process per case: on an H100 (2026-12-06, torch 2.11.0+cu130) `rmsnorm_bwd(..., path=2)`,
 whose first check must throw "path must be", killed the whole pytest run with SIGSEGV, so
 none of the later tests/ops ran. Here a crash fails one case, with its signal and the
-faulthandler's stack, and the cases say whether every TORCH_CHECK throw out of the extension
-crashes (the build: exceptions across the module) or only that one (its call).
+faulthandler's stack. Their first run (H100, 2026-12-06, fifteenth session): the three throw probes
+raised, and of the argument checks exactly those whose message streamed a number died (1-d x,
+path=2, swiglu's shapes; a device or a literal raised). The checks now build their messages with
+MEGABLU_CHECK (csrc/includes/megablu_msg.h, no std::ostream numbers), and
+test_ostream_number_probes_agree says whether ostream number formatting is the cause.
 
 The extension's Python callers validate before calling it (megablu/ops/*.py: an unsupported shape or
 dtype takes the torch path), so these checks are the second line; they must still fail loudly and
@@ -42,6 +45,8 @@ CASES = [
     ("throw_pybind11_value_error", "ext._throw_probe(0)", "pybind11 value_error", "ValueError"),
     ("throw_c10_error", "ext._throw_probe(1)", "c10::Error"),
     ("throw_std_runtime_error", "ext._throw_probe(2)", "std::runtime_error"),
+    # the checks' own form since the H100 crash (csrc/includes/megablu_msg.h): a number through std::to_string
+    ("throw_megablu_check_number", "ext._throw_probe(5)", "MEGABLU_CHECK with the number 5"),
     ("rmsnorm_fwd_1d", "ext.rmsnorm_fwd(x.flatten(), None, w, 1e-5)", "x must be (rows, d)"),
     ("rmsnorm_bwd_grad_on_cpu", "ext.rmsnorm_bwd(gy.cpu(), gr, r, w, rstd)", "grad_y must be on"),
     ("rmsnorm_bwd_rstd_dtype", "ext.rmsnorm_bwd(gy, gr, r, w, rstd.bfloat16())", "rstd must be fp32"),
@@ -101,3 +106,20 @@ def test_probe_tells_a_raise_from_a_crash():
     assert rc == 0 and got["raised"] is None
     rc, _, got = run_probe("pass", setup="import sys\nsys.exit(0)\n")     # exit 0 before the probe: said so
     assert rc == 0 and got["raised"] == "nothing printed", got
+
+
+@cuda
+def test_ostream_number_probes_agree(record_property):
+    """What crashed on the H100 (2026-12-06): every check whose message streamed a number died with SIGSEGV,
+    those with strings only raised. Probe 3 is a TORCH_CHECK streaming a number, probe 4 a std::ostringstream
+    number in a std::runtime_error: each must raise or die with SIGSEGV, and the two must agree. Both raising:
+    the build is sound and MEGABLU_CHECK is a precaution; both dying: std::ostream number formatting in this
+    build is the cause and MEGABLU_CHECK (probe 5, above) the fix; one of each: the cause is elsewhere, and this
+    fails to say so. The outcomes go to the junit xml as properties."""
+    seen = {}
+    for kind, fragment in ((3, "c10::Error with the number 3"), (4, "ostream with the number 4")):
+        rc, err, got = run_probe(f"ext._throw_probe({kind})")
+        seen[kind] = "raised" if rc == 0 and fragment in got.get("msg", "") else f"rc {rc}"
+        record_property(f"probe_{kind}", seen[kind])
+        assert seen[kind] == "raised" or rc == -11, (kind, rc, got, err[-2000:])
+    assert seen[3] == seen[4], f"TORCH_CHECK with a number: {seen[3]}; ostream number: {seen[4]}"
