@@ -1,8 +1,9 @@
 """MEGABLU_CHECK's messages (csrc/includes/megablu_msg.h), built on a CPU: the parts the bindings pass
 (literals, std::string, integers of every width, bool, double, sizes, devices, dtypes) come out as the
 message TORCH_CHECK raises, with no std::ostream number formatting (the H100 crash of 2026-12-06,
-tests/ops/test_ext_errors.py). Skipped, saying why, where no C++ compiler can build a torch extension."""
+tests/ops/test_ext_errors.py). Skipped, saying why, where no C++ compiler or no Python.h can build a torch extension."""
 import shutil
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("check", &check); }
 def ext(tmp_path_factory):
     if not (shutil.which("c++") or shutil.which("g++")):
         pytest.skip("no C++ compiler (c++ / g++) to build the probe extension")
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
+        pytest.skip(f"no Python.h under {sysconfig.get_paths()['include']} (python's dev headers) to build it")
     from torch.utils.cpp_extension import load
 
     d = tmp_path_factory.mktemp("msg_ext")
