@@ -30,6 +30,9 @@
 # ARM=edge (prepared 2026-12-05, eleventh session): far's layout and flow, with a second synthetic set
 # (every asked key 24-32k back: the distance no arm retrieves) built in phase a beside far's own. Ran on an H100
 # (twelfth session, A 48 s, B 546 s, C 565 s, BUDGET_S=340 D 348 s): 66.5% plain, 88.0% with STRING at eval.
+# ARM=mix ran on an H100 (2026-12-06, fifteenth session; far's layout: A 38 s, B with OPS17=b 540 s, C 561 s,
+# BUDGET_S=560 D 567 s): 74.0% plain at 32744, 89.5% with STRING; its STRING 1024 cell died on flex's
+# recompile limit (fixed: at most S keys run the plain attention).
 # ARM=far, long_only, mix (NEW_ARM; prepared 2026-12-04, third session; the layout of dense
 # below): phase a builds the data and reuses the baselines' and dense's evals of the second
 # session (their prompts are checked against today's code first; only those that match are
