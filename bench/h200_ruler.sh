@@ -34,7 +34,8 @@
 # every task's prompt and answer fit native's own 8192 positions, as 32640 does YaRN x4's 32768.
 # $OUT (at most 8 files come back): report_<arm>.md (timeline, this call's tables), results_<arm>.tar.gz
 # (eval jsons and md, logs, heatmaps), ruler.md and ruler.png (C), eval_bench_<arm>.md/.json (A, D).
-# Knobs: N (100 prompts per cell), LENGTHS, BUDGET_S (540: the evals' deadline in s from the start), ARM.
+# Knobs: N (100 prompts per cell), LENGTHS, BUDGET_S (540: the evals' deadline in s from the start), ARM;
+# OPS17=1 with ARM=prep: issue 17's extension error cases after the bench (ops_tests.xml comes back).
 # REHEARSE_CPU=1 (tests/test_bench_ruler.py): no wheels to install; the test puts a `timeout` on PATH that
 # logs each guarded command instead of running it (the join and the data build run), so each arm's flow is
 # checked on CPU. RULER_PIECES: the pieces' prefix (data_cache/smol).
@@ -143,7 +144,13 @@ case "$ARM" in
     data   # a failure shows in the timeline; B builds it again
     bench blu --config yaml_configs/base.yaml --random --arm blu-0.5b --set data.window=32768 \
       --set 'rope.yarn={factor: 2.0, original_max_position: 16384}' --set "tokenizer={kind: hf, path: $TOK}" \
-      --tasks passkey niah_single_1 niah_multikey_2 vt cwe fwe ;;
+      --tasks passkey niah_single_1 niah_multikey_2 vt cwe fwe
+    # OPS17=1: issue 17's extension error cases after the bench (not beside it: the bench is timed). Each runs in
+    # a process of its own; the extension's first build is most of the ~100 s. The xml comes back.
+    if [ "${OPS17:-}" = 1 ]; then
+      guard ops_tests $(( $(now) + 200 )) $PY -m pytest -q -p no:cacheprovider -rs --junitxml="$OUT/ops_tests.xml" \
+        tests/ops/test_ext_errors.py tests/ops/test_ext_msg.py
+    fi ;;
   native)
     model; data || fail "no stdlib data: see logs/data.err"; suite native ;;
   yarn4)

@@ -188,3 +188,18 @@ def test_a_missing_piece_stops_the_call_before_any_eval(tmp_path, pieces):
     assert [c[1:3] for c in cmds] == [["bench/smollm2_pieces.py", "join"]]
     assert "smol_2/piece_2.bin" in (dev / "work_native" / "logs" / "join.err").read_text()
     assert "no model" in (tmp_path / "out_native" / "report_native.md").read_text()
+
+
+def test_prep_with_ops17_runs_the_extension_error_cases_after_the_bench(tmp_path, pieces, monkeypatch):
+    """OPS17=1: issue 17's extension error cases run in call A after blu-0.5b's timed bench, never beside it,
+    and their junit xml comes back in $OUT; without it they do not run."""
+    prefix, _ = pieces
+    cmds = _call(tmp_path, tmp_path / "dev", prefix, "prep")
+    assert not any("pytest" in c for c in cmds)
+    monkeypatch.setenv("OPS17", "1")
+    cmds = _call(tmp_path, tmp_path / "dev2", prefix, "prep")
+    i_bench = next(i for i, c in enumerate(cmds) if "bench/eval_bench.py" in c)
+    i_ops = next(i for i, c in enumerate(cmds) if "pytest" in c)
+    assert i_ops > i_bench
+    ops = cmds[i_ops]
+    assert "tests/ops/test_ext_errors.py" in ops and f"--junitxml={tmp_path}/out_prep/ops_tests.xml" in ops
