@@ -350,6 +350,10 @@ class StringConfig(Section):
 
     shift: int = Field(strict=True, gt=0, description="S: distances d >= S are replaced by d - S + local")
     local: int = Field(strict=True, ge=0, description="W: the position a distance of exactly S becomes; W < S")
+    beyond: int = Field(default=0, strict=True, ge=0, description="STRING only for prompts (and held-out loss "
+                        "sequences) longer than this many tokens; shorter ones are evaluated plain. 0: every "
+                        "length. A fixed S suits one length: on SmolLM2 arm `mix`, S=10922 gained 15.5 pp at 32744 "
+                        "and lost 18 pp at 16360 (docs/RESULTS.md), so e.g. beyond=16360 there")
 
     @model_validator(mode="after")
     def _order(self):

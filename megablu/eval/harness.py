@@ -188,6 +188,9 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
         if string.shift >= longest:
             log.warning("eval.string.shift=%d >= the longest sequence (%d tokens with its answer): no distance "
                         "reaches it, so STRING changes nothing here", string.shift, longest)
+        if string.beyond and all(L <= string.beyond for L in eval_cfg.lengths):
+            log.warning("eval.string.beyond=%d >= every length (%s): every cell is evaluated plain", string.beyond,
+                        ", ".join(map(str, eval_cfg.lengths)))
     if prefill_chunk is None:   # a GPU's flash kernel prefills a whole prompt fastest; a CPU in chunks
         if next(model.parameters()).device.type == "cuda":
             sdpa = string is not None and string_impl(next(model.parameters()).device) == "sdpa"
@@ -207,6 +210,9 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
         dp_rank = torch.distributed.get_rank(dp_group) if dp_group is not None else 0
         for (task, L), ps in prompts.items():
             t0 = time.perf_counter()
+            on = string is not None and L > string.beyond   # eval.string.beyond: plain up to that length
+            if string is not None:
+                apply_string(model, string if on else None)
             bs = max(1, batch_tokens // L)
             max_new = eval_cfg.task_max_new(task)
             mine, done = ps[dp_rank::dp], []
@@ -225,6 +231,8 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
             samples += done
             dt = time.perf_counter() - t0
             c = report.cell(task, L, done, eval_cfg, ps, dt)
+            if string is not None:
+                c["string"] = on
             cells.append(c)
             if rank == 0:
                 log.info("eval step %d %s@%d: %.1f%% (%d/%d fully correct) in %.1fs, %.2f prompts/s", step, task, L,
@@ -232,6 +240,8 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
         loss = None
         if loss_data is not None:
             t0 = time.perf_counter()
+            if string is not None:
+                apply_string(model, string)   # run_loss applies eval.string.beyond per sequence
             loss = run_loss(model, loss_data, eval_cfg, sp_group=sp_group, dp_group=dp_group)
             if rank == 0:
                 log.info("eval step %d held-out loss: %s%s in %.1fs", step,

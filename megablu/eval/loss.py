@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ..model.string import apply_string
 from .prompts import EvalError, TokenizerLike
 
 HEAD_CHUNK = 4096     # positions per vocab projection
@@ -159,9 +160,15 @@ def run_loss(model, data: dict, eval_cfg, *, sp_group=None, dp_group=None) -> di
     dp = dist.get_world_size(dp_group) if dp_group is not None else 1
     dr = dist.get_rank(dp_group) if dp_group is not None else 0
 
+    string = getattr(eval_cfg, "string", None)
+
+    def nll(s, tail: bool):
+        if string is not None and string.beyond:   # STRING for the sequences longer than eval.string.beyond only
+            apply_string(model, string if len(s) > string.beyond else None)
+        return sequence_nll(model, s, sp_group=sp_group, tail_from=len(s) // 2 if tail else None)
+
     def score(seqs, tail: bool):
-        mine = {i: sequence_nll(model, s, sp_group=sp_group, tail_from=len(s) // 2 if tail else None)
-                for i, s in enumerate(seqs) if i % dp == dr}
+        mine = {i: nll(s, tail) for i, s in enumerate(seqs) if i % dp == dr}
         if dp > 1:
             parts = [None] * dp
             dist.all_gather_object(parts, mine, group=dp_group)

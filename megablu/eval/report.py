@@ -193,7 +193,7 @@ def merge_results(results: Sequence[dict]) -> list[dict]:
             merged[key] = {**r, "cells": list(r["cells"]), "samples": list(r.get("samples", []))}
             continue
         m = merged[key]
-        s0, s1 = (m.get("eval") or {}).get("string"), (r.get("eval") or {}).get("string")
+        s0, s1 = (string_setting(x) for x in (m, r))
         if s0 != s1:
             raise EvalError(f"{r['arm']}@{r['step']}: results with different eval.string ({s0} in {m.get('_path')}, "
                             f"{s1} in {r.get('_path')}) are different arms; evaluate them under different --arm names")
@@ -237,6 +237,13 @@ def difference(res_a: dict, cell_a: dict, res_b: dict, cell_b: dict) -> tuple[Di
     return newcombe(cell_a["correct"], cell_a["n"], cell_b["correct"], cell_b["n"]), None
 
 
+def string_setting(res: dict) -> Optional[dict]:
+    """A result's eval.string, with the fields results written before they existed at their defaults (beyond
+    0: STRING at every length), so equal settings compare equal across versions."""
+    st = (res.get("eval") or {}).get("string")
+    return {**st, "beyond": st.get("beyond", 0)} if st else None
+
+
 def cells_by(res: dict, task: str) -> dict[int, dict]:
     return {c["length"]: c for c in res["cells"] if c["task"] == task}
 
@@ -244,7 +251,8 @@ def cells_by(res: dict, task: str) -> dict[int, dict]:
 def _label(res: dict) -> str:
     """arm@step, and the eval-time STRING setting when the result used one (it is part of the arm)."""
     st = (res.get("eval") or {}).get("string")
-    return f"{res['arm']}@{res['step']}" + (f" +string(S={st['shift']},W={st['local']})" if st else "")
+    return f"{res['arm']}@{res['step']}" + (f" +string(S={st['shift']},W={st['local']}"
+                                             f"{',>' + str(st['beyond']) if st.get('beyond') else ''})" if st else "")
 
 
 def _fmt_len(L: Optional[int]) -> str:

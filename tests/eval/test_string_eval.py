@@ -55,11 +55,12 @@ def test_eval_cli_with_string(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert rc == 0, err
     res = json.loads((tmp_path / "s" / "step_0.json").read_text())
-    assert res["eval"]["string"] == {"shift": 64, "local": 8}
+    assert res["eval"]["string"] == {"shift": 64, "local": 8, "beyond": 0}
     assert "tiny@0 +string(S=64,W=8)" in out
     # the mapping form of --set works too
     assert main(run + ["--out", str(tmp_path / "s2"), "--set", "eval.string={shift: 64, local: 8}"]) == 0
-    assert json.loads((tmp_path / "s2" / "step_0.json").read_text())["eval"]["string"] == {"shift": 64, "local": 8}
+    s2 = json.loads((tmp_path / "s2" / "step_0.json").read_text())
+    assert s2["eval"]["string"] == {"shift": 64, "local": 8, "beyond": 0}
     capsys.readouterr()
     assert main(run + ["--out", str(tmp_path / "p"), "--set", "eval.string.shift=64",
                        "--set", "eval.string.local=64"]) == 2
@@ -91,7 +92,7 @@ def test_run_eval_applies_string_for_the_eval_only(tmp_path, byte_tok, monkeypat
     monkeypatch.setattr(harness, "greedy_generate", spy)
     cfg = EvalConfig(lengths=[300], n=2, max_new=4, pad=32, string={"shift": 64, "local": 8})
     res = harness.run_eval(m, byte_tok, cfg, 512, step=1, out_dir=tmp_path, rank=0, plot=False)
-    assert res["eval"]["string"] == {"shift": 64, "local": 8}
+    assert res["eval"]["string"] == {"shift": 64, "local": 8, "beyond": 0}
     assert seen and all(s == (StringConfig(shift=64, local=8), 64, 2048) for s in seen)
     assert m.string is None and m.layers[0].self_attn.core.string_shift is None and m.training
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda g=None: 2)
@@ -115,6 +116,13 @@ def test_results_of_another_string_setting_are_another_arm():
     s = {"shift": 512, "local": 64}
     merged = merge_results([_res("a", s, 1024), _res("a", s, 2048)])
     assert len(merged) == 1 and len(merged[0]["cells"]) == 2
+    # a result written before eval.string.beyond existed (no such field) is the same setting as beyond 0 ...
+    old = _res("a", s, 4096)
+    old["eval"]["string"].pop("beyond")
+    assert len(merge_results([_res("a", s, 1024), old])[0]["cells"]) == 2
+    # ... and another beyond is another arm
+    with pytest.raises(EvalError, match="different eval.string"):
+        merge_results([_res("a", s, 1024), _res("a", {**s, "beyond": 1024}, 2048)])
     with pytest.raises(EvalError, match="different eval.string"):
         merge_results([_res("a", None, 1024), _res("a", s, 2048)])
     md = markdown(merge_results([_res("a"), _res("a-string", s)]))
@@ -157,3 +165,45 @@ def test_run_eval_below_the_shift_is_the_plain_eval(tmp_path, byte_tok):
                            plot=False)
     assert set(res["string_kernels_used"]) == {"plain"}, res["string_kernels_used"]
     assert [s["output"] for s in res["samples"]] == [s["output"] for s in plain["samples"]]
+
+
+def test_beyond_evaluates_the_short_cells_plain(tmp_path, byte_tok, monkeypatch):
+    """eval.string.beyond: the prompts of cells of at most `beyond` tokens are generated without STRING
+    (model.string None at generation; the cell says string false), the longer ones with it; the result
+    records the setting, the tables label it, and the model is restored afterwards."""
+    seen = []
+    real = harness.greedy_generate
+
+    def spy(model, ids, *a, **k):
+        seen.append((ids.shape[1], model.string))
+        return real(model, ids, *a, **k)
+
+    monkeypatch.setattr(harness, "greedy_generate", spy)
+    m = tiny_model(seed=5)
+    cfg = EvalConfig(lengths=[300, 700], n=2, max_new=4, pad=32, string={"shift": 16, "local": 1, "beyond": 300})
+    res = harness.run_eval(m, byte_tok, cfg, 1024, step=1, out_dir=tmp_path, rank=0, plot=False)
+    s = StringConfig(shift=16, local=1, beyond=300)
+    assert sorted({(n <= 300, st is None) for n, st in seen}) == [(False, False), (True, True)], seen
+    assert all(st == s for _, st in seen if st is not None)
+    assert {c["length"]: c["string"] for c in res["cells"]} == {300: False, 700: True}
+    assert res["eval"]["string"] == {"shift": 16, "local": 1, "beyond": 300}
+    assert "+string(S=16,W=1,>300)" in markdown([res])
+    assert m.string is None and m.layers[0].self_attn.core.string_shift is None
+    with pytest.raises(ValidationError, match="beyond"):
+        StringConfig(shift=64, local=8, beyond=-1)
+
+
+def test_beyond_in_the_held_out_loss_is_per_sequence(monkeypatch):
+    """run_loss with eval.string.beyond: each sequence longer than `beyond` is scored with STRING, each
+    other one plain, whatever the order."""
+    from megablu.eval import loss as loss_mod
+
+    m = tiny_model(seed=5)
+    seen = []
+    monkeypatch.setattr(loss_mod, "sequence_nll",
+                        lambda model, s, **k: seen.append((len(s), model.string)) or (1.0, len(s), 0.5, len(s) // 2))
+    s = StringConfig(shift=64, local=8, beyond=100)
+    cfg = EvalConfig(lengths=[300], string=s.model_dump(), loss={"data": "x"})
+    data = {"by_length": {300: [[1] * 300, [2] * 300]}, "short": [[3] * 80, [4] * 150, [5] * 90]}
+    loss_mod.run_loss(m, data, cfg)
+    assert seen == [(300, s), (300, s), (80, None), (150, s), (90, None)]
