@@ -147,8 +147,9 @@ case "$ARM" in
       --tasks passkey niah_single_1 niah_multikey_2 vt cwe fwe
     # OPS17=1: issue 17's extension error cases after the bench (not beside it: the bench is timed). Each runs in
     # a process of its own; the extension's first build is most of the ~100 s. The xml comes back.
-    if [ "${OPS17:-}" = 1 ]; then
-      guard ops_tests $(( $(now) + 200 )) $PY -m pytest -q -p no:cacheprovider -rs --junitxml="$OUT/ops_tests.xml" \
+    if [ "${OPS17:-}" = 1 ]; then   # capped so that the call (600 s) still returns what it has
+      OPS_END=$(( $(now) + 200 )); [ "$OPS_END" -gt 560 ] && OPS_END=560
+      guard ops_tests $OPS_END $PY -m pytest -q -p no:cacheprovider -rs --junitxml="$OUT/ops_tests.xml" \
         tests/ops/test_ext_errors.py tests/ops/test_ext_msg.py
     fi ;;
   native)

@@ -23,6 +23,10 @@ inline std::string msg_part(T v) {
   return std::to_string(v);
 }
 inline std::string msg_part(bool v) { return v ? "true" : "false"; }
+// a char would print as its code and any other pointer as a bool: refused at compile time
+std::string msg_part(char) = delete;
+template <typename T>
+std::string msg_part(const T*) = delete;
 inline std::string msg_part(double v) { return std::to_string(v); }
 inline std::string msg_part(c10::IntArrayRef a) {
   std::string s = "[";

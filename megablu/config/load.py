@@ -217,7 +217,7 @@ _LATER_FIELDS = {("data", "mix"), ("rope", "allow_yarn_from_scratch"), ("eval", 
 # from before the field, and a resume accepts a memory.loss change: train/resume.py)
 _LATER_DEFAULTS = {("memory", "loss"): "chunked", ("memory", "attention"): "sdpa",
                    ("checkpoint", "keep_every"): 0, ("memory", "offload_keep"): 1,
-                   ("memory", "offload_fraction"): 1.0}
+                   ("memory", "offload_fraction"): 1.0, ("eval", "string", "beyond"): 0}
 
 
 def config_hash(cfg: Config) -> str:
@@ -232,8 +232,8 @@ def config_hash(cfg: Config) -> str:
     for (*parents, key), default in _LATER_DEFAULTS.items():
         node = d
         for k in parents:
-            node = node[k]
-        if node.get(key) == default:
+            node = node.get(k) if isinstance(node, dict) else None
+        if isinstance(node, dict) and node.get(key) == default:   # a parent may be None (eval.string off)
             node.pop(key)
     blob = json.dumps(d, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

@@ -191,20 +191,26 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
         if string.beyond and all(L <= string.beyond for L in eval_cfg.lengths):
             log.warning("eval.string.beyond=%d >= every length (%s): every cell is evaluated plain", string.beyond,
                         ", ".join(map(str, eval_cfg.lengths)))
-    if prefill_chunk is None:   # a GPU's flash kernel prefills a whole prompt fastest; a CPU in chunks
-        if next(model.parameters()).device.type == "cuda":
-            sdpa = string is not None and string_impl(next(model.parameters()).device) == "sdpa"
-            prefill_chunk = STRING_PREFILL_CHUNK if sdpa else 0
-        else:
-            prefill_chunk = 2048
+    device = next(model.parameters()).device
+
+    def chunk_for(on: bool) -> int:
+        """The prefill chunk of a cell (the caller's, if given): a GPU's flash kernel prefills a whole prompt
+        fastest, STRING's sdpa kernel takes 4096-token chunks; a CPU prefills in chunks of 2048."""
+        if prefill_chunk is not None:
+            return prefill_chunk
+        if device.type != "cuda":
+            return 2048
+        return STRING_PREFILL_CHUNK if on and string_impl(device) == "sdpa" else 0
+
+    # the STRING kernel asked for at the start (a bad MEGABLU_STRING_IMPL raises here, before the model is
+    # touched); string_kernels_used says what ran (flex can fall back to sdpa)
+    string_kernel = string_impl(device, 2) if string is not None else None
 
     was_training = model.training
     model.eval()
     samples, cells = [], []
-    prev_string = apply_string(model, string)
     kernels_used(reset=True)
-    # the STRING kernel asked for at the start; string_kernels_used says what ran (flex can fall back to sdpa)
-    string_kernel = string_impl(next(model.parameters()).device, 2) if string is not None else None
+    prev_string = apply_string(model, string)
     try:
         dp = torch.distributed.get_world_size(dp_group) if dp_group is not None else 1
         dp_rank = torch.distributed.get_rank(dp_group) if dp_group is not None else 0
@@ -219,7 +225,7 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
             for s in range(0, len(mine), bs):
                 batch = mine[s:s + bs]
                 ids = torch.tensor([p.ids for p in batch], dtype=torch.long)
-                gen = greedy_generate(model, ids, max_new, sp_group=sp_group, prefill_chunk=prefill_chunk,
+                gen = greedy_generate(model, ids, max_new, sp_group=sp_group, prefill_chunk=chunk_for(on),
                                       eot_id=tokenizer.eot_id).tolist()
                 for p, g in zip(batch, gen):
                     done.append(_sample(task, L, p, tokenizer.decode(cut_at_eot(g, tokenizer.eot_id))))

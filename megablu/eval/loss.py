@@ -175,6 +175,16 @@ def run_loss(model, data: dict, eval_cfg, *, sp_group=None, dp_group=None) -> di
             mine = {k: v for p in parts for k, v in p.items()}
         return [mine[i] for i in range(len(seqs))]
 
+    prev = getattr(model, "string", None)
+    try:
+        return _run_loss(data, eval_cfg, score)
+    finally:
+        if string is not None and string.beyond:
+            apply_string(model, prev)   # as it came in (nll switched it per sequence)
+
+
+def _run_loss(data: dict, eval_cfg, score) -> dict:
+    """run_loss's sections from `score(seqs, tail)` (each sequence's sums, gathered over dp)."""
     by_length = []
     for L, seqs in data["by_length"].items():
         st = score(seqs, tail=True)

@@ -106,6 +106,11 @@ def test_keep_every_at_its_default_leaves_the_config_hash_alone():
     # eval.string (STRING at eval, added 2026-12-05) the same way: hashed only when set
     assert config_hash(cfg(old + ["eval.string=null"])) == "786b2824aa40a632"
     assert config_hash(cfg(old + ["eval.string.shift=64", "eval.string.local=8"])) != "786b2824aa40a632"
+    # eval.string.beyond (2026-12-06) at its default keeps the hash of the runs before it (9533a9b's)
+    string = ["eval.string.shift=64", "eval.string.local=8"]
+    assert config_hash(cfg(old + string)) == config_hash(cfg(old + string + ["eval.string.beyond=0"])) \
+        == "70e138f0084275f1"
+    assert config_hash(cfg(old + string + ["eval.string.beyond=16360"])) != "70e138f0084275f1"
     steps = cfg([]).train.max_steps
     assert any(w.startswith(f"checkpoint.keep_every={steps + 20} > train.max_steps")
                for w in config_warnings(cfg([f"checkpoint.keep_every={steps + 20}"])))

@@ -14,6 +14,7 @@ from megablu.config.schema import EvalConfig, StringConfig, check_invariants
 from megablu.eval import harness
 from megablu.eval.prompts import EvalError
 from megablu.eval.report import make_result, markdown, merge_results
+from megablu.model.string import apply_string
 
 from .conftest import tiny_model
 from .test_cli import _config
@@ -205,5 +206,19 @@ def test_beyond_in_the_held_out_loss_is_per_sequence(monkeypatch):
     s = StringConfig(shift=64, local=8, beyond=100)
     cfg = EvalConfig(lengths=[300], string=s.model_dump(), loss={"data": "x"})
     data = {"by_length": {300: [[1] * 300, [2] * 300]}, "short": [[3] * 80, [4] * 150, [5] * 90]}
+    apply_string(m, s)          # as run_eval installs it
     loss_mod.run_loss(m, data, cfg)
     assert seen == [(300, s), (300, s), (80, None), (150, s), (90, None)]
+    assert m.string == s        # left as it came in, not as the last sequence had it
+
+
+def test_run_eval_restores_the_model_when_the_string_kernel_setting_is_bad(tmp_path, byte_tok, monkeypatch):
+    """A bad MEGABLU_STRING_IMPL is refused before STRING is installed: the model is left as it was."""
+    from megablu.model import string as string_mod
+
+    monkeypatch.setenv(string_mod.ENV, "bogus")
+    m = tiny_model(seed=5)
+    cfg = EvalConfig(lengths=[300], n=1, max_new=2, pad=32, string={"shift": 64, "local": 8})
+    with pytest.raises(ValueError, match="MEGABLU_STRING_IMPL"):
+        harness.run_eval(m, byte_tok, cfg, 512, step=1, out_dir=tmp_path, rank=0, plot=False)
+    assert m.string is None and m.layers[0].self_attn.core.string_shift is None

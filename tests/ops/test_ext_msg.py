@@ -34,12 +34,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("check", &check); }
 """
 
 
-@pytest.fixture(scope="module")
-def ext(tmp_path_factory):
+def skip_unless_buildable():
     if not (shutil.which("c++") or shutil.which("g++")):
         pytest.skip("no C++ compiler (c++ / g++) to build the probe extension")
     if not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
         pytest.skip(f"no Python.h under {sysconfig.get_paths()['include']} (python's dev headers) to build it")
+
+
+@pytest.fixture(scope="module")
+def ext(tmp_path_factory):
+    skip_unless_buildable()
     from torch.utils.cpp_extension import load
 
     d = tmp_path_factory.mktemp("msg_ext")
@@ -58,3 +62,20 @@ def ext(tmp_path_factory):
 def test_megablu_check_message(ext, kind, want):
     assert ext.check(kind) == want
 
+
+
+def test_a_char_or_a_pointer_in_a_message_does_not_compile(tmp_path):
+    """msg_part refuses a char (it would print its code) and a pointer other than char* (it would print as a
+    bool) at compile time."""
+    skip_unless_buildable()
+    from torch.utils.cpp_extension import load
+
+    for i, part in enumerate(["','", "(const int*) nullptr"]):
+        d = tmp_path / str(i)
+        d.mkdir()
+        (d / "bad.cpp").write_text('#include <pybind11/pybind11.h>\n#include "megablu_msg.h"\n'
+                                   f'void f() {{ MEGABLU_CHECK(false, "x", {part}); }}\n'
+                                   'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("f", &f); }\n')
+        with pytest.raises(RuntimeError, match="Error building extension"):
+            load(f"megablu_msg_bad{i}", [str(d / "bad.cpp")], extra_include_paths=[str(ROOT / "csrc" / "includes")],
+                 build_directory=str(d), verbose=False)
