@@ -355,6 +355,10 @@ class StringConfig(Section):
                         "length. A fixed S suits one length: on SmolLM2 arm `mix`, S=10922 gained 15.5 pp at 32744 "
                         "and lost 18 pp at 16360 (docs/RESULTS.md), so e.g. beyond=16360 there")
 
+    def applies(self, length: int) -> bool:
+        """Whether STRING runs on a prompt or a sequence of `length` tokens (eval.string.beyond)."""
+        return length > self.beyond
+
     @model_validator(mode="after")
     def _order(self):
         if self.local >= self.shift:

@@ -216,7 +216,7 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
         dp_rank = torch.distributed.get_rank(dp_group) if dp_group is not None else 0
         for (task, L), ps in prompts.items():
             t0 = time.perf_counter()
-            on = string is not None and L > string.beyond   # eval.string.beyond: plain up to that length
+            on = string is not None and string.applies(L)   # eval.string.beyond: plain up to that length
             if string is not None:
                 apply_string(model, string if on else None)
             bs = max(1, batch_tokens // L)
@@ -246,8 +246,6 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
         loss = None
         if loss_data is not None:
             t0 = time.perf_counter()
-            if string is not None:
-                apply_string(model, string)   # run_loss applies eval.string.beyond per sequence
             loss = run_loss(model, loss_data, eval_cfg, sp_group=sp_group, dp_group=dp_group)
             if rank == 0:
                 log.info("eval step %d held-out loss: %s%s in %.1fs", step,

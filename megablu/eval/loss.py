@@ -164,7 +164,7 @@ def run_loss(model, data: dict, eval_cfg, *, sp_group=None, dp_group=None) -> di
 
     def nll(s, tail: bool):
         if string is not None and string.beyond:   # STRING for the sequences longer than eval.string.beyond only
-            apply_string(model, string if len(s) > string.beyond else None)
+            apply_string(model, string if string.applies(len(s)) else None)
         return sequence_nll(model, s, sp_group=sp_group, tail_from=len(s) // 2 if tail else None)
 
     def score(seqs, tail: bool):

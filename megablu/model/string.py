@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 # attention calls per kernel since the last reset (the eval records them with its results): flex, sdpa, and
 # plain (keys <= S: LocalAttention's own attention, STRING being the identity there)
 KERNELS_USED: collections.Counter = collections.Counter()
-# why flex is off for the rest of this process (its recompile limit was hit), or None
+# {reason: ...} once flex is off for the rest of this process (its recompile limit was hit); empty while on
 FLEX_OFF: dict = {}
 
 
