@@ -3,7 +3,10 @@
 // streamed a number (a size, d, path) ended the process with SIGSEGV instead of raising, while those with
 // strings only (a device, a literal) raised (tests/ops/test_ext_errors.py). MEGABLU_CHECK(cond, parts...)
 // passes TORCH_CHECK one std::string made here: numbers through std::to_string, sizes as [a, b], devices
-// and dtypes by name. c10 headers only, so tests/ops/test_ext_msg.py builds it on a CPU.
+// and dtypes by name. c10 headers only, so tests/ops/test_ext_msg.py builds it on a CPU. Confirmed on an H100
+// (2026-12-06, sixteenth session): _throw_probe(3) (TORCH_CHECK streaming a number) and (4) (std::ostringstream
+// number in a std::runtime_error) die with SIGSEGV, MEGABLU_CHECK with a number raises, and so do the checks
+// that crashed before (bench/results/2026-12-06c/ops17_probe_tests.xml).
 #pragma once
 
 #include <c10/core/Device.h>
