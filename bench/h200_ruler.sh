@@ -34,7 +34,9 @@
 # every task's prompt and answer fit native's own 8192 positions, as 32640 does YaRN x4's 32768.
 # $OUT (at most 8 files come back): report_<arm>.md (timeline, this call's tables), results_<arm>.tar.gz
 # (eval jsons and md, logs, heatmaps), ruler.md and ruler.png (C), eval_bench_<arm>.md/.json (A, D).
-# Knobs: N (100 prompts per cell), LENGTHS, BUDGET_S (540: the evals' deadline in s from the start), ARM;
+# Finishing what a session left (2026-12-06 ran 1024-16384, no cwe): `LENGTHS=32640 CWE_LENGTHS= ARM=native` runs
+# 32640 only (in NGROUPS evals), `LENGTHS= ARM=yarn4` cwe only; a set but empty knob is not its default.
+# Knobs: N (100 prompts per cell), LENGTHS, CWE_LENGTHS, GROUPS_FROM and NGROUPS (32640 and 3), BUDGET_S (540: the evals' deadline in s from the start), ARM;
 # OPS17=1 with ARM=prep: issue 17's extension error cases after the bench (ops_tests.xml comes back).
 # REHEARSE_CPU=1 (tests/test_bench_ruler.py): no wheels to install; the test puts a `timeout` on PATH that
 # logs each guarded command instead of running it (the join and the data build run), so each arm's flow is
@@ -48,9 +50,11 @@ WORK=$DEV/work_$ARM
 PIECES=${RULER_PIECES:-data_cache/smol}
 BUDGET=${BUDGET_S:-540}
 N=${N:-100}
-LENGTHS=${LENGTHS:-"1024 2048 4096 8064 16384 32640"}
+LENGTHS=${LENGTHS-"1024 2048 4096 8064 16384 32640"}   # set but empty: no suite lengths (cwe only)
 TASKS="passkey niah_single_1 niah_single_2 niah_single_3 niah_multikey_1 niah_multikey_2 niah_multikey_3 niah_multivalue niah_multiquery vt fwe"
-CWE_LENGTHS=${CWE_LENGTHS:-"4096 8064 16384 32640"}   # cwe's 300 common entries need ~2.2k SmolLM2 tokens
+CWE_LENGTHS=${CWE_LENGTHS-"4096 8064 16384 32640"}   # cwe's 300 common entries need ~2.2k SmolLM2 tokens
+GROUPS_FROM=${GROUPS_FROM:-32640}   # from this length on, a length's tasks run in NGROUPS evals
+NGROUPS=${NGROUPS:-3}
 CFG=yaml_configs/rep_smollm2_32k.yaml   # its tokenizer: data_cache/smollm2/hf_tokenizer (carried in A)
 TOK=data_cache/smollm2/hf_tokenizer
 MODEL=$DEV/smollm2_blu
@@ -94,11 +98,15 @@ data() {   # the stdlib, tokenized once per machine
 }
 
 # cells native|yarn4 NAME "TASKS" "LENGTHS" [extra args]: one `megablu eval` per length, shortest first, so
-# a deadline costs only the longest cells; a length done by an earlier call is skipped
+# a deadline costs only the longest cells; a length done by an earlier call is skipped. From GROUPS_FROM
+# tokens on, a length's tasks run as NGROUPS evals of consecutive tasks (NAME_L, NAME_L_g1, ...; the held-out
+# loss in the first only): a deadline then costs one group, not the length (compare joins the groups)
 cells() {
-  local arm=$1 name=$2 tasks=$3 lens=$4 L rope; shift 4
+  local arm=$1 name=$2 tasks=$3 lens=$4 L rope g k out; shift 4
+  local all=($tasks) part loss
   for L in $lens; do
-    ls "$DEV/eval/${name}_$L"/step_*.json > /dev/null 2>&1 && continue
+    if [ "$L" -ge "$GROUPS_FROM" ] && [ "${#all[@]}" -gt 1 ]; then k=$(( (${#all[@]} + NGROUPS - 1) / NGROUPS ))
+    else k=${#all[@]}; fi
     if [ "$arm" = native ]; then
       # the weights' own rope, no override; inside its own 8192 positions where prompt + the longest answer
       # (cwe's 128) fit them (the PAD rule checks it against data.window), beyond them at 32768, as trained
@@ -109,10 +117,17 @@ cells() {
       # recorded in the result
       rope=(--rope-override --set data.window=32768)
     fi
-    guard "eval_${name}_$L" "$BUDGET" $PY -m megablu.cli eval --config "$CFG" --ckpt "$MODEL" --step 0 \
-      --arm "smollm2-$arm" "${rope[@]}" --set "eval.haystack=$DATA" --set "eval.loss.data=$DATA" --set eval.loss.n=8 \
-      --n "$N" --tasks $tasks --lengths "$L" --set "eval.lengths=[$L]" --no-plot --out "$DEV/eval/${name}_$L" "$@"
-    finish
+    for (( g = 0; g * k < ${#all[@]}; g++ )); do
+      out=${name}_$L; [ "$g" -gt 0 ] && out=${out}_g$g
+      ls "$DEV/eval/$out"/step_*.json > /dev/null 2>&1 && continue
+      part=("${all[@]:$(( g * k )):$k}")
+      loss=(); [ "$g" -gt 0 ] && loss=(--set eval.loss.data=null)
+      guard "eval_$out" "$BUDGET" $PY -m megablu.cli eval --config "$CFG" --ckpt "$MODEL" --step 0 \
+        --arm "smollm2-$arm" "${rope[@]}" --set "eval.haystack=$DATA" --set "eval.loss.data=$DATA" --set eval.loss.n=8 \
+        --n "$N" --tasks "${part[@]}" --lengths "$L" --set "eval.lengths=[$L]" --no-plot --out "$DEV/eval/$out" "$@" \
+        "${loss[@]}"
+      finish
+    done
   done
 }
 # suite native|yarn4: the suite with the held-out loss, then cwe (its 128-token answers make it the slowest

@@ -48,7 +48,7 @@ def pieces(tmp_path):
     return tmp_path / "pieces" / "smol", hashlib.sha256(src.read_bytes()).hexdigest()
 
 
-def _call(tmp_path: Path, dev: Path, prefix: Path, arm: str, rc: int = 0) -> list[list[str]]:
+def _call(tmp_path: Path, dev: Path, prefix: Path, arm: str, rc: int = 0, **knobs: str) -> list[list[str]]:
     """One device call: the commands it ran, each as its argv. $OUT must hold what comes back (at most 8
     files, none in a folder)."""
     fake = tmp_path / "bin"
@@ -59,7 +59,7 @@ def _call(tmp_path: Path, dev: Path, prefix: Path, arm: str, rc: int = 0) -> lis
     log.unlink(missing_ok=True)
     env = {**os.environ, "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}", "REHEARSE_CPU": "1",
            "REHEARSE_LOG": str(log), "RULER_DEV": str(dev), "RULER_PIECES": str(prefix), "OUT": str(out),
-           "ARM": arm, "DS_ACCELERATOR": "cpu"}
+           "ARM": arm, "DS_ACCELERATOR": "cpu", **knobs}
     r = subprocess.run(["bash", str(ROOT / "bench" / "h200_ruler.sh")], capture_output=True, text=True, env=env,
                        cwd=ROOT, timeout=300)
     assert r.returncode == rc, r.stdout[-2000:] + r.stderr[-2000:]
@@ -124,18 +124,28 @@ def test_four_calls_native_in_its_window_yarn4_at_32k_then_compare(tmp_path, pie
     cmds = _call(tmp_path, dev, prefix, "yarn4")
     assert not any(c[1] == "bench/smollm2_pieces.py" for c in cmds)            # the model is there
     yarn4 = _evals(cmds)
-    # each arm: the suite per length, shortest first, then cwe (the slowest) from 4096, last
+    # each arm: the suite per length, shortest first (32640 in three groups of tasks), then cwe (the slowest)
+    # from 4096, last
     for arm, cells in (("native", native), ("yarn4", yarn4)):
-        assert list(cells) == [f"{arm}_{L}" for L in LENGTHS] + [f"{arm}_cwe_{L}" for L in LENGTHS if L >= 4096]
+        assert list(cells) == [f"{arm}_{L}" for L in LENGTHS] + [f"{arm}_32640_g1", f"{arm}_32640_g2"] + \
+            [f"{arm}_cwe_{L}" for L in LENGTHS if L >= 4096]
+    suite = sorted({"passkey", *RULER_SUITE} - {"cwe"})
     for arm, cells in (("native", native), ("yarn4", yarn4)):
+        # 32640's groups: consecutive tasks, every task once, the held-out loss in the first group only
+        groups = [cells[f"{arm}_32640"].tasks, cells[f"{arm}_32640_g1"].tasks, cells[f"{arm}_32640_g2"].tasks]
+        assert sorted(t for g in groups for t in g) == suite and [len(g) for g in groups] == [4, 4, 3], groups
         for name, ns in cells.items():
-            L = int(name.rsplit("_", 1)[1])
+            L = int(name.removesuffix("_g1").removesuffix("_g2").rsplit("_", 1)[1])
             assert ns.lengths == [L] and f"eval.lengths=[{L}]" in ns.set and ns.n == 100, ns
+            loss = [x for x in ns.set if x.startswith("eval.loss.data=")][-1]   # the last one counts
             if "_cwe_" in name:
-                assert ns.tasks == ["cwe"] and ns.set[-1] == "eval.loss.data=null", ns
+                assert ns.tasks == ["cwe"] and loss == "eval.loss.data=null", ns
+            elif name.endswith(("_g1", "_g2")):
+                assert loss == "eval.loss.data=null", ns
             else:
-                assert sorted(ns.tasks) == sorted({"passkey", *RULER_SUITE} - {"cwe"}), (name, ns.tasks)
-                assert f"eval.loss.data={dev}/stdlib_smol" in ns.set
+                if L < 32640:
+                    assert sorted(ns.tasks) == suite, (name, ns.tasks)
+                assert loss == f"eval.loss.data={dev}/stdlib_smol", ns.set
             assert f"eval.haystack={dev}/stdlib_smol" in ns.set
             assert ns.ckpt == f"{dev}/smollm2_blu" and ns.step == 0 and ns.arm == f"smollm2-{arm}"
             assert not eval_problems_of(ns), (name, eval_problems_of(ns))
@@ -161,10 +171,10 @@ def test_four_calls_native_in_its_window_yarn4_at_32k_then_compare(tmp_path, pie
     assert ns.md == f"{dev}/ruler.md" and ns.heatmap == f"{dev}/heat/smol"
 
     # C again after a deadline cut the 32640 cells: those run, nothing else, then the compare
-    for name in ("yarn4_32640", "yarn4_cwe_32640"):
+    for name in ("yarn4_32640_g2", "yarn4_cwe_32640"):
         (dev / "eval" / name / "step_0.json").unlink()
     cmds = _call(tmp_path, dev, prefix, "yarn4")
-    assert list(_evals(cmds)) == ["yarn4_32640", "yarn4_cwe_32640"] and cmds[-1][3:4] == ["compare"]
+    assert list(_evals(cmds)) == ["yarn4_32640_g2", "yarn4_cwe_32640"] and cmds[-1][3:4] == ["compare"]
 
     # D: SmolLM2's eval speed on the converted model
     cmds = _call(tmp_path, dev, prefix, "bench")
@@ -203,3 +213,17 @@ def test_prep_with_ops17_runs_the_extension_error_cases_after_the_bench(tmp_path
     assert i_ops > i_bench
     ops = cmds[i_ops]
     assert "tests/ops/test_ext_errors.py" in ops and f"--junitxml={tmp_path}/out_prep/ops_tests.xml" in ops
+
+
+def test_knobs_set_empty_run_no_lengths_so_a_session_can_finish_what_one_left(tmp_path, pieces):
+    """The calls that finish a suite: LENGTHS=32640 with CWE_LENGTHS empty runs 32640's three groups and no cwe;
+    LENGTHS empty runs cwe only. An empty knob is not its default."""
+    prefix, _ = pieces
+    dev = tmp_path / "dev"
+    _call(tmp_path, dev, prefix, "prep")
+    cmds = _call(tmp_path, dev, prefix, "native", LENGTHS="32640", CWE_LENGTHS="")
+    assert list(_evals(cmds)) == ["native_32640", "native_32640_g1", "native_32640_g2"]
+    cmds = _call(tmp_path, dev, prefix, "yarn4", LENGTHS="")
+    assert list(_evals(cmds)) == [f"yarn4_cwe_{L}" for L in (4096, 8064, 16384, 32640)]
+    cmds = _call(tmp_path, dev, prefix, "yarn4", LENGTHS="16384", CWE_LENGTHS="", NGROUPS="2", GROUPS_FROM="16384")
+    assert [len(ns.tasks) for ns in _evals(cmds).values()] == [6, 5]
