@@ -66,7 +66,7 @@ def legacy_generation():
             model.cfg.n_layers, seq_sharded=seq_sharded)
 
         def no_stop(*a, **k):
-            k["eot_id"] = None
+            k["stop_ids"] = ()
             return greedy(*a, **k)
 
         import megablu.eval.harness as h

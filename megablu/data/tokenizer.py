@@ -13,6 +13,11 @@ Kinds (TokenizerConfig.kind):
   hf             a tokenizers `tokenizer.json` (file or the directory holding it); EOT is
                  TokenizerConfig.eot or the first of the usual end-of-text tokens it defines.
 
+`stop_ids` (eot_id first) are the tokens that end a generated answer: EOT, and for hf every other
+usual end-of-text / end-of-turn token its tokenizer.json defines as a special added token (an
+instruct model ends its turn with <|im_end|> and goes on with another turn; SmolLM2's EOT is
+<|endoftext|>). Documents are separated by EOT alone.
+
 Every tokenizer has an `identity` "<kind>:<label>:<sha256[:16] of its ranks/model>". It is
 recorded in each dataset's manifest and compared at train and eval time: the identity
 depends on content only (a renamed file keeps its identity, an edited one does not).
@@ -63,6 +68,11 @@ class Tokenizer:
     vocab_size: int
     eot_id: int
     identity: str
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """Tokens that end a generated answer, eot_id first (see the module docstring)."""
+        return (self.eot_id,)
 
     def encode(self, text: str) -> list[int]:  # no special tokens added
         raise NotImplementedError
@@ -145,8 +155,17 @@ class HFTokenizer(Tokenizer):
             raise TokenizerError(f"{path}: no end-of-text token among {list(names)}; set tokenizer.eot to the token "
                                  f"that separates documents")
         self.eot_id = int(vocab[found[0]])
+        # stop decoding at the other end tokens too, tokenizer.eot named or not (a stop ends a turn, EOT a
+        # document); only special added tokens: a plain vocab entry spelled "</s>" can be text
+        special = {t["content"] for t in json.loads(data).get("added_tokens", []) if t.get("special")}
+        self._stop_ids = tuple(dict.fromkeys([self.eot_id] + [int(vocab[n]) for n in _HF_EOT_CANDIDATES
+                                                              if n in special and n in vocab]))
         self.vocab_size = max(int(self._tok.get_vocab_size(with_added_tokens=True)), max(vocab.values()) + 1)
         self.identity = f"hf:v{self.vocab_size}:{_sha16(data)}"
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        return self._stop_ids
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids

@@ -25,7 +25,7 @@ YaRN from its first token on, and the cache never holds keys of two ropes.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
@@ -102,18 +102,19 @@ def _device(model) -> torch.device:
 
 @torch.no_grad()
 def greedy_generate(model, input_ids: torch.Tensor, max_new: int, *, sp_group=None, prefill_chunk: int = 2048,
-                    use_cache: bool = True, eot_id: Optional[int] = None) -> torch.Tensor:
+                    use_cache: bool = True, stop_ids: Sequence[int] = ()) -> torch.Tensor:
     """input_ids (B, L) -> generated ids (B, max_new), greedy.
 
-    With eot_id, decoding stops once every row has produced it (the rest is filled with eot_id;
-    scoring cuts at the first EOT, so the result is the same as decoding on). prefill_chunk <= 0
+    With stop_ids (tokenizer.stop_ids: EOT, an end of turn), decoding stops once every row has produced
+    any of them (the rest is filled with stop_ids[0]; scoring cuts at a row's first stop, cut_at_stop, so
+    the result is the same as decoding on). prefill_chunk <= 0
     prefills the whole prompt in one call (fastest on a GPU with a flash kernel; only the last
     position's logits are ever computed)."""
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be (B, L), got {tuple(input_ids.shape)}")
     input_ids = input_ids.to(_device(model))
     if sp_group is not None and dist.get_world_size(sp_group) > 1:
-        return _generate_sp(model, input_ids, max_new, sp_group, eot_id)
+        return _generate_sp(model, input_ids, max_new, sp_group, stop_ids)
     if not use_cache:
         return _generate_recompute(model, input_ids, max_new)
     B, L = input_ids.shape
@@ -122,14 +123,16 @@ def greedy_generate(model, input_ids: torch.Tensor, max_new: int, *, sp_group=No
     for s in range(0, L, chunk):
         logits = model(input_ids[:, s:s + chunk], cache=cache, logits_index=-1)
     tok = logits[:, -1].argmax(-1)                           # (B,)
-    return _decode(model, tok, cache, max_new, eot_id, lambda i: None, lambda t: t)
+    return _decode(model, tok, cache, max_new, stop_ids, lambda i: None, lambda t: t)
 
 
-def _decode(model, tok, cache, max_new: int, eot_id: Optional[int], positions, agree) -> torch.Tensor:
-    """Feed tokens back max_new - 1 times; stop early when every row has emitted eot_id.
-    positions(i) -> position_ids or None (the cache's length); agree(tok) -> tok every rank uses."""
+def _decode(model, tok, cache, max_new: int, stop_ids: Sequence[int], positions, agree) -> torch.Tensor:
+    """Feed tokens back max_new - 1 times; stop early when every row has emitted any of stop_ids.
+    positions(i) -> position_ids or None (the cache's length); agree(tok) -> tok every rank uses (so
+    under sp every rank sees the same tokens, the same `done`, and stops at the same step)."""
     out = [tok]
-    done = tok == eot_id if eot_id is not None else None
+    stops = torch.tensor(list(stop_ids), dtype=tok.dtype, device=tok.device)
+    done = torch.isin(tok, stops) if len(stops) else None         # (B,)
     for i in range(max_new - 1):
         if done is not None and bool(done.all()):
             break
@@ -137,10 +140,10 @@ def _decode(model, tok, cache, max_new: int, eot_id: Optional[int], positions, a
         tok = agree(logits[:, -1].argmax(-1).contiguous())
         out.append(tok)
         if done is not None:
-            done |= tok == eot_id
+            done |= torch.isin(tok, stops)
     gen = torch.stack(out, 1)
     if gen.shape[1] < max_new:
-        gen = torch.cat([gen, gen.new_full((gen.shape[0], max_new - gen.shape[1]), eot_id)], 1)
+        gen = torch.cat([gen, gen.new_full((gen.shape[0], max_new - gen.shape[1]), stop_ids[0])], 1)
     return gen
 
 
@@ -155,7 +158,7 @@ def _generate_recompute(model, input_ids: torch.Tensor, max_new: int) -> torch.T
 
 
 @torch.no_grad()
-def _generate_sp(model, input_ids: torch.Tensor, max_new: int, group, eot_id: Optional[int] = None) -> torch.Tensor:
+def _generate_sp(model, input_ids: torch.Tensor, max_new: int, group, stop_ids: Sequence[int] = ()) -> torch.Tensor:
     sp, r = dist.get_world_size(group), dist.get_rank(group)
     B, L = input_ids.shape
     Lp = -(-L // sp) * sp
@@ -181,11 +184,11 @@ def _generate_sp(model, input_ids: torch.Tensor, max_new: int, group, eot_id: Op
         dist.broadcast(t, src=src0, group=group)
         return t
 
-    return _decode(model, tok, cache, max_new, eot_id,
+    return _decode(model, tok, cache, max_new, stop_ids,
                    lambda i: torch.full((B, 1), L + i, device=dev, dtype=torch.long), agree)
 
 
-def cut_at_eot(ids: list[int], eot_id: Optional[int]) -> list[int]:
-    if eot_id is not None and eot_id in ids:
-        return ids[:ids.index(eot_id)]
-    return ids
+def cut_at_stop(ids: list[int], stop_ids: Sequence[int]) -> list[int]:
+    """ids up to (without) the first of any stop id: what an answer is; the text after an end of turn is not."""
+    stops = set(stop_ids)
+    return next((ids[:i] for i, t in enumerate(ids) if t in stops), ids)

@@ -18,7 +18,7 @@ import torch
 from ..config.schema import EvalConfig, eval_padded_len
 from ..model.string import apply_string, kernels_used, string_impl
 from . import report
-from .generate import cut_at_eot, greedy_generate
+from .generate import cut_at_stop, greedy_generate
 from .needle import HAYSTACK_TOKENS, Haystack
 from .prompts import EvalError, HaystackSource, Prompt, TokenizerLike, check_ids, extract_answer, score
 from .tasks import make_builder, needs_text_haystack
@@ -152,7 +152,8 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
     chunks on one rank (None: the whole prompt at once on a GPU -- 4096-token chunks with eval.string's sdpa
     kernel --,
     2048-token chunks on a CPU), and
-    decoding stops when every prompt of the batch has emitted EOT. With eval.loss.data the
+    decoding stops when every prompt of the batch has emitted EOT or another stop token (tokenizer.stop_ids: an
+    instruct model's end of turn); the output is scored up to the first of them. With eval.loss.data the
     held-out loss per length and on short documents is measured too (result["loss"]).
     Returns the result dict on every rank. When eval.gate.parent is set (or `parent`, a loaded
     result, is passed), result["gate"] holds the short-context gate; callers fail the run when
@@ -226,9 +227,9 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
                 batch = mine[s:s + bs]
                 ids = torch.tensor([p.ids for p in batch], dtype=torch.long)
                 gen = greedy_generate(model, ids, max_new, sp_group=sp_group, prefill_chunk=chunk_for(on),
-                                      eot_id=tokenizer.eot_id).tolist()
+                                      stop_ids=tokenizer.stop_ids).tolist()
                 for p, g in zip(batch, gen):
-                    done.append(_sample(task, L, p, tokenizer.decode(cut_at_eot(g, tokenizer.eot_id))))
+                    done.append(_sample(task, L, p, tokenizer.decode(cut_at_stop(g, tokenizer.stop_ids))))
             if dp > 1:   # every dp group's share, back in prompt order
                 parts = [None] * dp
                 torch.distributed.all_gather_object(parts, done, group=dp_group)

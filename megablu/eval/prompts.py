@@ -29,6 +29,7 @@ class TokenizerLike(Protocol):
     vocab_size: int
     eot_id: int
     identity: str
+    stop_ids: tuple[int, ...]   # eot_id first: generation stops at any of them
 
     def encode(self, text: str) -> list[int]: ...
 

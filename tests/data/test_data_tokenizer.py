@@ -32,7 +32,7 @@ def test_tiktoken_offline_seeds_cache(tmp_path, monkeypatch):
     cached = tmp_path / "tk" / hashlib.sha1(url.encode()).hexdigest()
     assert cached.is_file()
     assert t.encode("hello world") == [15339, 1917]  # cl100k ids
-    assert t.eot_id == 100257 and t.vocab_size == 100277
+    assert t.eot_id == 100257 and t.vocab_size == 100277 and t.stop_ids == (100257,)
     assert t.identity == "tiktoken:cl100k_base:223921b76ee99bde"
     assert t.decode(t.encode(TEXT)) == TEXT
     # a literal special-token string in a document is text, not EOT
@@ -94,7 +94,7 @@ def test_sentencepiece(tmp_path):
                                    model_type="bpe", byte_fallback=True, split_digits=True, eos_id=2,
                                    minloglevel=2)
     t = load_tokenizer(TokenizerConfig(kind="sentencepiece", path=str(tmp_path / "m.model")))
-    assert t.eot_id == 2 and t.vocab_size == 320
+    assert t.eot_id == 2 and t.vocab_size == 320 and t.stop_ids == (2,)
     s = "the quick fox 12345"
     assert t.decode(t.encode(s)) == s
     assert t.identity.startswith("sentencepiece:v320:")
@@ -116,6 +116,29 @@ def test_hf_tokenizer_json(tmp_path):
     assert t.identity.startswith("hf:v")
     with pytest.raises(TokenizerError, match="no end-of-text token"):
         load_tokenizer(TokenizerConfig(kind="hf", path=str(tmp_path), eot="</s>"))
+
+
+def test_hf_stop_ids_hold_the_end_of_turn(tmp_path):
+    """stop_ids: EOT first, then every other usual end token the tokenizer.json defines as a special added token
+    (SmolLM2-Instruct: EOT <|endoftext|> = 0 and its end of turn <|im_end|> = 2), also when tokenizer.eot names
+    one; a non-special added "</s>" is text, no stop. The other kinds stop at EOT alone."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tr = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["hello world, the quick brown fox"] * 50, tr)
+    tok.add_tokens(["</s>"])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    t = load_tokenizer(TokenizerConfig(kind="hf", path=str(tmp_path)))
+    assert (t.eot_id, t.stop_ids) == (0, (0, 2)) and "</s>" in tok.get_vocab()
+    t = load_tokenizer(TokenizerConfig(kind="hf", path=str(tmp_path), eot="<|im_end|>"))
+    assert (t.eot_id, t.stop_ids) == (2, (2, 0))
+    t = load_tokenizer(TokenizerConfig(kind="hf", path=str(tmp_path), eot="</s>"))
+    assert t.stop_ids == (t.eot_id, 0, 2)
+    assert load_tokenizer(TokenizerConfig(kind="byte")).stop_ids == (256,)
 
 
 def test_spec_parsing():

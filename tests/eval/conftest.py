@@ -26,6 +26,23 @@ def bpe_tok():
     return load_tokenizer(TokenizerConfig(kind="tiktoken", name="cl100k_base"))
 
 
+@pytest.fixture(scope="session")
+def chat_tok(tmp_path_factory):
+    """A small byte-level BPE tokenizer.json with SmolLM2-Instruct's special tokens: EOT <|endoftext|> (id 0),
+    <|im_start|> and <|im_end|> (the end of an instruct model's turn, a stop id)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tr = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["What are the most frequently appeared words in the coded text? the quick fox"] * 50, tr)
+    d = tmp_path_factory.mktemp("chat_tok")
+    tok.save(str(d / "tokenizer.json"))
+    return load_tokenizer(TokenizerConfig(kind="hf", path=str(d)))
+
+
 STDLIB_DOCS = ("textwrap.py", "difflib.py", "string.py", "fractions.py", "shlex.py", "heapq.py", "bisect.py")
 
 

@@ -4,8 +4,8 @@ or not, with GQA and YaRN."""
 import pytest
 import torch
 
-from megablu.config.schema import RopeConfig, YarnConfig
-from megablu.eval.generate import cut_at_eot, greedy_generate
+from megablu.config.schema import ModelConfig, RopeConfig, YarnConfig
+from megablu.eval.generate import cut_at_stop, greedy_generate
 
 from .conftest import tiny_model
 
@@ -48,10 +48,13 @@ def test_generation_uses_the_whole_prompt():
     assert torch.allclose(last_logits(ids), full, atol=1e-10)
 
 
-def test_cut_at_eot():
-    assert cut_at_eot([5, 6, 2, 7], 2) == [5, 6]
-    assert cut_at_eot([5, 6], 2) == [5, 6]
-    assert cut_at_eot([5, 6], None) == [5, 6]
+def test_cut_at_stop():
+    assert cut_at_stop([5, 6, 2, 7], (2,)) == [5, 6]
+    assert cut_at_stop([5, 6], (2,)) == [5, 6]
+    assert cut_at_stop([5, 6], ()) == [5, 6]
+    # the first of any stop id, whichever it is (an instruct model's <|im_end|> before its EOT)
+    assert cut_at_stop([5, 2, 6, 0, 7], (0, 2)) == [5]
+    assert cut_at_stop([5, 6, 0, 2], (2, 0)) == [5, 6]
 
 
 def test_eot_early_stop_equals_decoding_on():
@@ -61,10 +64,10 @@ def test_eot_early_stop_equals_decoding_on():
     ids = _prompts(3, 40, 97, seed=3)
     ref = greedy_generate(m, ids, 16)
     eot = int(ref[0, 2])                                   # a token row 0 emits early
-    got = greedy_generate(m, ids, 16, eot_id=eot)
+    got = greedy_generate(m, ids, 16, stop_ids=(eot,))
     assert got.shape == ref.shape
     for r, g in zip(ref.tolist(), got.tolist()):
-        assert cut_at_eot(g, eot) == cut_at_eot(r, eot)
+        assert cut_at_stop(g, (eot,)) == cut_at_stop(r, (eot,))
     calls = []
     real = m.forward
 
@@ -74,8 +77,40 @@ def test_eot_early_stop_equals_decoding_on():
 
     m.forward = counting
     every = int(ref[0, 0])
-    greedy_generate(m, ids[:1], 16, eot_id=every, prefill_chunk=0)   # row 0's first token is its EOT
+    greedy_generate(m, ids[:1], 16, stop_ids=(every,), prefill_chunk=0)   # row 0's first token is its EOT
     assert len(calls) == 1                                            # the prefill only: nothing decoded
+
+
+class ScriptModel(torch.nn.Module):
+    """Emits script[b][i] as row b's i-th generated token whatever it is fed; counts its forward calls."""
+
+    def __init__(self, script, vocab=16):
+        super().__init__()
+        self.script, self.calls = script, 0
+        self.cfg = ModelConfig(n_layers=1, d_model=8, n_heads=1, n_kv_heads=1, ffn_dim=8, vocab_size=vocab)
+        self.dummy = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, input_ids, position_ids=None, cache=None, logits_index=None):
+        i, self.calls = self.calls, self.calls + 1
+        logits = torch.full((input_ids.shape[0], 1, self.cfg.vocab_size), -1e4)
+        for b, row in enumerate(self.script):
+            logits[b, -1, row[i]] = 0.0
+        return logits
+
+
+def test_stops_once_every_row_emitted_any_stop_id():
+    """Row 0 ends its turn (<|im_end|> = 2) at its 3rd token, row 1 emits EOT (0) at its 2nd: decoding
+    stops after the 3rd token (one prefill, two decode steps), fills the rest with the first stop id,
+    and each row's answer ends at its own first stop. With EOT alone it decodes all max_new tokens."""
+    script = [[5, 7, 2, 9, 9, 9, 9, 9], [5, 0, 6, 6, 6, 6, 6, 6]]
+    m = ScriptModel(script)
+    got = greedy_generate(m, torch.ones(2, 4, dtype=torch.long), 8, stop_ids=(0, 2))
+    assert m.calls == 3
+    assert got.tolist() == [[5, 7, 2, 0, 0, 0, 0, 0], [5, 0, 6, 0, 0, 0, 0, 0]]
+    assert [cut_at_stop(g, (0, 2)) for g in got.tolist()] == [[5, 7], [5]]
+    m = ScriptModel(script)
+    assert greedy_generate(m, torch.ones(2, 4, dtype=torch.long), 8, stop_ids=(0,)).tolist() == script
+    assert m.calls == 8
 
 
 def test_static_cache_is_preallocated_and_sets_rope_len(monkeypatch):

@@ -9,7 +9,7 @@ from megablu.config.schema import EvalConfig, GateConfig
 from megablu.eval.harness import run_eval
 from megablu.eval.prompts import EvalError
 
-from .conftest import OracleModel, tiny_model
+from .conftest import OracleModel, ruler_oracle, tiny_model
 
 
 def test_oracle_scores_and_report(tmp_path, bpe_tok, haystack_docs):
@@ -100,3 +100,26 @@ def test_haystack_from_a_dataset_val_split(tmp_path, byte_tok, bpe_tok, haystack
     assert res["cells"][0]["acc_pp"] == 100.0
     with pytest.raises(EvalError, match="haystack data tokenized with"):
         run_eval(OracleModel(bpe_tok), bpe_tok, cfg, 1024, step=0, out_dir=tmp_path / "b" / "eval", rank=0)
+
+
+class TurnOverModel(OracleModel):
+    """What SmolLM2-135M-Instruct did on fwe: a wrong answer, the end of its turn (<|im_end|>), then another turn
+    that states the right one ('1. 2.<|im_end|>\n<|im_start|>assistant\nThe text states ...'), then EOT."""
+
+    def _answer(self, ids):
+        ans = ruler_oracle(self.tok.decode(ids))
+        if ans is None:    # an early prefill chunk
+            return [self.tok.eot_id] * 200
+        enc, (im_end, im_start) = self.tok.encode, self.tok.encode("<|im_end|><|im_start|>")
+        return (enc(" 1. 2.") + [im_end] + enc("\n") + [im_start] + enc("assistant\nThe text states " + ans + ".")
+                + [self.tok.eot_id] * 200)
+
+
+def test_scoring_stops_at_the_end_of_turn(tmp_path, chat_tok):
+    """An answer is what the model wrote up to its end of turn: the right words generated in the turn after
+    <|im_end|> get no credit (string_match_all would find them), and the output kept stops there."""
+    cfg = EvalConfig(lengths=[512], tasks=["fwe"], n=3, max_new=48, pad=64)
+    res = run_eval(TurnOverModel(chat_tok), chat_tok, cfg, 1024, step=0, out_dir=tmp_path / "a" / "eval", rank=0,
+                   plot=False)
+    assert [(s["output"], s["score"]) for s in res["samples"]] == [(" 1. 2.", 0.0)] * 3
+    assert res["cells"][0]["acc_pp"] == 0.0

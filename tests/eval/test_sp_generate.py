@@ -24,6 +24,13 @@ def _prompts(L):
     return torch.randint(0, 257, (2, L), generator=torch.Generator().manual_seed(L))
 
 
+def _stops():
+    """The token row 1 emits third and the one row 0 emits second (one rank, no stop): 85 and 249, neither
+    earlier in either row, so each row stops at a different stop id, the first only at the third token."""
+    ref = greedy_generate(_model(4, 2), _prompts(61), MAX_NEW)
+    return int(ref[1, 2]), int(ref[0, 1])
+
+
 def _worker(rank, world, out_dir):
     torch.set_num_threads(1)
     from megablu.data.tokenizer import ByteTokenizer
@@ -36,7 +43,9 @@ def _worker(rank, world, out_dir):
     for h, kv, L in CASES:
         m = apply_ulysses(_model(h, kv), g)
         gens.append(greedy_generate(m, _prompts(L), MAX_NEW, sp_group=g.sp_group))
+    # early stop at any of two stop ids: the ranks see group rank 0's tokens, so they stop at the same step
     m = apply_ulysses(_model(4, 2), g)
+    gens.append(greedy_generate(m, _prompts(61), MAX_NEW, sp_group=g.sp_group, stop_ids=_stops()))
     cfg = EvalConfig(lengths=[301], tasks=["passkey"], n=2, max_new=MAX_NEW, pad=32)
     res = run_eval(m, ByteTokenizer(), cfg, 512, sp_group=g.sp_group, step=3, out_dir=out_dir, rank=rank, plot=False)
     return gens, res["samples"], res["sp"]
@@ -50,6 +59,9 @@ def test_sp2_generation_equals_one_rank(tmp_path):
     for (h, kv, L), got in zip(CASES, gens):
         ref = greedy_generate(_model(h, kv), _prompts(L), MAX_NEW)
         assert torch.equal(got, ref), (h, kv, L)
+    stops = _stops()
+    ref = greedy_generate(_model(4, 2), _prompts(61), MAX_NEW, stop_ids=stops)
+    assert torch.equal(gens[len(CASES)], ref) and (ref[:, 3:] == stops[0]).all()   # stopped after 3 tokens
     cfg = EvalConfig(lengths=[301], tasks=["passkey"], n=2, max_new=MAX_NEW, pad=32)
     ref = run_eval(_model(4, 2), ByteTokenizer(), cfg, 512, step=3, out_dir=tmp_path / "one", rank=0, plot=False)
     assert sp == 2 and samples == ref["samples"]
