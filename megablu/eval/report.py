@@ -17,7 +17,9 @@ One result (one arm at one step) is a dict:
 Results written before the suite (cells without all_correct, 5 depth bins) load and merge
 unchanged.
 `compare` tables put arms in rows and lengths in columns, like the seed's hand-off table,
-then each arm's difference to a baseline with Newcombe intervals ('*' = resolvable).
+then each arm's difference to a baseline with its 95% interval ('*' = resolvable): paired where both arms
+scored the same prompts (Newcombe's for 0/1 scores, a paired t on part-credit scores), else Newcombe's for
+independent samples.
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ import json
 import math
 import os
 import re
+import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -38,9 +42,11 @@ from .stats import (
     effective_length_contiguous,
     mean_interval,
     n_to_resolve,
+    n_to_resolve_mean,
     n_to_resolve_paired,
     newcombe,
     newcombe_paired,
+    paired_mean_diff,
     slope_per_doubling,
     wilson,
 )
@@ -218,22 +224,44 @@ def merge_results(results: Sequence[dict]) -> list[dict]:
     return list(merged.values())
 
 
-def difference(res_a: dict, cell_a: dict, res_b: dict, cell_b: dict) -> tuple[Difference, Optional[tuple]]:
-    """(interval for acc_a - acc_b, the paired 2x2 table or None): paired (stats.newcombe_paired, table
-    (both right, only a, only b, neither)) when both cells hold the same prompts (equal digests) and
-    both results keep every prompt's 0/1 outcome; else the independent interval (stats.newcombe)."""
+@dataclass(frozen=True)
+class Pairing:
+    """How difference() paired two cells scored on the same prompts (None there: independent samples).
+    kind "binary": 0/1 scores, Newcombe's paired interval, table = (both right, only a, only b, neither);
+    kind "mean": part-credit scores, the paired t interval of the n per-prompt differences, sd = their SD."""
+    kind: str
+    n: int
+    table: Optional[tuple[int, int, int, int]] = None
+    sd: Optional[float] = None
+
+
+def _score(s: dict) -> Optional[float]:
+    """A sample's score (results before part credit: its 0/1 `correct`), None when it has neither."""
+    if "score" in s:
+        return float(s["score"])
+    return float(bool(s["correct"])) if "correct" in s else None
+
+
+def difference(res_a: dict, cell_a: dict, res_b: dict, cell_b: dict) -> tuple[Difference, Optional[Pairing]]:
+    """(interval for acc_a - acc_b, its Pairing or None). Paired when both cells hold the same prompts (equal
+    digests and n) and both results keep every prompt's score: stats.newcombe_paired when every score is 0/1,
+    else stats.paired_mean_diff of the per-prompt differences; otherwise the independent interval
+    (stats.newcombe, conservative for part credit) and None."""
     if cell_a.get("digest") and cell_a.get("digest") == cell_b.get("digest") and cell_a["n"] == cell_b["n"]:
         key = (cell_a["task"], cell_a["length"])
-        out_a = {s.get("index"): s for s in res_a.get("samples", []) if (s.get("task"), s.get("length")) == key}
-        out_b = {s.get("index"): s for s in res_b.get("samples", []) if (s.get("task"), s.get("length")) == key}
-        binary = all(float(x.get("score", float(x.get("correct", 0.5)))) in (0.0, 1.0)
-                     for x in (*out_a.values(), *out_b.values()))
-        if len(out_a) == len(out_b) == cell_a["n"] and out_a.keys() == out_b.keys() and None not in out_a and binary:
-            t = {(True, True): 0, (True, False): 0, (False, True): 0, (False, False): 0}
-            for i in out_a:
-                t[(bool(out_a[i]["correct"]), bool(out_b[i]["correct"]))] += 1
-            table = (t[(True, True)], t[(True, False)], t[(False, True)], t[(False, False)])
-            return newcombe_paired(*table), table
+        out_a = {s.get("index"): _score(s) for s in res_a.get("samples", []) if (s.get("task"), s.get("length")) == key}
+        out_b = {s.get("index"): _score(s) for s in res_b.get("samples", []) if (s.get("task"), s.get("length")) == key}
+        scores = (*out_a.values(), *out_b.values())
+        if len(out_a) == len(out_b) == cell_a["n"] and out_a.keys() == out_b.keys() and None not in out_a \
+                and None not in scores:
+            if all(x in (0.0, 1.0) for x in scores):
+                t = {(True, True): 0, (True, False): 0, (False, True): 0, (False, False): 0}
+                for i in out_a:
+                    t[(out_a[i] == 1.0, out_b[i] == 1.0)] += 1
+                table = (t[(True, True)], t[(True, False)], t[(False, True)], t[(False, False)])
+                return newcombe_paired(*table), Pairing("binary", cell_a["n"], table=table)
+            d = [out_a[i] - out_b[i] for i in out_a]
+            return paired_mean_diff(d), Pairing("mean", len(d), sd=statistics.stdev(d) if len(d) > 1 else 0.0)
     return newcombe(cell_a["correct"], cell_a["n"], cell_b["correct"], cell_b["n"]), None
 
 
@@ -291,10 +319,13 @@ def _task_tables(results: Sequence[dict], baseline: int, threshold: float) -> li
         if len(results) > 1:
             base = results[baseline]
             bc = cells_by(base, task)
-            lines += [f"Difference to {_label(base)} in pp, 95% interval (Newcombe's for paired data where "
-                      f"both arms scored the same prompts, else for independent samples, marked 'indep.'); "
-                      f"* = resolvable; n/arm (unresolved cells) = prompts per arm to resolve the observed "
-                      f"difference at 80% power (paired cells: McNemar's, from their observed agreement):",
+            lines += [f"Difference to {_label(base)} in pp, 95% interval: where both arms scored the same "
+                      f"prompts, paired -- Newcombe's for paired data (0/1 scores, no mark) or a paired t interval "
+                      f"of the per-prompt score differences (part credit, marked 'paired t'); else Newcombe's for "
+                      f"independent samples, marked '(prompts differ)', or 'indep.' for the same prompts without "
+                      f"per-prompt scores to pair; * = resolvable; n/arm (unresolved cells) = prompts per arm to "
+                      f"resolve the observed difference at 80% power (paired: McNemar's from the observed "
+                      f"agreement, or from the SD of the score differences):",
                       "",
                       "| arm | " + " | ".join(str(L) for L in lengths) + " |", "|---|" + "---|" * len(lengths)]
             for j, r in enumerate(results):
@@ -311,15 +342,17 @@ def _task_tables(results: Sequence[dict], baseline: int, threshold: float) -> li
                     # prompts per arm needed: only meaningful while the difference is unresolved
                     if d.resolvable:
                         need = ""
-                    elif paired is not None:   # the observed 2x2 table: its discordant share and difference
-                        n = sum(paired)
-                        psi, delta = (paired[1] + paired[2]) / n, (paired[1] - paired[2]) / n
+                    elif paired is not None and paired.kind == "binary":   # the 2x2 table: discordant share, diff
+                        n, t = paired.n, paired.table
+                        psi, delta = (t[1] + t[2]) / n, (t[1] - t[2]) / n
                         need = f" n/arm {n_to_resolve_paired(psi, delta)}" if delta else " n/arm inf"
+                    elif paired is not None:   # a mean of fractions that cancel can miss 0 by rounding
+                        need = f" n/arm {n_to_resolve_mean(paired.sd, d.diff)}" if abs(d.diff) > 1e-9 else " n/arm inf"
                     else:
                         need = f" n/arm {n_to_resolve(pa, pb)}" if pa != pb else " n/arm inf"
                     flag = "*" if d.resolvable else ""
-                    warn = "" if paired is not None else " indep." if a["digest"] == b["digest"] else \
-                        " (prompts differ)"
+                    warn = ("" if paired.kind == "binary" else " paired t") if paired is not None else \
+                        " indep." if a["digest"] == b["digest"] else " (prompts differ)"
                     row.append(f"{100 * d.diff:+.1f}{flag} [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}]{need}{warn}")
                 lines.append(f"| {_label(r)} | " + " | ".join(row) + " |")
             lines.append("")

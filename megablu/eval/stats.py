@@ -12,6 +12,16 @@ All accuracies are fractions in [0, 1] inside the functions; reports show percen
   phi correlation of the 2x2 table of (arm 1 right?, arm 2 right?). With phi = 0 it is the
   independent interval; with the positive correlation two arms have on one prompt set it is
   narrower, so a real difference resolves with fewer prompts. Only for 0/1 scores.
+- Difference of two mean part-credit scores on the SAME prompts: the paired t interval of the
+  per-prompt differences d_i = s_1,i - s_2,i, mean(d) +- t_{n-1} sd(d) / sqrt(n) (Student's t, exact
+  quantile below; d_i in [-1, 1] so the mean is near normal for the n of an eval). Like Newcombe's paired
+  interval it gains from the arms' agreement on a prompt; like any Wald-type interval it is somewhat
+  liberal when only a handful of prompts differ at all (4 of 100 moving by the same amount resolve, where
+  a sign test would not). When every d_i is equal the t interval is a point; we give the exact bound
+  instead: having seen no prompt of n differ from c, the share of prompts that could is at most
+  q = 1 - (1 - conf)^(1/n) (Clopper-Pearson, the "rule of three" 3/n), each by at most the range of d, so
+  the mean is in [c - q (c + 1), c + q (1 - c)]: 100 ties at c = 0 give +-3 pp, never resolvable, and
+  c = 0.5 on 2 prompts is not resolved while on 8 it is (a sign test: 6).
 - Slope in pp per doubling: ordinary least squares of accuracy (pp) on log2(length). Its
   sampling interval propagates each point's binomial variance through the OLS weights
   (with the Agresti-Coull p~ = (k+2)/(n+4) so 0/n and n/n points are not certain); with
@@ -26,7 +36,8 @@ All accuracies are fractions in [0, 1] inside the functions; reports show percen
   the sum of the tasks' binomial variances (Agresti-Coull p~ per task, as for the slope), the
   tasks' prompts being independent draws.
 - Sample size per arm to resolve a difference: normal approximation for two proportions,
-  n = (z_{1-a/2} + z_{power})^2 (p1 q1 + p2 q2) / (p1 - p2)^2.
+  n = (z_{1-a/2} + z_{power})^2 (p1 q1 + p2 q2) / (p1 - p2)^2; for paired 0/1 outcomes McNemar's
+  (Connor 1987); for paired part-credit means n = ((z_{1-a/2} + z_{power}) sd(d) / diff)^2.
 """
 from __future__ import annotations
 
@@ -36,6 +47,7 @@ from statistics import NormalDist
 from typing import Optional, Sequence
 
 RULER_THRESHOLD = 85.6
+_TIE = 1e-9     # per-prompt differences closer than this are equal (2/3 - 1/3 and 1 - 2/3 differ in the last bit)
 
 
 def z_of(conf: float = 0.95) -> float:
@@ -94,6 +106,22 @@ def newcombe_paired(both: int, only1: int, only2: int, neither: int, conf: float
     lo = (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2
     hi = (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2
     return Difference(d, d - math.sqrt(max(lo, 0.0)), d + math.sqrt(max(hi, 0.0)))
+
+
+def paired_mean_diff(diffs: Sequence[float], conf: float = 0.95) -> Difference:
+    """Interval for the mean of per-prompt score differences d_i in [-1, 1] of two arms on the same prompts:
+    Student's t, or the exact bound when every d_i is equal (module docstring); clipped to [-1, 1]."""
+    n = len(diffs)
+    if n == 0:
+        raise ValueError("paired_mean_diff: no differences")
+    m = sum(diffs) / n
+    if max(diffs) - min(diffs) <= _TIE:     # sd 0 (or one prompt): the t interval would be the point m
+        q = 1 - (1 - conf) ** (1 / n)
+        lo, hi = m - q * (m + 1), m + q * (1 - m)
+    else:
+        half = t_quantile(conf, n - 1) * math.sqrt(sum((x - m) ** 2 for x in diffs) / (n - 1) / n)
+        lo, hi = m - half, m + half
+    return Difference(m, max(-1.0, lo), min(1.0, hi))
 
 
 @dataclass(frozen=True)
@@ -209,6 +237,20 @@ def n_to_resolve_paired(discordant: float, diff: float, conf: float = 0.95, powe
     za, zb = z_of(conf), NormalDist().inv_cdf(power)
     n = (za * math.sqrt(discordant) + zb * math.sqrt(discordant - diff * diff)) ** 2 / diff ** 2
     return max(1, math.ceil(n - 1e-9))
+
+
+def n_to_resolve_mean(sd: float, diff: float, conf: float = 0.95, power: float = 0.8) -> int:
+    """Prompts (scored by both arms) so a true mean paired difference `diff` of part-credit scores, whose
+    per-prompt differences have standard deviation `sd`, is resolved with the given power (the paired t
+    test's normal approximation): n = ((z_a + z_b) sd / diff)^2. sd 0: the smallest n whose exact bound
+    (paired_mean_diff) excludes 0, n > ln(1/(1 - conf)) / ln(1 + |diff|)."""
+    if diff == 0:
+        raise ValueError("n_to_resolve_mean: diff == 0, no finite sample resolves a zero difference")
+    if sd <= _TIE:
+        return math.floor(math.log(1 / (1 - conf)) / math.log(1 + abs(diff))) + 1
+    za, zb = z_of(conf), NormalDist().inv_cdf(power)
+    n = ((za + zb) * sd / diff) ** 2
+    return max(2, math.ceil(n - 1e-9))
 
 
 def n_to_resolve(p1: float, p2: float, conf: float = 0.95, power: float = 0.8) -> int:
