@@ -125,7 +125,7 @@ cells() {
       guard "eval_$out" "$BUDGET" $PY -m megablu.cli eval --config "$CFG" --ckpt "$MODEL" --step 0 \
         --arm "smollm2-$arm" "${rope[@]}" --set "eval.haystack=$DATA" --set "eval.loss.data=$DATA" --set eval.loss.n=8 \
         --n "$N" --tasks "${part[@]}" --lengths "$L" --set "eval.lengths=[$L]" --no-plot --out "$DEV/eval/$out" "$@" \
-        "${loss[@]}"
+        ${loss[@]+"${loss[@]}"}   # (an empty array under set -u: bash < 4.4 calls it unbound)
       finish
     done
   done
