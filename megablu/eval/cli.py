@@ -141,7 +141,8 @@ def _eval(args) -> int:
                 raise EvalError("; ".join(problems))
         res = run_eval(model, tok, eval_cfg, cfg.data.window, step=step, out_dir=out, rank=0, arm=arm,
                        parent=parent, batch_tokens=args.batch_tokens or (262144 if device.type == "cuda" else 16384),
-                       prefill_chunk=args.prefill_chunk, plot=not args.no_plot, info=info)
+                       prefill_chunk=args.prefill_chunk, plot=not args.no_plot, info=info,
+                       resume=not args.no_resume)
     except EvalError as e:
         print(f"megablu eval: {e}", file=sys.stderr)
         return 2
@@ -323,6 +324,9 @@ def register(sub) -> None:
                    "0 = the whole prompt at once; default: whole on a GPU (4096 with eval.string's sdpa kernel), "
                    "2048 on a CPU")
     e.add_argument("--no-plot", action="store_true", help="skip step_<N>.png (json and md are always written)")
+    e.add_argument("--no-resume", action="store_true",
+                   help="run every cell even if step_<N>.json.partial in --out holds some for the same model, setup "
+                        "and prompts (an eval cut short goes on where it stopped without this)")
     e.set_defaults(func=_eval)
 
     c = sub.add_parser("compare", help="compare eval results of several arms: table, differences, plot, gate")

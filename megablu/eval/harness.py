@@ -8,6 +8,8 @@ outside the model's vocabulary -- raises EvalError before any generation starts.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 from pathlib import Path
@@ -20,7 +22,7 @@ from ..model.string import apply_string, kernels_used, string_impl
 from . import report
 from .generate import cut_at_stop, greedy_generate
 from .needle import HAYSTACK_TOKENS, Haystack
-from .prompts import EvalError, HaystackSource, Prompt, TokenizerLike, check_ids, extract_answer, score
+from .prompts import EvalError, HaystackSource, Prompt, TokenizerLike, check_ids, extract_answer, prompt_digest, score
 from .tasks import make_builder, needs_text_haystack
 
 log = logging.getLogger(__name__)
@@ -141,10 +143,64 @@ def _model_info(model) -> dict:
     return info
 
 
+def partial_path(out_dir: Path, step: int) -> Path:
+    """Where `megablu eval` keeps the cells finished so far (a name no step_*.json or *.json glob matches)."""
+    return Path(out_dir) / f"step_{step}.json.partial"
+
+
+@torch.no_grad()
+def weights_fingerprint(model) -> str:
+    """A cheap digest of the weights: each tensor's name, shape, dtype, and its sum and sum of squares (float64,
+    12 significant digits). Another checkpoint gives another digest; it is not a cryptographic hash."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        if not torch.is_tensor(t) or not t.is_floating_point():
+            continue
+        x = t.detach().double()
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}:{float(x.sum()):.12g}:{float((x * x).sum()):.12g};".encode())
+    return h.hexdigest()[:16]
+
+
+def _resume_key(model, tokenizer, eval_cfg: EvalConfig, window: int, step: int, arm, batch_tokens: int,
+                prefill_chunk, info) -> str:
+    """Everything besides the prompts (each cell's digest) that decides a cell's outcome. The lengths and tasks
+    asked for are left out, so a rerun with more of them reuses the cells it shares."""
+    ev = eval_cfg.model_dump(mode="json")
+    for k in ("lengths", "tasks", "at_steps", "final", "gate", "loss"):
+        ev.pop(k, None)
+    p = next(model.parameters(), None)
+    key = {"step": step, "arm": arm, "window": window, "tokenizer": tokenizer.identity, "eval": ev,
+           "model": _model_info(model), "weights": weights_fingerprint(model), "info": info or {},
+           "batch_tokens": batch_tokens, "prefill_chunk": prefill_chunk,
+           "device": None if p is None else p.device.type, "dtype": None if p is None else str(p.dtype)}
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _load_partial(path: Path, key: str) -> dict:
+    """{(task, length): (cell, samples)} of a partial file written for the same setup; {} otherwise."""
+    if not path.exists():
+        return {}
+    try:
+        part = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        log.warning("eval: %s is unreadable (%s); starting over", path, e)
+        return {}
+    if part.get("key") != key:
+        log.warning("eval: %s was written for another model or setup (key %s, now %s); starting over", path,
+                    part.get("key"), key)
+        return {}
+    by = {}
+    for c in part.get("cells", []):
+        ss = [x for x in part.get("samples", []) if (x.get("task"), x.get("length")) == (c["task"], c["length"])]
+        by[(c["task"], c["length"])] = (c, ss)
+    return by
+
+
 def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int, *, sp_group=None, step: int,
              out_dir: Path, rank: int, dp_group=None, haystack: Optional[HaystackSource] = None,
              arm: Optional[str] = None, parent: Optional[dict] = None, batch_tokens: int = 16384,
-             prefill_chunk: Optional[int] = None, plot: bool = True, info: Optional[dict] = None) -> dict:
+             prefill_chunk: Optional[int] = None, plot: bool = True, info: Optional[dict] = None,
+             resume: bool = False) -> dict:
     """Evaluate `model` (collective over sp_group when given); rank 0 writes out_dir/step_<step>.json.
 
     Also writes step_<step>.md and, when `plot`, step_<step>.png. Prompts of one length are
@@ -162,6 +218,10 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
     dp-th prompt and the samples are gathered: the same result, dp times sooner.
     With eval.string, STRING (model/string.py) is installed on the model for this eval only (generation
     and held-out loss) and the previous setting restored after; it needs one rank (sp == 1).
+    With resume (`megablu eval`, one process), each finished cell is kept in step_<step>.json.partial, and a
+    cell found there for the same model, setup and prompts (_resume_key, the cell's digest) is not run again:
+    an eval cut short goes on where it stopped. The result lists such cells under "resumed"; the partial file
+    is removed once step_<step>.json is written.
     """
     out_dir = Path(out_dir)
     check_lengths(eval_cfg, window)
@@ -207,6 +267,15 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
     # touched); string_kernels_used says what ran (flex can fall back to sdpa)
     string_kernel = string_impl(device, 2) if string is not None else None
 
+    sp_dp_one = sp == 1 and (dp_group is None or torch.distributed.get_world_size(dp_group) == 1)
+    if resume and not sp_dp_one:
+        raise EvalError("run_eval(resume=True) runs in one process (sp and dp 1): the partial file is rank 0's")
+    part_path = partial_path(out_dir, step)
+    key = _resume_key(model, tokenizer, eval_cfg, window, step, arm, batch_tokens, prefill_chunk, info) \
+        if resume else None
+    kept = _load_partial(part_path, key) if resume else {}
+    resumed = []
+
     was_training = model.training
     model.eval()
     samples, cells = [], []
@@ -216,6 +285,14 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
         dp = torch.distributed.get_world_size(dp_group) if dp_group is not None else 1
         dp_rank = torch.distributed.get_rank(dp_group) if dp_group is not None else 0
         for (task, L), ps in prompts.items():
+            if (task, L) in kept and kept[(task, L)][0].get("digest") == prompt_digest(ps) \
+                    and len(kept[(task, L)][1]) == len(ps):
+                c, done = kept[(task, L)]
+                cells.append(c)
+                samples += done
+                resumed.append(f"{task}@{L}")
+                log.info("eval step %d %s@%d: %.1f%%, kept from %s", step, task, L, c["acc_pp"], part_path)
+                continue
             t0 = time.perf_counter()
             on = string is not None and string.applies(L)   # eval.string.beyond: plain up to that length
             if string is not None:
@@ -244,6 +321,8 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
             if rank == 0:
                 log.info("eval step %d %s@%d: %.1f%% (%d/%d fully correct) in %.1fs, %.2f prompts/s", step, task, L,
                          c["acc_pp"], c["all_correct"], len(ps), dt, len(ps) / max(dt, 1e-9))
+                if resume:   # every finished cell on disk: a kill loses at most the cell running
+                    report.write_result({"key": key, "cells": cells, "samples": samples}, part_path)
         loss = None
         if loss_data is not None:
             t0 = time.perf_counter()
@@ -262,7 +341,8 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
                              eval_cfg=eval_cfg, tokenizer_identity=tokenizer.identity, sp=sp,
                              extra={**_model_info(model), **(info or {}), **({"loss": loss} if loss else {}),
                                     **({"string_kernel": string_kernel, "string_kernels_used": string_used}
-                                       if string is not None else {})})
+                                       if string is not None else {}),
+                                    **({"resumed": resumed} if resumed else {})})
     if gate_parent is not None:
         from .gate import check_gate
 
@@ -272,7 +352,9 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
     if rank == 0:
         path = report.write_result(res, out_dir / f"step_{step}.json")
         report.write_artifacts(res, out_dir, step, plot=plot)
-        log.info("eval results written to %s", path)
+        part_path.unlink(missing_ok=True)
+        log.info("eval results written to %s%s", path, f" ({len(resumed)} cells kept from an earlier run)"
+                 if resumed else "")
     return res
 
 

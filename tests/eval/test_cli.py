@@ -239,3 +239,39 @@ def test_eval_suite_per_length_runs_merge_in_compare_and_bad_input_exits_2(tmp_p
     assert "[900] cannot hold task cwe" in err and "cannot load weights" not in err
     assert main(bad + ["--tasks", "niah_single_2", "--lengths", "900"]) == 2
     assert "needs a real-text haystack" in capsys.readouterr().err
+
+
+def test_eval_cut_short_goes_on_where_it_stopped_unless_no_resume(tmp_path, monkeypatch):
+    """`megablu eval` keeps each finished cell (step_<N>.json.partial): rerun after a kill, it runs only the
+    cells left; --no-resume runs them all."""
+    import pytest
+
+    import megablu.eval.harness as harness
+    from megablu.model.hf import to_hf
+
+    hf_dir = tmp_path / "hf"
+    to_hf(tiny_model(seed=4), max_position=512).save_pretrained(str(hf_dir))
+    out = tmp_path / "o"
+    run = ["eval", "--config", str(_config(tmp_path)), "--hf", str(hf_dir), "--step", "0", "--out", str(out),
+           "--no-plot"]
+    real, calls = harness.greedy_generate, []
+
+    def gen(*a, **kw):
+        calls.append(a[1].shape[1])
+        if calls == [300, 480] and die:
+            raise KeyboardInterrupt("killed")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(harness, "greedy_generate", gen)
+    for flags, kept in (([], ["passkey@300"]), (["--no-resume"], None)):
+        die = True
+        with pytest.raises(KeyboardInterrupt):
+            main(run)
+        assert (out / "step_0.json.partial").exists() and not (out / "step_0.json").exists()
+        die, calls[:] = False, []
+        assert main(run + flags) == 0
+        res = json.loads((out / "step_0.json").read_text())
+        assert res.get("resumed") == kept and calls == ([480] if kept else [300, 480])
+        assert not (out / "step_0.json.partial").exists()
+        (out / "step_0.json").unlink()
+        calls[:] = []
