@@ -24,7 +24,8 @@
 #        SmolLM2's eval speed
 # Each call: command "ARM=x bash bench/h200_ruler.sh". About 30 minutes of device time in all: D is the one
 # to leave for a later session (it needs the pieces again). A cell cut by the deadline is run by a second call
-# of its arm (done cells are skipped); compare joins what there is, and runs here as well from the tarballs:
+# of its arm on the same machine (done lengths are skipped, and `megablu eval` keeps the finished cells of a cut
+# one in step_0.json.partial); compare joins what there is, and runs here as well from the tarballs:
 #   megablu compare eval/native_* eval/yarn4_* --md ruler.md --plot ruler.png --heatmap heat/smol \
 #     --gate-parent eval/native_2048 --short-lengths 2048
 # The text (haystack of niah_single_2/3, multikey_1, multivalue, multiquery; the loss data): the device's
