@@ -8,6 +8,7 @@ outside the model's vocabulary -- raises EvalError before any generation starts.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -143,9 +144,10 @@ def _model_info(model) -> dict:
     return info
 
 
-def partial_path(out_dir: Path, step: int) -> Path:
-    """Where `megablu eval` keeps the cells finished so far (a name no step_*.json or *.json glob matches)."""
-    return Path(out_dir) / f"step_{step}.json.partial"
+def partial_path(out_dir: Path, step: int, key: str) -> Path:
+    """Where `megablu eval` keeps the cells of one setup (`key`) finished so far: a name no step_*.json or *.json
+    glob matches, one per setup, so a rerun with other settings never overwrites another's cells."""
+    return Path(out_dir) / f"step_{step}.{key}.json.partial"
 
 
 @torch.no_grad()
@@ -156,44 +158,72 @@ def weights_fingerprint(model) -> str:
     for name, t in sorted(model.state_dict().items()):
         if not torch.is_tensor(t) or not t.is_floating_point():
             continue
-        x = t.detach().double()
-        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}:{float(x.sum()):.12g}:{float((x * x).sum()):.12g};".encode())
+        s1 = float(torch.sum(t, dtype=torch.float64))
+        s2 = float(torch.linalg.vector_norm(t, dtype=torch.float64)) ** 2
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}:{s1:.12g}:{s2:.12g};".encode())
     return h.hexdigest()[:16]
 
 
+@functools.lru_cache(maxsize=None)
+def code_digest() -> str:
+    """The sources that generate and score (megablu/eval, model, ops, memory; csrc): a kept cell of other code
+    is not reused."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    files = [f for d in ("eval", "model", "ops", "memory") for f in (root / d).rglob("*.py")]
+    files += [f for f in (root.parent / "csrc").rglob("*") if f.is_file()] if (root.parent / "csrc").is_dir() else []
+    for f in sorted(files):
+        h.update(str(f.relative_to(root.parent)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def _kernels(model) -> dict:
+    """What runs the model's layers: each module's ops impl and attention kernel (apply_memory sets them), and,
+    where attention is auto, whether FlashAttention-4 imports here (auto's choice on an SM90 GPU)."""
+    from ..ops.attention import import_problem
+
+    ks = sorted({f"{type(m).__name__}:{getattr(m, 'impl', '')}:{getattr(m, 'kernel', '')}" for m in model.modules()
+                 if hasattr(m, "impl") or hasattr(m, "kernel")})
+    auto = any(getattr(m, "kernel", None) == "auto" for m in model.modules())
+    return {"modules": ks, **({"fa4_imports": import_problem() is None} if auto else {})}
+
+
 def _resume_key(model, tokenizer, eval_cfg: EvalConfig, window: int, step: int, arm, batch_tokens: int,
-                prefill_chunk, info) -> str:
+                prefill_chunk, info, string_kernel) -> str:
     """Everything besides the prompts (each cell's digest) that decides a cell's outcome. The lengths and tasks
     asked for are left out, so a rerun with more of them reuses the cells it shares."""
     ev = eval_cfg.model_dump(mode="json")
     for k in ("lengths", "tasks", "at_steps", "final", "gate", "loss"):
         ev.pop(k, None)
     p = next(model.parameters(), None)
-    key = {"step": step, "arm": arm, "window": window, "tokenizer": tokenizer.identity, "eval": ev,
-           "model": _model_info(model), "weights": weights_fingerprint(model), "info": info or {},
-           "batch_tokens": batch_tokens, "prefill_chunk": prefill_chunk,
-           "device": None if p is None else p.device.type, "dtype": None if p is None else str(p.dtype)}
+    dev = None if p is None else p.device
+    key = {"step": step, "arm": arm, "window": window, "tokenizer": tokenizer.identity,
+           "stop_ids": list(getattr(tokenizer, "stop_ids", ())), "eval": ev, "model": _model_info(model),
+           "weights": weights_fingerprint(model), "info": info or {}, "batch_tokens": batch_tokens,
+           "prefill_chunk": prefill_chunk, "kernels": _kernels(model), "string_kernel": string_kernel,
+           "device": None if dev is None else (torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type),
+           "dtype": None if p is None else str(p.dtype), "code": code_digest()}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _load_partial(path: Path, key: str) -> dict:
-    """{(task, length): (cell, samples)} of a partial file written for the same setup; {} otherwise."""
+def _load_partial(path: Path) -> dict:
+    """{(task, length): (cell, samples)} of a partial file; {} (with a warning) when it is unreadable."""
+    others = sorted(p.name for p in path.parent.glob(path.name.split(".", 1)[0] + ".*.json.partial") if p != path)
+    if others:
+        log.warning("eval: %s hold cells of another model, setup or megablu version: not used (delete them when "
+                    "done)", ", ".join(others))
     if not path.exists():
         return {}
     try:
         part = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        log.warning("eval: %s is unreadable (%s); starting over", path, e)
+        by = {}
+        for c in part["cells"]:
+            ss = [x for x in part["samples"] if (x.get("task"), x.get("length")) == (c["task"], c["length"])]
+            by[(c["task"], c["length"])] = (c, ss)
+        return by
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        log.warning("eval: %s is unreadable (%s: %s); its cells run again", path, type(e).__name__, e)
         return {}
-    if part.get("key") != key:
-        log.warning("eval: %s was written for another model or setup (key %s, now %s); starting over", path,
-                    part.get("key"), key)
-        return {}
-    by = {}
-    for c in part.get("cells", []):
-        ss = [x for x in part.get("samples", []) if (x.get("task"), x.get("length")) == (c["task"], c["length"])]
-        by[(c["task"], c["length"])] = (c, ss)
-    return by
 
 
 def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int, *, sp_group=None, step: int,
@@ -218,10 +248,10 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
     dp-th prompt and the samples are gathered: the same result, dp times sooner.
     With eval.string, STRING (model/string.py) is installed on the model for this eval only (generation
     and held-out loss) and the previous setting restored after; it needs one rank (sp == 1).
-    With resume (`megablu eval`, one process), each finished cell is kept in step_<step>.json.partial, and a
-    cell found there for the same model, setup and prompts (_resume_key, the cell's digest) is not run again:
-    an eval cut short goes on where it stopped. The result lists such cells under "resumed"; the partial file
-    is removed once step_<step>.json is written.
+    With resume (`megablu eval`, one process), each finished cell is kept in step_<step>.<key>.json.partial,
+    and a cell found there for the same model, setup and prompts (_resume_key, the cell's digest) is not run
+    again: an eval cut short goes on where it stopped (docs/EVAL.md). The result lists such cells under
+    "resumed"; the partial file is removed once step_<step>.json is written.
     """
     out_dir = Path(out_dir)
     check_lengths(eval_cfg, window)
@@ -270,10 +300,12 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
     sp_dp_one = sp == 1 and (dp_group is None or torch.distributed.get_world_size(dp_group) == 1)
     if resume and not sp_dp_one:
         raise EvalError("run_eval(resume=True) runs in one process (sp and dp 1): the partial file is rank 0's")
-    part_path = partial_path(out_dir, step)
-    key = _resume_key(model, tokenizer, eval_cfg, window, step, arm, batch_tokens, prefill_chunk, info) \
-        if resume else None
-    kept = _load_partial(part_path, key) if resume else {}
+    key = _resume_key(model, tokenizer, eval_cfg, window, step, arm, batch_tokens, prefill_chunk, info,
+                      string_kernel) if resume else None
+    part_path = partial_path(out_dir, step, key) if resume else None
+    kept = _load_partial(part_path) if resume else {}
+    # kept cells this run does not ask for stay in the file (a rerun with fewer lengths, cut again, keeps them)
+    others = [kept[k] for k in kept if k not in prompts]
     resumed = []
 
     was_training = model.training
@@ -322,7 +354,11 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
                 log.info("eval step %d %s@%d: %.1f%% (%d/%d fully correct) in %.1fs, %.2f prompts/s", step, task, L,
                          c["acc_pp"], c["all_correct"], len(ps), dt, len(ps) / max(dt, 1e-9))
                 if resume:   # every finished cell on disk: a kill loses at most the cell running
-                    report.write_result({"key": key, "cells": cells, "samples": samples}, part_path)
+                    try:
+                        report.write_result({"key": key, "cells": cells + [c for c, _ in others],
+                                             "samples": samples + [x for _, ss in others for x in ss]}, part_path)
+                    except OSError as e:   # a side feature never ends an eval
+                        log.warning("eval: cannot keep the finished cells in %s (%s); going on", part_path, e)
         loss = None
         if loss_data is not None:
             t0 = time.perf_counter()
@@ -352,7 +388,11 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
     if rank == 0:
         path = report.write_result(res, out_dir / f"step_{step}.json")
         report.write_artifacts(res, out_dir, step, plot=plot)
-        part_path.unlink(missing_ok=True)
+        if resume and others:   # the kept cells this run did not ask for stay for a later one
+            report.write_result({"key": key, "cells": [c for c, _ in others],
+                                 "samples": [x for _, ss in others for x in ss]}, part_path)
+        elif resume:
+            part_path.unlink(missing_ok=True)
         log.info("eval results written to %s%s", path, f" ({len(resumed)} cells kept from an earlier run)"
                  if resumed else "")
     return res

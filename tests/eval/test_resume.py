@@ -8,7 +8,7 @@ import pytest
 
 import megablu.eval.harness as harness
 from megablu.config.schema import EvalConfig
-from megablu.eval.harness import partial_path, run_eval, weights_fingerprint
+from megablu.eval.harness import run_eval, weights_fingerprint
 
 from .conftest import tiny_model
 
@@ -37,6 +37,10 @@ def _counting(monkeypatch, die_at_call=None):
     return seen
 
 
+def _partials(out):
+    return sorted(out.glob("step_3.*.json.partial"))
+
+
 def _untimed(cells):
     return [{k: v for k, v in c.items() if k not in TIMING} for c in cells]
 
@@ -52,7 +56,8 @@ def test_a_cut_eval_goes_on_where_it_stopped(tmp_path, byte_tok, monkeypatch):
     with pytest.raises(Cut):
         _run(tiny_model(), byte_tok, out)
     assert not (out / "step_3.json").exists()
-    part = json.loads(partial_path(out, 3).read_text())
+    (path,) = _partials(out)
+    part = json.loads(path.read_text())
     assert [(c["task"], c["length"]) for c in part["cells"]] == [("passkey", 400), ("passkey", 600)]
     assert len(part["samples"]) == 2 * CFG.n
 
@@ -62,7 +67,7 @@ def test_a_cut_eval_goes_on_where_it_stopped(tmp_path, byte_tok, monkeypatch):
     assert res["resumed"] == ["passkey@400", "passkey@600"]
     assert _untimed(res["cells"]) == _untimed(whole["cells"]) and res["samples"] == whole["samples"]
     assert json.loads((out / "step_3.json").read_text())["cells"] == res["cells"]
-    assert not partial_path(out, 3).exists()                       # removed once the result is written
+    assert not _partials(out)                                      # removed once the result is written
     # a finished eval leaves no partial: a third run does every cell again
     seen = _counting(monkeypatch)
     assert "resumed" not in _run(tiny_model(), byte_tok, out) and len(seen) == 4
@@ -70,15 +75,19 @@ def test_a_cut_eval_goes_on_where_it_stopped(tmp_path, byte_tok, monkeypatch):
 
 @pytest.mark.parametrize("change", ["weights", "n", "max_new", "no_resume"])
 def test_a_partial_of_another_model_setup_or_prompts_is_not_reused(tmp_path, byte_tok, monkeypatch, caplog, change):
+    """Another setup is another key, hence another file: the old cells are neither used nor overwritten (the
+    likeliest rerun after an OOM changes --batch-tokens), and a warning names the file."""
     out = tmp_path / "e"
     _counting(monkeypatch, die_at_call=2)           # passkey@400 kept
     with pytest.raises(Cut):
         _run(tiny_model(), byte_tok, out)
+    (old,) = _partials(out)
+    before = old.read_text()
     model, cfg = tiny_model(seed=1 if change == "weights" else 0), CFG
     if change == "n":
-        cfg = CFG.model_copy(update={"n": 4})                         # other prompts: each cell's digest differs
+        cfg = CFG.model_copy(update={"n": 4})
     if change == "max_new":
-        cfg = CFG.model_copy(update={"max_new": 7})                   # another setup, the same prompts
+        cfg = CFG.model_copy(update={"max_new": 7})
     seen = _counting(monkeypatch)
     with caplog.at_level(logging.WARNING, logger="megablu.eval.harness"):
         if change == "no_resume":
@@ -86,9 +95,8 @@ def test_a_partial_of_another_model_setup_or_prompts_is_not_reused(tmp_path, byt
         else:
             res = _run(model, byte_tok, out, cfg=cfg)
     assert len(seen) == 4 and "resumed" not in res
-    if change in ("weights", "max_new"):
-        assert "another model or setup" in caplog.text
-    assert not partial_path(out, 3).exists()
+    assert ("another model, setup or megablu version" in caplog.text) == (change != "no_resume")
+    assert _partials(out) == [old] and old.read_text() == before
 
 
 def test_more_lengths_reuse_the_cells_they_share(tmp_path, byte_tok, monkeypatch):
@@ -125,3 +133,62 @@ def test_the_same_setup_on_other_prompts_is_not_reused(tmp_path, bpe_tok, haysta
                    haystack=haystack_docs[::-1])
     assert len(seen) == 2 and "resumed" not in res
     assert [c["acc_pp"] for c in res["cells"]] == [100.0, 100.0]
+
+
+def test_a_rerun_with_fewer_lengths_keeps_the_other_cells(tmp_path, byte_tok, monkeypatch):
+    out = tmp_path / "f"
+    _counting(monkeypatch, die_at_call=3)           # passkey@400 and @600 kept
+    with pytest.raises(Cut):
+        _run(tiny_model(), byte_tok, out)
+    seen = _counting(monkeypatch)
+    res = _run(tiny_model(), byte_tok, out, cfg=CFG.model_copy(update={"lengths": [400]}))
+    assert res["resumed"] == ["passkey@400"] and seen == [400]
+    (path,) = _partials(out)                         # passkey@600 waits for a run that asks for it
+    assert [(c["task"], c["length"]) for c in json.loads(path.read_text())["cells"]] == [("passkey", 600)]
+    seen = _counting(monkeypatch)
+    res = _run(tiny_model(), byte_tok, out)
+    assert res["resumed"] == ["passkey@600"] and seen == [400, 400, 600] and not _partials(out)
+
+
+@pytest.mark.parametrize("content", ["[]", '{"cells": [{"length": 400}], "samples": []}', "{trunc"])
+def test_a_malformed_partial_runs_its_cells_again(tmp_path, byte_tok, monkeypatch, caplog, content):
+    out = tmp_path / "g"
+    _counting(monkeypatch, die_at_call=2)
+    with pytest.raises(Cut):
+        _run(tiny_model(), byte_tok, out)
+    (path,) = _partials(out)
+    path.write_text(content)
+    seen = _counting(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="megablu.eval.harness"):
+        res = _run(tiny_model(), byte_tok, out)
+    assert len(seen) == 4 and "resumed" not in res and "unreadable" in caplog.text and not _partials(out)
+
+
+def test_a_failed_partial_write_does_not_end_the_eval(tmp_path, byte_tok, monkeypatch, caplog):
+    real = harness.report.write_result
+
+    def write(res, path):
+        if str(path).endswith(".partial"):
+            raise OSError(28, "No space left on device")
+        return real(res, path)
+
+    monkeypatch.setattr(harness.report, "write_result", write)
+    with caplog.at_level(logging.WARNING, logger="megablu.eval.harness"):
+        res = _run(tiny_model(), byte_tok, tmp_path / "h")
+    assert len(res["cells"]) == 4 and "No space left" in caplog.text and (tmp_path / "h" / "step_3.json").exists()
+
+
+def test_the_key_holds_the_kernels_and_the_code(byte_tok):
+    """memory.attention / memory.ops change a GPU's bf16 numbers, hence greedy answers: another kernel is another
+    key. The code digest covers the sources that generate and score."""
+    from megablu.config.schema import MemoryConfig
+    from megablu.eval.harness import _kernels, _resume_key, code_digest
+    from megablu.memory.apply import apply_memory
+
+    models = {att: apply_memory(tiny_model(), MemoryConfig(attention=att, ops="torch"), device="cpu")
+              for att in ("sdpa", "auto")}
+    keys = {att: _resume_key(m, byte_tok, CFG, 1024, 3, "a", 16384, None, None, None) for att, m in models.items()}
+    assert keys["sdpa"] != keys["auto"]
+    assert keys["sdpa"] == _resume_key(models["sdpa"], byte_tok, CFG, 1024, 3, "a", 16384, None, None, None)
+    assert "fa4_imports" in _kernels(models["auto"]) and "fa4_imports" not in _kernels(models["sdpa"])
+    assert len(code_digest()) == 16 and code_digest() == code_digest()
