@@ -1,5 +1,6 @@
 import base64
 import hashlib
+import json
 import sys
 
 import pytest
@@ -12,6 +13,7 @@ from megablu.data.tokenizer import (
     parse_tokenizer_spec,
     seed_tiktoken_cache,
 )
+from tests.hf_tok import write_chat_tokenizer
 
 TEXT = "def f(x):\n    return x + 12345  # héllo wörld ✓\n\n"
 
@@ -101,15 +103,7 @@ def test_sentencepiece(tmp_path):
 
 
 def test_hf_tokenizer_json(tmp_path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tr = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["hello world, the quick brown fox"] * 50, tr)
-    tok.save(str(tmp_path / "tokenizer.json"))
+    write_chat_tokenizer(tmp_path, "hello world, the quick brown fox")
     t = load_tokenizer(TokenizerConfig(kind="hf", path=str(tmp_path)))  # a directory works
     assert t.eot_id == 0
     assert t.decode(t.encode("hello fox")) == "hello fox"
@@ -122,18 +116,10 @@ def test_hf_stop_ids_hold_the_end_of_turn(tmp_path):
     """stop_ids: EOT first, then every other usual end token the tokenizer.json defines as a special added token
     (SmolLM2-Instruct: EOT <|endoftext|> = 0 and its end of turn <|im_end|> = 2), also when tokenizer.eot names
     one; a non-special added "</s>" is text, no stop. The other kinds stop at EOT alone."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tr = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["hello world, the quick brown fox"] * 50, tr)
-    tok.add_tokens(["</s>"])
-    tok.save(str(tmp_path / "tokenizer.json"))
+    write_chat_tokenizer(tmp_path, "hello world, the quick brown fox", added=("</s>",))
+    added = {a["content"]: a["special"] for a in json.loads((tmp_path / "tokenizer.json").read_text())["added_tokens"]}
     t = load_tokenizer(TokenizerConfig(kind="hf", path=str(tmp_path)))
-    assert (t.eot_id, t.stop_ids) == (0, (0, 2)) and "</s>" in tok.get_vocab()
+    assert (t.eot_id, t.stop_ids) == (0, (0, 2)) and added["</s>"] is False
     t = load_tokenizer(TokenizerConfig(kind="hf", path=str(tmp_path), eot="<|im_end|>"))
     assert (t.eot_id, t.stop_ids) == (2, (2, 0))
     t = load_tokenizer(TokenizerConfig(kind="hf", path=str(tmp_path), eot="</s>"))

@@ -30,16 +30,10 @@ def bpe_tok():
 def chat_tok(tmp_path_factory):
     """A small byte-level BPE tokenizer.json with SmolLM2-Instruct's special tokens: EOT <|endoftext|> (id 0),
     <|im_start|> and <|im_end|> (the end of an instruct model's turn, a stop id)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tests.hf_tok import write_chat_tokenizer
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tr = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["What are the most frequently appeared words in the coded text? the quick fox"] * 50, tr)
-    d = tmp_path_factory.mktemp("chat_tok")
-    tok.save(str(d / "tokenizer.json"))
+    d = write_chat_tokenizer(tmp_path_factory.mktemp("chat_tok"),
+                             "What are the most frequently appeared words in the coded text? the quick fox", 400)
     return load_tokenizer(TokenizerConfig(kind="hf", path=str(d)))
 
 
