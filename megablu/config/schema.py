@@ -249,6 +249,10 @@ class TrainConfig(Section):
         "trace beside it; every other step runs unprofiled")
     profile_trace_mib: float = Field(default=64.0, gt=0, description="with profile_step: the largest gzip'd trace "
                                      "kept (a 32k step of a 0.5B model is tens of MiB)")
+    fused_grad_check: bool = Field(
+        default=True, description="ZeRO-1/2 without optimizer offload: DeepSpeed's per-tensor gradient checks before "
+        "each step (NaN/inf, L2 norm for the clip) as two multi-tensor kernels (megablu/train/grad_check.py); the same "
+        "answers, the norm in float32 instead of float64 per tensor. false: DeepSpeed's own")
 
     @field_validator("betas")
     @classmethod

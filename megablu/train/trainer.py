@@ -211,6 +211,12 @@ class Trainer:
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=opt, model_parameters=None if opt is not None else param_groups(
                 model, cfg.train.weight_decay), config=ds_cfg, mpu=g if g.sp > 1 else None)
+        if cfg.train.fused_grad_check:
+            from .grad_check import install
+
+            why = install(self.engine.optimizer)
+            log.info("train.fused_grad_check: %s", "on (ZeRO-1/2's gradient checks in two multi-tensor passes)"
+                     if why is None else f"DeepSpeed's own gradient checks run ({why})")
 
         from ..checkpoint import CheckpointManager
 

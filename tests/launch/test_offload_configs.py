@@ -1,4 +1,4 @@
-"""ZeRO-Offload configs: they resolve to the intended DeepSpeed sections, and they train.
+"""ZeRO-Offload configs: they resolve to the intended DeepSpeed sections, and they train (as ZeRO-1 does).
 
 On CPU the entry refuses parallel.offload_optimizer (the schema: on a CPU run the optimizer
 state is in CPU memory already, so offloading it buys nothing). The DeepSpeed code path it
@@ -61,7 +61,8 @@ def _train_in_process(rank, world, sets):
     with open(Path(summary["run_dir"]) / "metrics.csv") as f:
         losses = [float(r["loss"]) for r in csv.DictReader(f)]
     return {"losses": losses, "cpu_offload": bool(t.engine.zero_cpu_offload()),
-            "optimizer": type(getattr(t.engine.optimizer, "optimizer", t.engine.optimizer)).__name__}
+            "optimizer": type(getattr(t.engine.optimizer, "optimizer", t.engine.optimizer)).__name__,
+            "fused_grad_check": getattr(t.engine.optimizer, "_megablu_fused_grad_check", False)}
 
 
 def test_offload_configs_train_on_cpu(tmp_path, stdlib_data):
@@ -72,6 +73,11 @@ def test_offload_configs_train_on_cpu(tmp_path, stdlib_data):
     # ZeRO-2 + optimizer offload: DeepSpeed's CPU Adam steps the fp32 partition
     opt = run_distributed(_train_in_process, 1, parallel_sets("zero2_offload_opt.yaml") + common)
     assert opt["cpu_offload"] and opt["optimizer"] == "DeepSpeedCPUAdam", opt
+    assert not opt["fused_grad_check"]   # offload: DeepSpeed checks the gradients on their way to the CPU
+
+    # the default ZeRO-1 without offload: train.fused_grad_check replaced DeepSpeed's per-tensor checks
+    z1 = run_distributed(_train_in_process, 1, common)
+    assert z1["fused_grad_check"] and not z1["cpu_offload"], z1
 
     # ZeRO-3 + parameter offload through the real entry (launch/cpu.sh -> deepspeed launcher)
     sets = [x for s in parallel_sets("zero3_offload_params.yaml") + common for x in ("--set", s)]
@@ -86,6 +92,7 @@ def test_offload_configs_train_on_cpu(tmp_path, stdlib_data):
         par = [float(r["loss"]) for r in csv.DictReader(f)]
 
     # same model, data and AdamW math on two different offload paths: same losses, and it learns
-    assert len(opt["losses"]) == len(par) == 3
+    assert len(opt["losses"]) == len(par) == len(z1["losses"]) == 3
     assert opt["losses"] == pytest.approx(par, rel=1e-5)
+    assert z1["losses"] == pytest.approx(par, rel=1e-5)
     assert par[-1] < par[0]
