@@ -15,6 +15,11 @@
 # memory.loss and memory.attention stay auto (liger and fa4 where they import, as the entry picks them).
 # Data: this Python's stdlib sources with cl100k_base (megablu data build; ~3M tokens on the H200's
 # Python 3.12), packed into 32k rows: the step's cost does not depend on the text.
+# ENTRY_SETS: more `key=value` overrides for the entry only (space-separated), e.g.
+# "train.fused_grad_check=false" for DeepSpeed's own gradient checks; NO_BENCH=1: the entry alone, no bench.
+# The fused check on and off in one call (~80 + ~160 s on an H100):
+#   OUT=$OUT/stock ENTRY_SETS=train.fused_grad_check=false NO_BENCH=1 bash bench/h200_entry32k.sh;
+#   OUT=$OUT bash bench/h200_entry32k.sh
 # REHEARSE_CPU=1: the entry on this CPU with the tiny model at window 512, recompute only (no bench), to
 # check the flow (tests/test_bench_profile.py).
 set -u
@@ -27,6 +32,8 @@ STEPS=${STEPS:-12}
 # 0 = none. Default: the third step from the end, after the probe's first 3 steps
 PROFILE_STEP=${PROFILE_STEP:-$(( STEPS > 6 ? STEPS - 3 : 0 ))}
 BENCH_ALSO=${BENCH_ALSO:-}
+ENTRY_SETS=${ENTRY_SETS:-}
+NO_BENCH=${NO_BENCH:-0}
 REHEARSE=${REHEARSE_CPU:-0}
 mkdir -p "$OUT" "$WORK"
 T0=$SECONDS
@@ -50,13 +57,14 @@ timeout 240 $PY -m megablu.cli data build --input "$STDLIB" --include '*.py' --e
   --exclude '*/site-packages/*' --skip-bad-utf8 --val-fraction 0.01 --max-bytes 4M --tokenizer "$TOK" --out "$WORK/stdlib" \
   --overwrite --source-name python-stdlib --license PSF-2.0 --provenance "$STDLIB" --no-progress \
   > "$WORK/data.out" 2> "$WORK/data.err" || { say "data build failed: $(tail -3 "$WORK/data.err")"; exit 1; }
-say "entry: $CFG at T=$T, $MODE, $STEPS steps"
+extra=; for kv in $ENTRY_SETS; do extra+=" --set $kv"; done
+say "entry: $CFG at T=$T, $MODE, $STEPS steps${ENTRY_SETS:+, $ENTRY_SETS}"
 # shellcheck disable=SC2086
 timeout 300 deepspeed --num_gpus 1 --master_port $(( 29500 + RANDOM % 400 )) launch/ext32k.py --config "$CFG" --set data.path="$WORK/stdlib" --set data.mode=pack \
   --set data.bucket=all --set data.window=$T --set data.max_epochs=1000 --set parallel.sp=1 --set runs_dir="$WORK/runs" \
   --set train.max_steps="$STEPS" --set train.tokens_per_step=$T --set train.micro_batch=1 --set train.probe_steps=3 \
   --set schedule.kind=wsd --set schedule.warmup_steps=2 --set schedule.decay_start=$(( STEPS - 2 )) --set checkpoint.every_steps=0 \
-  --set checkpoint.save_final=false --set eval.final=false $mem --json "$WORK/entry.json" \
+  --set checkpoint.save_final=false --set eval.final=false $mem $extra --json "$WORK/entry.json" \
   $( [ "$PROFILE_STEP" -gt 0 ] && echo "--set train.profile_step=$PROFILE_STEP --set train.profile_trace_mib=40" ) \
   > "$WORK/entry.out" 2> "$WORK/entry.err"
 rc=$?
@@ -85,7 +93,7 @@ PY
 else
   say "no metrics: $(tail -5 "$WORK/entry.err")"
 fi
-if [ "$REHEARSE" != 1 ]; then   # the same switches' fwd+bwd alone, in the same call
+if [ "$REHEARSE" != 1 ] && [ "$NO_BENCH" != 1 ]; then   # the same switches' fwd+bwd alone, in the same call
   # the kernels the entry's auto took: Liger's loss and FA4 where they import (a call without the FA4 carry
   # or the liger wheel measures without them, and says so); BENCH_ALSO: modes timed first, for a ratio
   KERN=

@@ -433,3 +433,12 @@ def test_h200_entry32k_script_rehearsal(tmp_path):
     assert "| optimizer_step | 1 |" in (out / "step_5.md").read_text()   # train.profile_step's phase table
     assert "loss chunked (config auto), attention sdpa (config auto)" in md
     assert (out / "metrics.csv").read_text().count("\n") == 7 and (out / "probe.json").is_file()
+    # ENTRY_SETS reach the entry (its resolved config), and the log line says which ran
+    r = subprocess.run(["bash", str(ROOT / "bench/h200_entry32k.sh")], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "REHEARSE_CPU": "1", "OUT": str(out / "stock"), "WORK": str(work / "stock"),
+                            "STEPS": "5", "PROFILE_STEP": "0", "ENTRY_SETS": "train.fused_grad_check=false",
+                            "NO_BENCH": "1"}, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "5 steps, train.fused_grad_check=false" in (out / "stock" / "entry32k.md").read_text()
+    resolved = next((work / "stock" / "runs").glob("*/config.resolved.yaml")).read_text()
+    assert "fused_grad_check: false" in resolved, resolved
