@@ -125,7 +125,9 @@ def main(argv=None) -> int:
         rows.append({"variant": "fused" if fused else "deepspeed", "model": a.model, "device": device,
                      "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "tensors": n_tensors,
                      "step_ms": 1e3 * statistics.median(times[fused]), "torch_calls": sum(c.values()),
-                     "top_calls": dict(c.most_common(8)), "torch": torch.__version__})
+                     "top_calls": dict(c.most_common(8)), "torch": torch.__version__,
+                     "check_calls": {n: c[n] for n in ("amax", "amin", "isfinite", "linalg_vector_norm", "to",
+                                                       "_foreach_norm")}})
     md = [f"ZeRO-1 bf16 optimizer step, {a.model} ({n_tensors} parameter tensors), {device}"
           f"{' ' + rows[0]['gpu'] if rows[0]['gpu'] else ''}, median of {a.iters}", "",
           "| gradient checks | step ms | torch calls per step | most frequent |", "|---|---|---|---|"]

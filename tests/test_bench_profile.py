@@ -429,7 +429,9 @@ def test_h200_entry32k_script_rehearsal(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     md = (out / "entry32k.md").read_text()
     assert "entry exit 0" in md, md
-    assert "entry: 6 steps, median tokens/s over 2 steps from step 4 (step 5 profiled, left out):" in md
+    assert "entry: 6 steps, median tokens/s over 1 steps from step 4 (step 5 profiled; it and the steps after it " \
+        "left out):" in md
+    assert "after the profiled step: median tokens/s " in md and " over 1 steps" in md
     assert "| optimizer_step | 1 |" in (out / "step_5.md").read_text()   # train.profile_step's phase table
     assert "loss chunked (config auto), attention sdpa (config auto)" in md
     assert (out / "metrics.csv").read_text().count("\n") == 7 and (out / "probe.json").is_file()

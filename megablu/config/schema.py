@@ -251,8 +251,9 @@ class TrainConfig(Section):
                                      "kept (a 32k step of a 0.5B model is tens of MiB)")
     fused_grad_check: bool = Field(
         default=True, description="ZeRO-1/2 without optimizer offload: DeepSpeed's per-tensor gradient checks before "
-        "each step (NaN/inf, L2 norm for the clip) as two multi-tensor kernels (megablu/train/grad_check.py); the same "
-        "answers, the norm in float32 instead of float64 per tensor. false: DeepSpeed's own")
+        "each step (NaN/inf, L2 norm for the clip) as multi-tensor passes, not ~14 kernels per tensor "
+        "(megablu/train/grad_check.py); the same answers, the norm in float32 instead of float64 per tensor. "
+        "false: DeepSpeed's own")
 
     @field_validator("betas")
     @classmethod

@@ -9,19 +9,22 @@ At blu-0.5b's 327 gradient tensors that is ~4,600 launches. The profile of the r
 2026-12-06, `bench/results/2026-12-06d/`) has the engine's step at 162 ms of a 1,084 ms step with the GPU
 busy for 28.7 ms of it: the rest is the host launching those kernels.
 
-`install` replaces the two methods on one optimizer instance with the same answers from two
-`torch._foreach_norm` calls over all the tensors at once:
+`install` replaces the two methods on one optimizer instance with the same answers from `torch._foreach_norm`
+over all the tensors at once (one pass for the overflow check, one per parameter group for the norm; on a GPU
+each is a few multi-tensor launches, on the CPU a per-tensor loop inside torch):
 - overflow: the per-tensor max-abs (ord inf, which NaN propagates through) is finite for every tensor
   exactly when every element is finite: the same answer as DeepSpeed's;
-- norm: per-tensor L2 norms accumulated in float32 (not float64), squared and summed in float64, then
-  DeepSpeed's own reductions, root and NaN masking. It differs from DeepSpeed's by float32 rounding
-  (relative ~1e-6), in the clip coefficient only.
+- norm: per-tensor L2 norms accumulated in float32 (DeepSpeed: float64), squared and summed in float64, then
+  DeepSpeed's own reductions, root and NaN masking. It differs from DeepSpeed's by float32 rounding (relative
+  ~1e-6) in the clip coefficient and the logged grad_norm; a tensor whose values are all below ~1e-23 counts
+  0 where DeepSpeed counts ~1e-46 (float32 underflow), which no clip can see.
 Everything else in the step (the clip, the reductions over ranks, the skip of a step with a bad gradient,
 the loss scaler) stays DeepSpeed's. `train.fused_grad_check: false` keeps DeepSpeed's methods as they are.
 
 Only `DeepSpeedZeroOptimizer` (ZeRO stages 1 and 2) without CPU offload is changed: ZeRO-0 (bf16), ZeRO-3
-and the offload paths check their gradients elsewhere. Where the class or a helper it relies on is not as
-expected (another DeepSpeed version), nothing is replaced and the reason is returned.
+and the offload paths check their gradients elsewhere. The replacements follow DeepSpeed 0.19.8's methods
+(requirements.txt pins it): with another version, or where the class or a helper is not as expected, nothing
+is replaced and the reason is returned.
 """
 from __future__ import annotations
 
@@ -44,23 +47,44 @@ def _ds_helpers() -> Optional[dict]:
     return {n: getattr(s12, n) for n in names}
 
 
+TESTED_DEEPSPEED = ("0.19.8",)
+
+
+def _by_kind(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """The tensors split by (device, dtype): torch's multi-tensor kernels take one kind per list (a mixed list
+    falls back to a per-tensor loop)."""
+    kinds: dict = {}
+    for t in tensors:
+        kinds.setdefault((t.device, t.dtype), []).append(t)
+    return list(kinds.values())
+
+
 def nonfinite_any(tensors: list[torch.Tensor], device) -> torch.Tensor:
     """A bool tensor of shape [1] on `device`: whether any element of any tensor is NaN or infinite."""
     tensors = [t for t in tensors if t.numel()]   # an empty tensor holds no bad value (and has no max)
     if not tensors:
         return torch.zeros([1], dtype=torch.bool, device=device)
-    amax = torch.stack(torch._foreach_norm(tensors, float("inf"), dtype=torch.float32))
-    return (~torch.isfinite(amax).all()).reshape(1).to(device)
+    # the max-abs is one of the tensor's own values: exact in its dtype (no float32 copy on the CPU's path)
+    amax = torch.cat([torch.stack(torch._foreach_norm(ts, float("inf"))).double().to(device)
+                      for ts in _by_kind(tensors)])
+    return (~torch.isfinite(amax).all()).reshape(1)
 
 
 def sum_of_squares(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """sum ||t||_2^2 over the tensors as a float32 scalar (per-tensor norms in float32, the sum in float64)."""
-    norms = torch.stack(torch._foreach_norm(tensors, 2.0, dtype=torch.float32))
-    return norms.double().pow(2).sum().float()
+    """sum ||t||_2^2 over the tensors as a float32 scalar (per-tensor norms in float32, or float64 for float64
+    tensors; the sum in float64)."""
+    norms = [torch.stack(torch._foreach_norm(ts, 2.0, dtype=None if ts[0].dtype == torch.float64 else torch.float32))
+             .double().to(tensors[0].device) for ts in _by_kind(tensors)]
+    return torch.cat(norms).pow(2).sum().float()
 
 
 def install(optimizer) -> Optional[str]:
     """Replace the overflow check and the L2 norm of a ZeRO-1/2 optimizer; None, or why it was left alone."""
+    import deepspeed
+
+    if deepspeed.__version__ not in TESTED_DEEPSPEED:
+        return (f"DeepSpeed {deepspeed.__version__}: the fused check follows {', '.join(TESTED_DEEPSPEED)}'s methods "
+                f"(requirements.txt); pin it, or set train.fused_grad_check=false to silence this")
     h = _ds_helpers()
     if h is None:
         return "this DeepSpeed's stage_1_and_2 lacks a helper the fused check calls"

@@ -215,8 +215,9 @@ class Trainer:
             from .grad_check import install
 
             why = install(self.engine.optimizer)
-            log.info("train.fused_grad_check: %s", "on (ZeRO-1/2's gradient checks in two multi-tensor passes)"
-                     if why is None else f"DeepSpeed's own gradient checks run ({why})")
+            if is_rank0():
+                log.info("train.fused_grad_check: %s", "on (ZeRO-1/2's gradient checks as multi-tensor passes)"
+                         if why is None else f"DeepSpeed's own gradient checks run ({why})")
 
         from ..checkpoint import CheckpointManager
 

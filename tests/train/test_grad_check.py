@@ -29,67 +29,83 @@ def _model(n_layers=2):
     return m
 
 
-def _engine(model, stage, dtype, fused, clip=0.05):
+def _engine(model, stage, dtype, fused, clip=0.05, ga=1, extra=None):
     import deepspeed
 
-    ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": clip,
+    from megablu.train.trainer import param_groups
+
+    ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": ga, "gradient_clipping": clip,
           # no clip: no norm either, so the overflow check alone must catch a bad gradient
-          "zero_optimization": {"stage": stage, **({} if clip else {"compute_grad_norm": False})},
+          "zero_optimization": {"stage": stage, **({} if clip else {"compute_grad_norm": False}), **(extra or {})},
           "steps_per_print": 10 ** 9, "zero_allow_untested_optimizer": True}
     if dtype == "bf16":
         ds["bf16"] = {"enabled": True}
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    # the trainer's two groups (matrices with weight decay, norms without): the checks run per group
+    opt = torch.optim.AdamW(param_groups(model, 0.1), lr=1e-2)
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=ds)
     if fused:
         assert grad_check.install(engine.optimizer) is None
     return engine
 
 
-def _run(stage, dtype, bad, clip, fused, rank):
-    """Per step (grad norm, whether the weights moved); the weights at the end."""
-    engine = _engine(_model(), stage, dtype, fused, clip)
+def _run(c, fused, rank):
+    """Per optimizer step (grad norm, whether the weights moved); the weights at the end."""
+    ga = c.get("ga", 1)
+    engine = _engine(_model(), c["stage"], c["dtype"], fused, c["clip"], ga, c.get("extra"))
     g = torch.Generator().manual_seed(100 + rank)
-    target = dict(engine.module.named_parameters())["layers.1.mlp.down_proj.weight"]
+    # a matrix (first group) or a norm weight (second group, no weight decay) gets the bad element
+    target = dict(engine.module.named_parameters())[c.get("target", "layers.1.mlp.down_proj.weight")]
     out = []
     for step in range(STEPS):
-        toks = torch.randint(0, VOCAB, (1, 17), generator=g)
-        hook = None
-        if bad is not None and step == BAD_STEP and rank == 0:
-            def poison(grad):
-                grad = grad.clone()
-                grad.view(-1)[7] = bad
-                return grad
-            hook = target.register_hook(poison)
         before = [p.detach().float().clone() for p in engine.module.parameters()]
-        loss_sum, count = engine(toks[:, :-1], labels=toks[:, 1:])
-        engine.backward(loss_sum / count)
-        engine.step()
-        if hook is not None:
-            hook.remove()
+        for micro in range(ga):
+            toks = torch.randint(0, VOCAB, (1, 17), generator=g)
+            hook = None
+            if c["bad"] is not None and step == BAD_STEP and rank == 0 and micro == ga - 1:
+                def poison(grad):
+                    grad = grad.clone()
+                    grad.view(-1)[7] = c["bad"]
+                    return grad
+                hook = target.register_hook(poison)
+            loss_sum, count = engine(toks[:, :-1], labels=toks[:, 1:])
+            engine.backward(loss_sum / count)
+            engine.step()
+            if hook is not None:
+                hook.remove()
         moved = any(not torch.equal(b, p.detach().float()) for b, p in zip(before, engine.module.parameters()))
         norm = engine.get_global_grad_norm()
         out.append((float(norm) if norm is not None else None, moved))
     # the fp32 master weights (bf16's module weights round a 1e-6 difference to 0 or 1 ulp)
     weights = {f"master{i}": t.detach().clone() for i, t in enumerate(engine.optimizer.single_partition_of_fp32_groups)}
-    if dtype == "fp32":
+    if c["dtype"] == "fp32":
         weights.update({n: p.detach().float().clone() for n, p in engine.module.named_parameters()})
     return out, weights
 
 
 def _worker(rank, world, cases):
-    return [(_run(*c, fused=False, rank=rank), _run(*c, fused=True, rank=rank)) for c in cases]
+    return [(_run(c, fused=False, rank=rank), _run(c, fused=True, rank=rank)) for c in cases]
 
 
-# (stage, dtype, bad value, clip); with no clip (and no norm) a bf16 step relies on the overflow check alone
-CASES = [(1, "fp32", None, 0.05), (2, "fp32", None, 0.05), (1, "bf16", None, 0.05), (2, "bf16", None, 0.05),
-         (1, "fp32", float("inf"), 0.05), (2, "fp32", float("nan"), 0.05), (1, "bf16", float("nan"), 0.05),
-         (2, "bf16", float("-inf"), 0.05), (1, "bf16", float("nan"), 0.0), (2, "bf16", float("inf"), 0.0)]
+NORM = "layers.0.post_attention_layernorm.weight"
+INF, NAN = float("inf"), float("nan")
+# with no clip (and no norm) a bf16 step relies on the overflow check alone; ga: gradient accumulation (the
+# 32k configs use 4); extra: ZeRO-2 with its comm overlap and contiguous gradient buffers
+CASES = [dict(stage=1, dtype="fp32", bad=None, clip=0.05), dict(stage=2, dtype="fp32", bad=None, clip=0.05),
+         dict(stage=1, dtype="bf16", bad=None, clip=0.05), dict(stage=2, dtype="bf16", bad=None, clip=0.05),
+         dict(stage=1, dtype="fp32", bad=INF, clip=0.05), dict(stage=2, dtype="fp32", bad=NAN, clip=0.05),
+         dict(stage=1, dtype="bf16", bad=NAN, clip=0.05), dict(stage=2, dtype="bf16", bad=-INF, clip=0.05),
+         dict(stage=1, dtype="bf16", bad=NAN, clip=0.0), dict(stage=2, dtype="bf16", bad=INF, clip=0.0),
+         dict(stage=1, dtype="bf16", bad=NAN, clip=0.0, target=NORM),
+         dict(stage=2, dtype="bf16", bad=-INF, clip=0.0, target=NORM),
+         dict(stage=1, dtype="bf16", bad=INF, clip=0.05, ga=2, target=NORM),
+         dict(stage=2, dtype="bf16", bad=NAN, clip=0.05, ga=2,
+              extra={"overlap_comm": True, "contiguous_gradients": True})]
 
 
 def test_fused_check_takes_deepspeeds_steps():
     results = run_distributed(_worker, 2, CASES)
-    for (stage, dtype, bad, clip), ((stock, w_stock), (fused, w_fused)) in zip(CASES, results):
-        case = f"ZeRO-{stage} {dtype} bad={bad} clip={clip}"
+    for c, ((stock, w_stock), (fused, w_fused)) in zip(CASES, results):
+        case, bad, clip = str(c), c["bad"], c["clip"]
         for step, ((n_s, moved_s), (n_f, moved_f)) in enumerate(zip(stock, fused)):
             if bad is not None and step == BAD_STEP:
                 # both skip the step: the weights stay, and neither reports a finite norm
@@ -150,8 +166,14 @@ def test_fused_check_runs_no_per_tensor_kernels():
         assert stock_big["linalg_vector_norm"] > stock_small["linalg_vector_norm"] > 0, (stock_small, stock_big)
 
 
-def test_install_leaves_other_optimizers_alone():
+def test_install_leaves_other_optimizers_alone(monkeypatch):
     assert "not ZeRO-1/2" in grad_check.install(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1))
+    import deepspeed
+
+    # another DeepSpeed: its methods may mean something else under the same names
+    monkeypatch.setattr(deepspeed, "__version__", "0.20.0")
+    why = grad_check.install(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1))
+    assert "DeepSpeed 0.20.0" in why and "0.19.8" in why and "train.fused_grad_check=false" in why
 
 
 def test_nonfinite_any_and_sum_of_squares():
@@ -165,6 +187,18 @@ def test_nonfinite_any_and_sum_of_squares():
     # a finite value whose square overflows float32 is still finite for the overflow check
     assert not grad_check.nonfinite_any([torch.tensor([3e38, -3e38])], "cpu").item()
     assert grad_check.sum_of_squares(t).item() == pytest.approx(3 + 0 + 1 + 4 + 9)
+    # mixed kinds (one multi-tensor pass each): bf16, fp32 and a float64 that float32 norms would not take
+    mixed = [torch.ones(3, dtype=torch.bfloat16), torch.arange(4.0), torch.full((2,), 1e200, dtype=torch.float64)]
+    assert grad_check.sum_of_squares(mixed[:2]).item() == pytest.approx(3 + 14)
+    assert grad_check.sum_of_squares(mixed).item() == math.inf   # 2e400 as the float32 DeepSpeed returns
+    assert not grad_check.nonfinite_any(mixed, "cpu").item()
+    for i in range(3):   # a bad value in each kind's pass
+        u = [x.clone() for x in mixed]
+        u[i][1] = float("nan")
+        assert grad_check.nonfinite_any(u, "cpu").item(), i
+    # NaN and inf reach the norm (DeepSpeed's masking then marks the step bad)
+    assert math.isnan(grad_check.sum_of_squares([torch.tensor([1.0, float("nan")])]).item())
+    assert grad_check.sum_of_squares([torch.tensor([1.0, float("inf")])]).item() == math.inf
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: the CUDA multi-tensor kernels")
@@ -181,3 +215,8 @@ def test_nonfinite_any_on_cuda():
             assert grad_check.nonfinite_any(u, "cuda").item(), (bad, i)
     want = sum(float(t.double().pow(2).sum()) for t in ts)
     assert grad_check.sum_of_squares(ts).item() == pytest.approx(want, rel=1e-5)
+    for bad, check in ((float("nan"), math.isnan), (float("inf"), math.isinf)):
+        u = list(ts)
+        u[150] = ts[150].clone()
+        u[150][-1] = bad
+        assert check(grad_check.sum_of_squares(u).item()), bad
