@@ -10,7 +10,8 @@
 # A call carries the tracked tree too (8.26 MB on 2026-12-05), and no call may pass 64 MiB = 67,108,864 B.
 # B is 59,574,496 B of pieces, so the tree must stay under 7.53 MB: before the calls take out what the
 # device does not read here, and put it back after (B then 62.2 MB):
-#   git ls-files docs/img 'bench/results/*.tar.*' | xargs rm   ... the calls ...   git checkout -- docs/img bench/results
+#   git ls-files docs/img 'bench/results/*.tar.*' 'bench/results/*.json.gz' | xargs rm   ... the calls ...
+#   git checkout -- docs/img bench/results
 # Calls (back to back: a machine idle for 30 s is gone, and the pieces with it), timeout_s 600 each:
 #   A  carry [".whl", "data_cache/smol_0", "data_cache/smollm2/hf_tokenizer"]   ARM=prep    (~5 min)
 #        the wheels; the stdlib data (CPU, ~10-30 s); then blu-0.5b's eval speed (random weights: no model needed)
