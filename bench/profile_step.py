@@ -62,7 +62,7 @@ from typing import Iterable, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from megablu.train.step_profile import STEP_RANGE, export_trace, profiler_table  # noqa: E402
+from megablu.train.step_profile import STEP_RANGE, cupti_teardown, export_trace, profiler_table  # noqa: E402
 
 LOSS_RANGE = "megablu::loss"
 
@@ -683,6 +683,9 @@ def _profile(fn, device: str):
     import torch
     from torch.profiler import profile, record_function
 
+    # CUPTI detached when the profiler stops: a later mode's plain steps are timed without it (before
+    # 2026-12-06 every mode after the first in a call was timed with CUPTI still attached)
+    cupti_teardown(device)
     with profile(activities=_activities(device)) as prof:
         x = torch.ones(8, device=device) * 2      # the tracer is up before the measured range
         _sync(device)

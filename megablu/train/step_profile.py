@@ -15,6 +15,7 @@ Perfetto; dropped above train.profile_trace_mib). Every other step runs without 
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
 import time
 from contextlib import contextmanager, nullcontext
@@ -91,6 +92,17 @@ def phase_markdown(step: int, wall_s: float, totals: dict, others_median_s: Opti
     return "\n".join(lines) + "\n"
 
 
+def cupti_teardown(device: str) -> None:
+    """Ask Kineto to finalize CUPTI when the profiler stops (TEARDOWN_CUPTI=1), unless the user set it.
+
+    Without it CUPTI stays attached after the profiled step and every later kernel launch pays for it: on an
+    H100 (2026-12-06, bench/h200_entry32k.sh) the entry's steps after its profiled step 9 took 1.024-1.035 s
+    against 0.991-0.996 s before it, for the rest of the run (pytorch/pytorch#144455). The teardown's known
+    crash needs CUDA graphs, which megablu does not use."""
+    if device == "cuda":
+        os.environ.setdefault("TEARDOWN_CUPTI", "1")
+
+
 def run_profiled(fn, *, device: str, step: int, run_dir: Path, others_median_s: Optional[float],
                  trace_max_mib: float, write: bool):
     """fn(timer) under torch.profiler inside STEP_RANGE; writes profile/step_<step>.{md,trace.json.gz} when
@@ -98,6 +110,7 @@ def run_profiled(fn, *, device: str, step: int, run_dir: Path, others_median_s: 
     from torch.profiler import ProfilerActivity, profile, record_function
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    cupti_teardown(device)
     timer = PhaseTimer(device)
     with profile(activities=acts) as prof:
         _sync(device)

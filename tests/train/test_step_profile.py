@@ -57,3 +57,16 @@ def test_profile_step_is_checked_and_is_not_part_of_the_run(tmp_path):
         load_config(TINY, ["train.profile_step=41"])
     # an invocation's choice: a resume may add or change it (the checkpoints' config hash ignores it)
     assert config_hash(load_config(TINY, ["train.profile_step=5"])) == config_hash(load_config(TINY))
+
+
+def test_cupti_teardown_only_on_cuda_and_never_over_the_users(monkeypatch):
+    from megablu.train.step_profile import cupti_teardown
+
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    cupti_teardown("cpu")
+    assert "TEARDOWN_CUPTI" not in os.environ
+    cupti_teardown("cuda")
+    assert os.environ["TEARDOWN_CUPTI"] == "1"
+    monkeypatch.setenv("TEARDOWN_CUPTI", "0")   # the user's choice stays
+    cupti_teardown("cuda")
+    assert os.environ["TEARDOWN_CUPTI"] == "0"
