@@ -37,17 +37,23 @@ def _dist_init():
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo", verbose=False)
 
 
-def _model(name: str, device: str):
-    from megablu.config.schema import ModelConfig, RopeConfig
-    from megablu.model.decoder import BluModel
+def model_config(name: str):
+    """blu-0.5b (yaml_configs/l2.yaml's model) or `small36`: the same 327 tensors (36 layers, untied head), small."""
+    from megablu.config.schema import ModelConfig
 
-    if name == "l2":   # blu-0.5b (yaml_configs/l2.yaml's model)
+    if name == "l2":
         from megablu.config import load_config
 
-        cfg = load_config(Path(__file__).resolve().parents[1] / "yaml_configs/l2.yaml", world_size=1)
-        mc = cfg.model
-    else:              # the same tensors (36 layers, untied head), small
-        mc = ModelConfig(n_layers=36, d_model=64, n_heads=4, n_kv_heads=2, ffn_dim=176, vocab_size=512)
+        path = Path(__file__).resolve().parents[1] / "yaml_configs/l2.yaml"
+        return load_config(path, ["parallel.sp=1"], world_size=1).model
+    return ModelConfig(n_layers=36, d_model=64, n_heads=4, n_kv_heads=2, ffn_dim=176, vocab_size=512)
+
+
+def _model(name: str, device: str):
+    from megablu.config.schema import RopeConfig
+    from megablu.model.decoder import BluModel
+
+    mc = model_config(name)
     m = BluModel(mc, RopeConfig(theta=10000.0))
     m.reset_parameters(seed=0)
     return m, mc

@@ -27,3 +27,13 @@ def test_grad_check_bench_cpu(tmp_path):
     # reads of each tensor's dtype and device): fewer calls in all
     assert stock["torch_calls"] > fused["torch_calls"], (stock["torch_calls"], fused["torch_calls"])
     assert "| fused |" in (tmp_path / "grad_check_bench.md").read_text()
+
+
+def test_grad_check_bench_l2_model():
+    """--model l2 (the GPU run's) is blu-0.5b: yaml_configs/l2.yaml's model, loadable on one process."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import grad_check_bench
+
+    l2, small = grad_check_bench.model_config("l2"), grad_check_bench.model_config("small36")
+    assert (l2.n_layers, l2.d_model, l2.ffn_dim, l2.vocab_size) == (36, 1024, 2816, 100352)
+    assert small.n_layers == l2.n_layers and small.tie_embeddings == l2.tie_embeddings
