@@ -6,11 +6,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.dist_utils import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("MEGABLU_SLOW") != "1", reason="the device bench's CPU rehearsal (~20 s on CI): "
+                    "MEGABLU_SLOW=1; tests/train/test_grad_check.py counts the same calls")
 def test_grad_check_bench_cpu(tmp_path):
     r = subprocess.run([sys.executable, "bench/grad_check_bench.py", "--iters", "2", "--T", "32", "--out",
                         str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=300,
