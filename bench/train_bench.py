@@ -48,8 +48,9 @@ def flops_per_token(cfg: ModelConfig, T: int) -> float:
 
 
 def parse_mode(mode: str, default_tiles: int = 8) -> dict:
-    """'selective+tiles16+offload+keep8+liger+fa4' -> MemoryConfig fields (recompute, mlp_tiles,
-    offload_activations, offload_keep, loss, attention)."""
+    """'selective+tiles16+offload+keep8+liger+fa4+lchunk2048' -> MemoryConfig fields (recompute, mlp_tiles,
+    offload_activations, offload_keep, offload_fraction, loss, attention, loss_chunk: lchunkN overrides
+    --loss-chunk for that mode; lchunk0 = Liger's own chunks, or megablu's loss unchunked)."""
     recompute, *flags = mode.split("+")
     out = {"recompute": recompute, "mlp_tiles": 1, "offload_activations": False, "loss": "chunked",
            "attention": "sdpa"}
@@ -66,8 +67,11 @@ def parse_mode(mode: str, default_tiles: int = 8) -> dict:
             out["loss"] = "liger"
         elif f == "fa4":
             out["attention"] = "fa4"
+        elif f.startswith("lchunk") and f[6:].isdigit():
+            out["loss_chunk"] = int(f[6:])
         else:
-            raise ValueError(f"mode {mode!r}: unknown flag {f!r} (tiles[N], offload, keepN, fracF, liger, fa4)")
+            raise ValueError(f"mode {mode!r}: unknown flag {f!r} (tiles[N], offload, keepN, fracF, liger, fa4, "
+                             f"lchunkN)")
     return out
 
 
@@ -77,8 +81,8 @@ def build(impl: str, mode: str, T: int, loss_chunk: int, ops: str = "auto", mlp_
     rope = RopeConfig(theta=500000.0, yarn=YarnConfig(factor=T / 16384, original_max_position=16384)) \
         if T > 16384 else RopeConfig(theta=500000.0)
     if impl == "megablu":
-        m = apply_memory(BluModel(BLU05B, rope),
-                         MemoryConfig(loss_chunk=loss_chunk, ops=ops, **parse_mode(mode, mlp_tiles)))
+        fields = {"loss_chunk": loss_chunk, **parse_mode(mode, mlp_tiles)}
+        m = apply_memory(BluModel(BLU05B, rope), MemoryConfig(ops=ops, **fields))
         return m.to(device, torch.bfloat16)
     if impl == "alst":   # the ALST-style peer (bench/alst_peer.py)
         import alst_peer
@@ -136,8 +140,8 @@ def measure(impl: str, mode: str, T: int, loss_chunk: int, iters: int, ops: str 
         dt = sorted(times)[len(times) // 2]
         off = getattr(model, "offload", None)
         if impl == "megablu":   # the planner's prediction for the same step (no optimizer, no ZeRO)
-            s = Setup(BLU05B, T, zero_stage=0, optimizer=False, loss_chunk=loss_chunk,
-                      ops="torch" if ops == "torch" else "cuda", **parse_mode(mode, mlp_tiles))
+            s = Setup(BLU05B, T, zero_stage=0, optimizer=False, ops="torch" if ops == "torch" else "cuda",
+                      **{"loss_chunk": loss_chunk, **parse_mode(mode, mlp_tiles)})
             row["planned_gb"] = estimate(s).allocated_gb
         row.update(peak_gb=peak / 1e9, mb_per_token=(peak - static) / T / 1e6, step_s=dt, tokens_per_s=T / dt,
                    mfu=flops_per_token(BLU05B, T) * T / dt / 1e12 / PEAK_TFLOPS,

@@ -288,7 +288,13 @@ class CheckpointConfig(Section):
 
 class MemoryConfig(Section):
     recompute: Literal["none", "selective", "full"] = "none"
-    loss_chunk: int = Field(default=0, ge=0, description="tokens per vocab-loss chunk; 0 = unchunked")
+    loss_chunk: int = Field(default=0, ge=0, description="tokens per vocab-loss chunk. chunked: 0 = unchunked "
+                            "(fp32 [T, V] logits); liger: its chunk is the largest power of two of at most "
+                            "loss_chunk tokens it can make (Liger's chunk_mem_const), never below its own sizing "
+                            "(~T*d/V tokens; 0 = that). Larger chunks hold more bf16 logits (2*V B per token of "
+                            "the chunk) and read-modify-write the fp32 (V, d) weight-gradient sum fewer times: "
+                            "blu-0.5b at 32k, 4096 vs Liger's 512, +1.9% tokens/s for +0.3 GB peak "
+                            "(docs/BENCHMARKS.md, issue 17)")
     ops: Literal["auto", "torch", "cuda"] = "auto"
     mlp_tiles: int = Field(default=1, ge=1, description="sequence tiles of the SwiGLU MLP (one tile's "
                            "(tokens, ffn) intermediates alive at a time, fwd and bwd); 1 = untiled")
@@ -314,7 +320,7 @@ class MemoryConfig(Section):
         "validated liger in the model on 2026-12-04 (tests/model/test_kernel_choices.py and the liger tests "
         "of tests/ops/test_cross_entropy.py pass; a blu-0.5b 32k step, selective+offload, ran 35,222 vs "
         "33,732 tokens/s (1.04x), loss 46.8 vs 96.5 ms per step, peak 4.4 vs 8.0 GB; docs/BENCHMARKS.md); "
-        "loss_chunk applies to chunked only")
+        "loss_chunk sizes the chunks of both")
     attention: Literal["auto", "sdpa", "fa4"] = Field(
         default="auto", description="the local causal attention kernel (also the one Ulysses wraps): sdpa = "
         "torch's scaled_dot_product_attention (cuDNN on the H200); fa4 = FlashAttention-4 (optional package "
@@ -775,9 +781,6 @@ def config_warnings(cfg: Config) -> list[str]:
                  f"only: attention does {padded / m.n_heads:g}x the work of the real heads, the attention time is "
                  f"that of sp={m.n_heads}, and every layer's all-to-all spans {sp} ranks; parallel.sp<={m.n_heads} "
                  f"is as fast in attention and only the rest of the model's activations shard less")
-    if cfg.memory.loss == "liger" and cfg.memory.loss_chunk:
-        w.append(f"memory.loss_chunk={cfg.memory.loss_chunk} has no effect with memory.loss=liger (Liger sizes its "
-                 f"own chunks); remove it")
     if cfg.memory.mlp_tiles > 1 and cfg.memory.recompute == "none":
         w.append("memory.mlp_tiles>1 with memory.recompute=none: the tiles recompute the MLP anyway; "
                  "recompute=selective with the same tiles saves h instead of the norm state and its output, "

@@ -19,9 +19,14 @@ resolves to one of them once per model, resolve_loss below):
   chunked  _ChunkedLinearCE below (`chunk` <= 0: the unchunked reference,
            linear_cross_entropy_reference, which tests compare both against);
   liger    liger_kernel's fused linear cross-entropy (optional package liger-kernel; Triton, CUDA):
-           reduction="sum", ignore_index=IGNORE_INDEX, accum_dtype=fp32. Liger sizes its own
-           chunks (~T*d/V tokens: bf16 logits per chunk), computes dh and dW in the forward and
-           scales them in the backward, as _ChunkedLinearCE does. accum_dtype=fp32 sums dW over
+           reduction="sum", ignore_index=IGNORE_INDEX, accum_dtype=fp32. It computes dh and dW
+           in the forward and scales them in the backward, as _ChunkedLinearCE does. Its chunk
+           (bf16 logits) is the largest power of two of at most `chunk` tokens it can make
+           (chunk_mem_const: memory/constants.py liger_mem_const); `chunk` <= 0 leaves Liger's own
+           sizing, ~T*d/V tokens (512 at 32k for blu-0.5b). Each chunk reads and writes the fp32
+           (V, d) dW sum once (0.8 GB for blu-0.5b): at 32k the loss took 53.7 ms of a ~790 ms
+           step in 64 chunks of 512, 36.6 in 16 of 2048 and 34.3 in 8 of 4096 (one H100 with
+           FA4, 2026-12-06; docs/BENCHMARKS.md, issue 17). accum_dtype=fp32 sums dW over
            the chunks in fp32, as megablu's chunked loss does: measured on the H200 at 32k
            (docs/BENCHMARKS.md, issue 17) its dW is 1.7e-3 from an fp32 reference (megablu's
            2.3e-3) against 7.8e-3 for Liger's bf16 default, whose error grows with the number of
@@ -34,6 +39,8 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+
+from ..memory.constants import liger_mem_const
 
 IGNORE_INDEX = -100
 LOSSES = ("chunked", "liger")           # the implementations (LMHead.loss)
@@ -98,6 +105,15 @@ def _liger_func():
     return liger_fused_linear_cross_entropy
 
 
+def _liger_takes_chunk_mem_const() -> bool:
+    """Whether Liger's functional passes chunk_mem_const on (0.8.5 does so only where its autograd Function
+    sets supports_inner_impl_dispatch, as the CUDA one does; other backends drop it)."""
+    import liger_kernel.transformers.functional as functional
+
+    fn = getattr(functional, "LigerFusedLinearCrossEntropyFunction", None)
+    return bool(getattr(fn, "supports_inner_impl_dispatch", False))
+
+
 def liger_import_problem() -> Optional[str]:
     """Why Liger's fused linear cross-entropy cannot be imported here, or None."""
     try:
@@ -136,16 +152,23 @@ def resolve_loss(mode: str, device: str) -> str:
     return loss
 
 
-def liger_linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor):
-    """(sum of CE over labelled tokens, their count) through Liger's fused linear cross-entropy."""
+def liger_linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int = 0):
+    """(sum of CE over labelled tokens, their count) through Liger's fused linear cross-entropy, in chunks of
+    at most `chunk` tokens where Liger can make them (<= 0: Liger's own; module docstring)."""
     # CPU tensors run only in Triton's CPU interpreter (TRITON_INTERPRET=1, the opt-in CPU tests); a
     # config asks for liger on CUDA alone (config/schema.py kernel_invariants refuses it on a CPU run)
     why = liger_import_problem()
     if why is not None:
         raise RuntimeError(f"memory.loss=liger: {why}; install liger-kernel (==0.8.5 was measured) or set "
                            f"memory.loss=chunked")
+    mem_const = liger_mem_const(h.shape[0], weight.shape[1], weight.shape[0], chunk)
+    if mem_const > 1 and not _liger_takes_chunk_mem_const():
+        raise RuntimeError(f"memory.loss=liger with memory.loss_chunk={chunk}: this liger_kernel drops "
+                           f"chunk_mem_const (its LigerFusedLinearCrossEntropyFunction does not set "
+                           f"supports_inner_impl_dispatch), so its chunks would silently stay its own; install "
+                           f"liger-kernel==0.8.5 (measured) or set memory.loss_chunk=0")
     loss = _liger_func()(h, weight, labels, ignore_index=IGNORE_INDEX, reduction="sum",
-                         accum_dtype=LIGER_ACCUM_DTYPE)
+                         accum_dtype=LIGER_ACCUM_DTYPE, chunk_mem_const=mem_const)
     return loss, valid_count(labels)
 
 
@@ -153,10 +176,10 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Te
                          impl: str = "chunked"):
     """(sum of CE over labelled tokens, number of labelled tokens). h (N, d), labels (N,).
 
-    impl: "chunked" (megablu's; chunk <= 0 = the unchunked reference) or "liger" (chunk unused); never
+    impl: "chunked" (megablu's; chunk <= 0 = the unchunked reference) or "liger" (chunk <= 0: Liger's own); never
     "auto", which resolve_loss turns into one of them before the model runs."""
     if impl == "liger":
-        return liger_linear_cross_entropy(h, weight, labels)
+        return liger_linear_cross_entropy(h, weight, labels, chunk)
     if impl != "chunked":
         raise ValueError(f"memory.loss must be one of {LOSSES} here (auto resolves before: resolve_loss), got "
                          f"{impl!r}")

@@ -23,7 +23,8 @@ Loss (ops/cross_entropy.py, chunk c): the forward holds at most 10*c*V bytes at 
 grad_hidden (2d per token); unchunked it is three fp32 [T, V] (12 V B per token, 94% of
 HF's 1.29 MB/token with checkpointing, shared/device/README.md). memory.loss=liger (Liger's
 fused linear CE, accum_dtype=fp32, liger-kernel 0.8.5's fused_linear_cross_entropy.py): bf16
-logits of its own chunk c' = next_pow2(T / ceil(V/d)) tokens and the fp32 dW (4Vd) in its loop,
+logits of one chunk and the fp32 dW (4Vd) in its loop (the chunk: the largest of at most loss_chunk
+tokens Liger makes, memory/constants.py; loss_chunk 0: its own, next_pow2(T / ceil(V/d)) tokens),
 then the fp32 dW and its bf16 cast (6Vd); + dh (2d), the fp32 per-token loss and the label
 mask per token: 0.684 GB at T=32k for blu-0.5b, measured 0.68 (docs/BENCHMARKS.md, issue 17).
 memory.attention=fa4 saves what SDPA saves (q, k, v, out, fp32 LSE); its backward's buffers
@@ -52,7 +53,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from ..config.schema import Config, ModelConfig
-from ..memory.constants import KEEP_LAST, MAX_INFLIGHT, offloaded_count
+from ..memory.constants import KEEP_LAST, MAX_INFLIGHT, liger_chunk_tokens, liger_mem_const, offloaded_count
 from ..parallel.heads import head_plan
 
 GB = 1e9
@@ -307,10 +308,11 @@ def layer_working_set(lb: dict, recompute: str, mlp_tiles: int = 1) -> float:
     return max(rebuilt + grads + lb["a2a"], attn_point)
 
 
-def liger_chunk(m: ModelConfig, tokens: int) -> int:
-    """Liger's tokens per chunk (fused_linear_cross_entropy.py: next_pow2(ceil(T / ceil(V / d))), <= T)."""
-    inc = -(-m.vocab_size // m.d_model)
-    return min(tokens, 1 << max(0, (-(-tokens // inc) - 1).bit_length()))
+def liger_chunk(m: ModelConfig, tokens: int, chunk: int = 0) -> int:
+    """Liger's tokens per chunk under memory.loss_chunk=`chunk` (memory/constants.py: the largest chunk of at
+    most `chunk` tokens Liger makes; 0 = its own, next_pow2(ceil(T / ceil(V / d))); <= T)."""
+    c = liger_mem_const(tokens, m.d_model, m.vocab_size, chunk)
+    return liger_chunk_tokens(tokens, m.d_model, m.vocab_size, c)
 
 
 def loss_bytes(m: ModelConfig, tokens: int, chunk: int, loss: str = "chunked") -> tuple[float, float]:
@@ -318,7 +320,7 @@ def loss_bytes(m: ModelConfig, tokens: int, chunk: int, loss: str = "chunked") -
     V, d = m.vocab_size, m.d_model
     if loss == "liger":
         # its loop: fp32 dW + one chunk's bf16 logits; its end: fp32 dW + the bf16 dW cast
-        const = max(FP32 * V * d + BF16 * liger_chunk(m, tokens) * V, (FP32 + BF16) * V * d)
+        const = max(FP32 * V * d + BF16 * liger_chunk(m, tokens, chunk) * V, (FP32 + BF16) * V * d)
         return const, BF16 * d + FP32 + 1                 # dh, the fp32 per-token loss, the label mask
     if chunk <= 0:
         return 0.0, 12.0 * V + BF16 * d
@@ -379,7 +381,8 @@ def estimate(s: Setup, calib: Optional[Calibration] = None) -> Estimate:
                                              else f"{m.n_layers} layers)")
     if phase == "forward end":
         terms[act] = per_tok * t
-        what = (" (liger)" if s.loss == "liger" else f" (chunk {s.loss_chunk})" if s.loss_chunk
+        what = (f" (liger, chunk {liger_chunk(m, t, s.loss_chunk)})" if s.loss == "liger"
+                else f" (chunk {s.loss_chunk})" if s.loss_chunk
                 else " (unchunked fp32 [T, V])")
         terms["loss" + what] = \
             (loss_const + loss_tok * t) * a

@@ -108,12 +108,12 @@ def test_fa4_limits_are_config_errors(sets, expect):
     assert errors(["memory.attention=sdpa", *sets]) == []
 
 
-def test_liger_with_a_loss_chunk_warns():
-    cfg = load_config(EXT, ["memory.loss=liger", "memory.loss_chunk=4096"], world_size=2, device="cuda")
-    assert "memory.loss_chunk=4096 has no effect with memory.loss=liger (Liger sizes its own chunks); remove it" \
-        in config_warnings(cfg)
-    cfg = load_config(EXT, ["memory.loss=liger", "memory.loss_chunk=0"], world_size=2, device="cuda")
-    assert not any("loss_chunk" in w for w in config_warnings(cfg))
+def test_liger_takes_the_loss_chunk_without_a_warning():
+    """memory.loss_chunk sizes Liger's chunks too (ops/cross_entropy.py): no warning that it does nothing."""
+    for chunk in (4096, 0):
+        cfg = load_config(EXT, ["memory.loss=liger", f"memory.loss_chunk={chunk}"], world_size=2, device="cuda")
+        assert cfg.memory.loss_chunk == chunk
+        assert not any("loss_chunk" in w for w in config_warnings(cfg))
 
 
 def test_preflight_names_a_kernel_library_that_does_not_import(monkeypatch):

@@ -8,6 +8,8 @@ resolved once per model (liger on a CUDA run where liger_kernel imports, else ch
 that name the field and the fix. The real Liger kernel is tests/model/test_kernel_choices.py's (GPU,
 or Triton's CPU interpreter when asked).
 """
+import math
+
 import pytest
 import torch
 
@@ -89,13 +91,59 @@ def test_liger_through_the_model(fake_liger, tied):
         (s / n).backward()
         out[loss] = (float(s.detach()), int(n), {k: p.grad.clone() for k, p in m.named_parameters()})
     assert fake_liger.calls == [{"shape": (38, 32), "ignore_index": -100, "reduction": "sum",
-                                 "accum_dtype": torch.float32}]
+                                 "accum_dtype": torch.float32, "chunk_mem_const": 1}]
     (s1, n1, g1), (s2, n2, g2) = out["liger"], out["chunked"]
     assert n1 == n2 == 34 and s1 == pytest.approx(s2, rel=1e-6)
     for k in g2:
         torch.testing.assert_close(g1[k], g2[k], rtol=1e-5, atol=1e-7, msg=lambda m: f"{k}: {m}")
     # the head's grad reaches the embedding's weight when tied (one parameter, both uses summed)
     assert ("lm_head.weight" in g1) is not tied
+
+
+def _liger_chunk_reference(T, d, V, c):
+    """liger-kernel 0.8.5 fused_linear_cross_entropy.py, written out: inc_factor = cdiv(V, c*d),
+    chunk_size = min(next_power_of_2(cdiv(T, inc_factor)), T)."""
+    return min(2 ** math.ceil(math.log2(math.ceil(T / math.ceil(V / (c * d))))), T)
+
+
+@pytest.mark.parametrize("d,V", [(1024, 100352), (576, 49152), (16, 37)])
+def test_liger_mem_const_is_the_largest_chunk_within_loss_chunk(d, V):
+    from megablu.memory.constants import liger_chunk_tokens, liger_mem_const
+
+    top = math.ceil(V / d)           # from here on Liger's chunk is all the tokens
+    for T in (1, 45, 100, 1000, 32640, 32768, 131072):
+        for c in range(1, top + 2):
+            assert liger_chunk_tokens(T, d, V, c) == _liger_chunk_reference(T, d, V, c), (T, c)
+        own = _liger_chunk_reference(T, d, V, 1)
+        for chunk in (0, 1, 32, 512, 2048, 3000, 4096, 10 ** 6):
+            c = liger_mem_const(T, d, V, chunk)
+            got = _liger_chunk_reference(T, d, V, c)
+            if chunk <= 0 or own > chunk:
+                assert c == 1, (T, chunk)                  # Liger's own sizing
+                continue
+            assert got <= chunk, (T, chunk, c)
+            # the largest: the next constant's chunk is over the budget, or none is larger
+            assert c >= top or _liger_chunk_reference(T, d, V, c + 1) > chunk, (T, chunk, c)
+    # blu-0.5b at 32k (docs/BENCHMARKS.md, issue 17): 512 by itself, 2048 and 4096 on request
+    if (d, V) == (1024, 100352):
+        assert [liger_chunk_tokens(32768, d, V, liger_mem_const(32768, d, V, k)) for k in (0, 2048, 4096)] == \
+            [512, 2048, 4096]
+
+
+def test_liger_gets_the_chunk_mem_const_for_loss_chunk(fake_liger, monkeypatch):
+    monkeypatch.setattr(CE, "_liger_takes_chunk_mem_const", lambda: True)
+    h, w, y = _inputs()              # N=45, d=16, V=37: constants 1, 2, 3 give chunks 16, 32, 45
+    ref, _ = CE.linear_cross_entropy_reference(h, w, y)
+    for chunk, const in ((0, 1), (16, 1), (32, 2), (44, 2), (45, 3), (4096, 3)):
+        loss, n = CE.linear_cross_entropy(h, w, y, chunk, "liger")
+        assert fake_liger.calls[-1]["chunk_mem_const"] == const, chunk
+        torch.testing.assert_close(loss.double(), ref.double())
+    # a Liger whose functional would drop the constant: an error where it matters, not a silent own size
+    monkeypatch.setattr(CE, "_liger_takes_chunk_mem_const", lambda: False)
+    CE.linear_cross_entropy(h, w, y, 16, "liger")
+    with pytest.raises(RuntimeError, match=r"memory.loss=liger with memory.loss_chunk=32: this liger_kernel drops "
+                                           r"chunk_mem_const .* or set memory.loss_chunk=0"):
+        CE.linear_cross_entropy(h, w, y, 32, "liger")
 
 
 def test_liger_without_the_library_names_the_fix(monkeypatch):

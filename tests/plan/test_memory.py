@@ -165,7 +165,7 @@ MEASURED_LOSS_GB_32K = {"chunked": 4.59, "liger": 0.68}
 
 @pytest.mark.parametrize("loss", ["chunked", "liger"])
 def test_loss_footprint_matches_the_h200(loss):
-    const, tok = plan.loss_bytes(BLU05B, 32768, 4096, loss)
+    const, tok = plan.loss_bytes(BLU05B, 32768, 4096 if loss == "chunked" else 0, loss)   # Liger: its own chunks
     assert (const + tok * 32768) / 1e9 == pytest.approx(MEASURED_LOSS_GB_32K[loss], rel=0.02)
 
 
@@ -173,13 +173,19 @@ def test_liger_footprint_hand_checked():
     V, d = BLU05B.vocab_size, BLU05B.d_model
     # its chunk: next_pow2(ceil(T / ceil(V / d))) = next_pow2(ceil(32768 / 98)) = 512; 2048 at 128k; <= T
     assert [plan.memory.liger_chunk(BLU05B, t) for t in (32768, 131072, 100, 1)] == [512, 2048, 2, 1]
+    # memory.loss_chunk: the largest of at most that many tokens it makes (chunk_mem_const 6: ceil(98/6) = 17,
+    # next_pow2(ceil(32768/17)) = 2048; 13: 8 -> 4096); below its own chunk, its own; beyond T, T
+    assert [plan.memory.liger_chunk(BLU05B, 32768, c) for c in (2048, 4096, 3000, 100, 65536)] == \
+        [2048, 4096, 2048, 512, 32768]
     # 32k: the end (fp32 dW + its bf16 cast, 6Vd) beats the loop (4Vd + bf16 logits 2*512*V); per token
     # dh (2d), the fp32 loss (4) and the label mask (1); 128k: the loop (4Vd + 2*2048*V)
     assert plan.loss_bytes(BLU05B, 32768, 0, "liger") == (6 * V * d, 2 * d + 5)
     assert plan.loss_bytes(BLU05B, 131072, 0, "liger") == (4 * V * d + 2 * 2048 * V, 2 * d + 5)
     # a short window: the loss's constant part makes the forward's end the peak, and the term says liger
     e = plan.estimate(plan.Setup(BLU05B, 1024, zero_stage=0, optimizer=False, recompute="full", loss="liger"))
-    assert e.phase == "forward end" and e.terms["loss (liger)"] == 6 * V * d + (2 * d + 5) * 1024
+    assert e.phase == "forward end" and e.terms["loss (liger, chunk 16)"] == 6 * V * d + (2 * d + 5) * 1024
+    # at 32k with loss_chunk 4096 the loop's bf16 logits (2 * 4096 * V) beat the end's bf16 dW cast (2Vd)
+    assert plan.loss_bytes(BLU05B, 32768, 4096, "liger") == (4 * V * d + 2 * 4096 * V, 2 * d + 5)
 
 
 def test_fa4_backward_buffers_hand_checked():
