@@ -22,7 +22,7 @@ resolves to one of them once per model, resolve_loss below):
            reduction="sum", ignore_index=IGNORE_INDEX, accum_dtype=fp32. It computes dh and dW
            in the forward and scales them in the backward, as _ChunkedLinearCE does. Its chunk
            (bf16 logits) is the largest power of two of at most `chunk` tokens it can make
-           (chunk_mem_const: memory/constants.py liger_mem_const); `chunk` <= 0 leaves Liger's own
+           (chunk_mem_const: utils/liger.py liger_mem_const); `chunk` <= 0 leaves Liger's own
            sizing, ~T*d/V tokens (512 at 32k for blu-0.5b). Each chunk reads and writes the fp32
            (V, d) dW sum once (0.8 GB for blu-0.5b): at 32k the loss took 53.7 ms of a ~790 ms
            step in 64 chunks of 512, 36.6 in 16 of 2048 and 34.3 in 8 of 4096 (one H100 with
@@ -40,7 +40,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ..memory.constants import liger_mem_const
+from ..utils.liger import liger_mem_const
 
 IGNORE_INDEX = -100
 LOSSES = ("chunked", "liger")           # the implementations (LMHead.loss)

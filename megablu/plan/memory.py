@@ -24,7 +24,7 @@ grad_hidden (2d per token); unchunked it is three fp32 [T, V] (12 V B per token,
 HF's 1.29 MB/token with checkpointing, shared/device/README.md). memory.loss=liger (Liger's
 fused linear CE, accum_dtype=fp32, liger-kernel 0.8.5's fused_linear_cross_entropy.py): bf16
 logits of one chunk and the fp32 dW (4Vd) in its loop (the chunk: the largest of at most loss_chunk
-tokens Liger makes, memory/constants.py; loss_chunk 0: its own, next_pow2(T / ceil(V/d)) tokens),
+tokens Liger makes, utils/liger.py; loss_chunk 0: its own, next_pow2(T / ceil(V/d)) tokens),
 then the fp32 dW and its bf16 cast (6Vd); + dh (2d), the fp32 per-token loss and the label
 mask per token: 0.684 GB at T=32k for blu-0.5b, measured 0.68 (docs/BENCHMARKS.md, issue 17).
 memory.attention=fa4 saves what SDPA saves (q, k, v, out, fp32 LSE); its backward's buffers
@@ -53,8 +53,9 @@ from pathlib import Path
 from typing import Optional, Union
 
 from ..config.schema import Config, ModelConfig
-from ..memory.constants import KEEP_LAST, MAX_INFLIGHT, liger_chunk_tokens, liger_mem_const, offloaded_count
+from ..memory.constants import KEEP_LAST, MAX_INFLIGHT, offloaded_count
 from ..parallel.heads import head_plan
+from ..utils.liger import liger_chunk_tokens, liger_mem_const
 
 GB = 1e9
 BF16 = 2
@@ -309,7 +310,7 @@ def layer_working_set(lb: dict, recompute: str, mlp_tiles: int = 1) -> float:
 
 
 def liger_chunk(m: ModelConfig, tokens: int, chunk: int = 0) -> int:
-    """Liger's tokens per chunk under memory.loss_chunk=`chunk` (memory/constants.py: the largest chunk of at
+    """Liger's tokens per chunk under memory.loss_chunk=`chunk` (utils/liger.py: the largest chunk of at
     most `chunk` tokens Liger makes; 0 = its own, next_pow2(ceil(T / ceil(V / d))); <= T)."""
     c = liger_mem_const(tokens, m.d_model, m.vocab_size, chunk)
     return liger_chunk_tokens(tokens, m.d_model, m.vocab_size, c)

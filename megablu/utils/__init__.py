@@ -1,2 +1,2 @@
 """Small helpers with one home each: files (sha256, fsync, atomic writes), ranks (rank-0 decides,
-the others receive), the device a setting means."""
+the others receive), the device a setting means, Liger's chunk sizing (torch-free, for the planner)."""

@@ -108,7 +108,7 @@ def _liger_chunk_reference(T, d, V, c):
 
 @pytest.mark.parametrize("d,V", [(1024, 100352), (576, 49152), (16, 37)])
 def test_liger_mem_const_is_the_largest_chunk_within_loss_chunk(d, V):
-    from megablu.memory.constants import liger_chunk_tokens, liger_mem_const
+    from megablu.utils.liger import liger_chunk_tokens, liger_mem_const
 
     top = math.ceil(V / d)           # from here on Liger's chunk is all the tokens
     for T in (1, 45, 100, 1000, 32640, 32768, 131072):
