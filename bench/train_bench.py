@@ -117,7 +117,8 @@ def step(model, impl: str, ids: torch.Tensor):
 def measure(impl: str, mode: str, T: int, loss_chunk: int, iters: int, ops: str = "auto",
             mlp_tiles: int = 8, warmup: bool = True) -> dict:
     row = {"impl": f"megablu/{ops}" if impl == "megablu" else impl, "mode": mode, "T": T,
-           "loss_chunk": loss_chunk if impl == "megablu" else None, "n_layers": BLU05B.n_layers}
+           "loss_chunk": parse_mode(mode, mlp_tiles).get("loss_chunk", loss_chunk) if impl == "megablu" else None,
+           "n_layers": BLU05B.n_layers}
     model = None
     try:
         model = build(impl, mode, T, loss_chunk, ops, mlp_tiles)

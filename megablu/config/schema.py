@@ -12,6 +12,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
+from ..utils.liger import liger_chunk_tokens
 from .eval_tasks import PRESETS, TaskSpec, default_max_new, min_words, needs_text_haystack
 
 
@@ -290,7 +291,8 @@ class MemoryConfig(Section):
     recompute: Literal["none", "selective", "full"] = "none"
     loss_chunk: int = Field(default=0, ge=0, description="tokens per vocab-loss chunk. chunked: 0 = unchunked "
                             "(fp32 [T, V] logits); liger: its chunk is the largest power of two of at most "
-                            "loss_chunk tokens it can make (Liger's chunk_mem_const), never below its own sizing "
+                            "loss_chunk tokens it can make, or all the rank's tokens (Liger's chunk_mem_const), "
+                            "never below its own sizing "
                             "(~T*d/V tokens; 0 = that). Larger chunks hold more bf16 logits (2*V B per token of "
                             "the chunk) and read-modify-write the fp32 (V, d) weight-gradient sum fewer times: "
                             "blu-0.5b at 32k, 4096 vs Liger's 512, +1.9% tokens/s for +0.3 GB peak "
@@ -781,6 +783,13 @@ def config_warnings(cfg: Config) -> list[str]:
                  f"only: attention does {padded / m.n_heads:g}x the work of the real heads, the attention time is "
                  f"that of sp={m.n_heads}, and every layer's all-to-all spans {sp} ranks; parallel.sp<={m.n_heads} "
                  f"is as fast in attention and only the rest of the model's activations shard less")
+    if cfg.memory.loss == "liger" and cfg.memory.loss_chunk > 0:
+        m, tokens = cfg.model, cfg.train.micro_batch * math.ceil(cfg.data.window / cfg.parallel.sp)
+        own = liger_chunk_tokens(tokens, m.d_model, m.vocab_size)
+        if cfg.memory.loss_chunk < own:
+            w.append(f"memory.loss_chunk={cfg.memory.loss_chunk} with memory.loss=liger has no effect here: Liger's "
+                     f"own chunk at {tokens} tokens per rank is {own} tokens, and loss_chunk only widens it; set "
+                     f"memory.loss_chunk=0 or a value >= {own}")
     if cfg.memory.mlp_tiles > 1 and cfg.memory.recompute == "none":
         w.append("memory.mlp_tiles>1 with memory.recompute=none: the tiles recompute the MLP anyway; "
                  "recompute=selective with the same tiles saves h instead of the norm state and its output, "

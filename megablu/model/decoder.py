@@ -264,7 +264,8 @@ class LMHead(nn.Module):
     """Final projection; holds (or ties) the weight so ZeRO-3 gathers it when called.
 
     With labels, the summed loss through `loss` ("chunked" over `chunk`-token pieces of the vocab
-    projection, 0 = unchunked; "liger": Liger's fused linear cross-entropy); megablu.memory.apply_memory
+    projection, 0 = unchunked; "liger": Liger's fused linear cross-entropy, in chunks of at most `chunk`
+    tokens where Liger can make them, 0 = its own); megablu.memory.apply_memory
     sets both from memory.loss / loss_chunk, memory.loss=auto resolved to one of them (ops/cross_entropy.py)."""
 
     def __init__(self, d: int, vocab: int):

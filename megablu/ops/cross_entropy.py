@@ -21,14 +21,15 @@ resolves to one of them once per model, resolve_loss below):
   liger    liger_kernel's fused linear cross-entropy (optional package liger-kernel; Triton, CUDA):
            reduction="sum", ignore_index=IGNORE_INDEX, accum_dtype=fp32. It computes dh and dW
            in the forward and scales them in the backward, as _ChunkedLinearCE does. Its chunk
-           (bf16 logits) is the largest power of two of at most `chunk` tokens it can make
+           (bf16 logits) is the largest power of two of at most `chunk` tokens it can make (or all T)
            (chunk_mem_const: utils/liger.py liger_mem_const); `chunk` <= 0 leaves Liger's own
            sizing, ~T*d/V tokens (512 at 32k for blu-0.5b). Each chunk reads and writes the fp32
            (V, d) dW sum once (0.8 GB for blu-0.5b): at 32k the loss took 53.7 ms of a ~790 ms
            step in 64 chunks of 512, 36.6 in 16 of 2048 and 34.3 in 8 of 4096 (one H100 with
            FA4, 2026-12-06; docs/BENCHMARKS.md, issue 17). accum_dtype=fp32 sums dW over
            the chunks in fp32, as megablu's chunked loss does: measured on the H200 at 32k
-           (docs/BENCHMARKS.md, issue 17) its dW is 1.7e-3 from an fp32 reference (megablu's
+           with Liger's own 512-token chunks (docs/BENCHMARKS.md, issue 17; larger chunks change
+           only the order of that fp32 sum) its dW is 1.7e-3 from an fp32 reference (megablu's
            2.3e-3) against 7.8e-3 for Liger's bf16 default, whose error grows with the number of
            chunks summed in bf16 (4x more at 128k), for 7 ms of a ~0.94 s step (47.5 vs 40.4 ms).
 """
@@ -106,10 +107,15 @@ def _liger_func():
 
 
 def _liger_takes_chunk_mem_const() -> bool:
-    """Whether Liger's functional passes chunk_mem_const on (0.8.5 does so only where its autograd Function
-    sets supports_inner_impl_dispatch, as the CUDA one does; other backends drop it)."""
+    """Whether Liger's functional takes chunk_mem_const and passes it on (0.8.5 passes it only where its autograd
+    Function sets supports_inner_impl_dispatch, as the CUDA one does; the backends LIGER_KERNEL_IMPL selects
+    otherwise drop it)."""
+    import inspect
+
     import liger_kernel.transformers.functional as functional
 
+    if "chunk_mem_const" not in inspect.signature(_liger_func()).parameters:
+        return False
     fn = getattr(functional, "LigerFusedLinearCrossEntropyFunction", None)
     return bool(getattr(fn, "supports_inner_impl_dispatch", False))
 
@@ -162,13 +168,19 @@ def liger_linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: to
         raise RuntimeError(f"memory.loss=liger: {why}; install liger-kernel (==0.8.5 was measured) or set "
                            f"memory.loss=chunked")
     mem_const = liger_mem_const(h.shape[0], weight.shape[1], weight.shape[0], chunk)
-    if mem_const > 1 and not _liger_takes_chunk_mem_const():
-        raise RuntimeError(f"memory.loss=liger with memory.loss_chunk={chunk}: this liger_kernel drops "
-                           f"chunk_mem_const (its LigerFusedLinearCrossEntropyFunction does not set "
-                           f"supports_inner_impl_dispatch), so its chunks would silently stay its own; install "
-                           f"liger-kernel==0.8.5 (measured) or set memory.loss_chunk=0")
+    # the constant is passed only where it widens the chunks: loss_chunk 0 (or below Liger's own chunk) calls
+    # Liger exactly as before it existed
+    wider = {}
+    if mem_const > 1:
+        if not _liger_takes_chunk_mem_const():
+            raise RuntimeError(f"memory.loss=liger with memory.loss_chunk={chunk}: this liger_kernel does not take "
+                               f"chunk_mem_const or drops it (its LigerFusedLinearCrossEntropyFunction does not set "
+                               f"supports_inner_impl_dispatch: an older version, or a LIGER_KERNEL_IMPL backend other "
+                               f"than the default Triton one), so its chunks would silently stay its own; install "
+                               f"liger-kernel==0.8.5 (measured) with its default backend, or set memory.loss_chunk=0")
+        wider["chunk_mem_const"] = mem_const
     loss = _liger_func()(h, weight, labels, ignore_index=IGNORE_INDEX, reduction="sum",
-                         accum_dtype=LIGER_ACCUM_DTYPE, chunk_mem_const=mem_const)
+                         accum_dtype=LIGER_ACCUM_DTYPE, **wider)
     return loss, valid_count(labels)
 
 

@@ -145,7 +145,8 @@ class Setup:
         mem += " +act-offload" if self.offload_activations else ""
         mem += f" keep={self.offload_keep}" if self.offload_activations and self.offload_keep != 1 else ""
         mem += f" fraction={self.offload_fraction:g}" if self.offload_activations and self.offload_fraction != 1 else ""
-        loss = "loss=liger" if self.loss == "liger" else f"loss_chunk={self.loss_chunk}"
+        loss = ("loss=liger" + (f" loss_chunk={self.loss_chunk}" if self.loss_chunk > 0 else "")
+                if self.loss == "liger" else f"loss_chunk={self.loss_chunk}")
         attn = f" attention={self.attention}" if self.attention != "sdpa" else ""
         return (f"gpus={self.gpus} sp={self.sp} zero={self.zero_stage}{off} recompute={self.recompute}{mem} "
                 f"{loss} ops={self.ops}{attn}")

@@ -1,5 +1,6 @@
 """Liger's chunk sizing, written out without torch: the loss (ops/cross_entropy.py) passes Liger the
 chunk_mem_const for memory.loss_chunk, and the planner (plan/memory.py) counts the same chunk's logits."""
+import functools
 
 
 def liger_chunk_tokens(tokens: int, d: int, vocab: int, mem_const: int = 1) -> int:
@@ -9,6 +10,7 @@ def liger_chunk_tokens(tokens: int, d: int, vocab: int, mem_const: int = 1) -> i
     return min(tokens, 1 << max(0, (-(-tokens // inc) - 1).bit_length()))
 
 
+@functools.lru_cache(maxsize=256)
 def liger_mem_const(tokens: int, d: int, vocab: int, chunk: int) -> int:
     """The chunk_mem_const for which Liger's chunk is the largest it can make of at most `chunk` tokens
     (memory.loss_chunk): fewer chunks, so fewer read-modify-writes of the fp32 (V, d) weight-gradient

@@ -4,6 +4,7 @@ import pytest
 
 from megablu.config import config_warnings, load_config
 from megablu.config.schema import MemoryConfig
+from megablu.utils.liger import liger_chunk_tokens
 
 from .test_invariants import EXT, errors
 
@@ -108,12 +109,20 @@ def test_fa4_limits_are_config_errors(sets, expect):
     assert errors(["memory.attention=sdpa", *sets]) == []
 
 
-def test_liger_takes_the_loss_chunk_without_a_warning():
-    """memory.loss_chunk sizes Liger's chunks too (ops/cross_entropy.py): no warning that it does nothing."""
+def test_liger_takes_the_loss_chunk_and_warns_where_it_does_nothing():
+    """memory.loss_chunk sizes Liger's chunks too (ops/cross_entropy.py): no warning where it widens them, or at 0;
+    a warning where it is below Liger's own chunk and so changes nothing."""
     for chunk in (4096, 0):
         cfg = load_config(EXT, ["memory.loss=liger", f"memory.loss_chunk={chunk}"], world_size=2, device="cuda")
         assert cfg.memory.loss_chunk == chunk
         assert not any("loss_chunk" in w for w in config_warnings(cfg))
+    cfg = load_config(EXT, ["memory.loss=liger", "memory.loss_chunk=4"], world_size=2, device="cuda")
+    tokens = cfg.train.micro_batch * -(-cfg.data.window // cfg.parallel.sp)
+    own = liger_chunk_tokens(tokens, cfg.model.d_model, cfg.model.vocab_size)
+    assert own > 4
+    assert (f"memory.loss_chunk=4 with memory.loss=liger has no effect here: Liger's own chunk at {tokens} tokens per "
+            f"rank is {own} tokens, and loss_chunk only widens it; set memory.loss_chunk=0 or a value >= {own}") \
+        in config_warnings(cfg)
 
 
 def test_preflight_names_a_kernel_library_that_does_not_import(monkeypatch):

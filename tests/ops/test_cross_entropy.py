@@ -91,7 +91,7 @@ def test_liger_through_the_model(fake_liger, tied):
         (s / n).backward()
         out[loss] = (float(s.detach()), int(n), {k: p.grad.clone() for k, p in m.named_parameters()})
     assert fake_liger.calls == [{"shape": (38, 32), "ignore_index": -100, "reduction": "sum",
-                                 "accum_dtype": torch.float32, "chunk_mem_const": 1}]
+                                 "accum_dtype": torch.float32}]     # no chunk_mem_const: Liger's own chunks
     (s1, n1, g1), (s2, n2, g2) = out["liger"], out["chunked"]
     assert n1 == n2 == 34 and s1 == pytest.approx(s2, rel=1e-6)
     for k in g2:
@@ -136,14 +136,45 @@ def test_liger_gets_the_chunk_mem_const_for_loss_chunk(fake_liger, monkeypatch):
     ref, _ = CE.linear_cross_entropy_reference(h, w, y)
     for chunk, const in ((0, 1), (16, 1), (32, 2), (44, 2), (45, 3), (4096, 3)):
         loss, n = CE.linear_cross_entropy(h, w, y, chunk, "liger")
-        assert fake_liger.calls[-1]["chunk_mem_const"] == const, chunk
+        # passed only where it widens the chunks: at 1, Liger is called as before the constant existed
+        assert fake_liger.calls[-1].get("chunk_mem_const", 1) == const, chunk
+        assert ("chunk_mem_const" in fake_liger.calls[-1]) == (const > 1), chunk
         torch.testing.assert_close(loss.double(), ref.double())
     # a Liger whose functional would drop the constant: an error where it matters, not a silent own size
     monkeypatch.setattr(CE, "_liger_takes_chunk_mem_const", lambda: False)
     CE.linear_cross_entropy(h, w, y, 16, "liger")
-    with pytest.raises(RuntimeError, match=r"memory.loss=liger with memory.loss_chunk=32: this liger_kernel drops "
-                                           r"chunk_mem_const .* or set memory.loss_chunk=0"):
+    with pytest.raises(RuntimeError, match=r"memory.loss=liger with memory.loss_chunk=32: this liger_kernel does not "
+                                           r"take chunk_mem_const or drops it .*LIGER_KERNEL_IMPL.* or set "
+                                           r"memory.loss_chunk=0"):
         CE.linear_cross_entropy(h, w, y, 32, "liger")
+
+
+def test_chunk_mem_const_support_reads_the_functional_and_the_function(monkeypatch):
+    """A Liger whose functional lacks the parameter, or whose Function drops it, does not take it."""
+    import sys
+    import types
+
+    class Fn:
+        supports_inner_impl_dispatch = True
+
+    def with_param(h, w, y, chunk_mem_const=1, **kw):
+        return None
+
+    def without_param(h, w, y, **kw):
+        return None
+
+    mod = types.ModuleType("liger_kernel.transformers.functional")
+    mod.LigerFusedLinearCrossEntropyFunction = Fn
+    monkeypatch.setitem(sys.modules, "liger_kernel", types.ModuleType("liger_kernel"))
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers", types.ModuleType("liger_kernel.transformers"))
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.functional", mod)
+    monkeypatch.setattr(CE, "_liger_func", lambda: with_param)
+    assert CE._liger_takes_chunk_mem_const()
+    monkeypatch.setattr(Fn, "supports_inner_impl_dispatch", False)      # another backend: dropped
+    assert not CE._liger_takes_chunk_mem_const()
+    monkeypatch.setattr(Fn, "supports_inner_impl_dispatch", True)
+    monkeypatch.setattr(CE, "_liger_func", lambda: without_param)      # an older functional
+    assert not CE._liger_takes_chunk_mem_const()
 
 
 def test_liger_without_the_library_names_the_fix(monkeypatch):

@@ -135,9 +135,10 @@ class _RecordingFA4:
 _LIGER_ROWS: list = []
 
 
-def _fake_liger(h, w, y, ignore_index, reduction, accum_dtype, chunk_mem_const):
-    """liger_fused_linear_cross_entropy's contract (the summed CE of this rank's tokens) in torch."""
-    assert reduction == "sum" and accum_dtype == torch.float32 and chunk_mem_const == 1   # loss_chunk 0: its own
+def _fake_liger(h, w, y, ignore_index, reduction, accum_dtype):
+    """liger_fused_linear_cross_entropy's contract (the summed CE of this rank's tokens) in torch; loss_chunk 0
+    passes no chunk_mem_const (Liger's own chunks)."""
+    assert reduction == "sum" and accum_dtype == torch.float32
     _LIGER_ROWS.append(h.shape[0])
     return torch.nn.functional.cross_entropy((h @ w.t()).float(), y, ignore_index=ignore_index, reduction="sum")
 
