@@ -788,7 +788,7 @@ def profile_case(T: int, mode: str, a, device: str = "cuda") -> dict:
     from torch.profiler import record_function
 
     cfg = tb.BLU05B
-    row: dict = {"T": T, "mode": mode, "ops": a.ops, "loss_chunk": tb.parse_mode(mode).get("loss_chunk", a.loss_chunk),
+    row: dict = {"T": T, "mode": mode, "ops": a.ops, "loss_chunk": tb.memory_fields(mode, a.loss_chunk)["loss_chunk"],
                  "n_layers": cfg.n_layers,
                  "shape": cfg.model_dump() if hasattr(cfg, "model_dump") else str(cfg),
                  "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "device": _device_name(device),

@@ -75,14 +75,18 @@ def parse_mode(mode: str, default_tiles: int = 8) -> dict:
     return out
 
 
+def memory_fields(mode: str, loss_chunk: int, mlp_tiles: int = 8) -> dict:
+    """The MemoryConfig fields of a mode, with --loss-chunk where the mode has no lchunkN."""
+    return {"loss_chunk": loss_chunk, **parse_mode(mode, mlp_tiles)}
+
+
 def build(impl: str, mode: str, T: int, loss_chunk: int, ops: str = "auto", mlp_tiles: int = 8,
           device: str = "cuda"):
     """device: "cuda" for every measurement; "cpu" only for bench/profile_step.py's CPU rehearsal."""
     rope = RopeConfig(theta=500000.0, yarn=YarnConfig(factor=T / 16384, original_max_position=16384)) \
         if T > 16384 else RopeConfig(theta=500000.0)
     if impl == "megablu":
-        fields = {"loss_chunk": loss_chunk, **parse_mode(mode, mlp_tiles)}
-        m = apply_memory(BluModel(BLU05B, rope), MemoryConfig(ops=ops, **fields))
+        m = apply_memory(BluModel(BLU05B, rope), MemoryConfig(ops=ops, **memory_fields(mode, loss_chunk, mlp_tiles)))
         return m.to(device, torch.bfloat16)
     if impl == "alst":   # the ALST-style peer (bench/alst_peer.py)
         import alst_peer
@@ -117,7 +121,7 @@ def step(model, impl: str, ids: torch.Tensor):
 def measure(impl: str, mode: str, T: int, loss_chunk: int, iters: int, ops: str = "auto",
             mlp_tiles: int = 8, warmup: bool = True) -> dict:
     row = {"impl": f"megablu/{ops}" if impl == "megablu" else impl, "mode": mode, "T": T,
-           "loss_chunk": parse_mode(mode, mlp_tiles).get("loss_chunk", loss_chunk) if impl == "megablu" else None,
+           "loss_chunk": memory_fields(mode, loss_chunk, mlp_tiles)["loss_chunk"] if impl == "megablu" else None,
            "n_layers": BLU05B.n_layers}
     model = None
     try:
@@ -142,7 +146,7 @@ def measure(impl: str, mode: str, T: int, loss_chunk: int, iters: int, ops: str 
         off = getattr(model, "offload", None)
         if impl == "megablu":   # the planner's prediction for the same step (no optimizer, no ZeRO)
             s = Setup(BLU05B, T, zero_stage=0, optimizer=False, ops="torch" if ops == "torch" else "cuda",
-                      **{"loss_chunk": loss_chunk, **parse_mode(mode, mlp_tiles)})
+                      **memory_fields(mode, loss_chunk, mlp_tiles))
             row["planned_gb"] = estimate(s).allocated_gb
         row.update(peak_gb=peak / 1e9, mb_per_token=(peak - static) / T / 1e6, step_s=dt, tokens_per_s=T / dt,
                    mfu=flops_per_token(BLU05B, T) * T / dt / 1e12 / PEAK_TFLOPS,

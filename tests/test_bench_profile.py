@@ -359,6 +359,8 @@ def test_modes_name_the_kernel_choices():
     assert tb.parse_mode("selective+offload+frac0.75+fa4")["offload_fraction"] == 0.75
     assert tb.parse_mode("selective+liger+lchunk2048")["loss_chunk"] == 2048
     assert "loss_chunk" not in tb.parse_mode("selective+liger")      # --loss-chunk applies
+    assert tb.memory_fields("selective+liger", 4096)["loss_chunk"] == 4096
+    assert tb.memory_fields("selective+liger+lchunk0", 4096)["loss_chunk"] == 0
     with pytest.raises(ValueError, match="unknown flag 'fa3'"):
         tb.parse_mode("selective+fa3")
     assert ps.mode_fs("selective+offload+liger+fa4") == "selective-offload-liger-fa4"
