@@ -30,6 +30,7 @@ from megablu.config.schema import MemoryConfig, ModelConfig, RopeConfig
 from megablu.memory.apply import apply_memory
 from megablu.model.decoder import BluModel
 from megablu.ops.cross_entropy import IGNORE_INDEX, liger_import_problem
+from megablu.utils.liger import liger_mem_const
 from tests.ops.test_attention import _fa4_ready
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,16 +95,20 @@ def assert_same(got, ref, dtype, what):
     return errs
 
 
+@pytest.mark.parametrize("liger_chunk", [0, 128])
 @pytest.mark.parametrize("tied", [True, False])
-def test_liger_loss_matches_chunked(tied):
+def test_liger_loss_matches_chunked(tied, liger_chunk):
+    """liger_chunk 0: Liger's own chunks (32 tokens here); 128: memory.loss_chunk widens them through
+    chunk_mem_const (7 here: 5 chunks of 128 for the 600 tokens)."""
     where = _where_liger_runs()
     if isinstance(where, str):
         pytest.skip(where)
     device, dtype = where
+    assert liger_mem_const(B * T, TINY.d_model, TINY.vocab_size, liger_chunk) == (7 if liger_chunk else 1)
     cfg = TINY.model_copy(update={"tie_embeddings": tied})
-    got = run_model(MemoryConfig(loss="liger"), device, dtype, cfg)
+    got = run_model(MemoryConfig(loss="liger", loss_chunk=liger_chunk), device, dtype, cfg)
     ref = run_model(MemoryConfig(loss="chunked", loss_chunk=128), device, dtype, cfg)
-    errs = assert_same(got, ref, dtype, f"liger vs chunked (tied={tied})")
+    errs = assert_same(got, ref, dtype, f"liger (loss_chunk {liger_chunk}) vs chunked (tied={tied})")
     # dW: the head weight's grad; tied, the same parameter as the embedding (its grad sums both uses)
     assert ("embed_tokens.weight" in errs) and (("lm_head.weight" in errs) is not tied)
 
