@@ -179,6 +179,19 @@ def _(lab):
     return lab.both([f"init_from={lab.parent(['model.n_layers=5'])}"])
 
 
+# Another head layout, head_dim or norm eps over the same tensor shapes (issue 39 item 2): the weights load and
+# compute another function; before the architecture record was compared these trained with exit 0.
+_ARCH = [
+    ("heads 8 / kv 4 (same shapes)", ["model.n_heads=8", "model.n_kv_heads=4"], "model.n_heads=8 vs 4"),
+    ("head_dim 64 with 2 heads (same shapes)", ["model.n_heads=2", "model.n_kv_heads=1", "model.head_dim=64"],
+     "model.head_dim=64 vs 32"),
+    ("norm_eps 0.1", ["model.norm_eps=0.1"], "model.norm_eps=0.1 vs 1e-05"),
+]
+for _name, _sets, _msg in _ARCH:
+    case("configs", f"init_from with another architecture: {_name}", _msg, "--set model.")(
+        lambda lab, s=_sets: lab.both([f"init_from={lab.parent()}", *s]))
+
+
 @case("configs", "init_from trained with another tokenizer", "was trained with tokenizer 'byte:v257")
 def _(lab):
     return lab.both([f"init_from={lab.parent(tokenizer='byte:v257:01927f6dec51a9dd')}"])
@@ -340,6 +353,88 @@ _synth_case("--distance-share without --distances", "without --distances", "--di
 _synth_case("--distance-share 1 without --distances", "without --distances", "--distance-share", "1")
 
 
+# --------------------------------------------------------------------------- destructive flags (issue 39 item 1)
+# Each --overwrite / --force below deleted the folder it was given, exit 0, before megablu replaced only what it
+# wrote itself. `make(lab) -> (dir to keep, argv)`: the refusal must leave that dir byte for byte.
+def _keeps(area, name, *expect, make):
+    holder = {}
+
+    def watch(lab):
+        holder["keep"], holder["argv"] = make(lab)
+        return holder["keep"]
+    case(area, name, *expect, watch=watch)(lambda lab: lab.cli(*holder["argv"]))
+
+
+def _two_datasets_and_notes(lab):
+    top = lab.fresh("mine")
+    for k in ("a", "b"):
+        shutil.copytree(lab.data, top / k, ignore=shutil.ignore_patterns(".verified.json"))
+    (top / "notes.txt").write_text("my notes")
+    return top
+
+
+def _source_tree(lab):
+    src = lab.fresh("src")
+    (src / "a.py").write_text("print('a corpus of my own')\n" * 50)
+    return src
+
+
+_SYNTH = ["--tokenizer", "tiktoken_file:megablu:stdlib4k", "--docs", "2", "--no-progress", "--lengths", "900"]
+_BUILD = ["--tokenizer", "tiktoken_file:megablu:stdlib4k", "--no-progress", "--workers", "1"]
+_keeps("data", "synth --overwrite onto a folder of two datasets and notes", "is not a megablu dataset (it holds a/, b/, notes.txt)",
+       "notes.txt", make=lambda lab: ((t := _two_datasets_and_notes(lab)),
+                                      ["data", "synth", *_SYNTH, "--out", t, "--overwrite"]))
+_keeps("data", "build --input SRC --out SRC --overwrite", "is an input of this command",
+       make=lambda lab: ((s := _source_tree(lab)), ["data", "build", "--input", s, "--out", s, "--overwrite", *_BUILD]))
+_keeps("data", "build --out inside its own --input", "lies inside an input of this command",
+       make=lambda lab: ((s := _source_tree(lab)), ["data", "build", "--input", s, "--out", s / "ds", *_BUILD]))
+_keeps("data", "build --out a folder holding its --input", "holds an input of this command",
+       make=lambda lab: ((s := _source_tree(lab)).parent,
+                         ["data", "build", "--input", s, "--out", s.parent, "--overwrite", *_BUILD]))
+_keeps("data", "build --overwrite onto a dataset with a file of the user's", "also holds notes.txt",
+       "megablu did not write", make=lambda lab: ((d := lab.data_copy(), (d / "notes.txt").write_text("x"))[0],
+                                                  ["data", "build", "--input", _source_tree(lab), "--out", d,
+                                                   "--overwrite", *_BUILD]))
+_keeps("data", "build onto a megablu dataset without --overwrite", "already holds a megablu dataset; pass --overwrite",
+       make=lambda lab: ((d := lab.data_copy()), ["data", "build", "--input", _source_tree(lab), "--out", d, *_BUILD]))
+_keeps("data", "build --overwrite onto a file", "exists and is not a directory",
+       make=lambda lab: ((f := lab.write("keep.txt", "x")).parent,
+                         ["data", "build", "--input", _source_tree(lab), "--out", f, "--overwrite", *_BUILD]))
+_keeps("data", "train-tokenizer --out a file of the user's", "are not a rank file megablu trained",
+       make=lambda lab: ((f := lab.write("notes.txt", "x")).parent,
+                         ["data", "train-tokenizer", "--input", _source_tree(lab), "--vocab-size", "300", "--out", f]))
+_keeps("data", "train-tokenizer --out inside its --input", "lies inside the input",
+       make=lambda lab: ((s := _source_tree(lab)),
+                         ["data", "train-tokenizer", "--input", s, "--vocab-size", "300", "--out", s / "r.tiktoken"]))
+
+
+def _export_args(lab, out_of, force=True):
+    def make(lab):
+        runs, run = lab.run(steps=(2,), with_weights=True)
+        keep, out = out_of(lab, runs, run)
+        return keep, ["ckpt", "export", run, "--out", out, *(["--force"] if force else [])]
+    return make
+
+
+def _other_export(lab, runs, run):
+    out = lab.fresh("exp") / "hf"
+    assert lab.cli("ckpt", "export", run, "--out", out).rc == 0
+    (out / "notes.txt").write_text("mine")
+    return out, out
+
+
+_keeps("checkpoints", "ckpt export RUN --out RUN --force (a run exported onto itself)", "is an input of this command",
+       make=_export_args(None, lambda lab, runs, run: (run, run)))
+_keeps("checkpoints", "ckpt export RUN --out <runs dir> --force", "holds an input of this command",
+       make=_export_args(None, lambda lab, runs, run: (runs, runs)))
+_keeps("checkpoints", "ckpt export --out another run --force", "is not a megablu export",
+       make=_export_args(None, lambda lab, runs, run: (lab.run(steps=(2,))[1],) * 2))
+_keeps("checkpoints", "ckpt export --out inside its own step dir --force", "lies inside an input of this command",
+       make=_export_args(None, lambda lab, runs, run: (run, run / "checkpoints" / "step_0000002" / "hf")))
+_keeps("checkpoints", "ckpt export --force onto an export holding a file of the user's", "also holds notes.txt",
+       make=_export_args(None, _other_export))
+
+
 # =========================================================================== checkpoints
 def _run_with_foreign_step(lab):
     runs, run = lab.run(steps=(2,))
@@ -416,7 +511,7 @@ def _(lab):
     return lab.cli("ckpt", "export", step, "--out", lab.fresh() / "out")
 
 
-@case("checkpoints", "ckpt export: --out not empty", "exists and is not empty")
+@case("checkpoints", "ckpt export: --out not empty", "is not a megablu export (it holds x)")
 def _(lab):
     _, run = lab.run(steps=(2,), with_weights=True)
     out = lab.fresh()
@@ -473,6 +568,14 @@ case("eval/hub", "eval with another rope.theta", "rope.theta: 10000.0 vs 500000.
     lambda lab: _eval(lab, "--n", "1", "--set", "rope.theta=500000"))
 case("eval/hub", "eval of weights that record no rope", "records no rope", "--rope-override")(
     lambda lab: _eval(lab, "--ckpt", _bare_weights(lab), "--n", "1", model=False))
+
+
+for _name, _sets, _msg in _ARCH:
+    case("eval/hub", f"eval --ckpt with another architecture: {_name}", _msg, "config vs checkpoint")(
+        lambda lab, s=_sets: _eval(lab, "--ckpt", lab.parent(), "--n", "1", *sum((["--set", x] for x in s), []),
+                                   model=False))
+    case("eval/hub", f"eval --hf with another architecture: {_name}", _msg, "config vs checkpoint")(
+        lambda lab, s=_sets: _eval(lab, "--n", "1", *sum((["--set", x] for x in s), [])))
 
 
 def _bare_weights(lab):

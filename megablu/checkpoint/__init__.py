@@ -64,6 +64,7 @@ if TYPE_CHECKING:   # the same names, imported for real by __getattr__ below
     from .manager import CheckpointManager, resolve_step_collective
     from .rng import get_rng_state, set_rng_state
     from .weights import (
+        architecture_check,
         export_checkpoint,
         load_weights,
         parent_record,
@@ -79,7 +80,8 @@ if TYPE_CHECKING:   # the same names, imported for real by __getattr__ below
 _LAZY = {
     **dict.fromkeys(["CheckpointManager", "resolve_step_collective"], "manager"),
     **dict.fromkeys(["get_rng_state", "set_rng_state"], "rng"),
-    **dict.fromkeys(["export_checkpoint", "load_weights", "parent_record", "read_weight_shapes", "read_weights",
+    **dict.fromkeys(["architecture_check", "export_checkpoint", "load_weights", "parent_record",
+                     "read_weight_shapes", "read_weights",
                      "resolve_parent", "resolve_weights", "save_weights", "tied_keys", "weights_mismatch"],
                     "weights"),
 }
@@ -96,6 +98,7 @@ def __getattr__(name: str):
 
 
 __all__ = ["CKPT_DIR", "LATEST", "MANIFEST", "PIN", "WEIGHTS", "CheckpointError", "CheckpointManager",
+           "architecture_check",
            "export_checkpoint", "get_rng_state", "load_weights", "newest_verified", "parent_record", "read_manifest",
            "read_weight_shapes", "read_weights", "resolve_parent", "resolve_step", "resolve_step_collective",
            "resolve_weights",

@@ -110,7 +110,8 @@ def register(sub) -> None:
     ex.add_argument("src", help="run dir (newest verified step) or step dir")
     ex.add_argument("--out", required=True, help="directory for model.safetensors, config.json and "
                     "megablu_export.json")
-    ex.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    ex.add_argument("--force", action="store_true", help="replace the megablu export at --out (only a folder "
+                    "an earlier export wrote and nothing else; swapped in once the new one is complete)")
     ex.add_argument("--rope-as-yarn", action="store_true",
                     help="export a rope.yarn.apply=beyond_original model as plain YaRN (no transformers rope "
                          "reproduces beyond_original; plain YaRN is exact only beyond original_max_position)")

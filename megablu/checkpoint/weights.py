@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from ..utils.files import PathLike, fsync_file, sha256_file
+from ..utils.files import PathLike, fsync_file, replace_problem, sha256_file, swap_in
 from .layout import (
     CKPT_DIR,
     MANIFEST,
@@ -55,6 +55,7 @@ def save_weights(sd: dict, path: PathLike, extra_meta: Optional[dict] = None) ->
 
 
 INDEX = "model.safetensors.index.json"
+EXPORT_RECORD = "megablu_export.json"   # what an export came from, and its files
 _PARENT_KINDS = ("a run dir, a checkpoint step dir, an exported or transformers model dir, a .safetensors file or "
                  "a model.safetensors.index.json")
 
@@ -120,13 +121,46 @@ def _index_shards(idx: Path) -> list[Path]:
     return [idx.parent / s for s in shards]
 
 
+def _model_record(d: Path, m: Optional[dict]):
+    """(ModelConfig the weights in dir d were trained as, where that was read) or (None, None).
+
+    A step's manifest meta, else its run's config.resolved.yaml; an export's or a transformers
+    dir's config.json. A record that exists but cannot be read raises CheckpointError: loading
+    without it would check shapes only, which another head layout passes."""
+    import yaml
+
+    from ..config.schema import ModelConfig
+
+    if m is not None:
+        model, src = (m.get("meta") or {}).get("model"), f"{d}/{MANIFEST}"
+        cfg_file = d.parent.parent / "config.resolved.yaml"
+        if model is None and cfg_file.is_file():
+            model, src = (yaml.safe_load(cfg_file.read_text()) or {}).get("model"), str(cfg_file)
+        if model is None:
+            return None, None
+        try:
+            return ModelConfig(**model), src
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{src}: unreadable model record {model!r}: {e}") from None
+    cj = d / "config.json"
+    if not cj.is_file():
+        return None, None
+    from ..model.hf import model_record_from_hf
+
+    try:
+        return model_record_from_hf(json.loads(cj.read_text())), str(cj)
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{cj}: cannot read the architecture the weights were trained as: {e}") from None
+
+
 def parent_record(path: PathLike, deep: bool = True):
-    """What an init_from parent records about its training: a `ParentRecord` (window, rope, source).
+    """What an init_from / eval checkpoint records about its training: a `ParentRecord` (window,
+    rope, architecture, source).
 
     Read from the step `resolve_parent` gives (a run dir: its newest verified step, the one the
     weights are loaded from): its manifest, the run's config.resolved.yaml for manifests older
     than the meta, an export's or a transformers dir's config.json, or the same beside a weights
-    file. A record that is absent gives window/rope None; a record that cannot be read raises
+    file. A record that is absent gives window/rope/model None; a record that cannot be read raises
     CheckpointError. deep=False: the run's steps checked by size only.
     """
     import yaml
@@ -137,7 +171,8 @@ def parent_record(path: PathLike, deep: bool = True):
     p = resolve_parent(path, deep=deep)
     d = p.parent if p.is_file() else p
     if (d / MANIFEST).exists():
-        meta = read_manifest(d).get("meta", {})
+        m = read_manifest(d)
+        meta = m.get("meta", {})
         rope, window, src = meta.get("rope"), meta.get("window"), f"{d}/{MANIFEST}"
         cfg_file = d.parent.parent / "config.resolved.yaml"
         if (rope is None or window is None) and cfg_file.is_file():
@@ -145,9 +180,10 @@ def parent_record(path: PathLike, deep: bool = True):
             rope, window = rope or raw.get("rope"), window or (raw.get("data") or {}).get("window")
             src = str(cfg_file)
         try:
-            return ParentRecord(src, int(window) if window else None, RopeConfig(**rope) if rope else None)
+            rope = RopeConfig(**rope) if rope else None
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"init_from {src}: unreadable rope record {rope!r}: {e}") from None
+        return ParentRecord(src, int(window) if window else None, rope, _model_record(d, m)[0])
     cj = d / "config.json"
     if cj.is_file():
         from ..model.hf import rope_record_from_hf
@@ -156,7 +192,7 @@ def parent_record(path: PathLike, deep: bool = True):
             rope, window = rope_record_from_hf(json.loads(cj.read_text()))
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise CheckpointError(f"init_from {cj}: cannot read the parent's rope: {e}") from None
-        return ParentRecord(str(cj), window, rope)
+        return ParentRecord(str(cj), window, rope, _model_record(d, None)[0])
     return ParentRecord(str(p), None, None)
 
 
@@ -172,8 +208,8 @@ def _provenance(first: Path, m: Optional[dict]) -> dict:
         d = first.parent
         if (d / MANIFEST).is_file():
             m = read_manifest(d)
-        elif (d / "megablu_export.json").is_file():
-            m = json.loads((d / "megablu_export.json").read_text())
+        elif (d / EXPORT_RECORD).is_file():
+            m = json.loads((d / EXPORT_RECORD).read_text())
     return {k: m.get(k) for k in ("tokenizer", "run_id", "step")} if m else {}
 
 
@@ -196,6 +232,25 @@ def read_weights_and_provenance(path: PathLike) -> tuple[dict[str, torch.Tensor]
     """(read_weights(path), _provenance of those weights)."""
     files, m = resolve_weights(path)
     return _read_safetensors(files, lambda h, k: h.get_tensor(k)), _provenance(files[0], m)
+
+
+def _architecture_problems(model_cfg, files: list[Path], m: Optional[dict], path: PathLike) -> list[str]:
+    """model_cfg against the architecture recorded beside `files` (resolve_weights' result)."""
+    from ..config.lineage import architecture_problems
+
+    d = files[0].parent
+    if m is None and (d / MANIFEST).is_file():   # a weights file given inside a step dir
+        m = read_manifest(d)
+    recorded, src = _model_record(d, m)
+    return architecture_problems(recorded, model_cfg, src or str(path))
+
+
+def architecture_check(model_cfg, path: PathLike, deep: bool = True) -> list[str]:
+    """How `model_cfg` differs from the architecture the weights at `path` record (ARCH_FIELDS of
+    config/lineage.py); empty when they agree or record none. Raises CheckpointError for a record
+    that cannot be read."""
+    files, m = resolve_weights(path, deep=deep)
+    return _architecture_problems(model_cfg, files, m, path)
 
 
 def read_weight_shapes(path: PathLike, deep: bool = True) -> tuple[dict[str, tuple], dict]:
@@ -242,7 +297,13 @@ def load_weights(model: torch.nn.Module, path: PathLike, tokenizer: Optional[str
     with another tokenizer have the right shape and mean nothing. Returns the provenance
     {tokenizer, run_id, step} ({} for weights megablu did not write).
     """
-    sd, prov = read_weights_and_provenance(path)
+    files, m = resolve_weights(path)
+    cfg = getattr(model, "cfg", None)
+    if cfg is not None:   # before the weights are read: shapes alone pass another head layout
+        bad = _architecture_problems(cfg, files, m, path)
+        if bad:
+            raise CheckpointError(f"{path}: " + "; ".join(bad))
+    sd, prov = _read_safetensors(files, lambda h, k: h.get_tensor(k)), _provenance(files[0], m)
     if tokenizer is not None and prov.get("tokenizer") not in (None, tokenizer):
         raise CheckpointError(f"{path}: weights trained with tokenizer {prov['tokenizer']!r}, but the tokenizer "
                               f"here is {tokenizer!r}; configure the tokenizer the weights were trained with")
@@ -359,9 +420,10 @@ def export_checkpoint(src: PathLike, out: PathLike, force: bool = False,
                    "the exported model computes plain attention and scores as the plain model (megablu eval "
                    "without eval.string)") if strings else None
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        if not force:
-            raise CheckpointError(f"{out} exists and is not empty (use --force to replace it)")
+    why = replace_problem(out, what="a megablu export", flag="--force", replace=force, owned=export_files,
+                          inputs=[src, step])
+    if why:
+        raise CheckpointError(why)
     if string_note:
         log.warning("export of %s: %s", step, string_note)
     sd = read_weights(step)
@@ -389,9 +451,24 @@ def export_checkpoint(src: PathLike, out: PathLike, force: bool = False,
             **({"string_not_exported": string_note} if string_note else {}),
             "files": {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)}
                       for p in sorted(tmp.iterdir()) if p.is_file()}}
-    (tmp / "megablu_export.json").write_text(json.dumps(prov, indent=1) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
+    (tmp / EXPORT_RECORD).write_text(json.dumps(prov, indent=1) + "\n")
+    why = replace_problem(out, what="a megablu export", flag="--force", replace=force, owned=export_files)
+    if why:   # the folder changed while this was exporting
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"{why} (it changed during the export; nothing replaced)")
     out.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, out)
+    swap_in(tmp, out)
     return out, m, run_dir
+
+
+def export_files(d: Path) -> Optional[set[str]]:
+    """What `megablu ckpt export` wrote in d (its record and the files the record lists), or None when d
+    holds no readable export record: what --force may replace."""
+    try:
+        rec = json.loads((d / EXPORT_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    files = rec.get("files") if isinstance(rec, dict) else None
+    if not isinstance(files, dict):
+        return None
+    return {EXPORT_RECORD, *(k for k in files if isinstance(k, str))}

@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from .schema import RopeConfig
+from .schema import ModelConfig, RopeConfig
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,34 @@ class ParentRecord:
     source: str                  # where the record was read (manifest, config.json, ...)
     window: Optional[int]        # the sequence length it was trained at
     rope: Optional[RopeConfig]   # the RoPE it was trained with
+    model: Optional[ModelConfig] = None   # the architecture its weights compute
+
+
+# Every ModelConfig field that changes what the weights compute. Shapes alone cannot tell:
+# 8 heads x 64 and 4 heads x 128 (or another kv-head split, another norm eps) load the same
+# tensors and compute another function. init_std only shapes a random init.
+ARCH_FIELDS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab_size",
+               "tie_embeddings", "norm_eps", "qkv_bias")
+
+
+def _arch_value(m: ModelConfig, field: str):
+    return m.resolved_head_dim if field == "head_dim" else getattr(m, field)
+
+
+def architecture_problems(recorded: Optional[ModelConfig], config: ModelConfig, source: str) -> list[str]:
+    """Every field where the architecture a checkpoint records differs from the config's, as
+    'model.field=config but source was trained with X; fix' (empty: identical or no record)."""
+    if recorded is None:
+        return []
+    diff = [(f, _arch_value(config, f), _arch_value(recorded, f)) for f in ARCH_FIELDS
+            if _arch_value(config, f) != _arch_value(recorded, f)]
+    if not diff:
+        return []
+    sets = " ".join(f"--set model.{f}={str(r).lower() if isinstance(r, bool) else r}" for f, _, r in diff)
+    return [f"the config's model differs from the architecture {source} records: "
+            + "; ".join(f"model.{f}={c} vs {r}" for f, c, r in diff)
+            + f" (config vs checkpoint); its weights would load (the shapes can match) and compute another "
+              f"function: use the checkpoint's architecture ({sets}) or its own config.resolved.yaml"]
 
 
 def _fmt_yarn(r: RopeConfig) -> str:

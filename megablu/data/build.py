@@ -234,7 +234,7 @@ def build_dataset(sources: list[Source], tok_cfg: TokenizerConfig, out, *, edges
              tok.identity, workers)
     n_docs = 0
     with DatasetWriter(Path(out), tok_info, edges=edges, split_info=split_info, shard_tokens=shard_tokens,
-                       overwrite=overwrite) as w:
+                       overwrite=overwrite, inputs=[s.path for s in sources]) as w:
         bar = tqdm(total=total, unit="B", unit_scale=True, file=sys.stderr, disable=not progress, mininterval=1.0,
                    desc="tokenize")
         docs = iter_documents(sources, max_docs=max_docs, max_bytes=max_bytes, inputs=inputs)

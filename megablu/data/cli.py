@@ -165,7 +165,7 @@ def _train_tokenizer(args) -> int:
 
     src = Source(path=args.input, include=args.include, exclude=args.exclude, text_key=args.text_key)
     out = train_bpe([src], args.out, vocab_size=args.vocab_size, max_bytes=args.max_bytes,
-                    skip_bad_utf8=args.skip_bad_utf8)
+                    skip_bad_utf8=args.skip_bad_utf8, overwrite=args.overwrite)
     print(out)
     return 0
 
@@ -291,7 +291,8 @@ def register(sub) -> None:
     b.add_argument("--source-name", default=None, help="provenance: source name (one --input only)")
     b.add_argument("--license", default="unknown", help="provenance: licence of the input")
     b.add_argument("--provenance", default=None, help="provenance: where the input came from")
-    b.add_argument("--overwrite", action="store_true", help="replace --out once the new dataset is complete")
+    b.add_argument("--overwrite", action="store_true", help="replace the megablu dataset at --out "
+                   "(only a dataset megablu wrote, holding nothing else) once the new one is complete")
     b.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     b.set_defaults(func=_build)
 
@@ -337,7 +338,8 @@ def register(sub) -> None:
     i.add_argument("--shard-tokens", type=int, default=1 << 28, help="tokens per shard file before a new one")
     i.add_argument("--license", default="unknown", help="provenance: licence of the tokens' text")
     i.add_argument("--provenance", default=None, help="provenance: where the tokens came from")
-    i.add_argument("--overwrite", action="store_true", help="replace --out once the new dataset is complete")
+    i.add_argument("--overwrite", action="store_true", help="replace the megablu dataset at --out "
+                   "(only a dataset megablu wrote, holding nothing else) once the new one is complete")
     i.set_defaults(func=_import)
 
     t = ds.add_parser("train-tokenizer", help="train a byte-level BPE (tiktoken rank file) on text")
@@ -347,6 +349,8 @@ def register(sub) -> None:
     t.add_argument("--text-key", default="text", help="JSONL field holding the text")
     t.add_argument("--out", required=True, help="rank file to write (.tiktoken); a .json sidecar is written too")
     t.add_argument("--vocab-size", type=int, default=4096, help="ranks in the BPE, bytes and EOT included")
+    t.add_argument("--overwrite", action="store_true", help="replace the rank file at --out (only one this "
+                   "command wrote, with its .json sidecar)")
     t.add_argument("--max-bytes", type=_size, default=64 << 20, help="train on at most this much text, e.g. 64M")
     t.add_argument("--skip-bad-utf8", action="store_true", help="skip (and list) files that are not UTF-8")
     t.set_defaults(func=_train_tokenizer)
@@ -385,7 +389,8 @@ def register(sub) -> None:
     y.add_argument("--split-seed", type=int, default=0, help="seed of that hash")
     y.add_argument("--bucket-edges", type=_edges, default=None, help="document-length edges in tokens (default: "
                    "4096,8192,...,131072 -> b0..b6)")
-    y.add_argument("--overwrite", action="store_true", help="replace --out once the new dataset is complete")
+    y.add_argument("--overwrite", action="store_true", help="replace the megablu dataset at --out "
+                   "(only a dataset megablu wrote, holding nothing else) once the new one is complete")
     y.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     y.set_defaults(func=_synth)
 
@@ -408,6 +413,7 @@ def register(sub) -> None:
                    help="fraction of documents in val, by a hash of their path")
     d.add_argument("--min-tokens", type=int, default=1,
                    help="skip documents shorter than this (e.g. 16384: a long-document set small enough to carry)")
-    d.add_argument("--overwrite", action="store_true", help="replace --out once the new dataset is complete")
+    d.add_argument("--overwrite", action="store_true", help="replace the megablu dataset at --out "
+                   "(only a dataset megablu wrote, holding nothing else) once the new one is complete")
     d.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     d.set_defaults(func=_demo)

@@ -34,7 +34,7 @@ from typing import Optional
 
 from ..config.schema import TokenizerConfig
 from .build import Source, build_dataset
-from .shards import DataError
+from .shards import DataError, check_dataset_out
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +230,7 @@ def build_demo_corpus(out, tok_cfg: TokenizerConfig, *, work="data_cache/demo_sr
                       workers: Optional[int] = None, overwrite: bool = False, val_fraction: float = 0.05,
                       progress: bool = True, min_tokens: int = 1) -> dict:
     work = Path(work).resolve()
+    check_dataset_out(out, overwrite, [work])   # before any download: the build would refuse it after them
     work.mkdir(parents=True, exist_ok=True)
     plist = list(PARTS) if parts in ("all", None) else [p.strip() for p in parts.split(",") if p.strip()]
     sources, info = demo_sources(work, [p for p in plist if p not in EXTRA_PARTS])

@@ -57,7 +57,7 @@ def import_flat(inputs: list[str], out, *, dtype: str, eot: int, tokenizer: Opti
                             f"(truncated, or not {dtype})")
     info["imported"] = {"dtype": dtype, "eot": int(eot)}
     with DatasetWriter(Path(out), info, edges=edges, split_info={"rule": "from the imported file names/--split"},
-                       shard_tokens=shard_tokens, overwrite=overwrite) as w:
+                       shard_tokens=shard_tokens, overwrite=overwrite, inputs=paths) as w:
         for p in paths:
             sp = _split_from_name(p) if split == "auto" else split
             toks = np.memmap(p, dtype=dt, mode="r")

@@ -32,18 +32,19 @@ import logging
 import os
 import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Optional
+from pathlib import Path, PurePosixPath
+from typing import Iterable, Optional
 
 import numpy as np
 
-from ..utils.files import sha256_file
+from ..utils.files import replace_problem, sha256_file, swap_in
 
 log = logging.getLogger(__name__)
 
 FORMAT = "megablu-shards"
 VERSION = 1
 MANIFEST = "manifest.json"
+VERIFY_CACHE = ".verified.json"   # data/source.py: sha256s checked, by size + mtime + inode
 DEFAULT_EDGES = (4096, 8192, 16384, 32768, 65536, 131072)  # b0 <4k, b1 4-8k, ..., b6 >= 128k
 DEFAULT_SHARD_TOKENS = 1 << 28  # 256 Mi tokens: 512 MB at uint16
 
@@ -121,10 +122,12 @@ class DatasetWriter:
     """
 
     def __init__(self, out: Path, tokenizer_info: dict, edges=DEFAULT_EDGES, split_info: Optional[dict] = None,
-                 shard_tokens: int = DEFAULT_SHARD_TOKENS, overwrite: bool = False, with_meta: bool = True):
+                 shard_tokens: int = DEFAULT_SHARD_TOKENS, overwrite: bool = False, with_meta: bool = True,
+                 inputs: Iterable = ()):
         self.out = Path(out)
-        if self.out.exists() and not overwrite:
-            raise DataError(f"{self.out} already exists; pass --overwrite to replace it")
+        self.inputs = [Path(i) for i in inputs]
+        self.overwrite = overwrite
+        self._check_out()
         self.tmp = self.out.with_name(f".{self.out.name}.tmp-{os.getpid()}")
         if self.tmp.exists():
             shutil.rmtree(self.tmp)
@@ -134,7 +137,6 @@ class DatasetWriter:
             log.warning("partial build(s) %s next to %s: an interrupted or concurrent build; delete them if no "
                         "build is running", stale, self.out)
         self.tmp.mkdir(parents=True)
-        self.overwrite = overwrite
         self.tok_info = dict(tokenizer_info)
         self.dtype = dtype_for_vocab(int(tokenizer_info["vocab_size"]))
         self.edges = list(edges)
@@ -147,6 +149,9 @@ class DatasetWriter:
         self.entries: list[dict] = []
         self.lengths: list[int] = []
         self.sources: dict[str, dict] = {}
+
+    def _check_out(self) -> None:
+        check_dataset_out(self.out, self.overwrite, self.inputs)
 
     def __enter__(self):
         return self
@@ -213,17 +218,42 @@ class DatasetWriter:
         if extra:
             manifest.update(extra)
         (self.tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=False) + "\n")
-        if self.out.exists():
-            if not self.overwrite:
-                self.abort()
-                raise DataError(f"{self.out} appeared while building; not replacing it")
-            old = self.out.with_name(f".{self.out.name}.old-{os.getpid()}")
-            os.replace(self.out, old)
-            os.replace(self.tmp, self.out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(self.tmp, self.out)
+        try:   # again: the folder may have changed while this was building
+            self._check_out()
+        except DataError as e:
+            self.abort()
+            raise DataError(f"{e} (it changed while building; nothing replaced)") from None
+        swap_in(self.tmp, self.out)
         return manifest
+
+
+def dataset_files(root: Path) -> Optional[set[str]]:
+    """Every relative path a megablu dataset at root consists of (its manifest, the shards it lists, their
+    bucket folders, the verification cache), or None when root is not one (no readable manifest of this
+    format): what `--overwrite` may replace."""
+    try:
+        m = json.loads((Path(root) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(m, dict) or m.get("format") != FORMAT or not isinstance(m.get("shards"), list):
+        return None
+    files = {MANIFEST, VERIFY_CACHE}
+    for e in m["shards"]:
+        for k in ("tokens", "index", "meta"):
+            rel = e.get(k) if isinstance(e, dict) else None
+            if isinstance(rel, str):
+                files.add(rel)
+                files.update(p.as_posix() for p in PurePosixPath(rel).parents if p.as_posix() != ".")
+    return files
+
+
+def check_dataset_out(out, overwrite: bool, inputs: Iterable = ()) -> None:
+    """DataError unless a dataset may be written at `out` (utils/files.py replace_problem): a new or empty
+    folder, or with --overwrite a megablu dataset holding nothing else; never an input of the command."""
+    why = replace_problem(Path(out), what="a megablu dataset", flag="--overwrite", replace=overwrite,
+                          owned=dataset_files, inputs=inputs)
+    if why:
+        raise DataError(why)
 
 
 # --------------------------------------------------------------------------- reading

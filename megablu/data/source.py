@@ -17,7 +17,7 @@ from typing import Optional
 import numpy as np
 
 from ..utils.files import sha256_file
-from .shards import MANIFEST, DataError, DocTable, read_manifest, select_shards, verify_shard
+from .shards import MANIFEST, VERIFY_CACHE, DataError, DocTable, read_manifest, select_shards, verify_shard
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 # --------------------------------------------------------------------------- verification cache
 def _cache_file(root: Path) -> Path:
     if os.access(root, os.W_OK):
-        return root / ".verified.json"
+        return root / VERIFY_CACHE
     key = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
     return Path(os.path.expanduser("~/.cache/megablu/verified")) / f"{key}.json"
 

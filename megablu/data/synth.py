@@ -549,7 +549,8 @@ def synth_dataset(out, tok_cfg: TokenizerConfig, *, lengths: list, docs: int, se
     split_info = {"val_fraction": val_fraction, "seed": split_seed,
                   "rule": "val iff sha256(f'{seed}:{key}')[:8] / 2**64 < val_fraction; key = synth/<seed>/<i>"}
     digest = hashlib.sha256(json.dumps([asdict(t) for t in TEMPLATES] + [_W1, _W2, _W3]).encode()).hexdigest()[:16]
-    with DatasetWriter(Path(out), tok_info, edges=edges, split_info=split_info, overwrite=overwrite) as w:
+    with DatasetWriter(Path(out), tok_info, edges=edges, split_info=split_info, overwrite=overwrite,
+                       inputs=[filler_data] if filler_data else []) as w:
         band = [0, 0]   # asked records within --distances, all asked records
         for i in tqdm(range(docs), file=sys.stderr, disable=not progress, desc="synth", mininterval=1.0):
             ids, meta = syn.document(i)

@@ -21,8 +21,38 @@ from .tokenizer import DEFAULT_PATTERN, EOT_TEXT
 log = logging.getLogger(__name__)
 
 
+def _is_megablu_ranks(out: Path) -> bool:
+    """out and its .json sidecar are a rank file this command wrote (the sidecar's trainer record)."""
+    try:
+        meta = json.loads(out.with_name(out.name + ".json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and {"pattern", "trainer", "trained_on"} <= set(meta) and out.is_file()
+
+
+def check_rank_out(out: Path, overwrite: bool, inputs) -> None:
+    """DataError unless the rank file may be written at out: never over or inside an input, never over a
+    file this command did not write; over one it wrote only with --overwrite."""
+    side = out.with_name(out.name + ".json")
+    ro = out.resolve()
+    for i in inputs:
+        ri = Path(i).resolve()
+        if ro == ri or ri in ro.parents or side.resolve() == ri:
+            raise DataError(f"--out {out} is or lies inside the input {i}: the rank file would become training "
+                            f"text; give --out a path outside the input")
+    taken = [p for p in (out, side) if p.exists() or p.is_symlink()]
+    if not taken:
+        return
+    if not _is_megablu_ranks(out):
+        raise DataError(f"--out {out}: {', '.join(map(str, taken))} exist(s) and are not a rank file megablu "
+                        f"trained; give --out a new path")
+    if not overwrite:
+        raise DataError(f"--out {out} is a rank file megablu trained; pass --overwrite to replace it and its "
+                        f"sidecar (datasets built with it name its identity and refuse the new one)")
+
+
 def train_bpe(sources: list[Source], out, vocab_size: int = 4096, max_bytes: Optional[int] = 64 << 20,
-              skip_bad_utf8: bool = False, pattern: str = DEFAULT_PATTERN) -> Path:
+              skip_bad_utf8: bool = False, pattern: str = DEFAULT_PATTERN, overwrite: bool = False) -> Path:
     try:
         import rustbpe
     except ImportError:
@@ -30,6 +60,7 @@ def train_bpe(sources: list[Source], out, vocab_size: int = 4096, max_bytes: Opt
     if vocab_size < 258:
         raise DataError(f"--vocab-size {vocab_size} must be >= 258 (256 bytes + 1 merge + EOT)")
     out = Path(out)
+    check_rank_out(out, overwrite, [s.path for s in sources])
     seen = {"docs": 0, "bytes": 0, "skipped": 0}
 
     def texts():

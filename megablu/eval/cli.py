@@ -227,14 +227,14 @@ def _load_model(args, cfg, tokenizer: str):
     if args.hf:
         from transformers import AutoModelForCausalLM
 
+        from ..config.lineage import architecture_problems
         from ..model.hf import configs_from_hf, from_hf
 
         hf = AutoModelForCausalLM.from_pretrained(args.hf, dtype="float32")
         m_cfg, _ = configs_from_hf(hf.config)
-        shape = lambda m: (m.n_layers, m.d_model, m.n_heads, m.n_kv_heads, m.resolved_head_dim, m.ffn_dim,  # noqa
-                           m.vocab_size, m.tie_embeddings, m.qkv_bias, m.norm_eps)
-        if shape(m_cfg) != shape(cfg.model):
-            raise ValueError(f"--hf model shape {m_cfg} differs from the config's model section {cfg.model}")
+        bad = architecture_problems(m_cfg, cfg.model, f"{args.hf}/config.json")
+        if bad:
+            raise ValueError("--hf: " + "; ".join(bad))
         model = BluModel(cfg.model, cfg.rope)   # the config's rope (e.g. YaRN) over the HF weights
         model.load_state_dict(from_hf(hf).state_dict())
         return model, {}

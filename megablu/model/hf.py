@@ -79,9 +79,15 @@ def _rope_from_hf(hf_config) -> RopeConfig:
     return RopeConfig(theta=rp["rope_theta"], yarn=_yarn_from_hf(rp, orig))
 
 
-def configs_from_hf(hf_config) -> tuple[ModelConfig, RopeConfig]:
+def _name(hf_config) -> str:
     arch = (getattr(hf_config, "architectures", None) or [""])[0]
-    name = arch or hf_config.model_type   # a config without `architectures` still names its model
+    return arch or hf_config.model_type   # a config without `architectures` still names its model
+
+
+def _model_from_hf(hf_config) -> ModelConfig:
+    """The ModelConfig of a transformers Llama/Qwen2 config; a clear ValueError for what BluModel
+    does not compute (o_proj or MLP biases, another activation, sliding-window layers)."""
+    name = _name(hf_config)
     qkv_bias = hf_config.model_type == "qwen2"
     if hf_config.model_type == "llama" and getattr(hf_config, "attention_bias", False):
         raise ValueError("Llama with attention_bias=True (o_proj bias) is not supported by BluModel")
@@ -94,18 +100,37 @@ def configs_from_hf(hf_config) -> tuple[ModelConfig, RopeConfig]:
         raise ValueError(f"{name}: sliding-window attention (window {getattr(hf_config, 'sliding_window', None)}) "
                          f"in layers {sliding} is not supported by BluModel, which attends to the whole sequence: "
                          f"its logits would differ beyond the window")
-    model = ModelConfig(
+    return ModelConfig(
         n_layers=hf_config.num_hidden_layers, d_model=hf_config.hidden_size,
         n_heads=hf_config.num_attention_heads,
         n_kv_heads=getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads,
         head_dim=getattr(hf_config, "head_dim", None), ffn_dim=hf_config.intermediate_size,
         vocab_size=hf_config.vocab_size, tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
         norm_eps=hf_config.rms_norm_eps, qkv_bias=qkv_bias)
+
+
+def configs_from_hf(hf_config) -> tuple[ModelConfig, RopeConfig]:
+    model = _model_from_hf(hf_config)
     try:
         rope = _rope_from_hf(hf_config)
     except ValueError as e:
-        raise ValueError(f"{e}; model {name}") from None
+        raise ValueError(f"{e}; model {_name(hf_config)}") from None
     return model, rope
+
+
+def model_record_from_hf(config: dict) -> ModelConfig:
+    """The architecture a transformers config.json dict describes (ValueError: one BluModel does not
+    compute or a config it cannot read)."""
+    from types import SimpleNamespace
+
+    missing = [k for k in ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads",
+                           "intermediate_size", "vocab_size", "rms_norm_eps") if k not in config]
+    if missing:
+        raise ValueError(f"config.json lacks {missing}")
+    try:
+        return _model_from_hf(SimpleNamespace(**config))
+    except ValidationError as e:
+        raise ValueError("; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())) from None
 
 
 def rope_record_from_hf(config: dict) -> tuple[RopeConfig, Optional[int]]:

@@ -152,7 +152,7 @@ def init_from_weight_problems(ctx: Context, src=None, deep: Optional[bool] = Non
     """The weights at src (default init_from) against the model's names and shapes and the tokenizer."""
     import torch
 
-    from ..checkpoint import CheckpointError, read_weight_shapes, tied_keys, weights_mismatch
+    from ..checkpoint import CheckpointError, architecture_check, read_weight_shapes, tied_keys, weights_mismatch
     from ..model.decoder import BluModel
 
     cfg = ctx.cfg
@@ -166,6 +166,10 @@ def init_from_weight_problems(ctx: Context, src=None, deep: Optional[bool] = Non
         own = BluModel(cfg.model, cfg.rope).state_dict(keep_vars=True)
     problems = [f"init_from: {cfg.init_from}: {p}" for p in
                 weights_mismatch({k: tuple(t.shape) for k, t in own.items()}, shapes, tied_keys(own))]
+    try:   # the files were verified by the shapes read above: sizes suffice here
+        problems += [f"init_from: {p}" for p in architecture_check(cfg.model, src or cfg.init_from, deep=False)]
+    except CheckpointError as e:
+        problems.append(f"init_from: {e}")
     tok = ctx.tokenizer
     if tok is not None and prov.get("tokenizer") not in (None, tok.identity):
         problems.append(f"init_from: {cfg.init_from} was trained with tokenizer {prov['tokenizer']!r}, this config's "

@@ -140,7 +140,7 @@ def test_cli_build_verify_stats(tmp_path, capsys):
     assert "| src | unknown |" in capsys.readouterr().out
     # exists -> refuse without --overwrite
     assert run_cli("data", "build", "--input", str(src), "--tokenizer", "byte", "--out", str(out)) == 2
-    assert "already exists" in capsys.readouterr().err
+    assert "already holds a megablu dataset; pass --overwrite" in capsys.readouterr().err
 
 
 def test_cli_subprocess_exit_codes(tmp_path):

@@ -752,7 +752,7 @@ def test_cli_verify_list_export_roundtrip(results, tmp_path, capsys):
     assert all(torch.equal(a, b) for a, b in zip(blu.state_dict().values(), blu2.state_dict().values()))
     # refuses to overwrite; a damaged step is never exported
     rc, _, err = _cli(["ckpt", "export", str(good), "--out", str(tmp_path / "hf")], capsys)
-    assert rc == 2 and "not empty" in err
+    assert rc == 2 and "already holds a megablu export; pass --force" in err
     rc, _, err = _cli(["ckpt", "export", str(dmg), "--out", str(tmp_path / "hf2")], capsys)
     assert rc == 2 and "checksum" in err and not (tmp_path / "hf2").exists()
 
