@@ -192,13 +192,14 @@ def download(repo: Repo, includes: list[str], local_dir: PathLike) -> dict[str, 
     return selected
 
 
-def _eval_table(run_dir: Path) -> str:
-    """Markdown of the run's eval results: the harness's eval/step_<N>.json as the arm x length
-    table of `megablu compare` (accuracy, slope, effective length per evaluated step); any other
-    eval/*.json with rows of flat values as a plain table."""
+def _eval_table(run_dir: Path, step: int) -> str:
+    """Markdown of the run's eval results of the uploaded `step`: the harness's eval/step_<N>.json as the arm x
+    length table of `megablu compare` (accuracy, slope, effective length); results of other steps are named, not
+    shown (they scored other weights); any other eval/*.json with rows of flat values as a plain table, under a
+    heading that says it records no step (or its step, when its rows carry one and it is this one)."""
     from .eval.report import SCHEMA, markdown
 
-    results, rows = [], []
+    results, rows, other_steps = [], [], []
     for f in sorted((run_dir / "eval").glob("*.json")) if (run_dir / "eval").is_dir() else []:
         try:
             d = json.loads(f.read_text())
@@ -206,7 +207,7 @@ def _eval_table(run_dir: Path) -> str:
             continue
         if isinstance(d, dict) and d.get("schema") == SCHEMA:
             if d.get("cells"):
-                results.append(d)
+                (results if d.get("step") == step else other_steps).append(d)
             continue
         items = d.get("rows") or d.get("results") if isinstance(d, dict) else d
         if isinstance(d, dict) and items is None:
@@ -218,13 +219,19 @@ def _eval_table(run_dir: Path) -> str:
     parts = []
     if results:
         parts.append(markdown(sorted(results, key=lambda r: (str(r.get("arm")), r.get("step", 0)))))
+    else:
+        parts.append(f"_no eval of step {step} (the uploaded weights) recorded in this run_")
+    if other_steps:
+        parts.append(f"Evaluated at other steps, not shown (other weights): "
+                     f"{', '.join(sorted({str(r['step']) for r in other_steps}, key=int))}.")
+    rows = [r for r in rows if r.get("step") in (None, step)]
     if rows:
         keys = list(dict.fromkeys(k for r in rows for k in r))
         lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
         lines += ["| " + " | ".join(str(r.get(k, "")) for k in keys) + " |" for r in rows]
-        parts.append("\n".join(lines))
-    if not parts:
-        return "_no eval results recorded in this run_\n"
+        stepped = all(r.get("step") == step for r in rows)
+        parts.append(("" if stepped else "Other eval files of the run (they record no step: not necessarily "
+                      f"step {step}'s weights):\n\n") + "\n".join(lines))
     return "\n\n".join(parts).rstrip() + "\n"
 
 
@@ -247,7 +254,7 @@ def model_card(run_dir: Path, manifest: dict, hf_config: dict) -> str:
         f"| max position | {hf_config.get('max_position_embeddings')} |",
         f"| trained on | world {manifest.get('world_size')}, dp {manifest.get('dp')}, sp {manifest.get('sp')}, "
         f"ZeRO {manifest.get('zero_stage')} |",
-        "", "## Evaluation", "", _eval_table(run_dir),
+        "", f"## Evaluation (step {manifest.get('step')})", "", _eval_table(run_dir, manifest.get("step")),
     ]
     if cfg_txt:
         lines += ["## Config", "", "```yaml", cfg_txt.rstrip(), "```", ""]

@@ -107,7 +107,9 @@ def test_model_card_shows_the_harness_eval_results(tmp_path):
         write_artifacts(res, run / "eval", step, plot=False)
     card = model_card(run, {"run_id": run.name, "step": 4}, {"architectures": ["LlamaForCausalLM"]})
     assert "| arm | 1024 | 4096 | pp/doubling [95%] | eff. length |" in card
-    assert "| ext-0001@2 | 100.0 | 50.0 |" in card and "| ext-0001@4 | 100.0 | 75.0 |" in card
+    # only the uploaded step's weights were evaluated by the row shown; step 2's result is named, not shown
+    assert "| ext-0001@4 | 100.0 | 75.0 |" in card and "| ext-0001@2 |" not in card
+    assert "Evaluated at other steps, not shown (other weights): 2." in card
     assert "created_utc" not in card and "no eval results" not in card
 
 

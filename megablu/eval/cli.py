@@ -117,15 +117,25 @@ def _eval(args) -> int:
         print(f"megablu eval: cannot load weights: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     from ..memory.apply import apply_memory
+    from .harness import weights_fingerprint
 
-    model = apply_memory(model, _eval_memory(cfg.memory), device=device.type)
-    model = model.to(device=device, dtype=dtype).eval()
-
+    info = {**info, "weights": weights_fingerprint(model)}   # the result's identity (report.identity)
     step = args.step if args.step is not None else _step_from_path(args.ckpt or args.hf or "")
     step = prov.get("step") if step is None else step
     if step is None:
         print("megablu eval: cannot tell the step from the checkpoint path; pass --step", file=sys.stderr)
         return 2
+    if prov.get("step") is not None and int(prov["step"]) != step:
+        from ..checkpoint import step_name
+
+        src = args.ckpt or args.hf
+        print(f"megablu eval: {'--step' if args.step is not None else 'the path says step'} {step}, but the weights "
+              f"loaded from {src} are step {prov['step']} (a run dir loads its newest verified step): the result "
+              f"would carry another step's name; evaluate step {step} with --ckpt <run>/checkpoints/"
+              f"{step_name(step)}, or drop --step", file=sys.stderr)
+        return 2
+    model = apply_memory(model, _eval_memory(cfg.memory), device=device.type)
+    model = model.to(device=device, dtype=dtype).eval()
     # a checkpoint of a run: results go where the trainer's auto-eval puts them, under the run's id
     run = _run_dir_of(Path(args.ckpt)) if args.ckpt else None
     arm = args.arm or (run.name if run else cfg.name)

@@ -14,7 +14,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .report import cells_by, difference, short_loss_change
+from .report import cells_by, difference, short_loss_change, string_setting
+
+
+def inference_changes(res: dict) -> list[str]:
+    """What a result changed at inference against the model as trained: STRING, or a rope other than the
+    checkpoint's (--rope-override). A gate parent must have neither: the gate asks whether the arm kept
+    what the parent, as trained, could do."""
+    out = []
+    st = string_setting(res)
+    if st:
+        out.append(f"eval.string={st}")
+    ro = res.get("rope_override")
+    if ro:
+        out.append(f"--rope-override ({'; '.join(ro.get('differences') or []) or 'rope not recorded'})")
+    return out
 
 
 @dataclass
@@ -37,6 +51,10 @@ def parent_problems(parent: dict, gate_cfg, tasks, loss: bool = False) -> list[s
     missing = [f"{t}@{L}" for t in shared for L in gate_cfg.short_lengths if (t, L) not in have] if shared \
         else [f"any of the tasks {list(dict.fromkeys(tasks))}"]
     out = []
+    changed = inference_changes(parent)
+    if changed:
+        out.append(f"gate parent {name} was evaluated with an inference-time change ({'; '.join(changed)}): the gate "
+                   f"compares against the parent as trained; evaluate the parent without it and gate against that")
     if loss and not (parent.get("loss") or {}).get("short"):
         out.append(f"gate parent {name} has no short-document loss (result['loss']['short']), so the loss gate could "
                    f"not be checked; evaluate the parent with the same eval.loss.data first")
@@ -51,6 +69,9 @@ def check_gate(result: dict, parent: dict, gate_cfg) -> GateResult:
     """gate_cfg: megablu.config.schema.GateConfig (short_lengths, margin_pp)."""
     margin = float(gate_cfg.margin_pp)
     checks, failures, missing = [], [], []
+    changed = inference_changes(parent)
+    if changed:   # the parent's scores are not the parent's: nothing can be checked against them
+        missing.append(f"against a parent evaluated with {'; '.join(changed)} (gate against the parent as trained)")
     parent_tasks = {c["task"] for c in parent["cells"]}
     tasks = [t for t in dict.fromkeys(c["task"] for c in result["cells"]) if t in parent_tasks]
     if not tasks:

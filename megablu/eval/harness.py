@@ -206,6 +206,42 @@ def _resume_key(model, tokenizer, eval_cfg: EvalConfig, window: int, step: int, 
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def _previous_result(out_dir: Path, step: int, probe: dict) -> Optional[dict]:
+    """The result already at out_dir/step_<step>.json, when this eval may add its cells to it: the same arm,
+    model (report.identity) and prompt settings; EvalError (before any generation) when another one is there,
+    whose cells writing this one would lose. None when there is none."""
+    path = Path(out_dir) / f"step_{step}.json"
+    if not path.exists():
+        return None
+    try:
+        prev = report.load_result(path)
+    except EvalError as e:
+        raise EvalError(f"{path} exists and is not a readable eval result ({e}); this eval would replace it: move "
+                        f"it, or give another --out") from None
+    diff = (["arm"] if prev.get("arm") != probe["arm"] else []) + report.identity_differences(prev, probe, True)
+    if diff:
+        raise EvalError(f"{path} holds the result of {prev.get('arm')}@{step}, which differs from this eval in "
+                        f"{', '.join(diff)}: writing this one would lose its cells; give another --out (or --arm), "
+                        f"or move it")
+    return prev
+
+
+def _merge_previous(prev: dict, cells: list, samples: list, loss: Optional[dict]) -> tuple[list, list, Optional[dict]]:
+    """This eval's cells, samples and loss, plus the previous result's at the (task, length)s and loss lengths
+    this eval did not measure (the same model and prompts: _previous_result checked)."""
+    mine = {(c["task"], c["length"]) for c in cells}
+    keep = [c for c in prev["cells"] if (c["task"], c["length"]) not in mine]
+    kept = {(c["task"], c["length"]) for c in keep}
+    samples = samples + [s for s in prev.get("samples", []) if (s.get("task"), s.get("length")) in kept]
+    old = prev.get("loss")
+    if old and loss:
+        have = {c["length"] for c in loss["by_length"]}
+        by = loss["by_length"] + [c for c in old["by_length"] if c["length"] not in have]
+        loss = {**loss, "by_length": sorted(by, key=lambda c: c["length"]),
+                "short": loss.get("short") or old.get("short")}
+    return cells + keep, samples, loss or old
+
+
 def _load_partial(path: Path) -> dict:
     """{(task, length): (cell, samples)} of a partial file; {} (with a warning) when it is unreadable."""
     others = sorted(p.name for p in path.parent.glob(path.name.split(".", 1)[0] + ".*.json.partial") if p != path)
@@ -264,6 +300,10 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
     if gate_parent is None and eval_cfg.gate.parent:
         gate_parent = report.load_result(eval_cfg.gate.parent)   # fail before hours of generation, not after
     prompts = build_prompts(eval_cfg, tokenizer, haystack=haystack, vocab_size=vocab)
+    # a result already there is added to, never replaced by another model's (checked on every rank: the
+    # run dir is shared, and all raise together)
+    prev = _previous_result(out_dir, step, {"arm": arm or out_dir.parent.name, "eval": eval_cfg.model_dump(mode="json"),
+                                            "tokenizer": tokenizer.identity, **_model_info(model), **(info or {})})
     loss_data = None
     if eval_cfg.loss.data:
         from .loss import loss_inputs, run_loss
@@ -373,6 +413,10 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
         if was_training:
             model.train()
 
+    if prev is not None:
+        cells, samples, loss = _merge_previous(prev, cells, samples, loss)
+        log.info("eval: %s's cells at other lengths or tasks are kept in %s", prev.get("arm"),
+                 out_dir / f"step_{step}.json")
     res = report.make_result(cells, samples, arm=arm or out_dir.parent.name, step=step, window=window,
                              eval_cfg=eval_cfg, tokenizer_identity=tokenizer.identity, sp=sp,
                              extra={**_model_info(model), **(info or {}), **({"loss": loss} if loss else {}),

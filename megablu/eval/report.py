@@ -188,21 +188,62 @@ def load_result(spec: str | Path) -> dict:
     return res
 
 
-def merge_results(results: Sequence[dict]) -> list[dict]:
-    """One result per arm@step: cells measured in separate runs (e.g. one length per job) are joined.
+# What a result measured, besides its prompts: the weights (harness.weights_fingerprint, where the eval
+# recorded it), the architecture, the rope the eval ran (a --rope-override'n rope included), the
+# inference-time settings (STRING) and the tokenizer. Two results that differ in any of these scored two
+# different models: they never share a compare row, and an eval never merges cells into the other's file.
+IDENTITY = ("weights", "model", "rope", "string", "tokenizer")
+# And what decides the prompts and the scoring of a (task, length) besides the task's name and length.
+_EVAL_NOT_IDENTITY = ("lengths", "tasks", "at_steps", "final", "gate", "loss", "string")
 
-    The same (task, length) twice for one arm@step is an error unless identical."""
+
+def identity(res: dict) -> dict:
+    """The model a result scored (IDENTITY); None = not recorded (results of older versions, or an eval that
+    could not fingerprint its weights), which matches any value."""
+    return {"weights": res.get("weights"), "model": res.get("model"), "rope": res.get("rope"),
+            "string": string_setting(res) or ("off" if "eval" in res else None), "tokenizer": res.get("tokenizer")}
+
+
+def identity_differences(a: dict, b: dict, with_eval: bool = False) -> list[str]:
+    """Fields of identity() (and with_eval, the eval settings that decide the prompts) where two results
+    differ, both recorded; [] when they may share a row (or a file)."""
+    ia, ib = identity(a), identity(b)
+    out = [f for f in IDENTITY if ia[f] is not None and ib[f] is not None and ia[f] != ib[f]]
+    if with_eval:
+        ea, eb = ({k: v for k, v in (r.get("eval") or {}).items() if k not in _EVAL_NOT_IDENTITY} for r in (a, b))
+        out += [f"eval.{k}" for k in sorted(set(ea) | set(eb)) if k in ea and k in eb and ea[k] != eb[k]]
+    return out
+
+
+def _identity_note(res: dict, fields: list[str]) -> str:
+    """A short label of what tells `res` apart from the other results of its arm@step (fields differ)."""
+    parts = []
+    if "rope" in fields:
+        r = res.get("rope") or {}
+        y = r.get("yarn")
+        parts.append(f"rope theta {r.get('theta'):g}" + (f" yarn x{y['factor']:g}" if y else " plain")
+                     if r else "rope ?")
+    if "weights" in fields:
+        parts.append(f"weights {res['weights'][:8]}")
+    parts += [f for f in fields if f not in ("rope", "weights", "string")]   # string: _label shows it already
+    return ", ".join(parts)
+
+
+def merge_results(results: Sequence[dict]) -> list[dict]:
+    """One result per arm@step and identity: cells measured in separate runs (e.g. one length per job) are
+    joined; results of the same arm@step that scored different models (identity_differences: other weights,
+    another rope, STRING, another tokenizer) stay separate rows, labelled by what differs.
+
+    The same (task, length) twice for one arm@step and identity is an error unless identical."""
     merged: dict[tuple, dict] = {}
     for r in results:
-        key = (r["arm"], r["step"])
-        if key not in merged:
+        key = next((k for k in merged if k[:2] == (r["arm"], r["step"])
+                    and not identity_differences(merged[k], r)), None)
+        if key is None:
+            key = (r["arm"], r["step"], len(merged))
             merged[key] = {**r, "cells": list(r["cells"]), "samples": list(r.get("samples", []))}
             continue
         m = merged[key]
-        s0, s1 = (string_setting(x) for x in (m, r))
-        if s0 != s1:
-            raise EvalError(f"{r['arm']}@{r['step']}: results with different eval.string ({s0} in {m.get('_path')}, "
-                            f"{s1} in {r.get('_path')}) are different arms; evaluate them under different --arm names")
         have = {(c["task"], c["length"]): c for c in m["cells"]}
         for c in r["cells"]:
             old = have.get((c["task"], c["length"]))
@@ -221,6 +262,9 @@ def merge_results(results: Sequence[dict]) -> list[dict]:
             m["loss"] = lo
     for m in merged.values():
         m["cells"].sort(key=lambda c: (c["task"], c["length"]))
+        twins = [o for o in merged.values() if o is not m and (o["arm"], o["step"]) == (m["arm"], m["step"])]
+        if twins:
+            m["_identity_note"] = _identity_note(m, sorted({f for o in twins for f in identity_differences(m, o)}))
     return list(merged.values())
 
 
@@ -279,8 +323,10 @@ def cells_by(res: dict, task: str) -> dict[int, dict]:
 def _label(res: dict) -> str:
     """arm@step, and the eval-time STRING setting when the result used one (it is part of the arm)."""
     st = (res.get("eval") or {}).get("string")
-    return f"{res['arm']}@{res['step']}" + (f" +string(S={st['shift']},W={st['local']}"
-                                             f"{',>' + str(st['beyond']) if st.get('beyond') else ''})" if st else "")
+    note = res.get("_identity_note")
+    return (f"{res['arm']}@{res['step']}" + (f" +string(S={st['shift']},W={st['local']}"
+                                              f"{',>' + str(st['beyond']) if st.get('beyond') else ''})" if st else "")
+            + (f" [{note}]" if note else ""))
 
 
 def _fmt_len(L: Optional[int]) -> str:

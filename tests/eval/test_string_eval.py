@@ -71,11 +71,12 @@ def test_eval_cli_with_string(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "eval.string with parallel.sp=2" in err and "parallel.sp=1" in err
     assert not (tmp_path / "p").exists()
-    # a plain eval of the same weights: another arm in compare, and not mergeable with the string one
+    # a plain eval of the same weights: another row in compare, never merged with the string one
     assert main(run + ["--out", str(tmp_path / "o")]) == 0
     capsys.readouterr()
-    assert main(["compare", str(tmp_path / "o" / "step_0.json"), str(tmp_path / "s" / "step_0.json")]) == 2
-    assert "different eval.string" in capsys.readouterr().err
+    assert main(["compare", str(tmp_path / "o" / "step_0.json"), str(tmp_path / "s" / "step_0.json")]) == 0
+    out = capsys.readouterr().out
+    assert "| tiny@0 |" in out and "| tiny@0 +string(S=64,W=8) |" in out
 
 
 def test_run_eval_applies_string_for_the_eval_only(tmp_path, byte_tok, monkeypatch):
@@ -113,7 +114,7 @@ def _res(arm, string=None, length=1024):
 
 def test_results_of_another_string_setting_are_another_arm():
     """merge_results joins the cells of one arm@step measured in separate jobs: a result with another
-    eval.string is refused there (never joined into one arm), and the tables name the setting."""
+    eval.string is another row (never joined into one arm), and the tables name the setting."""
     s = {"shift": 512, "local": 64}
     merged = merge_results([_res("a", s, 1024), _res("a", s, 2048)])
     assert len(merged) == 1 and len(merged[0]["cells"]) == 2
@@ -121,11 +122,10 @@ def test_results_of_another_string_setting_are_another_arm():
     old = _res("a", s, 4096)
     old["eval"]["string"].pop("beyond")
     assert len(merge_results([_res("a", s, 1024), old])[0]["cells"]) == 2
-    # ... and another beyond is another arm
-    with pytest.raises(EvalError, match="different eval.string"):
-        merge_results([_res("a", s, 1024), _res("a", {**s, "beyond": 1024}, 2048)])
-    with pytest.raises(EvalError, match="different eval.string"):
-        merge_results([_res("a", None, 1024), _res("a", s, 2048)])
+    # ... and another beyond is another row, as is the plain eval
+    for other in (_res("a", {**s, "beyond": 1024}, 2048), _res("a", None, 2048)):
+        rows = merge_results([_res("a", s, 1024), other])
+        assert len(rows) == 2 and all(len(r["cells"]) == 1 for r in rows)
     md = markdown(merge_results([_res("a"), _res("a-string", s)]))
     assert "| a@5 |" in md and "| a-string@5 +string(S=512,W=64) |" in md
 

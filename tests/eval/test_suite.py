@@ -157,7 +157,8 @@ def test_compare_merges_old_results_with_the_suite_and_gates_any_task(tmp_path, 
            "padded_len": 2048, "digest": "d", "seconds": 0,
            "by_depth": [{"depth": [i / 5, (i + 1) / 5], "n": 10, "correct": 9} for i in range(5)]}   # pre-suite cell
     write_result(make_result([old], [{"correct": True}], arm="parent", step=1, window=4096,
-                             eval_cfg=EvalConfig(lengths=[2000]), tokenizer_identity="t", sp=1), tmp_path / "old.json")
+                             eval_cfg=EvalConfig(lengths=[2000]), tokenizer_identity=bpe_tok.identity, sp=1),
+                 tmp_path / "old.json")
     heat = tmp_path / "h" / "cmp"
     rc = main(["compare", str(tmp_path / "parent"), str(tmp_path / "old.json"), str(tmp_path / "arm"),
                "--heatmap", str(heat), "--gate-parent", str(tmp_path / "parent"), "--short-lengths", "2000"])
