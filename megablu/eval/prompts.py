@@ -91,8 +91,9 @@ def check_seed(seed) -> int:
 def rng_for(seed: int, *parts) -> random.Random:
     """An RNG that depends only on (seed, parts), not on Python's hash seed or call order.
 
-    The whole 256-bit digest seeds it: distinct (seed, parts) share a stream only through a
-    SHA-256 collision (a 64-bit prefix would let a search of ~2^32 seeds find two that share one)."""
+    The whole 256-bit digest seeds it (random.Random takes every bit of an int seed): distinct
+    (seed, parts) share a stream only if their SHA-256 digests, or MT19937's seeding from them,
+    collide; a 64-bit prefix would let a search of ~2^32 seeds find two that share one."""
     h = hashlib.sha256(repr((check_seed(seed),) + tuple(parts)).encode()).digest()
     return random.Random(int.from_bytes(h, "little"))
 
