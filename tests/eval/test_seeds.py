@@ -7,10 +7,10 @@ s(x_i, y_i) over the n prompt indices, against C under a random pairing of the i
 permutations from a fixed RNG). If seed 1 draws every prompt independently of seed 0 (in
 particular which depth stratum each index holds), its pairing by index is exchangeable with a
 random one and p = (1 + #{C_perm >= C}) / 5001 is a valid p-value; a test fails below 0.001. The
-similarities: needle depths within half a stratum (k = L / 2n tokens of the context; the code
-before this test put each index in the same stratum at every seed, C = 32 of 40 here), shared
-keys, values and distractors, shared 16-token shingles of haystack text. Everything is seeded,
-so a result never changes from run to run.
+similarities: target needle depths within half a stratum (1/2n of the context, ~65 tokens here;
+with each index tied to its stratum at every seed, as before issue 40, C was 18-30 of 40 here
+against 0-4 now), shared keys, values and distractors, shared 16-token shingles of haystack
+text. Everything is seeded, so a result never changes from run to run.
 """
 import random
 
