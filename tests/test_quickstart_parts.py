@@ -43,11 +43,14 @@ def test_passkey_docs_are_the_eval_template_with_their_answer(tmp_path):
         needle = t.index(f"The pass key is {key}. Remember it.") - len(INSTRUCTION)
         # depth 0-0.5: the needle in the first half of the filler (snapped to a filler sentence)
         assert needle <= 0.5 * (q - len(INSTRUCTION)) + len(FILLER)
-    assert len(set(texts)) == 40
+    # 1-digit keys: 10 keys x 81 lengths x a few filler positions, so a pair may repeat by chance
+    # (the expected number of equal pairs among 40 is ~0.5); each document is its own draw
+    assert len(set(texts)) >= 36
     # keys and depths of their own: with 5-digit keys no training document starts with an eval prompt
     # (a 1-digit key at a short length has only ~10 x a few filler positions: prompts repeat by design)
     passkey_docs(tmp_path / "pk5", TOK, lengths=(129, 170), docs=300, seed=5, digits=5)
     _, t5 = _docs(tmp_path / "pk5")
+    assert len({tuple(t5.doc(i).tolist()) for i in range(300)}) == 300
     b = make_builder("passkey", PasskeySpec(), tok, 0, 100, None)
     prompts = {tuple(b.build(L, i).ids) for L in range(120, 165, 4) for i in range(100)}
     heads = {tuple(t5.doc(i).tolist()[:L]) for i in range(300) for L in range(120, 165, 4)}

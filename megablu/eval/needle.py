@@ -6,9 +6,11 @@ Long-Context Language Models?", niah_single / niah_multikey_1): needles
 text; the multi-key variant adds distractor needles with other keys (and other values) at
 their own depths, and the question asks for one key.
 
-The haystack is tokenized once into a stream (documents in the source's order, joined by a
-blank line); each prompt takes a window of it at a seeded offset and inserts its needles
-after the sentence-ending token nearest to each target depth.
+The haystack's documents are tokenized once; each seed arranges them in its own order into
+a stream (each document followed by a blank line), and each prompt takes a window of that
+stream at a seeded offset and inserts its needles after the sentence-ending token nearest to
+each target depth. So another seed is another draw of windows from the same text, not the
+same windows again.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from .prompts import (
     HaystackSource,
     Prompt,
     TokenizerLike,
+    check_seed,
     draw_items,
     insert_at,
     pad_ids,
@@ -60,33 +63,11 @@ def _documents(source: HaystackSource) -> Iterable[str]:
 HAYSTACK_TOKENS = 2 * 131072
 
 
-class Haystack:
+class HaystackStream:
     """A token stream of real text plus, per position, whether that token ends a sentence."""
 
-    def __init__(self, source: HaystackSource, tokenizer: TokenizerLike, min_tokens: int,
-                 target_tokens: int = 0):
-        """Text up to max(min_tokens, target_tokens) tokens (all of it when there is less); an error
-        below min_tokens. Prompts take their offsets from the stream's length, so a fixed target
-        (HAYSTACK_TOKENS) makes task@L's prompts the same whatever other lengths a job holds."""
-        ids: list[int] = []
-        sep = tokenizer.encode("\n\n")
-        want = max(min_tokens, target_tokens)
-        for doc in _documents(source):
-            if not doc:
-                continue
-            ids.extend(tokenizer.encode(doc))
-            ids.extend(sep)
-            if len(ids) >= want:
-                break
-        if len(ids) < min_tokens:
-            raise EvalError(f"haystack: only {len(ids)} tokens of text, need {min_tokens} (the longest length "
-                            f"plus room for distinct offsets); point eval.haystack at a larger val split")
-        self.ids = ids
-        ends: dict[int, bool] = {}
-        for t in set(ids):
-            s = tokenizer.decode([t]).rstrip(" \t")
-            ends[t] = s.endswith((".", "!", "?", "\n"))
-        self.sentence_end = [ends[t] for t in ids]
+    def __init__(self, ids: list[int], sentence_end: list[bool]):
+        self.ids, self.sentence_end = ids, sentence_end
 
     def snap(self, pos: int, lo: int, hi: int) -> int:
         """An insertion point in [lo, hi] right after a sentence end, nearest to pos (else pos)."""
@@ -96,6 +77,60 @@ class Haystack:
                     return p
         return pos
 
+    def window(self, task: str, length: int, index: int, n_ctx: int, seed: int) -> int:
+        """The seeded offset of prompt `index`'s n_ctx-token window (an error when the text is shorter)."""
+        span = len(self.ids) - n_ctx
+        if span < 0:
+            raise EvalError(f"{task}: the haystack holds {len(self.ids)} tokens < {n_ctx} needed at length {length}; "
+                            f"point eval.haystack at a larger val split")
+        return rng_for(seed, task, "offset", length, index).randrange(span + 1)
+
+
+class Haystack(HaystackStream):
+    """The source's documents, tokenized once. As a stream itself: the documents in the source's
+    order; `stream(seed)`: the same documents in a seeded order, what the builders read."""
+
+    def __init__(self, source: HaystackSource, tokenizer: TokenizerLike, min_tokens: int,
+                 target_tokens: int = 0):
+        """Text up to max(min_tokens, target_tokens) tokens (all of it when there is less); an error
+        below min_tokens. Prompts take their offsets from the stream's length, so a fixed target
+        (HAYSTACK_TOKENS) makes task@L's prompts the same whatever other lengths a job holds."""
+        sep = tokenizer.encode("\n\n")
+        want = max(min_tokens, target_tokens)
+        docs: list[list[int]] = []
+        total = 0
+        for doc in _documents(source):
+            if not doc:
+                continue
+            docs.append(tokenizer.encode(doc) + sep)
+            total += len(docs[-1])
+            if total >= want:
+                break
+        if total < min_tokens:
+            raise EvalError(f"haystack: only {total} tokens of text, need {min_tokens} (the longest length "
+                            f"plus room for distinct offsets); point eval.haystack at a larger val split")
+        self.docs = docs
+        ends: dict[int, bool] = {}
+        for t in {t for d in docs for t in d}:
+            s = tokenizer.decode([t]).rstrip(" \t")
+            ends[t] = s.endswith((".", "!", "?", "\n"))
+        self._ends = ends
+        super().__init__(*self._join(range(len(docs))))
+        self._streams: dict[int, HaystackStream] = {}
+
+    def _join(self, order) -> tuple[list[int], list[bool]]:
+        ids = [t for d in order for t in self.docs[d]]
+        return ids, [self._ends[t] for t in ids]
+
+    def stream(self, seed: int) -> HaystackStream:
+        """The documents in the order seed draws (a permutation of all of them), joined as in the source."""
+        seed = check_seed(seed)
+        if seed not in self._streams:
+            order = list(range(len(self.docs)))
+            rng_for(seed, "haystack", len(self.docs)).shuffle(order)
+            self._streams[seed] = HaystackStream(*self._join(order))
+        return self._streams[seed]
+
 
 class NeedleBuilder:
     """task 'needle' (one needle) or 'multikey' (the target plus n_distractors other keys)."""
@@ -104,7 +139,8 @@ class NeedleBuilder:
                  n_distractors: int = 3):
         if task not in ("needle", "multikey"):
             raise ValueError(task)
-        self.task, self.tok, self.seed, self.n, self.hay = task, tokenizer, seed, n, haystack
+        self.task, self.tok, self.seed, self.n, self.hay = task, tokenizer, check_seed(seed), n, haystack
+        self.stream = haystack.stream(self.seed)
         self.n_distractors = n_distractors if task == "multikey" else 0
         self.head = tokenizer.encode(INSTRUCTION)
 
@@ -134,16 +170,11 @@ class NeedleBuilder:
         if n_ctx < 0:
             raise EvalError(f"{self.task}: length {length} is shorter than the prompt without haystack "
                             f"({length - n_ctx} tokens)")
-        span = len(self.hay.ids) - n_ctx
-        off = rng_for(self.seed, self.task, "offset", length, index).randrange(span + 1)
+        hay = self.stream
+        off = hay.window(self.task, length, index, n_ctx, self.seed)
         # insertion points (relative to the window), snapped to sentence ends
-        cuts = [self.hay.snap(off + round(d * n_ctx), off, off + n_ctx) - off for d in depths]
-        order = sorted(range(len(needles)), key=lambda j: (cuts[j], j))
-        ctx, prev = [], 0
-        for j in order:
-            ctx += self.hay.ids[off + prev:off + cuts[j]] + needles[j]
-            prev = cuts[j]
-        ctx += self.hay.ids[off + prev:off + n_ctx]
+        cuts = [hay.snap(off + round(d * n_ctx), off, off + n_ctx) - off for d in depths]
+        ctx = insert_at(hay.ids[off:off + n_ctx], needles, cuts)
         ids = self.head + ctx + question
         assert len(ids) == length, (len(ids), length)
         return Prompt(self.task, length, index, tuple(ids), values[0], cuts[0] / max(n_ctx, 1),
@@ -186,7 +217,9 @@ class NiahBuilder:
         if spec.haystack == "text" and haystack is None:
             raise EvalError(f"task {task!r} needs a real-text haystack: set eval.haystack (a dataset dir whose val "
                             f"split is the haystack) or pass haystack=")
-        self.task, self.spec, self.tok, self.seed, self.n, self.hay = task, spec, tokenizer, seed, n, haystack
+        self.task, self.spec, self.tok, self.n, self.hay = task, spec, tokenizer, n, haystack
+        self.seed = check_seed(seed)
+        self.stream = haystack.stream(self.seed) if spec.haystack == "text" else None
         self.tv = _TYPE_V[spec.value]
         self.head = tokenizer.encode(R_INSTRUCTION.format(tv=self.tv))
         if spec.haystack == "filler":
@@ -250,12 +283,9 @@ class NiahBuilder:
             last = (n_ctx // u) * u
             return repeat_to(self.unit, n_ctx), lambda p: min(round(p / u) * u, last)
         if kind == "text":
-            span = len(self.hay.ids) - n_ctx
-            if span < 0:
-                raise EvalError(f"{self.task}: the haystack holds {len(self.hay.ids)} tokens < {n_ctx} needed at "
-                                f"length {length}; point eval.haystack at a larger val split")
-            off = rng_for(self.seed, self.task, "offset", length, index).randrange(span + 1)
-            return self.hay.ids[off:off + n_ctx], lambda p: self.hay.snap(off + p, off, off + n_ctx) - off
+            hay = self.stream
+            off = hay.window(self.task, length, index, n_ctx, self.seed)
+            return hay.ids[off:off + n_ctx], lambda p: hay.snap(off + p, off, off + n_ctx) - off
         # kv: lines of other keys with values of the same kinds, as many whole lines as fit
         lrng = rng_for(self.seed, self.task, "kv", length, index)
         taken = keys + [v for vs in values for v in vs]

@@ -9,10 +9,16 @@
 The key is a 5-digit number (`digits` in a task_def: 1..9; with 1 the key is 0..9); the needle
 sits at a filler-sentence boundary nearest to the prompt's stratified depth (over `depth` [lo, hi]
 of the filler; default all of it); the filler after it is cut wherever the exact length ends.
+
+A seed draws the keys and the depths (which stratum each prompt gets, and where in it). The
+filler is the task's constant, the same for every seed: in the authors' code (epfml/landmark-
+attention, llama/run_test.py) the prefix and the suffix around the needle both start at "The
+grass is green.", and only the key and the needle position are random. Starting the filler at a
+seeded sentence would be another task (and not what quickstart.passkey_docs trains on).
 """
 from __future__ import annotations
 
-from .prompts import EvalError, Prompt, TokenizerLike, repeat_to, rng_for, stratified_depth
+from .prompts import EvalError, Prompt, TokenizerLike, check_seed, repeat_to, rng_for, stratified_depth
 
 INSTRUCTION = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
                "I will quiz you about the important information there.\n")
@@ -26,7 +32,7 @@ class PasskeyBuilder:
 
     def __init__(self, tokenizer: TokenizerLike, seed: int, n: int, digits: int = 5,
                  depth: tuple[float, float] = (0.0, 1.0)):
-        self.tok, self.seed, self.n, self.digits = tokenizer, seed, n, digits
+        self.tok, self.seed, self.n, self.digits = tokenizer, check_seed(seed), n, digits
         self.depth = depth
         self.head = tokenizer.encode(INSTRUCTION)
         self.unit = tokenizer.encode(FILLER)

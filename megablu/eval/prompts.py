@@ -11,13 +11,24 @@ sha256(seed, task, i) -- the key, the depth, the distractors -- so prompt i carr
 same key at the same relative depth at every length (lengths are paired), and adding a
 length or an arm never changes the others. Only the haystack offset also depends on the
 length. `prompt_digest` hashes the ids, so arms can check they saw identical prompts.
+
+Seeds: another seed is another sample of the same design, drawn independently. Every draw
+takes the seed into its sha256 input, whole digest to RNG (no truncation two seeds could
+collide in), so two seeds share no draw: the keys, values and distractors; which depth
+stratum each prompt gets (a seeded permutation, `stratified_depth`) and where inside it; the
+arrangement of the real-text haystack's documents and each window's offset
+(needle.Haystack.stream). What is the same for every seed is what the task fixes: the
+templates and the passkey's repeated filler sentences (Mohtashami & Jaggi's, whose prefix and
+suffix both start at the first sentence; RULER's noise haystack is the same text).
 """
 from __future__ import annotations
 
 import hashlib
+import operator
 import random
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Callable, Iterable, Optional, Protocol, Sequence, Union
 
 
@@ -63,18 +74,48 @@ class Prompt:
         return self.depths or (self.depth,) * len(self.expected)
 
 
+def check_seed(seed) -> int:
+    """The seed as an int >= 0, else an EvalError: a bool or a negative number is refused (no
+    seed may stand for another one; random.Random itself would take -s for s)."""
+    if isinstance(seed, bool):
+        raise EvalError(f"seed={seed!r}: a bool is not a seed; give an integer >= 0 (e.g. eval.seed=1)")
+    try:
+        s = operator.index(seed)
+    except TypeError:
+        raise EvalError(f"seed={seed!r}: not an integer; give an integer >= 0 (e.g. eval.seed=1)") from None
+    if s < 0:
+        raise EvalError(f"seed={seed!r} is negative; give an integer >= 0 (e.g. eval.seed={-s})")
+    return s
+
+
 def rng_for(seed: int, *parts) -> random.Random:
-    """An RNG that depends only on (seed, parts), not on Python's hash seed or call order."""
-    h = hashlib.sha256(repr((int(seed),) + tuple(parts)).encode()).digest()
-    return random.Random(int.from_bytes(h[:8], "little"))
+    """An RNG that depends only on (seed, parts), not on Python's hash seed or call order.
+
+    The whole 256-bit digest seeds it (random.Random takes every bit of an int seed): distinct
+    (seed, parts) share a stream only if their SHA-256 digests, or MT19937's seeding from them,
+    collide; a 64-bit prefix would let a search of ~2^32 seeds find two that share one."""
+    h = hashlib.sha256(repr((check_seed(seed),) + tuple(parts)).encode()).digest()
+    return random.Random(int.from_bytes(h, "little"))
+
+
+@lru_cache(maxsize=256)
+def strata(seed: int, task: str, n: int) -> tuple[int, ...]:
+    """Which depth stratum each of n prompts gets: a permutation of 0..n-1 drawn from (seed, task, n)."""
+    order = list(range(n))
+    rng_for(seed, task, "strata", n).shuffle(order)
+    return tuple(order)
 
 
 def stratified_depth(seed: int, task: str, index: int, n: int) -> float:
-    """Depth of prompt i among n: one uniform draw inside stratum [i/n, (i+1)/n).
+    """Depth of prompt i among n: one uniform draw inside stratum [s/n, (s+1)/n), s = strata(seed, task, n)[i].
 
-    Every length sees the same depths, spread evenly over the context (lower variance than
-    independent draws, and the depth breakdown in the report has every bin populated)."""
-    return (index + rng_for(seed, task, "depth", index).random()) / n
+    Every stratum holds one prompt, so the depths spread evenly over the context (lower variance
+    than independent draws, and the report's depth bins are all populated); which prompt holds
+    which stratum is seeded, so another seed moves every prompt to an independent depth. Every
+    length sees the same depths (lengths are paired)."""
+    if not 0 <= index < n:
+        raise EvalError(f"prompt index {index} outside 0..{n - 1} (n={n})")
+    return (strata(check_seed(seed), task, n)[index] + rng_for(seed, task, "depth", index).random()) / n
 
 
 def repeat_to(ids: Sequence[int], count: int, start: int = 0) -> list[int]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import string
 
 from .passkey import FILLER
-from .prompts import EvalError, Prompt, TokenizerLike, insert_at, repeat_to, rng_for
+from .prompts import EvalError, Prompt, TokenizerLike, check_seed, insert_at, repeat_to, rng_for
 
 INSTRUCTION = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"
 QUESTION = ("\nQuestion: Find all variables that are assigned the value {value} in the text above. "
@@ -30,7 +30,7 @@ EXAMPLE_UNITS = 2    # filler sentences groups around the worked example's chain
 
 class VTBuilder:
     def __init__(self, task: str, spec, tokenizer: TokenizerLike, seed: int, n: int):
-        self.task, self.spec, self.tok, self.seed, self.n = task, spec, tokenizer, seed, n
+        self.task, self.spec, self.tok, self.seed, self.n = task, spec, tokenizer, check_seed(seed), n
         self.head = tokenizer.encode(INSTRUCTION)
         self.unit = tokenizer.encode(FILLER)
         if not self.unit:

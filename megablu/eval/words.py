@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import string
 
-from .prompts import EvalError, Prompt, TokenizerLike, pad_ids, rng_for, words
+from .prompts import EvalError, Prompt, TokenizerLike, check_seed, pad_ids, rng_for, words
 
 CWE_HEAD = ("Below is a numbered list of words. In these words, some appear more often than others. "
             "Memorize the ones that appear most often.\n")
@@ -60,7 +60,7 @@ class CWEBuilder:
     EXAMPLE_COMMON_FREQ, EXAMPLE_UNCOMMON = 3, 12
 
     def __init__(self, task: str, spec, tokenizer: TokenizerLike, seed: int, n: int):
-        self.task, self.spec, self.tok, self.seed, self.n = task, spec, tokenizer, seed, n
+        self.task, self.spec, self.tok, self.seed, self.n = task, spec, tokenizer, check_seed(seed), n
         self.head = tokenizer.encode(CWE_HEAD)
         self.question = tokenizer.encode(CWE_Q.format(k=spec.common))
         self.words = words()
@@ -165,7 +165,7 @@ class FWEBuilder:
     VOCAB = 2000        # coded words per prompt (RULER's vocab_size)
 
     def __init__(self, task: str, spec, tokenizer: TokenizerLike, seed: int, n: int):
-        self.task, self.spec, self.tok, self.seed, self.n = task, spec, tokenizer, seed, n
+        self.task, self.spec, self.tok, self.seed, self.n = task, spec, tokenizer, check_seed(seed), n
         k = _k(spec.top)
         self.head = tokenizer.encode(FWE_HEAD.format(k=k))
         self.question = tokenizer.encode(FWE_Q.format(k=k))

@@ -34,11 +34,14 @@ def test_passkey_depth_is_where_the_needle_is(bpe_tok):
     n = 8
     b = PasskeyBuilder(bpe_tok, seed=0, n=n)
     L = 4000
-    for i in range(n):
-        p = b.build(L, i)
-        # stratified: prompt i's depth lies in its stratum (up to one filler sentence of snapping)
-        slack = len(b.unit) / (L - b.min_length())
-        assert i / n - slack <= p.depth <= (i + 1) / n + slack
+    ps = [b.build(L, i) for i in range(n)]
+    # stratified: one prompt per stratum [k/n, (k+1)/n) (up to one filler sentence of snapping), the
+    # k-th shallowest in stratum k; which prompt holds which stratum is the seed's (tests/eval/test_seeds.py)
+    slack = len(b.unit) / (L - b.min_length())
+    for k, p in enumerate(sorted(ps, key=lambda p: p.depth)):
+        assert k / n - slack <= p.depth <= (k + 1) / n + slack
+    assert [p.index for p in sorted(ps, key=lambda p: p.depth)] != list(range(n))
+    for p in ps:
         needle = bpe_tok.encode(NEEDLE.format(key=p.answer))
         pos = p.meta["needle_pos"]
         assert list(p.ids[pos:pos + len(needle)]) == needle
@@ -58,8 +61,8 @@ def test_passkey_depth_range_keeps_every_key_far_from_the_question(bpe_tok):
     far = sorted(p.depth for p in by["far"])
     assert max(far) <= 0.3 + slack and far[-1] - far[0] > 0.2             # spread over the range, not bunched
     assert max(p.depth for p in by["passkey"]) > 0.6                        # the default still spans it all
-    for i, p in enumerate(sorted(by["far"], key=lambda p: p.index)):       # stratified inside [0, 0.3]
-        assert 0.3 * i / 20 - slack <= p.depth <= 0.3 * (i + 1) / 20 + slack
+    for k, p in enumerate(sorted(by["far"], key=lambda p: p.depth)):       # stratified inside [0, 0.3]
+        assert 0.3 * k / 20 - slack <= p.depth <= 0.3 * (k + 1) / 20 + slack
     assert [p.answer for p in by["far"]] != [p.answer for p in by["passkey"]]   # its own keys
     for bad in ([0.5, 0.2], [0.0, 1.5], [0.3, 0.3]):
         with pytest.raises(ValidationError, match="needs 0 <= lo < hi <= 1"):
