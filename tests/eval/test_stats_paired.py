@@ -6,6 +6,7 @@ import random
 import statistics
 
 import pytest
+from scipy import stats as sps
 
 from megablu.config.schema import GateConfig
 from megablu.eval.gate import check_gate
@@ -193,11 +194,15 @@ def test_compare_pairs_part_credit_on_the_same_prompts():
     assert d == paired_mean_diff(diffs) and d.diff == pytest.approx(i.diff)
     assert i.lo < d.lo <= 0.1 <= d.hi < i.hi and d.resolvable and not i.resolvable
     md = markdown([rb, ra])
-    assert "| new@0 | +10.7* [+6.3, +15.1] paired t |" in md       # was "+10.7 [-2.7, +23.5] n/arm 317 indep."
+    # one paired cell: a family of 1, adj = p = scipy's paired t p (5.3e-06)
+    p = sps.ttest_rel(a, b).pvalue
+    assert d.p == pytest.approx(p, rel=1e-9)
+    assert f"| new@0 | +10.7* [+6.3, +15.1] p {p:.2g} adj {p:.2g} paired t |" in md   # was "+10.7 [-2.7, +23.5] n/arm 317 indep."
     assert "paired t interval of the per-prompt score differences" in md
     # 10 prompts: d = 0.1, sd(d) = 0.316, n = ((1.960 + 0.842) * 0.316 / 0.1)^2 = 78.5
     md = markdown([_part("base", b[:10])[0], _part("new", a[:10])[0]])
-    assert "| new@0 | +10.0 [-12.6, +32.6] n/arm 79 paired t |" in md
+    p = sps.ttest_rel(a[:10], b[:10]).pvalue
+    assert f"| new@0 | +10.0 [-12.6, +32.6] p {p:.2g} adj {p:.2g} n/arm 79 paired t |" in md
     # differences that cancel up to rounding (their mean 1.4e-17): no difference to resolve
     md = markdown([_part("base", [2 / 3, 1 / 3, 2 / 3, 2 / 3])[0], _part("new", [1 / 3, 2 / 3, 1, 1 / 3])[0]])
     assert "n/arm inf paired t |" in md
