@@ -141,7 +141,7 @@ def claims(parent: dict, untrained: dict, ext: dict, window: int) -> dict:
                           "diff": le[L]["loss"] - lu[L]["loss"] if d is None else d[0],
                           "n": le[L]["n"], "ci": None if d is None else [d[1], d[2]],
                           "resolvable": d is not None and (d[1] > 0 or d[2] < 0), "p": None if d is None else d[3]}
-    # the summary's stars: Holm over every difference it shows that has a test (unpaired ones have none)
+    # the summary's stars: Holm over every difference it shows that has a test (all but unpaired part credit)
     cells = [x for by in out["retrieval"].values() for x in by.values()] + list(out["loss"].values())
     tested = [x for x in cells if x["p"] is not None]
     for x, q in zip(tested, holm([x["p"] for x in tested])):
@@ -272,7 +272,7 @@ def summary_text(*, parent: dict, untrained: dict, ext: dict, window: int, facto
                 f" [{d['ci'][0]:+.2f}, {d['ci'][1]:+.2f}]" if d["ci"] else ""))
         lines.append(f"  {'extension - untrained':<{w - 2}}" + "".join(f"{x:>24}" for x in row))
     m = sum(x["p_adj"] is not None for by in (*c["retrieval"].values(), c["loss"]) for x in by.values())
-    lines += ["", f"* = the difference survives Holm's correction over the {m} paired differences above (adjusted p "
+    lines += ["", f"* = the difference survives Holm's correction over the {m} tested differences above (adjusted p "
                   f"< 0.05; exact McNemar for retrieval, paired t over the same sequences for loss); the intervals "
                   f"are unadjusted 95% (Newcombe paired, paired t)"]
     if gate:

@@ -106,6 +106,6 @@ def test_quickstart_end_to_end(tmp_path):
             assert f"loss@{L} {m:+.3f} nats/token [{lo:+.3f}, {hi:+.3f}]" in said, (L, m, said)
         else:
             assert f"{what}@{L} " in said and f"({m:+.0f} pp [{lo:+.0f}, {hi:+.0f}])" in said, (L, m, said)
-    assert "* = the difference survives Holm's correction over the 12 paired differences above" in out
+    assert "* = the difference survives Holm's correction over the 12 tested differences above" in out
     assert "extension@240: short-context gate passed" in out
     assert (runs / "quickstart" / "compare.png").read_bytes()[:4] == b"\x89PNG"

@@ -19,11 +19,12 @@ unchanged.
 `compare` tables put arms in rows and lengths in columns, like the seed's hand-off table,
 then each arm's difference to a baseline with its 95% interval: paired where both arms scored the same
 prompts (Newcombe's for 0/1 scores with McNemar's exact p, a paired t interval and p on part-credit scores),
-else Newcombe's for independent samples (no test). '*' = the paired test survives Holm's correction over
-every paired difference of the compare (starred()).
+else Newcombe's for independent samples (with Fisher's exact p for 0/1 scores). '*' = the cell's test
+survives Holm's correction over every tested difference of the compare (starred()).
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import math
@@ -41,6 +42,7 @@ from .stats import (
     Difference,
     effective_length,
     effective_length_contiguous,
+    fisher_exact_p,
     holm,
     mean_interval,
     n_to_resolve,
@@ -249,7 +251,8 @@ def difference(res_a: dict, cell_a: dict, res_b: dict, cell_b: dict) -> tuple[Di
     """(interval for acc_a - acc_b, its Pairing or None). Paired when both cells hold the same prompts (equal
     digests and n) and both results keep every prompt's score: stats.newcombe_paired when every score is 0/1,
     else stats.paired_mean_diff of the per-prompt differences; otherwise the independent interval
-    (stats.newcombe, conservative for part credit) and None."""
+    (stats.newcombe, conservative for part credit; with Fisher's exact p when both cells are 0/1 scores) and
+    None."""
     if cell_a.get("digest") and cell_a.get("digest") == cell_b.get("digest") and cell_a["n"] == cell_b["n"]:
         key = (cell_a["task"], cell_a["length"])
         out_a = {s.get("index"): _score(s) for s in res_a.get("samples", []) if (s.get("task"), s.get("length")) == key}
@@ -265,13 +268,24 @@ def difference(res_a: dict, cell_a: dict, res_b: dict, cell_b: dict) -> tuple[Di
                 return newcombe_paired(*table), Pairing("binary", cell_a["n"], table=table)
             d = [out_a[i] - out_b[i] for i in out_a]
             return paired_mean_diff(d), Pairing("mean", len(d), sd=statistics.stdev(d) if len(d) > 1 else 0.0)
-    return newcombe(cell_a["correct"], cell_a["n"], cell_b["correct"], cell_b["n"]), None
+    d = newcombe(cell_a["correct"], cell_a["n"], cell_b["correct"], cell_b["n"])
+    if _binary(cell_a) and _binary(cell_b):           # 0/1 scores: Fisher's exact test beside the interval
+        d = dataclasses.replace(d, p=fisher_exact_p(int(cell_a["correct"]), cell_a["n"],
+                                                    int(cell_b["correct"]), cell_b["n"]))
+    return d, None
+
+
+def _binary(c: dict) -> bool:
+    """A cell of 0/1 scores: an integer count whose prompts were all fully right or wrong (all_correct ==
+    correct; results before part credit have no all_correct and only 0/1 scores)."""
+    k = float(c["correct"])
+    return k.is_integer() and c.get("all_correct", k) == k
 
 
 @dataclass(frozen=True)
 class Compared:
     """One cell of a compare's difference tables: the interval and test (difference()), its Pairing, and the
-    Holm-adjusted p over the compare's family (None: not paired, so not tested)."""
+    Holm-adjusted p over the compare's family (None: no test, an unpaired part-credit cell)."""
     d: Difference
     paired: Optional[Pairing]
     p_adj: Optional[float]
@@ -283,8 +297,9 @@ class Compared:
 
 def starred(results: Sequence[dict], baseline: int) -> dict[tuple[str, int, int], Compared]:
     """Every difference `compare` shows, {(task, arm index, length): Compared}: each arm's cell against the
-    baseline's at the same task and length. The family is every paired cell (it has a p); Holm's step-down
-    correction over it decides the stars, so the chance of any false star in one compare stays <= 5%."""
+    baseline's at the same task and length. The family is every cell with a test (a p: paired cells, and
+    unpaired ones of 0/1 scores); Holm's step-down correction over it decides the stars, so the chance of
+    any false star in one compare stays <= 5%."""
     base = results[baseline]
     out: dict[tuple[str, int, int], tuple[Difference, Optional[Pairing]]] = {}
     for task in dict.fromkeys(c["task"] for r in results for c in r["cells"]):
@@ -364,10 +379,11 @@ def _task_tables(results: Sequence[dict], baseline: int, threshold: float) -> li
                       f"prompts, paired -- Newcombe's for paired data (0/1 scores, no mark) or a paired t interval "
                       f"of the per-prompt score differences (part credit, marked 'paired t'); else Newcombe's for "
                       f"independent samples, marked '(prompts differ)', or 'indep.' for the same prompts without "
-                      f"per-prompt scores to pair. p = the paired test's two-sided p (exact McNemar for 0/1 scores, "
-                      f"paired t for part credit), adj = Holm-adjusted over the {n_family} paired differences of this "
-                      f"compare; * = adj < {STAR_ALPHA:g} (unpaired cells have no test and no star; the intervals are "
-                      f"not adjusted); n/arm (intervals that include 0) = prompts per arm to "
+                      f"per-prompt scores to pair. p = the two-sided p of the cell's test (paired: exact McNemar for "
+                      f"0/1 scores, paired t for part credit; unpaired 0/1 scores: Fisher's exact), adj = "
+                      f"Holm-adjusted over the {n_family} tested differences of this compare; * = adj < "
+                      f"{STAR_ALPHA:g} (unpaired part-credit cells have no test and no star; the intervals are not "
+                      f"adjusted); n/arm (intervals that include 0) = prompts per arm to "
                       f"resolve the observed difference at 80% power (paired: McNemar's from the observed "
                       f"agreement, or from the SD of the score differences):",
                       "",

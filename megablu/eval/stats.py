@@ -17,7 +17,10 @@ All accuracies are fractions in [0, 1] inside the functions; reports show percen
   little too narrow. With phi = 0 it is the independent interval; with the positive correlation
   two arms have on one prompt set it is narrower, so a real difference resolves with fewer
   prompts. Only for 0/1 scores.
-- The test beside it: McNemar's exact (conditional) test, two-sided: given the b + c prompts the
+- Two independent samples of 0/1 scores (other prompts): Fisher's exact test, two-sided (the
+  probability of every split of the successes no more likely than the one seen), beside Newcombe's
+  independent interval.
+- The test beside the paired interval: McNemar's exact (conditional) test, two-sided: given the b + c prompts the
   arms disagree on, b ~ Binomial(b + c, 1/2) under "no difference"; p = min(1, 2 P(X <= min(b, c))).
   Not the mid-p version: the exact p never exceeds the level, and a star (report.py) is a claim
   made after a multiplicity correction, so it should not rest on a test that can be liberal.
@@ -148,6 +151,20 @@ def mcnemar_exact_p(only1: int, only2: int) -> float:
     m = only1 + only2
     tail = sum(math.comb(m, i) for i in range(min(only1, only2) + 1))   # exact integers: no underflow
     return min(1.0, 2 * tail / 2 ** m)
+
+
+def fisher_exact_p(k1: int, n1: int, k2: int, n2: int) -> float:
+    """Two-sided p of Fisher's exact test of k1/n1 against k2/n2 (independent samples of 0/1 scores): given
+    the K = k1 + k2 successes, k1 is hypergeometric; p = the total probability of every split no more
+    likely than the one seen (scipy.stats.fisher_exact's two-sided definition), in exact integers."""
+    for k, n in ((k1, n1), (k2, n2)):
+        if not (0 <= k <= n and int(k) == k and int(n) == n):
+            raise ValueError(f"fisher_exact_p: need integer 0 <= k <= n, got k={k}, n={n}")
+    k1, n1, k2, n2 = int(k1), int(n1), int(k2), int(n2)
+    K = k1 + k2
+    # weights C(n1, x) C(n2, K - x), each proportional to P(k1 = x); the constant C(n1 + n2, K) cancels
+    w = {x: math.comb(n1, x) * math.comb(n2, K - x) for x in range(max(0, K - n2), min(K, n1) + 1)}
+    return min(1.0, sum(v for v in w.values() if v <= w[k1]) / sum(w.values()))
 
 
 def t_test_p(mean: float, se: float, dof: int) -> float:

@@ -1,13 +1,21 @@
-"""The tests behind compare's stars (stats.mcnemar_exact_p, stats.paired_mean_diff's p, stats.holm) against
-scipy and R, and report.starred / markdown: a star is a paired difference whose Holm-adjusted p < 0.05 over
-every paired difference of one compare."""
+"""The tests behind compare's stars (stats.mcnemar_exact_p, stats.paired_mean_diff's p, stats.fisher_exact_p,
+stats.holm) against scipy and R, and report.starred / markdown: a star is a difference whose Holm-adjusted
+p < 0.05 over every tested difference of one compare."""
 import random
 
 import pytest
 from scipy import stats as sps
 
 from megablu.eval.report import markdown, starred
-from megablu.eval.stats import holm, mcnemar_exact_p, newcombe, newcombe_paired, paired_mean_diff, t_test_p
+from megablu.eval.stats import (
+    fisher_exact_p,
+    holm,
+    mcnemar_exact_p,
+    newcombe,
+    newcombe_paired,
+    paired_mean_diff,
+    t_test_p,
+)
 
 
 @pytest.mark.parametrize("b,c", [(0, 1), (1, 0), (0, 5), (2, 12), (12, 2), (7, 0), (5, 5), (6, 5), (14, 0),
@@ -33,6 +41,20 @@ def test_interval_and_exact_test_can_disagree():
     for t, p in (((1, 1, 7, 12), 0.0703125), ((59, 6, 16, 80), 0.052478790283203125)):
         d = newcombe_paired(*t)
         assert d.resolvable and d.p == pytest.approx(p, rel=1e-12) and d.p > 0.05
+
+
+@pytest.mark.parametrize("k1,n1,k2,n2", [(30, 50, 18, 50), (10, 50, 40, 50), (45, 50, 45, 50), (0, 10, 0, 20),
+                                         (10, 10, 0, 10), (3, 7, 1, 9), (100, 100, 81, 100), (0, 1, 1, 1),
+                                         (56, 70, 48, 80), (5, 56, 0, 29), (250, 400, 700, 1000)])
+def test_fisher_exact_matches_scipy(k1, n1, k2, n2):
+    ref = sps.fisher_exact([[k1, n1 - k1], [k2, n2 - k2]]).pvalue
+    assert fisher_exact_p(k1, n1, k2, n2) == pytest.approx(ref, rel=1e-9, abs=1e-300)
+    assert fisher_exact_p(k2, n2, k1, n1) == pytest.approx(ref, rel=1e-9, abs=1e-300)    # symmetric
+
+
+def test_fisher_exact_refuses_part_credit():
+    with pytest.raises(ValueError, match="k=2.5"):
+        fisher_exact_p(2.5, 10, 3, 10)
 
 
 @pytest.mark.parametrize("n,seed", [(2, 0), (3, 1), (10, 2), (30, 3), (100, 4), (400, 5)])
@@ -121,8 +143,8 @@ def test_compare_stars_only_what_survives_holm():
     McNemar p (scipy's binomtest), not the interval's. t1@300 (9 vs 1 discordant, p = 0.021) keeps its star
     alone and loses it among five more (adj = 3 x 0.021 = 0.064) though its interval excludes 0; the three
     cells at p = 0.0078-0.012 keep theirs (adj 0.047); (1, 1, 7, 12) has an interval that excludes 0 and
-    p = 0.070, never a star; the table prints raw and adjusted p; an unpaired cell (other prompts) gets no p
-    and no star and is not in the family."""
+    p = 0.070, never a star; the table prints raw and adjusted p. Unpaired 0/1 cells (other prompts) join the
+    family with Fisher's exact p; unpaired part-credit cells have no test: no p, no star, not in the family."""
     tables = {("t1", 100): (80, 10, 1, 9), ("t1", 200): (70, 8, 0, 22), ("t1", 300): (60, 9, 1, 30),
               ("t2", 100): (1, 1, 7, 12), ("t2", 200): (50, 3, 3, 44), ("t2", 300): (40, 8, 0, 52)}
     ab = {k: _outcomes(*t) for k, t in tables.items()}
@@ -147,24 +169,39 @@ def test_compare_stars_only_what_survives_holm():
     k = ("t2", 300)
     d = newcombe_paired(*tables[k])
     assert (f"+8.0* [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}] p {raw[k]:.2g} adj {want[k]:.2g} |") in md
-    assert "Holm-adjusted over the 6 paired differences of this compare" in md
+    assert "Holm-adjusted over the 6 tested differences of this compare" in md
     # alone, the t1@300 cell keeps its star: a family of 1
     k = ("t1", 300)
     alone = starred([_res("base", {k: ab[k][1]}), _res("new", {k: ab[k][0]})], 0)
     assert alone[("t1", 1, 300)].star and alone[("t1", 1, 300)].p_adj == pytest.approx(raw[k])
-    # an arm on other prompts: its cells are unpaired, untested, unstarred, outside the family
+    # an arm on other prompts: its 0/1 cells are unpaired, tested by Fisher's exact test (scipy's fisher_exact)
+    # and join the family: Holm over 12
     rc = _res("other", {k: v[0] for k, v in ab.items()}, digest="x")
     got3 = starred([rb, ra, rc], 0)
-    assert all(got3[(t, 2, L)].p_adj is None and not got3[(t, 2, L)].star for t, L in tables)
-    assert {k[:1] + k[2:]: c.p_adj for k, c in got3.items() if k[1] == 1} == pytest.approx(
-        {(t, L): want[(t, L)] for t, L in tables})
+    fisher = {k: sps.fisher_exact([[sum(x), len(x) - sum(x)] for x in ab[k]]).pvalue for k in tables}
+    raw12 = {**{(t, 1, L): raw[(t, L)] for t, L in tables}, **{(t, 2, L): fisher[(t, L)] for t, L in tables}}
+    want12, run = {}, 0.0
+    for i, k in enumerate(sorted(raw12, key=raw12.get)):
+        run = max(run, min(1.0, (12 - i) * raw12[k]))
+        want12[k] = run
+    assert {k: c.d.p for k, c in got3.items()} == pytest.approx(raw12, rel=1e-9)
+    assert {k: c.p_adj for k, c in got3.items()} == pytest.approx(want12, rel=1e-9)
+    assert {k for k, c in got3.items() if c.star} == {k for k, q in want12.items() if q < 0.05}
     md3 = markdown([rb, ra, rc])
+    assert "Holm-adjusted over the 12 tested differences of this compare" in md3
     rows = [ln for ln in md3.splitlines() if ln.startswith("| other@0 | ") and "(prompts differ)" in ln]
-    assert len(rows) == 2 and rows[0].startswith("| other@0 | +9.0 [-0.9, +18.9] n/arm 237 (prompts differ) |")
-    assert all("*" not in r and " p " not in r and r.count("(prompts differ)") == 3 for r in rows)
-    # even where the independent interval excludes 0 (100/100 vs 81/100 on other prompts): no test, no star
     k = ("t1", 100)
-    md4 = markdown([rb, _res("all", {k: [1] * 100}, digest="x")])
-    i = newcombe(100, 100, 81, 100)
-    assert i.resolvable and f"| all@0 | +19.0 [{100 * i.lo:+.1f}, {100 * i.hi:+.1f}] (prompts differ) | - | - |" in md4
-    assert "over the 0 paired differences" in md4
+    assert len(rows) == 2 and rows[0].startswith(f"| other@0 | +9.0 [-0.9, +18.9] p {fisher[k]:.2g} adj "
+                                                 f"{want12[('t1', 2, 100)]:.2g} n/arm 237 (prompts differ) |")
+    # part credit on other prompts: no test (Newcombe's interval with the summed scores is only conservative),
+    # no star even where the interval excludes 0, and not in the family
+    part = {"arm": "part", "step": 0, "samples": [],
+            "cells": [{"task": "t1", "length": 100, "n": 100, "correct": 97.5, "all_correct": 95, "acc_pp": 97.5,
+                       "digest": "y"}]}
+    got4 = starred([rb, part], 0)
+    c4 = got4[("t1", 1, 100)]
+    assert c4.d.resolvable and c4.d.p is None and c4.p_adj is None and not c4.star
+    md4 = markdown([rb, part])
+    i = newcombe(97.5, 100, 81, 100)
+    assert f"| part@0 | +16.5 [{100 * i.lo:+.1f}, {100 * i.hi:+.1f}] (prompts differ) | - | - |" in md4
+    assert "over the 0 tested differences" in md4
