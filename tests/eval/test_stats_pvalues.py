@@ -205,3 +205,6 @@ def test_compare_stars_only_what_survives_holm():
     i = newcombe(97.5, 100, 81, 100)
     assert f"| part@0 | +16.5 [{100 * i.lo:+.1f}, {100 * i.hi:+.1f}] (prompts differ) | - | - |" in md4
     assert "over the 0 tested differences" in md4
+    # an integer sum of part credit (90 = 85 prompts fully right + 10 halves) is still not 0/1: no Fisher p
+    part["cells"][0].update(correct=90, all_correct=85, acc_pp=90.0)
+    assert starred([rb, part], 0)[("t1", 1, 100)].d.p is None
