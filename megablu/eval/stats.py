@@ -17,13 +17,14 @@ All accuracies are fractions in [0, 1] inside the functions; reports show percen
   little too narrow. With phi = 0 it is the independent interval; with the positive correlation
   two arms have on one prompt set it is narrower, so a real difference resolves with fewer
   prompts. Only for 0/1 scores.
+- The test beside the paired interval: McNemar's exact (conditional) test, two-sided: given the
+  b + c prompts the arms disagree on, b ~ Binomial(b + c, 1/2) under "no difference";
+  p = min(1, 2 P(X <= min(b, c))). Not the mid-p version: the exact p never exceeds the level, and
+  a star (report.py) is a claim made after a multiplicity correction, so it should not rest on a
+  test that can be liberal.
 - Two independent samples of 0/1 scores (other prompts): Fisher's exact test, two-sided (the
   probability of every split of the successes no more likely than the one seen), beside Newcombe's
   independent interval.
-- The test beside the paired interval: McNemar's exact (conditional) test, two-sided: given the b + c prompts the
-  arms disagree on, b ~ Binomial(b + c, 1/2) under "no difference"; p = min(1, 2 P(X <= min(b, c))).
-  Not the mid-p version: the exact p never exceeds the level, and a star (report.py) is a claim
-  made after a multiplicity correction, so it should not rest on a test that can be liberal.
 - Difference of two mean part-credit scores on the SAME prompts: the paired t interval of the
   per-prompt differences d_i = s_1,i - s_2,i, mean(d) +- t_{n-1} sd(d) / sqrt(n) (Student's t, exact
   quantile below; d_i in [-1, 1] so the mean is near normal for the n of an eval). Like Newcombe's paired
