@@ -94,13 +94,14 @@ def _loss(res: dict) -> dict:
 
 def paired_loss_diff(a: dict, b: dict, conf: float = 0.95):
     """Loss of arm a minus arm b at one length over the same sequences (same digest): (mean of the
-    per-sequence differences, lo, hi), a t interval; None when the sequences differ.
+    per-sequence differences, lo, hi, p), a t interval and its two-sided p (the paired t test); None when
+    the sequences differ.
 
     A sequence drawn twice (the val stream's sequences start at a document start, so a small val
     split repeats some) counts once: an identical pair of losses in both arms is the same sequence."""
     import math
 
-    from .eval.stats import t_quantile
+    from .eval.stats import t_quantile, t_test_p
 
     if a.get("digest") != b.get("digest"):
         return None
@@ -109,18 +110,21 @@ def paired_loss_diff(a: dict, b: dict, conf: float = 0.95):
         return None
     d = [x - y for x, y in pairs]
     m = sum(d) / len(d)
-    sd = math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1))
-    half = t_quantile(conf, len(d) - 1) * sd / math.sqrt(len(d))
-    return m, m - half, m + half
+    se = math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1)) / math.sqrt(len(d))
+    half = t_quantile(conf, len(d) - 1) * se
+    return m, m - half, m + half, t_test_p(m, se, len(d) - 1)
 
 
 def claims(parent: dict, untrained: dict, ext: dict, window: int) -> dict:
     """What the quick start shows, from the three eval results: per task and length the retrieval
-    difference extension - untrained (Newcombe's paired interval: both scored the same prompts),
-    per length the loss difference (paired t), and `better_beyond`: every resolvable gain of the
-    extension at a length beyond the parent's window, with `long_context`: whether it exceeds the
-    best gain of the same measure inside the window (an equal gain everywhere is extra training)."""
-    from .eval.report import difference
+    difference extension - untrained (Newcombe's paired interval and McNemar's exact p: both scored the
+    same prompts), per length the loss difference (paired t interval and p), each cell's Holm-adjusted p
+    over all of them (`p_adj`) and its `star` (p_adj < 0.05, as `compare` stars), and `better_beyond`:
+    every starred gain of the extension at a length beyond the parent's window, with `long_context`:
+    whether it exceeds the best gain of the same measure inside the window (an equal gain everywhere is
+    extra training)."""
+    from .eval.report import STAR_ALPHA, difference
+    from .eval.stats import holm
 
     out = {"window": window, "retrieval": {}, "loss": {}}
     for task in dict.fromkeys(c["task"] for c in ext["cells"]):
@@ -128,7 +132,7 @@ def claims(parent: dict, untrained: dict, ext: dict, window: int) -> dict:
         for L in sorted(set(e) & set(u)):
             d, _ = difference(ext, e[L], untrained, u[L])
             out["retrieval"].setdefault(task, {})[L] = {"ext": e[L]["acc_pp"], "untrained": u[L]["acc_pp"],
-                                                        "n": e[L]["n"], **d.as_dict()}
+                                                        "n": e[L]["n"], "p": None, **d.as_dict()}
     le, lu = _loss(ext), _loss(untrained)
     for L in sorted(set(le) & set(lu)):
         d = paired_loss_diff(le[L], lu[L])
@@ -136,7 +140,15 @@ def claims(parent: dict, untrained: dict, ext: dict, window: int) -> dict:
         out["loss"][L] = {"ext": le[L]["loss"], "untrained": lu[L]["loss"],
                           "diff": le[L]["loss"] - lu[L]["loss"] if d is None else d[0],
                           "n": le[L]["n"], "ci": None if d is None else [d[1], d[2]],
-                          "resolvable": d is not None and (d[1] > 0 or d[2] < 0)}
+                          "resolvable": d is not None and (d[1] > 0 or d[2] < 0), "p": None if d is None else d[3]}
+    # the summary's stars: Holm over every difference it shows that has a test (all but unpaired part credit)
+    cells = [x for by in out["retrieval"].values() for x in by.values()] + list(out["loss"].values())
+    tested = [x for x in cells if x["p"] is not None]
+    for x, q in zip(tested, holm([x["p"] for x in tested])):
+        x["p_adj"] = q
+    for x in cells:
+        x.setdefault("p_adj", None)
+        x["star"] = x["p_adj"] is not None and x["p_adj"] < STAR_ALPHA
     # a gain beyond the window is a long-context gain only when it exceeds every gain of the same
     # measure inside the window: an equal gain at every length is extra training, not longer context
     better = []
@@ -144,19 +156,20 @@ def claims(parent: dict, untrained: dict, ext: dict, window: int) -> dict:
         inside = max([d["diff_pp"] for L, d in by.items() if L <= window] + [0.0])   # no gain: 0
         better += [{"what": task, "length": L, "diff": d["diff_pp"], "ci": d["ci_pp"],
                     "inside_best": inside, "long_context": d["diff_pp"] > inside}
-                   for L, d in by.items() if L > window and d["resolvable"] and d["diff_pp"] > 0]
+                   for L, d in by.items() if L > window and d["star"] and d["diff_pp"] > 0]
     inside = min([d["diff"] for L, d in out["loss"].items() if L <= window] + [0.0])
     better += [{"what": "loss", "length": L, "diff": d["diff"], "ci": d["ci"],
                 "inside_best": inside, "long_context": d["diff"] < inside}
-               for L, d in out["loss"].items() if L > window and d["resolvable"] and d["diff"] < 0]
+               for L, d in out["loss"].items() if L > window and d["star"] and d["diff"] < 0]
     out["better_beyond"] = better
     return out
 
 
 def verdict(c: dict, factor: float) -> str:
     """One line: where the extension is resolvably better than untrained YaRN beyond the parent's
-    window by more than inside it (a long-context gain), where only by as much as inside (extra
-    training), where not at all, and what the same comparison gives inside the window."""
+    window (a starred difference: it survives Holm's correction, claims()) by more than inside it (a
+    long-context gain), where only by as much as inside (extra training), where not at all, and what the
+    same comparison gives inside the window."""
     W = c["window"]
     long_ctx = {(b["what"], b["length"]): b["long_context"] for b in c["better_beyond"]}
     good, same, rest = [], [], []
@@ -239,7 +252,7 @@ def summary_text(*, parent: dict, untrained: dict, ext: dict, window: int, facto
         row = []
         for L in lengths:
             d = c["retrieval"].get(task, {}).get(L)
-            row.append("-" if d is None else f"{d['diff_pp']:+.0f}{'*' if d['resolvable'] else ''} "
+            row.append("-" if d is None else f"{d['diff_pp']:+.0f}{'*' if d['star'] else ''} "
                                              f"[{d['ci_pp'][0]:+.0f}, {d['ci_pp'][1]:+.0f}]")
         lines.append(f"  {'extension - untrained':<{w - 2}}" + "".join(f"{x:>17}" for x in row))
     if c["loss"]:
@@ -255,11 +268,13 @@ def summary_text(*, parent: dict, untrained: dict, ext: dict, window: int, facto
         row = []
         for L in lengths:
             d = c["loss"].get(L)
-            row.append("-" if d is None else f"{d['diff']:+.3f}{'*' if d['resolvable'] else ''}" + (
+            row.append("-" if d is None else f"{d['diff']:+.3f}{'*' if d['star'] else ''}" + (
                 f" [{d['ci'][0]:+.2f}, {d['ci'][1]:+.2f}]" if d["ci"] else ""))
         lines.append(f"  {'extension - untrained':<{w - 2}}" + "".join(f"{x:>24}" for x in row))
-    lines += ["", "* = the 95% interval of the difference excludes 0 (Newcombe paired for retrieval, paired t over the "
-                  "same sequences for loss)"]
+    m = sum(x["p_adj"] is not None for by in (*c["retrieval"].values(), c["loss"]) for x in by.values())
+    lines += ["", f"* = the difference survives Holm's correction over the {m} tested differences above (adjusted p "
+                  f"< 0.05; exact McNemar for retrieval, paired t over the same sequences for loss); the intervals "
+                  f"are unadjusted 95% (Newcombe paired, paired t)"]
     if gate:
         lines += ["", "short-context gate (megablu compare --gate-parent <parent>):"] + [f"  {g}" for g in
                                                                                        gate.strip().splitlines()]

@@ -7,18 +7,21 @@ import math
 import subprocess
 from pathlib import Path
 
+from scipy import stats as sps
+
 from megablu.eval.stats import newcombe_paired, t_quantile
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _paired(a: list, b: list) -> tuple[float, float, float]:
-    """mean of a - b and its 95% t interval over the distinct sequences (the same ones in both arms;
-    a sequence drawn twice has the same pair of losses and counts once)."""
-    d = [x - y for x, y in dict.fromkeys(zip(a, b))]
+def _paired(a: list, b: list) -> tuple[float, float, float, float]:
+    """mean of a - b, its 95% t interval and the paired t test's p (scipy) over the distinct sequences (the
+    same ones in both arms; a sequence drawn twice has the same pair of losses and counts once)."""
+    pairs = list(dict.fromkeys(zip(a, b)))
+    d = [x - y for x, y in pairs]
     m = sum(d) / len(d)
     half = t_quantile(0.95, len(d) - 1) * math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1) / len(d))
-    return m, m - half, m + half
+    return m, m - half, m + half, sps.ttest_rel([x for x, _ in pairs], [y for _, y in pairs]).pvalue
 
 
 def _result(d: Path) -> dict:
@@ -67,17 +70,22 @@ def test_quickstart_end_to_end(tmp_path):
         t = [sum(1 for i in got["E"] if (got["E"][i], got["U"][i]) == k)
              for k in ((True, True), (True, False), (False, True), (False, False))]
         d = newcombe_paired(*t)
-        return 100 * d.diff, 100 * d.lo, 100 * d.hi
+        p = sps.binomtest(t[1], t[1] + t[2]).pvalue if t[1] + t[2] else 1.0     # exact McNemar
+        return 100 * d.diff, 100 * d.lo, 100 * d.hi, p
 
     tasks = ("passkey_1digit", "passkey_1digit_far")      # the far one: every key in the first 30%
     assert {t for t, _ in acc["E"]} == set(tasks)
     diffs = {(t, L): retrieval(t, L) for t in tasks for L in (128, 240, 480, 992)}
     diffs.update({("loss", L): _paired(loss["E"][L]["per_seq"], loss["U"][L]["per_seq"]) for L in (128, 240, 480, 992)})
-    better = lambda k: (diffs[k][1] > 0) if k[0] != "loss" else (diffs[k][2] < 0)   # noqa: E731
+    # the stars: Holm's step-down over the 12 p values, at 0.05
+    order, adj, run = sorted(diffs, key=lambda k: diffs[k][3]), {}, 0.0
+    for i, k in enumerate(order):
+        run = max(run, min(1.0, (len(order) - i) * diffs[k][3]))
+        adj[k] = run
     gain = lambda k: diffs[k][0] if k[0] != "loss" else -diffs[k][0]                 # noqa: E731
-    beyond = [k for k in diffs if k[1] > 256 and better(k)]
+    beyond = [k for k in diffs if k[1] > 256 and adj[k] < 0.05 and gain(k) > 0]
     # the issue's claim: beyond the old window the extension is resolvably better than untrained
-    # YaRN on retrieval or loss, at this seed
+    # YaRN on retrieval or loss (a star: Holm-adjusted p < 0.05 over the 12 differences), at this seed
     assert beyond, diffs
     # the summary's claims are these, and a gain is called long-context exactly when it exceeds every
     # gain of the same measure inside the window
@@ -93,10 +101,11 @@ def test_quickstart_end_to_end(tmp_path):
     assert len(verdict) == 1 and "is resolvably better than the parent with untrained YaRN" in verdict[0], out
     said = verdict[0].split("; not resolved or worse: ")[0]
     for what, L, _ in want:
-        m, lo, hi = diffs[(what, L)]
+        m, lo, hi, _ = diffs[(what, L)]
         if what == "loss":
             assert f"loss@{L} {m:+.3f} nats/token [{lo:+.3f}, {hi:+.3f}]" in said, (L, m, said)
         else:
             assert f"{what}@{L} " in said and f"({m:+.0f} pp [{lo:+.0f}, {hi:+.0f}])" in said, (L, m, said)
+    assert "* = the difference survives Holm's correction over the 12 tested differences above" in out
     assert "extension@240: short-context gate passed" in out
     assert (runs / "quickstart" / "compare.png").read_bytes()[:4] == b"\x89PNG"

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from scipy import stats as sps
 
 from megablu.quickstart import claims, main, paired_loss_diff, passkey_docs, verdict
 
@@ -70,8 +71,13 @@ def test_passkey_docs_kept_when_the_recipe_is_the_same_replaced_otherwise(tmp_pa
 
 
 def _res(window, cells, loss):
+    """An eval result: at length L the first k of the same 100 prompts right (arms pair: equal digests, every
+    prompt's outcome kept), and the loss of the same val sequences."""
     return {"window": window, "cells": [{"task": "passkey_1digit", "length": L, "n": 100, "correct": k,
-                                         "acc_pp": float(k), "ci_pp": [0.0, 100.0]} for L, k in cells],
+                                         "acc_pp": float(k), "ci_pp": [0.0, 100.0], "digest": f"p{L}"}
+                                        for L, k in cells],
+            "samples": [{"task": "passkey_1digit", "length": L, "index": i, "correct": i < k}
+                        for L, k in cells for i in range(100)],
             "loss": {"by_length": [{"length": L, "n": len(s), "loss": sum(s) / len(s), "per_seq": s, "digest": L}
                                    for L, s in loss]}}
 
@@ -86,6 +92,24 @@ def test_claims_and_verdict():
     assert {(b["what"], b["length"]) for b in c["better_beyond"]} == {("passkey_1digit", 992), ("loss", 992)}
     assert c["retrieval"]["passkey_1digit"][480]["resolvable"] is False     # 72 vs 70 at n = 100
     assert c["loss"][480]["resolvable"] is False and c["loss"][992]["resolvable"] is True
+    # the stars: Holm over the six tests (exact McNemar on the discordant prompts, paired t on the sequences)
+    r, lo = c["retrieval"]["passkey_1digit"], c["loss"]
+    p = [r[240]["p"], r[480]["p"], r[992]["p"], lo[480]["p"]]
+    assert p == pytest.approx([sps.binomtest(2, 2).pvalue, sps.binomtest(2, 2).pvalue, sps.binomtest(40, 40).pvalue,
+                               sps.ttest_rel([6.01, 6.0, 6.3], [6.0, 6.1, 6.2]).pvalue], rel=1e-9)
+    assert lo[992]["p"] == 0.0 and lo[240]["p"] < 1e-12         # equal differences: a point interval
+    assert [x["star"] for x in (r[240], r[480], r[992], lo[240], lo[480], lo[992])] == [
+        False, False, True, True, False, True]
+    assert r[992]["p_adj"] == pytest.approx(min(1.0, 4 * r[992]["p"]), rel=1e-9)   # third smallest of six
+    # a gain whose interval excludes 0 and whose p < 0.05 (6 prompts flipped to right, none to wrong: 0.031),
+    # but not after Holm over six tests (6 x 0.031 = 0.19), is not claimed
+    same = [(240, [6.0, 6.1, 6.2]), (480, [6.0, 6.1, 6.2]), (992, [6.0, 6.1, 6.2])]
+    c6 = claims(par, _res(1024, [(240, 95), (480, 70), (992, 20)], same),
+                _res(1024, [(240, 95), (480, 76), (992, 20)], same), 256)
+    y = c6["retrieval"]["passkey_1digit"][480]
+    assert y["resolvable"] and y["p"] == pytest.approx(sps.binomtest(6, 6).pvalue) and y["p"] < 0.05
+    assert y["p_adj"] == pytest.approx(6 * y["p"]) and not y["star"] and c6["better_beyond"] == []
+    assert "passkey_1digit@480 76% vs 70%" in verdict(c6, 4.0).split("; not resolved or worse: ")[1]
     assert all(b["long_context"] for b in c["better_beyond"])    # +40 pp > +2 inside; -0.3 < -0.1 inside
     v = verdict(c, 4.0)
     good, rest = v.split("; not resolved or worse: ")

@@ -17,12 +17,14 @@ One result (one arm at one step) is a dict:
 Results written before the suite (cells without all_correct, 5 depth bins) load and merge
 unchanged.
 `compare` tables put arms in rows and lengths in columns, like the seed's hand-off table,
-then each arm's difference to a baseline with its 95% interval ('*' = resolvable): paired where both arms
-scored the same prompts (Newcombe's for 0/1 scores, a paired t on part-credit scores), else Newcombe's for
-independent samples.
+then each arm's difference to a baseline with its 95% interval: paired where both arms scored the same
+prompts (Newcombe's for 0/1 scores with McNemar's exact p, a paired t interval and p on part-credit scores),
+else Newcombe's for independent samples (with Fisher's exact p for 0/1 scores). '*' = the cell's test
+survives Holm's correction over every tested difference of the compare (starred()).
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import math
@@ -40,6 +42,8 @@ from .stats import (
     Difference,
     effective_length,
     effective_length_contiguous,
+    fisher_exact_p,
+    holm,
     mean_interval,
     n_to_resolve,
     n_to_resolve_mean,
@@ -53,6 +57,7 @@ from .stats import (
 
 SCHEMA = "megablu.eval/1"
 DEPTH_BINS = 10
+STAR_ALPHA = 0.05       # family-wise error rate of a compare's stars (Holm)
 
 
 def cell(task: str, length: int, samples: list[dict], eval_cfg, prompts: Sequence[Prompt], seconds: float) -> dict:
@@ -290,7 +295,8 @@ def difference(res_a: dict, cell_a: dict, res_b: dict, cell_b: dict) -> tuple[Di
     """(interval for acc_a - acc_b, its Pairing or None). Paired when both cells hold the same prompts (equal
     digests and n) and both results keep every prompt's score: stats.newcombe_paired when every score is 0/1,
     else stats.paired_mean_diff of the per-prompt differences; otherwise the independent interval
-    (stats.newcombe, conservative for part credit) and None."""
+    (stats.newcombe, conservative for part credit; with Fisher's exact p when both cells are 0/1 scores) and
+    None."""
     if cell_a.get("digest") and cell_a.get("digest") == cell_b.get("digest") and cell_a["n"] == cell_b["n"]:
         key = (cell_a["task"], cell_a["length"])
         out_a = {s.get("index"): _score(s) for s in res_a.get("samples", []) if (s.get("task"), s.get("length")) == key}
@@ -306,7 +312,55 @@ def difference(res_a: dict, cell_a: dict, res_b: dict, cell_b: dict) -> tuple[Di
                 return newcombe_paired(*table), Pairing("binary", cell_a["n"], table=table)
             d = [out_a[i] - out_b[i] for i in out_a]
             return paired_mean_diff(d), Pairing("mean", len(d), sd=statistics.stdev(d) if len(d) > 1 else 0.0)
-    return newcombe(cell_a["correct"], cell_a["n"], cell_b["correct"], cell_b["n"]), None
+    d = newcombe(cell_a["correct"], cell_a["n"], cell_b["correct"], cell_b["n"])
+    if _binary(cell_a) and _binary(cell_b):           # 0/1 scores: Fisher's exact test beside the interval
+        d = dataclasses.replace(d, p=fisher_exact_p(int(cell_a["correct"]), cell_a["n"],
+                                                    int(cell_b["correct"]), cell_b["n"]))
+    return d, None
+
+
+def _binary(c: dict) -> bool:
+    """A cell of 0/1 scores: an integer count whose prompts were all fully right or wrong (all_correct ==
+    correct; results before part credit have no all_correct and only 0/1 scores)."""
+    k = float(c["correct"])
+    return k.is_integer() and c.get("all_correct", k) == k
+
+
+@dataclass(frozen=True)
+class Compared:
+    """One cell of a compare's difference tables: the interval and test (difference()), its Pairing, and the
+    Holm-adjusted p over the compare's family (None: no test, an unpaired part-credit cell)."""
+    d: Difference
+    paired: Optional[Pairing]
+    p_adj: Optional[float]
+
+    @property
+    def star(self) -> bool:
+        return self.p_adj is not None and self.p_adj < STAR_ALPHA
+
+
+def starred(results: Sequence[dict], baseline: int) -> dict[tuple[str, int, int], Compared]:
+    """Every difference `compare` shows, {(task, arm index, length): Compared}: each arm's cell against the
+    baseline's at the same task and length. The family is every cell with a test (a p: paired cells, and
+    unpaired ones of 0/1 scores); Holm's step-down correction over it decides the stars, so the chance of
+    any false star in one compare stays <= 5%."""
+    base = results[baseline]
+    out: dict[tuple[str, int, int], tuple[Difference, Optional[Pairing]]] = {}
+    for task in dict.fromkeys(c["task"] for r in results for c in r["cells"]):
+        bc = cells_by(base, task)
+        for j, r in enumerate(results):
+            if j == baseline:
+                continue
+            cs = cells_by(r, task)
+            for L in sorted(set(cs) & set(bc)):
+                out[(task, j, L)] = difference(r, cs[L], base, bc[L])
+    family = [k for k, (d, _) in out.items() if d.p is not None]
+    adj = dict(zip(family, holm([out[k][0].p for k in family])))
+    return {k: Compared(d, paired, adj.get(k)) for k, (d, paired) in out.items()}
+
+
+def _fmt_p(p: float) -> str:
+    return f"{p:.2g}"
 
 
 def string_setting(res: dict) -> Optional[dict]:
@@ -334,8 +388,11 @@ def _fmt_len(L: Optional[int]) -> str:
 
 
 def _task_tables(results: Sequence[dict], baseline: int, threshold: float) -> list[str]:
-    """Per task: accuracy table (arm x length), Wilson intervals, then differences to the baseline arm."""
+    """Per task: accuracy table (arm x length), Wilson intervals, then differences to the baseline arm, starred
+    over the whole compare (starred())."""
     tasks = list(dict.fromkeys(c["task"] for r in results for c in r["cells"]))
+    diffs = starred(results, baseline) if len(results) > 1 else {}
+    n_family = sum(c.p_adj is not None for c in diffs.values())
     lines = []
     for task in tasks:
         lengths = sorted({c["length"] for r in results for c in r["cells"] if c["task"] == task})
@@ -364,12 +421,15 @@ def _task_tables(results: Sequence[dict], baseline: int, threshold: float) -> li
         lines.append("")
         if len(results) > 1:
             base = results[baseline]
-            bc = cells_by(base, task)
             lines += [f"Difference to {_label(base)} in pp, 95% interval: where both arms scored the same "
                       f"prompts, paired -- Newcombe's for paired data (0/1 scores, no mark) or a paired t interval "
                       f"of the per-prompt score differences (part credit, marked 'paired t'); else Newcombe's for "
                       f"independent samples, marked '(prompts differ)', or 'indep.' for the same prompts without "
-                      f"per-prompt scores to pair; * = resolvable; n/arm (unresolved cells) = prompts per arm to "
+                      f"per-prompt scores to pair. p = the two-sided p of the cell's test (paired: exact McNemar for "
+                      f"0/1 scores, paired t for part credit; unpaired 0/1 scores: Fisher's exact), adj = "
+                      f"Holm-adjusted over the {n_family} tested differences of this compare; * = adj < "
+                      f"{STAR_ALPHA:g} (unpaired part-credit cells have no test and no star; the intervals are not "
+                      f"adjusted); n/arm (intervals that include 0) = prompts per arm to "
                       f"resolve the observed difference at 80% power (paired: McNemar's from the observed "
                       f"agreement, or from the SD of the score differences):",
                       "",
@@ -377,13 +437,14 @@ def _task_tables(results: Sequence[dict], baseline: int, threshold: float) -> li
             for j, r in enumerate(results):
                 if j == baseline:
                     continue
-                cs, row = cells_by(r, task), []
+                row = []
                 for L in lengths:
-                    if L not in cs or L not in bc:
+                    if (task, j, L) not in diffs:
                         row.append("-")
                         continue
-                    a, b = cs[L], bc[L]
-                    d, paired = difference(r, a, base, b)
+                    a, b = cells_by(r, task)[L], cells_by(base, task)[L]
+                    cmp_ = diffs[(task, j, L)]
+                    d, paired = cmp_.d, cmp_.paired
                     pa, pb = a["correct"] / a["n"], b["correct"] / b["n"]
                     # prompts per arm needed: only meaningful while the difference is unresolved
                     if d.resolvable:
@@ -396,10 +457,11 @@ def _task_tables(results: Sequence[dict], baseline: int, threshold: float) -> li
                         need = f" n/arm {n_to_resolve_mean(paired.sd, d.diff)}" if abs(d.diff) > 1e-9 else " n/arm inf"
                     else:
                         need = f" n/arm {n_to_resolve(pa, pb)}" if pa != pb else " n/arm inf"
-                    flag = "*" if d.resolvable else ""
+                    flag = "*" if cmp_.star else ""
+                    test = f" p {_fmt_p(d.p)} adj {_fmt_p(cmp_.p_adj)}" if cmp_.p_adj is not None else ""
                     warn = ("" if paired.kind == "binary" else " paired t") if paired is not None else \
                         " indep." if a["digest"] == b["digest"] else " (prompts differ)"
-                    row.append(f"{100 * d.diff:+.1f}{flag} [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}]{need}{warn}")
+                    row.append(f"{100 * d.diff:+.1f}{flag} [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}]{test}{need}{warn}")
                 lines.append(f"| {_label(r)} | " + " | ".join(row) + " |")
             lines.append("")
     return lines

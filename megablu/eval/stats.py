@@ -7,11 +7,24 @@ All accuracies are fractions in [0, 1] inside the functions; reports show percen
   method 10), built from the two Wilson intervals. "Resolvable" = the interval excludes 0.
 - Difference of two proportions measured on the SAME prompts (two arms, one seeded prompt
   set): Newcombe's interval for paired data (Newcombe 1998, "Improved confidence intervals for
-  the difference between binomial proportions based on paired data", method 10; recommended
-  by Fagerland, Lydersen & Laake 2014): the two marginal Wilson intervals combined with the
-  phi correlation of the 2x2 table of (arm 1 right?, arm 2 right?). With phi = 0 it is the
-  independent interval; with the positive correlation two arms have on one prompt set it is
-  narrower, so a real difference resolves with fewer prompts. Only for 0/1 scores.
+  the difference between binomial proportions based on paired data", Stat Med 17:2635-2650,
+  method 10; recommended by Fagerland, Lydersen & Laake 2014): the two marginal Wilson intervals
+  combined with a corrected phi correlation of the 2x2 table (a, b, c, d) = (both right, arm 1 only,
+  arm 2 only, neither), n = a + b + c + d. With A = ad - bc: phi = (A - n/2) / sqrt(efgh) when
+  A > n/2 (e..h the four margins), 0 when 0 <= A <= n/2, A / sqrt(efgh) when A < 0 (a negative
+  correlation is kept: it widens the interval), and 0 when a margin is 0 (then A = 0 anyway). The
+  n/2 is a continuity correction of the numerator only; without it (method 8) the interval is a
+  little too narrow. With phi = 0 it is the independent interval; with the positive correlation
+  two arms have on one prompt set it is narrower, so a real difference resolves with fewer
+  prompts. Only for 0/1 scores.
+- The test beside the paired interval: McNemar's exact (conditional) test, two-sided: given the
+  b + c prompts the arms disagree on, b ~ Binomial(b + c, 1/2) under "no difference";
+  p = min(1, 2 P(X <= min(b, c))). Not the mid-p version: the exact p never exceeds the level, and
+  a star (report.py) is a claim made after a multiplicity correction, so it should not rest on a
+  test that can be liberal.
+- Two independent samples of 0/1 scores (other prompts): Fisher's exact test, two-sided (the
+  probability of every split of the successes no more likely than the one seen), beside Newcombe's
+  independent interval.
 - Difference of two mean part-credit scores on the SAME prompts: the paired t interval of the
   per-prompt differences d_i = s_1,i - s_2,i, mean(d) +- t_{n-1} sd(d) / sqrt(n) (Student's t, exact
   quantile below; d_i in [-1, 1] so the mean is near normal for the n of an eval). Like Newcombe's paired
@@ -22,6 +35,13 @@ All accuracies are fractions in [0, 1] inside the functions; reports show percen
   q = 1 - (1 - conf)^(1/n) (Clopper-Pearson, the "rule of three" 3/n), each by at most the range of d, so
   the mean is in [c - q (c + 1), c + q (1 - c)]: 100 ties at c = 0 give +-3 pp, never resolvable, and
   c = 0.5 on 2 prompts is not resolved while on 8 it is (a sign test: 6).
+  Its test: the two-sided p of the paired t statistic mean(d) / (sd(d) / sqrt(n)) on n - 1 dof
+  (scipy.stats.ttest_rel); for equal d_i = c the p at which the exact bound just excludes 0,
+  (1 + |c|)^-n (1 when c = 0), so p < 1 - conf exactly when the interval excludes 0.
+- Holm's step-down correction (Holm 1979) of the p values of one family of tests: sorted
+  ascending, p_(i) is adjusted to max_{j <= i} min(1, (m - j + 1) p_(j)); rejecting where the
+  adjusted p < alpha keeps the chance of any false rejection <= alpha under any dependence
+  between the tests (report.py: the cells one `compare` stars).
 - Slope in pp per doubling: ordinary least squares of accuracy (pp) on log2(length). Its
   sampling interval propagates each point's binomial variance through the OLS weights
   (with the Agresti-Coull p~ = (k+2)/(n+4) so 0/n and n/n points are not certain); with
@@ -73,6 +93,7 @@ class Difference:
     diff: float          # p1 - p2
     lo: float
     hi: float
+    p: Optional[float] = None    # two-sided p of the paired test (exact McNemar, paired t); None: no test
 
     @property
     def resolvable(self) -> bool:
@@ -81,7 +102,7 @@ class Difference:
 
     def as_dict(self) -> dict:
         return {"diff_pp": 100 * self.diff, "ci_pp": [100 * self.lo, 100 * self.hi],
-                "resolvable": self.resolvable}
+                "resolvable": self.resolvable, **({"p": self.p} if self.p is not None else {})}
 
 
 def newcombe(k1: int, n1: int, k2: int, n2: int, conf: float = 0.95) -> Difference:
@@ -94,23 +115,86 @@ def newcombe(k1: int, n1: int, k2: int, n2: int, conf: float = 0.95) -> Differen
     return Difference(d, lo, hi)
 
 
+def newcombe_phi(both: int, only1: int, only2: int, neither: int) -> float:
+    """Newcombe's corrected phi of a paired 2x2 table (1998, method 10; module docstring): the numerator
+    A = ad - bc shrunk towards 0 by n/2 when positive, kept when negative, 0 when a margin is 0."""
+    n = both + only1 + only2 + neither
+    margins = (both + only1) * (only2 + neither) * (both + only2) * (only1 + neither)   # e f g h, exact int
+    if margins == 0:          # a margin of 0 empties two cells, one in each product: A = 0
+        return 0.0
+    a = both * neither - only1 * only2
+    if a > n / 2:
+        return (a - n / 2) / math.sqrt(margins)
+    return a / math.sqrt(margins) if a < 0 else 0.0
+
+
 def newcombe_paired(both: int, only1: int, only2: int, neither: int, conf: float = 0.95) -> Difference:
     """Interval for p1 - p2 from paired 0/1 outcomes: `both` prompts right in arm 1 and arm 2,
-    `only1` right in arm 1 only, `only2` in arm 2 only, `neither` (Newcombe 1998, paired, method 10)."""
+    `only1` right in arm 1 only, `only2` in arm 2 only, `neither` (Newcombe 1998, paired, method 10,
+    with its corrected phi), and McNemar's exact p (mcnemar_exact_p)."""
     n = both + only1 + only2 + neither
     p1, l1, u1 = wilson(both + only1, n, conf)
     p2, l2, u2 = wilson(both + only2, n, conf)
-    den = (both + only1) * (only2 + neither) * (both + only2) * (only1 + neither)
-    phi = (both * neither - only1 * only2) / math.sqrt(den) if den > 0 else 0.0
+    phi = newcombe_phi(both, only1, only2, neither)
     d = p1 - p2
+    # delta^2 and epsilon^2 of the paper: the Wilson distances combined with -2 phi (|phi| <= 1: >= 0)
     lo = (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2
     hi = (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2
-    return Difference(d, d - math.sqrt(max(lo, 0.0)), d + math.sqrt(max(hi, 0.0)))
+    return Difference(d, d - math.sqrt(max(lo, 0.0)), d + math.sqrt(max(hi, 0.0)),
+                      mcnemar_exact_p(only1, only2))
+
+
+def mcnemar_exact_p(only1: int, only2: int) -> float:
+    """Two-sided exact McNemar p: only1 ~ Binomial(only1 + only2, 1/2) given the discordant prompts,
+    p = min(1, 2 P(X <= min(only1, only2))) (module docstring); 1 when the arms never disagree."""
+    if only1 < 0 or only2 < 0:
+        raise ValueError(f"mcnemar_exact_p: counts must be >= 0, got only1={only1}, only2={only2}")
+    m = only1 + only2
+    tail = sum(math.comb(m, i) for i in range(min(only1, only2) + 1))   # exact integers: no underflow
+    return min(1.0, 2 * tail / 2 ** m)
+
+
+def fisher_exact_p(k1: int, n1: int, k2: int, n2: int) -> float:
+    """Two-sided p of Fisher's exact test of k1/n1 against k2/n2 (independent samples of 0/1 scores): given
+    the K = k1 + k2 successes, k1 is hypergeometric; p = the total probability of every split no more
+    likely than the one seen (scipy.stats.fisher_exact's two-sided definition), in exact integers."""
+    for k, n in ((k1, n1), (k2, n2)):
+        if not (0 <= k <= n and int(k) == k and int(n) == n):
+            raise ValueError(f"fisher_exact_p: need integer 0 <= k <= n, got k={k}, n={n}")
+    k1, n1, k2, n2 = int(k1), int(n1), int(k2), int(n2)
+    K = k1 + k2
+    # weights C(n1, x) C(n2, K - x), each proportional to P(k1 = x); the constant C(n1 + n2, K) cancels
+    w = {x: math.comb(n1, x) * math.comb(n2, K - x) for x in range(max(0, K - n2), min(K, n1) + 1)}
+    return min(1.0, sum(v for v in w.values() if v <= w[k1]) / sum(w.values()))
+
+
+def t_test_p(mean: float, se: float, dof: int) -> float:
+    """Two-sided p of t = mean / se on `dof` degrees of freedom; se 0: 1 for a zero mean, else 0 (the
+    t interval is the point `mean`)."""
+    if se <= 0:
+        return 1.0 if mean == 0 else 0.0
+    return max(0.0, 1.0 - _t_central(abs(mean) / se, int(dof)))
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm-adjusted p values (step-down, Holm 1979), in the order given: the i-th smallest of m becomes
+    max over j <= i of min(1, (m - j + 1) p_(j)). Reject where the adjusted p < alpha (family-wise error
+    <= alpha under any dependence)."""
+    m = len(pvalues)
+    for q in pvalues:
+        if not 0 <= q <= 1:
+            raise ValueError(f"holm: p value {q} outside [0, 1]")
+    out, running = [0.0] * m, 0.0
+    for rank, i in enumerate(sorted(range(m), key=lambda k: pvalues[k])):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))    # monotone: never below a smaller p's
+        out[i] = running
+    return out
 
 
 def paired_mean_diff(diffs: Sequence[float], conf: float = 0.95) -> Difference:
     """Interval for the mean of per-prompt score differences d_i in [-1, 1] of two arms on the same prompts:
-    Student's t, or the exact bound when every d_i is equal (module docstring); clipped to [-1, 1]."""
+    Student's t, or the exact bound when every d_i is equal (module docstring); clipped to [-1, 1]; with the
+    two-sided p of the paired t test (or of the exact bound)."""
     n = len(diffs)
     if n == 0:
         raise ValueError("paired_mean_diff: no differences")
@@ -118,10 +202,14 @@ def paired_mean_diff(diffs: Sequence[float], conf: float = 0.95) -> Difference:
     if max(diffs) - min(diffs) <= _TIE:     # sd 0 (or one prompt): the t interval would be the point m
         q = 1 - (1 - conf) ** (1 / n)
         lo, hi = m - q * (m + 1), m + q * (1 - m)
+        # the level at which this bound just excludes 0: q = |m| / (1 + |m|) <=> 1 - conf = (1 + |m|)^-n
+        p = 1.0 if abs(m) <= _TIE else (1 + abs(m)) ** -n
     else:
-        half = t_quantile(conf, n - 1) * math.sqrt(sum((x - m) ** 2 for x in diffs) / (n - 1) / n)
+        se = math.sqrt(sum((x - m) ** 2 for x in diffs) / (n - 1) / n)
+        half = t_quantile(conf, n - 1) * se
         lo, hi = m - half, m + half
-    return Difference(m, max(-1.0, lo), min(1.0, hi))
+        p = t_test_p(m, se, n - 1)
+    return Difference(m, max(-1.0, lo), min(1.0, hi), p)
 
 
 @dataclass(frozen=True)

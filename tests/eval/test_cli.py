@@ -35,7 +35,10 @@ def test_compare_table_plot_and_gate(tmp_path, capsys):
     assert rc == 1                                            # ext collapsed at 4096
     assert "| l2@400 | 90.0 | 80.0 | 36.0 |" in out            # a run dir means its latest step
     assert "| ext@750 | 90.0 | 20.0 | 60.0 |" in out
-    assert "-60.0*" in out and "+24.0*" in out                 # resolvable differences are starred
+    # the samples carry no per-prompt index, so the cells are unpaired ('indep.'): Fisher's exact p, Holm over 3.
+    # -60 (10/50 vs 40/50, p 2.2e-09) is starred; +24 (30/50 vs 18/50) has an interval that excludes 0 but
+    # p = 0.027, 0.054 after Holm: no star
+    assert "-60.0* [" in out and "+24.0 [+4.4, +41.2] p 0.027 adj 0.054 indep." in out
     assert "SHORT-CONTEXT GATE FAILED" in err and "passkey@4096" in err
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert main(["compare", str(tmp_path / "l2@100"), str(tmp_path / "l2@400")]) == 0

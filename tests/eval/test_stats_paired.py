@@ -6,6 +6,7 @@ import random
 import statistics
 
 import pytest
+from scipy import stats as sps
 
 from megablu.config.schema import GateConfig
 from megablu.eval.gate import check_gate
@@ -19,6 +20,68 @@ from megablu.eval.stats import (
     paired_mean_diff,
     t_quantile,
 )
+
+# Newcombe (1998, Stat Med 17:2635-2650) method 10 on published paired tables (a, b, c, d) = (both, arm 1 only,
+# arm 2 only, neither), 95%, as printed (4 or 3 decimals): the paper's worked example (Armitage & Berry's 50
+# sputum specimens on two media; method 8, the same without the phi correction, gives 0.0618 to 0.3242);
+# Fagerland, Lydersen & Laake 2014 (Stat Med 33:2850) Table V, Bentur et al. 2009 (ad - bc = 5 <= n/2: phi 0);
+# their book's Cavo et al. 2012 example (contingencytables' tests); Tang et al. 2010; Chang et al. 2024
+# (all as quoted by the R packages contingencytables and ratesci, whose code reproduces them). (1, 0, 0, 1):
+# contingencytables' own test of a table whose phi is 0 (ad - bc = 1 <= n/2).
+NEWCOMBE_PAIRED_PUBLISHED = [
+    ((20, 12, 2, 16), (0.0562, 0.3292), 5e-5),
+    ((1, 1, 7, 12), (-0.507, -0.026), 5e-4),
+    ((59, 6, 16, 80), (-0.1186, -0.0046), 5e-5),
+    ((8, 3, 1, 2), (-0.1574, 0.4136), 5e-5),
+    ((7, 25, 2, 68), (0.133, 0.318), 5e-4),
+    ((1, 0, 0, 1), (-0.5734, 0.5734), 5e-5),
+]
+
+
+@pytest.mark.parametrize("table,ci,tol", NEWCOMBE_PAIRED_PUBLISHED)
+def test_newcombe_paired_matches_published_method_10(table, ci, tol):
+    d = newcombe_paired(*table)
+    n = sum(table)
+    assert d.diff == pytest.approx((table[1] - table[2]) / n)
+    assert d.lo == pytest.approx(ci[0], abs=tol) and d.hi == pytest.approx(ci[1], abs=tol)
+
+
+# Tables the published examples leave out, from the reference code itself: contingencytables'
+# Newcombe_square_and_add_CI_paired_2x2 (Fagerland, Lydersen & Laake; github ocbe-uio/contingencytables at
+# b1fde68, R 4.2.2), which reproduces every row above to 1e-10. ad < bc keeps its negative phi (wider), down
+# to phi = -1 for (0, 4, 6, 0).
+NEWCOMBE_PAIRED_REFERENCE = [
+    ((2, 8, 9, 1), (-0.4122622741, 0.3271266975)),
+    ((3, 10, 12, 5), (-0.3480033979, 0.2276297946)),
+    ((0, 4, 6, 0), (-0.6636393406, 0.3746524605)),
+    ((4, 3, 2, 1), (-0.2977539570, 0.4596394229)),
+    ((12, 1, 9, 78), (-0.1491673413, -0.0163164639)),
+    ((303, 14, 0, 83), (0.0162105139, 0.0547896048)),
+]
+
+
+@pytest.mark.parametrize("table,ci", NEWCOMBE_PAIRED_REFERENCE)
+def test_newcombe_paired_matches_reference_code(table, ci):
+    d = newcombe_paired(*table)
+    assert (d.lo, d.hi) == pytest.approx(ci, abs=2e-10)
+
+
+# A margin of 0 (an arm right on every prompt or on none): phi = 0, so the paired interval is Newcombe's
+# independent one, whose values Newcombe (1998, Stat Med 17:873-890) Table II prints: 0/10 vs 0/10 and
+# 10/10 vs 0/10 (also the reference code's output for these tables).
+@pytest.mark.parametrize("table,ci", [((0, 0, 0, 10), (-0.2775, 0.2775)), ((10, 0, 0, 0), (-0.2775, 0.2775)),
+                                      ((0, 10, 0, 0), (0.6075, 1.0000))])
+def test_newcombe_paired_degenerate_margins(table, ci):
+    d = newcombe_paired(*table)
+    assert d.lo == pytest.approx(ci[0], abs=5e-5) and d.hi == pytest.approx(ci[1], abs=5e-5)
+
+
+def test_newcombe_paired_one_prompt():
+    """n = 1: every margin but two is 0; the interval is the Wilson half-widths of 1/1 or 0/1 combined
+    (reference code: +-0.7934506856)."""
+    for t in ((0, 0, 0, 1), (1, 0, 0, 0)):
+        d = newcombe_paired(*t)
+        assert (d.diff, d.lo, d.hi) == pytest.approx((0.0, -0.7934506856, 0.7934506856), abs=2e-10)
 
 
 def test_no_correlation_is_the_independent_interval():
@@ -193,11 +256,16 @@ def test_compare_pairs_part_credit_on_the_same_prompts():
     assert d == paired_mean_diff(diffs) and d.diff == pytest.approx(i.diff)
     assert i.lo < d.lo <= 0.1 <= d.hi < i.hi and d.resolvable and not i.resolvable
     md = markdown([rb, ra])
-    assert "| new@0 | +10.7* [+6.3, +15.1] paired t |" in md       # was "+10.7 [-2.7, +23.5] n/arm 317 indep."
+    # one paired cell: a family of 1, adj = p = scipy's paired t p (5.3e-06)
+    p = sps.ttest_rel(a, b).pvalue
+    assert d.p == pytest.approx(p, rel=1e-9)
+    # before pairing: "+10.7 [-2.7, +23.5] n/arm 317 indep."
+    assert f"| new@0 | +10.7* [+6.3, +15.1] p {p:.2g} adj {p:.2g} paired t |" in md
     assert "paired t interval of the per-prompt score differences" in md
     # 10 prompts: d = 0.1, sd(d) = 0.316, n = ((1.960 + 0.842) * 0.316 / 0.1)^2 = 78.5
     md = markdown([_part("base", b[:10])[0], _part("new", a[:10])[0]])
-    assert "| new@0 | +10.0 [-12.6, +32.6] n/arm 79 paired t |" in md
+    p = sps.ttest_rel(a[:10], b[:10]).pvalue
+    assert f"| new@0 | +10.0 [-12.6, +32.6] p {p:.2g} adj {p:.2g} n/arm 79 paired t |" in md
     # differences that cancel up to rounding (their mean 1.4e-17): no difference to resolve
     md = markdown([_part("base", [2 / 3, 1 / 3, 2 / 3, 2 / 3])[0], _part("new", [1 / 3, 2 / 3, 1, 1 / 3])[0]])
     assert "n/arm inf paired t |" in md
