@@ -75,7 +75,8 @@ def cell(task: str, length: int, samples: list[dict], eval_cfg, prompts: Sequenc
     max_new = eval_cfg.task_max_new(task) if task in eval_cfg.tasks else eval_cfg.max_new
     return {"task": task, "length": length, "n": n, "correct": k, "acc_pp": 100 * p, "ci_pp": [100 * lo, 100 * hi],
             "all_correct": sum(bool(s["correct"]) for s in samples), "max_new": max_new,
-            "padded_len": eval_padded_len(length, max_new, eval_cfg.pad),
+            "padded_len": eval_padded_len(eval_cfg.task_prompt_len(task, length) if task in eval_cfg.tasks else length,
+                                          max_new, eval_cfg.pad),
             "digest": prompt_digest(prompts), "seconds": round(seconds, 3),
             "prompts_per_s": round(n / seconds, 3) if seconds > 0 else None,
             "by_depth": [{"depth": [i / DEPTH_BINS, (i + 1) / DEPTH_BINS], "n": b[0], "correct": b[1]}

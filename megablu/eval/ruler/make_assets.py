@@ -42,6 +42,8 @@ def rst_prose(text: str) -> list[str]:
         if first[:1].isspace() or first.startswith((".. ", "..\t", "+-", "|", "=", ">>>", "$ ", "%")):
             continue   # indented (literal blocks, directive bodies, quotes), directives, tables, sessions
         para = " ".join(x.strip() for x in lines)
+        for role, name in (("pep", "PEP "), ("rfc", "RFC "), ("issue", "bpo-"), ("bpo", "bpo-"), ("gh", "gh-")):
+            para = re.sub(rf":{role}:`(\d+)`", rf"{name}\1", para)
         para = _ROLE.sub(lambda m: m.group(1).strip().split(".")[-1] if m.group(0).count("~") else m.group(1).strip(),
                          para)
         para = _LINK.sub(r"\1", para)
