@@ -78,7 +78,8 @@ class RulerBuilder:
         n_ctx = length - self.ttg - fixed
         if n_ctx < 0:
             raise EvalError(f"{self.task}: length {length} cannot hold the prompt without its context ({fixed} "
-                            f"tokens) plus tokens_to_generate {self.ttg}; use longer lengths (preflight names the shortest)")
+                            f"tokens) plus tokens_to_generate {self.ttg}; use longer lengths (preflight names the "
+                            f"shortest)")
         return n_ctx
 
     def prompt(self, length, index, ids, answers, depths=(), meta=None) -> Prompt:

@@ -117,7 +117,7 @@ class RulerFWE(RulerBuilder):
 
     def __init__(self, task, spec, tokenizer, seed, n, chat_template):
         super().__init__(task, spec, tokenizer, seed, n, chat_template)
-        from scipy.special import zeta   # RULER's (line 42)
+        from scipy.special import zeta  # RULER's (line 42)
 
         self.z = float(zeta(spec.alpha))
         self.before, self.after = FWE_TEMPLATE.split(" {context}")
