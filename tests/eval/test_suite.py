@@ -1,4 +1,5 @@
-"""megablu's RULER-like suite (issue 15; RULER as published: test_ruler*.py): every task's prompts have the exact length and are the same
+"""megablu's RULER-like suite (issue 15; RULER as published: test_ruler.py): every task's prompts have
+the exact length and are the same
 for every arm; a scripted oracle that reads the answer out of the prompt TEXT scores 100% on
 every task (and 0 past its limit, so effective lengths come from real scoring), a random tiny
 model ~0%; part-credit scoring; config errors before any work; the RULER average, tables and
@@ -108,7 +109,8 @@ def test_oracle_scores_100_random_0_and_reports(tmp_path, bpe_tok, haystack_docs
     assert avg["tasks"] == list(MEGABLU_SUITE)
     out = tmp_path / "oracle" / "eval"
     md = (out / "step_3.md").read_text()
-    assert "### megablu suite average" in md and "### RULER average" not in md and "| oracle@3 | 11 | 100.0 [" in md and "### niah_single_1" in md
+    assert "### megablu suite average" in md and "### RULER average" not in md
+    assert "| oracle@3 | 11 | 100.0 [" in md and "### niah_single_1" in md
     # the pictures run_eval writes (of three tasks here: matplotlib is the slow part of this test)
     few = {**res, "cells": [c for c in res["cells"] if c["task"] in ("niah_multivalue", "vt", "cwe")]}
     write_artifacts(few, out, 3)
