@@ -1,6 +1,7 @@
 """Task name -> prompt builder: the one place the families of megablu.config.eval_tasks meet
-their builders. Every builder has `build(length, index) -> Prompt` (exactly `length` tokens,
-seeded by (seed, task, index)) and `min_length()` (the shortest length its n prompts fit, in
+their builders. Every builder has `build(length, index) -> Prompt` (exactly `length` tokens --
+RULER's tasks: length - tokens_to_generate, see megablu/config/ruler_tasks.py -- seeded by
+(seed, task, index)) and `min_length()` (the shortest length its n prompts fit, in
 this tokenizer)."""
 from __future__ import annotations
 
