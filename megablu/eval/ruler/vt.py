@@ -34,6 +34,7 @@ class RulerVT(RulerBuilder):
         super().__init__(task, spec, tokenizer, seed, n, chat_template)
         self.unit = self.enc(NOISE + "\n")
         self.before, self.after = VT_TEMPLATE.split("{context}")
+        self._examples: dict[int, str] = {}
 
     def _chains(self, rng, k: int, hops: int, value_of) -> tuple[list[list[str]], list[list[str]]]:
         """(names per chain, lines per chain): generate_chains, lines 93-114."""
@@ -63,6 +64,11 @@ class RulerVT(RulerBuilder):
         return lines_context([self.unit] * units, inserts, n_ctx, self.unit)
 
     def _example(self, index: int) -> str:
+        if index not in self._examples:    # the same at every length
+            self._examples[index] = self._make_example(index)
+        return self._examples[index]
+
+    def _make_example(self, index: int) -> str:
         """The worked example's text: 3-letter names, a 5-digit value, min(10, hops) hops, as many noise
         lines as keep it within ICL_TOKENS (its answer after that, lines 216-218)."""
         rng = self.rng("example", index)

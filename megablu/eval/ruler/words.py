@@ -20,6 +20,7 @@ newlines before the question.
 """
 from __future__ import annotations
 
+import itertools
 import string
 
 from ..prompts import EvalError
@@ -38,6 +39,8 @@ class RulerCWE(RulerBuilder):
         self.before, self.after = CWE_TEMPLATE.split("{context}")
         self._num: list[list[int]] = [[]]
         self._word: dict[str, int] = {}
+        self._numcum: list[int] = [0]
+        self._orders: dict = {}
         self.pad = self.enc("\n")
 
     def _regime(self, length: int) -> tuple[tuple[int, int, int], tuple[int, int]]:
@@ -54,6 +57,15 @@ class RulerCWE(RulerBuilder):
         rng.shuffle(seq)
         return CWE_TEMPLATE.format(context=_numbered(seq)), _numbered(common)
 
+    def _order(self, index: int, what: str, source) -> list[str]:
+        """Prompt index's own order of a word list (the same at every length)."""
+        key = (index, what, len(source()))
+        if key not in self._orders:
+            order = list(source())
+            self.rng(what, index).shuffle(order)
+            self._orders = {key: order, **{k: v for k, v in self._orders.items() if k[0] == index}}
+        return self._orders[key]
+
     def _num_ids(self, i: int) -> list[int]:
         while len(self._num) <= i:   # " 12." (the first entry follows the template's newline: "1.")
             j = len(self._num)
@@ -65,11 +77,20 @@ class RulerCWE(RulerBuilder):
             self._word[w] = len(self.enc(" " + w))
         return self._word[w]
 
-    def _cost(self, words, reps) -> int:
+    def _numbers(self, E: int) -> int:
+        """Tokens of the numbers 1..E ("1." " 2." ...): a running sum, extended on demand."""
+        while len(self._numcum) <= E:
+            self._numcum.append(self._numcum[-1] + len(self._num_ids(len(self._numcum))))
+        return self._numcum[E]
+
+    def _coster(self, words, reps):
+        """cost(W): tokens of the list of the first W of `words` (O(1) per call after a running sum)."""
         c = self.spec.num_cw
-        E = c * reps[0] + (len(words) - c) * reps[1]
-        return (sum(len(self._num_ids(i)) for i in range(1, E + 1)) + reps[0] * sum(map(self._wcost, words[:c]))
-                + reps[1] * sum(map(self._wcost, words[c:])))
+        cum = list(itertools.accumulate((self._wcost(w) for w in words), initial=0))
+
+        def cost(W: int) -> int:
+            return self._numbers(c * reps[0] + (W - c) * reps[1]) + reps[0] * cum[c] + reps[1] * (cum[W] - cum[c])
+        return cost
 
     def build(self, length: int, index: int):
         c = self.spec.num_cw
@@ -84,21 +105,21 @@ class RulerCWE(RulerBuilder):
         budget = self.budget(length, len(head) + len(tail))
         # the most words whose list fits; each prompt's own order of the list (the same at every length
         # while one list serves), so its common words are the same at every length
-        wonder = list(cwe_words())
-        self.rng("words", index).shuffle(wonder)
+        wonder = self._order(index, "words", cwe_words)
+        cost = self._coster(wonder, reps)
         lo, hi = c, len(wonder)
-        if self._cost(wonder[:hi], reps) <= budget:   # wonderwords runs out: the longer list (RULER's too)
-            longer = list(english_words())
-            self.rng("english-words", index).shuffle(longer)
-            if self._cost(longer, reps) <= budget:
-                raise EvalError(f"{self.task}: length {length} needs more than the {len(longer)} distinct words of "
+        if cost(hi) <= budget:   # wonderwords runs out: the longer list (RULER's too)
+            wonder = self._order(index, "english-words", english_words)
+            cost = self._coster(wonder, reps)
+            lo, hi = c, len(wonder)
+            if cost(hi) <= budget:
+                raise EvalError(f"{self.task}: length {length} needs more than the {hi} distinct words of "
                                 f"the English word list (every uncommon word is distinct); use shorter lengths")
-            wonder, lo, hi = longer, c, len(longer)
         while hi - lo > 1:   # largest W with cost(W) <= budget, cost(hi) > budget
             mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if self._cost(wonder[:mid], reps) <= budget else (lo, mid)
+            lo, hi = (mid, hi) if cost(mid) <= budget else (lo, mid)
         words = wonder[:lo]
-        if lo <= c or self._cost(words, reps) > budget:
+        if lo <= c or cost(lo) > budget:
             raise EvalError(f"{self.task}: length {length} holds no uncommon word after the {c} common ones; use "
                             f"longer lengths (preflight names the shortest)")
         seq = words[:c] * reps[0] + words[c:] * reps[1]
