@@ -88,7 +88,7 @@ def _window(ns) -> int:
 
 def test_four_calls_native_in_its_window_yarn4_at_32k_then_compare(tmp_path, pieces):
     from megablu.config import load_config
-    from megablu.config.eval_tasks import RULER_SUITE
+    from megablu.config.eval_tasks import MEGABLU_SUITE
     from megablu.config.schema import eval_padded_len
     from megablu.eval.cli import _rope_against_checkpoint
     from megablu.eval.prompts import EvalError
@@ -129,7 +129,7 @@ def test_four_calls_native_in_its_window_yarn4_at_32k_then_compare(tmp_path, pie
     for arm, cells in (("native", native), ("yarn4", yarn4)):
         assert list(cells) == [f"{arm}_{L}" for L in LENGTHS] + [f"{arm}_32640_g1", f"{arm}_32640_g2"] + \
             [f"{arm}_cwe_{L}" for L in LENGTHS if L >= 4096]
-    suite = sorted({"passkey", *RULER_SUITE} - {"cwe"})
+    suite = sorted({"passkey", *MEGABLU_SUITE} - {"cwe"})
     for arm, cells in (("native", native), ("yarn4", yarn4)):
         # 32640's groups: consecutive tasks, every task once, the held-out loss in the first group only
         groups = [cells[f"{arm}_32640"].tasks, cells[f"{arm}_32640_g1"].tasks, cells[f"{arm}_32640_g2"].tasks]

@@ -1,5 +1,7 @@
-"""Eval tasks as typed config: the RULER-grade suite (Hsieh et al. 2024, arXiv 2404.06654) and
-the harness's original passkey / needle / multikey.
+"""Eval tasks as typed config: megablu's RULER-like suite (niah_*, vt, cwe, fwe: RULER's task structure,
+Hsieh et al. 2024, arXiv 2404.06654, with megablu's own templates and haystacks -- not comparable to
+published RULER numbers), RULER as published (ruler_*, megablu/config/ruler_tasks.py) and the
+harness's original passkey / needle / multikey.
 
 A task is a name in `eval.tasks`. The built-in names (PRESETS) mean the same prompts in every
 config, so arms are comparable by name; a variant gets its own name under `eval.task_defs`
@@ -12,6 +14,8 @@ from __future__ import annotations
 from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .ruler_tasks import RULER_PRESETS, RULER_TASKS
 
 
 class _Spec(BaseModel):
@@ -101,8 +105,8 @@ class FWESpec(_Spec):
 
 TaskSpec = Annotated[Union[PasskeySpec, NeedleSpec, NiahSpec, VTSpec, CWESpec, FWESpec], Field(discriminator="family")]
 
-# RULER's synthetic tasks by their names (its synthetic.yaml), with our haystack names:
-# noise -> filler, essay -> text (a val split of a dataset), needle -> kv.
+# megablu's RULER-like tasks under RULER's task names (its synthetic.yaml) with our haystack names:
+# noise -> filler, essay -> text (a val split of a dataset), needle -> kv. RULER as published: ruler_*.
 PRESETS: dict[str, BaseModel] = {
     "passkey": PasskeySpec(),
     "needle": NeedleSpec(),
@@ -118,9 +122,13 @@ PRESETS: dict[str, BaseModel] = {
     "vt": VTSpec(),
     "cwe": CWESpec(),
     "fwe": FWESpec(),
+    **RULER_PRESETS,
 }
-# the tasks RULER averages (its 13 less the two QA tasks, which need SQuAD/HotpotQA)
-RULER_SUITE = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
+# RULER's 11 synthetic tasks as published (its 13 less the two QA tasks, which need SQuAD/HotpotQA): the
+# "RULER average" of a report
+RULER_SUITE = RULER_TASKS
+# megablu's RULER-like tasks: their own average, never called RULER's
+MEGABLU_SUITE = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
                "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe")
 
 # answer tokens RULER budgets (tokens_to_generate: niah 128, vt 30, cwe 120, fwe 50), cut to what
@@ -149,6 +157,8 @@ def min_words(spec) -> int:
     fixed content (instruction, needles, question; cwe's shortest list), each at least one token
     in the byte-level BPE and sentencepiece tokenizers megablu loads. The exact minimum, in the
     run's tokenizer, is checked by megablu.eval.harness.preflight_problems."""
+    if spec.family == "ruler":
+        return spec.min_words()
     if spec.family == "passkey":
         return 45
     if spec.family == "needle":

@@ -212,13 +212,14 @@ _SESSION_FIELDS = {("train", "stop_after"), ("train", "stop_after_s"), ("train",
 
 # Fields added after runs were started, left out of the hash while unset (None, or a flag left False),
 # so that those runs resume.
-_LATER_FIELDS = {("data", "mix"), ("rope", "allow_yarn_from_scratch"), ("eval", "string")}
+_LATER_FIELDS = {("data", "mix"), ("rope", "allow_yarn_from_scratch"), ("eval", "string"), ("eval", "suite")}
 # ... and fields added with a default that is the behaviour before them, left out while at it
 # (memory.loss's default is auto since 2026-12-04, hashed as itself; chunked keeps the hash of the runs
 # from before the field, and a resume accepts a memory.loss change: train/resume.py)
 _LATER_DEFAULTS = {("memory", "loss"): "chunked", ("memory", "attention"): "sdpa",
                    ("checkpoint", "keep_every"): 0, ("memory", "offload_keep"): 1,
-                   ("memory", "offload_fraction"): 1.0, ("eval", "string", "beyond"): 0}
+                   ("memory", "offload_fraction"): 1.0, ("eval", "string", "beyond"): 0,
+                   ("eval", "chat_template"): "auto"}   # auto: only the ruler_* tasks (added with it) are wrapped
 
 
 def config_hash(cfg: Config) -> str:

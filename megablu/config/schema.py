@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator,
 
 from ..utils.liger import liger_chunk_tokens
 from .eval_tasks import PRESETS, TaskSpec, default_max_new, min_words, needs_text_haystack
+from .ruler_tasks import SUITES
 
 
 class Section(BaseModel):
@@ -400,6 +401,26 @@ class EvalConfig(Section):
     gate: GateConfig = GateConfig()
     string: Optional[StringConfig] = Field(default=None, description="STRING position remapping at evaluation "
                                            "({shift, local}; megablu/model/string.py); null = off")
+    suite: Optional[str] = Field(default=None, description="a named set of tasks added to eval.tasks (alone when "
+                                 "eval.tasks is not given): 'ruler' = RULER's 11 synthetic tasks as published, "
+                                 "ruler_niah_single_1 ... ruler_fwe (megablu/config/ruler_tasks.py)")
+    chat_template: Literal["auto", "on", "off"] = Field(default="auto", description="wrap the ruler_* prompts in the "
+                                                        "tokenizer's chat template, as RULER does for a chat model: "
+                                                        "auto = when the tokenizer has one; on = required (an error "
+                                                        "without one); off = plain text")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _suite(cls, data):
+        """eval.suite -> its tasks, after eval.tasks when given (in place of the default otherwise)."""
+        if not isinstance(data, dict) or data.get("suite") is None:
+            return data
+        name = data["suite"]
+        if name not in SUITES:
+            raise ValueError(f"eval.suite={name!r} is not a suite; known: {sorted(SUITES)} ('ruler': RULER's 11 "
+                             f"synthetic tasks as published); or list the tasks in eval.tasks")
+        tasks = list(data.get("tasks") or [])
+        return {**data, "tasks": tasks + [t for t in SUITES[name] if t not in tasks]}
 
     @model_validator(mode="after")
     def _tasks(self):
@@ -422,6 +443,11 @@ class EvalConfig(Section):
 
     def task_max_new(self, task: str) -> int:
         return default_max_new(self.spec(task)) or self.max_new
+
+    def task_prompt_len(self, task: str, length: int) -> int:
+        """Prompt tokens of task@length: the length itself, except RULER's tasks, whose length counts the
+        generation budget too (RULER's max_seq_length), so their prompts are length - tokens_to_generate."""
+        return length - self.task_max_new(task) if self.spec(task).family == "ruler" else length
 
 
 class HubConfig(Section):
@@ -486,9 +512,9 @@ def eval_problems(e: EvalConfig, window: int) -> list[str]:
     for task in dict.fromkeys(e.tasks):
         spec, mn = e.spec(task), e.task_max_new(task)
         for L in e.lengths:
-            padded = eval_padded_len(L, mn, e.pad)
+            padded = eval_padded_len(e.task_prompt_len(task, L), mn, e.pad)
             if padded > window:
-                fit = (window // e.pad) * e.pad - mn
+                fit = (window // e.pad) * e.pad - (mn if spec.family != "ruler" else 0)
                 errs.append(f"eval.lengths: {task}@{L} + max_new {mn} pads to {padded} at pad {e.pad} > data.window "
                             f"{window}; the longest length that fits is {fit}")
         short = [L for L in e.lengths if L < min_words(spec)]

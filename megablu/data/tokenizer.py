@@ -12,6 +12,8 @@ Kinds (TokenizerConfig.kind):
   sentencepiece  a .model file; EOT is its eos piece (or TokenizerConfig.eot).
   hf             a tokenizers `tokenizer.json` (file or the directory holding it); EOT is
                  TokenizerConfig.eot or the first of the usual end-of-text tokens it defines.
+                 Its chat template, when any, is read beside it (chat_template.jinja or
+                 tokenizer_config.json's chat_template): the RULER suite wraps its prompts in it.
 
 `stop_ids` (eot_id first) are the tokens that end a generated answer: EOT, and for hf every other
 usual end-of-text / end-of-turn token its tokenizer.json defines as a special added token (an
@@ -68,6 +70,10 @@ class Tokenizer:
     vocab_size: int
     eot_id: int
     identity: str
+    # a Jinja chat template (HF convention) and the special-token strings it may use (bos_token, ...);
+    # only hf tokenizers have one (read beside tokenizer.json, see HFTokenizer)
+    chat_template: Optional[str] = None
+    template_tokens: dict = {}
 
     @property
     def stop_ids(self) -> tuple[int, ...]:
@@ -162,6 +168,7 @@ class HFTokenizer(Tokenizer):
                                                               if n in special and n in vocab]))
         self.vocab_size = max(int(self._tok.get_vocab_size(with_added_tokens=True)), max(vocab.values()) + 1)
         self.identity = f"hf:v{self.vocab_size}:{_sha16(data)}"
+        self.chat_template, self.template_tokens = _chat_template(path.parent)
 
     @property
     def stop_ids(self) -> tuple[int, ...]:
@@ -172,6 +179,30 @@ class HFTokenizer(Tokenizer):
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
+
+
+def _chat_template(d: Path) -> tuple[Optional[str], dict]:
+    """(chat template, special-token strings) of the HF tokenizer in directory d, as transformers'
+    save_pretrained writes them: chat_template.jinja, else tokenizer_config.json's chat_template (a string,
+    or a list of {name, template} whose 'default' is used); (None, {}) without one."""
+    cfg: dict = {}
+    if (d / "tokenizer_config.json").is_file():
+        try:
+            cfg = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise TokenizerError(f"{d / 'tokenizer_config.json'}: unreadable ({e}); fix or remove it") from None
+    toks = {}
+    for k in ("bos_token", "eos_token", "unk_token", "pad_token"):
+        v = cfg.get(k)
+        v = v.get("content") if isinstance(v, dict) else v
+        if isinstance(v, str):
+            toks[k] = v
+    if (d / "chat_template.jinja").is_file():
+        return (d / "chat_template.jinja").read_text(encoding="utf-8"), toks
+    t = cfg.get("chat_template")
+    if isinstance(t, list):
+        t = next((x.get("template") for x in t if isinstance(x, dict) and x.get("name") == "default"), None)
+    return (t if isinstance(t, str) and t.strip() else None), toks
 
 
 # --------------------------------------------------------------------------- tiktoken

@@ -34,6 +34,11 @@ log = logging.getLogger(__name__)
 STRING_PREFILL_CHUNK = 4096
 
 
+def _beyond(eval_cfg: EvalConfig, task: str) -> int:
+    """Tokens a task's sequence holds beyond its length: max_new (none for RULER's, whose length counts it)."""
+    return eval_cfg.task_max_new(task) + eval_cfg.task_prompt_len(task, 0)
+
+
 def check_lengths(eval_cfg: EvalConfig, window: int) -> None:
     """The seed's PAD rule, per task (each has its own max_new): prompt + max_new rounded up to
     pad must fit the window."""
@@ -43,13 +48,13 @@ def check_lengths(eval_cfg: EvalConfig, window: int) -> None:
     for task in dict.fromkeys(eval_cfg.tasks):
         mn = eval_cfg.task_max_new(task)
         for L in eval_cfg.lengths:
-            padded = eval_padded_len(L, mn, eval_cfg.pad)
+            padded = eval_padded_len(eval_cfg.task_prompt_len(task, L), mn, eval_cfg.pad)
             if padded > window:
-                fit = (window // eval_cfg.pad) * eval_cfg.pad - mn
+                fit = (window // eval_cfg.pad) * eval_cfg.pad - _beyond(eval_cfg, task)
                 bad.append(f"{task}@{L} + max_new {mn} pads to {padded} at pad {eval_cfg.pad} > window {window} "
                            f"(the longest {task} length that fits is {fit})")
     if bad:
-        fit = (window // eval_cfg.pad) * eval_cfg.pad - max(eval_cfg.task_max_new(t) for t in eval_cfg.tasks)
+        fit = (window // eval_cfg.pad) * eval_cfg.pad - max(_beyond(eval_cfg, t) for t in eval_cfg.tasks)
         raise EvalError("eval lengths do not fit the window: " + "; ".join(bad) + f"; the longest that fits is {fit}")
 
 
@@ -63,7 +68,8 @@ def _builders(eval_cfg: EvalConfig, tokenizer: TokenizerLike, haystack: Optional
         # tokenized once, shared by every real-text task; 2x the longest length leaves room for
         # offsets; read to a fixed size so a job's other lengths never change task@L's prompts
         hay = Haystack(haystack, tokenizer, 2 * max(eval_cfg.lengths), target_tokens=HAYSTACK_TOKENS)
-    return {t: make_builder(t, eval_cfg.spec(t), tokenizer, eval_cfg.seed, eval_cfg.n, hay)
+    return {t: make_builder(t, eval_cfg.spec(t), tokenizer, eval_cfg.seed, eval_cfg.n, hay,
+                            chat_template=eval_cfg.chat_template)
             for t in dict.fromkeys(eval_cfg.tasks)}
 
 

@@ -8,8 +8,10 @@ One result (one arm at one step) is a dict:
            with several answers), acc_pp = 100 correct / n, all_correct = prompts with every
            answer; by_depth counts answers (found / n) per depth bin of the context
   summary: {task: {slope: {...}, effective_length, effective_length_contiguous, threshold}}
-  ruler:   {lengths, tasks, by_length: [{length, acc_pp, ci_pp}], effective_length}: the
-           RULER-style average over the suite's tasks present at every length (when any)
+  ruler:   {lengths, tasks, by_length: [{length, acc_pp, ci_pp}], effective_length}: RULER's
+           average over its tasks (ruler_*) present at every length (when any), the effective
+           length on that average
+  megablu_suite: the same over megablu's RULER-like tasks (niah_*, vt, cwe, fwe; not RULER's)
   loss:    {data, by_length: [{length, n, tokens, loss, ppl, tail_loss, per_seq, digest}],
             short: {range, n_docs, tokens, loss, ppl, per_doc, digest}} with eval.loss.data
   samples: [{task, length, index, answer, got, output, correct, score, depth[, answers, found, depths]}]
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..config.eval_tasks import RULER_SUITE
+from ..config.eval_tasks import MEGABLU_SUITE, RULER_SUITE
 from .prompts import EvalError, Prompt, prompt_digest
 from .stats import (
     RULER_THRESHOLD,
@@ -80,7 +82,8 @@ def cell(task: str, length: int, samples: list[dict], eval_cfg, prompts: Sequenc
     max_new = eval_cfg.task_max_new(task) if task in eval_cfg.tasks else eval_cfg.max_new
     return {"task": task, "length": length, "n": n, "correct": k, "acc_pp": 100 * p, "ci_pp": [100 * lo, 100 * hi],
             "all_correct": sum(bool(s["correct"]) for s in samples), "max_new": max_new,
-            "padded_len": eval_padded_len(length, max_new, eval_cfg.pad),
+            "padded_len": eval_padded_len(eval_cfg.task_prompt_len(task, length) if task in eval_cfg.tasks else length,
+                                          max_new, eval_cfg.pad),
             "digest": prompt_digest(prompts), "seconds": round(seconds, 3),
             "prompts_per_s": round(n / seconds, 3) if seconds > 0 else None,
             "by_depth": [{"depth": [i / DEPTH_BINS, (i + 1) / DEPTH_BINS], "n": b[0], "correct": b[1]}
@@ -101,19 +104,27 @@ def summarize(cells: list[dict], threshold: float = RULER_THRESHOLD) -> dict:
     return out
 
 
-def ruler_average(cells: list[dict], threshold: float = RULER_THRESHOLD) -> Optional[dict]:
+# the averages a report shows: (result key, title, tasks); RULER's only over RULER's own tasks (ruler_*)
+AVERAGES = (("ruler", "RULER average", RULER_SUITE),
+            ("megablu_suite", "megablu suite average (RULER-like tasks, not comparable to RULER)", MEGABLU_SUITE))
+
+
+def ruler_average(cells: list[dict], threshold: float = RULER_THRESHOLD,
+                  suite: Sequence[str] = RULER_SUITE) -> Optional[dict]:
     """RULER's headline: the mean accuracy over the suite's tasks at each length, and the
-    effective length on that mean. Only tasks present at every length of the result count
-    (an average over different task sets would not be comparable across lengths); None when
-    no suite task is there. The interval is stats.mean_interval over the tasks' cells."""
+    effective length on that mean (the threshold applies to the average, never per task). Only
+    tasks present at every length of the result count (an average over different task sets would
+    not be comparable across lengths); None when no suite task is there. The interval is
+    stats.mean_interval over the tasks' cells. suite=MEGABLU_SUITE: the same for megablu's
+    RULER-like tasks (its own average)."""
     by = {}
     for c in cells:
-        if c["task"] in RULER_SUITE:
+        if c["task"] in suite:
             by.setdefault(c["task"], {})[c["length"]] = c
     if not by:
         return None
     lengths = sorted({L for cs in by.values() for L in cs})
-    tasks = [t for t in RULER_SUITE if t in by and all(L in by[t] for L in lengths)]
+    tasks = [t for t in suite if t in by and all(L in by[t] for L in lengths)]
     if not tasks:
         return None
     rows = []
@@ -134,7 +145,8 @@ def make_result(cells, samples, *, arm: str, step: int, window: int, eval_cfg, t
     res = {"schema": SCHEMA, "arm": arm, "step": step, "window": window,
            "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
            "tokenizer": tokenizer_identity, "sp": sp, "eval": eval_cfg.model_dump(mode="json"),
-           "cells": cells, "summary": summarize(cells, threshold), "ruler": ruler_average(cells, threshold),
+           "cells": cells, "summary": summarize(cells, threshold),
+           **{key: ruler_average(cells, threshold, suite) for key, _, suite in AVERAGES},
            "samples": samples, "gate": None}
     res.update(extra or {})
     return res
@@ -477,11 +489,18 @@ def _ci(c: dict) -> str:
 
 
 def _ruler_tables(results: Sequence[dict], baseline: int, threshold: float) -> list[str]:
-    avgs = [ruler_average(r["cells"], threshold) for r in results]
+    out = []
+    for _, title, suite in AVERAGES:
+        out += _average_table(results, threshold, title, suite)
+    return out
+
+
+def _average_table(results: Sequence[dict], threshold: float, title: str, suite) -> list[str]:
+    avgs = [ruler_average(r["cells"], threshold, suite) for r in results]
     if not any(avgs):
         return []
     lengths = sorted({L for a in avgs if a for L in a["lengths"]})
-    lines = ["### RULER average", "",
+    lines = [f"### {title}", "",
              "| arm | tasks | " + " | ".join(str(L) for L in lengths) + " | eff. length |",
              "|---|---|" + "---|" * len(lengths) + "---|"]
     for r, a in zip(results, avgs):
@@ -494,7 +513,8 @@ def _ruler_tables(results: Sequence[dict], baseline: int, threshold: float) -> l
                      + f" | {_fmt_len(a['effective_length'])} |")
     notes = sorted({t for a in avgs if a for t in a["left_out"]})
     lines += ["", f"Mean of the suite's tasks present at every length (normal 95% interval from the tasks' binomial "
-                  f"variances); effective length = longest length whose mean >= {threshold:g}% (RULER)."
+                  f"variances); effective length = longest length whose mean >= {threshold:g}% (RULER's threshold, "
+                  f"on the average)."
               + (f" Left out (not at every length): {', '.join(notes)}." if notes else ""), ""]
     return lines
 
@@ -617,7 +637,9 @@ def plot(results: Sequence[dict], path: Path, task: Optional[str] = None) -> Pat
     it varies). Panels: each task, the RULER average, the held-out loss. matplotlib imported here."""
     plt = _mpl()
     tasks = [task] if task else list(dict.fromkeys(c["task"] for r in results for c in r["cells"]))
-    avgs = [ruler_average(r["cells"]) for r in results] if not task else [None] * len(results)
+    have = [(t, s) for _, t, s in AVERAGES if any(ruler_average(r["cells"], suite=s) for r in results)]
+    avg_title, avg_suite = have[0] if have else AVERAGES[0][1:]
+    avgs = [ruler_average(r["cells"], suite=avg_suite) for r in results] if not task else [None] * len(results)
     panels = [("task", t) for t in tasks] + ([("ruler", None)] if any(avgs) else []) \
         + ([("loss", None)] if not task and any(r.get("loss") for r in results) else [])
     cols = min(4, len(panels))
@@ -665,7 +687,7 @@ def plot(results: Sequence[dict], path: Path, task: Optional[str] = None) -> Pat
             ax.set_ylabel("accuracy (%), 95% band")
             cs = [c for r in results for c in r["cells"] if kind == "task" and c["task"] == t]
             note = _n_note(cs) if kind == "task" else "mean over tasks"
-            ax.set_title(f"{t if kind == 'task' else 'RULER average'}" + (f" ({note})" if note else ""))
+            ax.set_title(f"{t if kind == 'task' else avg_title.split(' (')[0]}" + (f" ({note})" if note else ""))
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)

@@ -1,4 +1,5 @@
-"""The RULER-grade suite (issue 15): every task's prompts have the exact length and are the same
+"""megablu's RULER-like suite (issue 15; RULER as published: test_ruler.py): every task's prompts have
+the exact length and are the same
 for every arm; a scripted oracle that reads the answer out of the prompt TEXT scores 100% on
 every task (and 0 past its limit, so effective lengths come from real scoring), a random tiny
 model ~0%; part-credit scoring; config errors before any work; the RULER average, tables and
@@ -8,7 +9,7 @@ import re
 
 import pytest
 
-from megablu.config.eval_tasks import PRESETS, RULER_SUITE
+from megablu.config.eval_tasks import MEGABLU_SUITE, PRESETS
 from megablu.config.schema import EvalConfig, GateConfig, eval_problems
 from megablu.eval.harness import build_prompts, preflight_problems, run_eval
 from megablu.eval.prompts import EvalError, Prompt, prompt_digest, score
@@ -17,18 +18,19 @@ from megablu.eval.report import cell
 from .conftest import OracleModel, ruler_oracle, tiny_model
 
 LENGTHS = [2000, 3100]
+OWN = [t for t in PRESETS if not t.startswith("ruler_")]   # megablu's tasks (RULER's: test_ruler*.py)
 
 
 def _cfg(**kw):
-    base = dict(lengths=LENGTHS, tasks=list(RULER_SUITE), n=3, max_new=12, pad=64, haystack="unused")
+    base = dict(lengths=LENGTHS, tasks=list(MEGABLU_SUITE), n=3, max_new=12, pad=64, haystack="unused")
     return EvalConfig(**{**base, **kw})
 
 
 def test_every_task_exact_length_same_for_every_arm_and_answerable(bpe_tok, haystack_docs):
-    cfg = _cfg(tasks=list(PRESETS), n=4)
+    cfg = _cfg(tasks=OWN, n=4)
     a = build_prompts(cfg, bpe_tok, haystack=haystack_docs)
     b = build_prompts(cfg, bpe_tok, haystack=lambda: iter(haystack_docs))
-    assert {t for t, _ in a} == set(PRESETS)
+    assert {t for t, _ in a} == set(OWN)
     assert {k: prompt_digest(v) for k, v in a.items()} == {k: prompt_digest(v) for k, v in b.items()}
     other = build_prompts(cfg.model_copy(update={"seed": 1}), bpe_tok, haystack=haystack_docs)
     assert all(prompt_digest(a[k]) != prompt_digest(other[k]) for k in a)
@@ -38,7 +40,7 @@ def test_every_task_exact_length_same_for_every_arm_and_answerable(bpe_tok, hays
         for p in ps:
             text = bpe_tok.decode(list(p.ids))
             assert all(x in text for x in p.expected), (task, p.expected)
-            if task in RULER_SUITE:   # the text alone determines the answers (the oracle derives them)
+            if task in MEGABLU_SUITE:   # the text alone determines the answers (the oracle derives them)
                 assert sorted(ruler_oracle(text).split(", ")) == sorted(p.expected), (task, L, p.index)
             d = [x for x in p.answer_depths if x is not None]
             assert all(0 <= x <= 1 for x in d) and (task in ("cwe", "fwe")) == (not d)
@@ -100,14 +102,15 @@ def test_oracle_scores_100_random_0_and_reports(tmp_path, bpe_tok, haystack_docs
     res = run_eval(OracleModel(bpe_tok, max_ok_len=2500), bpe_tok, cfg, 4096, step=3,
                    out_dir=tmp_path / "oracle" / "eval", rank=0, haystack=haystack_docs, batch_tokens=4000, plot=False)
     acc = {(c["task"], c["length"]): c["acc_pp"] for c in res["cells"]}
-    for task in RULER_SUITE:
+    for task in MEGABLU_SUITE:
         assert (acc[(task, 2000)], acc[(task, 3100)]) == (100.0, 0.0), task
-    avg = res["ruler"]
+    avg = res["megablu_suite"]
     assert [r["acc_pp"] for r in avg["by_length"]] == [100.0, 0.0] and avg["effective_length"] == 2000
-    assert avg["tasks"] == list(RULER_SUITE)
+    assert avg["tasks"] == list(MEGABLU_SUITE)
     out = tmp_path / "oracle" / "eval"
     md = (out / "step_3.md").read_text()
-    assert "### RULER average" in md and "| oracle@3 | 11 | 100.0 [" in md and "### niah_single_1" in md
+    assert "### megablu suite average" in md and "### RULER average" not in md
+    assert "| oracle@3 | 11 | 100.0 [" in md and "### niah_single_1" in md
     # the pictures run_eval writes (of three tasks here: matplotlib is the slow part of this test)
     few = {**res, "cells": [c for c in res["cells"] if c["task"] in ("niah_multivalue", "vt", "cwe")]}
     write_artifacts(few, out, 3)
@@ -119,7 +122,7 @@ def test_oracle_scores_100_random_0_and_reports(tmp_path, bpe_tok, haystack_docs
                    "n": 1}), 4096, step=0, out_dir=tmp_path / "rnd" / "eval", rank=0, haystack=haystack_docs,
                    plot=False, batch_tokens=4000)
     assert max(c["acc_pp"] for c in rnd["cells"]) <= 10.0
-    assert rnd["ruler"]["by_length"][0]["acc_pp"] < 2.0
+    assert rnd["megablu_suite"]["by_length"][0]["acc_pp"] < 2.0
 
 
 def test_config_errors_name_the_task_and_the_fix(bpe_tok, haystack_docs):
@@ -165,7 +168,7 @@ def test_compare_merges_old_results_with_the_suite_and_gates_any_task(tmp_path, 
     out, err = capsys.readouterr()
     assert rc == 1 and "SHORT-CONTEXT GATE FAILED" in err and "vt@2000" in err and "fwe@2000" in err
     assert "### passkey" in out and "| parent@1 | 90.0 |" in out                  # the old cell merged in
-    assert "### RULER average" in out and "| arm@1 | 3 | 0.0 [" in out
+    assert "### megablu suite average" in out and "| arm@1 | 3 | 0.0 [" in out
     # parent right on all 3 prompts, arm on none: paired, but 3 discordant prompts cannot reach p < 0.05 (exact
     # McNemar p = 0.25): no star, however far apart
     assert "-100.0 [" in out and "-100.0*" not in out and "p 0.25 adj" in out
