@@ -22,7 +22,7 @@ setup(
     version="0.1.0",
     description="Long-context (YaRN + Ulysses SP + ZeRO) training and evaluation on DeepSpeed",
     packages=find_packages(include=["megablu", "megablu.*"]),
-    package_data={"megablu": ["assets/*", "data/assets/*", "eval/assets/*", "../csrc/**/*"]},
+    package_data={"megablu": ["assets/*", "data/assets/*", "eval/assets/*", "eval/assets/ruler/*", "../csrc/**/*"]},
     include_package_data=True,
     python_requires=">=3.10",
     # Versions pinned for CI live in requirements.txt; these are the compatible ranges.

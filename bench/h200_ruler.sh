@@ -55,6 +55,19 @@ N=${N:-100}
 LENGTHS=${LENGTHS-"1024 2048 4096 8064 16384 32640"}   # set but empty: no suite lengths (cwe only)
 TASKS="passkey niah_single_1 niah_single_2 niah_single_3 niah_multikey_1 niah_multikey_2 niah_multikey_3 niah_multivalue niah_multiquery vt fwe"
 CWE_LENGTHS=${CWE_LENGTHS-"4096 8064 16384 32640"}   # cwe's 300 common entries need ~2.2k SmolLM2 tokens
+# SUITE=ruler (issue 40): RULER's 11 synthetic tasks as published (eval.suite: ruler, the chat template of the
+# Instruct tokenizer on) in place of megablu's RULER-like suite; its eval dirs are r<arm>_<L>, so the two never
+# mix. A ruler_* prompt at length L holds its answer budget too (L = RULER's max_seq_length), so the native
+# arm runs at its own 8192 positions up to L = 8192. No separate cwe pass (ruler_cwe is one of the 11).
+SUITE=${SUITE:-megablu}
+ANSWER=128   # the longest answer a length must hold besides the prompt (megablu suite: cwe's 128)
+PREFIX=
+if [ "$SUITE" = ruler ]; then
+  TASKS="ruler_niah_single_1 ruler_niah_single_2 ruler_niah_single_3 ruler_niah_multikey_1 ruler_niah_multikey_2 ruler_niah_multikey_3 ruler_niah_multivalue ruler_niah_multiquery ruler_vt ruler_cwe ruler_fwe"
+  CWE_LENGTHS=""
+  ANSWER=0
+  PREFIX=r
+fi
 GROUPS_FROM=${GROUPS_FROM:-32640}   # from this length on, a length's tasks run in NGROUPS evals
 NGROUPS=${NGROUPS:-3}
 CFG=yaml_configs/rep_smollm2_32k.yaml   # its tokenizer: data_cache/smollm2/hf_tokenizer (carried in A)
@@ -73,7 +86,7 @@ finish() {   # after every step: a call cut short still returns what finished
     echo "# issue 15 ruler, arm $ARM ($(now) s)"
     echo; echo '| step | start s | end s | rc |'; echo '|---|---|---|---|'
     awk -F'\t' '{printf "| %s | %s | %s | %s |\n", $1, $2, $3, $4}' "$WORK/timeline.tsv" 2>/dev/null
-    for f in "$DEV"/eval/"${ARM}"_*/step_*.md; do [ -f "$f" ] && { echo; echo "## $f"; cat "$f"; }; done
+    for f in "$DEV"/eval/"$PREFIX${ARM}"_*/step_*.md; do [ -f "$f" ] && { echo; echo "## $f"; cat "$f"; }; done
     [ -f "$DEV/ruler.md" ] && { echo; echo "## compare"; cat "$DEV/ruler.md"; }
   } > "$OUT/report_$ARM.md" 2>/dev/null
   tar czf "$OUT/results_$ARM.tar.gz.tmp" -C "$DEV" eval "work_$ARM" heat ruler.md 2>/dev/null
@@ -112,7 +125,7 @@ cells() {
     if [ "$arm" = native ]; then
       # the weights' own rope, no override; inside its own 8192 positions where prompt + the longest answer
       # (cwe's 128) fit them (the PAD rule checks it against data.window), beyond them at 32768, as trained
-      if [ $(( L + 128 )) -le 8192 ]; then rope=(--set rope.yarn=null --set data.window=8192)
+      if [ $(( L + ANSWER )) -le 8192 ]; then rope=(--set rope.yarn=null --set data.window=8192)
       else rope=(--set rope.yarn=null --set data.window=32768); fi
     else
       # the config's YaRN 4 x 8192 = 32768, which the weights never trained with: an explicit override,
@@ -126,7 +139,8 @@ cells() {
       loss=(); [ "$g" -gt 0 ] && loss=(--set eval.loss.data=null)
       guard "eval_$out" "$BUDGET" $PY -m megablu.cli eval --config "$CFG" --ckpt "$MODEL" --step 0 \
         --arm "smollm2-$arm" "${rope[@]}" --set "eval.haystack=$DATA" --set "eval.loss.data=$DATA" --set eval.loss.n=8 \
-        --n "$N" --tasks "${part[@]}" --lengths "$L" --set "eval.lengths=[$L]" --no-plot --out "$DEV/eval/$out" "$@" \
+        --n "$N" --tasks "${part[@]}" --lengths "$L" --set "eval.lengths=[$L]" --set "eval.tasks=[$(IFS=,; echo "${part[*]}")]" \
+        --no-plot --out "$DEV/eval/$out" "$@" \
         ${loss[@]+"${loss[@]}"}   # (an empty array under set -u: bash < 4.4 calls it unbound)
       finish
     done
@@ -135,13 +149,21 @@ cells() {
 # suite native|yarn4: the suite with the held-out loss, then cwe (its 128-token answers make it the slowest
 # task: a deadline takes it first)
 suite() {
-  cells "$1" "$1" "$TASKS" "$LENGTHS"
-  cells "$1" "${1}_cwe" cwe "$CWE_LENGTHS" --set eval.loss.data=null
+  cells "$1" "$PREFIX$1" "$TASKS" "$LENGTHS"
+  [ -n "$CWE_LENGTHS" ] && cells "$1" "${1}_cwe" cwe "$CWE_LENGTHS" --set eval.loss.data=null
+  return 0
 }
 
 # both arms, every cell there is (compare joins an arm's per-length results); the gate against native at 2048
 compare() {
   local d dirs=()
+  if [ "$SUITE" = ruler ]; then   # no short length both arms ran: the table and plot, no gate
+    for d in "$DEV"/eval/rnative_* "$DEV"/eval/ryarn4_*; do ls "$d"/step_*.json > /dev/null 2>&1 && dirs+=("$d"); done
+    [ "${#dirs[@]}" -gt 0 ] || return 0
+    guard compare $(( BUDGET + 30 )) $PY -m megablu.cli compare "${dirs[@]}" --md "$DEV/ruler.md" --plot "$DEV/ruler.png"
+    cp "$DEV/ruler.md" "$DEV/ruler.png" "$OUT/" 2>/dev/null
+    return 0
+  fi
   [ -f "$DEV/eval/native_2048/step_0.json" ] || return 0
   for d in "$DEV"/eval/native_* "$DEV"/eval/yarn4_*; do ls "$d"/step_*.json > /dev/null 2>&1 && dirs+=("$d"); done
   guard compare $(( BUDGET + 30 )) $PY -m megablu.cli compare "${dirs[@]}" --md "$DEV/ruler.md" --plot "$DEV/ruler.png" \

@@ -227,3 +227,39 @@ def test_knobs_set_empty_run_no_lengths_so_a_session_can_finish_what_one_left(tm
     assert list(_evals(cmds)) == [f"yarn4_cwe_{L}" for L in (4096, 8064, 16384, 32640)]
     cmds = _call(tmp_path, dev, prefix, "yarn4", LENGTHS="16384", CWE_LENGTHS="", NGROUPS="2", GROUPS_FROM="16384")
     assert [len(ns.tasks) for ns in _evals(cmds).values()] == [6, 5]
+
+
+def test_ruler_suite_calls_native_4k_8k_in_its_window_yarn4_16k_32k(tmp_path, pieces):
+    """SUITE=ruler (issue 40): RULER's 11 tasks, eval dirs r<arm>_<L>, the native arm at its own 8192 positions
+    up to L = 8192 (a ruler_* prompt of length L holds its answer budget), YaRN x4 beyond with the override;
+    32768 in three groups; the compare of both arms without a gate (no short length both ran)."""
+    from megablu.config import load_config
+    from megablu.config.ruler_tasks import RULER_TASKS
+    from megablu.eval.cli import _rope_against_checkpoint
+    from megablu.model.hf import hf_config_dict
+
+    prefix, _ = pieces
+    dev = tmp_path / "dev"
+    _call(tmp_path, dev, prefix, "prep")
+    native = _evals(_call(tmp_path, dev, prefix, "native", SUITE="ruler", LENGTHS="4096 8192"))
+    smol = load_config(ROOT / "yaml_configs/rep_smollm2_32k.yaml", ["rope.yarn=null"])
+    (dev / "smollm2_blu" / "config.json").write_text(json.dumps(hf_config_dict(smol.model, smol.rope, 8192)))
+    yarn4 = _evals(_call(tmp_path, dev, prefix, "yarn4", SUITE="ruler", LENGTHS="16384"))
+    cmds = _call(tmp_path, dev, prefix, "yarn4", SUITE="ruler", LENGTHS="32768")
+    yarn4.update(_evals(cmds))
+    assert list(native) == ["rnative_4096", "rnative_8192"]
+    assert list(yarn4) == ["ryarn4_16384", "ryarn4_32768", "ryarn4_32768_g1", "ryarn4_32768_g2"]
+    groups = [yarn4[n].tasks for n in ("ryarn4_32768", "ryarn4_32768_g1", "ryarn4_32768_g2")]
+    assert sorted(t for g in groups for t in g) == sorted(RULER_TASKS)
+    for name, ns in {**native, **yarn4}.items():
+        cfg = load_config(ROOT / ns.config, ns.set)
+        if "_32768" not in name:
+            assert sorted(ns.tasks) == sorted(RULER_TASKS), name
+        assert not eval_problems_of(ns), (name, eval_problems_of(ns))
+        if name.startswith("rnative"):
+            assert cfg.rope.yarn is None and _window(ns) == 8192 and _rope_against_checkpoint(ns, cfg) == {}
+        else:
+            assert cfg.rope.yarn.factor == 4.0 and _window(ns) == 32768 and ns.rope_override
+    (compare,) = [c for c in cmds if c[3:4] == ["compare"]]
+    _, ns = parse_command(compare)
+    assert sorted(Path(r).name for r in ns.runs) == sorted([*native, *yarn4]) and ns.gate_parent is None

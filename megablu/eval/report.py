@@ -211,7 +211,7 @@ def load_result(spec: str | Path) -> dict:
 # different models: they never share a compare row, and an eval never merges cells into the other's file.
 IDENTITY = ("weights", "model", "rope", "string", "tokenizer")
 # And what decides the prompts and the scoring of a (task, length) besides the task's name and length.
-_EVAL_NOT_IDENTITY = ("lengths", "tasks", "at_steps", "final", "gate", "loss", "string")
+_EVAL_NOT_IDENTITY = ("lengths", "tasks", "suite", "at_steps", "final", "gate", "loss", "string")
 
 
 def identity(res: dict) -> dict:

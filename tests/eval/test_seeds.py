@@ -17,7 +17,7 @@ import random
 import pytest
 from scipy.stats import fisher_exact
 
-from megablu.config.eval_tasks import PRESETS, needs_text_haystack
+from megablu.config.eval_tasks import PRESETS as ALL_PRESETS, needs_text_haystack
 from megablu.config.schema import EvalConfig
 from megablu.eval.harness import build_prompts
 from megablu.eval.needle import Haystack
@@ -25,9 +25,12 @@ from megablu.eval.prompts import EvalError, score
 from megablu.eval.tasks import make_builder
 
 N, L = 40, 5500            # cwe needs ~4.7k tokens in the tiny tokenizer
+# every built-in task but ruler_cwe, whose 10 common words x 30 leave no room for an uncommon one at 5500 tokens of
+# this tokenizer (its seeds: tests/eval/test_ruler.py)
+PRESETS = {t: s for t, s in ALL_PRESETS.items() if t != "ruler_cwe"}
 ALPHA = 0.001
 TEXT_TASKS = [t for t, s in PRESETS.items() if needs_text_haystack(s)]
-DEPTH_TASKS = [t for t in PRESETS if t not in ("cwe", "fwe")]
+DEPTH_TASKS = [t for t in PRESETS if t not in ("cwe", "fwe", "ruler_fwe")]
 
 
 def _cfg(**kw):
@@ -68,7 +71,7 @@ def test_needle_depths_are_independent_across_seeds(seeds, task):
     d1 = [p.depth for p in seeds[1][task]]
     c, p = perm_pvalue(lambda i, j: abs(d0[i] - d1[j]) <= 1 / (2 * N), N)
     assert p >= ALPHA, (task, c, p)
-    if task != "vt":     # vt's statements sit at uniform depths (RULER's), the others are stratified:
+    if task not in ("vt", "ruler_vt"):   # vt's statements sit at uniform depths (RULER's), the others are stratified:
         for d in (d0, d1):   # the k-th shallowest in stratum k, up to snapping (a filler unit, a kv
             for k, x in enumerate(sorted(d)):   # line, SNAP_RADIUS: < 0.03 of the context here)
                 assert k / N - 0.03 <= x <= (k + 1) / N + 0.03, (task, k, x)
@@ -122,7 +125,8 @@ def _first_half_reader(p, tok) -> float:
     return score(" " + ", ".join(a for a in p.expected if a in seen), p)[0]
 
 
-@pytest.mark.parametrize("task", DEPTH_TASKS)
+# ruler_vt: its 5 chain statements all in the first half is too rare for the toy model to score both ways
+@pytest.mark.parametrize("task", [t for t in DEPTH_TASKS if t != "ruler_vt"])
 def test_a_toy_model_scores_seeds_as_independent_samples(seeds, chat_tok, task):
     """The toy model's outcomes on seed 0 and seed 1: prompt by prompt, no more associated than two
     independent samples (Fisher's exact test on the 2x2 table of paired outcomes; with the strata
@@ -145,7 +149,8 @@ def test_within_a_seed_lengths_stay_paired(chat_tok, haystack_docs):
     for t in DEPTH_TASKS:
         for x, y in zip(ps[(t, 5500)], ps[(t, 7000)]):
             assert x.expected == y.expected, t
-            if t != "vt":   # vt: the statements' depths are drawn per prompt, snapped to filler units
+            if t not in ("vt", "ruler_vt"):   # vt: the statements' depths are drawn per prompt (RULER's per
+                # length too), snapped to filler units
                 assert abs(x.depth - y.depth) < 0.03, (t, x.index, x.depth, y.depth)
 
 
