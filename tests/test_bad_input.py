@@ -381,8 +381,8 @@ def _source_tree(lab):
 
 _SYNTH = ["--tokenizer", "tiktoken_file:megablu:stdlib4k", "--docs", "2", "--no-progress", "--lengths", "900"]
 _BUILD = ["--tokenizer", "tiktoken_file:megablu:stdlib4k", "--no-progress", "--workers", "1"]
-_keeps("data", "synth --overwrite onto a folder of two datasets and notes", "is not a megablu dataset (it holds a/, b/, notes.txt)",
-       "notes.txt", make=lambda lab: ((t := _two_datasets_and_notes(lab)),
+_keeps("data", "synth --overwrite onto a folder of two datasets and notes",
+       "is not a megablu dataset (it holds a/, b/, notes.txt)", make=lambda lab: ((t := _two_datasets_and_notes(lab)),
                                       ["data", "synth", *_SYNTH, "--out", t, "--overwrite"]))
 _keeps("data", "build --input SRC --out SRC --overwrite", "is an input of this command",
        make=lambda lab: ((s := _source_tree(lab)), ["data", "build", "--input", s, "--out", s, "--overwrite", *_BUILD]))
