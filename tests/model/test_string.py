@@ -16,7 +16,7 @@ from megablu.eval.generate import greedy_generate, new_cache
 from megablu.model import decoder
 from megablu.model.decoder import BluModel, KVCache
 from megablu.model.rope import RotaryEmbedding
-from megablu.model.string import apply_string, string_attention, string_attention_flex
+from megablu.model.string import StringSetting, apply_string, string_attention, string_attention_flex
 from megablu.ops.rope import rope_reference
 
 TOL = 1e-10   # fp64 throughout: the remapped and the explicit computation differ by rounding only
@@ -121,7 +121,7 @@ def string_model(rope):
     (computed before any forward of the model under test)."""
     m = tiny(rope, seed=1)
     ids = torch.randint(0, 61, (2, 30), generator=torch.Generator().manual_seed(0))
-    apply_string(m, StringConfig(shift=9, local=2))
+    apply_string(m, StringConfig(variant="fixed_shift", shift=9, local=2))
     with torch.no_grad():
         return m, ids, reference_model(m, ids, 9, 2, rope_len=30 if rope else None)
 
@@ -142,13 +142,13 @@ def test_switch_is_live_and_inert_beyond_every_distance():
     ids = torch.randint(0, 61, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         plain = m(ids)
-        apply_string(m, StringConfig(shift=40, local=3))      # every distance < 40: nothing remapped
+        apply_string(m, StringConfig(variant="fixed_shift", shift=40, local=3))      # every distance < 40: nothing remapped
         inert = m(ids)
-        apply_string(m, StringConfig(shift=8, local=3))
+        apply_string(m, StringConfig(variant="fixed_shift", shift=8, local=3))
         live = m(ids)
         prev = apply_string(m, None)
         back = m(ids)
-    assert prev == StringConfig(shift=8, local=3) and m.string is None
+    assert prev == StringSetting(8, 3) and m.string is None
     assert (inert - plain).abs().max() < TOL
     assert (live - plain).abs().max() > 1e-6   # 1e-6: 1e9 x the rounding the equalities allow
     # rows before the first remapped distance (position < S) are untouched
@@ -167,7 +167,7 @@ def test_cache_path_equals_full_forward(rope, total, static):
     S, W, new = 9, 2, 6
     L = total - new
     ids = torch.randint(0, 61, (1, L), generator=torch.Generator().manual_seed(2))
-    apply_string(m, StringConfig(shift=S, local=W))
+    apply_string(m, StringConfig(variant="fixed_shift", shift=S, local=W))
     with torch.no_grad():
         if static:
             cache = new_cache(m, total, rope_len=total)
@@ -186,7 +186,7 @@ def test_cache_path_equals_full_forward(rope, total, static):
         if total > S + 1:   # the remapping is exercised: the plain model differs
             apply_string(m, None)
             assert (m(seq, rope_len=total)[:, :total - 1] - full).abs().max() > 1e-6
-            apply_string(m, StringConfig(shift=S, local=W))
+            apply_string(m, StringConfig(variant="fixed_shift", shift=S, local=W))
         # greedy_generate through the cache equals its recompute path with STRING on
         ref = greedy_generate(m, ids, new, use_cache=False)
         for chunk in (0, 7, 1):
@@ -196,7 +196,7 @@ def test_cache_path_equals_full_forward(rope, total, static):
 @pytest.mark.parametrize("static", [True, False], ids=["static-cache", "cat-cache"])
 def test_truncate_keeps_the_shifted_keys_aligned(static):
     m = tiny(seed=4)
-    apply_string(m, StringConfig(shift=5, local=1))
+    apply_string(m, StringConfig(variant="fixed_shift", shift=5, local=1))
     ids = torch.randint(0, 61, (1, 20), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         cache = new_cache(m, 24, rope_len=24) if static else KVCache(m.cfg.n_layers, rope_len=24)
@@ -222,7 +222,7 @@ def test_string_never_runs_the_causal_kernel_where_a_distance_reaches_the_shift(
         raise AssertionError("the causal kernel ran with STRING on")
 
     monkeypatch.setattr(decoder, "causal_attention", boom)
-    apply_string(m, StringConfig(shift=6, local=2))
+    apply_string(m, StringConfig(variant="fixed_shift", shift=6, local=2))
     ids = torch.randint(0, 61, (1, 12), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         m(ids)
@@ -239,7 +239,7 @@ def test_at_most_s_keys_run_the_plain_attention(monkeypatch):
     ids = torch.randint(0, 61, (2, 41), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         plain = m(ids[:, :40])
-        apply_string(m, StringConfig(shift=40, local=3))
+        apply_string(m, StringConfig(variant="fixed_shift", shift=40, local=3))
         string_mod.kernels_used(reset=True)
         same = m(ids[:, :40])
         assert torch.equal(same, plain)
@@ -305,7 +305,7 @@ def test_plain_path_unchanged(monkeypatch):
 
 def test_refusals():
     m = tiny(seed=6)
-    apply_string(m, StringConfig(shift=6, local=2))
+    apply_string(m, StringConfig(variant="fixed_shift", shift=6, local=2))
     ids = torch.randint(0, 61, (1, 12), generator=torch.Generator().manual_seed(5))
     with pytest.raises(ValueError, match="document masking"):
         m(ids, doc_ids=torch.zeros(1, 12, dtype=torch.long))
