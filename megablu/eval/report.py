@@ -287,8 +287,8 @@ def _label(res: dict) -> str:
     if not st:
         return f"{res['arm']}@{res['step']}"
     # the authors' S follows the length (S=0.33L); megablu's fixed shift keeps its label (S in tokens)
-    s = (f"authors,S={st['shift_ratio']:g}L" if st["variant"] == "authors" else f"S={st['shift']}") + f",W={st['local']}"
-    s += (f",af={st['attention_factor']:.4g}" if st["attention_factor"] != 1 else "") \
+    s = f"authors,S={st['shift_ratio']:g}L" if st["variant"] == "authors" else f"S={st['shift']}"
+    s += f",W={st['local']}" + (f",af={st['attention_factor']:.4g}" if st["attention_factor"] != 1 else "") \
         + (f",>{st['beyond']}" if st["beyond"] else "")
     return f"{res['arm']}@{res['step']} +string({s})"
 

@@ -243,8 +243,8 @@ def string_setting(string, length: Optional[int] = None) -> Optional[StringSetti
     if string is None or isinstance(string, StringSetting):
         return string
     if string.variant != "fixed_shift" and length is None:
-        raise ValueError(f"eval.string variant {string.variant}: S = int(shift_ratio {string.shift_ratio} x the input's "
-                         f"length); pass the length the input was built to (apply_string(model, cfg, length))")
+        raise ValueError(f"eval.string variant {string.variant}: S = int(shift_ratio {string.shift_ratio} x the "
+                         f"input's length); pass the length the input was built to (apply_string(model, cfg, length))")
     S = string.shift if string.variant == "fixed_shift" else string.shift_for(length)
     if S <= string.local:
         raise ValueError(f"eval.string ({string.variant}) at {length} tokens: S = {S} <= local={string.local}; STRING "
