@@ -246,8 +246,9 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
     result["gate"]["passed"] is False (`megablu eval` exits 1). With dp_group (the ranks that
     share this rank's sp position across data-parallel groups), each dp group generates every
     dp-th prompt and the samples are gathered: the same result, dp times sooner.
-    With eval.string, STRING (model/string.py) is installed on the model for this eval only (generation
-    and held-out loss) and the previous setting restored after; it needs one rank (sp == 1).
+    With eval.string, STRING (model/string.py) is installed on the model for this eval only, per cell (S for
+    the cell's length: string_problems refuses an S outside the prompt) and per held-out sequence, and the
+    previous setting restored after; it needs one rank (sp == 1).
     With resume (`megablu eval`, one process), each finished cell is kept in step_<step>.<key>.json.partial,
     and a cell found there for the same model, setup and prompts (_resume_key, the cell's digest) is not run
     again: an eval cut short goes on where it stopped (docs/EVAL.md). The result lists such cells under

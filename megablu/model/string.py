@@ -27,7 +27,8 @@ The two differ by the order of their float sums only (tests/model/test_string.py
 shape; a process that meets more shapes than RECOMPILE_LIMIT (an H100 eval, 2026-12-06: whole short
 validation documents of every length) goes on with sdpa, logged once and counted in KERNELS_USED.
 Where no distance reaches S (keys <= S), LocalAttention runs its plain attention instead of either:
-STRING is the identity there, so those logits are the plain model's bit for bit.
+the remapping is the identity there, so with attention_factor 1 those logits are the plain model's bit for
+bit (the factor, as in the authors' code, still applies).
 
 `apply_string(model, cfg, length)` installs it on a built BluModel from outside (the eval does, per
 cell and per held-out sequence, for the eval only, like memory/apply.py installs the kernels); the KV
