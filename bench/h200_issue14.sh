@@ -282,7 +282,11 @@ POS8=(--rope-override --set data.window=65536 --set rope.yarn.factor=8.0 --set r
 #   - the softer temperature the ninth session left untested (attention factor 1.0; 1.2079 cost 14.5 pp).
 # STRING first: it is the one that keeps every distance below S exact. ~45 s a cell on an H100 alone (STRING's
 # masked prefill over twice the keys: slower, unmeasured); a cut call leaves the rest to phase d.
-STR=(--set eval.string.shift=10922 --set eval.string.local=128)
+# (Later, eval.string's default became the authors' STRING, S = 0.33 x the length with their attention factor, and a
+# shift >= a prompt's length a config error: this setting, the one measured here, is variant fixed_shift, and
+# beyond=S runs the cells of at most S tokens plain, which is what S = 10922 did there -- the same logits.)
+STR=(--set eval.string.variant=fixed_shift --set eval.string.shift=10922 --set eval.string.local=128
+     --set eval.string.beyond=10922)
 POS5=(--rope-override --set data.window=40960 --set rope.yarn.factor=5.0 --set rope.yarn.attention_factor=1.1386)
 # string_set runs before the arm's suite (2026-12-05, twelfth session: edge + STRING 88.0% against 66.5% plain on
 # the same prompts, +21.5 pp): the paired cell, then fresh prompts (eval.seed=1) with STRING and without (the

@@ -219,7 +219,10 @@ _LATER_FIELDS = {("data", "mix"), ("rope", "allow_yarn_from_scratch"), ("eval", 
 _LATER_DEFAULTS = {("memory", "loss"): "chunked", ("memory", "attention"): "sdpa",
                    ("checkpoint", "keep_every"): 0, ("memory", "offload_keep"): 1,
                    ("memory", "offload_fraction"): 1.0, ("eval", "string", "beyond"): 0,
-                   ("eval", "chat_template"): "auto"}   # auto: only the ruler_* tasks (added with it) are wrapped
+                   ("eval", "chat_template"): "auto",   # auto: only the ruler_* tasks (added with it) are wrapped
+                   # STRING's variants (the authors' default since): the fixed shift of the runs before keeps their hash
+                   ("eval", "string", "variant"): "fixed_shift", ("eval", "string", "shift_ratio"): None,
+                   ("eval", "string", "attention_factor"): 1.0}
 
 
 def config_hash(cfg: Config) -> str:
@@ -235,7 +238,7 @@ def config_hash(cfg: Config) -> str:
         node = d
         for k in parents:
             node = node.get(k) if isinstance(node, dict) else None
-        if isinstance(node, dict) and node.get(key) == default:   # a parent may be None (eval.string off)
+        if isinstance(node, dict) and key in node and node[key] == default:   # a parent may be None (string off)
             node.pop(key)
     blob = json.dumps(d, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

@@ -356,30 +356,91 @@ class LossEvalConfig(Section):
     short_max: int = Field(default=4096, gt=0)
 
 
+# STRING's attention factor in the authors' code (HKUNLP/STRING string_for_llama.py replace_with_string and
+# vllm_string's rotary_embedding.py: 0.1 * ln(2) + 1, YaRN's mscale at scale 2): it multiplies the rotary cos and
+# sin, so q and k alike, and the attention logits by its square, at every distance, whenever STRING is on.
+STRING_AUTHORS_FACTOR = 0.1 * math.log(2) + 1
+STRING_AUTHORS_RATIO = 0.33   # shifted_ratio: ruler/test_ruler_llama.py's default and the README's
+STRING_AUTHORS_LOCAL = 128    # local_value / small_local_value: their Llama default
+
+
 class StringConfig(Section):
     """STRING at evaluation (An et al. 2024, "Why Does the Effective Context Length of LLMs Fall Short?",
-    arXiv 2410.18745; megablu/model/string.py): each relative distance d >= shift is attended as
-    d - shift + local, so the largest distances reuse well-trained positions; distances below shift are
-    unchanged. Inference only: training never applies it."""
+    arXiv 2410.18745; megablu/model/string.py): each relative distance d >= S is attended as d - S + W
+    (local), so the largest distances reuse well-trained positions; distances below S are unchanged, and the
+    attention logits are multiplied by attention_factor**2 (the factor multiplies q and k). Inference only.
 
-    shift: int = Field(strict=True, gt=0, description="S: distances d >= S are replaced by d - S + local")
-    local: int = Field(strict=True, ge=0, description="W: the position a distance of exactly S becomes; W < S")
+    Two variants (docs/EVAL.md):
+      authors      (default) the authors' code (HKUNLP/STRING): S = int(shift_ratio * L) for an input built to
+                   L tokens (an eval length, a held-out sequence's length), shift_ratio 0.33, local 128,
+                   attention_factor 1 + 0.1 ln 2;
+      fixed_shift  megablu's earlier variant: S = `shift` tokens at every length, attention_factor 1."""
+
+    variant: Literal["authors", "fixed_shift"] = Field(default="authors", description="authors: S = shift_ratio x "
+                                                       "the input's length, the authors' factor; fixed_shift: S = "
+                                                       "shift tokens at every length, no factor")
+    shift_ratio: Optional[float] = Field(default=None, gt=0, lt=1, description="authors: S = int(shift_ratio * L) "
+                                         f"for an input of L tokens (default {STRING_AUTHORS_RATIO})")
+    shift: Optional[int] = Field(default=None, strict=True, gt=0, description="fixed_shift: S in tokens, the same "
+                                 "at every length (required there)")
+    local: Optional[int] = Field(default=None, strict=True, ge=0, description="W: the position a distance of "
+                                 f"exactly S becomes; W < S (authors default {STRING_AUTHORS_LOCAL}; fixed_shift: "
+                                 "required)")
+    attention_factor: Optional[float] = Field(default=None, gt=0, description="multiplies q and k (the logits by "
+                                              "its square) whenever STRING is on (default: authors "
+                                              f"{STRING_AUTHORS_FACTOR:.6f} = 1 + 0.1 ln 2, fixed_shift 1)")
     beyond: int = Field(default=0, strict=True, ge=0, description="STRING only for prompts (and held-out loss "
                         "sequences) longer than this many tokens; shorter ones are evaluated plain. 0: every "
-                        "length. A fixed S suits one length: on SmolLM2 arm `mix`, S=10922 gained 15.5 pp at 32744 "
-                        "and lost 18 pp at 16360 (docs/RESULTS.md), so e.g. beyond=16360 there")
+                        "length")
 
-    def applies(self, length: int) -> bool:
-        """Whether STRING runs on a prompt or a sequence of `length` tokens (eval.string.beyond)."""
-        return length > self.beyond
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, data):
+        """The variant's defaults written into the setting, so a resolved config and a result record the
+        values that ran (a before-validator: assigning in an after-validator would validate again)."""
+        if not isinstance(data, dict):
+            return data
+        d = dict(data)
+        defaults = {"authors": {"shift_ratio": STRING_AUTHORS_RATIO, "local": STRING_AUTHORS_LOCAL,
+                                "attention_factor": STRING_AUTHORS_FACTOR},
+                    "fixed_shift": {"attention_factor": 1.0}}.get(d.get("variant", "authors"), {})
+        for k, v in defaults.items():
+            if d.get(k) is None:
+                d[k] = v
+        return d
 
     @model_validator(mode="after")
-    def _order(self):
+    def _fields(self):
+        if self.variant == "authors":
+            if self.shift is not None:
+                raise ValueError(f"eval.string: shift={self.shift} (tokens at every length) is variant fixed_shift's "
+                                 f"field; variant authors (the default) takes S = shift_ratio x the input's length: "
+                                 f"set eval.string.variant=fixed_shift to keep S={self.shift}, or drop shift (and set "
+                                 f"shift_ratio, default {STRING_AUTHORS_RATIO})")
+            return self
+        if self.shift_ratio is not None:
+            raise ValueError(f"eval.string: shift_ratio={self.shift_ratio} with variant fixed_shift, whose S is "
+                             f"`shift` tokens; set variant=authors for S = shift_ratio x the input's length, or drop "
+                             f"shift_ratio")
+        missing = [f for f in ("shift", "local") if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"eval.string: variant fixed_shift needs {' and '.join(missing)} (no default: S and W in "
+                             f"tokens, e.g. shift=10922, local=128), or use variant authors (S = "
+                             f"{STRING_AUTHORS_RATIO} x the input's length, W = {STRING_AUTHORS_LOCAL})")
         if self.local >= self.shift:
             raise ValueError(f"eval.string: local={self.local} >= shift={self.shift}; STRING maps distances d >= "
                              f"shift to d - shift + local, which only moves them closer when local < shift: set "
                              f"local < shift (e.g. shift=10922, local=128)")
         return self
+
+    def applies(self, length: int) -> bool:
+        """Whether STRING runs on a prompt or a sequence of `length` tokens (eval.string.beyond)."""
+        return length > self.beyond
+
+    def shift_for(self, length: int) -> int:
+        """S for an input built to `length` tokens: `shift` (fixed_shift) or int(shift_ratio * length) (authors,
+        as their eval scripts compute shifted_offset from the test length)."""
+        return self.shift if self.variant == "fixed_shift" else int(self.shift_ratio * length)
 
 
 class EvalConfig(Section):
@@ -400,7 +461,8 @@ class EvalConfig(Section):
     loss: LossEvalConfig = LossEvalConfig()
     gate: GateConfig = GateConfig()
     string: Optional[StringConfig] = Field(default=None, description="STRING position remapping at evaluation "
-                                           "({shift, local}; megablu/model/string.py); null = off")
+                                           "({variant: authors | fixed_shift, ...}; megablu/model/string.py); "
+                                           "null = off")
     suite: Optional[str] = Field(default=None, description="a named set of tasks added to eval.tasks (alone when "
                                  "eval.tasks is not given): 'ruler' = RULER's 11 synthetic tasks as published, "
                                  "ruler_niah_single_1 ... ruler_fwe (megablu/config/ruler_tasks.py)")
@@ -529,12 +591,46 @@ def eval_problems(e: EvalConfig, window: int) -> list[str]:
     for L in e.gate.short_lengths:
         if e.gate.parent and L not in e.lengths:
             errs.append(f"eval.gate.short_lengths: {L} is not in eval.lengths {e.lengths}; the gate cannot check it")
+    errs += string_problems(e)
     lo = e.loss
     if lo.short_min > lo.short_max:
         errs.append(f"eval.loss: short_min={lo.short_min} > short_max={lo.short_max}")
     if lo.data and lo.short_docs and lo.short_max > window:
         errs.append(f"eval.loss.short_max={lo.short_max} > data.window {window}: a short document must fit the "
                     f"window")
+    return errs
+
+
+def string_problems(e: EvalConfig) -> list[str]:
+    """eval.string against the lengths it runs at (eval_problems and run_eval call it): at each eval length L
+    where it applies (L > beyond), S must lie inside the prompt (fixed_shift: shift < L; else no distance of the
+    prompt reaches S) and above W (authors: int(shift_ratio * L) > local, else a "shifted" distance would move
+    farther). The held-out loss's short documents (authors: S follows each one's length) are checked at the
+    shortest one STRING applies to."""
+    st = e.string
+    if st is None:
+        return []
+    errs = []
+    for L in sorted(set(e.lengths)):
+        if not st.applies(L):
+            continue
+        S = st.shift_for(L)
+        if st.variant == "fixed_shift" and S >= L:
+            errs.append(f"eval.string.shift={S} >= eval length {L} (variant fixed_shift, beyond={st.beyond}): no "
+                        f"distance in a {L}-token prompt reaches S, so STRING would only touch the answer; set "
+                        f"eval.string.beyond >= {L} to evaluate that length plain, a shift below {L}, or "
+                        f"variant authors (S = shift_ratio x the length)")
+        elif S <= st.local:
+            errs.append(f"eval.string at length {L}: S = int(shift_ratio {st.shift_ratio:g} x {L}) = {S} <= local="
+                        f"{st.local}; STRING moves distances d >= S to d - S + local, closer only when local < S: "
+                        f"raise shift_ratio, lower local, or set eval.string.beyond >= {L}")
+    lo = e.loss
+    if st.variant == "authors" and lo.data and lo.short_docs:
+        shortest = max(lo.short_min, st.beyond + 1)
+        if shortest <= lo.short_max and st.shift_for(shortest) <= st.local:
+            errs.append(f"eval.string with eval.loss short documents: at {shortest} tokens S = int(shift_ratio "
+                        f"{st.shift_ratio:g} x {shortest}) = {st.shift_for(shortest)} <= local={st.local}; raise "
+                        f"eval.loss.short_min or eval.string.beyond, or lower local")
     return errs
 
 

@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from ..config.schema import EvalConfig, eval_padded_len
+from ..config.schema import EvalConfig, eval_padded_len, string_problems
 from ..model.string import apply_string, kernels_used, string_impl
 from . import report
 from .generate import cut_at_stop, greedy_generate
@@ -288,8 +288,9 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
     result["gate"]["passed"] is False (`megablu eval` exits 1). With dp_group (the ranks that
     share this rank's sp position across data-parallel groups), each dp group generates every
     dp-th prompt and the samples are gathered: the same result, dp times sooner.
-    With eval.string, STRING (model/string.py) is installed on the model for this eval only (generation
-    and held-out loss) and the previous setting restored after; it needs one rank (sp == 1).
+    With eval.string, STRING (model/string.py) is installed on the model for this eval only, per cell (S for
+    the cell's length: string_problems refuses an S outside the prompt) and per held-out sequence, and the
+    previous setting restored after; it needs one rank (sp == 1).
     With resume (`megablu eval`, one process), each finished cell is kept in step_<step>.<key>.json.partial,
     and a cell found there for the same model, setup and prompts (_resume_key, the cell's digest) is not run
     again: an eval cut short goes on where it stopped (docs/EVAL.md). The result lists such cells under
@@ -321,10 +322,9 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
         if sp > 1:
             raise EvalError(f"eval.string with sp={sp}: STRING attention runs on one rank (a sequence-parallel "
                             f"prefill shards the keys it remaps); run the eval with parallel.sp=1")
-        longest = max(L + eval_cfg.task_max_new(t) for t in eval_cfg.tasks for L in eval_cfg.lengths)
-        if string.shift >= longest:
-            log.warning("eval.string.shift=%d >= the longest sequence (%d tokens with its answer): no distance "
-                        "reaches it, so STRING changes nothing here", string.shift, longest)
+        bad = string_problems(eval_cfg)   # S inside each prompt it applies to, and above W
+        if bad:
+            raise EvalError("; ".join(bad))
         if string.beyond and all(L <= string.beyond for L in eval_cfg.lengths):
             log.warning("eval.string.beyond=%d >= every length (%s): every cell is evaluated plain", string.beyond,
                         ", ".join(map(str, eval_cfg.lengths)))
@@ -358,7 +358,7 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
     model.eval()
     samples, cells = [], []
     kernels_used(reset=True)
-    prev_string = apply_string(model, string)
+    prev_string = apply_string(model, None)   # installed per cell below: the authors' S follows the length
     try:
         dp = torch.distributed.get_world_size(dp_group) if dp_group is not None else 1
         dp_rank = torch.distributed.get_rank(dp_group) if dp_group is not None else 0
@@ -373,8 +373,8 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
                 continue
             t0 = time.perf_counter()
             on = string is not None and string.applies(L)   # eval.string.beyond: plain up to that length
-            if string is not None:
-                apply_string(model, string if on else None)
+            if string is not None:   # S for prompts built to L tokens (variant authors: int(shift_ratio * L))
+                apply_string(model, string if on else None, L)
             bs = max(1, batch_tokens // L)
             max_new = eval_cfg.task_max_new(task)
             mine, done = ps[dp_rank::dp], []
@@ -395,6 +395,8 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
             c = report.cell(task, L, done, eval_cfg, ps, dt)
             if string is not None:
                 c["string"] = on
+                if on:
+                    c["string_shift"] = string.shift_for(L)
             cells.append(c)
             if rank == 0:
                 log.info("eval step %d %s@%d: %.1f%% (%d/%d fully correct) in %.1fs, %.2f prompts/s", step, task, L,

@@ -163,8 +163,8 @@ def run_loss(model, data: dict, eval_cfg, *, sp_group=None, dp_group=None) -> di
     string = getattr(eval_cfg, "string", None)
 
     def nll(s, tail: bool):
-        if string is not None and string.beyond:   # STRING for the sequences longer than eval.string.beyond only
-            apply_string(model, string if string.applies(len(s)) else None)
+        if string is not None:   # STRING for the sequences longer than eval.string.beyond only, S for its length
+            apply_string(model, string if string.applies(len(s)) else None, len(s))
         return sequence_nll(model, s, sp_group=sp_group, tail_from=len(s) // 2 if tail else None)
 
     def score(seqs, tail: bool):
@@ -179,7 +179,7 @@ def run_loss(model, data: dict, eval_cfg, *, sp_group=None, dp_group=None) -> di
     try:
         return _run_loss(data, eval_cfg, score)
     finally:
-        if string is not None and string.beyond:
+        if string is not None:
             apply_string(model, prev)   # as it came in (nll switched it per sequence)
 
 

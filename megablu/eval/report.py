@@ -375,11 +375,16 @@ def _fmt_p(p: float) -> str:
     return f"{p:.2g}"
 
 
+# eval.string's fields at what results written before them ran: STRING at every length (beyond 0), megablu's fixed
+# shift without a factor (the variant field came with the authors' variant, now the default)
+_STRING_BEFORE = {"beyond": 0, "variant": "fixed_shift", "shift_ratio": None, "attention_factor": 1.0}
+
+
 def string_setting(res: dict) -> Optional[dict]:
-    """A result's eval.string, with the fields results written before they existed at their defaults (beyond
-    0: STRING at every length), so equal settings compare equal across versions."""
+    """A result's eval.string, with the fields results written before they existed at the values those results
+    ran (_STRING_BEFORE), so equal settings compare equal across versions and the two variants never do."""
     st = (res.get("eval") or {}).get("string")
-    return {**st, "beyond": st.get("beyond", 0)} if st else None
+    return {**_STRING_BEFORE, **st} if st else None
 
 
 def cells_by(res: dict, task: str) -> dict[int, dict]:
@@ -388,11 +393,16 @@ def cells_by(res: dict, task: str) -> dict[int, dict]:
 
 def _label(res: dict) -> str:
     """arm@step, and the eval-time STRING setting when the result used one (it is part of the arm)."""
-    st = (res.get("eval") or {}).get("string")
+    st = string_setting(res)
     note = res.get("_identity_note")
-    return (f"{res['arm']}@{res['step']}" + (f" +string(S={st['shift']},W={st['local']}"
-                                              f"{',>' + str(st['beyond']) if st.get('beyond') else ''})" if st else "")
-            + (f" [{note}]" if note else ""))
+    base = f"{res['arm']}@{res['step']}" + (f" [{note}]" if note else "")
+    if not st:
+        return base
+    # the authors' S follows the length (S=0.33L); megablu's fixed shift keeps its label (S in tokens)
+    s = f"authors,S={st['shift_ratio']:g}L" if st["variant"] == "authors" else f"S={st['shift']}"
+    s += f",W={st['local']}" + (f",af={st['attention_factor']:.4g}" if st["attention_factor"] != 1 else "") \
+        + (f",>{st['beyond']}" if st["beyond"] else "")
+    return f"{base} +string({s})"
 
 
 def _fmt_len(L: Optional[int]) -> str:

@@ -10,8 +10,8 @@ kernel, through Ulysses too (it sees the full S). `rope_len` picks each token's 
 rope.yarn.apply=beyond_original (model/rope.py, model/packing.py).
 
 STRING (eval.string, model/string.py) is installed from outside too, for evaluation only:
-`apply_string(model, cfg)` sets `model.string`; the forward then also rotates each key at
-position + shift - local and attention masks between the two copies (LocalAttention._string).
+`apply_string(model, cfg, length)` sets `model.string` (a StringSetting); the forward then also rotates each
+key at position + shift - local and attention masks between the two copies (LocalAttention._string).
 
 Memory switches (config `memory:`: recompute, mlp_tiles, offload_activations, loss_chunk,
 loss, attention, ops) are applied from outside, like Ulysses: megablu/memory/apply.py
@@ -122,13 +122,16 @@ class LocalAttention(nn.Module):
     `string_shift` (STRING's S, set by model/string.py apply_string; None = off): with it every call
     also gets `ks`, the shifted keys (the KV cache keeps them), and runs string_attention over [k; ks] --
     whole sequence, prefill chunk, decode step -- never `kernel`; except where the keys are at most S,
-    where no distance reaches the shift and the plain attention below runs (the same logits, bit for bit)."""
+    where no distance reaches the shift and the plain attention below runs (the same logits, bit for bit,
+    at `string_scale` 1). `string_scale`: STRING's attention_factor**2, multiplying q (so the logits) at
+    every distance while STRING is on."""
 
     def __init__(self, layer_idx: int = 0):
         super().__init__()
         self.layer_idx = layer_idx
         self.kernel = "sdpa"
         self.string_shift: Optional[int] = None
+        self.string_scale: float = 1.0
 
     def forward(self, q, k, v, cache: Optional[KVCache] = None, docs: Optional[DocMask] = None,
                 ks: Optional[torch.Tensor] = None):
@@ -177,6 +180,8 @@ class LocalAttention(nn.Module):
             if ks.shape[1] != k.shape[1]:
                 raise RuntimeError(f"KV cache layer {self.layer_idx}: {ks.shape[1]} shifted keys but {k.shape[1]} "
                                    f"keys (STRING switched on or off mid-sequence?)")
+        if self.string_scale != 1.0:   # the authors' factor on q and k: the logits times its square, every distance
+            q = q * self.string_scale
         if k.shape[1] <= self.string_shift:   # no distance d = m - n <= tk - 1 reaches S: STRING is the identity
             string_mod.KERNELS_USED["plain"] += 1
             return self._plain(q, k, v)
@@ -310,7 +315,7 @@ class BluModel(nn.Module):
     def _build(self, cfg: ModelConfig, rope: RopeConfig):
         self.cfg, self.rope_cfg = cfg, rope
         self.max_position: Optional[int] = None   # max_position_embeddings an HF import recorded (model/hf.py)
-        self.string = None   # STRING's StringConfig at evaluation (model/string.py apply_string); None = off
+        self.string = None   # STRING's StringSetting at evaluation (model/string.py apply_string); None = off
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)

@@ -1,7 +1,11 @@
 """STRING at inference (An et al. 2024, "Why Does the Effective Context Length of LLMs Fall Short?",
 arXiv 2410.18745): the largest relative distances, rare in training, reuse well-trained positions.
 
-Every relative distance d = m - n >= S (shift) is attended as d - S + W (local); d < S is unchanged.
+Every relative distance d = m - n >= S (shift) is attended as d - S + W (local); d < S is unchanged; q is
+multiplied by attention_factor**2 (the authors multiply q and k by the factor: string_for_llama.py scales the
+rotary cos and sin tables). One input's setting is a StringSetting (S, W, factor): eval.string's variant
+`authors` takes S = int(shift_ratio * L) for an input built to L tokens, `fixed_shift` the same S at every
+length (StringConfig.shift_for; docs/EVAL.md has what the authors' code does, file by file).
 RoPE scores depend on the relative position only: q rotated at m dotted with k rotated at n depends on
 m - n, so the pair (m, n) at relative position d - S + W is q rotated at m dotted with k rotated at
 n + (S - W). The model therefore keeps two copies of each key: k_r (rotated at n, the plain key) and
@@ -23,11 +27,12 @@ The two differ by the order of their float sums only (tests/model/test_string.py
 shape; a process that meets more shapes than RECOMPILE_LIMIT (an H100 eval, 2026-12-06: whole short
 validation documents of every length) goes on with sdpa, logged once and counted in KERNELS_USED.
 Where no distance reaches S (keys <= S), LocalAttention runs its plain attention instead of either:
-STRING is the identity there, so those logits are the plain model's bit for bit.
+the remapping is the identity there, so with attention_factor 1 those logits are the plain model's bit for
+bit (the factor, as in the authors' code, still applies).
 
-`apply_string(model, cfg)` installs it on a built BluModel from outside (the eval does, for the
-eval only, like memory/apply.py installs the kernels); the KV cache then also stores k_s.
-Inference only: it is never applied to training forwards.
+`apply_string(model, cfg, length)` installs it on a built BluModel from outside (the eval does, per
+cell and per held-out sequence, for the eval only, like memory/apply.py installs the kernels); the KV
+cache then also stores k_s. Inference only: it is never applied to training forwards.
 """
 from __future__ import annotations
 
@@ -35,7 +40,8 @@ import collections
 import functools
 import logging
 import os
-from typing import Optional
+from dataclasses import dataclass
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -218,19 +224,52 @@ def kernels_used(reset: bool = False) -> dict:
     return used
 
 
-def apply_string(model, string) -> Optional[object]:
-    """Install STRING (a StringConfig, or None to remove it) on a BluModel in place; returns the
-    previous setting, so a caller can restore it (run_eval does, after its eval).
+@dataclass(frozen=True)
+class StringSetting:
+    """STRING as one input runs it: distances d >= shift are attended as d - shift + local, and the logits are
+    multiplied by attention_factor**2 (q and k each by the factor, as the authors' rotary tables do)."""
+    shift: int
+    local: int
+    attention_factor: float = 1.0
+
+    def __post_init__(self):
+        if not 0 <= self.local < self.shift:
+            raise ValueError(f"STRING: local={self.local}, shift={self.shift}: need 0 <= local < shift")
+
+
+def string_setting(string, length: Optional[int] = None) -> Optional[StringSetting]:
+    """The StringSetting of eval.string (a StringConfig) for an input built to `length` tokens: the authors'
+    variant's S follows the length (StringConfig.shift_for), so it needs one; a fixed_shift config or a
+    StringSetting does not. None stays None."""
+    if string is None or isinstance(string, StringSetting):
+        return string
+    if string.variant != "fixed_shift" and length is None:
+        raise ValueError(f"eval.string variant {string.variant}: S = int(shift_ratio {string.shift_ratio} x the "
+                         f"input's length); pass the length the input was built to (apply_string(model, cfg, length))")
+    S = string.shift if string.variant == "fixed_shift" else string.shift_for(length)
+    if S <= string.local:
+        raise ValueError(f"eval.string ({string.variant}) at {length} tokens: S = {S} <= local={string.local}; STRING "
+                         f"moves distances d >= S to d - S + local, closer only when local < S (config check: "
+                         f"megablu.config.schema.string_problems)")
+    return StringSetting(S, string.local, string.attention_factor)
+
+
+def apply_string(model, string, length: Optional[int] = None) -> Optional[StringSetting]:
+    """Install STRING on a BluModel in place: `string` is a StringConfig (with `length`, the length the input
+    was built to, for the authors' variant), a StringSetting, or None to remove it. Returns the previous
+    StringSetting, so a caller can restore it (run_eval does, after its eval).
 
     model.string holds the setting BluModel.forward reads (it rotates the shifted keys at position
-    + shift - local); every LocalAttention holds the shift its mask uses."""
+    + shift - local); every LocalAttention holds the shift its mask uses and the scale it multiplies q by."""
+    setting: Union[StringSetting, None] = string_setting(string, length)
     if not hasattr(model, "string"):   # not a BluModel (a test's oracle): nothing to install or remove
-        if string is not None:
+        if setting is not None:
             raise ValueError(f"eval.string (STRING) needs a BluModel; {type(model).__name__} has no STRING path")
         return None
     prev = model.string
-    model.string = string
+    model.string = setting
     for m in model.modules():   # decoder.LocalAttention (found by its field: decoder imports this module)
         if hasattr(m, "string_shift"):
-            m.string_shift = None if string is None else string.shift
+            m.string_shift = None if setting is None else setting.shift
+            m.string_scale = 1.0 if setting is None else setting.attention_factor ** 2
     return prev

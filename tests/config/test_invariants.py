@@ -105,9 +105,14 @@ def test_keep_every_at_its_default_leaves_the_config_hash_alone():
     assert config_hash(cfg(old + ["checkpoint.keep_every=20"])) != "786b2824aa40a632"
     # eval.string (STRING at eval, added 2026-12-05) the same way: hashed only when set
     assert config_hash(cfg(old + ["eval.string=null"])) == "786b2824aa40a632"
-    assert config_hash(cfg(old + ["eval.string.shift=64", "eval.string.local=8"])) != "786b2824aa40a632"
-    # eval.string.beyond (2026-12-06) at its default keeps the hash of the runs before it (9533a9b's)
-    string = ["eval.string.shift=64", "eval.string.local=8"]
+    assert config_hash(cfg(old + ["eval.string.local=8"])) != "786b2824aa40a632"
+    # eval.string.beyond (2026-12-06) at its default keeps the hash of the runs before it (9533a9b's), and so
+    # does the fixed shift those runs had, now named (variant fixed_shift, no attention factor): the authors'
+    # variant, the default since, and a factor hash differently
+    string = ["eval.string.variant=fixed_shift", "eval.string.shift=64", "eval.string.local=8"]
+    assert config_hash(cfg(old + string + ["eval.string.attention_factor=1.0"])) == "70e138f0084275f1"
+    assert config_hash(cfg(old + string + ["eval.string.attention_factor=1.07"])) != "70e138f0084275f1"
+    assert config_hash(cfg(old + ["eval.string.shift_ratio=0.33", "eval.string.local=8"])) != "70e138f0084275f1"
     assert config_hash(cfg(old + string)) == config_hash(cfg(old + string + ["eval.string.beyond=0"])) \
         == "70e138f0084275f1"
     assert config_hash(cfg(old + string + ["eval.string.beyond=16360"])) != "70e138f0084275f1"

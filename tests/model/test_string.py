@@ -16,7 +16,7 @@ from megablu.eval.generate import greedy_generate, new_cache
 from megablu.model import decoder
 from megablu.model.decoder import BluModel, KVCache
 from megablu.model.rope import RotaryEmbedding
-from megablu.model.string import apply_string, string_attention, string_attention_flex
+from megablu.model.string import StringSetting, apply_string, string_attention, string_attention_flex
 from megablu.ops.rope import rope_reference
 
 TOL = 1e-10   # fp64 throughout: the remapped and the explicit computation differ by rounding only
@@ -121,7 +121,7 @@ def string_model(rope):
     (computed before any forward of the model under test)."""
     m = tiny(rope, seed=1)
     ids = torch.randint(0, 61, (2, 30), generator=torch.Generator().manual_seed(0))
-    apply_string(m, StringConfig(shift=9, local=2))
+    apply_string(m, StringConfig(variant="fixed_shift", shift=9, local=2))
     with torch.no_grad():
         return m, ids, reference_model(m, ids, 9, 2, rope_len=30 if rope else None)
 
@@ -142,13 +142,13 @@ def test_switch_is_live_and_inert_beyond_every_distance():
     ids = torch.randint(0, 61, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         plain = m(ids)
-        apply_string(m, StringConfig(shift=40, local=3))      # every distance < 40: nothing remapped
+        apply_string(m, StringConfig(variant="fixed_shift", shift=40, local=3))   # every distance < 40: none remapped
         inert = m(ids)
-        apply_string(m, StringConfig(shift=8, local=3))
+        apply_string(m, StringConfig(variant="fixed_shift", shift=8, local=3))
         live = m(ids)
         prev = apply_string(m, None)
         back = m(ids)
-    assert prev == StringConfig(shift=8, local=3) and m.string is None
+    assert prev == StringSetting(8, 3) and m.string is None
     assert (inert - plain).abs().max() < TOL
     assert (live - plain).abs().max() > 1e-6   # 1e-6: 1e9 x the rounding the equalities allow
     # rows before the first remapped distance (position < S) are untouched
@@ -167,7 +167,7 @@ def test_cache_path_equals_full_forward(rope, total, static):
     S, W, new = 9, 2, 6
     L = total - new
     ids = torch.randint(0, 61, (1, L), generator=torch.Generator().manual_seed(2))
-    apply_string(m, StringConfig(shift=S, local=W))
+    apply_string(m, StringConfig(variant="fixed_shift", shift=S, local=W))
     with torch.no_grad():
         if static:
             cache = new_cache(m, total, rope_len=total)
@@ -186,7 +186,7 @@ def test_cache_path_equals_full_forward(rope, total, static):
         if total > S + 1:   # the remapping is exercised: the plain model differs
             apply_string(m, None)
             assert (m(seq, rope_len=total)[:, :total - 1] - full).abs().max() > 1e-6
-            apply_string(m, StringConfig(shift=S, local=W))
+            apply_string(m, StringConfig(variant="fixed_shift", shift=S, local=W))
         # greedy_generate through the cache equals its recompute path with STRING on
         ref = greedy_generate(m, ids, new, use_cache=False)
         for chunk in (0, 7, 1):
@@ -196,7 +196,7 @@ def test_cache_path_equals_full_forward(rope, total, static):
 @pytest.mark.parametrize("static", [True, False], ids=["static-cache", "cat-cache"])
 def test_truncate_keeps_the_shifted_keys_aligned(static):
     m = tiny(seed=4)
-    apply_string(m, StringConfig(shift=5, local=1))
+    apply_string(m, StringConfig(variant="fixed_shift", shift=5, local=1))
     ids = torch.randint(0, 61, (1, 20), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         cache = new_cache(m, 24, rope_len=24) if static else KVCache(m.cfg.n_layers, rope_len=24)
@@ -222,7 +222,7 @@ def test_string_never_runs_the_causal_kernel_where_a_distance_reaches_the_shift(
         raise AssertionError("the causal kernel ran with STRING on")
 
     monkeypatch.setattr(decoder, "causal_attention", boom)
-    apply_string(m, StringConfig(shift=6, local=2))
+    apply_string(m, StringConfig(variant="fixed_shift", shift=6, local=2))
     ids = torch.randint(0, 61, (1, 12), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         m(ids)
@@ -239,7 +239,7 @@ def test_at_most_s_keys_run_the_plain_attention(monkeypatch):
     ids = torch.randint(0, 61, (2, 41), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         plain = m(ids[:, :40])
-        apply_string(m, StringConfig(shift=40, local=3))
+        apply_string(m, StringConfig(variant="fixed_shift", shift=40, local=3))
         string_mod.kernels_used(reset=True)
         same = m(ids[:, :40])
         assert torch.equal(same, plain)
@@ -305,7 +305,7 @@ def test_plain_path_unchanged(monkeypatch):
 
 def test_refusals():
     m = tiny(seed=6)
-    apply_string(m, StringConfig(shift=6, local=2))
+    apply_string(m, StringConfig(variant="fixed_shift", shift=6, local=2))
     ids = torch.randint(0, 61, (1, 12), generator=torch.Generator().manual_seed(5))
     with pytest.raises(ValueError, match="document masking"):
         m(ids, doc_ids=torch.zeros(1, 12, dtype=torch.long))
@@ -428,3 +428,192 @@ def test_flex_matches_sdpa_on_cuda_bf16(T, tk):
     got_sdpa = string_attention(*b, S, impl="sdpa").float()
     err_flex, err_sdpa = (got_flex - ref).abs().max().item(), (got_sdpa - ref).abs().max().item()
     assert err_flex < 2e-2 and err_flex < 2 * err_sdpa + 1e-3, (err_flex, err_sdpa)
+
+
+# ---------------------------------------------------------------- against the authors' definition, written here
+# HKUNLP/STRING string_for_llama.py, read for this test (docs/EVAL.md quotes it): RotaryEmbedding._set_cos_sin_cache
+# multiplies the cos and sin tables by attention_factor = 0.1 * ln(2) + 1 (replace_with_string), and forward rotates
+# the keys at their positions j, the "neighbor" queries at i and the "shifted" queries at i - diag_size + local_window.
+AF = 0.1 * math.log(2) + 1
+
+
+def authors_tables(D: int, theta: float, positions, af: float):
+    """(len(positions), D) cos and sin as their RotaryEmbedding builds them (_compute_default_rope_parameters,
+    _set_cos_sin_cache): emb = cat(freqs, freqs), cos and sin times af. In fp64 here (theirs: fp32 angles), so
+    that a rotation at m against one at n is the rotation at m - n to fp64 rounding, whichever side turns."""
+    inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    f = torch.outer(torch.as_tensor(list(positions), dtype=torch.float64), inv)
+    emb = torch.cat([f, f], -1)
+    return af * emb.cos(), af * emb.sin()
+
+
+def _rotate_half(x):
+    x1, x2 = x.chunk(2, -1)
+    return torch.cat([-x2, x1], -1)
+
+
+def authors_rot(x, D, theta, positions, af=1.0):
+    """x (B, T, H, D) rotated at `positions` (T,) as their apply_rotary_pos_emb: x * cos + rotate_half(x) * sin."""
+    c, s = authors_tables(D, theta, positions, af)
+    return x * c[None, :, None] + _rotate_half(x) * s[None, :, None]
+
+
+def dense_string(q, k, v, S, W, af, theta, positions):
+    """The paper's relative-position matrix, dense: P[i, j] = i - j if i - j < S else i - j - S + W, masked where
+    j > i; logit[i, j] = (q_i rotated at P[i, j]) . (k_j rotated at 0) / sqrt(D) with the tables times af, so
+    af**2 on every logit; one masked softmax per row. Raw q (B, T, H, D) at `positions`, raw k, v (B, tk, Hkv, D)
+    at 0 .. tk-1; GQA by repeating each kv head for its group (their repeat_kv). -> (B, T, H, D)."""
+    B, T, H, D = q.shape
+    tk = k.shape[1]
+    rep = H // k.shape[2]
+    k, v = k.repeat_interleave(rep, 2), v.repeat_interleave(rep, 2)
+    i = torch.as_tensor(positions)[:, None]
+    d = i - torch.arange(tk)[None, :]                                     # (T, tk)
+    P = torch.where(d < S, d, d - S + W).clamp(min=0)                     # (T, tk); d < 0 is masked below
+    qp = torch.stack([authors_rot(q, D, theta, [p] * T, af) for p in range(int(P.max()) + 1)])   # (npos, B, T, H, D)
+    q_at = qp[P, :, torch.arange(T)[:, None]]                             # (T, tk, B, H, D): q_i rotated at P[i, j]
+    k0 = authors_rot(k, D, theta, [0] * tk, af)                           # (B, tk, H, D)
+    logits = torch.einsum("ijbhd,bjhd->bhij", q_at, k0) / math.sqrt(D)
+    logits = logits.masked_fill((d < 0)[None, None], float("-inf"))
+    return torch.einsum("bhij,bjhd->bihd", torch.softmax(logits, -1), v)
+
+
+def authors_two_part(q, k, v, S, W, af, theta, prefill: bool):
+    """string_for_llama.py's own algorithm, dense, on a whole sequence (queries at 0 .. T-1): the neighbor
+    queries (at i) over keys j >= i - S (prefill: flash_attn_func window_size=[S, 0], inclusive, so d <= S) or
+    j >= i - S + 1 (decode: flash decoding over key_cache[kv_len - S : kv_len], d <= S - 1); the shifted queries
+    (at i - S + W) of rows i >= S over keys j <= i - S; the two merged by their log-sum-exps (their lse_gap)."""
+    B, T, H, D = q.shape
+    rep = H // k.shape[2]
+    k, v = k.repeat_interleave(rep, 2), v.repeat_interleave(rep, 2)
+    pos = list(range(T))
+    q1 = authors_rot(q, D, theta, pos, af)
+    q2 = authors_rot(q, D, theta, [p - S + W for p in pos], af)
+    kr = authors_rot(k, D, theta, pos, af)
+    d = torch.arange(T)[:, None] - torch.arange(T)[None, :]
+    near = (d >= 0) & (d <= (S if prefill else S - 1))
+    far = d >= S
+
+    def part(qq, mask):
+        lg = torch.einsum("bihd,bjhd->bhij", qq, kr) / math.sqrt(D)
+        lg = lg.masked_fill(~mask[None, None], float("-inf"))
+        lse = torch.logsumexp(lg, -1)                                     # (B, H, T)
+        return torch.einsum("bhij,bjhd->bihd", torch.softmax(lg, -1).nan_to_num(), v), lse
+
+    o1, l1 = part(q1, near)
+    o2, l2 = part(q2, far)
+    out = o1.clone()
+    t = slice(S, T)                                                       # their diag_out_tail / shifted_out rows
+    g = torch.sigmoid(l2[..., t] - l1[..., t]).transpose(1, 2)[..., None]   # 1 / (1 + exp(lse_d - lse_s))
+    out[:, t] = o1[:, t] * (1 - g) + o2[:, t] * g
+    return out
+
+
+@pytest.mark.parametrize("S,W,T", [(12, 3, 41), (1, 0, 37), (30, 29, 41), (23, 4, 64)])
+def test_dense_position_matrix_equals_the_authors_two_part_decode_rule(S, W, T):
+    """The two references agree with each other where they should: the dense position matrix is the authors'
+    two-part merge with the decode rule (d < S plain, d >= S shifted); their prefill's inclusive window adds the
+    key at d = S a second time (at its plain position) to every row from S on, and nothing to the rows before."""
+    g = torch.Generator().manual_seed(S + T)
+    q = torch.randn(2, T, 6, 16, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, T, 2, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    dense = dense_string(q, k, v, S, W, AF, 500.0, range(T))
+    assert (authors_two_part(q, k, v, S, W, AF, 500.0, prefill=False) - dense).abs().max() < TOL
+    pre = authors_two_part(q, k, v, S, W, AF, 500.0, prefill=True)
+    assert (pre[:, :S] - dense[:, :S]).abs().max() < TOL
+    assert (pre[:, S:] - dense[:, S:]).abs().amax(dim=(0, 2, 3)).min() > 1e-6   # every row from S on differs
+
+
+VARIANTS = [("fixed_shift", 1.0), ("authors", AF)]
+
+
+@pytest.mark.parametrize("variant,af", VARIANTS)
+@pytest.mark.parametrize("S,W,T", [(12, 3, 41), (1, 0, 37), (30, 29, 41), (45, 4, 41)])
+@pytest.mark.parametrize("impl", ["sdpa", "flex"])
+def test_attention_fwd_bwd_against_the_dense_position_matrix(variant, af, S, W, T, impl, monkeypatch):
+    """LocalAttention with STRING on (shift S, scale af**2 as apply_string sets them), fed keys and queries
+    rotated here with the authors' tables (no af: megablu puts af**2 on q), equals dense_string in the output and
+    in the gradients of the raw q, k, v: GQA 6/2, odd T, batch 2, fp64. S = 45 > T: every distance is plain
+    (the plain-attention path, still scaled). Gradients with sdpa only: FlexAttention has no backward on a CPU
+    (the eval never differentiates STRING; the sdpa kernel is the reference the flex one is compared with)."""
+    monkeypatch.setenv("MEGABLU_STRING_IMPL", impl)
+    theta, D, bwd = 500.0, 16, impl == "sdpa"
+    g = torch.Generator().manual_seed(S * 7 + T)
+    q = torch.randn(2, T, 6, D, generator=g, dtype=torch.float64, requires_grad=bwd)
+    k, v = (torch.randn(2, T, 2, D, generator=g, dtype=torch.float64, requires_grad=bwd) for _ in range(2))
+    w = torch.randn(2, T, 6, D, generator=g, dtype=torch.float64)
+    la = decoder.LocalAttention()
+    la.string_shift, la.string_scale = S, af ** 2
+    pos = list(range(T))
+    out = la(authors_rot(q, D, theta, pos), authors_rot(k, D, theta, pos), v,
+             ks=authors_rot(k, D, theta, [p + S - W for p in pos]))
+    ref_out = dense_string(q, k, v, S, W, af, theta, pos)
+    got, ref = [out], [ref_out]
+    if bwd:
+        got += torch.autograd.grad((out * w).sum(), (q, k, v))
+        ref += torch.autograd.grad((ref_out * w).sum(), (q, k, v))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref):
+        assert (a - b).abs().max() < TOL, name
+
+
+@pytest.mark.parametrize("T", [1, 9])
+def test_attention_decode_step_against_the_dense_position_matrix(T):
+    """A decode step and a chunk of 9 queries after 32 cached keys (bottom-right aligned), authors' scale."""
+    theta, D, S, W, tk = 500.0, 8, 10, 2, 41
+    g = torch.Generator().manual_seed(T)
+    q = torch.randn(1, T, 4, D, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(1, tk, 2, D, generator=g, dtype=torch.float64) for _ in range(2))
+    la = decoder.LocalAttention()
+    la.string_shift, la.string_scale = S, AF ** 2
+    pos = list(range(tk - T, tk))
+    got = la(authors_rot(q, D, theta, pos), authors_rot(k, D, theta, range(tk)), v,
+             ks=authors_rot(k, D, theta, [n + S - W for n in range(tk)]))
+    assert (got - dense_string(q, k, v, S, W, AF, theta, pos)).abs().max() < TOL
+
+
+@torch.no_grad()
+def _dense_model(m: BluModel, ids, S, W, af, theta):
+    """The tiny model with dense_string in every layer (its own weights, norms and MLPs; no megablu attention)."""
+    B, T = ids.shape
+    h = m.embed_tokens(ids)
+    for layer in m.layers:
+        a = layer.self_attn
+        x = layer.input_layernorm(h)
+        q = a.q_proj(x).view(B, T, a.n_heads, a.head_dim)
+        k = a.k_proj(x).view(B, T, a.n_kv_heads, a.head_dim)
+        v = a.v_proj(x).view(B, T, a.n_kv_heads, a.head_dim)
+        h = h + a.o_proj(dense_string(q, k, v, S, W, af, theta, range(T)).reshape(B, T, -1))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return m.lm_head(m.norm(h))
+
+
+@pytest.mark.parametrize("T", [31, 47])
+def test_model_with_each_variant_against_the_dense_reference(T):
+    """BluModel with eval.string as a user sets it, for an input built to T tokens: variant authors
+    (shift_ratio 0.3, local 2: S = int(0.3 T), the factor 1 + 0.1 ln 2 by default) and fixed_shift (S 9, W 2, no
+    factor) equal the dense reference with that S and factor; the two variants differ from each other.
+    At 1e-7: the model's rotary angles are fp32 (as transformers' and the authors'), 2-6e-9 from the fp64
+    reference's here, while a wrong S (S + 1) or a missing factor moves the logits by 1e-4."""
+    theta = 10000.0
+    m = tiny(RopeConfig(theta=theta), seed=7)
+    ids = torch.randint(0, 61, (2, T), generator=torch.Generator().manual_seed(T))
+    outs = {}
+    for cfg, S, af in ((StringConfig(shift_ratio=0.3, local=2), int(0.3 * T), AF),
+                       (StringConfig(variant="fixed_shift", shift=9, local=2), 9, 1.0)):
+        apply_string(m, cfg, T)
+        with torch.no_grad():
+            outs[cfg.variant] = m(ids)
+        assert (outs[cfg.variant] - _dense_model(m, ids, S, 2, af, theta)).abs().max() < 1e-7, cfg.variant
+    assert (outs["authors"] - outs["fixed_shift"]).abs().max() > 1e-6
+
+
+def test_authors_variant_needs_the_input_length():
+    m = tiny(seed=8)
+    with pytest.raises(ValueError, match="pass the length"):
+        apply_string(m, StringConfig())
+    assert m.string is None
+    with pytest.raises(ValueError, match="S = 3 <= local=128"):   # int(0.33 * 10) = 3
+        apply_string(m, StringConfig(), 10)
+    assert apply_string(m, StringConfig(), 1000) is None and m.string == StringSetting(330, 128, AF)
+    assert m.layers[0].self_attn.core.string_scale == AF ** 2
+    assert apply_string(m, None) == StringSetting(330, 128, AF) and m.layers[0].self_attn.core.string_scale == 1.0

@@ -420,8 +420,8 @@ def test_export_of_a_run_evaluated_with_string_says_the_export_scores_plain(tmp_
     (run / "eval" / "string_evals.jsonl").write_text("not json\n")
     assert main(["ckpt", "export", str(run), "--out", str(tmp_path / "plain")]) == 0
     assert "string_not_exported" not in json.loads((tmp_path / "plain" / "megablu_export.json").read_text())
-    assert main([*ev, "--out", str(tmp_path / "elsewhere"), "--set", "eval.string.shift=64",
-                 "--set", "eval.string.local=8"]) in (0, 1)
+    assert main([*ev, "--out", str(tmp_path / "elsewhere"), "--set", "eval.string.variant=fixed_shift",
+                 "--set", "eval.string.shift=64", "--set", "eval.string.local=8"]) in (0, 1)
     with caplog.at_level(logging.WARNING, logger="megablu.checkpoint.weights"):
         assert main(["ckpt", "export", str(run), "--out", str(tmp_path / "str")]) == 0
     note = json.loads((tmp_path / "str" / "megablu_export.json").read_text())["string_not_exported"]
