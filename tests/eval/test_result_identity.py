@@ -45,7 +45,7 @@ def test_compare_never_merges_a_rope_override_into_the_plain_row():
 
 def test_compare_keeps_a_string_eval_apart_from_the_plain_one():
     plain = _res("arm", {128: 90})
-    st = _res("arm", {128: 99}, string={"shift": 64, "local": 8})
+    st = _res("arm", {128: 99}, string={"variant": "fixed_shift", "shift": 64, "local": 8})
     rows = merge_results([plain, st])
     assert len(rows) == 2 and {r["eval"]["string"] is None for r in rows} == {True, False}
 
@@ -53,7 +53,7 @@ def test_compare_keeps_a_string_eval_apart_from_the_plain_one():
 def test_the_gate_refuses_a_parent_scored_with_an_inference_change():
     gate = GateConfig(short_lengths=[128])
     arm = _res("ext", {128: 100})
-    for parent in (_res("parent", {128: 100}, string={"shift": 64, "local": 8}),
+    for parent in (_res("parent", {128: 100}, string={"variant": "fixed_shift", "shift": 64, "local": 8}),
                    _res("parent", {128: 100}, rope=YARN4, override={"differences": ["rope.yarn"]})):
         assert any("inference-time change" in p for p in parent_problems(parent, gate, ["passkey"]))
         g = check_gate(arm, parent, gate)

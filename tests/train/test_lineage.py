@@ -186,11 +186,12 @@ def test_eval_refuses_another_rope_unless_overridden(tmp_path):
     ov = res["rope_override"]
     assert ov["checkpoint"]["yarn"] is None and ov["differences"][0].startswith("rope.yarn: None vs")
     assert res["rope"]["yarn"]["factor"] == 2.0          # what the eval actually ran with
-    # the same rope as the weights: no override needed, none recorded
-    r = subprocess.run(base + ["--set", "rope.yarn=null", "--set", "data.window=256"],
+    # the same rope as the weights: no override needed, none recorded (another model than the override's: another
+    # --out, since an eval never writes over another model's result)
+    r = subprocess.run(base + ["--set", "rope.yarn=null", "--set", "data.window=256", "--out", str(tmp_path / "ev2")],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "rope_override" not in json.loads((tmp_path / "ev" / "step_0.json").read_text())
+    assert "rope_override" not in json.loads((tmp_path / "ev2" / "step_0.json").read_text())
 
 
 # --------------------------------------------------------------------------- holes found by the second review
