@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -540,10 +541,11 @@ def _hf_dir(lab):
     return lab._cache["hf"]
 
 
-def _eval(lab, *args, model=True):
+def _eval(lab, *args, model=True, out=None):
     src = ["--hf", _hf_dir(lab)] if model else []
-    return lab.cli("eval", "--config", lab.cfg_file, *src, "--step", "0", "--no-plot", "--out", lab.fresh(),
-                   "--set", "eval.max_new=4", "--set", "eval.pad=8", "--set", "eval.lengths=[120]", *args)
+    # max_new 8 holds a passkey answer in the lab's tokenizer (' 12345': 6 tokens, one per digit)
+    return lab.cli("eval", "--config", lab.cfg_file, *src, "--step", "0", "--no-plot", "--out", out or lab.fresh(),
+                   "--set", "eval.max_new=8", "--set", "eval.pad=8", "--set", "eval.lengths=[120]", *args)
 
 
 case("eval/hub", "eval --n 0", "--n: Input should be greater than 0")(lambda lab: _eval(lab, "--n", "0", model=False))
@@ -731,6 +733,244 @@ def _(lab):
 def _(lab):
     runs, run = _locked(lab)
     return lab.check([f"runs_dir={runs}"], "--resume", run.name)
+
+
+# =========================================================================== issue 39, items 5-6
+# Settings that make a score meaningless (item 5) and commands that ended in a traceback (item 6), found by a
+# new-user adversarial run; each of these was accepted or a traceback before it was fixed.
+
+# --------------------------------------------------------------------------- item 5: meaningless settings
+def _mix_src(name, path, **kw):
+    fields = {"name": name, "path": str(path), "mode": "pack", "weight": 1.0, "max_epochs": ".inf", **kw}
+    return "{" + ", ".join(f"{k}: {v}" for k, v in fields.items()) + "}"
+
+
+case("configs", "eval.max_new shorter than the passkey answer", "eval.max_new=4", "task passkey",
+     "set eval.max_new >= 6")(lambda lab: lab.both(["eval.lengths=[128]", "eval.max_new=4", "eval.pad=8",
+                                                    "eval.final=true"]))
+case("eval/hub", "eval --set eval.max_new=3 (shorter than the passkey answer)", "eval.max_new=3", "task passkey")(
+    lambda lab: _eval(lab, "--n", "1", "--set", "eval.max_new=3"))
+case("configs", "a data.mix source reading eval.loss's val split", "data.mix[0] (own)", "eval.loss.data",
+     "scores")(lambda lab: lab.both(["data.path=null", f"data.mix=[{_mix_src('own', lab.data, split='val')}]",
+                                     f"eval.loss.data={lab.data}", "eval.loss.short_docs=0"]))
+case("configs", "data.split=val of eval.loss's dataset", "data.split=val", "eval.loss.data")(
+    lambda lab: lab.both(["data.split=val", "data.bucket=b0", "data.max_epochs=.inf", f"eval.loss.data={lab.data}@b0",
+                          "eval.loss.short_docs=0"]))
+_YARN_SCRATCH = ["data.window=512", "train.tokens_per_step=2048", "rope.allow_yarn_from_scratch=true"]
+case("configs", "inverted YaRN betas (beta_fast <= beta_slow)", "rope.yarn: beta_fast=1.0 <= beta_slow=32.0")(
+    lambda lab: lab.both([*_YARN_SCRATCH, "rope.yarn={factor: 2.0, original_max_position: 256, beta_fast: 1.0, "
+                          "beta_slow: 32.0}"]))
+# 8k window over bucket b0 (documents < 4096 tokens) and original 4096: no sequence is longer than the original
+_BEYOND = ["data.window=8192", "train.tokens_per_step=32768", "rope.allow_yarn_from_scratch=true", "data.bucket=b0",
+           "rope.yarn={factor: 2.0, original_max_position: 4096, apply: beyond_original}"]
+case("configs", "yarn apply beyond_original, truncate rows no longer than the original",
+     "rope.yarn.apply=beyond_original", "no training sequence is longer than original_max_position 4096")(
+    lambda lab: lab.both([*_BEYOND, "data.mode=truncate"]))
+case("configs", "yarn apply beyond_original, doc_mask over documents no longer than the original",
+     "rope.yarn.apply=beyond_original", "with data.doc_mask")(
+    lambda lab: lab.both([*_BEYOND, "data.mode=pack", "data.doc_mask=true"]))
+case("configs", "data.mix weights of 1e308 (their sum overflows)", "sum to inf")(
+    lambda lab: lab.both(["data.path=null", f"data.mix=[{_mix_src('a', lab.data, weight='1.0e+308')}, "
+                                            f"{_mix_src('b', lab.data, weight='1.0e+308')}]"]))
+
+_PLAN = [("--windows 0", ["--windows", "0"], "--windows: 0"),
+         ("--windows=-4k", ["--windows=-4k"], "--windows: -4096"),
+         ("--gpus -2", ["--gpus", "-2"], "--gpus: -2"),
+         ("--gpus 0", ["--gpus", "0"], "--gpus: 0"),
+         ("--gpu-gb 0", ["--gpu-gb", "0"], "--gpu-gb: 0 GB"),
+         ("--gpu-gb -80", ["--gpu-gb", "-80"], "--gpu-gb: -80 GB"),
+         ("--host-gb 0", ["--host-gb", "0"], "--host-gb: 0 GB")]
+for _n, _a, _e in _PLAN:
+    case("commands", f"plan {_n}", _e)(lambda lab, a=_a: lab.cli("plan", "--config", lab.cfg_file, *a))
+case("commands", "plan --calibration a binary file", "--calibration", "not a calibration or probe JSON")(
+    lambda lab: lab.cli("plan", "--config", lab.cfg_file, "--calibration",
+                        lab.write("probe.json", b"\x00\xff\xfegarbage", binary=True)))
+case("commands", "plan --calibration a JSON list", "--calibration", "not a calibration or probe JSON")(
+    lambda lab: lab.cli("plan", "--config", lab.cfg_file, "--calibration", lab.write("probe.json", "[1, 2]")))
+
+
+@case("commands", "runs show <a runs dir>", "is a runs dir, not a run", "megablu runs show")
+def _(lab):
+    runs, _ = lab.run(steps=())
+    return lab.cli("runs", "show", runs)
+
+
+@case("commands", "runs show <a dataset dir>", "is not a run")
+def _(lab):
+    return lab.cli("runs", "show", lab.data)
+
+
+# --------------------------------------------------------------------------- item 6: tracebacks
+def _in_dir(d, fn):
+    old = os.getcwd()
+    os.chdir(d)
+    try:
+        return fn()
+    finally:
+        os.chdir(old)
+
+
+def _loop(lab):
+    p = lab.fresh("loop") / "ds"
+    p.symlink_to(p)
+    return p
+
+
+def _full_disk(fn):
+    """fn() with every shard's token file written to /dev/full: its writes fail with ENOSPC once a buffer is
+    flushed, and so does closing it (a full disk)."""
+    import builtins
+
+    from megablu.data import shards
+
+    real = builtins.open
+
+    def full_open(path, mode="r", *a, **kw):
+        return real("/dev/full" if str(path).endswith(".tok") else path, mode, *a, **kw)
+    shards.open = full_open
+    try:
+        return fn()
+    finally:
+        del shards.open
+
+
+def _synth_out(name, expect, out, *extra, wrap=None, lengths="900"):
+    """`data synth --out out(lab)`: refused, writing nothing into the folder that holds out."""
+    holder = {}
+
+    def watch(lab):
+        holder["out"] = out(lab)
+        return holder["out"].parent if holder["out"].name not in ("", ".", "..") else lab.root / "synth"
+
+    def run(lab):
+        argv = ["data", "synth", "--tokenizer", "tiktoken_file:megablu:stdlib4k", "--docs", "2", "--no-progress",
+                "--lengths", lengths, "--out", holder["out"], *extra]
+        return (wrap or (lambda lab, f: f()))(lab, lambda: lab.cli(*argv))
+    case("data", f"`megablu data synth` {name}", *expect, watch=watch)(run)
+
+
+def _build_out(name, expect, out, wrap=None):
+    holder = {}
+
+    def watch(lab):
+        holder["out"] = out(lab)
+        holder["src"] = _source_tree(lab)
+        return holder["out"].parent if holder["out"].name not in ("", ".", "..") else holder["src"]
+
+    def run(lab):
+        argv = ["data", "build", "--input", holder["src"], "--out", holder["out"], *_BUILD]
+        return (wrap or (lambda lab, f: f()))(lab, lambda: lab.cli(*argv))
+    case("data", f"`megablu data build` {name}", *expect, watch=watch)(run)
+
+
+_synth_out("--out under /proc", ("/proc", "cannot write there"), lambda lab: Path("/proc/megablu-ds"))
+_build_out("--out under /proc", ("/proc", "cannot write there"), lambda lab: Path("/proc/megablu-ds"))
+_synth_out("--out . (an empty current folder)", ("--out . names no new folder",),
+           lambda lab: Path("."), wrap=lambda lab, f: _in_dir(lab.fresh("cwd"), f))
+_build_out("--out . (an empty current folder)", ("--out . names no new folder",),
+           lambda lab: Path("."), wrap=lambda lab, f: _in_dir(lab.fresh("cwd"), f))
+_synth_out("--out a symlink loop", ("symlink loop",), _loop)
+_build_out("--out a symlink loop", ("symlink loop",), _loop)
+_synth_out("--out a 300-character name", ("is 300 bytes long",), lambda lab: lab.fresh("long") / ("d" * 300))
+_synth_out("onto a full disk", ("No space left on device", "nothing was written"),
+           lambda lab: lab.fresh("full") / "ds", lengths="6000", wrap=lambda lab, f: _full_disk(f))
+_build_out("onto a full disk", ("No space left on device", "nothing was written"),
+           lambda lab: lab.fresh("full") / "ds", wrap=lambda lab, f: _full_disk(f))
+
+
+def _read_only_dir(lab) -> Path:
+    """A folder this user cannot write: mode 0555, or for root (whom modes do not stop) a read-only mount."""
+    if os.geteuid() != 0:
+        d = lab.fresh("ro")
+        d.chmod(0o555)
+        return d
+    for d in (Path("/sys"), Path("/proc/self")):
+        if d.is_dir():
+            return d
+    pytest.skip("no read-only folder for root here")
+
+
+case("eval/hub", "eval --out an existing file", "--out", "is a file, not a directory")(
+    lambda lab: _eval(lab, "--n", "1", out=lab.write("result.txt", "mine")))
+case("eval/hub", "eval --out a read-only folder", "--out", "cannot write there")(
+    lambda lab: _eval(lab, "--n", "1", out=_read_only_dir(lab)))
+case("configs", "a 300-character run name", "is 300 bytes long", "at most 242")(
+    lambda lab: lab.both([f"name={'r' * 300}"]))
+case("configs", "a run name with a NUL character", "name=")(lambda lab: lab.both(['name="a\\0b"']))
+
+
+@case("commands", "runs: a run whose metrics.csv is binary (the others still list)", "tiny_cpu-0001",
+      "garbage-0001: unreadable", rc=0)
+def _(lab):
+    runs, _ = lab.run(steps=())
+    bad = runs / "garbage-0001"
+    bad.mkdir()
+    (bad / "run.json").write_text(json.dumps({"run_id": bad.name, "name": "garbage"}))
+    (bad / "metrics.csv").write_bytes(b"step,loss\n\x00\xff\xfe\x00" * 50)
+    r = lab.cli("runs", runs)
+    return Result(r.rc, r.out, r.err + r.out, r.exc)
+
+
+class _FakeTrainer:
+    """The entry's Trainer, without training: train() runs `then` (a signal) and returns a summary."""
+    then = None
+
+    def __init__(self, cfg, resume=None, local_rank=0):
+        self.run_dir = None
+
+    def train(self):
+        if _FakeTrainer.then:
+            _FakeTrainer.then()
+        return {"run_id": "fake", "steps": 4}
+
+
+def _with_fake_trainer(fn, then=None):
+    from megablu.train import trainer, watchdog
+
+    saved = trainer.Trainer, watchdog.exit_with_launcher
+    trainer.Trainer, _FakeTrainer.then = _FakeTrainer, then
+    watchdog.exit_with_launcher = lambda *a, **k: None    # no launcher to watch in-process
+    try:
+        return fn()
+    finally:
+        trainer.Trainer, watchdog.exit_with_launcher = saved
+        _FakeTrainer.then = None
+
+
+case("commands", "entry --json under a file", "--json", "which is a file")(
+    lambda lab: _with_fake_trainer(lambda: lab.entry(extra=["--json", lab.write("f", "x") / "summary.json"])))
+case("commands", "entry --json into a read-only folder", "--json", "cannot write there")(
+    lambda lab: _with_fake_trainer(lambda: lab.entry(extra=["--json", _read_only_dir(lab) / "summary.json"])))
+case("commands", "entry --json an existing folder", "--json", "is a directory")(
+    lambda lab: _with_fake_trainer(lambda: lab.entry(extra=["--json", lab.fresh()])))
+
+
+def _ctrl_c():
+    """Ctrl-C at a `deepspeed` launch: the terminal's SIGINT reaches the rank, then the launcher's SIGTERM."""
+    import signal
+    import time
+
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)    # the handlers raise before this ends
+
+
+case("commands", "Ctrl-C during a launched run names SIGINT", "stopped by SIGINT (Ctrl-C)", rc=130)(
+    lambda lab: _with_fake_trainer(lambda: lab.entry(world=2), then=_ctrl_c))
+
+_LAUNCH = [("--master-port 99999", ["--master-port", "99999"], "--master-port: 99999 is not a port (1..65535)"),
+           ("--master-port 0", ["--master-port", "0"], "--master-port: 0 is not a port (1..65535)"),
+           ("--nodes 0", ["--nodes", "0"], "--nodes: 0 must be >= 1"),
+           ("--gpus 0", ["--gpus", "0"], "--gpus: 0 must be >= 1"),
+           ("--node-rank 2 of 2 nodes", ["--launcher", "torchrun", "--nodes", "2", "--node-rank", "2"],
+            "--node-rank 2 with --nodes 2")]
+for _n, _a, _e in _LAUNCH:
+    case("commands", f"train {_n}", _e)(
+        lambda lab, a=_a: lab.cli("train", "--config", lab.cfg_file, "--device", "cpu", "--dry-run", *a))
+case("commands", "probe --steps 0", "--steps: 0 must be >= 1")(
+    lambda lab: lab.cli("probe", "--config", lab.cfg_file, "--steps", "0", "--dry-run"))
+case("commands", "compare --margin-pp -5", "--margin-pp: -5.0 must be >= 0")(
+    lambda lab: lab.cli("compare", lab.cfg_file, "--gate-parent", lab.cfg_file, "--margin-pp", "-5"))
 
 
 # --------------------------------------------------------------------------- pytest
