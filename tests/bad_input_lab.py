@@ -53,7 +53,8 @@ class Outcome:
 def _tree(p: Optional[Path]) -> dict:
     if p is None or not p.exists():
         return {}
-    return {str(f.relative_to(p)): (f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(p.rglob("*"))}
+    # lstat: a link is an entry of its own (a symlink loop a case made cannot be followed)
+    return {str(f.relative_to(p)): (f.lstat().st_size, f.lstat().st_mtime_ns) for f in sorted(p.rglob("*"))}
 
 
 def classify(case: Case, res: Result, before: dict, after: dict) -> Outcome:

@@ -757,7 +757,7 @@ case("configs", "data.split=val of eval.loss's dataset", "data.split=val", "eval
     lambda lab: lab.both(["data.split=val", "data.bucket=b0", "data.max_epochs=.inf", f"eval.loss.data={lab.data}@b0",
                           "eval.loss.short_docs=0"]))
 _YARN_SCRATCH = ["data.window=512", "train.tokens_per_step=2048", "rope.allow_yarn_from_scratch=true"]
-case("configs", "inverted YaRN betas (beta_fast <= beta_slow)", "rope.yarn: beta_fast=1.0 <= beta_slow=32.0")(
+case("configs", "inverted YaRN betas (beta_fast <= beta_slow)", "rope.yarn", "beta_fast=1 <= beta_slow=32")(
     lambda lab: lab.both([*_YARN_SCRATCH, "rope.yarn={factor: 2.0, original_max_position: 256, beta_fast: 1.0, "
                           "beta_slow: 32.0}"]))
 # 8k window over bucket b0 (documents < 4096 tokens) and original 4096: no sequence is longer than the original
@@ -834,13 +834,21 @@ def _full_disk(fn):
         del shards.open
 
 
+def _watched(lab, out: Path) -> Path:
+    """The folder a refused --out must leave unchanged: the one holding it (a fresh one under /proc, which
+    cannot be listed whole)."""
+    if out.name in ("", ".", "..") or str(out).startswith("/proc"):
+        return lab.fresh("watch")
+    return out.parent
+
+
 def _synth_out(name, expect, out, *extra, wrap=None, lengths="900"):
     """`data synth --out out(lab)`: refused, writing nothing into the folder that holds out."""
     holder = {}
 
     def watch(lab):
         holder["out"] = out(lab)
-        return holder["out"].parent if holder["out"].name not in ("", ".", "..") else lab.root / "synth"
+        return _watched(lab, holder["out"])
 
     def run(lab):
         argv = ["data", "synth", "--tokenizer", "tiktoken_file:megablu:stdlib4k", "--docs", "2", "--no-progress",
@@ -855,7 +863,7 @@ def _build_out(name, expect, out, wrap=None):
     def watch(lab):
         holder["out"] = out(lab)
         holder["src"] = _source_tree(lab)
-        return holder["out"].parent if holder["out"].name not in ("", ".", "..") else holder["src"]
+        return _watched(lab, holder["out"]) if holder["out"].name not in ("", ".", "..") else holder["src"]
 
     def run(lab):
         argv = ["data", "build", "--input", holder["src"], "--out", holder["out"], *_BUILD]
@@ -958,10 +966,10 @@ def _ctrl_c():
 case("commands", "Ctrl-C during a launched run names SIGINT", "stopped by SIGINT (Ctrl-C)", rc=130)(
     lambda lab: _with_fake_trainer(lambda: lab.entry(world=2), then=_ctrl_c))
 
-_LAUNCH = [("--master-port 99999", ["--master-port", "99999"], "--master-port: 99999 is not a port (1..65535)"),
-           ("--master-port 0", ["--master-port", "0"], "--master-port: 0 is not a port (1..65535)"),
-           ("--nodes 0", ["--nodes", "0"], "--nodes: 0 must be >= 1"),
-           ("--gpus 0", ["--gpus", "0"], "--gpus: 0 must be >= 1"),
+_LAUNCH = [("--master-port 99999", ["--master-port", "99999"], "--master-port: 99999 is not a port (1..65535"),
+           ("--master-port 0", ["--master-port", "0"], "--master-port: 0 is not a port (1..65535"),
+           ("--nodes 0", ["--nodes", "0"], "--nodes/--num-nodes: 0 must be >= 1"),
+           ("--gpus 0", ["--gpus", "0"], "--gpus/--num-gpus: 0 must be >= 1"),
            ("--node-rank 2 of 2 nodes", ["--launcher", "torchrun", "--nodes", "2", "--node-rank", "2"],
             "--node-rank 2 with --nodes 2")]
 for _n, _a, _e in _LAUNCH:
@@ -969,7 +977,7 @@ for _n, _a, _e in _LAUNCH:
         lambda lab, a=_a: lab.cli("train", "--config", lab.cfg_file, "--device", "cpu", "--dry-run", *a))
 case("commands", "probe --steps 0", "--steps: 0 must be >= 1")(
     lambda lab: lab.cli("probe", "--config", lab.cfg_file, "--steps", "0", "--dry-run"))
-case("commands", "compare --margin-pp -5", "--margin-pp: -5.0 must be >= 0")(
+case("commands", "compare --margin-pp -5", "--margin-pp: -5 must be >= 0")(
     lambda lab: lab.cli("compare", lab.cfg_file, "--gate-parent", lab.cfg_file, "--margin-pp", "-5"))
 
 
