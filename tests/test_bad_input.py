@@ -1036,3 +1036,45 @@ def test_config_check_and_entry_share_one_preflight(monkeypatch, lab):
     r = lab.both()
     assert r.rc == 2 and r.err.count("probe: planted") == 2, r.err
     assert trainer.preflight is preflight.preflight      # the old import path still works
+
+
+def test_items_5_6_controls_are_accepted(lab, tmp_path):
+    """The refusals of items 5-6 stop at their edge: the neighbouring settings still pass."""
+    from megablu.config.schema import RUN_NAME_MAX
+
+    ok = lambda sets: lab.check([f"runs_dir={lab.fresh()}", *sets])  # noqa: E731
+    # beyond_original over bucket b1 (documents of 4096..8191 tokens): sequences longer than 4096 exist
+    for mode in (["data.mode=truncate"], ["data.mode=pack", "data.doc_mask=true"]):
+        r = ok([*_BEYOND, "data.bucket=b1", *mode])
+        assert r.rc == 0, r.err
+    # the same data, rope.yarn.apply=always: YaRN on every sequence
+    r = ok([*_BEYOND[:-1], "rope.yarn={factor: 2.0, original_max_position: 4096}", "data.mode=truncate"])
+    assert r.rc == 0, r.err
+    # eval.loss on the val split of a dataset the run trains on the train split of; and a val split of another bucket
+    assert ok([f"eval.loss.data={lab.data}", "eval.loss.short_docs=0"]).rc == 0
+    r = ok(["data.split=val", "data.bucket=b0", "data.max_epochs=.inf", f"eval.loss.data={lab.data}@b1",
+            "eval.loss.short_docs=0"])
+    assert r.rc == 0, r.err
+    # a budget that holds the answer (' 12345': 6 tokens)
+    assert ok(["eval.lengths=[128]", "eval.max_new=6", "eval.pad=8", "eval.final=true"]).rc == 0
+    # the longest run name, and large but finite weights
+    assert ok([f"name={'r' * RUN_NAME_MAX}"]).rc == 0
+    assert lab.check([f"name={'r' * (RUN_NAME_MAX + 1)}"]).rc == 2
+    r = ok(["data.path=null", f"data.mix=[{_mix_src('a', lab.data, weight='1.0e+300')}, "
+                              f"{_mix_src('b', lab.data, weight='3.0e+300')}]"])
+    assert r.rc == 0, r.err
+    # plan and compare with ordinary values; runs show of a run
+    assert lab.cli("plan", "--config", lab.cfg_file, "--gpus", "1,2", "--windows", "256,1k", "--gpu-gb", "80").rc == 0
+    runs, run = lab.run(steps=())
+    assert lab.cli("runs", "show", run, "--no-plot").rc == 0
+
+
+def test_writable_problem_probes_and_leaves_nothing(tmp_path):
+    from megablu.utils.files import output_file_problem, writable_problem
+
+    assert writable_problem(tmp_path / "new" / "deeper", "--out") is None
+    assert list(tmp_path.iterdir()) == []                       # the probe file is gone, nothing was created
+    assert output_file_problem(tmp_path / "s.json", "--json") is None
+    (tmp_path / "f").write_text("x")
+    assert "which is a file" in writable_problem(tmp_path / "f" / "x", "--out")
+    assert "is 300 bytes long" in output_file_problem(tmp_path / ("j" * 300), "--json")

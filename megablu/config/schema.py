@@ -99,8 +99,9 @@ class YarnConfig(Section):
         "frequencies, no attention factor), a longer one YaRN (LongRoPE2 arXiv 2502.20082; Qwen's warning that "
         "static YaRN hurts short inputs). A sequence is a document under data.doc_mask, else a row by its real "
         "length (megablu/model/packing.py); in generation the prompt + max_new, chosen once at prefill "
-        "(KVCache.rope_len). No transformers rope type reproduces it: `megablu ckpt export` refuses it unless "
-        "--rope-as-yarn (model/hf.py says why)")
+        "(KVCache.rope_len). Training data with no sequence longer than original_max_position is refused (YaRN "
+        "would never train; megablu/data/mix.py beyond_original_problems). No transformers rope type reproduces "
+        "it: `megablu ckpt export` refuses it unless --rope-as-yarn (model/hf.py says why)")
 
 
 class RopeConfig(Section):

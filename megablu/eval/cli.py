@@ -106,19 +106,20 @@ def _eval(args) -> int:
     if problems:
         print("megablu eval: invalid eval setup:\n  " + "\n  ".join(problems), file=sys.stderr)
         return 2
-    # where the result goes: checked now, not after every cell has run
-    run = _run_dir_of(Path(args.ckpt)) if args.ckpt else None
-    out = Path(args.out) if args.out else (run / "eval" if run else Path(cfg.runs_dir) / cfg.name / "eval")
-    from ..utils.files import writable_problem
-
-    why = writable_problem(out, "--out" if args.out else "the result folder")
-    if why:
-        print(f"megablu eval: {why}", file=sys.stderr)
-        return 2
     try:
         info = _rope_against_checkpoint(args, cfg)
     except EvalError as e:
         print(f"megablu eval: {e}", file=sys.stderr)
+        return 2
+    # where the result goes: checked now (the last check before the weights load), not after every cell ran
+    run = _run_dir_of(Path(args.ckpt)) if args.ckpt else None
+    out = Path(args.out) if args.out else (run / "eval" if run else Path(cfg.runs_dir) / cfg.name / "eval")
+    from ..utils.files import new_name_problem, writable_problem
+
+    flag = "--out" if args.out else "the result folder"
+    why = (new_name_problem(out, flag) if not out.is_dir() else None) or writable_problem(out, flag)
+    if why:
+        print(f"megablu eval: {why}", file=sys.stderr)
         return 2
     try:
         model, prov = _load_model(args, cfg, tok.identity)

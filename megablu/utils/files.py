@@ -56,10 +56,19 @@ NAME_MAX = 255
 TEMP_NAME_EXTRA = len("..old-") + len(str(2 ** 22))
 
 
+def _exists(p: Path) -> bool:
+    """p.exists(), False for any path the filesystem refuses to look up (a name too long, a loop)."""
+    try:
+        p.stat()
+        return True
+    except OSError:
+        return False
+
+
 def name_max(folder: PathLike) -> int:
     """NAME_MAX of the filesystem holding `folder` (its nearest existing ancestor), else NAME_MAX."""
     p = Path(folder)
-    while not p.exists() and p != p.parent:
+    while not _exists(p) and p != p.parent:
         p = p.parent
     try:
         return int(os.pathconf(p, "PC_NAME_MAX"))
@@ -91,7 +100,7 @@ def writable_problem(target: PathLike, flag: str, given: Optional[PathLike] = No
     if why:
         return why
     probe = res
-    while not probe.exists() and probe != probe.parent:
+    while not _exists(probe) and probe != probe.parent:
         probe = probe.parent
     if not probe.is_dir():
         where = "is a file" if probe == res and not derived else f"is under {probe}, which is a file"
@@ -124,9 +133,10 @@ def new_name_problem(out: PathLike, flag: str, extra: int = 0) -> Optional[str]:
 def output_file_problem(path: PathLike, flag: str) -> Optional[str]:
     """Why a file cannot be written at `path` (written later, e.g. after a run), or None: checked first."""
     path = Path(path)
-    if path.is_dir():
-        return f"{flag} {path} is a directory; give {flag} a file name"
-    return new_name_problem(path, flag, extra=TEMP_NAME_EXTRA) or writable_problem(path.parent, flag, path)
+    why = new_name_problem(path, flag, extra=TEMP_NAME_EXTRA)
+    if why is None and path.is_dir():
+        why = f"{flag} {path} is a directory; give {flag} a file name"
+    return why or writable_problem(path.parent, flag, path)
 
 
 # --------------------------------------------------------------------------- replacing an output
@@ -148,10 +158,16 @@ def replace_problem(out: PathLike, *, what: str, flag: str, replace: bool,
     beside it this user can write (new_name_problem, writable_problem). The message says what is in the way."""
     out = Path(out)
     ro, why = _resolved(out, "--out")
-    # a new output is written beside `out` under a temp name and renamed into place (swap_in)
-    why = why or new_name_problem(out, "--out", extra=TEMP_NAME_EXTRA) or writable_problem(ro.parent, "--out", out)
-    if why:
-        return why
+    why = why or new_name_problem(out, "--out", extra=TEMP_NAME_EXTRA) or _content_problem(
+        out, ro, what=what, flag=flag, replace=replace, owned=owned, inputs=inputs)
+    # last (it creates and removes a file): the new output is written beside `out` under a temp name and
+    # renamed into place (swap_in), so the folder holding it must take files
+    return why or writable_problem(ro.parent, "--out", out)
+
+
+def _content_problem(out: Path, ro: Path, *, what: str, flag: str, replace: bool,
+                     owned: Callable[[Path], Optional[set[str]]], inputs: Iterable[PathLike]) -> Optional[str]:
+    """replace_problem's rule on what `out` is and holds (no filesystem writes)."""
     for i in inputs:
         ri = Path(i).resolve()
         if _overlap(ro, ri):
