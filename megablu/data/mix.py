@@ -310,7 +310,8 @@ def mix_problems(cfg, tokenizer_identity: Optional[str] = None) -> list[str]:
 def held_out_problems(cfg) -> list[str]:
     """A training source that reads the val split eval.loss scores (the same dataset, split val, a bucket in
     common: a document sits in one bucket): the held-out loss would score text the run trains on."""
-    lo = cfg.eval.loss.data
+    ev = getattr(cfg, "eval", None)   # a caller may pass only data and train (the sections the plan reads)
+    lo = ev.loss.data if ev is not None else None
     if not lo:
         return []
     from .haystack import split_spec
@@ -350,7 +351,7 @@ def beyond_original_problems(cfg, sources: list[tuple[str, OpenedSource]]) -> li
     """rope.yarn.apply=beyond_original trains YaRN only on sequences longer than original_max_position: a
     run whose sources can give none never trains it (decided from each source's document lengths, its mode
     and data.doc_mask: longest_sequence)."""
-    y = cfg.rope.yarn
+    y = getattr(getattr(cfg, "rope", None), "yarn", None)
     if y is None or y.apply != "beyond_original" or not sources:
         return []
     orig, mask = y.original_max_position, cfg.data.doc_mask
