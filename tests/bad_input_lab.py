@@ -36,11 +36,11 @@ class Result:
 
 @dataclass
 class Case:
-    area: str                      # configs | data | checkpoints | eval/hub | resume | concurrency
+    area: str                      # configs | data | checkpoints | eval/hub | resume | concurrency | commands
     name: str
     run: Callable[["Lab"], Result]
     expect: tuple = ()             # substrings the message must contain
-    rc: int = 2
+    rc: int = 2                    # 0: a correct result (the expected substrings in what it printed) is the answer
     watch: Optional[Callable[["Lab"], Path]] = None   # a dir that a refusal must leave unchanged
 
 
@@ -53,14 +53,15 @@ class Outcome:
 def _tree(p: Optional[Path]) -> dict:
     if p is None or not p.exists():
         return {}
-    return {str(f.relative_to(p)): (f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(p.rglob("*"))}
+    # lstat: a link is an entry of its own (a symlink loop a case made cannot be followed)
+    return {str(f.relative_to(p)): (f.lstat().st_size, f.lstat().st_mtime_ns) for f in sorted(p.rglob("*"))}
 
 
 def classify(case: Case, res: Result, before: dict, after: dict) -> Outcome:
     text = res.err + res.out
     if res.exc is not None or "Traceback (most recent call last)" in text:
         return Outcome("traceback", repr(res.exc) if res.exc else text[-800:])
-    if res.rc == 0:
+    if res.rc == 0 and case.rc != 0:
         return Outcome("accepted", text[-800:])
     missing = [s for s in case.expect if s not in res.err]
     if res.rc != case.rc or missing:
@@ -180,9 +181,9 @@ class Lab:
         return self.cli("config", "check", file or self.cfg_file, "--world-size", "1", "--device", "cpu",
                         *sum((["--set", s] for s in sets), []), *extra)
 
-    def entry(self, sets=(), resume=None, world: int = 1, file=None) -> Result:
+    def entry(self, sets=(), resume=None, world: int = 1, file=None, extra=()) -> Result:
         """launch/ext32k.py in this process, as rank 0 of `world` (the preflight refuses before any rank works)."""
-        argv = ["--config", str(file or self.cfg_file), *sum((["--set", s] for s in sets), [])]
+        argv = ["--config", str(file or self.cfg_file), *sum((["--set", s] for s in sets), []), *map(str, extra)]
         if resume:
             argv += ["--resume", str(resume)]
         saved = dict(os.environ)
@@ -343,7 +344,7 @@ class Tally:
         lines = ["| category | cases tried | refused cleanly | tracebacks | silently accepted | other |",
                  "|---|---:|---:|---:|---:|---:|"]
         tot = {"tried": 0, "refused": 0, "traceback": 0, "accepted": 0, "unclear": 0}
-        for area in ("configs", "data", "checkpoints", "eval/hub", "resume", "concurrency"):
+        for area in ("configs", "data", "checkpoints", "eval/hub", "resume", "concurrency", "commands"):
             r = self.rows.get(area)
             if not r:
                 continue

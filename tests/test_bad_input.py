@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -540,10 +541,11 @@ def _hf_dir(lab):
     return lab._cache["hf"]
 
 
-def _eval(lab, *args, model=True):
+def _eval(lab, *args, model=True, out=None):
     src = ["--hf", _hf_dir(lab)] if model else []
-    return lab.cli("eval", "--config", lab.cfg_file, *src, "--step", "0", "--no-plot", "--out", lab.fresh(),
-                   "--set", "eval.max_new=4", "--set", "eval.pad=8", "--set", "eval.lengths=[120]", *args)
+    # max_new 8 holds a passkey answer in the lab's tokenizer (' 12345': 6 tokens, one per digit)
+    return lab.cli("eval", "--config", lab.cfg_file, *src, "--step", "0", "--no-plot", "--out", out or lab.fresh(),
+                   "--set", "eval.max_new=8", "--set", "eval.pad=8", "--set", "eval.lengths=[120]", *args)
 
 
 case("eval/hub", "eval --n 0", "--n: Input should be greater than 0")(lambda lab: _eval(lab, "--n", "0", model=False))
@@ -733,6 +735,254 @@ def _(lab):
     return lab.check([f"runs_dir={runs}"], "--resume", run.name)
 
 
+# =========================================================================== issue 39, items 5-6
+# Settings that make a score meaningless (item 5) and commands that ended in a traceback (item 6), found by a
+# new-user adversarial run; each of these was accepted or a traceback before it was fixed.
+
+# --------------------------------------------------------------------------- item 5: meaningless settings
+def _mix_src(name, path, **kw):
+    fields = {"name": name, "path": str(path), "mode": "pack", "weight": 1.0, "max_epochs": ".inf", **kw}
+    return "{" + ", ".join(f"{k}: {v}" for k, v in fields.items()) + "}"
+
+
+case("configs", "eval.max_new shorter than the passkey answer", "eval.max_new=4", "task passkey",
+     "set eval.max_new >= 6")(lambda lab: lab.both(["eval.lengths=[128]", "eval.max_new=4", "eval.pad=8",
+                                                    "eval.final=true"]))
+case("eval/hub", "eval --set eval.max_new=3 (shorter than the passkey answer)", "eval.max_new=3", "task passkey")(
+    lambda lab: _eval(lab, "--n", "1", "--set", "eval.max_new=3"))
+case("configs", "a data.mix source reading eval.loss's val split", "data.mix[0] (own)", "eval.loss.data",
+     "scores")(lambda lab: lab.both(["data.path=null", f"data.mix=[{_mix_src('own', lab.data, split='val')}]",
+                                     f"eval.loss.data={lab.data}", "eval.loss.short_docs=0"]))
+case("configs", "data.split=val of eval.loss's dataset", "data.split=val", "eval.loss.data")(
+    lambda lab: lab.both(["data.split=val", "data.bucket=b0", "data.max_epochs=.inf", f"eval.loss.data={lab.data}@b0",
+                          "eval.loss.short_docs=0"]))
+_YARN_SCRATCH = ["data.window=512", "train.tokens_per_step=2048", "rope.allow_yarn_from_scratch=true"]
+case("configs", "inverted YaRN betas (beta_fast <= beta_slow)", "rope.yarn", "beta_fast=1 <= beta_slow=32")(
+    lambda lab: lab.both([*_YARN_SCRATCH, "rope.yarn={factor: 2.0, original_max_position: 256, beta_fast: 1.0, "
+                          "beta_slow: 32.0}"]))
+# 8k window over bucket b0 (documents < 4096 tokens) and original 4096: no sequence is longer than the original
+_BEYOND = ["data.window=8192", "train.tokens_per_step=32768", "rope.allow_yarn_from_scratch=true", "data.bucket=b0",
+           "rope.yarn={factor: 2.0, original_max_position: 4096, apply: beyond_original}"]
+case("configs", "yarn apply beyond_original, truncate rows no longer than the original",
+     "rope.yarn.apply=beyond_original", "no training sequence is longer than original_max_position 4096")(
+    lambda lab: lab.both([*_BEYOND, "data.mode=truncate"]))
+case("configs", "yarn apply beyond_original, doc_mask over documents no longer than the original",
+     "rope.yarn.apply=beyond_original", "with data.doc_mask")(
+    lambda lab: lab.both([*_BEYOND, "data.mode=pack", "data.doc_mask=true"]))
+case("configs", "data.mix weights of 1e308 (their sum overflows)", "sum to inf")(
+    lambda lab: lab.both(["data.path=null", f"data.mix=[{_mix_src('a', lab.data, weight='1.0e+308')}, "
+                                            f"{_mix_src('b', lab.data, weight='1.0e+308')}]"]))
+
+_PLAN = [("--windows 0", ["--windows", "0"], "--windows: 0"),
+         ("--windows=-4k", ["--windows=-4k"], "--windows: -4096"),
+         ("--gpus -2", ["--gpus", "-2"], "--gpus: -2"),
+         ("--gpus 0", ["--gpus", "0"], "--gpus: 0"),
+         ("--gpu-gb 0", ["--gpu-gb", "0"], "--gpu-gb: 0 GB"),
+         ("--gpu-gb -80", ["--gpu-gb", "-80"], "--gpu-gb: -80 GB"),
+         ("--host-gb 0", ["--host-gb", "0"], "--host-gb: 0 GB")]
+for _n, _a, _e in _PLAN:
+    case("commands", f"plan {_n}", _e)(lambda lab, a=_a: lab.cli("plan", "--config", lab.cfg_file, *a))
+case("commands", "plan --calibration a binary file", "--calibration", "not a calibration or probe JSON")(
+    lambda lab: lab.cli("plan", "--config", lab.cfg_file, "--calibration",
+                        lab.write("probe.json", b"\x00\xff\xfegarbage", binary=True)))
+case("commands", "plan --calibration a JSON list", "--calibration", "not a calibration or probe JSON")(
+    lambda lab: lab.cli("plan", "--config", lab.cfg_file, "--calibration", lab.write("probe.json", "[1, 2]")))
+
+
+@case("commands", "runs show <a runs dir>", "is a runs dir, not a run", "megablu runs show")
+def _(lab):
+    runs, _ = lab.run(steps=())
+    return lab.cli("runs", "show", runs)
+
+
+@case("commands", "runs show <a dataset dir>", "is not a run")
+def _(lab):
+    return lab.cli("runs", "show", lab.data)
+
+
+# --------------------------------------------------------------------------- item 6: tracebacks
+def _in_dir(d, fn):
+    old = os.getcwd()
+    os.chdir(d)
+    try:
+        return fn()
+    finally:
+        os.chdir(old)
+
+
+def _loop(lab):
+    p = lab.fresh("loop") / "ds"
+    p.symlink_to(p)
+    return p
+
+
+def _full_disk(fn):
+    """fn() with every shard's token file written to /dev/full: its writes fail with ENOSPC once a buffer is
+    flushed, and so does closing it (a full disk)."""
+    import builtins
+
+    from megablu.data import shards
+
+    real = builtins.open
+
+    def full_open(path, mode="r", *a, **kw):
+        return real("/dev/full" if str(path).endswith(".tok") else path, mode, *a, **kw)
+    shards.open = full_open
+    try:
+        return fn()
+    finally:
+        del shards.open
+
+
+def _watched(lab, out: Path) -> Path:
+    """The folder a refused --out must leave unchanged: the one holding it (a fresh one under /proc, which
+    cannot be listed whole)."""
+    if out.name in ("", ".", "..") or str(out).startswith("/proc"):
+        return lab.fresh("watch")
+    return out.parent
+
+
+def _synth_out(name, expect, out, *extra, wrap=None, lengths="900", docs="2"):
+    """`data synth --out out(lab)`: refused, writing nothing into the folder that holds out."""
+    holder = {}
+
+    def watch(lab):
+        holder["out"] = out(lab)
+        return _watched(lab, holder["out"])
+
+    def run(lab):
+        argv = ["data", "synth", "--tokenizer", "tiktoken_file:megablu:stdlib4k", "--docs", docs, "--no-progress",
+                "--lengths", lengths, "--out", holder["out"], *extra]
+        return (wrap or (lambda lab, f: f()))(lab, lambda: lab.cli(*argv))
+    case("data", f"`megablu data synth` {name}", *expect, watch=watch)(run)
+
+
+def _build_out(name, expect, out, wrap=None):
+    holder = {}
+
+    def watch(lab):
+        holder["out"] = out(lab)
+        holder["src"] = _source_tree(lab)
+        return _watched(lab, holder["out"]) if holder["out"].name not in ("", ".", "..") else holder["src"]
+
+    def run(lab):
+        argv = ["data", "build", "--input", holder["src"], "--out", holder["out"], *_BUILD]
+        return (wrap or (lambda lab, f: f()))(lab, lambda: lab.cli(*argv))
+    case("data", f"`megablu data build` {name}", *expect, watch=watch)(run)
+
+
+_synth_out("--out under /proc", ("/proc", "cannot write there"), lambda lab: Path("/proc/megablu-ds"))
+_build_out("--out under /proc", ("/proc", "cannot write there"), lambda lab: Path("/proc/megablu-ds"))
+_synth_out("--out . (an empty current folder)", ("--out . names no new folder",),
+           lambda lab: Path("."), wrap=lambda lab, f: _in_dir(lab.fresh("cwd"), f))
+_build_out("--out . (an empty current folder)", ("--out . names no new folder",),
+           lambda lab: Path("."), wrap=lambda lab, f: _in_dir(lab.fresh("cwd"), f))
+_synth_out("--out a symlink loop", ("symlink loop",), _loop)
+_build_out("--out a symlink loop", ("symlink loop",), _loop)
+_synth_out("--out a 300-character name", ("is 300 bytes long",), lambda lab: lab.fresh("long") / ("d" * 300))
+# a short document's tokens wait in one shard's buffer while a long one's write fails in another: closing the first
+# then fails too (its buffer cannot be flushed), which once skipped removing the temp folder
+_synth_out("onto a full disk", ("No space left on device", "nothing was written"),
+           lambda lab: lab.fresh("full") / "ds", lengths="900,5000", docs="4", wrap=lambda lab, f: _full_disk(f))
+_build_out("onto a full disk", ("No space left on device", "nothing was written"),
+           lambda lab: lab.fresh("full") / "ds", wrap=lambda lab, f: _full_disk(f))
+
+
+def _read_only_dir(lab) -> Path:
+    """A folder this user cannot write: mode 0555, or for root (whom modes do not stop) a read-only mount."""
+    if os.geteuid() != 0:
+        d = lab.fresh("ro")
+        d.chmod(0o555)
+        return d
+    for d in (Path("/sys"), Path("/proc/self")):
+        if d.is_dir():
+            return d
+    pytest.skip("no read-only folder for root here")
+
+
+case("eval/hub", "eval --out an existing file", "--out", "is a file, not a directory")(
+    lambda lab: _eval(lab, "--n", "1", out=lab.write("result.txt", "mine")))
+case("eval/hub", "eval --out a read-only folder", "--out", "cannot write there")(
+    lambda lab: _eval(lab, "--n", "1", out=_read_only_dir(lab)))
+case("configs", "a 300-character run name", "is 300 bytes long", "at most 242")(
+    lambda lab: lab.both([f"name={'r' * 300}"]))
+case("configs", "a run name with a NUL character", "name=")(lambda lab: lab.both(['name="a\\0b"']))
+
+
+@case("commands", "runs: a run whose metrics.csv is binary (the others still list)", "tiny_cpu-0001",
+      "garbage-0001: unreadable", rc=0)
+def _(lab):
+    runs, _ = lab.run(steps=())
+    bad = runs / "garbage-0001"
+    bad.mkdir()
+    (bad / "run.json").write_text(json.dumps({"run_id": bad.name, "name": "garbage"}))
+    (bad / "metrics.csv").write_bytes(b"step,loss\n\x00\xff\xfe\x00" * 50)
+    r = lab.cli("runs", runs)
+    return Result(r.rc, r.out, r.err + r.out, r.exc)
+
+
+class _FakeTrainer:
+    """The entry's Trainer, without training: train() runs `then` (a signal) and returns a summary."""
+    then = None
+
+    def __init__(self, cfg, resume=None, local_rank=0):
+        self.run_dir = None
+
+    def train(self):
+        if _FakeTrainer.then:
+            _FakeTrainer.then()
+        return {"run_id": "fake", "steps": 4}
+
+
+def _with_fake_trainer(fn, then=None):
+    from megablu.train import trainer, watchdog
+
+    saved = trainer.Trainer, watchdog.exit_with_launcher
+    trainer.Trainer, _FakeTrainer.then = _FakeTrainer, then
+    watchdog.exit_with_launcher = lambda *a, **k: None    # no launcher to watch in-process
+    try:
+        return fn()
+    finally:
+        trainer.Trainer, watchdog.exit_with_launcher = saved
+        _FakeTrainer.then = None
+
+
+case("commands", "entry --json under a file", "--json", "which is a file")(
+    lambda lab: _with_fake_trainer(lambda: lab.entry(extra=["--json", lab.write("f", "x") / "summary.json"])))
+case("commands", "entry --json into a read-only folder", "--json", "cannot write there")(
+    lambda lab: _with_fake_trainer(lambda: lab.entry(extra=["--json", _read_only_dir(lab) / "summary.json"])))
+case("commands", "entry --json an existing folder", "--json", "is a directory")(
+    lambda lab: _with_fake_trainer(lambda: lab.entry(extra=["--json", lab.fresh()])))
+
+
+def _ctrl_c():
+    """Ctrl-C at a `deepspeed` launch: the terminal's SIGINT reaches the rank, then the launcher's SIGTERM."""
+    import signal
+    import time
+
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)    # the handlers raise before this ends
+
+
+case("commands", "Ctrl-C during a launched run names SIGINT", "stopped by SIGINT (Ctrl-C)", rc=130)(
+    lambda lab: _with_fake_trainer(lambda: lab.entry(world=2), then=_ctrl_c))
+
+_LAUNCH = [("--master-port 99999", ["--master-port", "99999"], "--master-port: 99999 is not a port (1..65535"),
+           ("--master-port 0", ["--master-port", "0"], "--master-port: 0 is not a port (1..65535"),
+           ("--nodes 0", ["--nodes", "0"], "--nodes/--num-nodes: 0 must be >= 1"),
+           ("--gpus 0", ["--gpus", "0"], "--gpus/--num-gpus: 0 must be >= 1"),
+           ("--node-rank 2 of 2 nodes", ["--launcher", "torchrun", "--nodes", "2", "--node-rank", "2"],
+            "--node-rank 2 with --nodes 2")]
+for _n, _a, _e in _LAUNCH:
+    case("commands", f"train {_n}", _e)(
+        lambda lab, a=_a: lab.cli("train", "--config", lab.cfg_file, "--device", "cpu", "--dry-run", *a))
+case("commands", "probe --steps 0", "--steps: 0 must be >= 1")(
+    lambda lab: lab.cli("probe", "--config", lab.cfg_file, "--steps", "0", "--dry-run"))
+case("commands", "compare --margin-pp -5", "--margin-pp: -5 must be >= 0")(
+    lambda lab: lab.cli("compare", lab.cfg_file, "--gate-parent", lab.cfg_file, "--margin-pp", "-5"))
+
+
 # --------------------------------------------------------------------------- pytest
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
@@ -788,3 +1038,45 @@ def test_config_check_and_entry_share_one_preflight(monkeypatch, lab):
     r = lab.both()
     assert r.rc == 2 and r.err.count("probe: planted") == 2, r.err
     assert trainer.preflight is preflight.preflight      # the old import path still works
+
+
+def test_items_5_6_controls_are_accepted(lab, tmp_path):
+    """The refusals of items 5-6 stop at their edge: the neighbouring settings still pass."""
+    from megablu.config.schema import RUN_NAME_MAX
+
+    ok = lambda sets: lab.check([f"runs_dir={lab.fresh()}", *sets])  # noqa: E731
+    # beyond_original over bucket b1 (documents of 4096..8191 tokens): sequences longer than 4096 exist
+    for mode in (["data.mode=truncate"], ["data.mode=pack", "data.doc_mask=true"]):
+        r = ok([*_BEYOND, "data.bucket=b1", *mode])
+        assert r.rc == 0, r.err
+    # the same data, rope.yarn.apply=always: YaRN on every sequence
+    r = ok([*_BEYOND[:-1], "rope.yarn={factor: 2.0, original_max_position: 4096}", "data.mode=truncate"])
+    assert r.rc == 0, r.err
+    # eval.loss on the val split of a dataset the run trains on the train split of; and a val split of another bucket
+    assert ok([f"eval.loss.data={lab.data}", "eval.loss.short_docs=0"]).rc == 0
+    r = ok(["data.split=val", "data.bucket=b0", "data.max_epochs=.inf", f"eval.loss.data={lab.data}@b1",
+            "eval.loss.short_docs=0"])
+    assert r.rc == 0, r.err
+    # a budget that holds the answer (' 12345': 6 tokens)
+    assert ok(["eval.lengths=[128]", "eval.max_new=6", "eval.pad=8", "eval.final=true"]).rc == 0
+    # the longest run name, and large but finite weights
+    assert ok([f"name={'r' * RUN_NAME_MAX}"]).rc == 0
+    assert lab.check([f"name={'r' * (RUN_NAME_MAX + 1)}"]).rc == 2
+    r = ok(["data.path=null", f"data.mix=[{_mix_src('a', lab.data, weight='1.0e+300')}, "
+                              f"{_mix_src('b', lab.data, weight='3.0e+300')}]"])
+    assert r.rc == 0, r.err
+    # plan and compare with ordinary values; runs show of a run
+    assert lab.cli("plan", "--config", lab.cfg_file, "--gpus", "1,2", "--windows", "256,1k", "--gpu-gb", "80").rc == 0
+    runs, run = lab.run(steps=())
+    assert lab.cli("runs", "show", run, "--no-plot").rc == 0
+
+
+def test_writable_problem_probes_and_leaves_nothing(tmp_path):
+    from megablu.utils.files import output_file_problem, writable_problem
+
+    assert writable_problem(tmp_path / "new" / "deeper", "--out") is None
+    assert list(tmp_path.iterdir()) == []                       # the probe file is gone, nothing was created
+    assert output_file_problem(tmp_path / "s.json", "--json") is None
+    (tmp_path / "f").write_text("x")
+    assert "which is a file" in writable_problem(tmp_path / "f" / "x", "--out")
+    assert "is 300 bytes long" in output_file_problem(tmp_path / ("j" * 300), "--json")

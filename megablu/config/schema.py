@@ -83,14 +83,26 @@ class YarnConfig(Section):
     beta_slow: float = 1.0
     truncate: bool = True
     attention_factor: Optional[float] = Field(default=None, gt=0, description="default 0.1 ln(factor) + 1")
+
+    @model_validator(mode="after")
+    def _betas(self):
+        # the ramp runs from the dim where beta_fast rotations fit the original length to the one of
+        # beta_slow; beta_fast <= beta_slow leaves it empty or inverted: no dimension is interpolated
+        if not (self.beta_fast > self.beta_slow > 0):
+            raise ValueError(f"beta_fast={self.beta_fast:g} <= beta_slow={self.beta_slow:g} (or a beta "
+                             f"<= 0): YaRN's ramp runs from beta_fast rotations (extrapolated) down to beta_slow "
+                             f"(interpolated), so it needs beta_fast > beta_slow > 0; the paper's values are "
+                             f"beta_fast=32, beta_slow=1")
+        return self
     apply: Literal["always", "beyond_original"] = Field(
         default="always", description="always: every sequence uses YaRN (static YaRN, as transformers). "
         "beyond_original: a sequence of at most original_max_position tokens uses the original RoPE (no YaRN "
         "frequencies, no attention factor), a longer one YaRN (LongRoPE2 arXiv 2502.20082; Qwen's warning that "
         "static YaRN hurts short inputs). A sequence is a document under data.doc_mask, else a row by its real "
         "length (megablu/model/packing.py); in generation the prompt + max_new, chosen once at prefill "
-        "(KVCache.rope_len). No transformers rope type reproduces it: `megablu ckpt export` refuses it unless "
-        "--rope-as-yarn (model/hf.py says why)")
+        "(KVCache.rope_len). Training data with no sequence longer than original_max_position is refused (YaRN "
+        "would never train; megablu/data/mix.py beyond_original_problems). No transformers rope type reproduces "
+        "it: `megablu ckpt export` refuses it unless --rope-as-yarn (model/hf.py says why)")
 
 
 class RopeConfig(Section):
@@ -551,11 +563,22 @@ class Config(Section):
         return v
 
 
+# The longest `name` in bytes: a run dir is <name>-NNNN and a file name holds at most 255 bytes (NAME_MAX on
+# ext4, xfs, btrfs, tmpfs); 7 go to the id suffix ('-' and up to 6 digits) and 6 to the '_probe' that
+# `megablu probe` appends: 255 - 7 - 6 = 242.
+RUN_NAME_MAX = 255 - len("-999999") - len("_probe")
+
+
 def run_name_problem(name: str) -> Optional[str]:
     """Why `name` cannot name run dirs (runs/<name>-NNNN), or None. Shared with train/runs.py."""
-    if not name or any(c in name for c in "/\\ \t\n") or name.startswith("."):
-        return (f"name={name!r} must be non-empty, without slashes or spaces, and not start with '.' "
+    if not name or any(c in name for c in "/\\ \t\n\0") or name.startswith("."):
+        return (f"name={name!r} must be non-empty, without slashes, spaces or NUL, and not start with '.' "
                 f"(it names run dirs, and a dot-dir is hidden from `megablu ckpt list` and the run tools)")
+    n = len(name.encode("utf-8", "surrogateescape"))
+    if n > RUN_NAME_MAX:
+        return (f"name={name[:40]}... is {n} bytes long; it names run dirs (<name>-NNNN, at most 255 bytes a name "
+                f"on the usual filesystems, with room for the run number and `megablu probe`'s '_probe'), so it "
+                f"may be at most {RUN_NAME_MAX} bytes: shorten it")
     return None
 
 
@@ -683,6 +706,9 @@ def mix_invariants(d: DataConfig) -> list[str]:
     elif not sum(ws) > 0:
         errs.append(f"data.mix weights {ws} sum to {sum(ws):g}: nothing to sample; give at least one source a "
                     f"positive weight")
+    elif math.isinf(sum(ws)):   # shares w / sum would all read 0.0%
+        errs.append(f"data.mix weights {ws} sum to inf (they overflow a float): a weight is relative to the others, "
+                    f"so scale them down, e.g. 0.6 and 0.4")
     seen: dict[str, int] = {}
     for i, s in enumerate(d.mix):
         if not s.name or any(c in s.name for c in "/\\ \t\n"):

@@ -29,7 +29,7 @@ def _size(s: str) -> int:
 
 
 def _errors(fn):
-    """Run a subcommand; DataError/TokenizerError -> message on stderr, exit 2."""
+    """Run a subcommand; DataError/TokenizerError (and an OSError: a file refused) -> message on stderr, exit 2."""
     def run(args):
         from pydantic import ValidationError
 
@@ -43,6 +43,9 @@ def _errors(fn):
             return 2
         except ValidationError as e:
             print(f"error: {e}", file=sys.stderr)
+            return 2
+        except OSError as e:   # a file the command reads or writes, refused by the filesystem: named, no traceback
+            print(f"error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
             return 2
     return run
 

@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import threading
 from pathlib import Path
 from typing import Optional
@@ -273,11 +274,14 @@ def resolve_single(d, src: OpenedSource, total: Optional[int]) -> dict:
 
 def mix_problems(cfg, tokenizer_identity: Optional[str] = None) -> list[str]:
     """Every data problem of a training config found by reading the datasets (no hashing): missing or
-    partial datasets, unknown buckets, tokenizer mismatches, sources the run would exhaust.
+    partial datasets, unknown buckets, tokenizer mismatches, sources the run would exhaust, a source
+    that trains on eval.loss's val split, rope.yarn.apply=beyond_original over data with no sequence
+    longer than original_max_position.
 
     For data.mix and for the one-source spelling (data.path); [] when the data can feed the run."""
     d = cfg.data
     total = planned_sequences(cfg)
+    held_out = held_out_problems(cfg)
     if d.mix is None:
         if not d.path:
             return ["data.path: not set and no data.mix: point data.path at a dataset made by `megablu data "
@@ -289,17 +293,79 @@ def mix_problems(cfg, tokenizer_identity: Optional[str] = None) -> list[str]:
             src = open_source(d.path, bucket=d.bucket, split=d.split, mode=d.mode, window=d.window, seed=d.seed,
                               tokenizer_identity=tokenizer_identity, verify=False)
         except DataError as e:
-            return [f"data: {e}"]
+            return held_out + [f"data: {e}"]
         p = epochs_problem("data", src, total, d.max_epochs, "use more data, fewer steps, or raise data.max_epochs")
-        return [f"data: {p}"] if p else []
+        return held_out + ([f"data: {p}"] if p else []) + beyond_original_problems(cfg, [("data", src)])
     from ..config.schema import mix_invariants
 
     if mix_invariants(d):   # reported by check_invariants; the plan needs valid weights
-        return []
+        return held_out
     opened, problems = _open_sources(d, tokenizer_identity, verify=False)
     if problems:
-        return problems
-    return _plan(d, opened, total)[2]
+        return held_out + problems
+    used = [(_field(i, s.name), o) for i, (s, o) in enumerate(zip(d.mix, opened)) if s.weight > 0]
+    return held_out + _plan(d, opened, total)[2] + beyond_original_problems(cfg, used)
+
+
+def held_out_problems(cfg) -> list[str]:
+    """A training source that reads the val split eval.loss scores (the same dataset, split val, a bucket in
+    common: a document sits in one bucket): the held-out loss would score text the run trains on."""
+    ev = getattr(cfg, "eval", None)   # a caller may pass only data and train (the sections the plan reads)
+    lo = ev.loss.data if ev is not None else None
+    if not lo:
+        return []
+    from .haystack import split_spec
+
+    root, bucket = split_spec(lo)
+    d = cfg.data
+    srcs = ([("data.split=val", d.path, d.bucket, d.split)] if d.mix is None else
+            [(_field(i, s.name), s.path, s.bucket, s.split) for i, s in enumerate(d.mix) if s.weight > 0])
+    out = []
+    for where, path, b, split in srcs:
+        if split != "val" or not path or os.path.realpath(os.path.expanduser(path)) != \
+                os.path.realpath(os.path.expanduser(root)):
+            continue
+        if "all" in (b, bucket) or set(b.split(",")) & set(bucket.split(",")):
+            common = "every bucket" if b == bucket == "all" else (
+                f"bucket(s) {b}" if bucket == "all" else f"bucket(s) {bucket}" if b == "all" else
+                f"bucket(s) {','.join(sorted(set(b.split(',')) & set(bucket.split(','))))}")
+            out.append(f"{where}: the run trains on the val split of {path} ({common}), the split eval.loss.data="
+                       f"{lo!r} scores as held-out text: the held-out loss would score text the model was trained "
+                       f"on; train on split train, or point eval.loss.data at another dataset")
+    return out
+
+
+def longest_sequence(src: OpenedSource, doc_mask: bool) -> int:
+    """The longest "sequence" of a source that rope.yarn.apply=beyond_original compares with
+    original_max_position (model/packing.py): a row's real length, or under data.doc_mask a document's
+    in-row length. A packed row without doc_mask is full (T); otherwise a sequence is one document and the
+    EOT that closes it (fit, truncate) or opens it (pack), at most T: its length + 1."""
+    sp = src.space
+    if sp.mode == "pack" and not doc_mask:
+        return sp.T
+    lengths = sp.t.doc_len[sp.docs] if sp.mode == "fit" else sp.t.doc_len
+    return min(int(lengths.max()) + 1, sp.T) if len(lengths) else 0
+
+
+def beyond_original_problems(cfg, sources: list[tuple[str, OpenedSource]]) -> list[str]:
+    """rope.yarn.apply=beyond_original trains YaRN only on sequences longer than original_max_position: a
+    run whose sources can give none never trains it (decided from each source's document lengths, its mode
+    and data.doc_mask: longest_sequence)."""
+    y = getattr(getattr(cfg, "rope", None), "yarn", None)
+    if y is None or y.apply != "beyond_original" or not sources:
+        return []
+    orig, mask = y.original_max_position, cfg.data.doc_mask
+    longest = [(where, src, longest_sequence(src, mask)) for where, src in sources]
+    if max(n for _, _, n in longest) > orig:
+        return []
+    how = "; ".join(
+        f"{where}: {s.root} bucket {s.stats['bucket']!r} split {s.stats['split']!r} in mode {s.space.mode}"
+        + (", with data.doc_mask each document is its own sequence" if mask and s.space.mode == "pack" else "")
+        + f": its longest document has {n - 1} tokens, so its longest sequence (the document and its EOT) is {n}"
+        for where, s, n in longest)
+    return [f"rope.yarn.apply=beyond_original: no training sequence is longer than original_max_position {orig}, so "
+            f"every one uses the original RoPE and YaRN is never trained ({how}); train on documents longer than "
+            f"{orig} tokens (a bucket above it), or set rope.yarn.apply=always"]
 
 
 # --------------------------------------------------------------------------- reporting

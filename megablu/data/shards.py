@@ -26,6 +26,7 @@ directory with a manifest.json is always whole.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -136,7 +137,11 @@ class DatasetWriter:
         if stale:
             log.warning("partial build(s) %s next to %s: an interrupted or concurrent build; delete them if no "
                         "build is running", stale, self.out)
-        self.tmp.mkdir(parents=True)
+        try:
+            self.tmp.mkdir(parents=True)
+        except OSError as e:   # checked above (replace_problem); the filesystem may still refuse
+            raise DataError(f"--out {self.out}: cannot create {self.tmp} ({e.strerror or e}); give --out a place "
+                            f"this user can write") from None
         self.tok_info = dict(tokenizer_info)
         self.dtype = dtype_for_vocab(int(tokenizer_info["vocab_size"]))
         self.edges = list(edges)
@@ -157,15 +162,26 @@ class DatasetWriter:
         return self
 
     def __exit__(self, et, ev, tb):
-        if et is not None:
-            self.abort()
+        if et is None:
+            return False
+        self.abort()
+        if issubclass(et, OSError):   # a full disk, a quota, a vanished mount: one line, nothing left behind
+            fix = "; free space there or give --out on another disk" if ev.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+            raise DataError(f"writing the dataset {self.out} failed: {ev.strerror or ev}"
+                            f"{f' ({ev.filename})' if ev.filename else ''}; nothing was written at {self.out} and the "
+                            f"partial build was removed{fix}") from ev
         return False
 
     def abort(self):
+        """Close every open shard and remove the temp dir. Closing flushes a file's buffer, which fails again on
+        a full disk: each close is tried once, and the temp dir is removed whatever they raise."""
         for s in self.open.values():
-            s.f_tok.close()
-            if s.f_meta:
-                s.f_meta.close()
+            for f in (s.f_tok, s.f_meta):
+                if f is not None:
+                    try:
+                        f.close()
+                    except OSError:
+                        pass
         self.open.clear()
         shutil.rmtree(self.tmp, ignore_errors=True)
 

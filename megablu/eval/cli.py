@@ -111,6 +111,16 @@ def _eval(args) -> int:
     except EvalError as e:
         print(f"megablu eval: {e}", file=sys.stderr)
         return 2
+    # where the result goes: checked now (the last check before the weights load), not after every cell ran
+    run = _run_dir_of(Path(args.ckpt)) if args.ckpt else None
+    out = Path(args.out) if args.out else (run / "eval" if run else Path(cfg.runs_dir) / cfg.name / "eval")
+    from ..utils.files import new_name_problem, writable_problem
+
+    flag = "--out" if args.out else "the result folder"
+    why = (new_name_problem(out, flag) if not out.is_dir() else None) or writable_problem(out, flag)
+    if why:
+        print(f"megablu eval: {why}", file=sys.stderr)
+        return 2
     try:
         model, prov = _load_model(args, cfg, tok.identity)
     except Exception as e:  # CLI boundary: any failure to build the model is invalid input, reported
@@ -137,9 +147,7 @@ def _eval(args) -> int:
     model = apply_memory(model, _eval_memory(cfg.memory), device=device.type)
     model = model.to(device=device, dtype=dtype).eval()
     # a checkpoint of a run: results go where the trainer's auto-eval puts them, under the run's id
-    run = _run_dir_of(Path(args.ckpt)) if args.ckpt else None
     arm = args.arm or (run.name if run else cfg.name)
-    out = Path(args.out) if args.out else (run / "eval" if run else Path(cfg.runs_dir) / cfg.name / "eval")
     try:
         gate_src = args.gate_parent or eval_cfg.gate.parent
         parent = load_result(gate_src) if gate_src else None
@@ -311,6 +319,20 @@ def _compare(args) -> int:
     return rc
 
 
+def _non_negative(text: str) -> float:
+    """argparse type: a finite number >= 0 (a gate's allowed drop; a negative one fails every arm)."""
+    import argparse
+    import math
+
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"{v:g} must be >= 0 (the drop allowed below the parent; 0 = none)")
+    return v
+
+
 def register(sub) -> None:
     e = sub.add_parser("eval", help="evaluate a checkpoint: the eval tasks (passkey ... the RULER suite) per length, "
                        "held-out loss, gate, report")
@@ -348,9 +370,9 @@ def register(sub) -> None:
     c.add_argument("--gate-parent", help="gate every arm against this parent result; exit 1 if any fails")
     c.add_argument("--short-lengths", type=int, nargs="+", default=[1024, 4096],
                    help="with --gate-parent: the lengths where an arm may not drop below the parent (eval.gate)")
-    c.add_argument("--margin-pp", type=float, default=5.0,
+    c.add_argument("--margin-pp", type=_non_negative, default=5.0,
                    help="with --gate-parent: the drop in pp allowed per task at a short length")
-    c.add_argument("--loss-margin-rel", type=float, default=0.02,
+    c.add_argument("--loss-margin-rel", type=_non_negative, default=0.02,
                    help="short-document loss may rise this fraction above the parent's (when both measured it)")
     c.add_argument("--heatmap", metavar="PREFIX", help="write PREFIX_<task>.png: needle depth x length, one panel "
                    "per arm, for every task with needles")

@@ -105,11 +105,49 @@ def preflight_problems(eval_cfg: EvalConfig, tokenizer: TokenizerLike, window: i
                 b.build(max(eval_cfg.lengths), 0)
             except EvalError as e:
                 out.append(str(e))
+        fits = [L for L in eval_cfg.lengths if L >= need]
+        if fits:
+            out += answer_budget_problems(eval_cfg, task, b, tokenizer, min(fits))
     if eval_cfg.loss.data:
         from .loss import loss_problems
 
         out += loss_problems(eval_cfg, tokenizer)
     return out
+
+
+def answer_budget_problems(eval_cfg: EvalConfig, task: str, builder, tokenizer: TokenizerLike,
+                           length: int) -> list[str]:
+    """The task's generation budget (max_new) against its answers in this tokenizer: a budget shorter than an
+    answer scores 0 whatever the model knows (a passkey at max_new 4 of a digit-per-token tokenizer: 100% ->
+    0%). An answer's tokens are those of ' ' + its expected answers joined by ', ' (the prompt's last line
+    ends before the answer's space), over the task's n prompts (a prompt's answers are the same at every
+    length: built once, at `length`)."""
+    mn = eval_cfg.task_max_new(task)
+    need, worst = 0, ""
+    for i in range(eval_cfg.n):
+        try:
+            p = builder.build(length, i)
+        except EvalError:   # said by the length checks above
+            return []
+        text = " " + ", ".join(p.expected)
+        k = len(tokenizer.encode(text))
+        if k > need:
+            need, worst = k, text
+    if need <= mn:
+        return []
+    spec = eval_cfg.spec(task)
+    if spec.max_new is not None:
+        field = f"eval.task_defs.{task}.max_new" if task in eval_cfg.task_defs else f"task {task}'s max_new"
+        fix = f"set {field} >= {need}"
+    elif spec.family in ("passkey", "needle"):
+        field, fix = "eval.max_new", f"set eval.max_new >= {need}"
+    else:
+        field = f"the {spec.family} family's budget max_new"
+        fix = f"define the task under eval.task_defs with max_new >= {need}"
+    what = "it" if len(p.expected) == 1 else "all its answers"
+    return [f"{field}={mn}: task {task}'s answers take up to {need} tokens in tokenizer {tokenizer.identity} "
+            f"({worst[:60]!r}, the space the prompt leaves included): a generation of {mn} tokens cannot hold "
+            f"{what}, so the task scores 0 whatever the model knows; {fix}"]
 
 
 def build_prompts(eval_cfg: EvalConfig, tokenizer: TokenizerLike, *, haystack: Optional[HaystackSource] = None,

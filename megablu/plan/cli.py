@@ -7,8 +7,10 @@ Results go to stdout, logs to stderr. Exit 0 ok, 2 invalid config.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+import math
 import sys
 
 log = logging.getLogger(__name__)
@@ -30,13 +32,14 @@ def _plan(args) -> int:
     cfg = _load(args)
     if cfg is None:
         return 2
+    gpus = args.gpus or [cfg.parallel.sp]
+    windows = args.windows or [cfg.data.window]
     try:
-        gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else [cfg.parallel.sp]
-        windows = plan.parse_tokens(args.windows) if args.windows else [cfg.data.window]
-    except ValueError as e:
-        print(f"invalid --gpus/--windows: {e}", file=sys.stderr)
+        calib = plan.load_calibration(args.calibration) if args.calibration else None
+    except (OSError, ValueError, TypeError, AttributeError, KeyError) as e:   # a garbage file: said, no traceback
+        print(f"megablu plan: --calibration {args.calibration}: not a calibration or probe JSON ({type(e).__name__}: "
+              f"{e}); give the probe.json a `megablu probe` wrote, or a calibration json", file=sys.stderr)
         return 2
-    calib = plan.load_calibration(args.calibration) if args.calibration else None
     if calib is not None:
         log.info("calibration: activations x%.3f, static %+.2f GB", calib.act_scale, calib.static_offset_gb)
     sp = cfg.parallel.sp if args.sp == "config" else None
@@ -56,14 +59,58 @@ def _plan(args) -> int:
     return 0
 
 
+def _gpu_list(text: str) -> list[int]:
+    """argparse type of --gpus: '1,2,4,8' -> [1, 2, 4, 8], each an integer >= 1."""
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        try:
+            n = int(part)
+        except ValueError:
+            n = None
+        if n is None or n < 1:
+            raise argparse.ArgumentTypeError(f"{part or repr(text)}: not a GPU count (an integer >= 1; a comma list "
+                                             f"like 1,2,4,8)")
+        out.append(n)
+    return out
+
+
+def _window_list(text: str) -> list[int]:
+    """argparse type of --windows: '16k,32k,1M' -> token counts, each >= 1."""
+    from .table import parse_tokens
+
+    try:
+        ws = parse_tokens(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected token counts like 16k,32k,1M") from None
+    bad = [w for w in ws if w < 1]
+    if bad or not ws:
+        raise argparse.ArgumentTypeError(f"{bad[0] if bad else repr(text)}: a window is a positive number of tokens "
+                                         f"(e.g. 16k,32k,1M)")
+    return ws
+
+
+def _gb(text: str) -> float:
+    """argparse type of --gpu-gb / --host-gb: a finite number of GB > 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GB") from None
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"{v:g} GB: memory must be a number > 0 (in GB of 1e9 B; an H200 has 141, "
+                                         f"an H100 80)")
+    return v
+
+
 def register(sub) -> None:
     p = sub.add_parser("plan", help="memory fit table per (GPUs, window) from the analytical model")
     p.add_argument("--config", required=True, help="yaml_configs/<arm>.yaml: model, memory switches, ZeRO, window")
     p.add_argument("--set", action="append", default=[], metavar="a.b=v", help="config override (repeatable)")
-    p.add_argument("--gpus", default=None, help="comma list, e.g. 1,2,4,8 (sp = GPUs); default: parallel.sp")
-    p.add_argument("--windows", default=None, help="comma list, e.g. 16k,32k,64k,1M; default: data.window")
-    p.add_argument("--gpu-gb", type=float, default=141.0, help="GPU memory in GB (1e9 B); H200: 141")
-    p.add_argument("--host-gb", type=float, default=None,
+    p.add_argument("--gpus", type=_gpu_list, default=None, help="comma list, e.g. 1,2,4,8 (sp = GPUs); default: "
+                   "parallel.sp")
+    p.add_argument("--windows", type=_window_list, default=None, help="comma list, e.g. 16k,32k,64k,1M; default: "
+                   "data.window")
+    p.add_argument("--gpu-gb", type=_gb, default=141.0, help="GPU memory in GB (1e9 B); H200: 141")
+    p.add_argument("--host-gb", type=_gb, default=None,
                    help="pinned host memory per GPU for offloaded activations (e.g. 110 on a 128 GB 1-GPU host); "
                         "a row needing more is impossible, and suggestions stay within it")
     p.add_argument("--calibration", default=None, help="probe.json or a calibration json")

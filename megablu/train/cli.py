@@ -112,7 +112,7 @@ def _probe(args) -> int:
 def register(sub) -> None:
     t = sub.add_parser("train", help="resolve the launch (GPUs, nodes, sp), check the config for it, print the "
                                      "launcher command and run it (--dry-run: print and check only)")
-    from .launch import add_arguments
+    from .launch import add_arguments, port, positive_int
 
     add_arguments(t)
     t.set_defaults(func=_train)
@@ -120,9 +120,10 @@ def register(sub) -> None:
     q = sub.add_parser("probe", help="run a config's first steps through the normal entry and report memory/speed")
     q.add_argument("--config", required=True, help="yaml_configs/<arm>.yaml to measure")
     q.add_argument("--set", action="append", default=[], metavar="a.b=v", help="config override (repeatable)")
-    q.add_argument("--gpus", type=int, default=None, help="processes to launch; default parallel.sp")
-    q.add_argument("--steps", type=int, default=3, help="real training steps to measure (the first pays warm-up)")
-    q.add_argument("--master-port", type=int, default=29611, help="rendezvous port of the launch (change it when "
+    q.add_argument("--gpus", type=positive_int, default=None, help="processes to launch; default parallel.sp")
+    q.add_argument("--steps", type=positive_int, default=3, help="real training steps to measure (the first pays "
+                   "warm-up)")
+    q.add_argument("--master-port", type=port, default=29611, help="rendezvous port of the launch (change it when "
                    "two probes run at once)")
     q.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
     q.set_defaults(func=_probe)

@@ -44,9 +44,14 @@ def main(argv=None) -> int:
 
     from ..config import ConfigError
     from ..parallel.topology import ranks_per_node_from_env
+    from ..utils.files import output_file_problem
     from .preflight import check
 
     world = int(os.environ.get("WORLD_SIZE", 1))
+    why = output_file_problem(args.json, "--json") if args.json and rank == 0 else None
+    if why:   # the summary is written once the run is over: a path that cannot take it is refused now
+        print(f"megablu train: {why} (nothing was started)", file=sys.stderr)
+        return 2
     try:
         # sha256 of data and checkpoints on rank 0 only; if it fails, the launcher ends the others
         ok = check(args.config, args.set, world_size=world, device="auto", resume=args.resume, hash=rank == 0,
@@ -94,8 +99,9 @@ def main(argv=None) -> int:
         from .watchdog import exit_with_launcher
 
         exit_with_launcher(next_step)
-        # DeepSpeed's launcher SIGTERMs every rank when one fails: say how to go on, as a failure does
-        signal.signal(signal.SIGTERM, _terminated)
+    # Ctrl-C (SIGINT) and DeepSpeed's launcher, which SIGTERMs every rank when one fails or when it is
+    # interrupted itself: say which signal came and how to go on, as a failure does
+    handlers = {s: signal.signal(s, _terminated) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         # libraries print chatter on stdout (DeepSpeed's op builds); stdout is for the result only
         with contextlib.redirect_stdout(sys.stderr):
@@ -113,9 +119,12 @@ def main(argv=None) -> int:
     except (Exception, KeyboardInterrupt, Terminated) as e:  # noqa: BLE001 - one line per rank, then the way on
         _FAILING.set()
         return _failed(e, trainer.run_dir, rank, next_step)
-    if rank == 0:
-        _emit(summary, args.json)
-    return _leave(rank)   # every rank leaves the process group together
+    finally:
+        for s, h in handlers.items():   # this process may go on (an in-process caller): its own handlers back
+            signal.signal(s, h)
+        _FAILING.clear()
+    written = _emit(summary, args.json) if rank == 0 else True
+    return _leave(rank) or (0 if written else 1)   # every rank leaves the process group together
 
 
 def _leave(rank: int) -> int:
@@ -150,18 +159,36 @@ def run(argv=None) -> NoReturn:
     sys.exit(rc)
 
 
-def _emit(summary: dict, path) -> None:
-    """The result: one JSON line on stdout and, with --json FILE, the same JSON in FILE (tmp + rename)."""
+def _emit(summary: dict, path) -> bool:
+    """The result: one JSON line on stdout and, with --json FILE, the same JSON in FILE (tmp + rename).
+    False (said on stderr) when FILE cannot be written after all (checked before the run: a disk since full)."""
     line = json.dumps(summary)
     print(line)
     if path:
         tmp = Path(f"{path}.tmp{os.getpid()}")
-        tmp.write_text(line + "\n")
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(line + "\n")
+            os.replace(tmp, path)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            print(f"--json {path}: cannot write the summary ({e.strerror or e}); it is the JSON line on stdout",
+                  file=sys.stderr)
+            return False
+    return True
 
 
 class Terminated(BaseException):
-    """SIGTERM (the launcher stopping every rank because one failed, or a job scheduler)."""
+    """A stop signal: SIGINT (Ctrl-C) or SIGTERM (the launcher stopping every rank because one failed or it was
+    interrupted, or a job scheduler). `signum` is the one this rank got first."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name} ({_SIGNAL_WHY.get(signum, 'from outside')})")
+
+
+_SIGNAL_WHY = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "DeepSpeed's launcher stops every rank when one fails or "
+               "when it is interrupted; a job scheduler sends it too"}
 
 
 class LauncherGone(RuntimeError):
@@ -172,9 +199,9 @@ _FAILING = threading.Event()   # set once a failure is being reported: a SIGTERM
 
 
 def _terminated(signum, frame):
-    if not _FAILING.is_set():
-        raise Terminated("stopped by SIGTERM (DeepSpeed's launcher stops every rank when one fails; the failing "
-                         "rank says why)")
+    if not _FAILING.is_set():   # the first signal names the stop; a second one (the launcher's) lets it finish
+        _FAILING.set()
+        raise Terminated(signum)
 
 
 def _already_complete(ctx, rank: int, json_path=None) -> int:
@@ -205,6 +232,8 @@ def _failed(e: BaseException, run_dir, rank: int, next_step) -> int:
     from .runs import RunError
     from .watchdog import launcher_gone
 
+    if isinstance(e, KeyboardInterrupt):   # Ctrl-C before the handler was installed: the same stop
+        e = Terminated(signal.SIGINT)
     gone = None if isinstance(e, Terminated) else launcher_gone()
     if gone:   # the launcher died first: that is the cause, the error (often gloo's) its echo
         try:
@@ -222,13 +251,13 @@ def _failed(e: BaseException, run_dir, rank: int, next_step) -> int:
             where = f" (traceback: {logs / f'rank{rank}.error.txt'})"
         except OSError:
             pass
-    if not where and rank == 0:
+    if not where and rank == 0 and not isinstance(e, Terminated):   # a stop signal needs no traceback
         traceback.print_exception(e, file=sys.stderr)
     print(f"rank {rank}: {type(e).__name__}: {text}{where}", file=sys.stderr)
     print(next_step(), file=sys.stderr)
     sys.stderr.flush()
     if isinstance(e, Terminated):
-        return 128 + signal.SIGTERM
+        return 128 + e.signum
     return 2 if isinstance(e, (CheckpointError, ConfigError, DataError, RunError, TokenizerError)) else 1
 
 

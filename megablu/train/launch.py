@@ -78,6 +78,32 @@ def build_command(a, slots: list[int]) -> tuple[list[str], dict]:
     return cmd + entry, env
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a count of GPUs, nodes, steps)."""
+    import argparse
+
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{v} must be >= 1")
+    return v
+
+
+def port(text: str) -> int:
+    """argparse type: a TCP port, 1..65535 (a rendezvous on port 99999 fails only once every rank has started)."""
+    import argparse
+
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"{v} is not a port (1..65535; e.g. 29500)")
+    return v
+
+
 def add_arguments(p) -> None:
     """The launch options `megablu train` takes (launch/*.sh pass their defaults through them)."""
     p.add_argument("--config", required=True, help="yaml_configs/<arm>.yaml to train")
@@ -85,16 +111,16 @@ def add_arguments(p) -> None:
     p.add_argument("--resume", default=None, help="run id or run dir to resume from its newest verified checkpoint")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: the config's train.device, cuda when a GPU is visible")
-    p.add_argument("--gpus", "--num-gpus", dest="gpus", type=int, default=None,
+    p.add_argument("--gpus", "--num-gpus", dest="gpus", type=positive_int, default=None,
                    help="ranks per node (processes on CPU); default: parallel.sp")
-    p.add_argument("--nodes", "--num-nodes", dest="nodes", type=int, default=1,
+    p.add_argument("--nodes", "--num-nodes", dest="nodes", type=positive_int, default=1,
                    help="nodes in the job (with --hostfile: taken from it)")
     p.add_argument("--hostfile", default=None, help="DeepSpeed hostfile ('<host> slots=<n>' per node)")
     p.add_argument("--launcher", choices=["deepspeed", "torchrun"], default="deepspeed",
                    help="which launcher starts the ranks (torchrun: run the same command on every node)")
     p.add_argument("--node-rank", type=int, default=0, help="torchrun: this node's index (0 runs the store)")
     p.add_argument("--master-addr", default="127.0.0.1", help="address of rank 0's node (the rendezvous)")
-    p.add_argument("--master-port", type=int, default=29500, help="rendezvous port (change it when two "
+    p.add_argument("--master-port", type=port, default=29500, help="rendezvous port (change it when two "
                    "jobs share a node)")
     p.add_argument("--dry-run", action="store_true", help="print topology + command, check the config, exit")
 
@@ -106,6 +132,11 @@ def launch(a) -> int:
     from ..utils.device import resolve_device
     from .preflight import check
 
+    nodes = len(read_hostfile(a.hostfile)) if a.hostfile else a.nodes
+    if not 0 <= a.node_rank < nodes:
+        given = f"{a.hostfile}'s {nodes} hosts" if a.hostfile else f"--nodes {nodes}"
+        raise LaunchError(f"--node-rank {a.node_rank} with {given}: a node's index is 0..{nodes - 1} (0 runs the "
+                          f"rendezvous store)")
     if a.device == "auto":
         a.device = resolve_device(config_value(a.config, a.set, "train", "device", "auto"))
     if a.gpus is None:

@@ -16,10 +16,12 @@ a run comes from what it left behind, not from its exit code:
   killed    none of the above: the job vanished (kill -9, the OOM killer, a lost node) or
             every rank's error is a signal (SIGTERM, Ctrl-C) or followed its launcher's death
             (LauncherGone); its run.lock may be left stale
+  unreadable  its files cannot be read (a binary metrics.csv): the other runs still list
 Loss is the mean of the last 10 steps in metrics.csv; tokens/s the mean over the steps, the
 first step of each session left out (as summary.json); the checkpoint is the newest one that
 `resume` would take (sizes checked; `megablu ckpt verify` hashes them); the eval is the newest
-eval/step_<N>.json. Exit 0, or 2 when the runs dir or the run does not exist.
+eval/step_<N>.json. Exit 0, or 2 when the runs dir or the run does not exist (or `show` is given a
+folder that is no run: a runs dir is named as such).
 """
 from __future__ import annotations
 
@@ -38,11 +40,12 @@ SIGNALS = ("Terminated", "KeyboardInterrupt", "LauncherGone")   # errors that sa
 
 
 def _rows(run: Path) -> list[dict]:
+    """metrics.csv's rows as floats; ValueError (or csv.Error, OSError) when the file is not text at all."""
     path = run / "metrics.csv"
     if not path.exists():
         return []
     out = []
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
         for r in csv.DictReader(f):
             try:
                 out.append({k: float(v) for k, v in r.items() if v not in ("", None)})
@@ -182,8 +185,35 @@ def describe(run: Path, deep: bool = False) -> dict:
             "eval": _eval_brief(res) if res else None, "eval_json": res.get("_path") if res else None}
 
 
+def unreadable(run: Path, e: Exception) -> dict:
+    """The row of a run whose files cannot be read (a binary metrics.csv): listed as such, the others still are."""
+    why = f"{type(e).__name__}: {e}"[:200]
+    return {"run": run.name, "path": str(run), "state": "unreadable", "why": f"its files cannot be read ({why}); "
+            f"look at {run}", "steps": 0, "max_steps": _max_steps(run), "loss": None, "loss_steps": 0,
+            "tokens_per_s": None, "checkpoint": None, "checkpoints_unusable": [], "eval": None, "eval_json": None}
+
+
+def describe_or_unreadable(run: Path, deep: bool = False) -> dict:
+    try:
+        return describe(run, deep=deep)
+    except (OSError, ValueError, csv.Error) as e:   # UnicodeDecodeError is a ValueError
+        return unreadable(run, e)
+
+
 def _is_run(d: Path) -> bool:
     return (d / "run.json").exists() or (d / "metrics.csv").exists() or (d / "checkpoints").is_dir()
+
+
+def _not_a_run(d: Path) -> str:
+    """What `runs show` says of a folder that is no run: a runs dir (runs inside it), or something else."""
+    runs = sorted(x.name for x in d.iterdir() if x.is_dir() and not x.name.startswith(".") and _is_run(x)) \
+        if d.is_dir() else []
+    if runs or (d / ".ids").is_dir():
+        shown = ", ".join(runs[-5:]) + (f" and {len(runs) - 5} more" if len(runs) > 5 else "")
+        return (f"{d} is a runs dir, not a run (it holds {len(runs)} run(s){': ' + shown if runs else ''}): list them "
+                f"with `megablu runs {d}`" + (f", or show one with `megablu runs show {d / runs[-1]}`" if runs else ""))
+    return (f"{d} is not a run (no run.json, metrics.csv or checkpoints/ in it): give a run id in --runs-dir or a run "
+            f"directory (`megablu runs RUNS_DIR` lists them)")
 
 
 def _table(rows: list[dict]) -> str:
@@ -204,7 +234,7 @@ def _list(args) -> int:
               file=sys.stderr)
         return 2
     runs = [d for d in sorted(root.iterdir()) if d.is_dir() and not d.name.startswith(".") and _is_run(d)]
-    rows = [describe(d, deep=args.verify) for d in runs]
+    rows = [describe_or_unreadable(d, deep=args.verify) for d in runs]
     if args.json:
         print(json.dumps(rows))
         return 0
@@ -213,7 +243,7 @@ def _list(args) -> int:
         return 0
     print(_table(rows))
     for r in rows:
-        if r["state"] in ("failed", "killed", "stopped"):
+        if r["state"] in ("failed", "killed", "stopped", "unreadable"):
             print(f"{r['run']}: {r['state']}: {r['why']}", file=sys.stderr)
     return 0
 
@@ -260,9 +290,13 @@ def _show(args) -> int:
     try:
         run = find_run(args.runs_dir, args.run)
     except RunError as e:
-        print(f"megablu runs show: {e}", file=sys.stderr)
+        given = Path(args.run)
+        print(f"megablu runs show: {_not_a_run(given) if given.is_dir() else e}", file=sys.stderr)
         return 2
-    d = describe(run, deep=args.verify)
+    if not _is_run(run):
+        print(f"megablu runs show: {_not_a_run(run)}", file=sys.stderr)
+        return 2
+    d = describe_or_unreadable(run, deep=args.verify)
     summary = _json(run / "summary.json") or {}
     out = [f"# {d['run']}  ({d['path']})", "",
            f"state       {d['state']}: {d['why']}",
@@ -275,7 +309,7 @@ def _show(args) -> int:
     for i, s in enumerate(summary.get("sessions", [])):
         if isinstance(s, dict):
             out.append(f"session {i + 1}   steps {s.get('from_step')}..{s.get('to_step')}  {s.get('world') or ''}")
-    if not args.no_plot:
+    if not args.no_plot and d["state"] != "unreadable":
         target = Path(args.plot) if args.plot else run / "train.png"
         try:
             out.append(f"plot        {plot_training(run, target)}")

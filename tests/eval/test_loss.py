@@ -37,7 +37,7 @@ def val_data(tmp_path_factory, byte_tok, haystack_docs):
 
 def _cfg(data, **kw):
     loss = LossEvalConfig(data=data, n=2, short_docs=5, short_min=300, short_max=1200)
-    return EvalConfig(lengths=[300, 700], tasks=["passkey"], n=2, max_new=4, pad=32, loss=loss, **kw)
+    return EvalConfig(lengths=[300, 700], tasks=["passkey"], n=2, max_new=6, pad=32, loss=loss, **kw)
 
 
 def test_sequence_nll_equals_full_cross_entropy():

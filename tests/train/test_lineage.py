@@ -174,7 +174,7 @@ def test_eval_refuses_another_rope_unless_overridden(tmp_path):
     parent = _hf_parent(tmp_path)
     base = [sys.executable, "-m", "megablu.cli", "eval", "--config", str(TINY_EXT), "--hf", str(parent),
             "--step", "0", "--lengths", "120", "--n", "1", "--no-plot", "--out", str(tmp_path / "ev"),
-            "--set", "eval.max_new=4", "--set", "eval.pad=8"]
+            "--set", "eval.max_new=8", "--set", "eval.pad=8"]
     r = subprocess.run(base, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 2, r.stderr[-3000:]
     assert "differs from the one" in r.stderr and "--rope-override" in r.stderr
