@@ -150,6 +150,9 @@ class MegabluLM(TemplateLM):
             raise AdapterError(f"sp={self.sp} but the launcher started {world} ranks: the megablu backend runs one "
                                f"sequence-parallel group of all ranks; pass sp={world} (or launch {self.sp})")
         if model is None:
+            if tokenizer is not None:
+                raise AdapterError(f"model_args tokenizer={tokenizer!r}: megablu uses the config's tokenizer (and "
+                                   f"sizes lm-eval's RULER prompts with it); drop tokenizer=")
             if not config:
                 raise AdapterError("model_args needs config=<the run's YAML> and ckpt=<checkpoint> (or hf=<dir>)")
             if self.sp > 1:
