@@ -481,8 +481,13 @@ def install_ruler_tokenizer(tok) -> None:
 
 
 def _patch_ruler_modules(name: str, fn, home) -> None:
-    """Set `name` in its home module and in every loaded lm-eval RULER module that imported it by name."""
+    """Set `name` in its home module and in every loaded lm-eval RULER module that imported it by name.
+
+    lm-eval loads a task YAML's `!function module.fn` from the file beside it and re-executes a module
+    already in sys.modules unless it carries the file's mtime as `__mtime__` (tasks/_yaml_loader.py): the
+    home module gets that mark, so lm-eval reuses it -- patched -- instead of a fresh copy."""
     setattr(home, name, fn)
+    home.__mtime__ = Path(home.__file__).stat().st_mtime_ns
     for mod_name, mod in list(sys.modules.items()):
         if mod_name.startswith("lm_eval.tasks.ruler.") and mod is not home and hasattr(mod, name):
             setattr(mod, name, fn)
