@@ -59,18 +59,19 @@ def test_oracle_table(tmp_path, monkeypatch, capsys):
     cfg = load_config(cfg_path)
     tok = ByteTokenizer()
     out = tmp_path / "cells.json"
-    rc = ruler_oracle.main(["--config", str(cfg_path), "--lengths", "512", "--n", "3", "--out", str(out),
+    rc = ruler_oracle.main(["--config", str(cfg_path), "--lengths", "512", "--n", "4", "--out", str(out),
                             "niah_single_1", "niah_single_2"], model=NiahOracle(tok), tok=tok, cfg=cfg)
     text = capsys.readouterr().out
     assert rc == 0
     rows = json.loads(out.read_text())["cells"]
     got = {(r["task"], r["length"]): r for r in rows}
     one, two = got[("niah_single_1", 512)], got[("niah_single_2", 512)]
-    assert one["megablu"][:2] == [3, 3] and one["lm_eval"][:2] == [3, 3] and one["agree"]
-    assert two["megablu"][:2] == [3, 3] and two["lm_eval"][:2] == [0, 3] and not two["agree"]
-    assert "| niah_single_1 | niah_single_1 | 512 | 100.0 [43.8, 100.0] (n=3) | 100.0 [43.8, 100.0] (n=3) | yes |" \
+    assert one["megablu"][:2] == [4, 4] and one["lm_eval"][:2] == [4, 4] and one["agree"]
+    assert two["megablu"][:2] == [4, 4] and two["lm_eval"][:2] == [0, 4] and not two["agree"]
+    # 4 prompts: the smallest n whose 100% and 0% Wilson intervals do not overlap (4/(4+1.96^2) > 1/2)
+    assert "| niah_single_1 | niah_single_1 | 512 | 100.0 [51.0, 100.0] (n=4) | 100.0 [51.0, 100.0] (n=4) | yes |" \
         in text
-    assert "| niah_single_2 | niah_single_2 | 512 | 100.0" in text and "| 0.0 [0.0, 56.2] (n=3) | NO |" in text
+    assert "| niah_single_2 | niah_single_2 | 512 | 100.0" in text and "| 0.0 [0.0, 49.0] (n=4) | NO |" in text
     assert "essay haystack on both sides: pydoc_data.topics" in text
 
 
@@ -80,7 +81,7 @@ def test_help_and_bad_names(capsys):
     with pytest.raises(SystemExit) as e:
         ruler_oracle.main(["--help"])
     assert e.value.code == 0 and "lm-eval" in capsys.readouterr().out
-    assert ruler_oracle.main(["--config", "x.yaml", "--lengths", "512", "nope"]) == 2
+    assert ruler_oracle.main(["nope", "--config", "x.yaml", "--lengths", "512"]) == 2
     assert "no lm-eval task mapped to ['nope']" in capsys.readouterr().err
     assert ruler_oracle.mapping(["ruler_vt=my_vt"])["ruler_vt"] == "my_vt"
     m = ruler_oracle.mapping(["my_lm_vt=vt"])     # another lm-eval task for megablu's vt replaces ruler_vt
