@@ -50,7 +50,8 @@ def _req(kind, args, i=0):
 def test_generate_until_equals_greedy_decoding(byte_tok):
     m = _model()
     prompts = ["The grass is green. The sky is", "Passkey 12345. Remember", "Passkey 67890. Remember",
-               "x" * 80]   # two of equal length (one batch), and one cut from the left (80 + 24 > 96)
+               "The quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs! 0123"]
+    # two of equal length (one batch), and one cut from the left (90 + 24 > 96)
     max_new = 24
     refs = []
     for p in prompts:
@@ -200,7 +201,9 @@ def _sp_worker(rank, world, cfg, ck, prompts, pairs, text):
 def test_sp2_equals_one_rank(tmp_path):
     cfg, ck = _config(tmp_path, orig=32, factor=4.0)                                  # window 128
     prompts = ["The grass is green. The sky is blue. Passkey 4821.", "odd length!"]     # 51 and 11 bytes
-    pairs = [("The sky is", " blue"), ("Q: a long question past 32 tokens, the original positions? A:", " yes")]
+    # 40 and 66 tokens: each rank's slice of the first is <= 32 (the original positions), the row is not
+    pairs = [("Q: past the 32 original positions? A:", " yes"), ("The sky is, in a much longer question, "
+                                                                 "what colour? A:", " blue")]
     text = "Rolling windows of 128 tokens under sequence parallelism, every token scored once. " * 2
     gen, ll, roll = run_distributed(_sp_worker, 2, str(cfg), str(ck), prompts, pairs, text)
     one = MegabluLM(config=str(cfg), ckpt=str(ck), rope_override=True, device="cpu")
