@@ -10,6 +10,8 @@ which registers the backend first (every lm-eval flag works as documented):
     deepspeed --num_gpus 2 --module megablu.eval.lm_eval_adapter --model megablu \\
         --model_args ckpt=...,config=...,sp=2 --tasks niah_single_1 ...      (Ulysses-sharded prefill)
 
+(the `--local_rank=N` the deepspeed launcher appends is dropped before lm-eval parses the arguments).
+
 From Python, `import megablu.eval.lm_eval_adapter` then `lm_eval.simple_evaluate(model="megablu", ...)`.
 
 The model is loaded as `megablu eval` loads it (eval/cli.py): the config's model, rope (YaRN and the
@@ -155,6 +157,10 @@ class MegabluLM(TemplateLM):
                                    f"sizes lm-eval's RULER prompts with it); drop tokenizer=")
             if not config:
                 raise AdapterError("model_args needs config=<the run's YAML> and ckpt=<checkpoint> (or hf=<dir>)")
+            if device is not None and str(device).startswith("cuda") and not torch.cuda.is_available():
+                log.warning("device=%s without CUDA (lm-eval's --device defaults to cuda:0): using the config's "
+                            "train.device", device)
+                device = None
             if self.sp > 1:
                 device = self._init_sp(device)
             sets = [s for s in (set or "").split(";") if s.strip()]
@@ -541,9 +547,23 @@ def main(argv: Optional[list[str]] = None) -> None:
         raise SystemExit(2)
     from lm_eval.__main__ import cli_evaluate
 
-    if argv is not None:
-        sys.argv = [sys.argv[0]] + list(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    sys.argv = [sys.argv[0]] + strip_local_rank(argv)
     cli_evaluate()
+
+
+def strip_local_rank(argv: list[str]) -> list[str]:
+    """argv without the `--local_rank=N` the deepspeed launcher adds (lm-eval's parser refuses it; the
+    launcher also sets LOCAL_RANK, which is what the sp setup reads)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--local_rank":
+            skip = True
+        elif not a.startswith("--local_rank="):
+            out.append(a)
+    return out
 
 
 if __name__ == "__main__":
