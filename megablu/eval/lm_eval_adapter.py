@@ -56,9 +56,6 @@ try:
 except ImportError as e:   # lm-eval not installed: the module still imports (tests skip, main() says why)
     TemplateLM, LM_EVAL_MISSING = object, e
 
-    def register_model(*names):
-        return lambda cls: cls
-
 # ChatML, the template of instruct models whose tokenizer has <|im_start|>/<|im_end|> (SmolLM2-Instruct,
 # Qwen2), without a model's default system prompt: pass the model's own with chat_template= to match it
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
@@ -124,7 +121,6 @@ class _LastHidden:
         self.handle.remove()
 
 
-@register_model("megablu")
 class MegabluLM(TemplateLM):
     """A megablu model behind lm-eval's LM interface (module docstring)."""
 
@@ -547,6 +543,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         raise SystemExit(2)
     from lm_eval.__main__ import cli_evaluate
 
+    # registers the backend: run as `python -m`, this file is __main__, whose copy of the class is not registered
+    import megablu.eval.lm_eval_adapter  # noqa: F401
+
     argv = list(sys.argv[1:] if argv is None else argv)
     sys.argv = [sys.argv[0]] + strip_local_rank(argv)
     cli_evaluate()
@@ -565,6 +564,11 @@ def strip_local_rank(argv: list[str]) -> list[str]:
             out.append(a)
     return out
 
+
+# the backend under its name, once: as `python -m` this file also runs as __main__, and lm-eval's registry
+# refuses a second class under one name
+if LM_EVAL_MISSING is None and __name__ != "__main__":
+    register_model("megablu")(MegabluLM)
 
 if __name__ == "__main__":
     main()

@@ -24,7 +24,7 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from megablu.config.schema import RopeConfig, TokenizerConfig, YarnConfig  # noqa: E402
 from megablu.data.tokenizer import load_tokenizer  # noqa: E402
 from megablu.eval.generate import greedy_generate  # noqa: E402
-from megablu.eval.lm_eval_adapter import CHATML, AdapterError, MegabluLM  # noqa: E402
+from megablu.eval.lm_eval_adapter import CHATML, AdapterError, MegabluLM, strip_local_rank  # noqa: E402
 from tests.dist_utils import run_distributed  # noqa: E402
 
 from .conftest import tiny_model  # noqa: E402
@@ -222,7 +222,7 @@ def test_documented_command_runs_ruler_offline(tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "megablu.eval.lm_eval_adapter", "--model", "megablu",
            "--model_args", f"config={cfg},ckpt={ck},rope_override=True", "--tasks", "niah_single_1",
-           "--metadata", '{"max_seq_lengths": [512]}', "--limit", "2", "--device", "cpu",
+           "--metadata", '{"max_seq_lengths": [512]}', "--limit", "2",   # lm-eval's --device cuda:0: no CUDA here
            "--output_path", str(out), "--log_samples"]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -234,3 +234,8 @@ def test_documented_command_runs_ruler_offline(tmp_path):
     for row in rows:   # the prompt was sized with megablu's tokenizer: bytes <= 512 - 128 (RULER's answer budget)
         prompt = row["arguments"]["gen_args_0"]["arg_0"]
         assert 300 < len(prompt.encode()) <= 512 - 128 + 80, len(prompt.encode())   # + gen_prefix
+
+
+def test_launcher_local_rank_dropped():
+    argv = ["--model", "megablu", "--local_rank=1", "--tasks", "x", "--local_rank", "0", "--limit", "2"]
+    assert strip_local_rank(argv) == ["--model", "megablu", "--tasks", "x", "--limit", "2"]
