@@ -114,12 +114,17 @@ def run_megablu(model, tok, cfg, tasks: list[str], lengths: list[int], n: int, d
 def run_lm_eval(lm, lm_tasks: list[str], lengths: list[int], n: int) -> dict:
     """{(lm-eval task, L): (summed score, samples)}: one lm-eval run per length (RULER builds 500 samples
     per length in order; --limit n keeps the first n of that length)."""
+    import contextlib
+
     import lm_eval
 
     out = {}
     for L in lengths:
-        res = lm_eval.simple_evaluate(model=lm, tasks=lm_tasks, limit=n, log_samples=True,
-                                      metadata={"max_seq_lengths": [L]}, bootstrap_iters=0)
+        # lm-eval's RULER code prints progress on stdout (nltk's download notice, vt's noise search): stdout
+        # is this script's table
+        with contextlib.redirect_stdout(sys.stderr):
+            res = lm_eval.simple_evaluate(model=lm, tasks=lm_tasks, limit=n, log_samples=True,
+                                          metadata={"max_seq_lengths": [L]}, bootstrap_iters=0)
         for t in lm_tasks:
             scores = [s[str(L)] for s in res["samples"][t]]
             out[(t, L)] = (sum(scores), len(scores))
@@ -182,7 +187,13 @@ def main(argv=None, model=None, tok=None, cfg=None) -> int:
     replaced = install_ruler_offline("\n\n".join(docs))
     on_gpu = next(model.parameters()).device.type == "cuda"
     bt = args.batch_tokens or (262144 if on_gpu else 16384)
-    mb = run_megablu(model, tok, cfg, tasks, args.lengths, args.n, docs, bt)
+    from megablu.eval.prompts import EvalError
+
+    try:
+        mb = run_megablu(model, tok, cfg, tasks, args.lengths, args.n, docs, bt)
+    except EvalError as e:    # a length the window cannot hold, an unknown task: megablu's own message
+        print(f"ruler_oracle: megablu eval: {e}", file=sys.stderr)
+        return 2
     lm = MegabluLM(model=model, tokenizer=tok, window=cfg.data.window, batch_size="auto", batch_tokens=bt)
     pairs = [(back[t], t) for t in tasks]
     lmres = run_lm_eval(lm, [p[0] for p in pairs], args.lengths, args.n)
