@@ -184,7 +184,10 @@ def main(argv=None, model=None, tok=None, cfg=None) -> int:
             print(f"ruler_oracle: {e}", file=sys.stderr)
             return 2
     docs, source = essay_docs(args.essays)
-    replaced = install_ruler_offline("\n\n".join(docs))
+    import contextlib
+
+    with contextlib.redirect_stdout(sys.stderr):   # importing lm-eval's RULER code prints nltk's download notice
+        replaced = install_ruler_offline("\n\n".join(docs))
     on_gpu = next(model.parameters()).device.type == "cuda"
     bt = args.batch_tokens or (262144 if on_gpu else 16384)
     from megablu.eval.prompts import EvalError
