@@ -7,21 +7,25 @@ and whether the two intervals overlap.
       --lengths 4096 8192 --n 100 niah_single_1 niah_multikey_2 vt cwe fwe
   python bench/ruler_oracle.py ... --map ruler_vt=my_vt     # lm-eval task -> megablu task name
 
-Positional arguments are megablu task names; MAPPING gives the lm-eval task of each (override or add
-with --map LM_EVAL_TASK=MEGABLU_TASK). Until megablu's faithful RULER suite lands, the names resolve to
-megablu's existing presets (megablu/config/eval_tasks.py), which follow RULER's task set but not its
-templates word for word: disagreement there is expected and is what the faithful suite fixes.
+Positional arguments are megablu task names; the mapping gives the lm-eval task of each (override or
+add with --map LM_EVAL_TASK=MEGABLU_TASK). It is FAITHFUL (lm-eval's niah_single_1 -> megablu's
+ruler_niah_single_1, ruler_vt -> ruler_vt, ...) when megablu has its RULER-as-published tasks, else
+LIKE: megablu's RULER-like presets (megablu/config/eval_tasks.py: RULER's task set, megablu's own
+templates and haystacks), where disagreement is expected and is what the faithful suite fixes.
 
 What differs between the two sides by construction (read the table with these in mind):
-- length: megablu's prompt is exactly L tokens (+ its answer budget); lm-eval's max_seq_length L holds
-  the prompt plus RULER's tokens_to_generate (128 for niah, 30 vt, 120 cwe, 50 fwe), so its prompts
-  are shorter by that much; lm-eval also appends RULER's answer prefix (gen_prefix) to each prompt.
+- length: lm-eval's max_seq_length L holds the prompt plus RULER's tokens_to_generate (128 for niah, 30
+  vt, 120 cwe, 50 fwe), as megablu's ruler_* tasks do; megablu's RULER-like presets build prompts of
+  exactly L tokens (+ their answer budget), longer by that much. lm-eval appends RULER's answer prefix
+  (gen_prefix) to each prompt.
 - essay haystack (niah_single_2/3, niah_multikey_1, multivalue, multiquery): lm-eval downloads Paul
-  Graham's essays (`datasets.load_dataset("baber/paul_graham_essays")`); here both sides get the same
-  LOCAL prose instead, --essays (default: the Python language reference topics that ship with every
-  Python, pydoc_data.topics), monkeypatched into lm-eval (install_ruler_offline); without nltk's
-  punkt_tab data, lm-eval's sentence split (used to place needles) is a regex split. Printed with
-  the table.
+  Graham's essays (`datasets.load_dataset("baber/paul_graham_essays")`); here it gets LOCAL prose
+  instead, monkeypatched in (install_ruler_offline): --essays, by default megablu's own RULER essay
+  haystack (megablu/eval/assets/ruler/essays.txt.gz) where the faithful suite has landed, else the
+  Python language reference topics that ship with every Python (pydoc_data.topics); megablu's
+  RULER-like presets get the same text, its ruler_* tasks always read their own asset. Without nltk's
+  punkt_tab data, lm-eval's sentence split (used to place needles) is a regex split. Printed with the
+  table.
 - scoring: both are RULER's string_match_all (part credit per expected answer); lm-eval's n counts
   its samples, as megablu's its prompts, and both intervals are Wilson on the summed scores.
 
@@ -43,14 +47,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 log = logging.getLogger("ruler_oracle")
 
-# lm-eval task -> megablu task (RULER's 11 synthetic tasks that run offline; qa_squad / qa_hotpot need
-# downloads). megablu's names are RULER's; lm-eval prefixes vt, cwe and fwe with `ruler_`.
-MAPPING = {
+# lm-eval task -> megablu task, for RULER's 11 synthetic tasks that run offline (qa_squad / qa_hotpot need
+# downloads). lm-eval names the niah tasks as RULER does and prefixes vt, cwe and fwe with `ruler_`.
+# megablu's RULER-like presets (its own templates and haystacks, megablu/config/eval_tasks.py):
+LIKE = {
     "niah_single_1": "niah_single_1", "niah_single_2": "niah_single_2", "niah_single_3": "niah_single_3",
     "niah_multikey_1": "niah_multikey_1", "niah_multikey_2": "niah_multikey_2",
     "niah_multikey_3": "niah_multikey_3", "niah_multivalue": "niah_multivalue",
     "niah_multiquery": "niah_multiquery", "ruler_vt": "vt", "ruler_cwe": "cwe", "ruler_fwe": "fwe",
 }
+# megablu's RULER as published (`ruler_<RULER's name>`, megablu/config/ruler_tasks.py), where it exists
+FAITHFUL = {lm: lm if lm.startswith("ruler_") else f"ruler_{lm}" for lm in LIKE}
+
+
+def default_mapping() -> dict[str, str]:
+    """FAITHFUL when this megablu has those tasks (the faithful suite landed), else LIKE."""
+    from megablu.config.eval_tasks import PRESETS
+
+    return dict(FAITHFUL) if all(t in PRESETS for t in FAITHFUL.values()) else dict(LIKE)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -75,7 +89,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def mapping(extra: list[str]) -> dict[str, str]:
-    m = dict(MAPPING)
+    m = default_mapping()
     for e in extra:
         lm, sep, mb = e.partition("=")
         if not sep or not lm or not mb:
@@ -88,9 +102,14 @@ def mapping(extra: list[str]) -> dict[str, str]:
 def essay_docs(path: str | None) -> tuple[list[str], str]:
     """(documents, where they came from): the local stand-in for lm-eval's Paul Graham essays."""
     if path is None:
-        from pydoc_data.topics import topics
+        try:   # the faithful suite's own essay haystack, where it exists: then both sides read the same text
+            from megablu.eval.ruler.assets import DIR, essay_text
 
-        return [topics[k] for k in sorted(topics)], "pydoc_data.topics (Python language reference, PSF licence)"
+            return [essay_text()], f"{DIR.name}/essays.txt.gz (megablu's RULER essay haystack)"
+        except ImportError:
+            from pydoc_data.topics import topics
+
+            return [topics[k] for k in sorted(topics)], "pydoc_data.topics (Python language reference, PSF licence)"
     p = Path(path)
     files = sorted(f for f in p.rglob("*") if f.suffix in (".txt", ".md", ".rst")) if p.is_dir() else [p]
     if not files:
@@ -168,8 +187,9 @@ def main(argv=None, model=None, tok=None, cfg=None) -> int:
               f"wonderwords", file=sys.stderr)
         return 2
     m = mapping(args.map)
-    back = {v: k for k, v in m.items()}
-    tasks = args.tasks or list(back)
+    # megablu's RULER-like names always resolve, the active mapping's (and --map's) too
+    back = {**{v: k for k, v in LIKE.items()}, **{v: k for k, v in m.items()}}
+    tasks = args.tasks or list(m.values())
     unknown = [t for t in tasks if t not in back]
     if unknown:
         print(f"ruler_oracle: no lm-eval task mapped to {unknown}; known: {sorted(back)} (add --map "
@@ -202,9 +222,10 @@ def main(argv=None, model=None, tok=None, cfg=None) -> int:
     lmres = run_lm_eval(lm, [p[0] for p in pairs], args.lengths, args.n)
     rows = compare(mb, lmres, pairs, args.lengths)
     print(table(rows))
-    print(f"\nessay haystack on both sides: {source}; lm-eval: {replaced['essay_haystack']}, sentence split: "
-          f"{replaced['sentences']}. Tasks resolve to megablu's presets (megablu/config/eval_tasks.py) until "
-          f"the faithful RULER suite lands.")
+    kind = "megablu's RULER as published (ruler_*)" if all(t in FAITHFUL.values() for t in tasks) else \
+        "megablu's RULER-like presets (its own templates: disagreement expected)"
+    print(f"\nessay haystack: {source}; lm-eval: {replaced['essay_haystack']}, sentence split: "
+          f"{replaced['sentences']}. megablu tasks: {kind}.")
     if args.out:
         Path(args.out).write_text(json.dumps({"lengths": args.lengths, "n": args.n, "essays": source,
                                               "lm_eval_offline": replaced, "cells": rows}, indent=1))

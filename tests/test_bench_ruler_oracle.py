@@ -72,7 +72,7 @@ def test_oracle_table(tmp_path, monkeypatch, capsys):
     assert "| niah_single_1 | niah_single_1 | 512 | 100.0 [51.0, 100.0] (n=4) | 100.0 [51.0, 100.0] (n=4) | yes |" \
         in text
     assert "| niah_single_2 | niah_single_2 | 512 | 100.0" in text and "| 0.0 [0.0, 49.0] (n=4) | NO |" in text
-    assert "essay haystack on both sides: pydoc_data.topics" in text
+    assert "essay haystack: pydoc_data.topics" in text and "RULER-like presets" in text
 
 
 def test_help_and_bad_names(capsys):
@@ -84,5 +84,11 @@ def test_help_and_bad_names(capsys):
     assert ruler_oracle.main(["nope", "--config", "x.yaml", "--lengths", "512"]) == 2
     assert "no lm-eval task mapped to ['nope']" in capsys.readouterr().err
     assert ruler_oracle.mapping(["ruler_vt=my_vt"])["ruler_vt"] == "my_vt"
+    from megablu.config.eval_tasks import PRESETS
+
+    # FAITHFUL once megablu has its ruler_* tasks, else the RULER-like presets
+    want = ruler_oracle.FAITHFUL if "ruler_niah_single_1" in PRESETS else ruler_oracle.LIKE
+    assert ruler_oracle.mapping([]) == want and ruler_oracle.FAITHFUL["niah_single_1"] == "ruler_niah_single_1"
+    assert ruler_oracle.FAITHFUL["ruler_vt"] == "ruler_vt" and ruler_oracle.LIKE["ruler_vt"] == "vt"
     m = ruler_oracle.mapping(["my_lm_vt=vt"])     # another lm-eval task for megablu's vt replaces ruler_vt
     assert m["my_lm_vt"] == "vt" and "ruler_vt" not in m
