@@ -1,0 +1,236 @@
+"""Oracle check of megablu's RULER suite: the same model at the same lengths through megablu's own
+harness (run_eval) and through lm-eval's RULER tasks (lm-eval 0.4.13, via the megablu backend,
+megablu/eval/lm_eval_adapter.py), per task x length: accuracy with its 95% Wilson interval on each side
+and whether the two intervals overlap.
+
+  python bench/ruler_oracle.py --config yaml_configs/rep_smollm2_32k.yaml --ckpt /tmp/smollm2_blu \\
+      --lengths 4096 8192 --n 100 niah_single_1 niah_multikey_2 vt cwe fwe
+  python bench/ruler_oracle.py ... --map ruler_vt=my_vt     # lm-eval task -> megablu task name
+
+Positional arguments are megablu task names; the mapping gives the lm-eval task of each (override or
+add with --map LM_EVAL_TASK=MEGABLU_TASK). It is FAITHFUL (lm-eval's niah_single_1 -> megablu's
+ruler_niah_single_1, ruler_vt -> ruler_vt, ...) when megablu has its RULER-as-published tasks, else
+LIKE: megablu's RULER-like presets (megablu/config/eval_tasks.py: RULER's task set, megablu's own
+templates and haystacks), where disagreement is expected and is what the faithful suite fixes.
+
+What differs between the two sides by construction (read the table with these in mind):
+- length: lm-eval's max_seq_length L holds the prompt plus RULER's tokens_to_generate (128 for niah, 30
+  vt, 120 cwe, 50 fwe), as megablu's ruler_* tasks do; megablu's RULER-like presets build prompts of
+  exactly L tokens (+ their answer budget), longer by that much. lm-eval appends RULER's answer prefix
+  (gen_prefix) to each prompt.
+- essay haystack (niah_single_2/3, niah_multikey_1, multivalue, multiquery): lm-eval downloads Paul
+  Graham's essays (`datasets.load_dataset("baber/paul_graham_essays")`); here it gets LOCAL prose
+  instead, monkeypatched in (install_ruler_offline): --essays, by default megablu's own RULER essay
+  haystack (megablu/eval/assets/ruler/essays.txt.gz) where the faithful suite has landed, else the
+  Python language reference topics that ship with every Python (pydoc_data.topics); megablu's
+  RULER-like presets get the same text, its ruler_* tasks always read their own asset. Without nltk's
+  punkt_tab data, lm-eval's sentence split (used to place needles) is a regex split. Printed with the
+  table.
+- scoring: both are RULER's string_match_all (part credit per expected answer); lm-eval's n counts
+  its samples, as megablu's its prompts, and both intervals are Wilson on the summed scores.
+
+Offline: set HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1; RULER's prompts are sized with megablu's own
+tokenizer (no HF tokenizer download). lm-eval's own vt (ruler_vt) sizes its worked example at 500
+tokens and loops forever when even that does not fit (a byte tokenizer): use a BPE tokenizer for vt.
+Writes --out (JSON: every cell's k, n, intervals); the table goes to stdout, logs to stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+log = logging.getLogger("ruler_oracle")
+
+# lm-eval task -> megablu task, for RULER's 11 synthetic tasks that run offline (qa_squad / qa_hotpot need
+# downloads). lm-eval names the niah tasks as RULER does and prefixes vt, cwe and fwe with `ruler_`.
+# megablu's RULER-like presets (its own templates and haystacks, megablu/config/eval_tasks.py):
+LIKE = {
+    "niah_single_1": "niah_single_1", "niah_single_2": "niah_single_2", "niah_single_3": "niah_single_3",
+    "niah_multikey_1": "niah_multikey_1", "niah_multikey_2": "niah_multikey_2",
+    "niah_multikey_3": "niah_multikey_3", "niah_multivalue": "niah_multivalue",
+    "niah_multiquery": "niah_multiquery", "ruler_vt": "vt", "ruler_cwe": "cwe", "ruler_fwe": "fwe",
+}
+# megablu's RULER as published (`ruler_<RULER's name>`, megablu/config/ruler_tasks.py), where it exists
+FAITHFUL = {lm: lm if lm.startswith("ruler_") else f"ruler_{lm}" for lm in LIKE}
+
+
+def default_mapping() -> dict[str, str]:
+    """FAITHFUL when this megablu has those tasks (the faithful suite landed), else LIKE."""
+    from megablu.config.eval_tasks import PRESETS
+
+    return dict(FAITHFUL) if all(t in PRESETS for t in FAITHFUL.values()) else dict(LIKE)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("tasks", nargs="*", help="megablu task names (default: every task in the mapping)")
+    p.add_argument("--config", required=True, help="the run's YAML (model, rope, tokenizer, data.window)")
+    p.add_argument("--ckpt", help="megablu checkpoint")
+    p.add_argument("--hf", help="a transformers model dir instead of --ckpt")
+    p.add_argument("--set", action="append", default=[], metavar="a.b=v", help="config override (repeatable)")
+    p.add_argument("--rope-override", action="store_true", help="evaluate with the config's rope although the "
+                   "checkpoint records another (or none), as `megablu eval --rope-override`")
+    p.add_argument("--lengths", type=int, nargs="+", required=True, help="lengths in tokens (both sides)")
+    p.add_argument("--n", type=int, default=50, help="prompts per task and length on each side")
+    p.add_argument("--map", action="append", default=[], metavar="LM_EVAL_TASK=MEGABLU_TASK",
+                   help="add or replace a mapping entry (repeatable)")
+    p.add_argument("--essays", help="local prose for the essay haystack (a text file, or a dir of .txt/.md/.rst); "
+                   "default: Python's pydoc_data.topics")
+    p.add_argument("--batch-tokens", type=int, help="as `megablu eval` (default 262144 on a GPU, 16384 on a CPU)")
+    p.add_argument("--out", help="write the cells as JSON here")
+    return p.parse_args(argv)
+
+
+def mapping(extra: list[str]) -> dict[str, str]:
+    m = default_mapping()
+    for e in extra:
+        lm, sep, mb = e.partition("=")
+        if not sep or not lm or not mb:
+            raise SystemExit(f"--map {e!r}: expected LM_EVAL_TASK=MEGABLU_TASK")
+        m = {k: v for k, v in m.items() if v != mb}
+        m[lm] = mb
+    return m
+
+
+def essay_docs(path: str | None) -> tuple[list[str], str]:
+    """(documents, where they came from): the local stand-in for lm-eval's Paul Graham essays."""
+    if path is None:
+        try:   # the faithful suite's own essay haystack, where it exists: then both sides read the same text
+            from megablu.eval.ruler.assets import DIR, essay_text
+
+            return [essay_text()], f"{DIR.name}/essays.txt.gz (megablu's RULER essay haystack)"
+        except ImportError:
+            from pydoc_data.topics import topics
+
+            return [topics[k] for k in sorted(topics)], "pydoc_data.topics (Python language reference, PSF licence)"
+    p = Path(path)
+    files = sorted(f for f in p.rglob("*") if f.suffix in (".txt", ".md", ".rst")) if p.is_dir() else [p]
+    if not files:
+        raise SystemExit(f"--essays {path}: no .txt/.md/.rst file")
+    return [f.read_text(errors="replace") for f in files], str(p)
+
+
+def run_megablu(model, tok, cfg, tasks: list[str], lengths: list[int], n: int, docs: list[str],
+                batch_tokens: int) -> dict:
+    """{(task, L): (k, n)} from megablu's run_eval, the essay tasks on `docs`."""
+    from megablu.eval.harness import run_eval
+
+    eval_cfg = type(cfg.eval).model_validate({**cfg.eval.model_dump(), "tasks": tasks, "lengths": lengths, "n": n,
+                                              "loss": {}, "gate": {}, "string": None})
+    with tempfile.TemporaryDirectory() as d:
+        res = run_eval(model, tok, eval_cfg, cfg.data.window, step=0, out_dir=Path(d), rank=0, haystack=docs,
+                       plot=False, batch_tokens=batch_tokens, arm="oracle")
+    return {(c["task"], c["length"]): (c["correct"], c["n"]) for c in res["cells"]}
+
+
+def run_lm_eval(lm, lm_tasks: list[str], lengths: list[int], n: int) -> dict:
+    """{(lm-eval task, L): (summed score, samples)}: one lm-eval run per length (RULER builds 500 samples
+    per length in order; --limit n keeps the first n of that length)."""
+    import contextlib
+
+    import lm_eval
+
+    out = {}
+    for L in lengths:
+        # lm-eval's RULER code prints progress on stdout (nltk's download notice, vt's noise search): stdout
+        # is this script's table
+        with contextlib.redirect_stdout(sys.stderr):
+            res = lm_eval.simple_evaluate(model=lm, tasks=lm_tasks, limit=n, log_samples=True,
+                                          metadata={"max_seq_lengths": [L]}, bootstrap_iters=0)
+        for t in lm_tasks:
+            scores = [s[str(L)] for s in res["samples"][t]]
+            out[(t, L)] = (sum(scores), len(scores))
+    return out
+
+
+def compare(mb: dict, lm: dict, pairs: list[tuple[str, str]], lengths: list[int]) -> list[dict]:
+    from megablu.eval.stats import wilson
+
+    rows = []
+    for lm_task, task in pairs:
+        for L in lengths:
+            (k1, n1), (k2, n2) = mb[(task, L)], lm[(lm_task, L)]
+            p1, lo1, hi1 = wilson(k1, n1)
+            p2, lo2, hi2 = wilson(k2, n2)
+            rows.append({"task": task, "lm_eval_task": lm_task, "length": L, "megablu": [k1, n1, p1, lo1, hi1],
+                         "lm_eval": [k2, n2, p2, lo2, hi2], "agree": max(lo1, lo2) <= min(hi1, hi2)})
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    def fmt(k, n, p, lo, hi):
+        return f"{100 * p:.1f} [{100 * lo:.1f}, {100 * hi:.1f}] (n={n})"
+
+    out = ["| task | lm-eval task | length | megablu % [95% Wilson] | lm-eval % [95% Wilson] | agree |",
+           "|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['task']} | {r['lm_eval_task']} | {r['length']} | {fmt(*r['megablu'])} | "
+                   f"{fmt(*r['lm_eval'])} | {'yes' if r['agree'] else 'NO'} |")
+    return "\n".join(out)
+
+
+def main(argv=None, model=None, tok=None, cfg=None) -> int:
+    """model/tok/cfg: an already-built model (the CPU test's); else loaded from --config/--ckpt."""
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    from megablu.eval.lm_eval_adapter import LM_EVAL_MISSING, MegabluLM, install_ruler_offline, load_for_eval
+
+    if LM_EVAL_MISSING is not None:
+        print(f"ruler_oracle: lm-eval is not installed ({LM_EVAL_MISSING}); pip install lm-eval==0.4.13 "
+              f"wonderwords", file=sys.stderr)
+        return 2
+    m = mapping(args.map)
+    # megablu's RULER-like names always resolve, the active mapping's (and --map's) too
+    back = {**{v: k for k, v in LIKE.items()}, **{v: k for k, v in m.items()}}
+    tasks = args.tasks or list(m.values())
+    unknown = [t for t in tasks if t not in back]
+    if unknown:
+        print(f"ruler_oracle: no lm-eval task mapped to {unknown}; known: {sorted(back)} (add --map "
+              f"LM_EVAL_TASK=MEGABLU_TASK)", file=sys.stderr)
+        return 2
+    if model is None:
+        from megablu.eval.lm_eval_adapter import AdapterError
+
+        try:
+            model, tok, cfg, _ = load_for_eval(args.config, args.ckpt, args.hf, args.set, args.rope_override)
+        except AdapterError as e:
+            print(f"ruler_oracle: {e}", file=sys.stderr)
+            return 2
+    docs, source = essay_docs(args.essays)
+    import contextlib
+
+    with contextlib.redirect_stdout(sys.stderr):   # importing lm-eval's RULER code prints nltk's download notice
+        replaced = install_ruler_offline("\n\n".join(docs))
+    on_gpu = next(model.parameters()).device.type == "cuda"
+    bt = args.batch_tokens or (262144 if on_gpu else 16384)
+    from megablu.eval.prompts import EvalError
+
+    try:
+        mb = run_megablu(model, tok, cfg, tasks, args.lengths, args.n, docs, bt)
+    except EvalError as e:    # a length the window cannot hold, an unknown task: megablu's own message
+        print(f"ruler_oracle: megablu eval: {e}", file=sys.stderr)
+        return 2
+    lm = MegabluLM(model=model, tokenizer=tok, window=cfg.data.window, batch_size="auto", batch_tokens=bt)
+    pairs = [(back[t], t) for t in tasks]
+    lmres = run_lm_eval(lm, [p[0] for p in pairs], args.lengths, args.n)
+    rows = compare(mb, lmres, pairs, args.lengths)
+    print(table(rows))
+    kind = "megablu's RULER as published (ruler_*)" if all(t in FAITHFUL.values() for t in tasks) else \
+        "megablu's RULER-like presets (its own templates: disagreement expected)"
+    print(f"\nessay haystack: {source}; lm-eval: {replaced['essay_haystack']}, sentence split: "
+          f"{replaced['sentences']}. megablu tasks: {kind}.")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"lengths": args.lengths, "n": args.n, "essays": source,
+                                              "lm_eval_offline": replaced, "cells": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""bench/ruler_oracle.py end to end on CPU, offline: megablu's harness and lm-eval's RULER tasks (through
+the megablu backend) on one model, two tasks, one short length. The model is an oracle that reads each
+prompt's text and answers the asked needles' values (a perfect retriever), except on lm-eval's essay
+prompts (niah_single_2 through lm-eval), where it answers a wrong number: niah_single_1 must come out
+100% on both sides ("yes"), niah_single_2 100% for megablu and 0% for lm-eval ("NO")."""
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install lm-eval==0.4.13 wonderwords)")
+pytest.importorskip("wonderwords", reason="lm-eval's RULER tasks need wonderwords")
+
+from tests.eval.conftest import OracleModel  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def _needles(text):
+    """The values of the asked keys, read from the prompt text (megablu's and lm-eval's NIAH questions)."""
+    q = re.search(r"What (?:are all|is) the special magic \w+ for (.+?) mentioned in the provided text\?", text)
+    if q is None:
+        return None
+    keys = re.split(r", and |, ", q.group(1))
+    return [v for k in keys for v in re.findall(r"One of the special magic \w+ for " + re.escape(k)
+                                                   + r" is: ([\w-]+)\.", text)]
+
+
+class NiahOracle(OracleModel):
+    def _answer(self, ids):
+        text = self.tok.decode(ids)
+        vals = _needles(text)
+        if not vals:    # an early prefill chunk: the question has not been seen yet
+            return [self.tok.eot_id] * 200
+        lm_eval_essay = text.rstrip().endswith("mentioned in the provided text is") and "The grass is green" not in text
+        ans = "1234567" if lm_eval_essay else ", ".join(vals)
+        return self.tok.encode(" " + ans + ".") + [self.tok.eot_id] * 200
+
+
+def test_oracle_table(tmp_path, monkeypatch, capsys):
+    import ruler_oracle
+
+    from megablu.config import load_config
+    from megablu.data.tokenizer import ByteTokenizer
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg_path = tmp_path / "oracle.yaml"
+    cfg_path.write_text(yaml.safe_dump({
+        "name": "oracle", "model": {"n_layers": 1, "d_model": 8, "n_heads": 1, "n_kv_heads": 1, "ffn_dim": 8,
+                                    "vocab_size": 257},
+        "rope": {"theta": 10000.0}, "tokenizer": {"kind": "byte"}, "data": {"window": 1024},
+        "train": {"max_steps": 1, "tokens_per_step": 1024, "dtype": "fp32", "device": "cpu"},
+        "schedule": {"kind": "cosine", "lr": 1e-3, "warmup_steps": 0}}))
+    cfg = load_config(cfg_path)
+    tok = ByteTokenizer()
+    out = tmp_path / "cells.json"
+    rc = ruler_oracle.main(["--config", str(cfg_path), "--lengths", "512", "--n", "4", "--out", str(out),
+                            "niah_single_1", "niah_single_2"], model=NiahOracle(tok), tok=tok, cfg=cfg)
+    text = capsys.readouterr().out
+    assert rc == 0
+    rows = json.loads(out.read_text())["cells"]
+    got = {(r["task"], r["length"]): r for r in rows}
+    one, two = got[("niah_single_1", 512)], got[("niah_single_2", 512)]
+    assert one["megablu"][:2] == [4, 4] and one["lm_eval"][:2] == [4, 4] and one["agree"]
+    assert two["megablu"][:2] == [4, 4] and two["lm_eval"][:2] == [0, 4] and not two["agree"]
+    # 4 prompts: the smallest n whose 100% and 0% Wilson intervals do not overlap (4/(4+1.96^2) > 1/2)
+    assert "| niah_single_1 | niah_single_1 | 512 | 100.0 [51.0, 100.0] (n=4) | 100.0 [51.0, 100.0] (n=4) | yes |" \
+        in text
+    assert "| niah_single_2 | niah_single_2 | 512 | 100.0" in text and "| 0.0 [0.0, 49.0] (n=4) | NO |" in text
+    assert "essay haystack: pydoc_data.topics" in text and "RULER-like presets" in text
+
+
+def test_help_and_bad_names(capsys):
+    import ruler_oracle
+
+    with pytest.raises(SystemExit) as e:
+        ruler_oracle.main(["--help"])
+    assert e.value.code == 0 and "lm-eval" in capsys.readouterr().out
+    assert ruler_oracle.main(["nope", "--config", "x.yaml", "--lengths", "512"]) == 2
+    assert "no lm-eval task mapped to ['nope']" in capsys.readouterr().err
+    assert ruler_oracle.mapping(["ruler_vt=my_vt"])["ruler_vt"] == "my_vt"
+    from megablu.config.eval_tasks import PRESETS
+
+    # FAITHFUL once megablu has its ruler_* tasks, else the RULER-like presets
+    want = ruler_oracle.FAITHFUL if "ruler_niah_single_1" in PRESETS else ruler_oracle.LIKE
+    assert ruler_oracle.mapping([]) == want and ruler_oracle.FAITHFUL["niah_single_1"] == "ruler_niah_single_1"
+    assert ruler_oracle.FAITHFUL["ruler_vt"] == "ruler_vt" and ruler_oracle.LIKE["ruler_vt"] == "vt"
+    m = ruler_oracle.mapping(["my_lm_vt=vt"])     # another lm-eval task for megablu's vt replaces ruler_vt
+    assert m["my_lm_vt"] == "vt" and "ruler_vt" not in m
