@@ -128,7 +128,8 @@ def sequence_nll(model, ids: list[int], *, sp_group=None,
             per = Tp // sp
             xp = torch.cat([x, x[:, -1:].expand(1, Tp - T)], 1) if Tp != T else x
             pos = torch.arange(r * per, (r + 1) * per, device=dev)[None]
-            model(xp[:, r * per:(r + 1) * per], position_ids=pos, logits_index=-1)
+            # rope_len: the whole sequence's length picks the rope (rope.yarn.apply=beyond_original), not the slice's
+            model(xp[:, r * per:(r + 1) * per], position_ids=pos, logits_index=-1, rope_len=T)
             first = r * per
         else:
             model(x, logits_index=-1)
