@@ -72,7 +72,8 @@ def test_oracle_table(tmp_path, monkeypatch, capsys):
     assert "| niah_single_1 | niah_single_1 | 512 | 100.0 [51.0, 100.0] (n=4) | 100.0 [51.0, 100.0] (n=4) | yes |" \
         in text
     assert "| niah_single_2 | niah_single_2 | 512 | 100.0" in text and "| 0.0 [0.0, 49.0] (n=4) | NO |" in text
-    assert "essay haystack: pydoc_data.topics" in text and "RULER-like presets" in text
+    # both sides read the faithful suite's shipped essay stand-in (pydoc_data.topics only where it is absent)
+    assert "essay haystack: ruler/essays.txt.gz (megablu's RULER essay haystack)" in text and "RULER-like presets" in text
 
 
 def test_help_and_bad_names(capsys):
@@ -90,5 +91,5 @@ def test_help_and_bad_names(capsys):
     want = ruler_oracle.FAITHFUL if "ruler_niah_single_1" in PRESETS else ruler_oracle.LIKE
     assert ruler_oracle.mapping([]) == want and ruler_oracle.FAITHFUL["niah_single_1"] == "ruler_niah_single_1"
     assert ruler_oracle.FAITHFUL["ruler_vt"] == "ruler_vt" and ruler_oracle.LIKE["ruler_vt"] == "vt"
-    m = ruler_oracle.mapping(["my_lm_vt=vt"])     # another lm-eval task for megablu's vt replaces ruler_vt
-    assert m["my_lm_vt"] == "vt" and "ruler_vt" not in m
+    m = ruler_oracle.mapping([f"my_lm_vt={want['ruler_vt']}"])   # another lm-eval task for the same megablu task
+    assert m["my_lm_vt"] == want["ruler_vt"] and "ruler_vt" not in m                   # replaces ruler_vt's
