@@ -580,6 +580,41 @@ for _name, _sets, _msg in _ARCH:
         lambda lab, s=_sets: _eval(lab, "--n", "1", *sum((["--set", x] for x in s), [])))
 
 
+# Result identity (issue 39 items 3-4): each was written with exit 0 before.
+def _run_of_two_steps(lab):
+    _, run = lab.run(steps=(2, 4), with_weights=True)
+    return run
+
+
+case("eval/hub", "eval --ckpt RUN --step 2 when RUN's newest step is 4", "--step 2, but the weights loaded from",
+     "are step 4", "checkpoints/step_0000002")(
+    lambda lab: _eval(lab, "--ckpt", _run_of_two_steps(lab), "--step", "2", "--n", "1", model=False))
+
+
+def _out_of_another_model(lab):
+    out = lab.fresh("evout")
+    assert _eval(lab, "--n", "1", "--arm", "a", out=out).rc == 0
+    return out
+
+
+_keeps("eval/hub", "eval into a folder holding another model's result of that step (another rope)",
+       "differs from this eval in rope", "writing this one would lose its cells",
+       make=lambda lab: ((o := _out_of_another_model(lab)),
+                         ["eval", "--config", lab.cfg_file, "--hf", _hf_dir(lab), "--step", "0", "--no-plot", "--out",
+                          o, "--arm", "a", "--set", "eval.max_new=8", "--set", "eval.pad=8", "--set",
+                          "eval.lengths=[120]", "--n", "1", "--rope-override", "--set", "rope.theta=500000"]))
+
+
+def _string_parent(lab):
+    out = lab.fresh("strparent")
+    assert _eval(lab, "--n", "1", "--set", "eval.string={variant: fixed_shift, shift: 64, local: 8}", out=out).rc == 0
+    return out / "step_0.json"
+
+
+case("eval/hub", "eval --gate-parent a result scored with STRING", "inference-time change", "eval.string=")(
+    lambda lab: _eval(lab, "--n", "1", "--gate-parent", _string_parent(lab), "--set", "eval.gate.short_lengths=[120]"))
+
+
 def _bare_weights(lab):
     from megablu.checkpoint import save_weights
 
