@@ -45,6 +45,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from .loss import _LastHidden  # the last block's output, before the final norm
+
 log = logging.getLogger(__name__)
 
 try:
@@ -105,20 +107,6 @@ def load_for_eval(config: str, ckpt: Optional[str] = None, hf: Optional[str] = N
                            .replace("--hf", "hf=")) from None
     model = apply_memory(model, cli._eval_memory(cfg.memory), device=dev.type)
     return model.to(device=dev, dtype=dtype).eval(), tok, cfg, {**info, **prov}
-
-
-class _LastHidden:
-    """Forward hook on the last block: its output (B, T, d) before the final norm (as eval/loss.py)."""
-
-    def __init__(self, model):
-        self.h = None
-        self.handle = model.layers[-1].register_forward_hook(self._hook)
-
-    def _hook(self, mod, args, out):
-        self.h = out
-
-    def close(self):
-        self.handle.remove()
 
 
 class MegabluLM(TemplateLM):
