@@ -959,9 +959,12 @@ def _(lab):
 class _FakeTrainer:
     """The entry's Trainer, without training: train() runs `then` (a signal) and returns a summary."""
     then = None
+    on_init = None
 
     def __init__(self, cfg, resume=None, local_rank=0):
         self.run_dir = None
+        if _FakeTrainer.on_init:
+            _FakeTrainer.on_init()
 
     def train(self):
         if _FakeTrainer.then:
@@ -969,17 +972,17 @@ class _FakeTrainer:
         return {"run_id": "fake", "steps": 4}
 
 
-def _with_fake_trainer(fn, then=None):
+def _with_fake_trainer(fn, then=None, on_init=None):
     from megablu.train import trainer, watchdog
 
     saved = trainer.Trainer, watchdog.exit_with_launcher
-    trainer.Trainer, _FakeTrainer.then = _FakeTrainer, then
+    trainer.Trainer, _FakeTrainer.then, _FakeTrainer.on_init = _FakeTrainer, then, on_init
     watchdog.exit_with_launcher = lambda *a, **k: None    # no launcher to watch in-process
     try:
         return fn()
     finally:
         trainer.Trainer, watchdog.exit_with_launcher = saved
-        _FakeTrainer.then = None
+        _FakeTrainer.then = _FakeTrainer.on_init = None
 
 
 case("commands", "entry --json under a file", "--json", "which is a file")(
@@ -1002,6 +1005,9 @@ def _ctrl_c():
 
 case("commands", "Ctrl-C during a launched run names SIGINT", "stopped by SIGINT (Ctrl-C)", rc=130)(
     lambda lab: _with_fake_trainer(lambda: lab.entry(world=2), then=_ctrl_c))
+case("commands", "Ctrl-C while the run is being set up names SIGINT", "stopped by SIGINT (Ctrl-C)",
+     "no step was trained", rc=130)(
+    lambda lab: _with_fake_trainer(lambda: lab.entry(world=2), on_init=_ctrl_c))
 
 _LAUNCH = [("--master-port 99999", ["--master-port", "99999"], "--master-port: 99999 is not a port (1..65535"),
            ("--master-port 0", ["--master-port", "0"], "--master-port: 0 is not a port (1..65535"),
