@@ -354,6 +354,8 @@ class GateConfig(Section):
     margin_pp: float = Field(default=5.0, ge=0)
     loss_margin_rel: float = Field(default=0.02, ge=0, description="short-document validation loss (eval.loss) "
                                    "may rise at most this fraction above the parent's: 0.02 = +2% nats/token")
+    ruler_at_window: bool = Field(default=True, description="also gate every RULER task (ruler_*) at the parent's "
+                                  "window: the longest length the parent result has for it (megablu/eval/gate.py)")
 
 
 class LossEvalConfig(Section):
@@ -366,6 +368,20 @@ class LossEvalConfig(Section):
                             "whole (the gate's short-context loss); 0 = none")
     short_min: int = Field(default=1024, gt=0)
     short_max: int = Field(default=4096, gt=0)
+    sets: dict[str, str] = Field(default={}, description="more held-out sets, by name, each scored like data: "
+                                 "'DIR' or 'DIR@bucket' (a dataset's val split) or 'megablu:essays' (the shipped "
+                                 "prose, outside every training corpus here; docs/EVAL.md)")
+
+    @field_validator("sets")
+    @classmethod
+    def _set_names(cls, v):
+        import re
+
+        bad = [k for k in v if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", k) or k == "data"]
+        if bad:
+            raise ValueError(f"eval.loss.sets: names {bad} are not plain names (letters, digits, _ . -; not 'data', "
+                             f"which is eval.loss.data's); rename them")
+        return v
 
 
 # STRING's attention factor in the authors' code (HKUNLP/STRING string_for_llama.py replace_with_string and
@@ -466,7 +482,8 @@ class EvalConfig(Section):
     task_defs: dict[str, TaskSpec] = Field(default={}, description="tasks of your own, by name: a family and its "
                                            "options (megablu/config/eval_tasks.py)")
     n: int = Field(default=50, gt=0, description="prompts per (task, length)")
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, strict=True, description="an integer (a bool is refused: true would be "
+                      "seed 1's prompts)")
     at_steps: list[int] = []
     final: bool = False
     haystack: Optional[str] = Field(default=None, description="dataset dir whose val text is the haystack")

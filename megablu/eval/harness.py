@@ -108,7 +108,7 @@ def preflight_problems(eval_cfg: EvalConfig, tokenizer: TokenizerLike, window: i
         fits = [L for L in eval_cfg.lengths if L >= need]
         if fits:
             out += answer_budget_problems(eval_cfg, task, b, tokenizer, min(fits))
-    if eval_cfg.loss.data:
+    if eval_cfg.loss.data or eval_cfg.loss.sets:
         from .loss import loss_problems
 
         out += loss_problems(eval_cfg, tokenizer)
@@ -270,20 +270,26 @@ def _previous_result(out_dir: Path, step: int, probe: dict) -> Optional[dict]:
     return prev
 
 
-def _merge_previous(prev: dict, cells: list, samples: list, loss: Optional[dict]) -> tuple[list, list, Optional[dict]]:
-    """This eval's cells, samples and loss, plus the previous result's at the (task, length)s and loss lengths
-    this eval did not measure (the same model and prompts: _previous_result checked)."""
+def merge_loss(loss: Optional[dict], old: Optional[dict]) -> Optional[dict]:
+    """One held-out set's section: `loss`'s lengths and short documents, plus `old`'s at the lengths it lacks."""
+    if not (old and loss):
+        return loss or old
+    have = {c["length"] for c in loss["by_length"]}
+    by = loss["by_length"] + [c for c in old["by_length"] if c["length"] not in have]
+    return {**loss, "by_length": sorted(by, key=lambda c: c["length"]), "short": loss.get("short") or old.get("short")}
+
+
+def _merge_previous(prev: dict, cells: list, samples: list, loss: Optional[dict],
+                    sets: Optional[dict] = None) -> tuple[list, list, Optional[dict], dict]:
+    """This eval's cells, samples, loss and loss sets, plus the previous result's at the (task, length)s and loss
+    lengths this eval did not measure (the same model and prompts: _previous_result checked)."""
     mine = {(c["task"], c["length"]) for c in cells}
     keep = [c for c in prev["cells"] if (c["task"], c["length"]) not in mine]
     kept = {(c["task"], c["length"]) for c in keep}
     samples = samples + [s for s in prev.get("samples", []) if (s.get("task"), s.get("length")) in kept]
-    old = prev.get("loss")
-    if old and loss:
-        have = {c["length"] for c in loss["by_length"]}
-        by = loss["by_length"] + [c for c in old["by_length"] if c["length"] not in have]
-        loss = {**loss, "by_length": sorted(by, key=lambda c: c["length"]),
-                "short": loss.get("short") or old.get("short")}
-    return cells + keep, samples, loss or old
+    sets, old_sets = dict(sets or {}), prev.get("loss_sets") or {}
+    sets = {k: merge_loss(sets.get(k), old_sets.get(k)) for k in dict.fromkeys([*sets, *old_sets])}
+    return cells + keep, samples, merge_loss(loss, prev.get("loss")), sets
 
 
 def _load_partial(path: Path) -> dict:
@@ -320,7 +326,8 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
     2048-token chunks on a CPU), and
     decoding stops when every prompt of the batch has emitted EOT or another stop token (tokenizer.stop_ids: an
     instruct model's end of turn); the output is scored up to the first of them. With eval.loss.data the
-    held-out loss per length and on short documents is measured too (result["loss"]).
+    held-out loss per length and on short documents is measured too (result["loss"]), and with eval.loss.sets
+    on each named set (result["loss_sets"][name]).
     Returns the result dict on every rank. When eval.gate.parent is set (or `parent`, a loaded
     result, is passed), result["gate"] holds the short-context gate; callers fail the run when
     result["gate"]["passed"] is False (`megablu eval` exits 1). With dp_group (the ranks that
@@ -349,11 +356,10 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
     # run dir is shared, and all raise together)
     prev = _previous_result(out_dir, step, {"arm": arm or out_dir.parent.name, "eval": eval_cfg.model_dump(mode="json"),
                                             "tokenizer": tokenizer.identity, **_model_info(model), **(info or {})})
-    loss_data = None
-    if eval_cfg.loss.data:
-        from .loss import loss_inputs, run_loss
+    from .loss import loss_inputs, loss_sets, run_loss
 
-        loss_data = loss_inputs(eval_cfg, tokenizer)
+    # every held-out set (eval.loss.data and eval.loss.sets), read and checked before any generation
+    loss_data = {name: loss_inputs(eval_cfg, tokenizer, name, spec) for name, spec in loss_sets(eval_cfg).items()}
     sp = torch.distributed.get_world_size(sp_group) if sp_group is not None else 1
     string = eval_cfg.string
     if string is not None:
@@ -445,14 +451,15 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
                                              "samples": samples + [x for _, ss in others for x in ss]}, part_path)
                     except OSError as e:   # a side feature never ends an eval
                         log.warning("eval: cannot keep the finished cells in %s (%s); going on", part_path, e)
-        loss = None
-        if loss_data is not None:
+        losses = {}
+        for name, data in loss_data.items():
             t0 = time.perf_counter()
-            loss = run_loss(model, loss_data, eval_cfg, sp_group=sp_group, dp_group=dp_group)
+            losses[name] = lo = run_loss(model, data, eval_cfg, sp_group=sp_group, dp_group=dp_group)
             if rank == 0:
-                log.info("eval step %d held-out loss: %s%s in %.1fs", step,
-                         ", ".join(f"{c['length']}: {c['loss']:.3f}" for c in loss["by_length"]),
-                         f"; short docs {loss['short']['loss']:.3f}" if loss["short"] else "", time.perf_counter() - t0)
+                log.info("eval step %d held-out loss%s: %s%s in %.1fs", step, f" ({name})" if name else "",
+                         ", ".join(f"{c['length']}: {c['loss']:.3f}" for c in lo["by_length"]),
+                         f"; short docs {lo['short']['loss']:.3f}" if lo["short"] else "", time.perf_counter() - t0)
+        loss = losses.pop(None, None)
     finally:
         string_used = kernels_used(reset=True)   # attention calls per kernel (plain: no distance reached S)
         apply_string(model, prev_string)
@@ -460,12 +467,13 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
             model.train()
 
     if prev is not None:
-        cells, samples, loss = _merge_previous(prev, cells, samples, loss)
+        cells, samples, loss, losses = _merge_previous(prev, cells, samples, loss, losses)
         log.info("eval: %s's cells at other lengths or tasks are kept in %s", prev.get("arm"),
                  out_dir / f"step_{step}.json")
     res = report.make_result(cells, samples, arm=arm or out_dir.parent.name, step=step, window=window,
                              eval_cfg=eval_cfg, tokenizer_identity=tokenizer.identity, sp=sp,
                              extra={**_model_info(model), **(info or {}), **({"loss": loss} if loss else {}),
+                                    **({"loss_sets": losses} if losses else {}),
                                     **({"string_kernel": string_kernel, "string_kernels_used": string_used}
                                        if string is not None else {}),
                                     **({"resumed": resumed} if resumed else {})})

@@ -14,6 +14,7 @@ One result (one arm at one step) is a dict:
   megablu_suite: the same over megablu's RULER-like tasks (niah_*, vt, cwe, fwe; not RULER's)
   loss:    {data, by_length: [{length, n, tokens, loss, ppl, tail_loss, per_seq, digest}],
             short: {range, n_docs, tokens, loss, ppl, per_doc, digest}} with eval.loss.data
+  loss_sets: {name: the same as loss} with eval.loss.sets (held-out text besides eval.loss.data)
   samples: [{task, length, index, answer, got, output, correct, score, depth[, answers, found, depths]}]
   gate:    {...} when gated against a parent
 Results written before the suite (cells without all_correct, 5 depth bins) load and merge
@@ -271,18 +272,34 @@ def merge_results(results: Sequence[dict]) -> list[dict]:
                 m["cells"].append(c)
         m["samples"] += r.get("samples", [])
         if r.get("loss"):   # held-out loss measured per length in separate runs: join its lengths too
-            lo = m.get("loss") or {"data": r["loss"].get("data"), "by_length": [], "short": None}
-            have_l = {c["length"] for c in lo["by_length"]}
-            lo = {**lo, "by_length": lo["by_length"] + [c for c in r["loss"]["by_length"] if c["length"] not in have_l],
-                  "short": lo.get("short") or r["loss"].get("short")}
-            lo["by_length"].sort(key=lambda c: c["length"])
-            m["loss"] = lo
+            m["loss"] = _join_loss(m.get("loss"), r["loss"])
+        for name, sec in (r.get("loss_sets") or {}).items():
+            m["loss_sets"] = {**(m.get("loss_sets") or {}), name: _join_loss((m.get("loss_sets") or {}).get(name), sec)}
     for m in merged.values():
         m["cells"].sort(key=lambda c: (c["task"], c["length"]))
         twins = [o for o in merged.values() if o is not m and (o["arm"], o["step"]) == (m["arm"], m["step"])]
         if twins:
             m["_identity_note"] = _identity_note(m, sorted({f for o in twins for f in identity_differences(m, o)}))
     return list(merged.values())
+
+
+def _join_loss(have: Optional[dict], new: dict) -> dict:
+    """A held-out set's section `have` with `new`'s lengths it lacks (and its short documents when it has none)."""
+    lo = have or {"data": new.get("data"), "by_length": [], "short": None}
+    lengths = {c["length"] for c in lo["by_length"]}
+    by = lo["by_length"] + [c for c in new["by_length"] if c["length"] not in lengths]
+    return {**lo, "by_length": sorted(by, key=lambda c: c["length"]), "short": lo.get("short") or new.get("short")}
+
+
+def loss_section(res: dict, name: Optional[str] = None) -> Optional[dict]:
+    """A result's held-out loss on one set: eval.loss.data's (name None) or eval.loss.sets[name]'s; None if absent."""
+    return res.get("loss") if name is None else (res.get("loss_sets") or {}).get(name)
+
+
+def loss_set_names(results: Sequence[dict]) -> list:
+    """The held-out sets any of the results measured: None (eval.loss.data) first, then the named ones."""
+    named = sorted({k for r in results for k in (r.get("loss_sets") or {})})
+    return ([None] if any(r.get("loss") for r in results) else []) + named
 
 
 @dataclass(frozen=True)
@@ -530,36 +547,41 @@ def _average_table(results: Sequence[dict], threshold: float, title: str, suite)
 
 
 def _loss_tables(results: Sequence[dict], baseline: int) -> list[str]:
-    have = [r for r in results if r.get("loss")]
+    return [x for name in loss_set_names(results) for x in _loss_table(results, baseline, name)]
+
+
+def _loss_table(results: Sequence[dict], baseline: int, name: Optional[str]) -> list[str]:
+    have = [r for r in results if loss_section(r, name)]
     if not have:
         return []
-    lengths = sorted({c["length"] for r in have for c in r["loss"]["by_length"]})
-    lines = ["### held-out loss", "",
+    sec = {id(r): loss_section(r, name) for r in results}
+    lengths = sorted({c["length"] for r in have for c in sec[id(r)]["by_length"]})
+    lines = ["### held-out loss" + (f": {name} (eval.loss.sets)" if name else ""), "",
              "| arm | " + " | ".join(str(L) for L in lengths) + " | short docs |",
              "|---|" + "---|" * len(lengths) + "---|"]
     for r in have:
-        by = {c["length"]: c for c in r["loss"]["by_length"]}
+        by = {c["length"]: c for c in sec[id(r)]["by_length"]}
         row = [f"{by[L]['loss']:.3f} ({by[L]['tail_loss']:.3f})" if L in by else "-" for L in lengths]
-        sh = r["loss"].get("short")
+        sh = sec[id(r)].get("short")
         lines.append(f"| {_label(r)} | " + " | ".join(row) + " | "
                      + (f"{sh['loss']:.3f} ({sh['n_docs']} docs)" if sh else "-") + " |")
-    data = sorted({str(r["loss"].get("data")) for r in have})
+    data = sorted({str(sec[id(r)].get("data")) for r in have})
     lines += ["", f"Validation loss in nats per token on {', '.join(data)} (val split): all positions of n sequences "
                   f"of exactly L tokens (in brackets: positions >= L/2 only); short docs: whole val documents "
                   f"pooled per token (what the gate compares, as a relative change).", ""]
     base = results[baseline]
-    if base.get("loss") and len(have) > 1:
-        bb = {c["length"]: c for c in base["loss"]["by_length"]}
+    if sec[id(base)] and len(have) > 1:
+        bb = {c["length"]: c for c in sec[id(base)]["by_length"]}
         lines += [f"Relative change to {_label(base)} (short docs: paired 95% interval over the same documents):", "",
                   "| arm | " + " | ".join(str(L) for L in lengths) + " | short docs |",
                   "|---|" + "---|" * len(lengths) + "---|"]
         for r in have:
             if r is base:
                 continue
-            by = {c["length"]: c for c in r["loss"]["by_length"]}
+            by = {c["length"]: c for c in sec[id(r)]["by_length"]}
             row = [f"{100 * (by[L]['loss'] / bb[L]['loss'] - 1):+.1f}%" if L in by and L in bb else "-"
                    for L in lengths]
-            d = short_loss_change(r, base)
+            d = short_loss_change(r, base, name)
             ci = f" [{100 * d['ci_rel'][0]:+.1f}, {100 * d['ci_rel'][1]:+.1f}]" if d and d["ci_rel"] else ""
             sh = "-" if d is None else f"{100 * d['rel']:+.1f}%{ci}"
             lines.append(f"| {_label(r)} | " + " | ".join(row) + f" | {sh} |")
@@ -567,12 +589,13 @@ def _loss_tables(results: Sequence[dict], baseline: int) -> list[str]:
     return lines
 
 
-def short_loss_change(res: dict, parent: dict) -> Optional[dict]:
-    """The arm's short-document loss against the parent's: {arm, parent, rel, ci_rel}, or None
-    when either lacks it. ci_rel: a paired t interval of the per-document differences over the
-    parent's loss, when both scored the same documents (same digest), else None."""
-    a = (res.get("loss") or {}).get("short")
-    b = (parent.get("loss") or {}).get("short")
+def short_loss_change(res: dict, parent: dict, name: Optional[str] = None) -> Optional[dict]:
+    """The arm's short-document loss against the parent's on one held-out set (name None: eval.loss.data; else
+    eval.loss.sets[name]): {arm, parent, rel, ci_rel}, or None when either lacks it. ci_rel: a paired t
+    interval of the per-document differences over the parent's loss, when both scored the same documents (same
+    digest), else None."""
+    a = (loss_section(res, name) or {}).get("short")
+    b = (loss_section(parent, name) or {}).get("short")
     if not a or not b:
         return None
     out = {"arm": a["loss"], "parent": b["loss"], "rel": a["loss"] / b["loss"] - 1, "ci_rel": None,
