@@ -482,8 +482,7 @@ class EvalConfig(Section):
     task_defs: dict[str, TaskSpec] = Field(default={}, description="tasks of your own, by name: a family and its "
                                            "options (megablu/config/eval_tasks.py)")
     n: int = Field(default=50, gt=0, description="prompts per (task, length)")
-    seed: int = Field(default=0, ge=0, strict=True, description="an integer (a bool is refused: true would be "
-                      "seed 1's prompts)")
+    seed: int = Field(default=0, ge=0)
     at_steps: list[int] = []
     final: bool = False
     haystack: Optional[str] = Field(default=None, description="dataset dir whose val text is the haystack")
@@ -499,6 +498,20 @@ class EvalConfig(Section):
                                                         "tokenizer's chat template, as RULER does for a chat model: "
                                                         "auto = when the tokenizer has one; on = required (an error "
                                                         "without one); off = plain text")
+
+    @field_validator("chat_template", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, v):
+        # YAML 1.1 reads a bare on / off as a bool: `chat_template: on` means "on"
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
+    @field_validator("seed", mode="before")
+    @classmethod
+    def _seed_not_bool(cls, v):
+        if isinstance(v, bool):   # pydantic would take true as 1: seed 1's prompts under another name
+            raise ValueError(f"eval.seed={v!r}: a bool is not a seed (true would reproduce seed 1's prompts); give "
+                             f"an integer >= 0, e.g. eval.seed=1")
+        return v
 
     @model_validator(mode="before")
     @classmethod
@@ -635,7 +648,7 @@ def eval_problems(e: EvalConfig, window: int) -> list[str]:
     lo = e.loss
     if lo.short_min > lo.short_max:
         errs.append(f"eval.loss: short_min={lo.short_min} > short_max={lo.short_max}")
-    if lo.data and lo.short_docs and lo.short_max > window:
+    if (lo.data or lo.sets) and lo.short_docs and lo.short_max > window:
         errs.append(f"eval.loss.short_max={lo.short_max} > data.window {window}: a short document must fit the "
                     f"window")
     return errs
@@ -665,7 +678,7 @@ def string_problems(e: EvalConfig) -> list[str]:
                         f"{st.local}; STRING moves distances d >= S to d - S + local, closer only when local < S: "
                         f"raise shift_ratio, lower local, or set eval.string.beyond >= {L}")
     lo = e.loss
-    if st.variant == "authors" and lo.data and lo.short_docs:
+    if st.variant == "authors" and (lo.data or lo.sets) and lo.short_docs:
         shortest = max(lo.short_min, st.beyond + 1)
         if shortest <= lo.short_max and st.shift_for(shortest) <= st.local:
             errs.append(f"eval.string with eval.loss short documents: at {shortest} tokens S = int(shift_ratio "
