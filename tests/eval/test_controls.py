@@ -124,6 +124,8 @@ def test_another_yarn_factor_on_the_arm_is_controlled_by_the_same_factor_on_the_
     assert c.problem is None and c.control["rope"] == YARN8 and c.control_reference["rope"] == YARN4
     assert "| trained | -40.0 [" in "\n".join(controls_markdown(controls))
     assert "| control | -20.0 [" in "\n".join(controls_markdown(controls))
+    # per prompt: the arm lost prompts 4-11, the control 6-9; beyond the control: prompts 4, 5, 10, 11 = -20 pp
+    assert "| trained - control | -20.0 [" in "\n".join(controls_markdown(controls))
 
 
 def test_a_control_on_other_prompts_is_marked():
