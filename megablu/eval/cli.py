@@ -60,9 +60,10 @@ def _step_from_path(path: str):
 
 def _eval(args) -> int:
     from ..config import ConfigError, load_config
+    from .compare import markdown
     from .harness import run_eval
     from .prompts import EvalError
-    from .report import load_result, markdown
+    from .results import load_result
 
     try:
         cfg = load_config(args.config, args.set)
@@ -129,7 +130,7 @@ def _eval(args) -> int:
     from ..memory.apply import apply_memory
     from .harness import weights_fingerprint
 
-    info = {**info, "weights": weights_fingerprint(model)}   # the result's identity (report.identity)
+    info = {**info, "weights": weights_fingerprint(model)}   # the result's identity (results.identity)
     step = args.step if args.step is not None else _step_from_path(args.ckpt or args.hf or "")
     step = prov.get("step") if step is None else step
     if step is None:
@@ -266,10 +267,12 @@ def _load_model(args, cfg, tokenizer: str):
 
 def _compare(args) -> int:
     from ..config.schema import GateConfig
+    from .compare import markdown
     from .controls import controls_markdown, find_controls, missing_controls
     from .gate import check_gate, gate_markdown
+    from .plots import heatmaps, plot
     from .prompts import EvalError
-    from .report import _label, heatmaps, identity_differences, load_result, markdown, merge_results, plot
+    from .results import _label, identity_differences, load_result, merge_results
 
     try:
         results = merge_results([load_result(s) for s in args.runs])

@@ -21,7 +21,7 @@ The pairing rule reads only what results record (eval/cli.py: `weights`, `model`
   and betas and a smaller factor: never another trained arm), with one result at the arm's trained rope
   with STRING off (the untrained parent + YaRN, `--rope-override`) and one at exactly the changed setting
   (the same rope, the same STRING setting). Two such fingerprints are ambiguous and neither is used;
-- each effect is `report.difference` of two cells of one model (paired where they hold the same
+- each effect is `compare.difference` of two cells of one model (paired where they hold the same
   prompts); a control cell on other prompts than the arm's is marked.
 """
 from __future__ import annotations
@@ -30,7 +30,8 @@ import json
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from .report import _label, _score, cells_by, difference, string_setting
+from .compare import _score, difference
+from .results import _label, cells_by, string_setting
 from .stats import paired_mean_diff
 
 NO_CONTROL = "no control on the untrained parent + YaRN: the change's effect cannot be attributed to training"

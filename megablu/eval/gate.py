@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from ..config.eval_tasks import RULER_SUITE
-from .report import cells_by, difference, loss_section, short_loss_change, string_setting
+from .compare import difference, short_loss_change
+from .results import cells_by, loss_section, string_setting
 
 
 def inference_changes(res: dict) -> list[str]:

@@ -20,7 +20,7 @@ import torch
 
 from ..config.schema import EvalConfig, eval_padded_len, string_problems
 from ..model.string import apply_string, kernels_used, string_impl
-from . import report
+from . import plots, results
 from .generate import cut_at_stop, greedy_generate
 from .needle import HAYSTACK_TOKENS, Haystack
 from .prompts import EvalError, HaystackSource, Prompt, TokenizerLike, check_ids, extract_answer, prompt_digest, score
@@ -252,17 +252,17 @@ def _resume_key(model, tokenizer, eval_cfg: EvalConfig, window: int, step: int, 
 
 def _previous_result(out_dir: Path, step: int, probe: dict) -> Optional[dict]:
     """The result already at out_dir/step_<step>.json, when this eval may add its cells to it: the same arm,
-    model (report.identity) and prompt settings; EvalError (before any generation) when another one is there,
+    model (results.identity) and prompt settings; EvalError (before any generation) when another one is there,
     whose cells writing this one would lose. None when there is none."""
     path = Path(out_dir) / f"step_{step}.json"
     if not path.exists():
         return None
     try:
-        prev = report.load_result(path)
+        prev = results.load_result(path)
     except EvalError as e:
         raise EvalError(f"{path} exists and is not a readable eval result ({e}); this eval would replace it: move "
                         f"it, or give another --out") from None
-    diff = (["arm"] if prev.get("arm") != probe["arm"] else []) + report.identity_differences(prev, probe, True)
+    diff = (["arm"] if prev.get("arm") != probe["arm"] else []) + results.identity_differences(prev, probe, True)
     if diff:
         raise EvalError(f"{path} holds the result of {prev.get('arm')}@{step}, which differs from this eval in "
                         f"{', '.join(diff)}: writing this one would lose its cells; give another --out (or --arm), "
@@ -350,7 +350,7 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
         haystack = load_haystack(eval_cfg.haystack, tokenizer)
     gate_parent = parent
     if gate_parent is None and eval_cfg.gate.parent:
-        gate_parent = report.load_result(eval_cfg.gate.parent)   # fail before hours of generation, not after
+        gate_parent = results.load_result(eval_cfg.gate.parent)   # fail before hours of generation, not after
     prompts = build_prompts(eval_cfg, tokenizer, haystack=haystack, vocab_size=vocab)
     # a result already there is added to, never replaced by another model's (checked on every rank: the
     # run dir is shared, and all raise together)
@@ -436,7 +436,7 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
                 done = sorted((x for part in parts for x in part), key=lambda x: order[x["index"]])
             samples += done
             dt = time.perf_counter() - t0
-            c = report.cell(task, L, done, eval_cfg, ps, dt)
+            c = results.cell(task, L, done, eval_cfg, ps, dt)
             if string is not None:
                 c["string"] = on
                 if on:
@@ -447,7 +447,7 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
                          c["acc_pp"], c["all_correct"], len(ps), dt, len(ps) / max(dt, 1e-9))
                 if resume:   # every finished cell on disk: a kill loses at most the cell running
                     try:
-                        report.write_result({"key": key, "cells": cells + [c for c, _ in others],
+                        results.write_result({"key": key, "cells": cells + [c for c, _ in others],
                                              "samples": samples + [x for _, ss in others for x in ss]}, part_path)
                     except OSError as e:   # a side feature never ends an eval
                         log.warning("eval: cannot keep the finished cells in %s (%s); going on", part_path, e)
@@ -470,7 +470,7 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
         cells, samples, loss, losses = _merge_previous(prev, cells, samples, loss, losses)
         log.info("eval: %s's cells at other lengths or tasks are kept in %s", prev.get("arm"),
                  out_dir / f"step_{step}.json")
-    res = report.make_result(cells, samples, arm=arm or out_dir.parent.name, step=step, window=window,
+    res = results.make_result(cells, samples, arm=arm or out_dir.parent.name, step=step, window=window,
                              eval_cfg=eval_cfg, tokenizer_identity=tokenizer.identity, sp=sp,
                              extra={**_model_info(model), **(info or {}), **({"loss": loss} if loss else {}),
                                     **({"loss_sets": losses} if losses else {}),
@@ -484,10 +484,10 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
         if rank == 0:
             (log.info if res["gate"]["passed"] else log.error)("%s", res["gate"]["message"])
     if rank == 0:
-        path = report.write_result(res, out_dir / f"step_{step}.json")
-        report.write_artifacts(res, out_dir, step, plot=plot)
+        path = results.write_result(res, out_dir / f"step_{step}.json")
+        plots.write_artifacts(res, out_dir, step, plot=plot)
         if resume and others:   # the kept cells this run did not ask for stay for a later one
-            report.write_result({"key": key, "cells": [c for c, _ in others],
+            results.write_result({"key": key, "cells": [c for c, _ in others],
                                  "samples": [x for _, ss in others for x in ss]}, part_path)
         elif resume:
             part_path.unlink(missing_ok=True)
