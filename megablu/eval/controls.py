@@ -158,7 +158,10 @@ def find_controls(results: Sequence[dict]) -> list[Control]:
                 missing.append(f"the control {_label(c0)} was not evaluated with the change ({c.change})")
         if missing:
             c.problem = f"{NO_CONTROL} ({'; '.join(missing)})"
-    return out
+    # a control's own results are not trained arms of this compare (a parent that is itself a YaRN extension,
+    # evaluated at the arm's factor, is a change on YaRN-trained weights, and the control of the arm)
+    used = {id(r) for c in out if not c.problem for r in (c.control, c.control_reference)}
+    return [c for c in out if id(c.arm) not in used]
 
 
 def _effect(with_: dict, without: dict, task: str, L: int, prompts: Optional[str] = None) -> str:

@@ -128,6 +128,17 @@ def test_another_yarn_factor_on_the_arm_is_controlled_by_the_same_factor_on_the_
     assert "| trained - control | -20.0 [" in "\n".join(controls_markdown(controls))
 
 
+def test_a_parent_that_is_itself_a_yarn_extension_is_the_control_not_an_arm():
+    """Parent trained at YaRN x2, the arm at x4 (same original length): the parent at x4 (--rope-override) with
+    and without STRING is the arm's control, and its rows are not reported as arms lacking a control."""
+    yarn2 = {**YARN4, "yarn": {**YARN4["yarn"], "factor": 2.0}}
+    rows = merge_results(_four()[:2] + [_res("parent", {1024: 10, 4096: 5}, weights="wP", trained=yarn2, step=0),
+                                        _res("parent", {1024: 16, 4096: 14}, weights="wP", trained=yarn2, step=0,
+                                             string=STRING)])
+    (c,) = find_controls(rows)
+    assert c.problem is None and c.arm["weights"] == "wA" and c.control["weights"] == "wP"
+
+
 def test_a_control_on_other_prompts_is_marked():
     rows = merge_results(_four(digest="other"))
     md = "\n".join(controls_markdown(find_controls(rows)))
