@@ -354,6 +354,8 @@ class GateConfig(Section):
     margin_pp: float = Field(default=5.0, ge=0)
     loss_margin_rel: float = Field(default=0.02, ge=0, description="short-document validation loss (eval.loss) "
                                    "may rise at most this fraction above the parent's: 0.02 = +2% nats/token")
+    ruler_at_window: bool = Field(default=True, description="also gate every RULER task (ruler_*) at the parent's "
+                                  "window: the longest length the parent result has for it (megablu/eval/gate.py)")
 
 
 class LossEvalConfig(Section):
@@ -366,6 +368,20 @@ class LossEvalConfig(Section):
                             "whole (the gate's short-context loss); 0 = none")
     short_min: int = Field(default=1024, gt=0)
     short_max: int = Field(default=4096, gt=0)
+    sets: dict[str, str] = Field(default={}, description="more held-out sets, by name, each scored like data: "
+                                 "'DIR' or 'DIR@bucket' (a dataset's val split) or 'megablu:essays' (the shipped "
+                                 "prose, outside every training corpus here; docs/EVAL.md)")
+
+    @field_validator("sets")
+    @classmethod
+    def _set_names(cls, v):
+        import re
+
+        bad = [k for k in v if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", k) or k == "data"]
+        if bad:
+            raise ValueError(f"eval.loss.sets: names {bad} are not plain names (letters, digits, _ . -; not 'data', "
+                             f"which is eval.loss.data's); rename them")
+        return v
 
 
 # STRING's attention factor in the authors' code (HKUNLP/STRING string_for_llama.py replace_with_string and
@@ -482,6 +498,20 @@ class EvalConfig(Section):
                                                         "tokenizer's chat template, as RULER does for a chat model: "
                                                         "auto = when the tokenizer has one; on = required (an error "
                                                         "without one); off = plain text")
+
+    @field_validator("chat_template", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, v):
+        # YAML 1.1 reads a bare on / off as a bool: `chat_template: on` means "on"
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
+    @field_validator("seed", mode="before")
+    @classmethod
+    def _seed_not_bool(cls, v):
+        if isinstance(v, bool):   # pydantic would take true as 1: seed 1's prompts under another name
+            raise ValueError(f"eval.seed={v!r}: a bool is not a seed (true would reproduce seed 1's prompts); give "
+                             f"an integer >= 0, e.g. eval.seed=1")
+        return v
 
     @model_validator(mode="before")
     @classmethod
@@ -618,7 +648,7 @@ def eval_problems(e: EvalConfig, window: int) -> list[str]:
     lo = e.loss
     if lo.short_min > lo.short_max:
         errs.append(f"eval.loss: short_min={lo.short_min} > short_max={lo.short_max}")
-    if lo.data and lo.short_docs and lo.short_max > window:
+    if (lo.data or lo.sets) and lo.short_docs and lo.short_max > window:
         errs.append(f"eval.loss.short_max={lo.short_max} > data.window {window}: a short document must fit the "
                     f"window")
     return errs
@@ -648,7 +678,7 @@ def string_problems(e: EvalConfig) -> list[str]:
                         f"{st.local}; STRING moves distances d >= S to d - S + local, closer only when local < S: "
                         f"raise shift_ratio, lower local, or set eval.string.beyond >= {L}")
     lo = e.loss
-    if st.variant == "authors" and lo.data and lo.short_docs:
+    if st.variant == "authors" and (lo.data or lo.sets) and lo.short_docs:
         shortest = max(lo.short_min, st.beyond + 1)
         if shortest <= lo.short_max and st.shift_for(shortest) <= st.local:
             errs.append(f"eval.string with eval.loss short documents: at {shortest} tokens S = int(shift_ratio "

@@ -188,7 +188,9 @@ def eval_problems(ctx: Context) -> list[str]:
         try:   # a gate that cannot be checked is found after hours of training otherwise
             parent = load_result(cfg.eval.gate.parent)
             problems += [f"eval.gate.parent: {p}" for p in parent_problems(parent, cfg.eval.gate, cfg.eval.tasks,
-                                                                           loss=bool(cfg.eval.loss.data))]
+                                                                           loss=bool(cfg.eval.loss.data),
+                                                                           lengths=cfg.eval.lengths,
+                                                                           loss_sets=list(cfg.eval.loss.sets))]
         except EvalError as e:
             problems.append(f"eval.gate.parent: {e}")
     if cfg.eval.haystack:
