@@ -214,7 +214,7 @@ _SESSION_FIELDS = {("train", "stop_after"), ("train", "stop_after_s"), ("train",
 # so that those runs resume.
 _LATER_FIELDS = {("data", "mix"), ("rope", "allow_yarn_from_scratch"), ("eval", "string"), ("eval", "suite")}
 # ... and fields added with a default that is the behaviour before them, left out while at it
-# (memory.loss's default is auto since 2026-12-04, hashed as itself; chunked keeps the hash of the runs
+# (memory.loss's default became auto, hashed as itself; chunked keeps the hash of the runs
 # from before the field, and a resume accepts a memory.loss change: train/resume.py)
 _LATER_DEFAULTS = {("memory", "loss"): "chunked", ("memory", "attention"): "sdpa",
                    ("checkpoint", "keep_every"): 0, ("memory", "offload_keep"): 1,

@@ -78,7 +78,8 @@ class YarnConfig(Section):
 
     factor: float = Field(gt=1.0)
     original_max_position: int = Field(gt=0, description="the length the parent was ACTUALLY trained at; no "
-                                       "default, on purpose (the seed's default of 1024 cost 27 pp)")
+                                       "default, on purpose (a wrong default silently costs the extension tens of "
+                                       "points)")
     beta_fast: float = 32.0
     beta_slow: float = 1.0
     truncate: bool = True
@@ -307,9 +308,8 @@ class MemoryConfig(Section):
                             "loss_chunk tokens it can make, or all the rank's tokens (Liger's chunk_mem_const), "
                             "never below its own sizing "
                             "(~T*d/V tokens; 0 = that). Larger chunks hold more bf16 logits (2*V B per token of "
-                            "the chunk) and read-modify-write the fp32 (V, d) weight-gradient sum fewer times: "
-                            "blu-0.5b at 32k, 4096 vs Liger's 512, +1.9% tokens/s for +0.3 GB peak "
-                            "(docs/BENCHMARKS.md, issue 17)")
+                            "the chunk) and read-modify-write the fp32 (V, d) weight-gradient sum fewer times "
+                            "(docs/BENCHMARKS.md has the trade-off measured)")
     ops: Literal["auto", "torch", "cuda"] = "auto"
     mlp_tiles: int = Field(default=1, ge=1, description="sequence tiles of the SwiGLU MLP (one tile's "
                            "(tokens, ffn) intermediates alive at a time, fwd and bwd); 1 = untiled")
@@ -324,28 +324,23 @@ class MemoryConfig(Section):
                                     "the blocks before the last offload_keep that offload, spread evenly (0.75: "
                                     "three of every four); the kept ones stay on the GPU and their compute hides "
                                     "the others' copies, where the host link is slower than a block's forward "
-                                    "(blu-0.5b with FlashAttention-4 at 32k on an H200: docs/BENCHMARKS.md)")
+                                    "(docs/BENCHMARKS.md)")
     loss: Literal["auto", "chunked", "liger"] = Field(
         default="auto", description="the lm head's vocab loss: chunked = megablu's own (ops/cross_entropy.py; "
         "loss_chunk tokens at a time, fp32 logits, dW summed in fp32); liger = Liger-Kernel's fused linear "
         "cross-entropy (optional package liger-kernel, CUDA only; dW accumulated in fp32: accum_dtype=fp32), "
         "same sum over labelled tokens, ignore_index -100 and tied-embedding grads; auto (the default) = liger "
         "when the run is on CUDA and liger_kernel imports, else chunked (chosen once per run, logged with its "
-        "reason, recorded in probe.json's setup as loss, the configured value as loss_config). The H200 "
-        "validated liger in the model on 2026-12-04 (tests/model/test_kernel_choices.py and the liger tests "
-        "of tests/ops/test_cross_entropy.py pass; a blu-0.5b 32k step, selective+offload, ran 35,222 vs "
-        "33,732 tokens/s (1.04x), loss 46.8 vs 96.5 ms per step, peak 4.4 vs 8.0 GB; docs/BENCHMARKS.md); "
-        "loss_chunk sizes the chunks of both")
+        "reason, recorded in probe.json's setup as loss, the configured value as loss_config; docs/BENCHMARKS.md "
+        "compares the two); loss_chunk sizes the chunks of both")
     attention: Literal["auto", "sdpa", "fa4"] = Field(
         default="auto", description="the local causal attention kernel (also the one Ulysses wraps): sdpa = "
-        "torch's scaled_dot_product_attention (cuDNN on the H200); fa4 = FlashAttention-4 (optional package "
+        "torch's scaled_dot_product_attention (cuDNN on Hopper GPUs); fa4 = FlashAttention-4 (optional package "
         "flash-attn-4, CuTe DSL; SM90 GPUs, bf16/fp16, head_dim a multiple of 8 in 8..256; not with "
         "data.doc_mask, whose FlexAttention path is unchanged); auto (the default) = fa4 where it can take the "
         "tensors (CUDA SM90, bf16/fp16, its head sizes) and flash_attn.cute imports, else sdpa, chosen at the "
         "first call and logged with its reason (probe.json's setup: attention, attention_config); with "
-        "data.doc_mask the masked path runs as before. The H200 validated fa4 in the model on 2026-12-04 "
-        "(tests/ops/test_attention.py, tests/model/test_kernel_choices.py: 40 passed; a blu-0.5b 32k step "
-        "1.12x faster, 1.17x with liger; docs/BENCHMARKS.md)")
+        "data.doc_mask the masked path runs as before (docs/BENCHMARKS.md compares the kernels)")
 
 
 class GateConfig(Section):
@@ -614,7 +609,7 @@ def run_name_problem(name: str) -> Optional[str]:
 
 # --------------------------------------------------------------------------- invariants
 def eval_padded_len(length: int, max_new: int, pad: int) -> int:
-    """prompt + generated tokens, rounded up to a multiple of pad (the seed's PAD rule)."""
+    """prompt + generated tokens, rounded up to a multiple of pad (the eval's PAD rule)."""
     return math.ceil((length + max_new) / pad) * pad
 
 

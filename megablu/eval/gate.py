@@ -1,7 +1,7 @@
 """Short-context gate: an arm may not buy long-context accuracy with short-context accuracy.
 
-The seed's 2026-09-02 cache bug lifted 16k from 0 to 14-17% while 4k fell from 74% to 16%,
-and perplexity looked fine. So a drop at any short length (default 1024 and 4096) of more
+A KV-cache bug can lift a long length from 0 to 14-17% while 4k falls from 74% to 16%, and
+perplexity look fine. So a drop at any short length (default 1024 and 4096) of more
 than margin_pp below the parent fails, whatever the long lengths did. A short length the
 gate cannot check (missing in either result) fails too: an unchecked gate is not a pass.
 

@@ -41,7 +41,7 @@ def _beyond(eval_cfg: EvalConfig, task: str) -> int:
 
 
 def check_lengths(eval_cfg: EvalConfig, window: int) -> None:
-    """The seed's PAD rule, per task (each has its own max_new): prompt + max_new rounded up to
+    """The PAD rule, per task (each has its own max_new): prompt + max_new rounded up to
     pad must fit the window."""
     if not eval_cfg.lengths:
         raise EvalError("eval.lengths is empty: nothing to evaluate")
@@ -158,8 +158,8 @@ def build_prompts(eval_cfg: EvalConfig, tokenizer: TokenizerLike, *, haystack: O
     Every task of eval.tasks, built-in or from eval.task_defs; tasks with a real-text haystack
     need `haystack` (text, documents or a callable; run_eval loads eval.haystack)."""
     if tokenizer is None:
-        raise EvalError("no tokenizer: the eval cannot build prompts (the seed's eval 'succeeded' with no prompts "
-                        "when its tokenizer was missing); configure `tokenizer:` and check it loads")
+        raise EvalError("no tokenizer: the eval cannot build prompts (an eval without them would "
+                        "'succeed' on no prompts); configure `tokenizer:` and check it loads")
     lengths = sorted(set(eval_cfg.lengths))
     if not lengths:
         raise EvalError("eval.lengths is empty: nothing to evaluate")

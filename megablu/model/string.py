@@ -24,7 +24,7 @@ Two kernels compute the same attention (`MEGABLU_STRING_IMPL`: auto | sdpa | fle
         repeating kv heads; compiled on CUDA (one compile per shape and process).
 auto is flex on CUDA for more than one query row (a prefill), sdpa for a decode step and on a CPU.
 The two differ by the order of their float sums only (tests/model/test_string.py). flex compiles once per
-shape; a process that meets more shapes than RECOMPILE_LIMIT (an H100 eval, 2026-12-06: whole short
+shape; a process that meets more shapes than RECOMPILE_LIMIT (an eval that scores whole short
 validation documents of every length) goes on with sdpa, logged once and counted in KERNELS_USED.
 Where no distance reaches S (keys <= S), LocalAttention runs its plain attention instead of either:
 the remapping is the identity there, so with attention_factor 1 those logits are the plain model's bit for

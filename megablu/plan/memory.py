@@ -21,7 +21,7 @@ only, the whole layer is rebuilt in backward (its working set is then live once)
 Loss (ops/cross_entropy.py, chunk c): the forward holds at most 10*c*V bytes at once
 (fp32 logits, fp32 exp, bf16 grad) plus the fp32 grad of the head weight (4*V*d) and
 grad_hidden (2d per token); unchunked it is three fp32 [T, V] (12 V B per token, 94% of
-HF's 1.29 MB/token with checkpointing, shared/device/README.md). memory.loss=liger (Liger's
+HF's 1.29 MB/token with checkpointing, docs/BENCHMARKS.md). memory.loss=liger (Liger's
 fused linear CE, accum_dtype=fp32, liger-kernel 0.8.5's fused_linear_cross_entropy.py): bf16
 logits of one chunk and the fp32 dW (4Vd) in its loop (the chunk: the largest of at most loss_chunk
 tokens Liger makes, utils/liger.py; loss_chunk 0: its own, next_pow2(T / ceil(V/d)) tokens),
@@ -60,7 +60,7 @@ from ..utils.liger import liger_chunk_tokens, liger_mem_const
 GB = 1e9
 BF16 = 2
 FP32 = 4
-PEAK_TFLOPS_H200 = 989.0            # dense bf16, shared/device/README.md
+PEAK_TFLOPS_H200 = 989.0            # dense bf16, NVIDIA's datasheet
 COMFORTABLE = 0.80                  # <= 80% of the GPU: comfortable (issue 6: T=1M within 80%)
 # DeepSpeed defaults the trainer does not override (runtime/zero/config.py)
 ZERO_REDUCE_BUCKET = 5e8            # elements, stage 2/3 contiguous gradient bucket
@@ -224,7 +224,7 @@ def layer_bytes_per_token(m: ModelConfig, ops: str, sp: int = 1, attention: str 
     # (fewer kv heads than q heads on the rank) dk and dv at q's head count before their sum
     # over the group; dq, dk, dv; the fp32 softmax row sums. Beside it: the output's grad from
     # o_proj and the residual grad. 5.5 KB/token above the MLP backward's point for blu-0.5b:
-    # 2.9 GB at 512k, which the planner missed until the H200's 1M/512k steps (2026-12-03).
+    # 2.9 GB at 512k.
     gqa_expand = 2 * BF16 * q if kv < q else 0
     scratch = FP32 * m.n_heads
     if attention == "fa4":

@@ -225,15 +225,15 @@ def kernel_problems(ctx: Context) -> list[str]:
 
         why = liger_import_problem()
         if why:
-            problems.append(f"memory.loss=liger: {why}; install liger-kernel (0.8.5 was measured; on the H200 "
-                            f"carry its wheel in .whl) or set memory.loss=chunked")
+            problems.append(f"memory.loss=liger: {why}; install liger-kernel (pip install "
+                            f"liger-kernel==0.8.5, the version tested) or set memory.loss=chunked")
     if mem.attention == "fa4":
         from ..ops.attention import import_problem
 
         why = import_problem()
         if why:
-            problems.append(f"memory.attention=fa4: {why}; install flash-attn-4 and its wheels "
-                            f"(../shared/device/fa4_wheels.sh, bench/h200_kernels.sh) or set memory.attention=sdpa")
+            problems.append(f"memory.attention=fa4: {why}; install flash-attn-4 (pip install "
+                            f"flash-attn-4==4.0.0b40, the version tested) or set memory.attention=sdpa")
     return problems
 
 
