@@ -24,7 +24,7 @@ RULES = {
     # the development machines' files: wheels carried by hand, the shared device folder, results folders
     "dev path": r"\.whl\b|\.\./shared\b|\bshared/device\b|\bfa4_wheels\b|/work/|\bbench/results\b|\bbench/h[12]00_",
     # the predecessor trainer: "the seed's traps", "The seed lost", "(task name in the seed)", its name
-    "predecessor": r"(?i)\bthe seed(?:'s\b|\s+(?:lost|numbered|once|shipped|had|trained|used)\b|\))"
+    "predecessor": r"(?i)\bthe\s+seed(?:'s\b|\s+(?:lost|numbered|once|shipped|had|trained|used)\b|\))"
                    r"|\bbluscript",
 }
 
@@ -38,7 +38,7 @@ MUST_FLAG = {
                  "bench/results/2026-12-03", "/work/main/.venv"],
     "predecessor": ["the seed's default of 1024 cost 27 pp", "The seed lost time to `hf download`",
                     "(task name in the seed)", "the seed once shipped a cache bug", "The seed numbered runs",
-                    "BluScriptCP"],
+                    "BluScriptCP", "a default of 1024 (the\n    seed's YaRN original length)"],
 }
 
 MUST_PASS = [
@@ -56,11 +56,15 @@ MUST_PASS = [
 
 
 def hits(text: str):
-    """[(rule, line number, line)] for every line of `text` a rule matches."""
+    """[(rule, line number, line)] for every match of a rule in `text`; a match may span lines (a phrase
+    wrapped in a docstring or a message), and is reported at the line where it starts."""
+    lines = text.splitlines()
     out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        out += [(rule, n, line.strip()) for rule, pat in RULES.items() if re.search(pat, line)]
-    return out
+    for rule, pat in RULES.items():
+        for m in re.finditer(pat, text):
+            n = text.count("\n", 0, m.start()) + 1
+            out.append((rule, n, lines[n - 1].strip()))
+    return sorted(set(out), key=lambda h: (h[1], h[0]))
 
 
 @pytest.mark.parametrize("rule", sorted(RULES))

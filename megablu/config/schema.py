@@ -1,7 +1,7 @@
 """Typed configuration: one pydantic model per section, YAML is data only.
 
-Every section forbids unknown keys, and fields whose silent default once cost a run (the
-seed's YaRN original length defaulting to 1024 cost 27 pp) have no default at all.
+Every section forbids unknown keys, and fields whose silent default would cost a run (YaRN's
+original length: a wrong one costs the extension tens of points) have no default at all.
 Cross-field invariants live in `check_invariants`, which returns *every* violation with
 the field, the values and the fix, so `megablu config check` can list them all at once.
 """
