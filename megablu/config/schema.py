@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_serializer, model_validator
 
 from ..utils.liger import liger_chunk_tokens
 from .eval_tasks import PRESETS, TaskSpec, default_max_new, min_words, needs_text_haystack
@@ -415,6 +415,13 @@ class StringConfig(Section):
     beyond: int = Field(default=0, strict=True, ge=0, description="STRING only for prompts (and held-out loss "
                         "sequences) longer than this many tokens; shorter ones are evaluated plain. 0: every "
                         "length")
+    kernel: Literal["auto", "sdpa", "flex"] = Field(
+        default="auto", description="the kernel of STRING's attention (megablu/model/string.py): sdpa = masked "
+        "SDPA over the plain and shifted keys, per block of query rows (any device); flex = FlexAttention "
+        "skipping the tiles with no visible pair (compiled on CUDA); auto = flex on CUDA for a prefill, sdpa "
+        "otherwise. The same attention up to the order of float sums: how, not what, so every JSON dump leaves "
+        "it out (the result's eval.string, the resolved config, the config hash); the result records it as "
+        "string_kernel, and the calls each kernel ran as string_kernels_used")
 
     @model_validator(mode="before")
     @classmethod
@@ -455,6 +462,14 @@ class StringConfig(Section):
                              f"shift to d - shift + local, which only moves them closer when local < shift: set "
                              f"local < shift (e.g. shift=10922, local=128)")
         return self
+
+    @model_serializer(mode="wrap")
+    def _kernel_not_in_json(self, handler, info):
+        """kernel out of the JSON dumps (see the field): two results that differ by it scored the same model"""
+        d = handler(self)
+        if info.mode == "json":
+            d.pop("kernel", None)
+        return d
 
     def applies(self, length: int) -> bool:
         """Whether STRING runs on a prompt or a sequence of `length` tokens (eval.string.beyond)."""

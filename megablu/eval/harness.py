@@ -29,7 +29,7 @@ from .tasks import make_builder, needs_text_haystack
 
 log = logging.getLogger(__name__)
 
-# eval.string on a GPU with the sdpa kernel (MEGABLU_STRING_IMPL=sdpa): the prefill chunk when none is given,
+# eval.string on a GPU with the sdpa kernel (eval.string.kernel=sdpa): the prefill chunk when none is given,
 # so each chunk's masked SDPA over [keys; shifted keys] stays small (model/string.py also blocks the queries).
 # The flex kernel (auto on a GPU) prefills a whole prompt like the plain path: one shape, one compile.
 STRING_PREFILL_CHUNK = 4096
@@ -362,14 +362,14 @@ def _string_checked(eval_cfg: EvalConfig, sp: int):
     return string
 
 
-def _chunk_for(prefill_chunk: Optional[int], device: torch.device, on: bool) -> int:
+def _chunk_for(prefill_chunk: Optional[int], device: torch.device, on: bool, kernel: str = "auto") -> int:
     """The prefill chunk of a cell (the caller's, if given): a GPU's flash kernel prefills a whole prompt
     fastest, STRING's sdpa kernel takes 4096-token chunks; a CPU prefills in chunks of 2048."""
     if prefill_chunk is not None:
         return prefill_chunk
     if device.type != "cuda":
         return 2048
-    return STRING_PREFILL_CHUNK if on and string_impl(device) == "sdpa" else 0
+    return STRING_PREFILL_CHUNK if on and string_impl(device, kernel=kernel) == "sdpa" else 0
 
 
 def _resume_state(resume: bool, sp: int, dp_group, out_dir: Path, step: int, prompts: dict, key_of) -> _Resume:
@@ -403,7 +403,8 @@ def _generate_cell(model, tokenizer, eval_cfg: EvalConfig, task: str, L: int, ps
         batch = mine[s:s + bs]
         ids = torch.tensor([p.ids for p in batch], dtype=torch.long)
         gen = greedy_generate(model, ids, max_new, sp_group=sp_group,
-                              prefill_chunk=_chunk_for(prefill_chunk, device, on), stop_ids=tokenizer.stop_ids).tolist()
+                              prefill_chunk=_chunk_for(prefill_chunk, device, on, string.kernel if on else "auto"),
+                              stop_ids=tokenizer.stop_ids).tolist()
         for p, g in zip(batch, gen):
             done.append(_sample(task, L, p, tokenizer.decode(cut_at_stop(g, tokenizer.stop_ids))))
     if dp > 1:   # every dp group's share, back in prompt order
@@ -526,16 +527,16 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
     sp = torch.distributed.get_world_size(sp_group) if sp_group is not None else 1
     string = _string_checked(eval_cfg, sp)
     device = next(model.parameters()).device
-    # the STRING kernel asked for at the start (a bad MEGABLU_STRING_IMPL raises here, before the model is
+    # the STRING kernel asked for at the start (eval.string.kernel, resolved here, before the model is
     # touched); string_kernels_used says what ran (flex can fall back to sdpa)
-    string_kernel = string_impl(device, 2) if string is not None else None
+    string_kernel = string_impl(device, 2, string.kernel) if string is not None else None
     state = _resume_state(resume, sp, dp_group, out_dir, step, prompts,
                           lambda: _resume_key(model, tokenizer, eval_cfg, window, step, arm, batch_tokens,
                                               prefill_chunk, info, string_kernel))
 
     was_training = model.training
     model.eval()
-    kernels_used(reset=True)
+    kernels_used(model, reset=True)
     prev_string = apply_string(model, None)   # installed per cell below: the authors' S follows the length
     try:
         cells, samples = _run_cells(model, tokenizer, eval_cfg, prompts, state, step=step, rank=rank, string=string,
@@ -544,7 +545,7 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
         losses = _run_losses(model, loss_data, eval_cfg, step=step, rank=rank, sp_group=sp_group, dp_group=dp_group)
         loss = losses.pop(None, None)
     finally:
-        string_used = kernels_used(reset=True)   # attention calls per kernel (plain: no distance reached S)
+        string_used = kernels_used(model, reset=True)   # attention calls per kernel (plain: no distance reached S)
         apply_string(model, prev_string)
         if was_training:
             model.train()

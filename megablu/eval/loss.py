@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..model.string import apply_string
+from ..model.string import apply_string, installed
 from .prompts import EvalError, TokenizerLike
 
 HEAD_CHUNK = 4096     # positions per vocab projection
@@ -241,7 +241,7 @@ def run_loss(model, data: dict, eval_cfg, *, sp_group=None, dp_group=None) -> di
             mine = {k: v for p in parts for k, v in p.items()}
         return [mine[i] for i in range(len(seqs))]
 
-    prev = getattr(model, "string", None)
+    prev = installed(model)
     try:
         return _run_loss(data, eval_cfg, score)
     finally:
