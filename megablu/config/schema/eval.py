@@ -12,9 +12,9 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_serializer, model_validator
 
-from ..utils.liger import liger_chunk_tokens
-from .eval_tasks import PRESETS, TaskSpec, default_max_new, min_words, needs_text_haystack
-from .ruler_tasks import SUITES
+from ...utils.liger import liger_chunk_tokens
+from ..eval_tasks import PRESETS, TaskSpec, default_max_new, min_words, needs_text_haystack
+from ..ruler_tasks import SUITES
 
 
 class Section(BaseModel):
