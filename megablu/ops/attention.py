@@ -125,7 +125,7 @@ def auto_kernel(q: torch.Tensor, k: torch.Tensor) -> tuple[str, str]:
 
 def auto_for_config(cfg, device: str = "cuda") -> tuple[str, str]:
     """(kernel, why) memory.attention=auto is expected to run for a Config on `device`, before any
-    tensor exists (the planner, `megablu plan`): fa4 when the config allows it (config/schema.py
+    tensor exists (the planner, `megablu plan`): fa4 when the config allows it (config/schema/checks.py
     kernel_invariants: head_dim, no doc_mask, bf16) on CUDA and flash_attn.cute imports here; the
     GPU's architecture is only known at the first call (auto_kernel)."""
     from ..config.schema import kernel_invariants

@@ -142,7 +142,7 @@ def auto_loss(device: str) -> tuple[str, str]:
 
 def resolve_loss(mode: str, device: str) -> str:
     """The implementation (one of LOSSES) memory.loss=`mode` runs on a run on `device`. An explicit
-    chunked or liger is returned as given (liger on a CPU run is a config error: config/schema.py
+    chunked or liger is returned as given (liger on a CPU run is a config error: config/schema/checks.py
     kernel_invariants); auto's choice is logged once with its reason (as ops/dispatch.py does)."""
     if mode not in LOSS_MODES:
         raise ValueError(f"memory.loss must be one of {LOSS_MODES}, got {mode!r}")
@@ -159,7 +159,7 @@ def liger_linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: to
     """(sum of CE over labelled tokens, their count) through Liger's fused linear cross-entropy, in chunks of
     at most `chunk` tokens where Liger can make them (<= 0: Liger's own; module docstring)."""
     # CPU tensors run only in Triton's CPU interpreter (TRITON_INTERPRET=1, the opt-in CPU tests); a
-    # config asks for liger on CUDA alone (config/schema.py kernel_invariants refuses it on a CPU run)
+    # config asks for liger on CUDA alone (config/schema/checks.py kernel_invariants refuses it on a CPU run)
     why = liger_import_problem()
     if why is not None:
         raise RuntimeError(f"memory.loss=liger: {why}; install liger-kernel (pip install "

@@ -212,7 +212,7 @@ def eval_problems(ctx: Context) -> list[str]:
 
 def kernel_problems(ctx: Context) -> list[str]:
     """memory.loss=liger / memory.attention=fa4 import where the run will start (CUDA). The config
-    part (CPU, head_dim, doc_mask, dtype) is config/schema.py kernel_invariants; the GPU's
+    part (CPU, head_dim, doc_mask, dtype) is config/schema/checks.py kernel_invariants; the GPU's
     architecture is checked at the first call (ops/attention.py): this process may see no GPU.
     memory.loss=auto and memory.attention=auto need nothing: without liger_kernel / flash_attn.cute they
     run chunked / sdpa (ops/cross_entropy.py auto_loss, ops/attention.py auto_kernel)."""
