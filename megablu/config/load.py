@@ -15,6 +15,7 @@ import copy
 import hashlib
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -198,6 +199,18 @@ def load_config(path: str | Path, sets: Iterable[str] = (), world_size: Optional
     if errs:
         raise ConfigError(errs, str(path))
     return cfg
+
+
+def load_for_command(path: str | Path, sets: Iterable[str] = (), world_size: Optional[int] = None,
+                     device: Optional[str] = None) -> Optional[Config]:
+    """load_config for a command line (megablu train/probe, eval, data mix, plan): on a ConfigError its text
+    -- every problem, each with its field, values and fix -- goes to stderr and None comes back; the command
+    then exits 2."""
+    try:
+        return load_config(path, sets, world_size=world_size, device=device)
+    except ConfigError as e:
+        print(str(e), file=sys.stderr)
+        return None
 
 
 def to_yaml(cfg: Config) -> str:

@@ -234,15 +234,13 @@ def _synth(args) -> int:
 @_errors
 def _mix(args) -> int:
     """The resolved mixture of a training config (token shares, epochs, truncation, padding), before launching."""
-    from ..config import ConfigError, load_config
+    from ..config import load_for_command
     from .loader import open_source
     from .mix import format_mixture, mix_problems, open_mixture, planned_sequences, resolve_single
     from .tokenizer import load_tokenizer
 
-    try:
-        cfg = load_config(args.config, args.set)
-    except ConfigError as e:
-        print(str(e), file=sys.stderr)
+    cfg = load_for_command(args.config, args.set)
+    if cfg is None:
         return 2
     ident = load_tokenizer(cfg.tokenizer).identity
     problems = mix_problems(cfg, ident)

@@ -59,16 +59,14 @@ def _step_from_path(path: str):
 
 
 def _eval(args) -> int:
-    from ..config import ConfigError, load_config
+    from ..config import load_for_command
     from .compare import markdown
     from .harness import run_eval
     from .prompts import EvalError
     from .results import load_result
 
-    try:
-        cfg = load_config(args.config, args.set)
-    except ConfigError as e:
-        print(str(e), file=sys.stderr)
+    cfg = load_for_command(args.config, args.set)
+    if cfg is None:
         return 2
     eval_cfg = cfg.eval
     over = {k: v for k, v in (("lengths", args.lengths), ("n", args.n), ("tasks", args.tasks)) if v is not None}
