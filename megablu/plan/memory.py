@@ -55,12 +55,13 @@ from typing import Optional, Union
 from ..config.schema import Config, ModelConfig
 from ..memory.constants import KEEP_LAST, MAX_INFLIGHT, offloaded_count
 from ..parallel.heads import head_plan
+from ..utils.device import peak_bf16_tflops
 from ..utils.liger import liger_chunk_tokens, liger_mem_const
 
 GB = 1e9
 BF16 = 2
 FP32 = 4
-PEAK_TFLOPS_H200 = 989.0            # dense bf16, NVIDIA's datasheet
+PEAK_TFLOPS_H200 = peak_bf16_tflops("NVIDIA H200")   # dense bf16: the one table, utils/device.py
 COMFORTABLE = 0.80                  # <= 80% of the GPU: comfortable (issue 6: T=1M within 80%)
 # DeepSpeed defaults the trainer does not override (runtime/zero/config.py)
 ZERO_REDUCE_BUCKET = 5e8            # elements, stage 2/3 contiguous gradient bucket
