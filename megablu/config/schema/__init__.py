@@ -8,13 +8,13 @@ them all at once.
 
 One module per section: base.py (what every section shares), model.py (model, rope, tokenizer),
 data.py, train.py (parallel, train, schedule, checkpoint), memory.py, eval.py, root.py (Config,
-hub, the run's name), checks.py (check_invariants, kernel_invariants, config_warnings). Every public
-name is importable from here: `from megablu.config.schema import X`.
+hub, the run's name), checks.py (CHECKS, check_invariants, kernel_invariants, WARNINGS,
+config_warnings). Every public name is importable from here: `from megablu.config.schema import X`.
 """
 from __future__ import annotations
 
 from .base import MAX_STEPS_MAX, SEED_MAX, Section
-from .checks import CHECKS, check_invariants, config_warnings, kernel_invariants
+from .checks import CHECKS, WARNINGS, check_invariants, config_warnings, kernel_invariants
 from .data import DataConfig, MixSource, Mode, mix_invariants
 from .eval import (
     STRING_AUTHORS_FACTOR,
@@ -37,6 +37,6 @@ __all__ = ["CHECKS", "FA4_HEAD_DIM", "MAX_STEPS_MAX", "RUN_NAME_MAX", "SEED_MAX"
            "STRING_AUTHORS_LOCAL", "STRING_AUTHORS_RATIO", "CheckpointConfig", "Config", "DataConfig", "EvalConfig",
            "GateConfig", "HubConfig", "LossEvalConfig", "MemoryConfig", "MixSource", "Mode", "ModelConfig",
            "ParallelConfig", "RopeConfig", "ScheduleConfig", "Section", "StringConfig", "TokenizerConfig",
-           "TrainConfig", "YarnConfig", "check_invariants", "checkpoint_problems", "config_warnings",
+           "TrainConfig", "WARNINGS", "YarnConfig", "check_invariants", "checkpoint_problems", "config_warnings",
            "eval_padded_len", "eval_problems", "grad_accum_steps", "kernel_invariants", "mix_invariants",
            "run_name_problem", "string_problems"]

@@ -1,6 +1,7 @@
 """The cross-field checks: `check_invariants` runs every named check below on a whole Config and returns every
 violation as 'field: values; fix' (each check returns its own problems, [] when it has none), so
-`megablu config check` lists them all at once; `config_warnings` names the options that have no effect here."""
+`megablu config check` lists them all at once; `config_warnings` runs the named warnings of WARNINGS the same
+way (options that have no effect here)."""
 from __future__ import annotations
 
 import math
@@ -216,8 +217,7 @@ def kernel_invariants(cfg: Config, device: Optional[str] = None) -> list[str]:
     return errs
 
 
-def config_warnings(cfg: Config) -> list[str]:
-    """Options that have no effect in this setup: legal, but worth a line on stderr."""
+def checkpoint_warnings(cfg: Config) -> list[str]:
     w = []
     if cfg.checkpoint.every_steps > cfg.train.max_steps:
         w.append(f"checkpoint.every_steps={cfg.checkpoint.every_steps} > train.max_steps={cfg.train.max_steps}: "
@@ -225,48 +225,97 @@ def config_warnings(cfg: Config) -> list[str]:
     if cfg.checkpoint.keep_every > cfg.train.max_steps:
         w.append(f"checkpoint.keep_every={cfg.checkpoint.keep_every} > train.max_steps={cfg.train.max_steps}: "
                  f"no step of this run is kept by it")
-    for field in ("offload_keep", "offload_fraction"):   # tune the offload: nothing to tune without it
+    return w
+
+
+def offload_tuning_warnings(cfg: Config) -> list[str]:
+    """Tuning the offload: nothing to tune without it."""
+    w = []
+    for field in ("offload_keep", "offload_fraction"):
         value = getattr(cfg.memory, field)
         if value != MemoryConfig.model_fields[field].default and not cfg.memory.offload_activations:
             w.append(f"memory.{field}={value:g} without memory.offload_activations has no effect (nothing is "
                      f"offloaded)")
+    return w
+
+
+def reduce_scatter_warnings(cfg: Config) -> list[str]:
     if cfg.parallel.zero_stage != 3 and not cfg.parallel.reduce_scatter:
-        w.append("parallel.reduce_scatter=false only affects ZeRO stage 3")
+        return ["parallel.reduce_scatter=false only affects ZeRO stage 3"]
+    return []
+
+
+def eval_warnings(cfg: Config) -> list[str]:
+    """Evaluation set up but never run in training, and an extension nothing gates."""
+    w = []
     if cfg.eval.gate.parent is None and not (cfg.eval.at_steps or cfg.eval.final) and cfg.eval.lengths:
         w.append("eval.lengths set but neither eval.at_steps nor eval.final: no evaluation will run in training")
     if cfg.rope.yarn is not None and cfg.init_from and not (cfg.eval.final and cfg.eval.gate.parent):
         w.append("a YaRN extension of init_from without eval.final and eval.gate.parent: nothing will tell whether "
                  "it got worse at short context; set eval.final=true and eval.gate.parent=<the parent's eval json>")
+    return w
+
+
+def rope_apply_warnings(cfg: Config) -> list[str]:
     y = cfg.rope.yarn
     if y is not None and y.apply == "beyond_original" and cfg.data.mode == "pack" and not cfg.data.doc_mask:
-        w.append(f"rope.yarn.apply=beyond_original with data.mode=pack and data.doc_mask=false: every training row "
-                 f"is a full window of {cfg.data.window} > original_max_position {y.original_max_position} tokens, "
-                 f"so training always uses YaRN (only evaluation of short prompts uses the original RoPE); set "
-                 f"data.doc_mask=true to train short documents with the original RoPE")
+        return [f"rope.yarn.apply=beyond_original with data.mode=pack and data.doc_mask=false: every training row "
+                f"is a full window of {cfg.data.window} > original_max_position {y.original_max_position} tokens, "
+                f"so training always uses YaRN (only evaluation of short prompts uses the original RoPE); set "
+                f"data.doc_mask=true to train short documents with the original RoPE"]
+    return []
+
+
+def mix_warnings(cfg: Config) -> list[str]:
+    w = []
     for i, src in enumerate(cfg.data.mix or []):
         if src.weight == 0:
             w.append(f"data.mix[{i}] ({src.name}) has weight 0: it is checked but never read")
         elif cfg.data.doc_mask and src.mode != "pack":
             w.append(f"data.doc_mask=true: source data.mix[{i}] ({src.name}) is mode {src.mode}, one document per "
                      f"sequence, so its rows have nothing to mask (doc_ids 0); only the packed sources are masked")
-    m, sp = cfg.model, cfg.parallel.sp
-    if sp > m.n_heads:
-        # parallel/ulysses.py pads the query heads with zero heads up to a multiple of sp
-        padded = math.ceil(m.n_heads / sp) * sp
-        w.append(f"parallel.sp={sp} > model.n_heads={m.n_heads}: Ulysses pads the heads with {padded - m.n_heads} "
-                 f"zero heads, so {padded - m.n_heads} of the {sp} ranks of each sp group attend over zero heads "
-                 f"only: attention does {padded / m.n_heads:g}x the work of the real heads, the attention time is "
-                 f"that of sp={m.n_heads}, and every layer's all-to-all spans {sp} ranks; parallel.sp<={m.n_heads} "
-                 f"is as fast in attention and only the rest of the model's activations shard less")
-    if cfg.memory.loss == "liger" and cfg.memory.loss_chunk > 0:
-        m, tokens = cfg.model, cfg.train.micro_batch * math.ceil(cfg.data.window / cfg.parallel.sp)
-        own = liger_chunk_tokens(tokens, m.d_model, m.vocab_size)
-        if cfg.memory.loss_chunk < own:
-            w.append(f"memory.loss_chunk={cfg.memory.loss_chunk} with memory.loss=liger has no effect here: Liger's "
-                     f"own chunk at {tokens} tokens per rank is {own} tokens, and loss_chunk only widens it; set "
-                     f"memory.loss_chunk=0 or a value >= {own}")
-    if cfg.memory.mlp_tiles > 1 and cfg.memory.recompute == "none":
-        w.append("memory.mlp_tiles>1 with memory.recompute=none: the tiles recompute the MLP anyway; "
-                 "recompute=selective with the same tiles saves h instead of the norm state and its output, "
-                 "for one more (cheap) norm")
     return w
+
+
+def head_padding_warnings(cfg: Config) -> list[str]:
+    m, sp = cfg.model, cfg.parallel.sp
+    if sp <= m.n_heads:
+        return []
+    # parallel/ulysses.py pads the query heads with zero heads up to a multiple of sp
+    padded = math.ceil(m.n_heads / sp) * sp
+    return [f"parallel.sp={sp} > model.n_heads={m.n_heads}: Ulysses pads the heads with {padded - m.n_heads} "
+            f"zero heads, so {padded - m.n_heads} of the {sp} ranks of each sp group attend over zero heads "
+            f"only: attention does {padded / m.n_heads:g}x the work of the real heads, the attention time is "
+            f"that of sp={m.n_heads}, and every layer's all-to-all spans {sp} ranks; parallel.sp<={m.n_heads} "
+            f"is as fast in attention and only the rest of the model's activations shard less"]
+
+
+def liger_chunk_warnings(cfg: Config) -> list[str]:
+    if not (cfg.memory.loss == "liger" and cfg.memory.loss_chunk > 0):
+        return []
+    m, tokens = cfg.model, cfg.train.micro_batch * math.ceil(cfg.data.window / cfg.parallel.sp)
+    own = liger_chunk_tokens(tokens, m.d_model, m.vocab_size)
+    if cfg.memory.loss_chunk < own:
+        return [f"memory.loss_chunk={cfg.memory.loss_chunk} with memory.loss=liger has no effect here: Liger's "
+                f"own chunk at {tokens} tokens per rank is {own} tokens, and loss_chunk only widens it; set "
+                f"memory.loss_chunk=0 or a value >= {own}"]
+    return []
+
+
+def mlp_tiles_warnings(cfg: Config) -> list[str]:
+    if cfg.memory.mlp_tiles > 1 and cfg.memory.recompute == "none":
+        return ["memory.mlp_tiles>1 with memory.recompute=none: the tiles recompute the MLP anyway; "
+                "recompute=selective with the same tiles saves h instead of the norm state and its output, "
+                "for one more (cheap) norm"]
+    return []
+
+
+# In the order of the checks above them, so a config's warnings read as its sections do.
+WARNINGS = (checkpoint_warnings, offload_tuning_warnings, reduce_scatter_warnings, eval_warnings,
+            rope_apply_warnings, mix_warnings, head_padding_warnings, liger_chunk_warnings, mlp_tiles_warnings)
+
+
+def config_warnings(cfg: Config) -> list[str]:
+    """Options that have no effect in this setup: legal, but worth a line on stderr (every named warning of
+    WARNINGS, in that order)."""
+    return [w for warn in WARNINGS for w in warn(cfg)]
