@@ -286,7 +286,7 @@ def test_the_resume_key_tells_the_variants_apart(byte_tok):
 
 def test_beyond_evaluates_the_short_cells_plain(tmp_path, byte_tok, monkeypatch):
     """eval.string.beyond: the prompts of cells of at most `beyond` tokens are generated without STRING
-    (model.string None at generation; the cell says string false), the longer ones with it; the result
+    (nothing installed at generation; the cell says string false), the longer ones with it; the result
     records the setting, the tables label it, and the model is restored afterwards."""
     seen = []
     real = harness.greedy_generate
