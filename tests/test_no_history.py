@@ -19,8 +19,11 @@ RULES = {
     "date": r"\b20\d\d-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])\b",
     # a throughput or speed-up quoted from a run: "33,732 tokens/s", "+1.9% tokens/s", "449 TF/s", "1.04x faster"
     "run figure": r"\d[\d,.]*%?\s*(?:tokens/s|tok/s|TF/s|TFLOP/s)(?![\w/])|\b\d+\.\d+x (?:faster|slower)\b",
-    # where and when something was run: "measured on the H200", "validated ... on an H100"
-    "run record": r"(?i)\b(?:measured|validated|profiled|benchmarked)\b[^\n]{0,50}\bon (?:the|an?|one) [GH]?H[12]00\b",
+    # the project's own issue tracker: "(issue 14: 10-14k tokens back", "issue 17's item 5"
+    "issue": r"\bissues? \d+\b",
+    # where and when something was run: "measured on the H200", "validated ... on an H100", "measured 0.68"
+    "run record": r"(?i)\b(?:measured|validated|profiled|benchmarked)\b[^\n]{0,50}\bon (?:the|an?|one) [GH]?H[12]00\b"
+                  r"|\bmeasured \d",
     # the development machines' files: wheels carried by hand, the shared device folder, results folders
     "dev path": r"\.whl\b|\.\./shared\b|\bshared/device\b|\bfa4_wheels\b|/work/|\bbench/results\b|\bbench/h[12]00_",
     # the predecessor trainer: "the seed's traps", "The seed lost", "(task name in the seed)", its name
@@ -32,7 +35,8 @@ MUST_FLAG = {
     "date": ["validated in the model on the H200 on 2026-12-04", "(an H100 eval, 2026-12-06: whole"],
     "run figure": ["33,732 tokens/s (1.04x)", "+1.9% tokens/s for +0.3 GB", "449 vs 356 TF/s in the model",
                    "a 32k step 1.04x faster with"],
-    "run record": ["(0.8.5 was measured; on the H200", "measured on the H200 at 32k",
+    "issue": ["(issue 14: 10-14k tokens back", "question of issue 17's item 5", "(docs/BENCHMARKS.md, issue 17)"],
+    "run record": ["(0.8.5 was measured; on the H200", "measured on the H200 at 32k", "blu-0.5b, measured 0.68",
                    "validated fa4 in the model on an H100"],
     "dev path": ["carry its wheel in .whl", "(../shared/device/fa4_wheels.sh, bench/h200_kernels.sh)",
                  "bench/results/2026-12-03", "/work/main/.venv"],
@@ -51,6 +55,7 @@ MUST_PASS = [
     "FlashAttention-4 is used here on SM90 (H100/H200) only",
     "--gpu-gb: GPU memory in GB (1e9 B)", "data_cache/demo", "pip install flash-attn-4",
     "an inter-node link is a 5-20x slower link",   # a rule of thumb, not a run
+    "(pytorch/pytorch#144455)", "what was measured so far", "the first steps of a run measured as the probe",
     "`strftime_now` returns a fixed date (_DATE)",
 ]
 

@@ -25,7 +25,7 @@ the document's loss); a 32k `manyq` document at query_every=512 carries 64, each
 uniformly random depth, so the same training tokens hold ~50x the retrieval signal.
 
 Distances (--distances LO-HI, --distance-share S): uniform depths make every distance between
-an asked record and the questions equally likely, so a band a model fails at (issue 14: 10-14k
+an asked record and the questions equally likely, so a band a model fails at (say 10-14k
 tokens back, at 16k and 32k alike) is a small share of the answers. With --distances, each
 asked record is, with probability S, placed so that its distance (tokens from its start to the
 end of the context, where the questions begin) is uniform in [LO, HI] (HI clipped to the

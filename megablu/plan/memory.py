@@ -26,7 +26,7 @@ fused linear CE, accum_dtype=fp32, liger-kernel 0.8.5's fused_linear_cross_entro
 logits of one chunk and the fp32 dW (4Vd) in its loop (the chunk: the largest of at most loss_chunk
 tokens Liger makes, utils/liger.py; loss_chunk 0: its own, next_pow2(T / ceil(V/d)) tokens),
 then the fp32 dW and its bf16 cast (6Vd); + dh (2d), the fp32 per-token loss and the label
-mask per token: 0.684 GB at T=32k for blu-0.5b, measured 0.68 (docs/BENCHMARKS.md, issue 17).
+mask per token: 0.684 GB at T=32k for blu-0.5b (docs/BENCHMARKS.md holds it against a run).
 memory.attention=fa4 saves what SDPA saves (q, k, v, out, fp32 LSE); its backward's buffers
 differ (flash-attn-4 4.0.0b40 interface.py `_flash_attn_bwd`, read, not measured): the fp32 dq
 accumulator, two fp32 row scratches per head, and with GQA fp32 dk/dv accumulators at the kv
@@ -62,7 +62,7 @@ GB = 1e9
 BF16 = 2
 FP32 = 4
 PEAK_TFLOPS_H200 = peak_bf16_tflops("NVIDIA H200")   # dense bf16: the one table, utils/device.py
-COMFORTABLE = 0.80                  # <= 80% of the GPU: comfortable (issue 6: T=1M within 80%)
+COMFORTABLE = 0.80                  # <= 80% of the GPU: comfortable
 # DeepSpeed defaults the trainer does not override (runtime/zero/config.py)
 ZERO_REDUCE_BUCKET = 5e8            # elements, stage 2/3 contiguous gradient bucket
 ZERO3_PREFETCH_BUCKET = 5e7         # elements, stage 3 parameter prefetch
