@@ -236,8 +236,8 @@ _LATER_DEFAULTS = {("memory", "loss"): "chunked", ("memory", "attention"): "sdpa
                    # STRING's variants (the authors' default since): the fixed shift of the runs before keeps their hash
                    ("eval", "string", "variant"): "fixed_shift", ("eval", "string", "shift_ratio"): None,
                    ("eval", "string", "attention_factor"): 1.0,
-                   # issue 40's gate: no loss sets (eval.loss.data alone, as before); RULER's tasks also gated at
-                   # the parent's window (a stricter gate for a resumed run with ruler_* tasks; no other changes)
+                   # no loss sets (eval.loss.data alone, as before); RULER's tasks also gated at the parent's
+                   # window (a stricter gate for a resumed run with ruler_* tasks; no other changes)
                    ("eval", "loss", "sets"): {}, ("eval", "gate", "ruler_at_window"): True}
 
 

@@ -1,4 +1,4 @@
-"""What `megablu compare` prints: arms in rows and lengths in columns, like the seed's hand-off table, then
+"""What `megablu compare` prints: arms in rows and lengths in columns, one row per arm, then
 each arm's difference to a baseline with its 95% interval: paired where both arms scored the same prompts
 (Newcombe's for 0/1 scores with McNemar's exact p, a paired t interval and p on part-credit scores), else
 Newcombe's for independent samples (with Fisher's exact p for 0/1 scores). '*' = the cell's test survives

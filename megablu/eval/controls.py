@@ -1,4 +1,4 @@
-"""Controls for inference-time changes in `megablu compare` (issue 40: "controls in every compare").
+"""Controls for inference-time changes in `megablu compare` (a control in every compare).
 
 A result ran an inference-time change when it was scored with `eval.string` (either variant) or with a
 rope other than the one its weights were trained with (`megablu eval --rope-override`: another YaRN
