@@ -11,7 +11,7 @@ the eval fixes:
                  FILE, filler documents sharing a word 8-gram with FILE (the eval's essay haystack)
                  are never drawn
     records      multi-field structured records, one of five formats (FORMATS: an INI section, a
-                 glossary entry, a Python signature, a table row under its header, a YAML mapping),
+                 glossary entry, a Python signature, a two-column table, a YAML mapping),
                  inserted at line ends of the text
     keys         coined pronounceable names ("tarvolin"), snake_case or title-case pairs of them
                  (NAME_KINDS); never digits, UUIDs or dictionary words
@@ -79,10 +79,12 @@ FORMATS = (
            'def {name}(source="{f0}", target="{f1}", owner="{f2}"):',
            "# inspect.signature({name}).parameters['{a}'].default ->", ' "{v}"',
            '# functions defined with {a}="{x}", in definition order ->', " [{names}]"),
+    # one small table per record, fields as rows (a header row repeated before every record would be
+    # a repeated line, the filler shape this profile avoids)
     Format("table", ("depot", "route", "keeper"),
-           "| unit | depot | route | keeper |\n| --- | --- | --- | --- |\n| {name} | {f0} | {f1} | {f2} |",
-           "Cross-reference: unit {name}, {a} column =", " {v}",
-           "Cross-reference: units with {a} column = {x}, by row order =", " {names}"),
+           "| unit | {name} |\n| --- | --- |\n| depot | {f0} |\n| route | {f1} |\n| keeper | {f2} |",
+           "Cross-reference: unit {name}, {a} cell =", " {v}",
+           "Cross-reference: units whose {a} cell = {x}, in table order =", " {names}"),
     Format("yaml", ("parent", "mirror", "curator"),
            "{name}:\n  parent: {f0}\n  mirror: {f1}\n  curator: {f2}",
            "$ yq '.{name}.{a}' registry.yaml\n", "{v}",
