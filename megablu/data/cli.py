@@ -219,13 +219,15 @@ def _synth(args) -> int:
         default = {"tasks": ("kv", "multikv"), "templates": TEMPLATE_NAMES, "key_types": ("numbers", "uuid", "words"),
                    "value_types": ("numbers", "uuid", "words"), "filler": ("kv",)}
     got = {k: default[k] if getattr(args, k) in (None, "all") else _list(getattr(args, k)) for k in default}
+    if args.profile == "disjoint":
+        from .synth_disjoint import disjoint_dataset as synth_dataset  # noqa: F811 (the profile's writer)
     m = synth_dataset(args.out, _tokcfg(args.tokenizer), lengths=parse_lengths(args.lengths), docs=args.docs,
                       seed=args.seed, tasks=got["tasks"], query_every=args.query_every,
                       distances=_distances(args), distance_share=1.0 if args.distance_share is None
                       else args.distance_share,
                       templates=got["templates"], key_types=got["key_types"], value_types=got["value_types"],
                       fillers=got["filler"], filler_data=args.filler_data, filler_bucket=args.filler_bucket,
-                      filler_exclude=args.filler_exclude, profile=args.profile, window=args.window,
+                      filler_exclude=args.filler_exclude, window=args.window,
                       val_fraction=args.val_fraction, split_seed=args.split_seed,
                       edges=args.bucket_edges or DEFAULT_EDGES, overwrite=args.overwrite,
                       progress=not args.no_progress)

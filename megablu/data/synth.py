@@ -76,7 +76,6 @@ TASKS = ("kv", "multikv", "manyq")
 MAX_QUERIES = 64   # manyq: questions per document at most
 KEY_TYPES = ("numbers", "uuid", "words")
 FILLERS = ("kv", "text", "repeat")
-PROFILES = ("kv", "disjoint")   # disjoint: megablu/data/synth_disjoint.py
 # filler `repeat`: a few generated lines, repeated to length (the regime of a repeated-filler haystack: the one
 # unusual line must be found among thousands of identical ones); words from the lists below, no eval wording
 _SENTENCES = ("A {w1} ledge runs under the {w3} hedge.", "The {w2} nests where the {w3} roots split the {w1}.",
@@ -575,10 +574,14 @@ def synth_dataset(out, tok_cfg: TokenizerConfig, *, lengths: list, docs: int, se
                   distance_share: float = 1.0, templates=TEMPLATE_NAMES, key_types=KEY_TYPES,
                   value_types=KEY_TYPES,
                   fillers=("kv",), filler_data: Optional[str] = None, filler_bucket: str = "all",
-                  filler_exclude: Optional[str] = None, profile: str = "kv", window: Optional[int] = None,
+                  filler_exclude: Optional[str] = None, profile: str = "kv", make=None, wording=None,
+                  window: Optional[int] = None,
                   val_fraction: float = 0.01, split_seed: int = 0,
                   edges=DEFAULT_EDGES, overwrite: bool = False, progress: bool = True) -> dict:
-    """Write `docs` synthetic documents as a megablu dataset at `out`; returns its manifest."""
+    """Write `docs` synthetic documents as a megablu dataset at `out`; returns its manifest.
+
+    Another profile passes its name, its synthesizer class (`make`, a Synthesizer) and its wording (what
+    the manifest's template digest hashes): synth_disjoint.disjoint_dataset."""
     from tqdm import tqdm
 
     if docs <= 0:
@@ -588,9 +591,9 @@ def synth_dataset(out, tok_cfg: TokenizerConfig, *, lengths: list, docs: int, se
         raise DataError(f"--lengths: {longest} + its closing EOT does not fit --window {window} (a synthetic "
                         f"document is read whole, in mode fit: its question must sit in the same row as its keys); "
                         f"use lengths <= {window - 1}")
-    if profile not in PROFILES:
-        raise DataError(f"synth: --profile {profile!r} unknown; known: {list(PROFILES)} (disjoint: task families, "
-                        f"wording, keys and haystacks the eval does not use)")
+    if (profile == "kv") != (make is None):
+        raise DataError(f"synth: profile {profile!r} with synthesizer {make!r}: the default profile 'kv' takes the "
+                        f"default synthesizer, another profile its own (synth_disjoint.disjoint_dataset)")
     if filler_exclude and not filler_data:
         raise DataError(f"--filler-exclude {filler_exclude}: excludes filler text, but there is none; add "
                         f"--filler-data DIR with --filler text")
@@ -599,13 +602,8 @@ def synth_dataset(out, tok_cfg: TokenizerConfig, *, lengths: list, docs: int, se
     spec = SynthSpec(lengths=lengths, tasks=tuple(tasks), templates=tuple(templates), key_types=tuple(key_types),
                      value_types=tuple(value_types), fillers=tuple(fillers), seed=seed, query_every=query_every,
                      distances=None if distances is None else tuple(distances), distance_share=distance_share)
-    if profile == "disjoint":
-        from .synth_disjoint import FORMATS, DisjointSynthesizer
-
-        syn = DisjointSynthesizer(tok, spec, text)
-        wording = [asdict(f) for f in FORMATS]
-    else:
-        syn = Synthesizer(tok, spec, text)
+    syn = (make or Synthesizer)(tok, spec, text)
+    if wording is None:
         wording = [asdict(t) for t in TEMPLATES] + [_W1, _W2, _W3]
     tok_info = {"identity": tok.identity, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id,
                 "config": tok_cfg.model_dump(exclude_none=True)}
@@ -641,7 +639,7 @@ def synth_dataset(out, tok_cfg: TokenizerConfig, *, lengths: list, docs: int, se
                            "value_types": list(value_types), "fillers": list(fillers), "template_digest": digest,
                            "filler_data": None if text is None else {"path": str(text.root), "bucket": filler_bucket,
                                                                       "split": "train", "shards": text.identity}}}
-        if profile != "kv":   # the default profile's manifest stays as it was
+        if profile != "kv" or filler_exclude:   # the default profile's manifest, without the new option, as it was
             extra["synth"].update(profile=profile, filler_exclude=filler_exclude,
                                   filler_excluded_docs=sum(text.excluded.values()) if text else 0)
         if band[1]:   # crowding (more asked tokens than the band holds) spills records out of it: say how many

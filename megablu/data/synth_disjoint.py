@@ -30,12 +30,12 @@ dataset), and --distances places a share of the asked records in a band of dista
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from .shards import DataError
-from .synth import Synthesizer, SynthSpec, _Ambiguous
+from .synth import Synthesizer, SynthSpec, _Ambiguous, synth_dataset
 
 DISJOINT_TASKS = ("lookup", "lookups", "collect")
 NAME_KINDS = ("coined", "snake", "title")
@@ -211,3 +211,11 @@ class DisjointSynthesizer(Synthesizer):
             meta["value"] = shared
         meta.update(extra)
         return ids, meta
+
+
+def disjoint_dataset(out, tok_cfg, *, tasks=DISJOINT_TASKS, templates=FORMAT_NAMES, key_types=NAME_KINDS,
+                     value_types=VALUE_KINDS, fillers=("text",), **kw) -> dict:
+    """synth.synth_dataset for this profile (the same options; filler text only, --filler-data required)."""
+    return synth_dataset(out, tok_cfg, tasks=tasks, templates=templates, key_types=key_types,
+                         value_types=value_types, fillers=fillers, profile="disjoint", make=DisjointSynthesizer,
+                         wording=[asdict(f) for f in FORMATS], **kw)

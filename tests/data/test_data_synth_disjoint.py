@@ -26,6 +26,7 @@ from megablu.data.synth_disjoint import (
     NAME_KINDS,
     VALUE_KINDS,
     DisjointSynthesizer,
+    disjoint_dataset,
 )
 from megablu.data.tokenizer import load_tokenizer
 
@@ -222,9 +223,8 @@ def test_filler_exclude_keeps_a_texts_documents_out(tmp_path, tok, text_data):
     banned = sorted(train, key=lambda d: -len(d[0]))[:3]
     ex = tmp_path / "ex.txt"
     ex.write_text("\n\n".join(t for t, _ in banned))
-    m = synth_dataset(tmp_path / "d", TOK, lengths=[1500], docs=30, profile="disjoint", tasks=DISJOINT_TASKS,
-                      templates=FORMAT_NAMES, key_types=NAME_KINDS, value_types=VALUE_KINDS, fillers=("text",),
-                      filler_data=str(text_data), filler_exclude=str(ex), progress=False)
+    m = disjoint_dataset(tmp_path / "d", TOK, lengths=[1500], docs=30, filler_data=str(text_data),
+                         filler_exclude=str(ex), progress=False)
     keys = {meta["key"] for _, meta in banned}
     got = _docs(tmp_path / "d", tok)
     assert m["synth"]["profile"] == "disjoint" and m["synth"]["filler_excluded_docs"] >= 1
@@ -232,18 +232,18 @@ def test_filler_exclude_keeps_a_texts_documents_out(tmp_path, tok, text_data):
     ex8 = grams(ex.read_text(), 8)
     assert not any(grams(t, 8) & ex8 for t, _ in got)
     # without the exclusion the same documents do draw them (the check above can fail)
-    synth_dataset(tmp_path / "e", TOK, lengths=[1500], docs=30, profile="disjoint", tasks=DISJOINT_TASKS,
-                  templates=FORMAT_NAMES, key_types=NAME_KINDS, value_types=VALUE_KINDS, fillers=("text",),
-                  filler_data=str(text_data), progress=False)
+    disjoint_dataset(tmp_path / "e", TOK, lengths=[1500], docs=30, filler_data=str(text_data), progress=False)
     assert any(keys & set(meta["filler_docs"]) for _, meta in _docs(tmp_path / "e", tok))
+    k = synth_dataset(tmp_path / "k", TOK, lengths=[1500], docs=30, fillers=("text",), filler_data=str(text_data),
+                      filler_exclude=str(ex), progress=False)
+    assert k["synth"]["filler_excluded_docs"] >= 1
+    assert all(not keys & set(meta["filler_docs"]) for _, meta in _docs(tmp_path / "k", tok))
 
 
 def test_reproducible_and_default_manifest_unchanged(tmp_path, text_data):
-    kw = dict(lengths=[1200], docs=8, profile="disjoint", tasks=DISJOINT_TASKS, templates=FORMAT_NAMES,
-              key_types=NAME_KINDS, value_types=VALUE_KINDS, fillers=("text",), filler_data=str(text_data),
-              progress=False)
-    a, b = synth_dataset(tmp_path / "a", TOK, seed=3, **kw), synth_dataset(tmp_path / "b", TOK, seed=3, **kw)
-    c = synth_dataset(tmp_path / "c", TOK, seed=4, **kw)
+    kw = dict(lengths=[1200], docs=8, filler_data=str(text_data), progress=False)
+    a, b = disjoint_dataset(tmp_path / "a", TOK, seed=3, **kw), disjoint_dataset(tmp_path / "b", TOK, seed=3, **kw)
+    c = disjoint_dataset(tmp_path / "c", TOK, seed=4, **kw)
     sha = [[s["sha256"] for s in x["shards"]] for x in (a, b, c)]
     assert sha[0] == sha[1] != sha[2]
     d = synth_dataset(tmp_path / "d", TOK, lengths=[300], docs=4, progress=False)
@@ -261,8 +261,8 @@ def test_bad_input(tmp_path, tok, text_data):
     with pytest.raises(DataError, match="needs --filler-data"):
         DisjointSynthesizer(tok, SynthSpec(lengths=[900], tasks=("lookup",), templates=("ini",),
                                            key_types=("coined",), value_types=("code",), fillers=("text",)))
-    with pytest.raises(DataError, match="--profile 'eval' unknown"):
-        synth_dataset(tmp_path / "a", TOK, lengths=[900], docs=2, profile="eval", progress=False)
+    with pytest.raises(DataError, match="profile 'disjoint' with synthesizer None"):
+        synth_dataset(tmp_path / "a", TOK, lengths=[900], docs=2, profile="disjoint", progress=False)
     with pytest.raises(DataError, match="--filler-exclude nope.txt: no such file"):
         synth_dataset(tmp_path / "b", TOK, lengths=[900], docs=2, fillers=("text",), filler_data=str(text_data),
                       filler_exclude="nope.txt", progress=False)
