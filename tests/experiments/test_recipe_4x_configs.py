@@ -159,5 +159,11 @@ def test_the_readme_commands_parse():
                 assert args.profile == "disjoint" and args.filler_exclude.endswith("essays.txt.gz")
                 assert (ROOT / args.filler_exclude).is_file()
     assert len(seen) == 4
+    # the training launch: its config with its --set items, for the world it launches
+    (argv,) = _commands(text, "deepspeed")
+    assert argv[1:3] == ["--num_gpus", "1"]
+    sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+    cfg = load_config(ROOT / argv[argv.index("--config") + 1], sets, world_size=1, device="cuda")
+    assert (cfg.name, cfg.data.seed, cfg.train.seed) == ("r4x_recipe_s0", 0, 1234)
     for arm in ARMS:
         assert f"`{arm}.yaml`" in text
