@@ -159,6 +159,18 @@ def test_the_readme_commands_parse():
                 assert args.profile == "disjoint" and args.filler_exclude.endswith("essays.txt.gz")
                 assert (ROOT / args.filler_exclude).is_file()
     assert len(seen) == 4
+    # each eval job's config, with its --set items and --tasks / --lengths, validates: the suite job is the
+    # YAML's eval; the passkey/needle job has those two tasks alone, at L - max_new, no loss
+    jobs = []
+    for argv in _commands(text, "megablu eval"):
+        args = parser.parse_args(argv[1:])
+        sets = list(args.set) + ([f"eval.tasks=[{','.join(args.tasks)}]"] if args.tasks else [])
+        jobs.append(load_config(ROOT / args.config, sets, world_size=1, device="cuda").eval)
+    suite = [e for e in jobs if e.suite == "ruler"]
+    pk = [e for e in jobs if e.suite is None]
+    assert suite and pk and all(e.tasks == ["passkey", "needle"] for e in pk)
+    assert all(e.lengths == [1024, 4072, 8168, 16360, 32744] and e.loss.data is None and not e.loss.sets for e in pk)
+    assert all(e.lengths[-1] + e.max_new == 32768 for e in pk)
     # the training launch: its config with its --set items, for the world it launches
     (argv,) = _commands(text, "deepspeed")
     assert argv[1:3] == ["--num_gpus", "1"]
