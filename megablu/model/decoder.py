@@ -1,4 +1,8 @@
-"""BluModel: a Llama/Qwen2-style decoder. Architecture only (no deepspeed import).
+"""BluModel: a Llama-style decoder. Architecture only (no deepspeed import).
+
+Families (model/hf.py imports and exports them; docs/MODELS.md) are switches of this one class,
+off by default (config model.*): qk_norm (Qwen3 per head, OLMo 2 over the projection),
+norm_layout=post (OLMo 2), nope_layers (SmolLM3's layers without RoPE).
 
 Layout convention: activations are (B, T, d); attention works on (B, T, H, D) so that
 DeepSpeed's DistributedAttention (scatter heads, gather sequence) can wrap the inner
@@ -162,15 +166,31 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.n_heads * hd, d, bias=False)
+        # q/k RMSNorm before RoPE: "head" normalises each (.., D) head with one D-weight shared by the
+        # heads (Qwen3: q_norm(q_proj(x).view(B, T, H, D))); "proj" the whole (.., H*D) projection
+        # before the split into heads (OLMo 2: q_norm(q_proj(x)))
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm != "none":
+            nq, nk = (hd, hd) if cfg.qk_norm == "head" else (self.n_heads * hd, self.n_kv_heads * hd)
+            self.q_norm = RMSNorm(nq, cfg.norm_eps, impl)
+            self.k_norm = RMSNorm(nk, cfg.norm_eps, impl)
+        # NoPE layers (SmolLM3): attention sees q and k without any rotation
+        self.rope = layer_idx not in cfg.nope_layers
         # The inner kernel; apply_ulysses replaces it with a sequence-parallel wrapper.
         self.core: nn.Module = LocalAttention(layer_idx)
 
     def forward(self, x, cos, sin, cache: Optional[KVCache] = None, docs: Optional[DocMask] = None):
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        q, k = self.q_proj(x), self.k_proj(x)
+        if self.qk_norm == "proj":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(B, T, self.n_heads, self.head_dim)
+        k = k.view(B, T, self.n_kv_heads, self.head_dim)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
-        q, k = ops.apply_rotary(q, k, cos, sin, impl=self.impl)
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rope:
+            q, k = ops.apply_rotary(q, k, cos, sin, impl=self.impl)
         if cache is not None:
             out = self.core(q, k, v, cache)
         elif docs is not None:
@@ -195,16 +215,45 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
+    """norm_layout pre (Llama): h = x + attn(input_layernorm(x)); out = h + mlp(post_attention_layernorm(h)).
+    post (OLMo 2): h = x + post_attention_layernorm(attn(x)); out = h + post_feedforward_layernorm(mlp(h)).
+    The names are transformers' (an import/export maps them by prefix)."""
+
     def __init__(self, cfg: ModelConfig, layer_idx: int, impl: Optional[str] = None):
         super().__init__()
         self.impl = impl
-        self.input_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps, impl)
+        self.post = cfg.norm_layout == "post"
+        if not self.post:
+            self.input_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps, impl)
         self.self_attn = Attention(cfg, layer_idx, impl)
         self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps, impl)
+        if self.post:
+            self.post_feedforward_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps, impl)
         self.mlp = MLP(cfg, impl)
+
+    def attend(self, x, cos, sin, cache: Optional[KVCache] = None, docs: Optional[DocMask] = None):
+        """x + the attention branch (the first residual)."""
+        if self.post:
+            return x + self.post_attention_layernorm(self.self_attn(x, cos, sin, cache, docs))
+        return x + self.self_attn(self.input_layernorm(x), cos, sin, cache, docs)
+
+    @property
+    def ffn_norm(self) -> RMSNorm:
+        """The norm the MLP branch reads (before the MLP, or after it under norm_layout=post)."""
+        return self.post_feedforward_layernorm if self.post else self.post_attention_layernorm
+
+    def ffn(self, h, mlp=None):
+        """The MLP branch of h (row-wise), out = h + ffn(h); `mlp` replaces self.mlp (an untiled one)."""
+        mlp = mlp or self.mlp
+        if self.post:
+            return self.post_feedforward_layernorm(mlp(h))
+        return mlp(self.post_attention_layernorm(h))
 
     def forward(self, x, cos, sin, cache: Optional[KVCache] = None, docs: Optional[DocMask] = None):
         """`docs`: document-causal attention (the same DocMask for every layer)."""
+        if self.post:
+            h = self.attend(x, cos, sin, cache, docs)
+            return h + self.ffn(h)
         a = self.self_attn(self.input_layernorm(x), cos, sin, cache, docs)
         # fused residual add + norm: h = x + a, y = rmsnorm(h) in one pass
         n = self.post_attention_layernorm

@@ -1,7 +1,9 @@
-"""Interop with transformers' LlamaForCausalLM / Qwen2ForCausalLM (same weights, same math).
+"""Interop with transformers' causal LMs of the families in ARCHITECTURES (same weights, same math).
 
 BluModel's parameter names are HF's without the leading `model.`, so the mapping is a
 prefix. transformers is imported lazily: it is an interop dependency, not a core one.
+Each family is a set of BluModel switches (config/schema/model.py FAMILIES, docs/MODELS.md);
+a config whose computation BluModel cannot reproduce exactly is refused with the reason.
 """
 from __future__ import annotations
 
@@ -9,8 +11,13 @@ from typing import Any, Optional
 
 from pydantic import ValidationError
 
-from ..config.schema import ModelConfig, RopeConfig, YarnConfig
+from ..config.schema import FAMILIES, ModelConfig, RopeConfig, RopeScalingConfig, YarnConfig
 from .decoder import BluModel
+
+# model_type -> the transformers causal-LM class an export writes
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM", "olmo2": "Olmo2ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
+assert set(ARCHITECTURES) == set(FAMILIES)
 
 
 def _rope_params(hf_config) -> dict:
@@ -55,9 +62,27 @@ def _yarn_from_hf(rp: dict, orig) -> Optional[YarnConfig]:
                          f"supported ({why})") from None
 
 
+def _scaling_from_hf(kind: str, rp: dict) -> RopeScalingConfig:
+    """rope_type linear / llama3 as transformers computes them (a missing key: refused, as transformers does)."""
+    need = ("factor",) if kind == "linear" else ("factor", "low_freq_factor", "high_freq_factor",
+                                                  "original_max_position_embeddings")
+    missing = [k for k in need if rp.get(k) is None]
+    if missing:
+        raise ValueError(f"rope_type={kind!r} without {missing}")
+    try:
+        if kind == "linear":
+            return RopeScalingConfig(type="linear", factor=rp["factor"])
+        return RopeScalingConfig(type="llama3", factor=rp["factor"], low_freq_factor=rp["low_freq_factor"],
+                                 high_freq_factor=rp["high_freq_factor"],
+                                 original_max_position=rp["original_max_position_embeddings"])
+    except ValidationError as e:
+        why = "; ".join(err["msg"] for err in e.errors())
+        raise ValueError(f"rope_type={kind!r} with {rp} is not supported ({why})") from None
+
+
 def _rope_from_hf(hf_config) -> RopeConfig:
     """The RoPE transformers computes for this config (`modeling_rope_utils`, 4.x and 5.x
-    spellings): default or YaRN, anything else refused. For YaRN, as transformers'
+    spellings): default, linear, llama3 or YaRN, anything else refused. For YaRN, as transformers'
     standardize_rope_params / _compute_yarn_parameters read it: original_max_position from a
     top-level `original_max_position_embeddings` first (Phi-3 style), then the rope dict, then
     max_position_embeddings; a factor is required (1.0: the plain RoPE it equals)."""
@@ -65,10 +90,17 @@ def _rope_from_hf(hf_config) -> RopeConfig:
     kind = rp.get("rope_type", rp.get("type", "default"))
     if rp.get("rope_theta") is None:
         raise ValueError("config.json has no rope_theta")
+    partial = rp.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", None))
+    if partial is not None and float(partial) != 1.0:
+        raise ValueError(f"partial_rotary_factor={partial} (RoPE on part of each head) is not supported: "
+                         f"BluModel rotates the whole head")
     if kind == "default":
         return RopeConfig(theta=rp["rope_theta"])
+    if kind in ("linear", "llama3"):
+        return RopeConfig(theta=rp["rope_theta"], scaling=_scaling_from_hf(kind, rp))
     if kind != "yarn":
-        raise ValueError(f"rope_type={kind!r} is not supported (default or yarn)")
+        raise ValueError(f"rope_type={kind!r} is not supported (default, linear, llama3 or yarn): BluModel "
+                         f"would compute other frequencies")
     if rp.get("mscale") and rp.get("mscale_all_dim"):
         raise ValueError("YaRN with mscale/mscale_all_dim (DeepSeek style) is not supported")
     max_pos = getattr(hf_config, "max_position_embeddings", None)
@@ -85,28 +117,46 @@ def _name(hf_config) -> str:
 
 
 def _model_from_hf(hf_config) -> ModelConfig:
-    """The ModelConfig of a transformers Llama/Qwen2 config; a clear ValueError for what BluModel
-    does not compute (o_proj or MLP biases, another activation, sliding-window layers)."""
+    """The ModelConfig of a transformers config of a family in ARCHITECTURES; a clear ValueError for
+    another model_type and for what BluModel does not compute (o_proj or MLP biases, another
+    activation, sliding-window layers)."""
     name = _name(hf_config)
-    qkv_bias = hf_config.model_type == "qwen2"
-    if hf_config.model_type == "llama" and getattr(hf_config, "attention_bias", False):
-        raise ValueError("Llama with attention_bias=True (o_proj bias) is not supported by BluModel")
+    fam = getattr(hf_config, "model_type", None)
+    if fam not in ARCHITECTURES:
+        raise ValueError(f"model_type={fam!r} ({name}) is not supported: BluModel imports "
+                         f"{', '.join(sorted(ARCHITECTURES))} (docs/MODELS.md)")
+    qk_norm, norm_layout, qkv_bias, _ = FAMILIES[fam]
+    if fam != "qwen2" and getattr(hf_config, "attention_bias", False):
+        raise ValueError(f"{name}: attention_bias=True (q/k/v and o_proj biases) is not supported by BluModel")
     if getattr(hf_config, "mlp_bias", False):
         raise ValueError("mlp_bias=True is not supported by BluModel")
     if getattr(hf_config, "hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act={hf_config.hidden_act!r}: BluModel implements SwiGLU (silu) only")
+    if fam == "mistral" and getattr(hf_config, "sliding_window", None) is not None:
+        raise ValueError(f"{name}: sliding_window={hf_config.sliding_window} (every layer attends within a window) "
+                         f"is not supported by BluModel, which attends to the whole sequence: its logits would differ "
+                         f"beyond the window; a config with sliding_window null imports exactly")
     sliding = _sliding_layers(hf_config)
     if sliding:
         raise ValueError(f"{name}: sliding-window attention (window {getattr(hf_config, 'sliding_window', None)}) "
                          f"in layers {sliding} is not supported by BluModel, which attends to the whole sequence: "
                          f"its logits would differ beyond the window")
+    nope: list[int] = []
+    if fam == "smollm3":
+        # transformers' no_rope_layers: 1 = the layer uses RoPE, 0 = NoPE
+        flags = getattr(hf_config, "no_rope_layers", None)
+        if flags is None or len(flags) != hf_config.num_hidden_layers:
+            raise ValueError(f"{name}: no_rope_layers={flags!r} must list 0/1 for each of the "
+                             f"{hf_config.num_hidden_layers} layers")
+        nope = [i for i, f in enumerate(flags) if not f]
     return ModelConfig(
         n_layers=hf_config.num_hidden_layers, d_model=hf_config.hidden_size,
         n_heads=hf_config.num_attention_heads,
         n_kv_heads=getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads,
         head_dim=getattr(hf_config, "head_dim", None), ffn_dim=hf_config.intermediate_size,
         vocab_size=hf_config.vocab_size, tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
-        norm_eps=hf_config.rms_norm_eps, qkv_bias=qkv_bias)
+        norm_eps=hf_config.rms_norm_eps, qkv_bias=qkv_bias, qk_norm=qk_norm, norm_layout=norm_layout,
+        nope_layers=nope, family=None if fam in ("llama", "qwen2") else fam)
 
 
 def configs_from_hf(hf_config) -> tuple[ModelConfig, RopeConfig]:
@@ -146,7 +196,7 @@ def rope_record_from_hf(config: dict) -> tuple[RopeConfig, Optional[int]]:
 
 
 def from_hf(hf_model) -> BluModel:
-    """BluModel with the weights of a transformers Llama/Qwen2 causal LM (memory switches:
+    """BluModel with the weights of a transformers causal LM of ARCHITECTURES (memory switches:
     megablu.memory.apply_memory on the result)."""
     model_cfg, rope_cfg = configs_from_hf(hf_model.config)
     model = BluModel(model_cfg, rope_cfg)
@@ -169,7 +219,17 @@ def from_hf(hf_model) -> BluModel:
 
 
 class RopeExportError(ValueError):
-    """The rope has no transformers equivalent (rope.yarn.apply=beyond_original)."""
+    """The rope has no transformers equivalent (rope.yarn.apply=beyond_original, YaRN on a scaled rope)."""
+
+
+def scaled_yarn_problem(rope_cfg: RopeConfig) -> Optional[str]:
+    """Why YaRN on top of a linear/llama3 parent cannot be written as a transformers config: a
+    config has one rope_type, and transformers' yarn blends theta's unscaled frequencies."""
+    if rope_cfg.yarn is None or rope_cfg.scaling is None:
+        return None
+    return (f"rope.yarn on top of rope.scaling.type={rope_cfg.scaling.type} has no transformers equivalent: a "
+            f"transformers config holds one rope_type, and its 'yarn' blends theta's unscaled frequencies, not the "
+            f"{rope_cfg.scaling.type}-scaled ones this model was trained with; evaluate with megablu")
 
 
 def beyond_original_problem(rope_cfg: RopeConfig) -> Optional[str]:
@@ -213,7 +273,15 @@ def hf_config_dict(model_cfg: ModelConfig, rope_cfg: RopeConfig, max_position: O
     problem = beyond_original_problem(rope_cfg)
     if problem and not rope_as_yarn:
         raise RopeExportError(problem)
+    if scaled_yarn_problem(rope_cfg):
+        raise RopeExportError(scaled_yarn_problem(rope_cfg))
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": rope_cfg.theta}
+    sc = rope_cfg.scaling
+    if sc is not None:
+        rope = {"rope_type": sc.type, "rope_theta": rope_cfg.theta, "factor": sc.factor}
+        if sc.type == "llama3":
+            rope.update(low_freq_factor=sc.low_freq_factor, high_freq_factor=sc.high_freq_factor,
+                        original_max_position_embeddings=sc.original_max_position)
     if rope_cfg.yarn is not None:
         y = rope_cfg.yarn
         rope = {"rope_type": "yarn", "rope_theta": rope_cfg.theta, "factor": y.factor,
@@ -227,19 +295,26 @@ def hf_config_dict(model_cfg: ModelConfig, rope_cfg: RopeConfig, max_position: O
         # YaRN extension is checked against this number (config/lineage.py)
         raise ValueError("max_position: the window the model was trained at (written as max_position_embeddings, "
                          "which a YaRN extension of it is checked against) is required for a plain-RoPE model")
+    fam = model_cfg.resolved_family
+    extra: dict[str, Any] = {}
+    if fam == "mistral":
+        extra["sliding_window"] = None     # MistralConfig's default is 4096: BluModel attends to everything
+    if fam in ("qwen2", "qwen3", "smollm3"):
+        extra["use_sliding_window"] = False
+    if fam == "smollm3":
+        extra["no_rope_layers"] = [0 if i in model_cfg.nope_layers else 1 for i in range(model_cfg.n_layers)]
     return dict(
-        model_type="qwen2" if model_cfg.qkv_bias else "llama",
-        architectures=["Qwen2ForCausalLM" if model_cfg.qkv_bias else "LlamaForCausalLM"],
+        model_type=fam, architectures=[ARCHITECTURES[fam]],
         hidden_size=model_cfg.d_model, num_hidden_layers=model_cfg.n_layers,
         num_attention_heads=model_cfg.n_heads, num_key_value_heads=model_cfg.n_kv_heads,
         head_dim=model_cfg.resolved_head_dim, intermediate_size=model_cfg.ffn_dim,
         vocab_size=model_cfg.vocab_size, tie_word_embeddings=model_cfg.tie_embeddings,
         rms_norm_eps=model_cfg.norm_eps, hidden_act="silu", attention_bias=False,
-        max_position_embeddings=max_position, rope_parameters=rope)
+        max_position_embeddings=max_position, rope_parameters=rope, **extra)
 
 
 def to_hf(model: BluModel, max_position: Optional[int] = None, rope_as_yarn: bool = False):
-    """A transformers model with this BluModel's weights (Llama, or Qwen2 when qkv_bias).
+    """A transformers model with this BluModel's weights, of its model.family (ARCHITECTURES).
 
     max_position: max_position_embeddings to write; default the one `from_hf` recorded on the
     model, else factor * original_max_position for YaRN; a plain-RoPE model without either is
@@ -247,11 +322,12 @@ def to_hf(model: BluModel, max_position: Optional[int] = None, rope_as_yarn: boo
     import transformers
 
     d = hf_config_dict(model.cfg, model.rope_cfg, max_position or getattr(model, "max_position", None), rope_as_yarn)
-    cls_cfg = transformers.Qwen2Config if model.cfg.qkv_bias else transformers.LlamaConfig
-    cls = transformers.Qwen2ForCausalLM if model.cfg.qkv_bias else transformers.LlamaForCausalLM
-    d.pop("model_type")
+    fam = d.pop("model_type")
     d.pop("architectures")
-    hf = cls(cls_cfg(**d))
+    # token ids belong to the tokenizer, not to these weights: a family's config-class defaults (SmolLM3's
+    # pad 128004) would not even fit a small vocabulary
+    d.update(pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(fam, **d))
     sd = {("lm_head.weight" if k == "lm_head.weight" else f"model.{k}"): v for k, v in model.state_dict().items()}
     missing, unexpected = hf.load_state_dict(sd, strict=False)
     missing = [m for m in missing if "rotary" not in m and not (model.cfg.tie_embeddings and m == "lm_head.weight")]

@@ -398,6 +398,11 @@ def apply_string(model, string, length: Optional[int] = None) -> Optional[String
         if setting is not None:
             raise ValueError(f"eval.string (STRING) needs a BluModel; {type(model).__name__} has no STRING path")
         return None
+    if setting is not None and (model.cfg.qk_norm != "none" or model.cfg.nope_layers):
+        raise ValueError(f"eval.string (STRING) remaps RoPE positions of a plain q/k projection; this model has "
+                         f"model.qk_norm={model.cfg.qk_norm!r}, model.nope_layers={model.cfg.nope_layers} "
+                         f"(family {model.cfg.resolved_family}), which STRING's attention does not compute: "
+                         f"remove eval.string")
     prev = installed(model)
     if setting is None:
         if prev is not None:

@@ -7,9 +7,21 @@ from pydantic import Field, model_validator
 
 from .base import Section
 
+# The transformers families BluModel imports and exports (model/hf.py), and the architecture switches
+# each one fixes: (qk_norm, norm_layout, qkv_bias allowed, nope_layers allowed). docs/MODELS.md has the table.
+FAMILIES = {
+    "llama": ("none", "pre", False, False),
+    "mistral": ("none", "pre", False, False),
+    "qwen2": ("none", "pre", True, False),
+    "qwen3": ("head", "pre", False, False),
+    "olmo2": ("proj", "post", False, False),
+    "smollm3": ("none", "pre", False, True),
+}
+
 
 class ModelConfig(Section):
-    """A Llama/Qwen2-style decoder. Defaults are none: an arm states its shape."""
+    """A Llama-style decoder with the switches other families need. Defaults are none: an arm states
+    its shape; every switch is off by default (a Llama/Qwen2 block)."""
 
     n_layers: int = Field(gt=0)
     d_model: int = Field(gt=0)
@@ -22,6 +34,48 @@ class ModelConfig(Section):
     norm_eps: float = Field(default=1e-5, gt=0)
     qkv_bias: bool = Field(default=False, description="q/k/v projection biases (Qwen2 has them, Llama does not)")
     init_std: float = Field(default=0.02, gt=0)
+    qk_norm: Literal["none", "head", "proj"] = Field(
+        default="none", description="RMSNorm of q and k before RoPE. head: over each head's head_dim, one weight "
+        "shared by the heads (Qwen3); proj: over the whole q (n_heads*head_dim) and k (n_kv_heads*head_dim) "
+        "projection, before the split into heads (OLMo 2)")
+    norm_layout: Literal["pre", "post"] = Field(
+        default="pre", description="pre: h = x + attn(norm(x)), then the MLP alike (Llama). post: h = x + "
+        "norm(attn(x)), then x + norm(mlp(h)), no norm on a block's input (OLMo 2: post_attention_layernorm, "
+        "post_feedforward_layernorm)")
+    nope_layers: list[int] = Field(default_factory=list, description="layer indices (from 0) whose attention "
+                                   "uses no positional encoding (SmolLM3's no_rope_layers zeros); the rest use RoPE")
+    family: Optional[Literal["llama", "mistral", "qwen2", "qwen3", "olmo2", "smollm3"]] = Field(
+        default=None, description="the transformers family an export writes (model/hf.py); it fixes qk_norm, "
+        "norm_layout, qkv_bias and nope_layers as docs/MODELS.md lists. Default: qwen2 with qkv_bias, else llama")
+
+    @model_validator(mode="after")
+    def _family(self):
+        fam = self.resolved_family
+        qk, layout, bias_ok, nope_ok = FAMILIES[fam]
+        errs = []
+        if self.qk_norm != qk:
+            errs.append(f"model.qk_norm={self.qk_norm!r} (family {fam} has {qk!r})")
+        if self.norm_layout != layout:
+            errs.append(f"model.norm_layout={self.norm_layout!r} (family {fam} has {layout!r})")
+        if self.qkv_bias and not bias_ok:
+            errs.append(f"model.qkv_bias=true (family {fam} has no q/k/v biases)")
+        if self.nope_layers and not nope_ok:
+            errs.append(f"model.nope_layers={self.nope_layers} (family {fam} has RoPE in every layer)")
+        if errs:
+            fams = ", ".join(f"{f}: qk_norm={v[0]}, norm_layout={v[1]}" + (", qkv_bias" if v[2] else "")
+                             + (", nope_layers" if v[3] else "") for f, v in FAMILIES.items())
+            raise ValueError(f"{'; '.join(errs)}: a model is exported as one transformers family, which computes "
+                             f"with fixed switches; set model.family to the family these switches describe "
+                             f"({fams}) or the switches to model.family's")
+        bad = [i for i in self.nope_layers if not 0 <= i < self.n_layers]
+        if bad or len(set(self.nope_layers)) != len(self.nope_layers):
+            raise ValueError(f"model.nope_layers={self.nope_layers}: each a distinct layer index in "
+                             f"[0, n_layers={self.n_layers})")
+        return self
+
+    @property
+    def resolved_family(self) -> str:
+        return self.family or ("qwen2" if self.qkv_bias else "llama")
 
     @model_validator(mode="after")
     def _heads(self):
@@ -47,6 +101,10 @@ class ModelConfig(Section):
             attn += hd * (self.n_heads + 2 * self.n_kv_heads)
         mlp = 3 * d * self.ffn_dim
         block = attn + mlp + 2 * d
+        if self.qk_norm == "head":
+            block += 2 * hd
+        elif self.qk_norm == "proj":
+            block += hd * (self.n_heads + self.n_kv_heads)
         emb = self.vocab_size * d * (1 if self.tie_embeddings else 2)
         return self.n_layers * block + emb + d
 
@@ -84,8 +142,43 @@ class YarnConfig(Section):
         "it: `megablu ckpt export` refuses it unless --rope-as-yarn (model/hf.py says why)")
 
 
+class RopeScalingConfig(Section):
+    """The frequency scaling a parent was trained with, transformers' rope_type linear or llama3
+    (`modeling_rope_utils._compute_linear_scaling_rope_parameters` / `_compute_llama3_parameters`).
+    It is part of the parent's frequencies: YaRN (rope.yarn) is applied on top of it, and its
+    original_max_position is the parent's own max_position_embeddings, not this one's."""
+
+    type: Literal["linear", "llama3"]
+    factor: float = Field(gt=0, description="linear: every frequency / factor. llama3: low frequencies / factor")
+    low_freq_factor: Optional[float] = Field(default=None, gt=0, description="llama3 only (Llama 3.x: 1)")
+    high_freq_factor: Optional[float] = Field(default=None, gt=0, description="llama3 only (Llama 3.x: 4)")
+    original_max_position: Optional[int] = Field(default=None, gt=0, description="llama3 only: the length "
+                                                 "its bands are measured against (Llama 3.x: 8192)")
+
+    @model_validator(mode="after")
+    def _fields(self):
+        llama3 = ("low_freq_factor", "high_freq_factor", "original_max_position")
+        if self.type == "llama3":
+            missing = [f for f in llama3 if getattr(self, f) is None]
+            if missing:
+                raise ValueError(f"rope.scaling.type=llama3 needs rope.scaling.{', '.join(missing)} (Llama 3.x: "
+                                 f"low_freq_factor=1, high_freq_factor=4, original_max_position=8192)")
+            if self.high_freq_factor <= self.low_freq_factor:
+                raise ValueError(f"rope.scaling.high_freq_factor={self.high_freq_factor:g} <= low_freq_factor="
+                                 f"{self.low_freq_factor:g}: llama3's smoothing band divides by their difference; "
+                                 f"Llama 3.x has high 4, low 1")
+        else:
+            extra = [f for f in llama3 if getattr(self, f) is not None]
+            if extra:
+                raise ValueError(f"rope.scaling.{', '.join(extra)} has no effect with rope.scaling.type=linear "
+                                 f"(every frequency / factor); remove it")
+        return self
+
+
 class RopeConfig(Section):
     theta: float = Field(gt=0)
+    scaling: Optional[RopeScalingConfig] = Field(default=None, description="the parent's linear or llama3 "
+                                                 "frequency scaling, applied before rope.yarn")
     yarn: Optional[YarnConfig] = None
     allow_theta_change: bool = Field(default=False, description="init_from a parent trained with another "
                                      "rope.theta on purpose (an ABF-style base raise); otherwise a config error")

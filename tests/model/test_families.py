@@ -1,0 +1,129 @@
+"""Each family model/hf.py imports == transformers' own model of that family, fp32, every parameter
+randomised (norms, q/k norms, biases: `randomised`), and export -> transformers -> the same logits.
+
+Lengths run past every window a rope is scaled against: llama3's band length and YaRN's original
+window. Families: Llama with rope_type llama3 / linear (Llama 3.x), Mistral, Qwen3 (per-head q/k
+norms), OLMo 2 (q/k norms over the projection, post-norms), SmolLM3 (NoPE layers).
+"""
+import pytest
+import torch
+import transformers
+
+from megablu.config.schema import RopeConfig, RopeScalingConfig, YarnConfig
+from megablu.model.hf import RopeExportError, configs_from_hf, from_hf, hf_config_dict, to_hf
+from megablu.model.rope import default_inv_freq, scaled_inv_freq, yarn_inv_freq
+
+from .test_hf_parity import randomised
+
+VOCAB = 97
+SMALL = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+             intermediate_size=80, vocab_size=VOCAB, max_position_embeddings=256, pad_token_id=None,
+             bos_token_id=None, eos_token_id=None)
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+LINEAR = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0, "original_max_position_embeddings": 96}
+
+# (name, transformers config class, its keyword arguments)
+FAMILIES = {
+    "llama-llama3": (transformers.LlamaConfig, dict(rope_parameters=LLAMA3)),
+    "llama-linear": (transformers.LlamaConfig, dict(rope_parameters=LINEAR)),
+    "mistral": (transformers.MistralConfig, dict(sliding_window=None)),
+    "mistral-yarn": (transformers.MistralConfig, dict(sliding_window=None, rope_parameters=YARN)),
+    "qwen3": (transformers.Qwen3Config, dict(tie_word_embeddings=True)),
+    "qwen3-yarn": (transformers.Qwen3Config, dict(rope_parameters=YARN)),
+    "olmo2": (transformers.Olmo2Config, dict()),
+    "olmo2-yarn": (transformers.Olmo2Config, dict(rope_parameters=YARN)),
+    "smollm3": (transformers.SmolLM3Config, dict(no_rope_layers=[1, 0, 1], rope_theta=10000.0)),
+    "smollm3-yarn": (transformers.SmolLM3Config, dict(no_rope_layers=[0, 1, 1], rope_parameters=YARN)),
+}
+
+
+def hf_family(name: str, seed: int = 0):
+    cls, kw = FAMILIES[name]
+    cfg = cls(**{**SMALL, **kw})
+    torch.manual_seed(seed)
+    return randomised(transformers.AutoModelForCausalLM.from_config(cfg).eval(), seed)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_logits_match_transformers(name):
+    hf = hf_family(name)
+    model = from_hf(hf).eval()
+    # 150 > llama3's 64-token band length and YaRN's original 96
+    ids = torch.randint(0, VOCAB, (2, 150), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), hf(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_export_round_trip_same_class_same_logits(name):
+    hf = hf_family(name)
+    back = to_hf(from_hf(hf)).eval()
+    assert type(back) is type(hf)
+    mine, theirs = back.config.rope_parameters, hf.config.rope_parameters
+    assert {k: mine.get(k) for k in theirs} == theirs   # the export also spells out YaRN's default betas
+    ids = torch.randint(0, VOCAB, (1, 150), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids).logits, hf(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_family_switches_are_imported():
+    expect = {"qwen3": ("head", "pre", []), "olmo2": ("proj", "post", []), "smollm3": ("none", "pre", [1]),
+              "mistral": ("none", "pre", []), "llama-llama3": ("none", "pre", [])}
+    for name, (qk, layout, nope) in expect.items():
+        m, r = configs_from_hf(hf_family(name).config)
+        assert (m.qk_norm, m.norm_layout, m.nope_layers) == (qk, layout, nope), name
+    _, r = configs_from_hf(hf_family("llama-llama3").config)
+    assert r.scaling == RopeScalingConfig(type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                          original_max_position=64)
+
+
+def test_yarn_on_llama3_blends_the_parents_frequencies():
+    """YaRN on a llama3 parent: extrapolated dims keep the parent's (llama3) frequencies, interpolated
+    ones take them / factor, over transformers' ramp (which, with no scaling, IS transformers' YaRN)."""
+    dim, theta, factor, orig = 32, 10000.0, 4.0, 256
+    sc = RopeScalingConfig(type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                           original_max_position=64)
+    parent = scaled_inv_freq(dim, theta, sc)
+    assert not torch.equal(parent, default_inv_freq(dim, theta))
+    plain, _ = yarn_inv_freq(dim, theta, factor, orig)
+    on_top, att = yarn_inv_freq(dim, theta, factor, orig, base=parent)
+    # the blend weight per dim, read off the plain YaRN: 1 = extrapolated, 0 = interpolated
+    d = default_inv_freq(dim, theta)
+    w = (plain - d / factor) / (d - d / factor)
+    torch.testing.assert_close(on_top, parent / factor + w * (parent - parent / factor))
+    assert (w > 0.99).any() and (w < 0.01).any()
+    assert att == pytest.approx(0.1 * torch.log(torch.tensor(factor)).item() + 1)
+
+
+def test_yarn_on_a_scaled_parent_is_not_exported():
+    from megablu.config.schema import ModelConfig
+
+    m = ModelConfig(n_layers=1, d_model=32, n_heads=2, n_kv_heads=2, ffn_dim=40, vocab_size=VOCAB)
+    rope = RopeConfig(theta=1e4, scaling=RopeScalingConfig(type="linear", factor=2.0),
+                      yarn=YarnConfig(factor=2.0, original_max_position=128))
+    with pytest.raises(RopeExportError, match="rope.scaling.type=linear.*one rope_type"):
+        hf_config_dict(m, rope, 256)
+
+
+def test_mistral_with_a_sliding_window_is_refused():
+    cfg = transformers.MistralConfig(**{**SMALL, "sliding_window": 32})
+    with pytest.raises(ValueError, match=r"sliding_window=32.*whole sequence.*sliding_window null"):
+        configs_from_hf(cfg)
+
+
+def test_unknown_model_type_and_partial_rope_are_refused():
+    g = transformers.GemmaConfig(**{k: v for k, v in SMALL.items()})
+    with pytest.raises(ValueError, match=r"model_type='gemma'.*imports llama, mistral, olmo2, qwen2, qwen3, smollm3"):
+        configs_from_hf(g)
+    p = transformers.LlamaConfig(**SMALL, rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                           "partial_rotary_factor": 0.5})
+    with pytest.raises(ValueError, match="partial_rotary_factor=0.5"):
+        configs_from_hf(p)
+
+
+def test_qwen3_and_olmo2_with_attention_bias_are_refused():
+    for cls in (transformers.Qwen3Config, transformers.Olmo2Config):
+        with pytest.raises(ValueError, match="attention_bias=True"):
+            configs_from_hf(cls(**SMALL, attention_bias=True))
