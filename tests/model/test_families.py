@@ -127,3 +127,26 @@ def test_qwen3_and_olmo2_with_attention_bias_are_refused():
     for cls in (transformers.Qwen3Config, transformers.Olmo2Config):
         with pytest.raises(ValueError, match="attention_bias=True"):
             configs_from_hf(cls(**SMALL, attention_bias=True))
+
+
+@pytest.mark.parametrize("name", ["olmo2", "qwen3-yarn", "smollm3"])
+def test_memory_switches_same_loss_and_grads(name):
+    """recompute (selective, full) and the tiled MLP run each family's block as written (OLMo 2's
+    post-norms included): the same loss and every gradient as without them."""
+    from megablu.config.schema import MemoryConfig
+    from megablu.memory.apply import apply_memory
+
+    hf = hf_family(name)
+    ids = torch.randint(0, VOCAB, (2, 64), generator=torch.Generator().manual_seed(3))
+    out = {}
+    for key, mem in {"none": MemoryConfig(), "selective": MemoryConfig(recompute="selective"),
+                     "selective+tiles": MemoryConfig(recompute="selective", mlp_tiles=3),
+                     "full": MemoryConfig(recompute="full")}.items():
+        m = apply_memory(from_hf(hf), mem)
+        s, n = m(ids, labels=ids)
+        (s / n).backward()
+        out[key] = (float(s.detach()), {k: p.grad for k, p in m.named_parameters()})
+    for key, (loss, grads) in out.items():
+        assert loss == pytest.approx(out["none"][0], rel=1e-6), key
+        for k, g in grads.items():
+            torch.testing.assert_close(g, out["none"][1][k], rtol=1e-5, atol=1e-7, msg=lambda s: f"{key} {k}: {s}")
