@@ -1,0 +1,68 @@
+"""Ulysses sp=2 with each family's switches == one rank: the token-mean loss and every gradient.
+
+q/k norms (per head and over the projection), post-norms, NoPE layers and a llama3 parent rope with
+YaRN on top, uneven heads (9 heads on 2 ranks) included. Every norm weight is randomised (the init's
+ones cannot tell a norm applied on the wrong side of the all-to-all). Gradient clipping 0.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from megablu.config.schema import ModelConfig, RopeConfig, RopeScalingConfig, YarnConfig
+from megablu.model.decoder import BluModel
+from tests.dist_utils import run_distributed
+from tests.parallel.test_sp_parity import VOCAB, _global_batch, engine_grads
+
+LLAMA3_YARN = RopeConfig(theta=10000.0, scaling=RopeScalingConfig(type="llama3", factor=8.0, low_freq_factor=1.0,
+                                                                  high_freq_factor=4.0, original_max_position=8),
+                         yarn=YarnConfig(factor=2.0, original_max_position=16))
+PLAIN = RopeConfig(theta=10000.0)
+
+CASES = [
+    dict(family="qwen3", qk_norm="head", h=4, kv=2, T=31, rope=LLAMA3_YARN),
+    dict(family="olmo2", qk_norm="proj", norm_layout="post", h=9, kv=3, T=32, rope=PLAIN),   # uneven heads
+    dict(family="smollm3", nope_layers=[1], h=4, kv=4, T=32, rope=LLAMA3_YARN),
+]
+
+
+def _model(c) -> BluModel:
+    switches = {k: c[k] for k in ("family", "qk_norm", "norm_layout", "nope_layers") if k in c}
+    m = BluModel(ModelConfig(n_layers=2, d_model=8 * c["h"], n_heads=c["h"], n_kv_heads=c["kv"], ffn_dim=40,
+                             vocab_size=VOCAB, **switches), c["rope"])
+    m.reset_parameters(seed=0)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if n.endswith("norm.weight") or "layernorm" in n:
+                p.copy_(1 + 0.5 * torch.randn(p.shape, generator=g))
+    return m
+
+
+def _reference(c):
+    model = _model(c)
+    ids, labels = _global_batch(1, c["T"])
+    s, n = model(ids, labels=labels)
+    (s / n).backward()
+    return float((s / n).detach()), {k: p.grad.detach().clone() for k, p in model.named_parameters()}
+
+
+def _worker(rank, world, cases):
+    from megablu.parallel.groups import build_groups
+    from megablu.parallel.ulysses import apply_ulysses
+
+    out = []
+    for c in cases:
+        g = build_groups(2)
+        out.append(engine_grads(apply_ulysses(_model(c), g), g, 1, c["T"]))
+    return out
+
+
+def test_sp2_families_match_one_rank():
+    results = run_distributed(_worker, 2, CASES)
+    for c, (loss, grads) in zip(CASES, results):
+        ref_loss, ref = _reference(c)
+        assert loss == pytest.approx(ref_loss, rel=1e-5), c["family"]
+        assert set(grads) == set(ref)
+        for n, g in grads.items():
+            torch.testing.assert_close(g, ref[n], rtol=2e-4, atol=2e-6, msg=lambda m: f"{c['family']} {n}: {m}")
