@@ -261,15 +261,54 @@ def _(lab):
                      "rope.yarn={factor: 4.0, original_max_position: 256}"])
 
 
-@case("configs", "init_from a transformers dir with another rope type", "rope_type='llama3' is not supported")
-def _(lab):
+def _hf_variant(lab, **changes):
+    """A copy of the lab's transformers dir with config.json's keys changed."""
     d = lab.fresh("hf") / "p"
     shutil.copytree(_hf_dir(lab), d)
     c = json.loads((d / "config.json").read_text())
-    c["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
-                            "original_max_position_embeddings": 128}
+    c.update(changes)
     (d / "config.json").write_text(json.dumps(c))
+    return d
+
+
+@case("configs", "init_from a transformers dir with a rope type megablu cannot reproduce",
+      "rope_type='dynamic' is not supported (default, linear, llama3 or yarn)")
+def _(lab):
+    d = _hf_variant(lab, rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 8.0})
     return lab.both([f"init_from={d}", *_EXT, "rope.yarn={factor: 2.0, original_max_position: 256}"])
+
+
+@case("configs", "init_from a llama3-rope transformers dir, child without rope.scaling",
+      "rope.scaling=none but the parent", "'type': 'llama3'", "set rope.scaling to the parent's")
+def _(lab):
+    d = _hf_variant(lab, rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": 64})
+    return lab.both([f"init_from={d}", *_EXT, "rope.yarn={factor: 2.0, original_max_position: 256}"])
+
+
+@case("configs", "init_from a transformers dir of an unknown model_type", "model_type='gemma3'",
+      "is not supported: BluModel imports llama, mistral, olmo2, qwen2, qwen3, smollm3")
+def _(lab):
+    return lab.both([f"init_from={_hf_variant(lab, model_type='gemma3', architectures=['Gemma3ForCausalLM'])}"])
+
+
+@case("configs", "init_from a Mistral dir with a sliding window", "sliding_window=64",
+      "attends to the whole sequence", "sliding_window null imports exactly")
+def _(lab):
+    return lab.both([f"init_from={_hf_variant(lab, model_type='mistral', sliding_window=64)}"])
+
+
+@case("configs", "model.family whose switches the config does not set", "model.qk_norm='none' (family qwen3 has "
+      "'head')", "set model.family to the family these switches describe")
+def _(lab):
+    return lab.both(["model.family=qwen3"])
+
+
+@case("configs", "rope.scaling llama3 without its band fields", "rope.scaling.type=llama3 needs rope.scaling."
+      "low_freq_factor, high_freq_factor, original_max_position")
+def _(lab):
+    return lab.both(["rope.scaling={type: llama3, factor: 8.0}"])
 
 
 @case("configs", "init_from a sharded transformers model's index, another rope", "trained at window 256")
