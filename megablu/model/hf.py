@@ -310,7 +310,10 @@ def hf_config_dict(model_cfg: ModelConfig, rope_cfg: RopeConfig, max_position: O
         head_dim=model_cfg.resolved_head_dim, intermediate_size=model_cfg.ffn_dim,
         vocab_size=model_cfg.vocab_size, tie_word_embeddings=model_cfg.tie_embeddings,
         rms_norm_eps=model_cfg.norm_eps, hidden_act="silu", attention_bias=False,
-        max_position_embeddings=max_position, rope_parameters=rope, **extra)
+        max_position_embeddings=max_position, rope_parameters=rope,
+        # BluModel's embedding has no padding row (every row trains): none on the way out either (a family's
+        # config-class default, SmolLM3's 128004, would not even fit a small vocabulary)
+        pad_token_id=None, **extra)
 
 
 def to_hf(model: BluModel, max_position: Optional[int] = None, rope_as_yarn: bool = False):

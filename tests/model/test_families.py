@@ -150,3 +150,36 @@ def test_memory_switches_same_loss_and_grads(name):
         assert loss == pytest.approx(out["none"][0], rel=1e-6), key
         for k, g in grads.items():
             torch.testing.assert_close(g, out["none"][1][k], rtol=1e-5, atol=1e-7, msg=lambda s: f"{key} {k}: {s}")
+
+
+@pytest.mark.parametrize("name", ["llama-llama3", "mistral", "qwen3", "olmo2", "smollm3"])
+def test_files_import_then_ckpt_export_loads_in_transformers(name, tmp_path, monkeypatch):
+    """The file path a user takes: a transformers dir (save_pretrained) read as init_from reads it (its
+    config.json's architecture and rope, its safetensors by name), then `ckpt export`'s writer, then
+    transformers' from_pretrained on the export: the same logits as the original model."""
+    import json
+
+    import megablu.checkpoint.weights as w
+    from megablu.model.decoder import BluModel
+    from megablu.model.hf import model_record_from_hf, rope_record_from_hf
+
+    hf = hf_family(name)
+    src = tmp_path / "src"
+    hf.save_pretrained(src)
+    cfg = json.loads((src / "config.json").read_text())
+    model_cfg = model_record_from_hf(cfg)
+    rope_cfg, window = rope_record_from_hf(cfg)
+    model = BluModel(model_cfg, rope_cfg)
+    w.load_weights(model, src)
+    monkeypatch.setattr(w, "_export_source", lambda s: tmp_path / "run" / "step")
+    monkeypatch.setattr(w, "read_manifest", lambda step: {"run_id": "r", "step": 1, "manifest_sha256": "0"})
+    monkeypatch.setattr(w, "_model_configs", lambda manifest, run_dir: (model_cfg, rope_cfg, window))
+    monkeypatch.setattr(w, "read_weights", lambda step: dict(model.state_dict()))
+    out, *_ = w.export_checkpoint("run", tmp_path / "out")
+    back = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(back) is type(hf)
+    ids = torch.randint(0, VOCAB, (1, 150), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        ref = hf(ids).logits
+        torch.testing.assert_close(model.eval()(ids), ref, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(back(ids).logits, ref, rtol=1e-4, atol=1e-4)
