@@ -101,7 +101,7 @@ class _BlockForward:
             if self.tiles > 1:
                 # the tiled MLP already rebuilds its tiles from its saved input: tiling the
                 # norm with it saves exactly h, with no checkpoint and no third MLP forward
-                ps = (b.ffn_norm.weight, *b.mlp.parameters())
+                ps = (*(n.weight for n in b.ffn_norms), *b.mlp.parameters())
                 return h + tiled(self._norm_mlp, h, self.tiles, ps)
             return checkpoint(self._mlp_part, h, use_reentrant=reentrant)
         return self.plain(x, cos, sin, cache, docs)

@@ -14,10 +14,14 @@ from pydantic import ValidationError
 from ..config.schema import FAMILIES, ModelConfig, RopeConfig, RopeScalingConfig, YarnConfig
 from .decoder import BluModel
 
-# model_type -> the transformers causal-LM class an export writes
+# family -> the transformers causal-LM class an export writes
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "olmo2": "Olmo2ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "olmo2": "Olmo2ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
+                 "gemma3": "Gemma3ForCausalLM"}
 assert set(ARCHITECTURES) == set(FAMILIES)
+# family -> transformers model_type, where they differ (Gemma 3's text-only model; "gemma3" is the multimodal one)
+MODEL_TYPES = {"gemma3": "gemma3_text"}
+_FAMILY_OF = {t: f for f, t in MODEL_TYPES.items()}
 
 
 def _rope_params(hf_config) -> dict:
@@ -87,6 +91,8 @@ def _rope_from_hf(hf_config) -> RopeConfig:
     top-level `original_max_position_embeddings` first (Phi-3 style), then the rope dict, then
     max_position_embeddings; a factor is required (1.0: the plain RoPE it equals)."""
     rp = _rope_params(hf_config)
+    local = _local_theta(hf_config, rp)
+    rp = rp.get("full_attention", rp)    # one rope per layer kind (Gemma 3): the global layers'
     kind = rp.get("rope_type", rp.get("type", "default"))
     if rp.get("rope_theta") is None:
         raise ValueError("config.json has no rope_theta")
@@ -95,9 +101,9 @@ def _rope_from_hf(hf_config) -> RopeConfig:
         raise ValueError(f"partial_rotary_factor={partial} (RoPE on part of each head) is not supported: "
                          f"BluModel rotates the whole head")
     if kind == "default":
-        return RopeConfig(theta=rp["rope_theta"])
+        return RopeConfig(theta=rp["rope_theta"], local_theta=local)
     if kind in ("linear", "llama3"):
-        return RopeConfig(theta=rp["rope_theta"], scaling=_scaling_from_hf(kind, rp))
+        return RopeConfig(theta=rp["rope_theta"], scaling=_scaling_from_hf(kind, rp), local_theta=local)
     if kind != "yarn":
         raise ValueError(f"rope_type={kind!r} is not supported (default, linear, llama3 or yarn): BluModel "
                          f"would compute other frequencies")
@@ -108,7 +114,25 @@ def _rope_from_hf(hf_config) -> RopeConfig:
             or rp.get("original_max_position_embeddings") or max_pos)
     if orig is None:
         raise ValueError("YaRN without original_max_position_embeddings or max_position_embeddings")
-    return RopeConfig(theta=rp["rope_theta"], yarn=_yarn_from_hf(rp, orig))
+    return RopeConfig(theta=rp["rope_theta"], yarn=_yarn_from_hf(rp, orig), local_theta=local)
+
+
+def _local_theta(hf_config, rp: dict) -> Optional[float]:
+    """Gemma 3's sliding layers' own plain RoPE base (rope_parameters['sliding_attention'], 4.x:
+    rope_local_base_freq); None for a family with one rope, or a Gemma 3 without sliding layers."""
+    if _family_of(hf_config) != "gemma3" or not _sliding_layers(hf_config):
+        return None
+    local = rp.get("sliding_attention") or {"rope_type": "default",
+                                            "rope_theta": getattr(hf_config, "rope_local_base_freq", None)}
+    if local.get("rope_type", "default") != "default" or local.get("rope_theta") is None:
+        raise ValueError(f"sliding_attention rope {local}: BluModel gives the sliding layers a plain RoPE with "
+                         f"their rope_theta")
+    return float(local["rope_theta"])
+
+
+def _family_of(hf_config) -> Optional[str]:
+    t = getattr(hf_config, "model_type", None)
+    return _FAMILY_OF.get(t, t)
 
 
 def _name(hf_config) -> str:
@@ -121,26 +145,27 @@ def _model_from_hf(hf_config) -> ModelConfig:
     another model_type and for what BluModel does not compute (o_proj or MLP biases, another
     activation, sliding-window layers)."""
     name = _name(hf_config)
-    fam = getattr(hf_config, "model_type", None)
+    fam = _family_of(hf_config)
     if fam not in ARCHITECTURES:
-        raise ValueError(f"model_type={fam!r} ({name}) is not supported: BluModel imports "
-                         f"{', '.join(sorted(ARCHITECTURES))} (docs/MODELS.md)")
-    qk_norm, norm_layout, qkv_bias, _ = FAMILIES[fam]
+        types = sorted(MODEL_TYPES.get(f, f) for f in ARCHITECTURES)
+        raise ValueError(f"model_type={hf_config.model_type!r} ({name}) is not supported: BluModel imports "
+                         f"{', '.join(types)} (docs/MODELS.md)")
+    switches = FAMILIES[fam]
     if fam != "qwen2" and getattr(hf_config, "attention_bias", False):
         raise ValueError(f"{name}: attention_bias=True (q/k/v and o_proj biases) is not supported by BluModel")
     if getattr(hf_config, "mlp_bias", False):
         raise ValueError("mlp_bias=True is not supported by BluModel")
     if getattr(hf_config, "hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act={hf_config.hidden_act!r}: BluModel implements SwiGLU (silu) only")
-    if fam == "mistral" and getattr(hf_config, "sliding_window", None) is not None:
-        raise ValueError(f"{name}: sliding_window={hf_config.sliding_window} (every layer attends within a window) "
-                         f"is not supported by BluModel, which attends to the whole sequence: its logits would differ "
-                         f"beyond the window; a config with sliding_window null imports exactly")
+    if fam == "gemma3":
+        _gemma3_refusals(hf_config, name)
     sliding = _sliding_layers(hf_config)
-    if sliding:
+    if fam == "mistral" and getattr(hf_config, "sliding_window", None) is not None:
+        sliding = list(range(hf_config.num_hidden_layers))   # Mistral: every layer slides when a window is set
+    if sliding and fam not in ("gemma3", "mistral"):
         raise ValueError(f"{name}: sliding-window attention (window {getattr(hf_config, 'sliding_window', None)}) "
-                         f"in layers {sliding} is not supported by BluModel, which attends to the whole sequence: "
-                         f"its logits would differ beyond the window")
+                         f"in layers {sliding} is imported for gemma3 and mistral only (docs/MODELS.md); "
+                         f"attending to the whole sequence instead would change the logits beyond the window")
     nope: list[int] = []
     if fam == "smollm3":
         # transformers' no_rope_layers: 1 = the layer uses RoPE, 0 = NoPE
@@ -155,8 +180,27 @@ def _model_from_hf(hf_config) -> ModelConfig:
         n_kv_heads=getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads,
         head_dim=getattr(hf_config, "head_dim", None), ffn_dim=hf_config.intermediate_size,
         vocab_size=hf_config.vocab_size, tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
-        norm_eps=hf_config.rms_norm_eps, qkv_bias=qkv_bias, qk_norm=qk_norm, norm_layout=norm_layout,
-        nope_layers=nope, family=None if fam in ("llama", "qwen2") else fam)
+        norm_eps=hf_config.rms_norm_eps, nope_layers=nope, sliding_layers=sliding,
+        sliding_window=hf_config.sliding_window if sliding else None,
+        family=None if fam in ("llama", "qwen2") else fam, **switches)
+
+
+def _gemma3_refusals(hf_config, name: str) -> None:
+    """What Gemma3ForCausalLM can compute that BluModel does not."""
+    act = getattr(hf_config, "hidden_activation", None) or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise ValueError(f"{name}: hidden_activation={act!r}: BluModel's Gemma 3 MLP is GeGLU with tanh GELU")
+    hd = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    scalar = getattr(hf_config, "query_pre_attn_scalar", hd)
+    if scalar != hd:
+        raise ValueError(f"{name}: query_pre_attn_scalar={scalar} != head_dim {hd}: BluModel scales attention "
+                         f"scores by head_dim**-0.5 only")
+    for cap in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if getattr(hf_config, cap, None) is not None:
+            raise ValueError(f"{name}: {cap}={getattr(hf_config, cap)} (tanh soft-capping) is not supported by "
+                             f"BluModel (Gemma 3 releases leave it null)")
+    if getattr(hf_config, "use_bidirectional_attention", False):
+        raise ValueError(f"{name}: use_bidirectional_attention=True (an encoder) is not a causal LM")
 
 
 def configs_from_hf(hf_config) -> tuple[ModelConfig, RopeConfig]:
@@ -296,20 +340,29 @@ def hf_config_dict(model_cfg: ModelConfig, rope_cfg: RopeConfig, max_position: O
         raise ValueError("max_position: the window the model was trained at (written as max_position_embeddings, "
                          "which a YaRN extension of it is checked against) is required for a plain-RoPE model")
     fam = model_cfg.resolved_family
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"hidden_act": "silu"}
     if fam == "mistral":
-        extra["sliding_window"] = None     # MistralConfig's default is 4096: BluModel attends to everything
+        # MistralConfig's default is 4096: None where BluModel attends to everything
+        extra["sliding_window"] = model_cfg.sliding_window
+    if fam == "gemma3":
+        extra = {"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": model_cfg.resolved_head_dim,
+                 "sliding_window": model_cfg.sliding_window, "final_logit_softcapping": None,
+                 "attn_logit_softcapping": None, "use_bidirectional_attention": False,
+                 "layer_types": ["sliding_attention" if i in model_cfg.sliding_layers else "full_attention"
+                                 for i in range(model_cfg.n_layers)]}
+        rope = {"full_attention": rope,
+                "sliding_attention": {"rope_type": "default", "rope_theta": rope_cfg.local_theta or rope_cfg.theta}}
     if fam in ("qwen2", "qwen3", "smollm3"):
         extra["use_sliding_window"] = False
     if fam == "smollm3":
         extra["no_rope_layers"] = [0 if i in model_cfg.nope_layers else 1 for i in range(model_cfg.n_layers)]
     return dict(
-        model_type=fam, architectures=[ARCHITECTURES[fam]],
+        model_type=MODEL_TYPES.get(fam, fam), architectures=[ARCHITECTURES[fam]],
         hidden_size=model_cfg.d_model, num_hidden_layers=model_cfg.n_layers,
         num_attention_heads=model_cfg.n_heads, num_key_value_heads=model_cfg.n_kv_heads,
         head_dim=model_cfg.resolved_head_dim, intermediate_size=model_cfg.ffn_dim,
         vocab_size=model_cfg.vocab_size, tie_word_embeddings=model_cfg.tie_embeddings,
-        rms_norm_eps=model_cfg.norm_eps, hidden_act="silu", attention_bias=False,
+        rms_norm_eps=model_cfg.norm_eps, attention_bias=False,
         max_position_embeddings=max_position, rope_parameters=rope,
         # BluModel's embedding has no padding row (every row trains): none on the way out either (a family's
         # config-class default, SmolLM3's 128004, would not even fit a small vocabulary)

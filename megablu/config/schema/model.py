@@ -7,16 +7,22 @@ from pydantic import Field, model_validator
 
 from .base import Section
 
-# The transformers families BluModel imports and exports (model/hf.py), and the architecture switches
-# each one fixes: (qk_norm, norm_layout, qkv_bias allowed, nope_layers allowed). docs/MODELS.md has the table.
-FAMILIES = {
-    "llama": ("none", "pre", False, False),
-    "mistral": ("none", "pre", False, False),
-    "qwen2": ("none", "pre", True, False),
-    "qwen3": ("head", "pre", False, False),
-    "olmo2": ("proj", "post", False, False),
-    "smollm3": ("none", "pre", False, True),
+# The transformers families BluModel imports and exports (model/hf.py): the switches each one fixes
+# (any switch not named is off: qk_norm none, norm_layout pre, qkv_bias / norm_offset / embed_scale false,
+# activation silu) and the ones it leaves to its config (FAMILY_FREE). docs/MODELS.md has the table.
+FAMILIES: dict[str, dict] = {
+    "llama": {},
+    "mistral": {},
+    "qwen2": {"qkv_bias": True},
+    "qwen3": {"qk_norm": "head"},
+    "olmo2": {"qk_norm": "proj", "norm_layout": "post"},
+    "smollm3": {},
+    "gemma3": {"qk_norm": "head", "norm_layout": "sandwich", "norm_offset": True, "embed_scale": True,
+               "activation": "gelu_tanh"},
 }
+FAMILY_FREE: dict[str, set] = {"smollm3": {"nope_layers"}, "gemma3": {"sliding"}, "mistral": {"sliding"}}
+_SWITCH_OFF = {"qk_norm": "none", "norm_layout": "pre", "qkv_bias": False, "norm_offset": False,
+               "embed_scale": False, "activation": "silu"}
 
 
 class ModelConfig(Section):
@@ -36,41 +42,54 @@ class ModelConfig(Section):
     init_std: float = Field(default=0.02, gt=0)
     qk_norm: Literal["none", "head", "proj"] = Field(
         default="none", description="RMSNorm of q and k before RoPE. head: over each head's head_dim, one weight "
-        "shared by the heads (Qwen3); proj: over the whole q (n_heads*head_dim) and k (n_kv_heads*head_dim) "
-        "projection, before the split into heads (OLMo 2)")
-    norm_layout: Literal["pre", "post"] = Field(
+        "shared by the heads (Qwen3, Gemma 3); proj: over the whole q (n_heads*head_dim) and k "
+        "(n_kv_heads*head_dim) projection, before the split into heads (OLMo 2)")
+    norm_layout: Literal["pre", "post", "sandwich"] = Field(
         default="pre", description="pre: h = x + attn(norm(x)), then the MLP alike (Llama). post: h = x + "
-        "norm(attn(x)), then x + norm(mlp(h)), no norm on a block's input (OLMo 2: post_attention_layernorm, "
-        "post_feedforward_layernorm)")
+        "norm(attn(x)), then x + norm(mlp(h)), no norm on a block's input (OLMo 2). sandwich: both, "
+        "h = x + norm(attn(norm(x))), then h + norm(mlp(norm(h))) (Gemma 3)")
     nope_layers: list[int] = Field(default_factory=list, description="layer indices (from 0) whose attention "
                                    "uses no positional encoding (SmolLM3's no_rope_layers zeros); the rest use RoPE")
-    family: Optional[Literal["llama", "mistral", "qwen2", "qwen3", "olmo2", "smollm3"]] = Field(
-        default=None, description="the transformers family an export writes (model/hf.py); it fixes qk_norm, "
-        "norm_layout, qkv_bias and nope_layers as docs/MODELS.md lists. Default: qwen2 with qkv_bias, else llama")
+    norm_offset: bool = Field(default=False, description="every RMSNorm scales by (1 + weight), its weight "
+                              "stored as an offset from 1 (Gemma)")
+    embed_scale: bool = Field(default=False, description="token embeddings * sqrt(d_model), the factor in the "
+                              "embedding's dtype (Gemma)")
+    activation: Literal["silu", "gelu_tanh"] = Field(default="silu", description="the gated MLP's activation: "
+                                                     "silu (SwiGLU) or gelu_tanh (GeGLU, Gemma)")
+    sliding_window: Optional[int] = Field(default=None, gt=0, description="the window of the layers in "
+                                          "sliding_layers: a query at i attends to keys j with i - W < j <= i")
+    sliding_layers: list[int] = Field(default_factory=list, description="layer indices (from 0) that attend "
+                                      "within sliding_window (Gemma 3's sliding_attention); the rest attend to "
+                                      "everything before them")
+    family: Optional[Literal["llama", "mistral", "qwen2", "qwen3", "olmo2", "smollm3", "gemma3"]] = Field(
+        default=None, description="the transformers family an export writes (model/hf.py); it fixes the "
+        "switches docs/MODELS.md lists. Default: qwen2 with qkv_bias, else llama")
 
     @model_validator(mode="after")
     def _family(self):
         fam = self.resolved_family
-        qk, layout, bias_ok, nope_ok = FAMILIES[fam]
-        errs = []
-        if self.qk_norm != qk:
-            errs.append(f"model.qk_norm={self.qk_norm!r} (family {fam} has {qk!r})")
-        if self.norm_layout != layout:
-            errs.append(f"model.norm_layout={self.norm_layout!r} (family {fam} has {layout!r})")
-        if self.qkv_bias and not bias_ok:
-            errs.append(f"model.qkv_bias=true (family {fam} has no q/k/v biases)")
-        if self.nope_layers and not nope_ok:
+        fixed, free = {**_SWITCH_OFF, **FAMILIES[fam]}, FAMILY_FREE.get(fam, set())
+        errs = [f"model.{k}={getattr(self, k)!r} (family {fam} has {v!r})" for k, v in fixed.items()
+                if getattr(self, k) != v]
+        if self.nope_layers and "nope_layers" not in free:
             errs.append(f"model.nope_layers={self.nope_layers} (family {fam} has RoPE in every layer)")
+        if self.sliding_layers and "sliding" not in free:
+            errs.append(f"model.sliding_layers={self.sliding_layers} (family {fam} attends to the whole sequence "
+                        f"in every layer)")
         if errs:
-            fams = ", ".join(f"{f}: qk_norm={v[0]}, norm_layout={v[1]}" + (", qkv_bias" if v[2] else "")
-                             + (", nope_layers" if v[3] else "") for f, v in FAMILIES.items())
+            fams = "; ".join(f"{f}: " + (", ".join(f"{k}={v}" for k, v in FAMILIES[f].items()) or "all off")
+                             + "".join(f", {x} allowed" for x in sorted(FAMILY_FREE.get(f, ())))
+                             for f in FAMILIES)
             raise ValueError(f"{'; '.join(errs)}: a model is exported as one transformers family, which computes "
                              f"with fixed switches; set model.family to the family these switches describe "
                              f"({fams}) or the switches to model.family's")
-        bad = [i for i in self.nope_layers if not 0 <= i < self.n_layers]
-        if bad or len(set(self.nope_layers)) != len(self.nope_layers):
-            raise ValueError(f"model.nope_layers={self.nope_layers}: each a distinct layer index in "
-                             f"[0, n_layers={self.n_layers})")
+        for name in ("nope_layers", "sliding_layers"):
+            idx = getattr(self, name)
+            if any(not 0 <= i < self.n_layers for i in idx) or len(set(idx)) != len(idx):
+                raise ValueError(f"model.{name}={idx}: each a distinct layer index in [0, n_layers={self.n_layers})")
+        if bool(self.sliding_layers) != (self.sliding_window is not None):
+            raise ValueError(f"model.sliding_window={self.sliding_window} with model.sliding_layers="
+                             f"{self.sliding_layers}: set both (a window and the layers that use it) or neither")
         return self
 
     @property
@@ -100,7 +119,7 @@ class ModelConfig(Section):
         if self.qkv_bias:
             attn += hd * (self.n_heads + 2 * self.n_kv_heads)
         mlp = 3 * d * self.ffn_dim
-        block = attn + mlp + 2 * d
+        block = attn + mlp + d * {"pre": 2, "post": 2, "sandwich": 4}[self.norm_layout]
         if self.qk_norm == "head":
             block += 2 * hd
         elif self.qk_norm == "proj":
@@ -177,6 +196,10 @@ class RopeScalingConfig(Section):
 
 class RopeConfig(Section):
     theta: float = Field(gt=0)
+    local_theta: Optional[float] = Field(default=None, gt=0, description="the RoPE base of model.sliding_layers "
+                                         "(Gemma 3's rope_local_base_freq): plain RoPE, never scaled nor YaRN "
+                                         "(a sliding layer sees distances < sliding_window only). Unset: the "
+                                         "sliding layers share the global rope")
     scaling: Optional[RopeScalingConfig] = Field(default=None, description="the parent's linear or llama3 "
                                                  "frequency scaling, applied before rope.yarn")
     yarn: Optional[YarnConfig] = None
