@@ -288,15 +288,30 @@ def _(lab):
 
 
 @case("configs", "init_from a transformers dir of an unknown model_type", "model_type='gemma3'",
-      "is not supported: BluModel imports llama, mistral, olmo2, qwen2, qwen3, smollm3")
+      "is not supported: BluModel imports gemma3_text, llama, mistral, olmo2, qwen2, qwen3, smollm3")
 def _(lab):
     return lab.both([f"init_from={_hf_variant(lab, model_type='gemma3', architectures=['Gemma3ForCausalLM'])}"])
 
 
-@case("configs", "init_from a Mistral dir with a sliding window", "sliding_window=64",
-      "attends to the whole sequence", "sliding_window null imports exactly")
+@case("configs", "init_from a Qwen2 dir with sliding layers", "in layers [2, 3] is imported for gemma3 and mistral "
+      "only", "would change the logits beyond the window")
 def _(lab):
-    return lab.both([f"init_from={_hf_variant(lab, model_type='mistral', sliding_window=64)}"])
+    d = _hf_variant(lab, model_type="qwen2", use_sliding_window=True, sliding_window=64, max_window_layers=2,
+                    layer_types=None)
+    return lab.both([f"init_from={d}"])
+
+
+_WINDOW = ["model.family=mistral", "model.sliding_window=64", "model.sliding_layers=[0, 1, 2, 3]"]
+case("configs", "a sliding window with data.doc_mask", "data.doc_mask=true with model.sliding_layers [0, 1, 2, 3]",
+     "no kernel here applies a document mask and a sliding window together; set data.doc_mask=false")(
+    lambda lab: lab.both([*_WINDOW, "data.doc_mask=true"]))
+case("configs", "a sliding window with memory.attention=fa4", "memory.attention=fa4 with model.sliding_layers",
+     "set memory.attention=sdpa")(lambda lab: lab.both([*_WINDOW, "memory.attention=fa4"]))
+case("configs", "Gemma 3 sliding layers without rope.local_theta", "model.family=gemma3 with model.sliding_layers "
+     "[0, 1, 2] needs rope.local_theta", "set rope.local_theta")(
+    lambda lab: lab.both(["model.family=gemma3", "model.qk_norm=head", "model.norm_layout=sandwich",
+                          "model.norm_offset=true", "model.embed_scale=true", "model.activation=gelu_tanh",
+                          "model.sliding_window=64", "model.sliding_layers=[0, 1, 2]"]))
 
 
 @case("configs", "model.family whose switches the config does not set", "model.qk_norm='none' (family qwen3 has "

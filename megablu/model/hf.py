@@ -131,7 +131,11 @@ def _local_theta(hf_config, rp: dict) -> Optional[float]:
 
 
 def _family_of(hf_config) -> Optional[str]:
+    """The family of a config's model_type; None for one BluModel does not import (the multimodal
+    model_type 'gemma3' included: its text model is 'gemma3_text')."""
     t = getattr(hf_config, "model_type", None)
+    if t in MODEL_TYPES:
+        return None
     return _FAMILY_OF.get(t, t)
 
 
