@@ -1,4 +1,4 @@
-"""Ulysses sp=2 with each family's switches == one rank: the token-mean loss and every gradient.
+"""Ulysses sp=2 and sp=4 with each family's switches == one rank: the token-mean loss and every gradient.
 
 q/k norms (per head and over the projection), post-norms, NoPE layers, a llama3 parent rope with
 YaRN on top, Gemma 3's switches with a sliding window crossing the ranks' boundary and a Mistral
@@ -55,20 +55,29 @@ def _reference(c):
     return float((s / n).detach()), {k: p.grad.detach().clone() for k, p in model.named_parameters()}
 
 
+CASES_4 = [
+    # 6 heads on 4 ranks (padded), kv 3; a 8-token window over 30 tokens held 8 per rank
+    dict(family="gemma3", **GEMMA3, sliding_window=8, sliding_layers=[0], h=6, kv=3, T=30,
+         rope=RopeConfig(theta=1e6, local_theta=1e4)),
+    dict(family="olmo2", qk_norm="proj", norm_layout="post", h=8, kv=2, T=32, rope=LLAMA3_YARN),   # kv < sp
+]
+
+
 def _worker(rank, world, cases):
     from megablu.parallel.groups import build_groups
     from megablu.parallel.ulysses import apply_ulysses
 
     out = []
     for c in cases:
-        g = build_groups(2)
+        g = build_groups(world)
         out.append(engine_grads(apply_ulysses(_model(c), g), g, 1, c["T"]))
     return out
 
 
-def test_sp2_families_match_one_rank():
-    results = run_distributed(_worker, 2, CASES)
-    for c, (loss, grads) in zip(CASES, results):
+@pytest.mark.parametrize("sp,cases", [(2, CASES), (4, CASES_4)], ids=["sp2", "sp4"])
+def test_families_match_one_rank(sp, cases):
+    results = run_distributed(_worker, sp, cases)
+    for c, (loss, grads) in zip(cases, results):
         ref_loss, ref = _reference(c)
         assert loss == pytest.approx(ref_loss, rel=1e-5), c["family"]
         assert set(grads) == set(ref)
