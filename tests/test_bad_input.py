@@ -261,15 +261,69 @@ def _(lab):
                      "rope.yarn={factor: 4.0, original_max_position: 256}"])
 
 
-@case("configs", "init_from a transformers dir with another rope type", "rope_type='llama3' is not supported")
-def _(lab):
+def _hf_variant(lab, **changes):
+    """A copy of the lab's transformers dir with config.json's keys changed."""
     d = lab.fresh("hf") / "p"
     shutil.copytree(_hf_dir(lab), d)
     c = json.loads((d / "config.json").read_text())
-    c["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
-                            "original_max_position_embeddings": 128}
+    c.update(changes)
     (d / "config.json").write_text(json.dumps(c))
+    return d
+
+
+@case("configs", "init_from a transformers dir with a rope type megablu cannot reproduce",
+      "rope_type='dynamic' is not supported (default, linear, llama3 or yarn)")
+def _(lab):
+    d = _hf_variant(lab, rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 8.0})
     return lab.both([f"init_from={d}", *_EXT, "rope.yarn={factor: 2.0, original_max_position: 256}"])
+
+
+@case("configs", "init_from a llama3-rope transformers dir, child without rope.scaling",
+      "rope.scaling=none but the parent", "'type': 'llama3'", "set rope.scaling to the parent's")
+def _(lab):
+    d = _hf_variant(lab, rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": 64})
+    return lab.both([f"init_from={d}", *_EXT, "rope.yarn={factor: 2.0, original_max_position: 256}"])
+
+
+@case("configs", "init_from a transformers dir of an unknown model_type", "model_type='gemma3'",
+      "is not supported: BluModel imports gemma3_text, llama, mistral, olmo2, qwen2, qwen3, smollm3")
+def _(lab):
+    return lab.both([f"init_from={_hf_variant(lab, model_type='gemma3', architectures=['Gemma3ForCausalLM'])}"])
+
+
+@case("configs", "init_from a Qwen2 dir with sliding layers", "in layers [2, 3] is imported for gemma3 and mistral "
+      "only", "would change the logits beyond the window")
+def _(lab):
+    d = _hf_variant(lab, model_type="qwen2", use_sliding_window=True, sliding_window=64, max_window_layers=2,
+                    layer_types=None)
+    return lab.both([f"init_from={d}"])
+
+
+_WINDOW = ["model.family=mistral", "model.sliding_window=64", "model.sliding_layers=[0, 1, 2, 3]"]
+case("configs", "a sliding window with data.doc_mask", "data.doc_mask=true with model.sliding_layers [0, 1, 2, 3]",
+     "no kernel here applies a document mask and a sliding window together; set data.doc_mask=false")(
+    lambda lab: lab.both([*_WINDOW, "data.doc_mask=true"]))
+case("configs", "a sliding window with memory.attention=fa4", "memory.attention=fa4 with model.sliding_layers",
+     "set memory.attention=sdpa")(lambda lab: lab.both([*_WINDOW, "memory.attention=fa4"]))
+case("configs", "Gemma 3 sliding layers without rope.local_theta", "model.family=gemma3 with model.sliding_layers "
+     "[0, 1, 2] needs rope.local_theta", "set rope.local_theta")(
+    lambda lab: lab.both(["model.family=gemma3", "model.qk_norm=head", "model.norm_layout=sandwich",
+                          "model.norm_offset=true", "model.embed_scale=true", "model.activation=gelu_tanh",
+                          "model.sliding_window=64", "model.sliding_layers=[0, 1, 2]"]))
+
+
+@case("configs", "model.family whose switches the config does not set", "model.qk_norm='none' (family qwen3 has "
+      "'head')", "set model.family to the family these switches describe")
+def _(lab):
+    return lab.both(["model.family=qwen3"])
+
+
+@case("configs", "rope.scaling llama3 without its band fields", "rope.scaling.type=llama3 needs rope.scaling."
+      "low_freq_factor, high_freq_factor, original_max_position")
+def _(lab):
+    return lab.both(["rope.scaling={type: llama3, factor: 8.0}"])
 
 
 @case("configs", "init_from a sharded transformers model's index, another rope", "trained at window 256")

@@ -9,6 +9,9 @@ it was trained with (`ParentRecord`, read by `megablu.checkpoint.weights.parent_
 Rules (child rope C at window T, parent trained at window W with rope P):
 - theta: C.theta == P.theta, unless `rope.allow_theta_change` (an ABF-style base raise
   is a recipe, but never an accident);
+- scaling: C.scaling == P.scaling (linear / llama3: part of the frequencies the parent
+  learned; YaRN applies on top of them, so a llama3 parent at W = max_position_embeddings
+  takes C.yarn.original_max_position = W like any plain parent);
 - P plain RoPE, C YaRN: C.yarn.original_max_position == W (the frequencies YaRN
   interpolates are the ones the parent learned at W);
 - P YaRN (the parent is itself an extension), C YaRN: C keeps P's original_max_position
@@ -49,7 +52,8 @@ class ParentRecord:
 # 8 heads x 64 and 4 heads x 128 (or another kv-head split, another norm eps) load the same
 # tensors and compute another function. init_std only shapes a random init.
 ARCH_FIELDS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab_size",
-               "tie_embeddings", "norm_eps", "qkv_bias")
+               "tie_embeddings", "norm_eps", "qkv_bias", "qk_norm", "norm_layout", "nope_layers",
+               "norm_offset", "embed_scale", "activation", "sliding_window", "sliding_layers")
 
 
 def _arch_value(m: ModelConfig, field: str):
@@ -105,6 +109,15 @@ def rope_lineage_problems(child: RopeConfig, window: int, parent: Optional[Paren
     if child.theta != p.theta and not child.allow_theta_change:
         errs.append(f"rope.theta={child.theta:g} but the parent {src} was trained with rope.theta={p.theta:g}; set "
                     f"rope.theta={p.theta:g} (or rope.allow_theta_change=true for a deliberate base change)")
+    if child.local_theta != p.local_theta:
+        errs.append(f"rope.local_theta={child.local_theta} but the parent {src} was trained with rope.local_theta="
+                    f"{p.local_theta} (the sliding layers' RoPE base); set rope.local_theta={p.local_theta}")
+    if child.scaling != p.scaling:
+        def fmt(r):
+            return "none" if r.scaling is None else str(r.scaling.model_dump(exclude_none=True))
+        errs.append(f"rope.scaling={fmt(child)} but the parent {src} was trained with rope.scaling={fmt(p)}; its "
+                    f"weights know those frequencies (rope.yarn is applied on top of them): set rope.scaling to "
+                    f"the parent's")
     c, py = child.yarn, p.yarn
     if c is None:
         if py is not None:

@@ -225,7 +225,8 @@ _SESSION_FIELDS = {("train", "stop_after"), ("train", "stop_after_s"), ("train",
 
 # Fields added after runs were started, left out of the hash while unset (None, or a flag left False),
 # so that those runs resume.
-_LATER_FIELDS = {("data", "mix"), ("rope", "allow_yarn_from_scratch"), ("eval", "string"), ("eval", "suite")}
+_LATER_FIELDS = {("data", "mix"), ("rope", "allow_yarn_from_scratch"), ("eval", "string"), ("eval", "suite"),
+                 ("rope", "scaling"), ("model", "family"), ("model", "sliding_window"), ("rope", "local_theta")}
 # ... and fields added with a default that is the behaviour before them, left out while at it
 # (memory.loss's default became auto, hashed as itself; chunked keeps the hash of the runs
 # from before the field, and a resume accepts a memory.loss change: train/resume.py)
@@ -238,7 +239,11 @@ _LATER_DEFAULTS = {("memory", "loss"): "chunked", ("memory", "attention"): "sdpa
                    ("eval", "string", "attention_factor"): 1.0,
                    # no loss sets (eval.loss.data alone, as before); RULER's tasks also gated at the parent's
                    # window (a stricter gate for a resumed run with ruler_* tasks; no other changes)
-                   ("eval", "loss", "sets"): {}, ("eval", "gate", "ruler_at_window"): True}
+                   ("eval", "loss", "sets"): {}, ("eval", "gate", "ruler_at_window"): True,
+                   # model families: every switch off is the Llama/Qwen2 block of the runs before them
+                   ("model", "qk_norm"): "none", ("model", "norm_layout"): "pre", ("model", "nope_layers"): [],
+                   ("model", "norm_offset"): False, ("model", "embed_scale"): False, ("model", "activation"): "silu",
+                   ("model", "sliding_layers"): []}
 
 
 def config_hash(cfg: Config) -> str:

@@ -82,12 +82,11 @@ class _BlockForward:
         return h
 
     def _mlp_part(self, h):
-        b = self.block
-        return h + b.mlp(b.post_attention_layernorm(h))
+        return h + self.block.ffn(h)
 
     def _norm_mlp(self, h):
-        """Row-wise: the second norm and the untiled MLP (the function tiled under selective)."""
-        return self.dense(self.block.post_attention_layernorm(h))
+        """Row-wise: the MLP branch with the untiled MLP (the function tiled under selective)."""
+        return self.block.ffn(h, self.dense)
 
     def _run(self, x, cos, sin, cache, docs, reentrant: bool):
         """`docs`: document-causal attention (the same DocMask for every layer, also when recomputed)."""
@@ -98,11 +97,11 @@ class _BlockForward:
         if self.recompute == "selective" and train:
             # attention's inputs/outputs stay saved (attention is never recomputed); the
             # second norm, the MLP and its (B, T, ffn) intermediates are recomputed from h.
-            h = x + b.self_attn(b.input_layernorm(x), cos, sin, None, docs)
+            h = b.attend(x, cos, sin, None, docs)
             if self.tiles > 1:
                 # the tiled MLP already rebuilds its tiles from its saved input: tiling the
                 # norm with it saves exactly h, with no checkpoint and no third MLP forward
-                ps = (b.post_attention_layernorm.weight, *b.mlp.parameters())
+                ps = (*(n.weight for n in b.ffn_norms), *b.mlp.parameters())
                 return h + tiled(self._norm_mlp, h, self.tiles, ps)
             return checkpoint(self._mlp_part, h, use_reentrant=reentrant)
         return self.plain(x, cos, sin, cache, docs)

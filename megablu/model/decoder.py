@@ -1,4 +1,10 @@
-"""BluModel: a Llama/Qwen2-style decoder. Architecture only (no deepspeed import).
+"""BluModel: a Llama-style decoder. Architecture only (no deepspeed import).
+
+Families (model/hf.py imports and exports them; docs/MODELS.md) are switches of this one class,
+off by default (config model.*): qk_norm (Qwen3 per head, OLMo 2 over the projection),
+norm_layout=post (OLMo 2), nope_layers (SmolLM3's layers without RoPE), and Gemma 3's norm_offset,
+embed_scale, activation=gelu_tanh, norm_layout=sandwich and sliding_layers (a window of
+sliding_window tokens, their own RoPE at rope.local_theta: `rotary_local`).
 
 Layout convention: activations are (B, T, d); attention works on (B, T, H, D) so that
 DeepSpeed's DistributedAttention (scatter heads, gather sequence) can wrap the inner
@@ -41,15 +47,20 @@ from .rope import RotaryEmbedding
 class RMSNorm(nn.Module):
     """x * rsqrt(mean(x^2) + eps) in fp32, cast back, then * weight (HF LlamaRMSNorm order).
 
-    `impl` picks the kernel (megablu.ops: fused CUDA or the pure-torch reference)."""
+    offset (model.norm_offset, Gemma): the scale is 1 + weight (Gemma3RMSNorm; it multiplies in fp32
+    before the cast, the same numbers in fp32). `impl` picks the kernel (megablu.ops: fused CUDA or the
+    pure-torch reference)."""
 
-    def __init__(self, dim: int, eps: float, impl: Optional[str] = None):
+    def __init__(self, dim: int, eps: float, impl: Optional[str] = None, offset: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-        self.eps, self.impl = eps, impl
+        self.eps, self.impl, self.offset = eps, impl, offset
+
+    def scale(self) -> torch.Tensor:
+        return self.weight + 1 if self.offset else self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.rms_norm(x, self.weight, self.eps, impl=self.impl)
+        return ops.rms_norm(x, self.scale(), self.eps, impl=self.impl)
 
 
 @dataclass
@@ -115,14 +126,26 @@ class LocalAttention(nn.Module):
     (training, a prefill): "sdpa", "fa4" or "auto" (ops/attention.py). A decode step (T < S, a KV
     cache) runs SDPA with a bottom-right causal mask whatever the kernel. With `docs` (a DocMask
     over these T tokens) the attention is document-causal instead, on the kernel the DocMask
-    chose (FlexAttention on CUDA); fa4 refuses it."""
+    chose (FlexAttention on CUDA); fa4 refuses it.
 
-    def __init__(self, layer_idx: int = 0):
+    `window` (model.sliding_window on the layers of model.sliding_layers): a query at i attends to keys
+    i - window < j <= i only, through SDPA with that boolean mask whatever the kernel (under Ulysses
+    too: this kernel sees the whole sequence). The config refuses the window with fa4 or doc_mask."""
+
+    def __init__(self, layer_idx: int = 0, window: Optional[int] = None):
         super().__init__()
         self.layer_idx = layer_idx
         self.kernel = "sdpa"
+        self.window = window
 
     def forward(self, q, k, v, cache: Optional[KVCache] = None, docs: Optional[DocMask] = None):
+        if self.window is not None:
+            if docs is not None:
+                raise ValueError("a sliding-window layer (model.sliding_layers) with document masking "
+                                 "(data.doc_mask): no kernel here applies both; set data.doc_mask=false")
+            if cache is not None:
+                k, v = cache.append(self.layer_idx, k, v)
+            return self._windowed(q, k, v)
         if docs is not None:
             if cache is not None:
                 raise ValueError("document masking with a KV cache is not supported (generation runs one sequence)")
@@ -133,6 +156,17 @@ class LocalAttention(nn.Module):
         if cache is not None:
             k, v = cache.append(self.layer_idx, k, v)
         return self._plain(q, k, v)
+
+    def _windowed(self, q, k, v):
+        """q (B, T, H, D) over k, v (B, tk, Hkv, D), bottom-right aligned, each query seeing its last
+        `window` keys (itself included), as transformers' sliding_window_causal mask."""
+        tq, tk = q.shape[1], k.shape[1]
+        i = torch.arange(tq, device=q.device)[:, None] + (tk - tq)
+        j = torch.arange(tk, device=q.device)[None, :]
+        mask = (j <= i) & (j > i - self.window)                      # (tq, tk)
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))              # (B, T, H, D) -> (B, H, T, D)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+        return out.transpose(1, 2)
 
     def _plain(self, q, k, v):
         """Causal attention of q (B, T, H, D) over k, v (B, tk, Hkv, D), tk >= T (bottom-right aligned)."""
@@ -162,15 +196,32 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.n_heads * hd, d, bias=False)
+        # q/k RMSNorm before RoPE: "head" normalises each (.., D) head with one D-weight shared by the
+        # heads (Qwen3: q_norm(q_proj(x).view(B, T, H, D))); "proj" the whole (.., H*D) projection
+        # before the split into heads (OLMo 2: q_norm(q_proj(x)))
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm != "none":
+            nq, nk = (hd, hd) if cfg.qk_norm == "head" else (self.n_heads * hd, self.n_kv_heads * hd)
+            self.q_norm = RMSNorm(nq, cfg.norm_eps, impl, cfg.norm_offset)
+            self.k_norm = RMSNorm(nk, cfg.norm_eps, impl, cfg.norm_offset)
+        # NoPE layers (SmolLM3): attention sees q and k without any rotation
+        self.rope = layer_idx not in cfg.nope_layers
+        self.sliding = layer_idx in cfg.sliding_layers
         # The inner kernel; apply_ulysses replaces it with a sequence-parallel wrapper.
-        self.core: nn.Module = LocalAttention(layer_idx)
+        self.core: nn.Module = LocalAttention(layer_idx, cfg.sliding_window if self.sliding else None)
 
     def forward(self, x, cos, sin, cache: Optional[KVCache] = None, docs: Optional[DocMask] = None):
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        q, k = self.q_proj(x), self.k_proj(x)
+        if self.qk_norm == "proj":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(B, T, self.n_heads, self.head_dim)
+        k = k.view(B, T, self.n_kv_heads, self.head_dim)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
-        q, k = ops.apply_rotary(q, k, cos, sin, impl=self.impl)
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rope:
+            q, k = ops.apply_rotary(q, k, cos, sin, impl=self.impl)
         if cache is not None:
             out = self.core(q, k, v, cache)
         elif docs is not None:
@@ -181,34 +232,82 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(silu(gate(x)) * up(x)); GeGLU with activation=gelu_tanh (Gemma's gelu_pytorch_tanh)."""
 
     def __init__(self, cfg: ModelConfig, impl: Optional[str] = None):
         super().__init__()
         self.impl = impl
+        self.gelu = cfg.activation == "gelu_tanh"
         self.gate_proj = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)
         self.up_proj = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)
         self.down_proj = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=False)
 
     def forward(self, x):
+        if self.gelu:
+            return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
         return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x), impl=self.impl))
 
 
 class Block(nn.Module):
+    """norm_layout pre (Llama): h = x + attn(input_layernorm(x)); out = h + mlp(post_attention_layernorm(h)).
+    post (OLMo 2): h = x + post_attention_layernorm(attn(x)); out = h + post_feedforward_layernorm(mlp(h)).
+    sandwich (Gemma 3): h = x + post_attention_layernorm(attn(input_layernorm(x)));
+    out = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h))).
+    The names are transformers' (an import/export maps them by prefix)."""
+
     def __init__(self, cfg: ModelConfig, layer_idx: int, impl: Optional[str] = None):
         super().__init__()
         self.impl = impl
-        self.input_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps, impl)
+        self.layout = cfg.norm_layout
+
+        def norm():
+            return RMSNorm(cfg.d_model, cfg.norm_eps, impl, cfg.norm_offset)
+
+        if self.layout != "post":
+            self.input_layernorm = norm()
         self.self_attn = Attention(cfg, layer_idx, impl)
-        self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps, impl)
+        self.post_attention_layernorm = norm()
+        if self.layout == "sandwich":
+            self.pre_feedforward_layernorm = norm()
+        if self.layout != "pre":
+            self.post_feedforward_layernorm = norm()
         self.mlp = MLP(cfg, impl)
 
+    def attend(self, x, cos, sin, cache: Optional[KVCache] = None, docs: Optional[DocMask] = None):
+        """x + the attention branch (the first residual)."""
+        if self.layout == "pre":
+            return x + self.self_attn(self.input_layernorm(x), cos, sin, cache, docs)
+        a = self.self_attn(x if self.layout == "post" else self.input_layernorm(x), cos, sin, cache, docs)
+        return x + self.post_attention_layernorm(a)
+
+    @property
+    def ffn_norms(self) -> tuple:
+        """The norms the MLP branch reads (before the MLP, after it, or both)."""
+        if self.layout == "pre":
+            return (self.post_attention_layernorm,)
+        if self.layout == "post":
+            return (self.post_feedforward_layernorm,)
+        return (self.pre_feedforward_layernorm, self.post_feedforward_layernorm)
+
+    def ffn(self, h, mlp=None):
+        """The MLP branch of h (row-wise), out = h + ffn(h); `mlp` replaces self.mlp (an untiled one)."""
+        mlp = mlp or self.mlp
+        if self.layout == "pre":
+            return mlp(self.post_attention_layernorm(h))
+        if self.layout == "post":
+            return self.post_feedforward_layernorm(mlp(h))
+        return self.post_feedforward_layernorm(mlp(self.pre_feedforward_layernorm(h)))
+
     def forward(self, x, cos, sin, cache: Optional[KVCache] = None, docs: Optional[DocMask] = None):
-        """`docs`: document-causal attention (the same DocMask for every layer)."""
+        """`docs`: document-causal attention (the same DocMask for every layer). cos/sin: this layer's
+        rope tables (BluModel.forward picks the local ones for a sliding layer with rope.local_theta)."""
+        if self.layout != "pre":
+            h = self.attend(x, cos, sin, cache, docs)
+            return h + self.ffn(h)
         a = self.self_attn(self.input_layernorm(x), cos, sin, cache, docs)
         # fused residual add + norm: h = x + a, y = rmsnorm(h) in one pass
         n = self.post_attention_layernorm
-        y, h = ops.add_rms_norm(a, x, n.weight, n.eps, impl=self.impl)
+        y, h = ops.add_rms_norm(a, x, n.scale(), n.eps, impl=self.impl)
         return h + self.mlp(y)
 
 
@@ -264,8 +363,11 @@ class BluModel(nn.Module):
         self.max_position: Optional[int] = None   # max_position_embeddings an HF import recorded (model/hf.py)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
-        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps, offset=cfg.norm_offset)
         self.rotary = RotaryEmbedding(cfg.resolved_head_dim, rope)
+        # Gemma 3's sliding layers: plain RoPE at their own base, never scaled (their distances stay < the window)
+        self.rotary_local = (RotaryEmbedding(cfg.resolved_head_dim, RopeConfig(theta=rope.local_theta))
+                             if rope.local_theta is not None and cfg.sliding_layers else None)
         self.lm_head = LMHead(cfg.d_model, cfg.vocab_size)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -276,7 +378,7 @@ class BluModel(nn.Module):
         std = self.cfg.init_std
         for name, p in self.named_parameters():
             if name.endswith("norm.weight") or "layernorm" in name:
-                p.fill_(1.0)
+                p.fill_(0.0 if self.cfg.norm_offset else 1.0)   # a scale of 1 either way
             elif name.endswith(".bias"):
                 p.zero_()
             elif name.endswith(("o_proj.weight", "down_proj.weight")):
@@ -312,10 +414,15 @@ class BluModel(nn.Module):
         # one mask for every layer (and under Ulysses every rank: all see the full S)
         docs = DocMask(doc_ids.to(input_ids.device)) if doc_ids is not None else None
         h = self.embed_tokens(input_ids)
+        if self.cfg.embed_scale:
+            # Gemma: * sqrt(d_model), the factor rounded to the embedding's dtype as transformers does
+            h = h * torch.tensor(self.cfg.d_model ** 0.5, dtype=h.dtype)
         rl = self._rope_len(B, T, cache, doc_ids, rope_len, input_ids.device) if self.rotary.length_aware else None
         cos, sin = self.rotary(position_ids, h.dtype, rl)
+        local = self.rotary_local(position_ids, h.dtype) if self.rotary_local is not None else (cos, sin)
         for layer in self.layers:
-            h = layer(h, cos, sin, cache, docs=docs)
+            c, s = local if layer.self_attn.sliding else (cos, sin)
+            h = layer(h, c, s, cache, docs=docs)
         if labels is None and logits_index is not None:
             i = logits_index % T
             h = h[:, i:i + 1]

@@ -1,10 +1,17 @@
-"""Rotary position embedding with optional YaRN.
+"""Rotary position embedding: the parent's frequencies (default, linear or llama3) with optional YaRN.
 
 The YaRN math follows transformers' `modeling_rope_utils._compute_yarn_parameters`
 (Peng et al. 2023, "YaRN: Efficient Context Window Extension of Large Language Models"):
 per-frequency blend of interpolated (inv_freq / factor) and extrapolated (inv_freq)
 frequencies over a linear ramp between the correction dims of beta_fast and beta_slow
 rotations, and an attention factor 0.1 ln(factor) + 1 that scales both cos and sin.
+
+rope.scaling (linear, llama3) gives the parent's own frequencies, exactly as transformers'
+`_compute_linear_scaling_rope_parameters` / `_compute_llama3_parameters`. YaRN on top of them
+blends the PARENT's frequencies: interpolated (parent / factor) and extrapolated (parent) over
+the same ramp of dim indices transformers' YaRN computes from theta. With no scaling this is
+transformers' YaRN exactly; with one, transformers has no rope_type for it (model/hf.py refuses
+to export it).
 """
 from __future__ import annotations
 
@@ -14,7 +21,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..config.schema import RopeConfig
+from ..config.schema import RopeConfig, RopeScalingConfig
 
 
 def default_inv_freq(dim: int, theta: float) -> torch.Tensor:
@@ -22,10 +29,33 @@ def default_inv_freq(dim: int, theta: float) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
 
 
+def scaled_inv_freq(dim: int, theta: float, s: Optional[RopeScalingConfig]) -> torch.Tensor:
+    """The parent's frequencies (dim/2,): default, linear (all / factor) or llama3 (Meta's Llama 3.1
+    band scaling: wavelengths above original/low_freq_factor divided by factor, below
+    original/high_freq_factor kept, a linear blend in between), as transformers computes them."""
+    inv = default_inv_freq(dim, theta)
+    if s is None:
+        return inv
+    if s.type == "linear":
+        return inv / s.factor
+    low_wl = s.original_max_position / s.low_freq_factor
+    high_wl = s.original_max_position / s.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    out = torch.where(wavelen > low_wl, inv / s.factor, inv)
+    smooth = (s.original_max_position / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    smoothed = (1 - smooth) * out / s.factor + smooth * out
+    medium = ~(wavelen < high_wl) * ~(wavelen > low_wl)
+    return torch.where(medium, smoothed, out)
+
+
 def yarn_inv_freq(dim: int, theta: float, factor: float, original_max_position: int,
                   beta_fast: float = 32.0, beta_slow: float = 1.0, truncate: bool = True,
-                  attention_factor: Optional[float] = None) -> tuple[torch.Tensor, float]:
-    """(inv_freq (dim/2,), attention_factor), equal to transformers' YaRN parameters."""
+                  attention_factor: Optional[float] = None,
+                  base: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, float]:
+    """(inv_freq (dim/2,), attention_factor), equal to transformers' YaRN parameters.
+
+    base: the parent's frequencies when it was trained with a scaled rope (scaled_inv_freq);
+    None: theta's default ones, transformers' YaRN."""
     if attention_factor is None:
         attention_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
 
@@ -40,9 +70,12 @@ def yarn_inv_freq(dim: int, theta: float, factor: float, original_max_position: 
     if low == high:
         high += 0.001  # transformers' guard against a zero-width ramp
 
-    pos_freqs = theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
-    inv_extra = 1.0 / pos_freqs              # high frequencies: keep (extrapolate)
-    inv_inter = 1.0 / (factor * pos_freqs)   # low frequencies: interpolate
+    if base is None:
+        pos_freqs = theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+        inv_extra = 1.0 / pos_freqs              # high frequencies: keep (extrapolate)
+        inv_inter = 1.0 / (factor * pos_freqs)   # low frequencies: interpolate
+    else:
+        inv_extra, inv_inter = base, base / factor
     ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
     extra_weight = 1 - ramp
     inv_freq = inv_inter * (1 - extra_weight) + inv_extra * extra_weight
@@ -61,13 +94,14 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, rope: RopeConfig):
         super().__init__()
-        native = default_inv_freq(head_dim, rope.theta)
+        native = scaled_inv_freq(head_dim, rope.theta, rope.scaling)
         if rope.yarn is None:
             inv_freq, scale = native, 1.0
         else:
             y = rope.yarn
             inv_freq, scale = yarn_inv_freq(head_dim, rope.theta, y.factor, y.original_max_position,
-                                            y.beta_fast, y.beta_slow, y.truncate, y.attention_factor)
+                                            y.beta_fast, y.beta_slow, y.truncate, y.attention_factor,
+                                            base=native if rope.scaling is not None else None)
         # A plain attribute, not a buffer: module.bfloat16() (DeepSpeed does it) must not round
         # the frequencies, and a checkpoint must never carry a stale table.
         self.inv_freq = inv_freq

@@ -398,6 +398,12 @@ def apply_string(model, string, length: Optional[int] = None) -> Optional[String
         if setting is not None:
             raise ValueError(f"eval.string (STRING) needs a BluModel; {type(model).__name__} has no STRING path")
         return None
+    c = model.cfg
+    if setting is not None and (c.qk_norm != "none" or c.nope_layers or c.sliding_layers):
+        raise ValueError(f"eval.string (STRING) remaps RoPE positions of a plain q/k projection in full attention; "
+                         f"this model has model.qk_norm={c.qk_norm!r}, model.nope_layers={c.nope_layers}, "
+                         f"model.sliding_layers={c.sliding_layers} (family {c.resolved_family}), which STRING's "
+                         f"attention does not compute: remove eval.string")
     prev = installed(model)
     if setting is None:
         if prev is not None:

@@ -68,10 +68,10 @@ def test_yarn_factor_one_with_an_attention_factor_is_refused_clearly():
 
 
 def test_unsupported_rope_names_the_model_without_architectures():
-    rope = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
+    rope = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
     cfg = transformers.LlamaConfig(**SMALL, rope_parameters=rope)
     cfg.architectures = None
     with pytest.raises(ValueError) as e:
         configs_from_hf(cfg)
     msg = str(e.value)
-    assert "'linear'" in msg and "llama" in msg and not msg.rstrip().endswith("arch")
+    assert "'dynamic'" in msg and "llama" in msg and not msg.rstrip().endswith("arch")

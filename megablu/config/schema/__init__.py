@@ -29,14 +29,15 @@ from .eval import (
     string_problems,
 )
 from .memory import FA4_HEAD_DIM, MemoryConfig
-from .model import ModelConfig, RopeConfig, TokenizerConfig, YarnConfig
+from .model import FAMILIES, ModelConfig, RopeConfig, RopeScalingConfig, TokenizerConfig, YarnConfig
 from .root import RUN_NAME_MAX, Config, HubConfig, grad_accum_steps, run_name_problem
 from .train import CheckpointConfig, ParallelConfig, ScheduleConfig, TrainConfig, checkpoint_problems
 
-__all__ = ["CHECKS", "FA4_HEAD_DIM", "MAX_STEPS_MAX", "RUN_NAME_MAX", "SEED_MAX", "STRING_AUTHORS_FACTOR",
+__all__ = ["CHECKS", "FAMILIES", "FA4_HEAD_DIM", "MAX_STEPS_MAX", "RUN_NAME_MAX", "SEED_MAX", "STRING_AUTHORS_FACTOR",
            "STRING_AUTHORS_LOCAL", "STRING_AUTHORS_RATIO", "CheckpointConfig", "Config", "DataConfig", "EvalConfig",
            "GateConfig", "HubConfig", "LossEvalConfig", "MemoryConfig", "MixSource", "Mode", "ModelConfig",
-           "ParallelConfig", "RopeConfig", "ScheduleConfig", "Section", "StringConfig", "TokenizerConfig",
-           "TrainConfig", "WARNINGS", "YarnConfig", "check_invariants", "checkpoint_problems", "config_warnings",
+           "ParallelConfig", "RopeConfig", "RopeScalingConfig", "ScheduleConfig", "Section", "StringConfig",
+           "TokenizerConfig", "TrainConfig", "WARNINGS", "YarnConfig", "check_invariants", "checkpoint_problems",
+           "config_warnings",
            "eval_padded_len", "eval_problems", "grad_accum_steps", "kernel_invariants", "mix_invariants",
            "run_name_problem", "string_problems"]

@@ -28,6 +28,38 @@ def yarn_window_problems(cfg: Config, world_size: Optional[int], device: Optiona
             f"(original_max_position must be the length the parent was actually trained at)"]
 
 
+def family_problems(cfg: Config, world_size: Optional[int], device: Optional[str]) -> list[str]:
+    """Sliding-window layers against the kernels and the rope (model/decoder.py LocalAttention._windowed)."""
+    m, r, errs = cfg.model, cfg.rope, []
+    if m.sliding_layers and cfg.memory.attention == "fa4":
+        errs.append(f"memory.attention=fa4 with model.sliding_layers {m.sliding_layers}: the sliding window "
+                    f"runs on SDPA with a window mask here; set memory.attention=sdpa (or auto: windowed layers "
+                    f"take SDPA)")
+    if m.sliding_layers and cfg.data.doc_mask:
+        errs.append(f"data.doc_mask=true with model.sliding_layers {m.sliding_layers}: no kernel here applies a "
+                    f"document mask and a sliding window together; set data.doc_mask=false")
+    fam = m.resolved_family
+    if fam == "gemma3" and m.sliding_layers and r.local_theta is None:
+        errs.append(f"model.family=gemma3 with model.sliding_layers {m.sliding_layers} needs rope.local_theta: "
+                    f"Gemma 3's sliding layers have their own plain RoPE base (rope_local_base_freq, 10000 in its "
+                    f"releases); set rope.local_theta")
+    if fam != "gemma3" and r.local_theta is not None:
+        errs.append(f"rope.local_theta={r.local_theta:g} with model.family={fam}: only Gemma 3 gives its sliding "
+                    f"layers their own RoPE (a {fam} model's sliding layers share rope.theta); remove it")
+    elif r.local_theta is not None and not m.sliding_layers:
+        errs.append(f"rope.local_theta={r.local_theta:g} has no effect without model.sliding_layers (it is the "
+                    f"RoPE base of the sliding layers); remove it")
+    y = r.yarn
+    if y is not None and r.local_theta is not None and m.sliding_window > y.original_max_position:
+        # the rule: YaRN where a layer meets distances beyond what it was trained at; a sliding layer's
+        # distances stay < its window, so it keeps its plain RoPE, which needs the window within the original
+        errs.append(f"model.sliding_window={m.sliding_window} > rope.yarn.original_max_position="
+                    f"{y.original_max_position}: the sliding layers keep their plain RoPE (rope.local_theta) under "
+                    f"YaRN because their distances stay below the window, which must then be within the length "
+                    f"the parent was trained at; check rope.yarn.original_max_position")
+    return errs
+
+
 def profile_step_problems(cfg: Config, world_size: Optional[int], device: Optional[str]) -> list[str]:
     ps = cfg.train.profile_step
     if ps is not None and ps > cfg.train.max_steps:
@@ -172,7 +204,8 @@ def kernel_choice_problems(cfg: Config, world_size: Optional[int], device: Optio
 
 
 # In this order: the messages come out as the sections read in a config.
-CHECKS = (yarn_window_problems, profile_step_problems, schedule_problems, checkpoint_section_problems,
+CHECKS = (yarn_window_problems, family_problems, profile_step_problems, schedule_problems,
+          checkpoint_section_problems,
           eval_section_problems, data_problems, head_problems, topology_problems, cpu_problems, memory_problems,
           kernel_choice_problems)
 
