@@ -1,7 +1,7 @@
 """The vocab loss through the lm head: megablu's chunked linear cross-entropy against the
 kept libraries that fuse the same thing (issue 17, item 3).
 
-    source launch/device_env.sh
+    source dev/device_env.sh
     OUT=$OUT python bench/loss_bench.py --T 32768,131072            # GPU: rows to $OUT/loss_bench.json
     python bench/loss_bench.py --render $OUT/loss_bench.json         # the markdown table (CPU)
     python bench/loss_bench.py --device cpu --T 64 --d 32 --V 200    # CPU rehearsal, toy shape

@@ -1,6 +1,6 @@
 """The add+RMSNorm backward kernel's two paths, side by side on one GPU.
 
-    source launch/device_env.sh && OUT=$OUT python bench/rmsnorm_bwd_variants.py [--T 32768 131072]
+    source dev/device_env.sh && OUT=$OUT python bench/rmsnorm_bwd_variants.py [--T 32768 131072]
 
 The extension is built once (megablu.ops.builder, as training loads it); each variant is then
 measured in its own process, one after another, with MEGABLU_RMS_BWD_ASYNC set to force its

@@ -174,7 +174,7 @@ def main():
     p.add_argument("--json", default="train_bench.json", help="file name under $OUT for the rows")
     p.add_argument("--layers", type=int, default=0,
                    help="blu-0.5b with this many layers instead of 36: a depth-truncated step for windows "
-                        "whose full-depth step outlasts a device call (bench/h200_capacity.sh)")
+                        "whose full-depth step outlasts a device call (experiments/speed/capacity.sh)")
     a = p.parse_args()
     if a.layers:
         global BLU05B

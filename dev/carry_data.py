@@ -6,8 +6,8 @@ dataset: the chosen buckets' shards and a manifest listing only them (counts rec
 `subset` recording what was dropped). Every shard keeps its sha256, so `megablu data verify`
 checks it after unpacking, and the loader verifies it again before training.
 
-    python bench/carry_data.py pack data_cache/smol_corpus --buckets b3 --out data_cache/carry_a --name long
-    python bench/carry_data.py unpack data_cache/carry_a --to data_cache/dev   # on the device
+    python dev/carry_data.py pack data_cache/smol_corpus --buckets b3 --out data_cache/carry_a --name long
+    python dev/carry_data.py unpack data_cache/carry_a --to data_cache/dev   # on the device
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def pruned_manifest(m: dict, buckets: list[str], splits: list[str]) -> dict:
     counts = {b: {s: c for s, c in m["counts"].get(b, {}).items() if s in splits} for b in buckets}
     out = dict(m, shards=shards, counts=counts)
     out["subset"] = {"buckets": buckets, "splits": splits, "of_shards": len(m["shards"]),
-                     "note": "a subset made by bench/carry_data.py; other buckets' shards are absent"}
+                     "note": "a subset made by dev/carry_data.py; other buckets' shards are absent"}
     out.pop("histogram", None)   # of the whole set: would misdescribe the subset
     return out
 

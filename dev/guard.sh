@@ -1,4 +1,4 @@
-# Sourced by the device scripts (bench/h200_replicate.sh, bench/h200_smollm2.sh): phase deadlines.
+# Sourced by the device scripts (experiments/replication/run.sh, experiments/replication/smollm2.sh): phase deadlines.
 # Needs WORK (logs go to WORK/logs, one row per phase to WORK/timeline.tsv); sets T0 if unset.
 T0=${T0:-$SECONDS}
 now() { echo $(( SECONDS - T0 )); }

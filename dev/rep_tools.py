@@ -1,7 +1,7 @@
-"""Helpers of bench/h200_replicate.sh (issue 8): find checkpoints, write the report.
+"""Helpers of experiments/replication/run.sh (issue 8): find checkpoints, write the report.
 
-    python bench/rep_tools.py newest WORK/runs rep_pretrain     # newest verified checkpoint of that run
-    python bench/rep_tools.py report WORK OUT/report.md --scale h200
+    python dev/rep_tools.py newest WORK/runs rep_pretrain     # newest verified checkpoint of that run
+    python dev/rep_tools.py report WORK OUT/report.md --scale h200
 
 Results on stdout, diagnostics on stderr; exit 1 when the thing asked for does not exist.
 """

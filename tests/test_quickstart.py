@@ -32,7 +32,7 @@ def _result(d: Path) -> dict:
 
 def test_quickstart_end_to_end(tmp_path):
     runs = tmp_path / "runs"
-    r = subprocess.run(["bash", str(ROOT / "launch" / "quickstart.sh"), "--runs-dir", str(runs)],
+    r = subprocess.run(["bash", str(ROOT / "examples" / "quickstart" / "quickstart.sh"), "--runs-dir", str(runs)],
                        capture_output=True, text=True, cwd=ROOT, timeout=1800)
     assert r.returncode == 0, r.stderr[-4000:]
     parent = next(runs.glob("qs_parent-*"))

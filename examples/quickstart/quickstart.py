@@ -1,8 +1,8 @@
-"""The quick start's own pieces (launch/quickstart.sh): retrieval training documents, the summary.
+"""The quick start's own pieces (examples/quickstart/quickstart.sh): retrieval training documents, the summary.
 
-    python -m megablu.quickstart passkey-docs --tokenizer SPEC --out DIR --lengths 90-255 --docs 6000 \
+    python3 examples/quickstart/quickstart.py passkey-docs --tokenizer SPEC --out DIR --lengths 90-255 --docs 6000 \
         --seed 1 --digits 1
-    python -m megablu.quickstart summary --parent-run RUN --ext-run RUN --parent-eval JSON \
+    python3 examples/quickstart/quickstart.py summary --parent-run RUN --ext-run RUN --parent-eval JSON \
         --untrained-eval JSON --ext-eval JSON [--gate FILE]
 
 A small model pretrained for minutes on code never learns to copy a number it read 200 tokens
@@ -36,10 +36,10 @@ def passkey_docs(out, tok_spec: str, *, lengths: tuple[int, int], docs: int, see
     Written as a megablu dataset (all train: the eval builds its own prompts, from its own seed
     and task name). A dataset already at `out` with the same recipe and tokenizer (and intact) is
     kept; any other is replaced."""
-    from .data.shards import DataError, DatasetWriter, read_manifest, verify_dataset
-    from .data.tokenizer import load_tokenizer, parse_tokenizer_spec
-    from .eval.passkey import NEEDLE, PasskeyBuilder
-    from .eval.prompts import repeat_to, rng_for
+    from megablu.data.shards import DataError, DatasetWriter, read_manifest, verify_dataset
+    from megablu.data.tokenizer import load_tokenizer, parse_tokenizer_spec
+    from megablu.eval.passkey import NEEDLE, PasskeyBuilder
+    from megablu.eval.prompts import repeat_to, rng_for
 
     tok_cfg = parse_tokenizer_spec(tok_spec)
     tok = load_tokenizer(tok_cfg)
@@ -101,7 +101,7 @@ def paired_loss_diff(a: dict, b: dict, conf: float = 0.95):
     split repeats some) counts once: an identical pair of losses in both arms is the same sequence."""
     import math
 
-    from .eval.stats import t_quantile, t_test_p
+    from megablu.eval.stats import t_quantile, t_test_p
 
     if a.get("digest") != b.get("digest"):
         return None
@@ -123,8 +123,8 @@ def claims(parent: dict, untrained: dict, ext: dict, window: int) -> dict:
     every starred gain of the extension at a length beyond the parent's window, with `long_context`:
     whether it exceeds the best gain of the same measure inside the window (an equal gain everywhere is
     extra training)."""
-    from .eval.report import STAR_ALPHA, difference
-    from .eval.stats import holm
+    from megablu.eval.report import STAR_ALPHA, difference
+    from megablu.eval.stats import holm
 
     out = {"window": window, "retrieval": {}, "loss": {}}
     for task in dict.fromkeys(c["task"] for c in ext["cells"]):
@@ -211,7 +211,7 @@ def verdict(c: dict, factor: float) -> str:
 def _train_loss(s: dict) -> str:
     """'training loss 8.41 -> 1.20 (means of the first and last 10 steps)' from the run's metrics.csv
     (a single step's loss swings with its batch: a passkey batch is near 0, a code batch near 4)."""
-    from .train.runs_cli import SMOOTH, _rows
+    from megablu.train.runs_cli import SMOOTH, _rows
 
     rows = _rows(Path(s["run_dir"]))
     if not rows:
@@ -230,7 +230,7 @@ def _fmt_cell(c: Optional[dict]) -> str:
 
 def summary_text(*, parent: dict, untrained: dict, ext: dict, window: int, factor: float, parent_run: dict,
                  ext_run: dict, gate: str = "", device: str = "CPU") -> str:
-    """The quick start's printed summary (launch/quickstart.sh's stdout)."""
+    """The quick start's printed summary (examples/quickstart/quickstart.sh's stdout)."""
     c = claims(parent, untrained, ext, window)
     names = [("parent", parent), (f"parent + YaRN x{factor:g}, untrained", untrained), ("extension", ext)]
     w = max(len(n) for n, _ in names) + 2
@@ -283,7 +283,7 @@ def summary_text(*, parent: dict, untrained: dict, ext: dict, window: int, facto
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m megablu.quickstart", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python3 examples/quickstart/quickstart.py", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("passkey-docs", help="passkey training documents (the eval's template, another seed)")
     d.add_argument("--tokenizer", required=True, help="tokenizer spec, as `megablu data build --tokenizer`")
@@ -314,7 +314,7 @@ def main(argv=None) -> int:
                          digits=args.digits, depth=(d0, d1))
         print(json.dumps({"out": args.out, "documents": sum(s["documents"] for s in m["shards"])}))
         return 0
-    from .eval.report import load_result
+    from megablu.eval.report import load_result
 
     res = {k: load_result(getattr(args, k)) for k in ("parent_eval", "untrained_eval", "ext_eval")}
     runs = {k: json.loads((Path(getattr(args, k)) / "summary.json").read_text()) for k in ("parent_run", "ext_run")}

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # megablu quick start: a parent trained from scratch, its YaRN extension (x4 on CPU, x8 on a GPU), and whether the
 # extension works beyond the parent's window -- measured, with intervals. One command:
-#   bash launch/quickstart.sh            CPU (2 cores are enough): ~4 min after the one-time install
-#   bash launch/quickstart.sh --gpu      one GPU, offline: 6.8 min on an H100 (measured 2026-12-05)
+#   bash examples/quickstart/quickstart.sh            CPU (2 cores are enough): ~4 min after the one-time install
+#   bash examples/quickstart/quickstart.sh --gpu      one GPU, offline: 6.8 min on an H100 (measured 2026-12-05)
 # Steps (each command is printed on stderr as it starts, with the seconds elapsed):
 #   1. set-up: .venv (launch/setup_env.sh), or on the H200 device the carried wheels
-#      (launch/device_env.sh, when .whl/ is there)
+#      (dev/device_env.sh, when .whl/ is there)
 #   2. data: this Python's stdlib sources tokenized (megablu data build) and passkey training
-#      documents (python -m megablu.quickstart passkey-docs: the eval's template, other keys)
+#      documents (python3 examples/quickstart/quickstart.py passkey-docs: the eval's template, other keys)
 #   3. pretrain the parent         CPU: window 256, 1 rank        GPU: window 2048
 #   4. YaRN extension from it      CPU: x4 to window 1024, Ulysses sp=2 on 2 ranks   GPU: x8 to window 16384
 #   5. megablu eval of the parent, of the parent with the same YaRN and no training, and of the
@@ -18,7 +18,8 @@
 # Options: --gpu, --runs-dir DIR (default runs), --out DIR (copy the summary, tables, plot, eval
 # results and logs there), --dry-run (print the commands, run nothing).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"   # examples/quickstart/quickstart.py imports this checkout's megablu
 
 GPU=0 DRY=0 RUNS=runs OUT=
 while [ $# -gt 0 ]; do
@@ -34,15 +35,15 @@ while [ $# -gt 0 ]; do
 done
 
 if [ $GPU = 1 ]; then
-  DEV=GPU; NAME=qs_gpu; DATA=data_cache/qs_gpu; CFG=yaml_configs/quickstart_gpu.yaml
-  CFG_EXT=yaml_configs/quickstart_gpu_ext.yaml; RANKS_EXT=1
+  DEV=GPU; NAME=qs_gpu; DATA=data_cache/qs_gpu; CFG=examples/quickstart/quickstart_gpu.yaml
+  CFG_EXT=examples/quickstart/quickstart_gpu_ext.yaml; RANKS_EXT=1
   BUILD=(--val-fraction 0.05)                       # all of the stdlib's sources, its tests too
   PK_PARENT=(--lengths 512-2047 --docs 12000 --seed 11 --digits 5)
   PK_LONG=(--lengths 8192-16383 --docs 1000 --seed 12 --digits 5 --depth 0-0.6)
   SHORT=(256 1024 2024)                             # the gate's lengths: the parent's eval lengths
 else
-  DEV=CPU; NAME=qs; DATA=data_cache/qs; CFG=yaml_configs/quickstart_cpu.yaml
-  CFG_EXT=yaml_configs/quickstart_cpu_ext.yaml; RANKS_EXT=2
+  DEV=CPU; NAME=qs; DATA=data_cache/qs; CFG=examples/quickstart/quickstart_cpu.yaml
+  CFG_EXT=examples/quickstart/quickstart_cpu_ext.yaml; RANKS_EXT=2
   BUILD=(--val-fraction 0.3 --max-bytes 4M --exclude '*/test/*' --exclude 'test/*')
   PK_PARENT=(--lengths 90-255 --docs 6000 --seed 1 --digits 1)
   PK_LONG=(--lengths 600-1023 --docs 3000 --seed 3 --digits 1 --depth 0-0.6)
@@ -71,8 +72,8 @@ port() { echo $(( 29500 + RANDOM % 400 )); }
 say "megablu quick start on $DEV: runs in $RUNS, results in $WORK"
 # ---- 1. set-up
 if [ $DRY = 0 ]; then
-  if [ $GPU = 1 ] && [ -d .whl ] && [ -f launch/device_env.sh ]; then
-    source launch/device_env.sh            # the H200 device: no registry there, the wheels travel
+  if [ $GPU = 1 ] && [ -d .whl ] && [ -f dev/device_env.sh ]; then
+    source dev/device_env.sh            # the H200 device: no registry there, the wheels travel
   else
     source launch/setup_env.sh
   fi
@@ -90,7 +91,7 @@ if [ $DRY = 1 ] || ! "${MB[@]}" data verify "$DATA/stdlib" --tokenizer $TOK --no
     --exclude '*/site-packages/*' --skip-bad-utf8 "${BUILD[@]}" --tokenizer $TOK --out "$DATA/stdlib" --overwrite \
     --source-name python-stdlib --license PSF-2.0 --provenance "$STDLIB" --no-progress
 fi
-PK=(python3 -m megablu.quickstart passkey-docs --tokenizer $TOK)
+PK=(python3 examples/quickstart/quickstart.py passkey-docs --tokenizer $TOK)
 if [ $GPU = 1 ]; then
   step data_passkey "${PK[@]}" --out "$DATA/passkey2048" "${PK_PARENT[@]}"      # the extension reuses them too
   step data_passkey_long "${PK[@]}" --out "$DATA/passkey16384" "${PK_LONG[@]}"
@@ -125,7 +126,7 @@ if [ $DRY = 0 ]; then
   # the plot apart: without matplotlib only the picture is lost
   "${CMP[@]}" --plot "$WORK/compare.png" > /dev/null 2>> "$WORK/logs/compare.err" || say "no plot (see logs/compare.err)"
 fi
-step summary python3 -m megablu.quickstart summary --parent-run "$PARENT" --ext-run "$EXT" \
+step summary python3 examples/quickstart/quickstart.py summary --parent-run "$PARENT" --ext-run "$EXT" \
   --parent-eval "$PARENT" --untrained-eval "$WORK/eval_untrained" --ext-eval "$EXT" \
   --gate "$WORK/gate.txt" --device "$DEV" --json "$WORK/claims.json"
 [ $DRY = 1 ] && exit 0

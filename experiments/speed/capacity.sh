@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 6's capacity target on ONE H200, one device call (~8 min):
-#   run(kind="nvidia-h200", carry=[".whl"], timeout_s=600, command="bash bench/h200_capacity.sh")
+#   run(kind="nvidia-h200", carry=[".whl"], timeout_s=600, command="bash experiments/speed/capacity.sh")
 # A full-depth step at T=1M takes ~15 min (the 256k step took 63 s; causal attention grows as
 # T^2), longer than a device call (10 min). So this call measures what it can:
-#   1. T=1M, the frugal mode of yaml_configs/frugal_1m_1gpu.yaml (full recompute, MLP in 16
+#   1. T=1M, the frugal mode of configs/frugal_1m_1gpu.yaml (full recompute, MLP in 16
 #      tiles, layer inputs offloaded to pinned host), blu-0.5b truncated to 2 and to 4 layers,
 #      one real fwd+bwd each. With offload, a layer's activations leave the GPU, so depth adds
 #      only its weights and grads: peak(36) = peak(4) + 32 x (one layer's bf16 weights + grads),
@@ -15,10 +15,10 @@
 # ONLY=512k runs part 2 alone (when part 1 left it too little time).
 # $OUT: cap_1m.md/.json, cap_512k.md/.json, capacity.err, timeline.tsv.
 set -u
-cd "$(dirname "$0")/.."
-source launch/device_env.sh
+cd "$(dirname "$0")/../.."
+source dev/device_env.sh
 WORK=${OUT:-/tmp/h200_cap}; mkdir -p "$WORK/logs"
-source bench/guard.sh
+source dev/guard.sh
 MODE=full+tiles16+offload
 export OUT=$WORK
 # the CUDA ops first (JIT build on a fresh machine), so no measured step includes the build
@@ -54,7 +54,7 @@ if all(n in rows and "peak_gb" in rows[n] for n in (2, 4)):
     from megablu.config import load_config
     from dataclasses import replace
     from megablu.plan import Setup, estimate
-    cfg = load_config("yaml_configs/frugal_1m_1gpu.yaml", [], world_size=1, device="cuda")
+    cfg = load_config("configs/frugal_1m_1gpu.yaml", [], world_size=1, device="cuda")
     setup = Setup.from_config(cfg)
     full = estimate(setup).allocated_gb                                 # ZeRO-1 + AdamW, as the config runs
     bare = estimate(replace(setup, optimizer=False)).allocated_gb     # fwd+bwd only, like train_bench

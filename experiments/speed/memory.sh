@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Issue 6 on ONE H200, one device call (~9.5 min): the memory switches' first GPU run and the
 # side-by-side table with the ALST-style peer.
-#   run(kind="nvidia-h200", carry=[".whl"], timeout_s=600, command="bash bench/h200_memory.sh")
+#   run(kind="nvidia-h200", carry=[".whl"], timeout_s=600, command="bash experiments/speed/memory.sh")
 # $OUT: cuda_tests.txt (offload streams + tiles with the compiled kernels vs the plain path),
 # mem_32k_128k.md/.json (megablu modes), peer.md (ALST-style peer, same method), long.md/.json
 # (256k and 512k, frugal modes, one step each). Each part has its own time guard.
 set -u
-cd "$(dirname "$0")/.."
-source launch/device_env.sh
+cd "$(dirname "$0")/../.."
+source dev/device_env.sh
 OUT=${OUT:-/tmp/h200_mem}; mkdir -p "$OUT"
 t0=$SECONDS
 left() { echo $(( ${TOTAL_S:-570} - (SECONDS - t0) )); }

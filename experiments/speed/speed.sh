@@ -5,9 +5,9 @@
 #
 #   here, once:  ../shared/device/wheels.sh liger-kernel==0.8.5 cut-cross-entropy==25.1.1
 #   the call:    run(kind="nvidia-h200", carry=[".whl"], timeout_s=330,
-#                    command="BUDGET_S=240 bash bench/h200_speed.sh")
+#                    command="BUDGET_S=240 bash experiments/speed/speed.sh")
 #
-# Order, most valuable first; each part under bench/guard.sh's deadline (seconds since start):
+# Order, most valuable first; each part under dev/guard.sh's deadline (seconds since start):
 #   0. megablu's csrc ops JIT build (`python -m megablu.ops.builder --build`, ~25-60 s on a fresh
 #      machine, ~1 s when ~/.cache/torch_extensions holds it) runs in the BACKGROUND from t=0 and
 #      fills that cache; every later process loads the extension from it. While it builds, the
@@ -30,7 +30,7 @@
 # REHEARSE_CPU=1: the same sequence on a CPU at toy shapes (no device_env, the build is a sleep,
 # the benches' own CPU modes): checks the order, deadlines, marker, files and report here.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 T0=$SECONDS
 BUDGET_S=${BUDGET_S:-240}
 OUT=${OUT:-/tmp/h200_speed}
@@ -38,7 +38,7 @@ WORK=${WORK:-/tmp/h200_speed_work}
 mkdir -p "$OUT" "$WORK/logs"
 : > "$WORK/timeline.tsv"
 rm -f "$WORK/build.done"
-source bench/guard.sh
+source dev/guard.sh
 if [ "${REHEARSE_CPU:-0}" = 1 ]; then
   build=(sleep 3)
   loss=(--device cpu --T 64,96 --d 32 --V 200 --iters 2)
@@ -49,7 +49,7 @@ else
   loss=(--T 32768,131072)
   p32=(--T 32768); p128=(--T 131072)
   env_ok=1
-  source launch/device_env.sh || env_ok=0
+  source dev/device_env.sh || env_ok=0
   printf 'device_env\t0\t%d\t%s\n' "$(now)" "$([ $env_ok = 1 ] && echo 0 || echo 'FAILED: is .whl carried?')" \
     >> "$WORK/timeline.tsv"
   nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv \

@@ -5,15 +5,15 @@
 # calls; a guard (BUDGET_S, default 450) skips what would not finish and says so. For example
 # (bench/offload_table.py joins the calls' offload.jsonl into one table):
 #   run(kind="nvidia-h200", carry=[".whl"], timeout_s=600, command="BUDGET_S=545 \
-#       ROWS='blu-0.5b:z1 blu-0.5b:z2_opt blu-0.5b:z3_params blu-0.5b:z3_opt blu-0.5b:z3_opt_params' bash bench/offload_bench.sh")
-#   run(..., command="BUDGET_S=545 ROWS='blu-1.5b:z1 blu-1.5b:z2_opt blu-1.5b:z3_opt' bash bench/offload_bench.sh")
-#   run(..., command="BUDGET_S=545 ROWS='blu-1.5b:z3_params blu-1.5b:z3_opt_params' bash bench/offload_bench.sh")
+#       ROWS='blu-0.5b:z1 blu-0.5b:z2_opt blu-0.5b:z3_params blu-0.5b:z3_opt blu-0.5b:z3_opt_params' bash experiments/zero_offload/run.sh")
+#   run(..., command="BUDGET_S=545 ROWS='blu-1.5b:z1 blu-1.5b:z2_opt blu-1.5b:z3_opt' bash experiments/zero_offload/run.sh")
+#   run(..., command="BUDGET_S=545 ROWS='blu-1.5b:z3_params blu-1.5b:z3_opt_params' bash experiments/zero_offload/run.sh")
 # ROWS='shape:setting ...' runs only those rows; ROW_S caps one row (default 240 s).
 # Writes $OUT/offload.md (the table for docs/EXPERIMENTS.md), $OUT/offload.jsonl (one row per
 # run), $OUT/offload.err (stderr of every run).
 set -u
-cd "$(dirname "$0")/.."
-source launch/device_env.sh
+cd "$(dirname "$0")/../.."
+source dev/device_env.sh
 OUT=${OUT:-/tmp/offload_out}; mkdir -p "$OUT"
 deadline=$((SECONDS + ${BUDGET_S:-450}))
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
