@@ -4,6 +4,7 @@ compare with the gate, the summary. The summary's claims are checked here agains
 (the eval JSONs), recomputed from their numbers, not read back from the summary."""
 import json
 import math
+import os
 import subprocess
 from pathlib import Path
 
@@ -12,6 +13,22 @@ from scipy import stats as sps
 from megablu.eval.stats import newcombe_paired, t_quantile
 
 ROOT = Path(__file__).resolve().parents[1]
+EXCERPT_START = "<!-- quickstart excerpt: written by tests/test_quickstart.py from a real run -->"
+
+
+def summary_excerpt(summary: str) -> list[str]:
+    """The README's 10 lines of the quick start's summary: its title, the held-out loss table (where the
+    extension's resolved gain is) and the extension's short-context gate."""
+    lines = summary.splitlines()
+    i = next(k for k, ln in enumerate(lines) if ln.startswith("held-out loss"))
+    gate = [ln.rstrip() for ln in lines if ln.lstrip().startswith("extension@")]
+    return [lines[0], "", *[ln.rstrip() for ln in lines[i:i + 6]], "", *gate[:1]]
+
+
+def readme_excerpt(text: str) -> list[str]:
+    """The lines of the README's fenced block after EXCERPT_START."""
+    block = text.split(EXCERPT_START, 1)[1].split("```", 2)[1]
+    return block.split("\n")[1:-1]
 
 
 def _paired(a: list, b: list) -> tuple[float, float, float, float]:
@@ -109,3 +126,33 @@ def test_quickstart_end_to_end(tmp_path):
     assert "* = the difference survives Holm's correction over the 12 tested differences above" in out
     assert "extension@240: short-context gate passed" in out
     assert (runs / "quickstart" / "compare.png").read_bytes()[:4] == b"\x89PNG"
+
+    # the README shows 10 lines of this summary; a run that prints other lines fails here (the README drifted:
+    # MEGABLU_README_UPDATE=1 rewrites the block from this run)
+    want = summary_excerpt(out)
+    assert len(want) == 10 and want[2].startswith("held-out loss"), want
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    if os.environ.get("MEGABLU_README_UPDATE") == "1":
+        head, rest = text.split(EXCERPT_START, 1)
+        tail = rest.split("```", 2)[2]
+        readme.write_text(head + EXCERPT_START + "\n```\n" + "\n".join(want) + "\n```" + tail)
+        text = readme.read_text()
+    assert readme_excerpt(text) == want, ("README.md's quick start excerpt differs from this run; rerun with "
+                                          "MEGABLU_README_UPDATE=1 and commit", readme_excerpt(text), want)
+
+
+def test_summary_excerpt_is_the_readme_block():
+    """The excerpt picks the summary's title, loss table and gate line, and the README parser reads it back."""
+    summary = "\n".join(["megablu quick start (CPU): t", "", "passkey table", "  row", "",
+                         "held-out loss, nats/token: ...", "  cols", "  parent", "  untrained", "  extension",
+                         "  extension - untrained", "", "short-context gate (...):", "  parent+yarn@800: passed",
+                         "  extension@240: short-context gate passed", "", "In one line: ..."])
+    got = summary_excerpt(summary)
+    assert got == ["megablu quick start (CPU): t", "", "held-out loss, nats/token: ...", "  cols",
+                   "  parent",
+                   "  untrained", "  extension", "  extension - untrained", "",
+                   "  extension@240: short-context gate passed"]
+    readme = f"intro\n{EXCERPT_START}\n```\n" + "\n".join(got) + "\n```\nafter ``` more\n"
+    assert readme_excerpt(readme) == got
+    assert readme_excerpt(ROOT.joinpath("README.md").read_text())[0].startswith("megablu quick start (CPU)")

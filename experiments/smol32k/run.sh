@@ -23,10 +23,8 @@
 #   D  (warm)                                                      PHASE=d   what C left: evals, compare
 # (That is mix_switch's layout. Every later arm: A carry [".whl", "data_cache/carry_b", "data_cache/smol_0"], B carry
 #   ["data_cache/smol_1", "data_cache/smol_2"]: A builds the data. A is 67.09 MB with the tree of 2026-12-05.)
-# The tracked tree travels too and has outgrown A's room (2026-12-05: refused, "larger than 64 MiB"). Here,
-# before the calls, take out what the device does not read (the phase-a reuse tarball stays), and put it back
-# after:  git ls-files docs/img 'bench/results/*.tar.*' | grep -v 2026-12-04b/issue14_dense_results | xargs rm
-#         ... the calls ...;  git checkout -- docs/img bench/results      (saves ~4.9 MB)
+# The tracked tree travels too (a call carries 64 MiB in all); since the raw tarballs and figures left git
+# (experiments/smol32k/README.md says where they are) it fits as it is: never delete tracked files for a call.
 # ARM=edge (prepared 2026-12-05, eleventh session): far's layout and flow, with a second synthetic set
 # (every asked key 24-32k back: the distance no arm retrieves) built in phase a beside far's own. Ran on an H100
 # (twelfth session, A 48 s, B 546 s, C 565 s, BUDGET_S=340 D 348 s): 66.5% plain, 88.0% with STRING at eval.
@@ -151,7 +149,9 @@ if [ "$ARM" = edge ]; then    # experiments/smol32k/smol32k_edge.yaml: far's set
 fi
 # A new arm reuses the baselines' and dense's evals of 2026-12-04 (same prompts, checked on the device by
 # rep_tools.py prompts-match against today's code: a dir whose prompts differ is removed and re-run)
-REUSE=f44378f:bench/results/2026-12-04b/issue14_dense_results.tar.gz
+# (out of git since the layout of issue 41; to reuse them, put the tarball back and carry it:
+#  git show f44378f:bench/results/2026-12-04b/issue14_dense_results.tar.gz > data_cache/carry_b/dense_results.tar.gz)
+REUSE=${I14_REUSE:-data_cache/carry_b/dense_results.tar.gz}
 reuse_evals() {   # staged: only dirs whose prompts were checked equal to today's reach $DEV/eval
   [ "$NEW_ARM" = 1 ] && [ -f "$REUSE" ] && [ ! -f "$DEV/eval/.reused" ] || return 0
   local stage=$DEV/reuse_stage
