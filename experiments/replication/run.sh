@@ -133,7 +133,7 @@ EVALS=($P_EV1 $P_EV2)
 for arm in fit trunc; do
   ck=$($PY dev/rep_tools.py newest "$WORK/runs" rep_ext_$arm 2>> "$WORK/logs/newest.err")
   if [ -n "$ck" ]; then
-    evaluate ext_$arm configs/rep_ext_$arm.yaml "$ck" "${EXT[@]}" &
+    evaluate ext_$arm experiments/replication/rep_ext_$arm.yaml "$ck" "${EXT[@]}" &
     EVALS+=($!)
   fi
 done

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 14 on one H200: SmolLM2-135M-Instruct (8192 positions) extended x4 to 32768 with YaRN,
-# one arm per session (configs/smol32k_{long_only,mix,mix_switch,dense,far}.yaml), trained and
+# one arm per session (experiments/smol32k/smol32k_{long_only,mix,mix_switch,dense,far}.yaml), trained and
 # evaluated through the normal entry points, chained over warm calls. Everything lives under
 # data_cache/dev (git-ignored, kept by a warm machine between calls); every phase can be re-run.
 #
@@ -83,7 +83,7 @@ if [ "${REHEARSE_CPU:-0}" != 1 ]; then
   source dev/device_env.sh || { echo "dev/device_env.sh failed" > "$OUT/report.md"; exit 1; }
 fi
 PY=python3
-CFG=configs/smol32k_$ARM.yaml
+CFG=experiments/smol32k/smol32k_$ARM.yaml
 BASE_CFG=experiments/smol32k/smol32k_long_only.yaml   # the baselines' rope: static YaRN 4 x 8192 (apply: always)
 RUNS=$DEV/runs
 
