@@ -1,4 +1,4 @@
-"""bench/offload_table.py joins the offload calls' jsonl into the EXPERIMENTS.md table: a
+"""bench/offload_table.py joins the offload calls' jsonl into the experiments/zero_offload/README.md table: a
 run's lines merge into one row, a later call replaces a row, ratios use the same call's
 ZeRO-1 step at the same window, and an unverified window says why."""
 import json

@@ -22,7 +22,7 @@ def test_peak_by_device_name(name, peak):
 
 
 def test_mfu_matches_the_documented_h200_figure():
-    """blu-0.5b at 32k, 34.1k tokens/s on one H200: the 36% MFU docs/BENCHMARKS.md and issue 17 quote."""
+    """blu-0.5b at 32k, 34.1k tokens/s on one H200: the 36% MFU experiments/speed/LOG.md and issue 17 quote."""
     cfg = load_config(ROOT / "configs" / "base.yaml", world_size=2, device="cuda")
     u = mfu(flops_per_token(cfg.model, 32768), 34_100, 1.0, peak_bf16_tflops("NVIDIA H200"))
     assert abs(u - 0.355) < 0.001                          # 35.5%, quoted as 36% (34.2-34.9k there)

@@ -259,7 +259,7 @@ temp_probe() {   # far's question: any other arm returns at once
     --set rope.yarn.attention_factor=1.2079 "${NOLOSS[@]}"
   ECFG=$BASE_CFG evaluate yarn4_t8 yarn4_temp8 "$DEV/smollm2" 200 "32744" "passkey" --rope-override \
     --set rope.yarn.attention_factor=1.2079 "${NOLOSS[@]}"
-  # sharper still: the CPU quick start's extension was best at 1.3-1.45 (docs/RESULTS.md)
+  # sharper still: the CPU quick start's extension was best at 1.3-1.45 (experiments/smol32k/LOG.md)
   evaluate "${ARM}_t13" "${ARM}_temp13" "$ck" 200 "32744" "passkey" --rope-override \
     --set rope.yarn.attention_factor=1.3 "${NOLOSS[@]}"
 }

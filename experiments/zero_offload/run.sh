@@ -9,7 +9,7 @@
 #   run(..., command="BUDGET_S=545 ROWS='blu-1.5b:z1 blu-1.5b:z2_opt blu-1.5b:z3_opt' bash experiments/zero_offload/run.sh")
 #   run(..., command="BUDGET_S=545 ROWS='blu-1.5b:z3_params blu-1.5b:z3_opt_params' bash experiments/zero_offload/run.sh")
 # ROWS='shape:setting ...' runs only those rows; ROW_S caps one row (default 240 s).
-# Writes $OUT/offload.md (the table for docs/EXPERIMENTS.md), $OUT/offload.jsonl (one row per
+# Writes $OUT/offload.md (the table for experiments/zero_offload/README.md), $OUT/offload.jsonl (one row per
 # run), $OUT/offload.err (stderr of every run).
 set -u
 cd "$(dirname "$0")/../.."

@@ -159,7 +159,7 @@ def test_backward_peaks_of_the_h200_long_steps(name):
 
 
 # --------------------------------------------------------------------------- memory.loss / memory.attention
-# docs/BENCHMARKS.md, issue 17 (H200, d=1024, V=100352, bf16, summed CE): peak GB above the inputs of one
+# experiments/speed/LOG.md, issue 17 (H200, d=1024, V=100352, bf16, summed CE): peak GB above the inputs of one
 # fwd+bwd of the loss alone at T=32768, the returned grads included: megablu's chunk 4096, Liger accum fp32
 MEASURED_LOSS_GB_32K = {"chunked": 4.59, "liger": 0.68}
 

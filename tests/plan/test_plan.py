@@ -18,7 +18,7 @@ sys.path.insert(0, str(BENCH))   # bench/offload_table.py and offload_bench.py (
 BLU05B = ModelConfig(n_layers=36, d_model=1024, n_heads=16, n_kv_heads=4, ffn_dim=2816, vocab_size=100352)
 TINY = ModelConfig(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=1000)
 
-# MEASURED on one H200 (docs/BENCHMARKS.md, "Training step: BluModel vs HF transformers",
+# MEASURED on one H200 (experiments/speed/LOG.md, "Training step: BluModel vs HF transformers",
 # 2026-12-02): blu-0.5b, bf16, batch 1, one fwd+bwd without optimizer, loss chunk 4096,
 # pure-torch ops; peak = torch.cuda.max_memory_allocated in GB (1e9 B).
 MEASURED = [
