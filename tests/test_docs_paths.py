@@ -1,8 +1,9 @@
 """Every committed result the docs point to is in the repo: each results path (`experiments/<study>/results/...`,
 `examples/quickstart/results/...`), figure (`*.png`) and study file named in README.md, docs/*.md,
 experiments/*/*.md, examples/*/*.md and dev/*.md exists (a glob: at least one match; a `{a,b}` form: each of
-its paths). A path written `<commit>:path` names a file in git history (raw data kept out of the tree), not here. A device call's carry limit has us take these files out of the
-working tree for a while; a commit made in that window deleted twelve figures and ten result tarballs once
+its paths). A path written `<commit>:path` names a file in git history (raw data kept out of the tree), not
+here. A device call's carry limit once had us take these files out of the working tree for a while; a commit
+made in that window deleted twelve figures and ten result tarballs once
 (2026-12-06, restored from history). This test makes such a commit fail CI."""
 import glob
 import re

@@ -190,7 +190,7 @@ prepare_data() {   # the corpus and the tokenizer (carried), then the arm's synt
 }
 
 ckpt_of_arm() { $PY dev/rep_tools.py newest "$RUNS" "smol32k_$ARM" 2>> "$WORK/logs/newest.err"; }
-run_of_arm() { $PY -c "import sys; sys.path.insert(0, 'bench'); from rep_tools import run_dir; d = run_dir('$RUNS', 'smol32k_$ARM'); print(d or '')"; }
+run_of_arm() { $PY -c "import sys; sys.path.insert(0, 'dev'); from rep_tools import run_dir; d = run_dir('$RUNS', 'smol32k_$ARM'); print(d or '')"; }
 
 # evaluate ARM DIR CKPT N "LENGTHS" "TASKS" [extra args]: one `megablu eval` job, results in
 # $DEV/eval/DIR/ (skipped when there); compare joins an arm's cells from all its dirs. A job costs

@@ -55,7 +55,8 @@ def _train_in_process(rank, world, sets):
     """Rank fn: the Trainer on the tiny model with `sets`; returns losses + what DeepSpeed built."""
     from megablu.train.trainer import Trainer
 
-    cfg = load_config(ROOT / "tests" / "configs" / "tiny_cpu.yaml", sets, world_size=world)   # no device: skips the CPU refusal
+    tiny = ROOT / "tests" / "configs" / "tiny_cpu.yaml"
+    cfg = load_config(tiny, sets, world_size=world)   # no device: skips the CPU refusal
     t = Trainer(cfg)
     summary = t.train()
     with open(Path(summary["run_dir"]) / "metrics.csv") as f:
