@@ -5,6 +5,7 @@ compare with the gate, the summary. The summary's claims are checked here agains
 import json
 import math
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -29,6 +30,36 @@ def readme_excerpt(text: str) -> list[str]:
     """The lines of the README's fenced block after EXCERPT_START."""
     block = text.split(EXCERPT_START, 1)[1].split("```", 2)[1]
     return block.split("\n")[1:-1]
+
+
+NUM = re.compile(r"[-+]?\d+(?:\.\d+)?")
+# Two CPU runs of the same commit differ: the quick start trains with torch's CPU threads, whose sums are not
+# reproducible bit for bit, and 800 + 240 steps carry that into the third decimal of the loss (the README's run
+# and a rerun on the same 2-core box of 2026-12-07: losses 0.000-0.030 apart, differences and their bounds
+# 0.000-0.024, e.g. -0.055 vs -0.044 at 480) and into which borderline differences survive Holm's correction.
+# So a loss may move by LOSS_TOL, a difference or bound (|x| < 1) by DIFF_TOL, and a `*` may come or go; every
+# other character (tasks, lengths, arms, the gate's verdict) must be the README's.
+LOSS_TOL, DIFF_TOL = 0.05, 0.03
+
+
+def _tol(x: str) -> float:
+    if "." not in x:
+        return 0.0                               # lengths, windows, counts, steps: exact
+    return LOSS_TOL if abs(float(x)) >= 1 else DIFF_TOL
+
+
+def excerpt_drift(readme: list[str], run: list[str]) -> list[str]:
+    """Where the README's excerpt and a run's disagree beyond the run-to-run spread (empty: they agree)."""
+    if len(readme) != len(run):
+        return [f"{len(readme)} lines vs {len(run)}"]
+    out = []
+    for a, b in zip(readme, run):
+        shape = [NUM.sub("#", s.replace("*", "")).split() for s in (a, b)]
+        nums = [NUM.findall(s) for s in (a, b)]
+        far = [(x, y) for x, y in zip(*nums) if ("." in x) != ("." in y) or abs(float(x) - float(y)) > _tol(x)]
+        if shape[0] != shape[1] or far:
+            out.append(f"README: {a!r}\nrun:    {b!r}")
+    return out
 
 
 def _paired(a: list, b: list) -> tuple[float, float, float, float]:
@@ -138,8 +169,9 @@ def test_quickstart_end_to_end(tmp_path):
         tail = rest.split("```", 2)[2]
         readme.write_text(head + EXCERPT_START + "\n```\n" + "\n".join(want) + "\n```" + tail)
         text = readme.read_text()
-    assert readme_excerpt(text) == want, ("README.md's quick start excerpt differs from this run; rerun with "
-                                          "MEGABLU_README_UPDATE=1 and commit", readme_excerpt(text), want)
+    drift = excerpt_drift(readme_excerpt(text), want)
+    assert not drift, ("README.md's quick start excerpt differs from this run beyond the run-to-run spread; rerun "
+                       "with MEGABLU_README_UPDATE=1 and commit:\n" + "\n".join(drift))
 
 
 def test_summary_excerpt_is_the_readme_block():
@@ -155,4 +187,18 @@ def test_summary_excerpt_is_the_readme_block():
                    "  extension@240: short-context gate passed"]
     readme = f"intro\n{EXCERPT_START}\n```\n" + "\n".join(got) + "\n```\nafter ``` more\n"
     assert readme_excerpt(readme) == got
+
+
+def test_excerpt_drift_allows_the_run_to_run_spread_only():
+    row = "  extension - untrained         -0.026 [-0.05, -0.00]  -0.055* [-0.07, -0.04]"
+    assert excerpt_drift([row], [row]) == []
+    assert excerpt_drift([row], [row.replace("-0.055*", "-0.044 ")]) == []          # within DIFF_TOL, star gone
+    assert excerpt_drift([row], [row.replace("-0.055*", "-0.095*")])                  # beyond it
+    loss = "  extension                                     6.300                   6.212"
+    assert excerpt_drift([loss], [loss.replace("6.300", "6.340")]) == []               # within LOSS_TOL
+    assert excerpt_drift([loss], [loss.replace("6.300", "6.360")])
+    gate = "  extension@240: short-context gate passed against parent@800 (margin 5 pp at [128, 240])"
+    assert excerpt_drift([gate], [gate.replace("passed", "FAILED")])                 # another verdict
+    assert excerpt_drift([gate], [gate.replace("240]", "248]")])                      # another length
+    assert excerpt_drift([gate], [gate, gate])
     assert readme_excerpt(ROOT.joinpath("README.md").read_text())[0].startswith("megablu quick start (CPU)")
