@@ -34,8 +34,8 @@ Per (T, impl):
 Wheels (PyPI, 2026-12-04, `pip download --no-deps --only-binary=:all: --python-version 3.12`):
 liger-kernel 0.8.5 (py3-none-any, 0.9 MB; needs torch >= 2.1.2 and triton >= 2.3.1, both in the
 H200 image) and cut-cross-entropy 25.1.1 (py3-none-any, 23 kB; needs torch and triton; imports
-triton.testing's get_dram_gbps/get_max_*_tflops, which triton 3.6 still has). Carry them in
-.whl: `../shared/device/wheels.sh liger-kernel==0.8.5 cut-cross-entropy==25.1.1`.
+triton.testing's get_dram_gbps/get_max_*_tflops, which triton 3.6 still has):
+`pip install liger-kernel==0.8.5 cut-cross-entropy==25.1.1`.
 
 Effective TF/s = 6*T*V*d / fwd+bwd time (the logits, dh and dW GEMMs once each; an impl that
 recomputes the logits in its backward does more work than that).

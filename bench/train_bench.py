@@ -1,7 +1,7 @@
 """Training-step memory and speed of BluModel (and, side by side, HF transformers' Llama).
 
-One fwd+bwd per measurement, bf16, batch 1, no optimizer (the baseline table in
-shared/device/README.md is measured the same way). For each (impl, mode, T):
+One fwd+bwd per measurement, bf16, batch 1, no optimizer (bench/alst_peer.py's peer is measured
+the same way). For each (impl, mode, T):
 peak GB, the planner's prediction of it (megablu/plan/, same setup), MB/token (peak minus
 weights+grads, over T), step seconds, tokens/s, MFU, and for offloaded modes the bytes
 copied to pinned host memory per step (host GB).
