@@ -13,7 +13,7 @@
 - `python -m megablu.ops.builder --build`: JIT-build (or load) now and print where.
 
 The arch list is torch's: TORCH_CUDA_ARCH_LIST if set (the H200 image needs "9.0", see
-dev/device_env.sh), else the visible GPUs.
+launch/device_env.sh), else the visible GPUs.
 """
 from __future__ import annotations
 

@@ -96,7 +96,7 @@ def cupti_teardown(device: str) -> None:
     """Ask Kineto to finalize CUPTI when the profiler stops (TEARDOWN_CUPTI=1), unless the user set it.
 
     Without it CUPTI stays attached after the profiled step and every later kernel launch pays for it: on an
-    H100 (2026-12-06, experiments/speed/entry32k.sh) the entry's steps after its profiled step 9 took 1.024-1.035 s
+    H100 (2026-12-06, bench/h200_entry32k.sh) the entry's steps after its profiled step 9 took 1.024-1.035 s
     against 0.991-0.996 s before it, for the rest of the run (pytorch/pytorch#144455). The teardown's known
     crash needs CUDA graphs, which megablu does not use."""
     if device == "cuda":
