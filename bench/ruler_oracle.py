@@ -67,7 +67,7 @@ def default_mapping() -> dict[str, str]:
     return dict(FAITHFUL) if all(t in PRESETS for t in FAITHFUL.values()) else dict(LIKE)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("tasks", nargs="*", help="megablu task names (default: every task in the mapping)")
@@ -85,7 +85,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "default: Python's pydoc_data.topics")
     p.add_argument("--batch-tokens", type=int, help="as `megablu eval` (default 262144 on a GPU, 16384 on a CPU)")
     p.add_argument("--out", help="write the cells as JSON here")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def mapping(extra: list[str]) -> dict[str, str]:
@@ -130,9 +134,10 @@ def run_megablu(model, tok, cfg, tasks: list[str], lengths: list[int], n: int, d
     return {(c["task"], c["length"]): (c["correct"], c["n"]) for c in res["cells"]}
 
 
-def run_lm_eval(lm, lm_tasks: list[str], lengths: list[int], n: int) -> dict:
+def run_lm_eval(lm, lm_tasks: list[str], lengths: list[int], n: int, chat: bool = False) -> dict:
     """{(lm-eval task, L): (summed score, samples)}: one lm-eval run per length (RULER builds 500 samples
-    per length in order; --limit n keeps the first n of that length)."""
+    per length in order; --limit n keeps the first n of that length). chat: lm-eval's
+    apply_chat_template, on where megablu's side wraps its prompts in the tokenizer's chat template."""
     import contextlib
 
     import lm_eval
@@ -143,7 +148,8 @@ def run_lm_eval(lm, lm_tasks: list[str], lengths: list[int], n: int) -> dict:
         # is this script's table
         with contextlib.redirect_stdout(sys.stderr):
             res = lm_eval.simple_evaluate(model=lm, tasks=lm_tasks, limit=n, log_samples=True,
-                                          metadata={"max_seq_lengths": [L]}, bootstrap_iters=0)
+                                          metadata={"max_seq_lengths": [L]}, bootstrap_iters=0,
+                                          apply_chat_template=chat)
         for t in lm_tasks:
             scores = [s[str(L)] for s in res["samples"][t]]
             out[(t, L)] = (sum(scores), len(scores))
@@ -219,16 +225,22 @@ def main(argv=None, model=None, tok=None, cfg=None) -> int:
         return 2
     lm = MegabluLM(model=model, tokenizer=tok, window=cfg.data.window, batch_size="auto", batch_tokens=bt)
     pairs = [(back[t], t) for t in tasks]
-    lmres = run_lm_eval(lm, [p[0] for p in pairs], args.lengths, args.n)
+    # both sides in or out of the chat template: megablu's eval.chat_template (auto: on for a tokenizer
+    # that has one) decides, and lm-eval gets the same through apply_chat_template
+    from megablu.eval.ruler.chat import Chat
+
+    chat = Chat(tok, cfg.eval.chat_template, "oracle").on
+    lmres = run_lm_eval(lm, [p[0] for p in pairs], args.lengths, args.n, chat=chat)
     rows = compare(mb, lmres, pairs, args.lengths)
     print(table(rows))
     kind = "megablu's RULER as published (ruler_*)" if all(t in FAITHFUL.values() for t in tasks) else \
         "megablu's RULER-like presets (its own templates: disagreement expected)"
     print(f"\nessay haystack: {source}; lm-eval: {replaced['essay_haystack']}, sentence split: "
-          f"{replaced['sentences']}. megablu tasks: {kind}.")
+          f"{replaced['sentences']}. megablu tasks: {kind}. Chat template: {'on' if chat else 'off'} (both sides).")
     if args.out:
         Path(args.out).write_text(json.dumps({"lengths": args.lengths, "n": args.n, "essays": source,
-                                              "lm_eval_offline": replaced, "cells": rows}, indent=1))
+                                              "lm_eval_offline": replaced, "chat_template": chat,
+                                              "cells": rows}, indent=1))
     return 0
 
 

@@ -6,7 +6,7 @@ peak GB, the planner's prediction of it (megablu/plan/, same setup), MB/token (p
 weights+grads, over T), step seconds, tokens/s, MFU, and for offloaded modes the bytes
 copied to pinned host memory per step (host GB).
 MFU counts model flops only (6 N per token + causal attention 6 L T H D), no recompute,
-against the H200's dense bf16 peak of 989 TF/s.
+against the H200's dense bf16 peak (megablu/utils/device.py PEAK_BF16_TFLOPS).
 
 A mode is `<recompute>[+tiles[N]][+offload[+keepN][+fracF]][+liger][+fa4]`: recompute none|selective|full, the MLP
 over N sequence tiles (memory.mlp_tiles; N defaults to --mlp-tiles), saved activations offloaded
@@ -36,8 +36,9 @@ from megablu.config.schema import MemoryConfig, ModelConfig, RopeConfig, YarnCon
 from megablu.memory.apply import apply_memory  # noqa: E402
 from megablu.model.decoder import BluModel  # noqa: E402
 from megablu.plan import Setup, estimate  # noqa: E402
+from megablu.utils.device import peak_bf16_tflops  # noqa: E402
 
-PEAK_TFLOPS = 989.0
+PEAK_TFLOPS = peak_bf16_tflops("NVIDIA H200")   # the one table: megablu/utils/device.py
 BLU05B = ModelConfig(n_layers=36, d_model=1024, n_heads=16, n_kv_heads=4, ffn_dim=2816, vocab_size=100352)
 
 

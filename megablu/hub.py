@@ -1,6 +1,6 @@
 """Hugging Face Hub transfer that verifies instead of trusting the exit code.
 
-The seed lost time to `hf download --include PAT` exiting 0 having matched nothing. Here
+`hf download --include PAT` exits 0 having matched nothing. Here
 a download lists the repo first, matches every include pattern against the listing (the
 same rule as huggingface_hub: fnmatchcase, a pattern ending in '/' means the folder),
 refuses before fetching anything when a pattern matches no file, then fetches and checks
@@ -11,7 +11,7 @@ The repo is reached through a small `Repo` interface (list_files / fetch / uploa
 verification runs against `LocalRepo` (a directory standing in for the repo) in tests and
 on offline clusters with a mirrored repo; `HfRepo` is the network implementation.
 
-  megablu hub download unparallelled/BluScriptCP-data --repo-type dataset \\
+  megablu hub download me/long-docs --repo-type dataset \\
       --include "cp_data_by_length/b3_16384_32768/train_shard_0000[0-3].bin" --local-dir ./dl
   megablu hub upload runs/ext32k-0003 --repo me/blu-0.5b-32k
 """

@@ -131,6 +131,16 @@ _SETS = [
      "cross-entropy is a Triton GPU kernel; set memory.loss=chunked"),
     ("memory.attention=fa4 on a CPU run", ["memory.attention=fa4"], "memory.attention=fa4 on a CPU run: "
      "FlashAttention-4 runs on SM90 GPUs only; set memory.attention=sdpa"),
+    # issue 40's bad input
+    ("eval.suite unknown", ["eval.suite=rulr"], "eval.suite='rulr' is not a suite; known: ['ruler']"),
+    ("eval.seed true (seed 1's prompts under another name)", ["eval.seed=true"],
+     "eval.seed=True: a bool is not a seed (true would reproduce seed 1's prompts)"),
+    ("eval.seed -1 (random.Random would take seed 1's stream)", ["eval.seed=-1"],
+     "eval.seed: Input should be greater than or equal to 0"),
+    ("eval.string fixed shift >= an eval length", ["eval.lengths=[128]", "eval.max_new=4", "eval.pad=8",
+                                                   "eval.string={variant: fixed_shift, shift: 200, local: 8}"],
+     "eval.string.shift=200 >= eval length 128"),
+    ("eval.loss.sets named data", ["eval.loss.sets={data: 'megablu:essays'}"], "eval.loss.sets: names ['data']"),
 ]
 
 
@@ -615,6 +625,37 @@ case("eval/hub", "eval --gate-parent a result scored with STRING", "inference-ti
     lambda lab: _eval(lab, "--n", "1", "--gate-parent", _string_parent(lab), "--set", "eval.gate.short_lengths=[120]"))
 
 
+case("eval/hub", "eval --set eval.chat_template=on with a tokenizer without one",
+     "eval.chat_template=on but tokenizer", "has no chat template")(
+    lambda lab: _eval(lab, "--n", "1", "--tasks", "ruler_niah_single_1", "--lengths", "400", "--set",
+                      "eval.pad=8", "--set", "eval.chat_template=on"))
+case("eval/hub", "eval with an eval.loss.sets dataset that does not exist", "eval.loss.sets.web=")(
+    lambda lab: _eval(lab, "--n", "1", "--set", f"eval.loss.sets={{web: {lab.root / 'nowhere'}}}", "--set",
+                      "eval.loss.short_docs=0"))
+
+
+def _string_without_control(lab):
+    """Two results of one trained YaRN arm, plain and with STRING, and no untrained parent + YaRN."""
+    from megablu.config.schema import EvalConfig
+    from megablu.eval.report import make_result, write_result
+
+    d, out = lab.fresh("ctl"), []
+    yarn = {"theta": 10000.0, "yarn": {"factor": 4.0, "original_max_position": 256}}
+    for i, st in enumerate((None, {"variant": "fixed_shift", "shift": 64, "local": 8})):
+        cell = {"task": "passkey", "length": 120, "n": 1, "correct": i, "acc_pp": 100.0 * i, "ci_pp": [0, 100],
+                "padded_len": 128, "digest": "d", "seconds": 0, "by_depth": []}
+        res = make_result([cell], [{"task": "passkey", "length": 120, "index": 0, "correct": bool(i), "score": i}],
+                          arm="ext", step=8, window=1024, eval_cfg=EvalConfig(lengths=[120], string=st),
+                          tokenizer_identity="t", sp=1, extra={"rope": yarn, "weights": "w", "model": {}})
+        out.append(write_result(res, d / f"r{i}.json"))
+    return out
+
+
+case("eval/hub", "compare --require-controls: STRING on an arm without the untrained parent's",
+     "--require-controls", "no control on the untrained parent + YaRN")(
+    lambda lab: lab.cli("compare", *_string_without_control(lab), "--require-controls"))
+
+
 def _bare_weights(lab):
     from megablu.checkpoint import save_weights
 
@@ -959,9 +1000,12 @@ def _(lab):
 class _FakeTrainer:
     """The entry's Trainer, without training: train() runs `then` (a signal) and returns a summary."""
     then = None
+    on_init = None
 
     def __init__(self, cfg, resume=None, local_rank=0):
         self.run_dir = None
+        if _FakeTrainer.on_init:
+            _FakeTrainer.on_init()
 
     def train(self):
         if _FakeTrainer.then:
@@ -969,17 +1013,17 @@ class _FakeTrainer:
         return {"run_id": "fake", "steps": 4}
 
 
-def _with_fake_trainer(fn, then=None):
+def _with_fake_trainer(fn, then=None, on_init=None):
     from megablu.train import trainer, watchdog
 
     saved = trainer.Trainer, watchdog.exit_with_launcher
-    trainer.Trainer, _FakeTrainer.then = _FakeTrainer, then
+    trainer.Trainer, _FakeTrainer.then, _FakeTrainer.on_init = _FakeTrainer, then, on_init
     watchdog.exit_with_launcher = lambda *a, **k: None    # no launcher to watch in-process
     try:
         return fn()
     finally:
         trainer.Trainer, watchdog.exit_with_launcher = saved
-        _FakeTrainer.then = None
+        _FakeTrainer.then = _FakeTrainer.on_init = None
 
 
 case("commands", "entry --json under a file", "--json", "which is a file")(
@@ -1002,6 +1046,9 @@ def _ctrl_c():
 
 case("commands", "Ctrl-C during a launched run names SIGINT", "stopped by SIGINT (Ctrl-C)", rc=130)(
     lambda lab: _with_fake_trainer(lambda: lab.entry(world=2), then=_ctrl_c))
+case("commands", "Ctrl-C while the run is being set up names SIGINT", "stopped by SIGINT (Ctrl-C)",
+     "no step was trained", rc=130)(
+    lambda lab: _with_fake_trainer(lambda: lab.entry(world=2), on_init=_ctrl_c))
 
 _LAUNCH = [("--master-port 99999", ["--master-port", "99999"], "--master-port: 99999 is not a port (1..65535"),
            ("--master-port 0", ["--master-port", "0"], "--master-port: 0 is not a port (1..65535"),

@@ -265,3 +265,26 @@ def test_ruler_suite_calls_native_4k_8k_in_its_window_yarn4_16k_32k(tmp_path, pi
     (compare,) = [c for c in cmds if c[3:4] == ["compare"]]
     _, ns = parse_command(compare)
     assert sorted(Path(r).name for r in ns.runs) == sorted([*native, *yarn4]) and ns.gate_parent is None
+
+
+def test_oracle_arm_runs_the_oracle_on_native_inside_its_window(tmp_path, pieces):
+    """ARM=oracle (issue 40 item 3): bench/ruler_oracle.py on the converted model, the native rope inside its
+    own 8192 positions, one process per length, each table and JSON back in $OUT."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import ruler_oracle
+
+    prefix, _ = pieces
+    dev = tmp_path / "dev"
+    _call(tmp_path, dev, prefix, "prep")
+    cmds = _call(tmp_path, dev, prefix, "oracle", ORACLE_LENGTHS="4096 8192", ORACLE_N="50")
+    oracle = [c for c in cmds if any(a.endswith("bench/ruler_oracle.py") for a in c)]
+    assert len(oracle) == 2
+    from megablu.config import load_config
+
+    for c, L in zip(oracle, (4096, 8192)):
+        argv = c[c.index("bench/ruler_oracle.py") + 1:]
+        ns = ruler_oracle.parse_args(argv)
+        assert ns.lengths == [L] and ns.n == 50 and ns.out.endswith(f"oracle_{L}.json")
+        cfg = load_config(ROOT / ns.config, ns.set)
+        assert cfg.rope.yarn is None and cfg.data.window == 8192 and not ns.rope_override
+        assert "HF_DATASETS_OFFLINE=1" in c and "HF_HUB_OFFLINE=1" in c

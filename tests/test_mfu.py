@@ -21,6 +21,14 @@ def test_peak_by_device_name(name, peak):
     assert peak_bf16_tflops(name) == peak
 
 
+def test_one_peak_table():
+    """The planner's step-time model reads its H200 peak from the same table as MFU (utils/device.py), not a
+    number of its own."""
+    from megablu.plan import PEAK_TFLOPS_H200
+
+    assert PEAK_TFLOPS_H200 == peak_bf16_tflops("NVIDIA H200") is not None
+
+
 def test_mfu_matches_the_documented_h200_figure():
     """blu-0.5b at 32k, 34.1k tokens/s on one H200: the 36% MFU experiments/speed/LOG.md and issue 17 quote."""
     cfg = load_config(ROOT / "configs" / "base.yaml", world_size=2, device="cuda")

@@ -55,7 +55,7 @@ def passkey_docs(out, tok_spec: str, *, lengths: tuple[int, int], docs: int, see
         except (DataError, KeyError, OSError, ValueError):
             pass
     b = PasskeyBuilder(tok, seed, docs, digits=digits)
-    b.task = "passkey-docs"     # keys and depths of their own, never the eval's (task name in the seed)
+    b.task = "passkey-docs"     # keys and depths of their own, never the eval's
     tail = len(tok.encode(f" {'9' * digits}."))
     if lo - tail < b.min_length() or hi < lo:
         raise ValueError(f"--lengths {lo}-{hi}: a passkey document of {digits} digit(s) needs at least "

@@ -192,6 +192,25 @@ case "$ARM" in
     model; data || fail "no stdlib data: see logs/data.err"; suite native ;;
   yarn4)
     model; data || fail "no stdlib data: see logs/data.err"; suite yarn4; compare ;;
+  oracle)   # issue 40 item 3: megablu's RULER suite against lm-eval's RULER tasks (bench/ruler_oracle.py), native
+            # SmolLM2 inside its own 8192 positions, ORACLE_N prompts a cell on each side, one length per process.
+            # lm-eval 0.4.13 and what the image lacks travel as wheels: carry [".whl_lme"] (12.8 MB, built here:
+            # `pip download --no-deps --python-version 3.12` of requirements.txt's lm-eval block less what the image
+            # holds, the three sdists turned into wheels with `pip wheel --no-deps`)
+    model
+    if [ "${REHEARSE_CPU:-0}" != 1 ]; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl_lme/*.whl > "$WORK/logs/lme_install.log" 2>&1 || fail "the lm-eval wheels did not install: logs/lme_install.log"
+    fi
+    for L in ${ORACLE_LENGTHS:-4096}; do
+      guard "oracle_$L" "$BUDGET" env HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $PY bench/ruler_oracle.py --config "$CFG" \
+        --ckpt "$MODEL" --set rope.yarn=null --set data.window=8192 --set "eval.lengths=[$L]" \
+        --set "eval.tasks=[ruler_niah_single_1]" --lengths "$L" \
+        --n "${ORACLE_N:-50}" \
+        --out "$OUT/oracle_$L.json"
+      cp "$WORK/logs/oracle_$L.out" "$OUT/oracle_$L.md" 2>/dev/null
+      finish
+    done ;;
   bench)
     model
     bench smol --config "$CFG" --ckpt "$MODEL" --arm smollm2-135m --set data.window=32768 ;;

@@ -16,7 +16,7 @@ Layout of one run (the run id is the directory name, see runs.py):
                                        back if the new one was never published, else cleaned
     .pruned-step_0000050-<pid>/        a pruned step being deleted: never read, cleaned
 
-The seed's traps and what makes each impossible here:
+Checkpoint traps and what makes each impossible here:
 - a 3-of-4 shard set loaded silently: the manifest names every file (and rank 0 checks
   that every rank's DeepSpeed files exist with the size its writer recorded before the
   manifest is written); `load` checks every file's size and sha256 on all ranks before

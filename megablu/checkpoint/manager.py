@@ -5,7 +5,7 @@ checkpoint engine (fsync, read back, size + sha256), the ranks exchange their st
 rank 0 writes the manifest and publishes the step with one rename -- or every rank raises
 CheckpointError and nothing is published. A load verifies every file on all ranks (the
 hashing split over them) before any rank calls DeepSpeed. See the package docstring for the
-layout and the seed's traps each step answers.
+layout and the traps each step answers.
 """
 from __future__ import annotations
 

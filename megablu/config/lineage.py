@@ -1,6 +1,6 @@
-"""What a child run may assume of its parent's RoPE: the seed's most expensive trap, checked.
+"""What a child run may assume of its parent's RoPE: the costliest extension trap, checked.
 
-The C++ trainer lost 27 pp to a YaRN extension whose `original_max_position` was not the
+A YaRN extension loses tens of points when its `original_max_position` was not the
 length the parent had been trained at. `factor * original_max_position == window` (the
 schema's invariant) cannot see that: 4 * 128 = 512 is as consistent as 2 * 256 = 512. Only
 the parent's own record can, so every init_from is compared with what its checkpoint says

@@ -15,6 +15,7 @@ import copy
 import hashlib
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -200,6 +201,18 @@ def load_config(path: str | Path, sets: Iterable[str] = (), world_size: Optional
     return cfg
 
 
+def load_for_command(path: str | Path, sets: Iterable[str] = (), world_size: Optional[int] = None,
+                     device: Optional[str] = None) -> Optional[Config]:
+    """load_config for a command line (megablu train/probe, eval, data mix, plan): on a ConfigError its text
+    -- every problem, each with its field, values and fix -- goes to stderr and None comes back; the command
+    then exits 2."""
+    try:
+        return load_config(path, sets, world_size=world_size, device=device)
+    except ConfigError as e:
+        print(str(e), file=sys.stderr)
+        return None
+
+
 def to_yaml(cfg: Config) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
 
@@ -214,7 +227,7 @@ _SESSION_FIELDS = {("train", "stop_after"), ("train", "stop_after_s"), ("train",
 # so that those runs resume.
 _LATER_FIELDS = {("data", "mix"), ("rope", "allow_yarn_from_scratch"), ("eval", "string"), ("eval", "suite")}
 # ... and fields added with a default that is the behaviour before them, left out while at it
-# (memory.loss's default is auto since 2026-12-04, hashed as itself; chunked keeps the hash of the runs
+# (memory.loss's default became auto, hashed as itself; chunked keeps the hash of the runs
 # from before the field, and a resume accepts a memory.loss change: train/resume.py)
 _LATER_DEFAULTS = {("memory", "loss"): "chunked", ("memory", "attention"): "sdpa",
                    ("checkpoint", "keep_every"): 0, ("memory", "offload_keep"): 1,
@@ -222,7 +235,10 @@ _LATER_DEFAULTS = {("memory", "loss"): "chunked", ("memory", "attention"): "sdpa
                    ("eval", "chat_template"): "auto",   # auto: only the ruler_* tasks (added with it) are wrapped
                    # STRING's variants (the authors' default since): the fixed shift of the runs before keeps their hash
                    ("eval", "string", "variant"): "fixed_shift", ("eval", "string", "shift_ratio"): None,
-                   ("eval", "string", "attention_factor"): 1.0}
+                   ("eval", "string", "attention_factor"): 1.0,
+                   # no loss sets (eval.loss.data alone, as before); RULER's tasks also gated at the parent's
+                   # window (a stricter gate for a resumed run with ruler_* tasks; no other changes)
+                   ("eval", "loss", "sets"): {}, ("eval", "gate", "ruler_at_window"): True}
 
 
 def config_hash(cfg: Config) -> str:

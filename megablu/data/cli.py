@@ -211,14 +211,24 @@ def _synth(args) -> int:
     from .shards import DEFAULT_EDGES
     from .synth import TEMPLATE_NAMES, parse_lengths, synth_dataset
 
+    if args.profile == "disjoint":   # its own families, formats and kinds (megablu/data/synth_disjoint.py)
+        from .synth_disjoint import DISJOINT_TASKS, FORMAT_NAMES, NAME_KINDS, VALUE_KINDS
+        default = {"tasks": DISJOINT_TASKS, "templates": FORMAT_NAMES, "key_types": NAME_KINDS,
+                   "value_types": VALUE_KINDS, "filler": ("text",)}
+    else:
+        default = {"tasks": ("kv", "multikv"), "templates": TEMPLATE_NAMES, "key_types": ("numbers", "uuid", "words"),
+                   "value_types": ("numbers", "uuid", "words"), "filler": ("kv",)}
+    got = {k: default[k] if getattr(args, k) in (None, "all") else _list(getattr(args, k)) for k in default}
+    if args.profile == "disjoint":
+        from .synth_disjoint import disjoint_dataset as synth_dataset  # noqa: F811 (the profile's writer)
     m = synth_dataset(args.out, _tokcfg(args.tokenizer), lengths=parse_lengths(args.lengths), docs=args.docs,
-                      seed=args.seed, tasks=_list(args.tasks), query_every=args.query_every,
+                      seed=args.seed, tasks=got["tasks"], query_every=args.query_every,
                       distances=_distances(args), distance_share=1.0 if args.distance_share is None
                       else args.distance_share,
-                      templates=TEMPLATE_NAMES if args.templates == "all" else _list(args.templates),
-                      key_types=_list(args.key_types), value_types=_list(args.value_types),
-                      fillers=_list(args.filler), filler_data=args.filler_data, filler_bucket=args.filler_bucket,
-                      window=args.window, val_fraction=args.val_fraction, split_seed=args.split_seed,
+                      templates=got["templates"], key_types=got["key_types"], value_types=got["value_types"],
+                      fillers=got["filler"], filler_data=args.filler_data, filler_bucket=args.filler_bucket,
+                      filler_exclude=args.filler_exclude, window=args.window,
+                      val_fraction=args.val_fraction, split_seed=args.split_seed,
                       edges=args.bucket_edges or DEFAULT_EDGES, overwrite=args.overwrite,
                       progress=not args.no_progress)
     print(f"# {args.out}  tokenizer {m['tokenizer']['identity']}  dtype {m['dtype']}")
@@ -234,15 +244,13 @@ def _synth(args) -> int:
 @_errors
 def _mix(args) -> int:
     """The resolved mixture of a training config (token shares, epochs, truncation, padding), before launching."""
-    from ..config import ConfigError, load_config
+    from ..config import load_for_command
     from .loader import open_source
     from .mix import format_mixture, mix_problems, open_mixture, planned_sequences, resolve_single
     from .tokenizer import load_tokenizer
 
-    try:
-        cfg = load_config(args.config, args.set)
-    except ConfigError as e:
-        print(str(e), file=sys.stderr)
+    cfg = load_for_command(args.config, args.set)
+    if cfg is None:
         return 2
     ident = load_tokenizer(cfg.tokenizer).identity
     problems = mix_problems(cfg, ident)
@@ -367,9 +375,15 @@ def register(sub) -> None:
     y.add_argument("--docs", type=int, required=True, help="number of documents")
     y.add_argument("--seed", type=int, default=0, help="document i depends only on (seed, i, the options): a larger "
                    "--docs extends a smaller set")
-    y.add_argument("--tasks", default="kv,multikv", help="kv (one key asked), multikv (2-4 keys asked in one "
+    y.add_argument("--profile", default="kv", choices=("kv", "disjoint"),
+                   help="kv: key-value lists (the tasks, templates, kinds and fillers below); disjoint: structured "
+                   "records in real train text, asked in their own formats' words, sharing no template, key kind or "
+                   "haystack with the eval (tasks lookup, lookups, collect; templates ini, glossary, signature, "
+                   "table, yaml; key kinds coined, snake, title; value kinds coined, code, path; filler text only)")
+    y.add_argument("--tasks", default=None, help="kv (one key asked), multikv (2-4 keys asked in one "
                    "question) and/or manyq (one question per --query-every tokens, each answered at once: dense "
-                   "retrieval signal); each document draws one")
+                   "retrieval signal); each document draws one. Default kv,multikv (profile disjoint: "
+                   "lookup,lookups,collect)")
     y.add_argument("--query-every", type=int, default=1024, help="manyq: one asked key per this many document "
                    "tokens (at least 2, at most 64 per document)")
     y.add_argument("--distances", default=None, help="LO-HI tokens (e.g. 10k-20k): place a share of the asked "
@@ -377,14 +391,21 @@ def register(sub) -> None:
                    "retrieval at the distances a model fails at")
     y.add_argument("--distance-share", type=float, default=None, help="with --distances: the fraction of asked "
                    "records placed in that range (the rest at uniform depths); default 1")
-    y.add_argument("--templates", default="all", help="comma list of json,colon,table,prose,python, or all")
-    y.add_argument("--key-types", default="numbers,uuid,words", help="comma list of key kinds: numbers, uuid, words")
-    y.add_argument("--value-types", default="numbers,uuid,words",
-                   help="comma list of value kinds: numbers, uuid, words")
-    y.add_argument("--filler", default="kv", help="kv (distractor records), text (real train text of "
+    y.add_argument("--templates", default="all", help="comma list of json,colon,table,prose,python, or all "
+                   "(profile disjoint: ini,glossary,signature,table,yaml)")
+    y.add_argument("--key-types", default=None, help="comma list of key kinds: numbers, uuid, words (default: all "
+                   "three; profile disjoint: coined, snake, title)")
+    y.add_argument("--value-types", default=None,
+                   help="comma list of value kinds: numbers, uuid, words (default: all three; profile disjoint: "
+                   "coined, code, path)")
+    y.add_argument("--filler", default=None, help="kv (distractor records; the default), text (real train text of "
                    "--filler-data with a few records inserted), repeat (a few generated lines repeated, the "
-                   "records inserted: the repeated-filler regime) or a comma list (each document draws one)")
+                   "records inserted: the repeated-filler regime) or a comma list (each document draws one); "
+                   "profile disjoint: text only")
     y.add_argument("--filler-data", default=None, help="dataset (same tokenizer) whose TRAIN split is the filler text")
+    y.add_argument("--filler-exclude", default=None, help="a text file (or .gz): filler documents sharing a run of "
+                   "8 words with it are never drawn (e.g. megablu/eval/assets/ruler/essays.txt.gz, the eval's "
+                   "essay haystack)")
     y.add_argument("--filler-bucket", default="all", help="bucket(s) of --filler-data to draw the text from")
     y.add_argument("--window", type=int, default=None, help="check that every document fits this window in mode fit")
     y.add_argument("--val-fraction", type=float, default=0.01,

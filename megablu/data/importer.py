@@ -1,6 +1,6 @@
-"""`megablu data import`: flat token shards (the seed's cp_data_by_length format) -> megablu shards.
+"""`megablu data import`: flat token shards (the cp_data_by_length format) -> megablu shards.
 
-The seed's files (e.g. `cp_data_by_length/b3_16384_32768/train_shard_00000.bin`) are a flat
+Those files (e.g. `cp_data_by_length/b3_16384_32768/train_shard_00000.bin`) are a flat
 little-endian uint16 or uint32 token stream with an end-of-text id between documents and
 no header. Import splits the stream at EOT into documents (empty ones dropped), re-buckets
 them by length and writes a dataset with a manifest, so verify / loader / haystack work on it.

@@ -270,8 +270,8 @@ def log_source(field: str, src: OpenedSource, epochs: Optional[float], max_epoch
         100 * s["truncated_fraction"], 100 * s["dropped_fraction"], 100 * s["padding_fraction"],
         "unknown" if epochs is None else f"{epochs:.3f}", max_epochs)
     if s["truncated_fraction"] > 0.01 and rank0:
-        log.warning("%s: %.1f%% of the bucket's tokens are truncated away at T=%d (the seed's l3 arm trained on "
-                    "truncated documents and gained nothing)", field, 100 * s["truncated_fraction"], T)
+        log.warning("%s: %.1f%% of the bucket's tokens are truncated away at T=%d (a truncated "
+                    "document teaches no distance beyond T)", field, 100 * s["truncated_fraction"], T)
     if s["dropped_fraction"] > 0.01 and rank0:
         log.warning("%s: mode=fit drops %.1f%% of the bucket's tokens (documents longer than T-1=%d)", field,
                     100 * s["dropped_fraction"], T - 1)

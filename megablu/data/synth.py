@@ -25,7 +25,7 @@ the document's loss); a 32k `manyq` document at query_every=512 carries 64, each
 uniformly random depth, so the same training tokens hold ~50x the retrieval signal.
 
 Distances (--distances LO-HI, --distance-share S): uniform depths make every distance between
-an asked record and the questions equally likely, so a band a model fails at (issue 14: 10-14k
+an asked record and the questions equally likely, so a band a model fails at (say 10-14k
 tokens back, at 16k and 32k alike) is a small share of the answers. With --distances, each
 asked record is, with probability S, placed so that its distance (tokens from its start to the
 end of the context, where the questions begin) is uniform in [LO, HI] (HI clipped to the
@@ -45,6 +45,12 @@ split. The wording shares no word 6-gram with the eval harness's prompts
 (tests/data/test_data_synth.py builds every eval task's prompts and checks). Document i
 depends only on (seed, i, the options, the filler dataset): reproducible, and a larger
 --docs extends a smaller set.
+
+Profiles: everything above is the default profile, `kv`. `--profile disjoint` (synth_disjoint.py)
+keeps the retrieval signal and drops every shape the eval uses (number/UUID keys, completion
+questions of the eval's kind, repeated filler, key-value-list haystacks): structured records in
+real train text, asked in their own formats' words. `--filler-exclude FILE` keeps filler documents
+that share a word 8-gram with FILE (the eval's essay haystack) out of either profile's text filler.
 """
 from __future__ import annotations
 
@@ -160,7 +166,7 @@ class _Pool:
 class TrainText:
     """Real text of a dataset's TRAIN split, in the target tokenizer's ids, with per-document licences."""
 
-    def __init__(self, path, tokenizer: Tokenizer, bucket: str = "all"):
+    def __init__(self, path, tokenizer: Tokenizer, bucket: str = "all", exclude: Optional[str] = None):
         root = Path(path)
         m = read_manifest(root)
         if m["tokenizer"]["identity"] != tokenizer.identity:
@@ -183,6 +189,21 @@ class TrainText:
         self.identity = hashlib.sha256(json.dumps([s["sha256"] for s in shards],
                                                   sort_keys=True).encode()).hexdigest()[:16]
         self.sep = tokenizer.encode("\n\n")
+        # exclude: a text (the eval's essay haystack, say) no filler document may share a word 8-gram with
+        self.tok, self.exclude, self.excluded = tokenizer, exclude, {}
+        self._banned = _word_grams(_read_text(exclude)) if exclude else set()
+        if exclude and not self._banned:
+            raise DataError(f"--filler-exclude {exclude}: no run of {EXCLUDE_N} words in it; give the text whose "
+                            f"passages the filler must not contain")
+
+    def _allowed(self, d: int) -> bool:
+        if not self._banned:
+            return True
+        got = self.excluded.get(d)
+        if got is None:
+            text = self.tok.decode(self.table.doc(d).tolist())
+            got = self.excluded[d] = not self._banned.isdisjoint(_word_grams(text))
+        return not got
 
     def span(self, rng: np.random.Generator, n: int, line_end) -> tuple[list[int], list[int]]:
         """Exactly n ids: a line-aligned span of a random train document, continued by other documents
@@ -193,6 +214,13 @@ class TrainText:
             if out:
                 out += self.sep[:n - len(out)]
             d = int(rng.integers(len(self.table)))
+            for _ in range(10_000):     # a filler document sharing a passage with --filler-exclude: another one
+                if self._allowed(d):
+                    break
+                d = int(rng.integers(len(self.table)))
+            else:
+                raise DataError(f"--filler-exclude {self.exclude}: 10,000 draws in a row from {self.root} share a "
+                                f"{EXCLUDE_N}-word passage with it; use filler data without that text")
             L = int(self.table.doc_len[d])
             start = 0
             if not used and L > 1:     # the first piece starts at a random line of its document
@@ -202,6 +230,26 @@ class TrainText:
             used.append(d)
             out += self.table.doc(d, start, start + n - len(out)).tolist()
         return out[:n], used
+
+
+EXCLUDE_N = 8   # --filler-exclude: a shared run of this many words excludes a filler document
+
+
+def _word_grams(text: str, n: int = EXCLUDE_N) -> set:
+    w = re.findall(r"\w+", text.lower())
+    return {tuple(w[i:i + n]) for i in range(len(w) - n + 1)}
+
+
+def _read_text(path: str) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"--filler-exclude {path}: no such file (a text file, or .gz of one)")
+    if p.suffix == ".gz":
+        import gzip
+
+        with gzip.open(p, "rt", encoding="utf-8") as f:
+            return f.read()
+    return p.read_text(encoding="utf-8")
 
 
 # --------------------------------------------------------------------------- documents
@@ -435,8 +483,8 @@ class Synthesizer:
         block = self.tok.encode(" ".join(lines) + "\n")
         return (block * (n // len(block) + 1))[:n]
 
-    def _text_body(self, rng, length, asked, qa_ids, record, repeat: bool = False):
-        dis = [record()[2] for _ in range(int(rng.integers(0, 7)))]
+    def _text_body(self, rng, length, asked, qa_ids, record, repeat: bool = False, n_dis: Optional[int] = None):
+        dis = [record()[2] for _ in range(int(rng.integers(0, 7)) if n_dis is None else n_dis)]
         recs = dis + [a[2] for a in asked]
         n_text = length - len(qa_ids) - len(self.nl) - sum(len(self.nl) + len(r) for r in recs)
         if n_text < 1:
@@ -526,9 +574,14 @@ def synth_dataset(out, tok_cfg: TokenizerConfig, *, lengths: list, docs: int, se
                   distance_share: float = 1.0, templates=TEMPLATE_NAMES, key_types=KEY_TYPES,
                   value_types=KEY_TYPES,
                   fillers=("kv",), filler_data: Optional[str] = None, filler_bucket: str = "all",
-                  window: Optional[int] = None, val_fraction: float = 0.01, split_seed: int = 0,
+                  filler_exclude: Optional[str] = None, profile: str = "kv", make=None, wording=None,
+                  window: Optional[int] = None,
+                  val_fraction: float = 0.01, split_seed: int = 0,
                   edges=DEFAULT_EDGES, overwrite: bool = False, progress: bool = True) -> dict:
-    """Write `docs` synthetic documents as a megablu dataset at `out`; returns its manifest."""
+    """Write `docs` synthetic documents as a megablu dataset at `out`; returns its manifest.
+
+    Another profile passes its name, its synthesizer class (`make`, a Synthesizer) and its wording (what
+    the manifest's template digest hashes): synth_disjoint.disjoint_dataset."""
     from tqdm import tqdm
 
     if docs <= 0:
@@ -538,17 +591,25 @@ def synth_dataset(out, tok_cfg: TokenizerConfig, *, lengths: list, docs: int, se
         raise DataError(f"--lengths: {longest} + its closing EOT does not fit --window {window} (a synthetic "
                         f"document is read whole, in mode fit: its question must sit in the same row as its keys); "
                         f"use lengths <= {window - 1}")
+    if (profile == "kv") != (make is None):
+        raise DataError(f"synth: profile {profile!r} with synthesizer {make!r}: the default profile 'kv' takes the "
+                        f"default synthesizer, another profile its own (synth_disjoint.disjoint_dataset)")
+    if filler_exclude and not filler_data:
+        raise DataError(f"--filler-exclude {filler_exclude}: excludes filler text, but there is none; add "
+                        f"--filler-data DIR with --filler text")
     tok = load_tokenizer(tok_cfg)
-    text = TrainText(filler_data, tok, filler_bucket) if filler_data else None
+    text = TrainText(filler_data, tok, filler_bucket, exclude=filler_exclude) if filler_data else None
     spec = SynthSpec(lengths=lengths, tasks=tuple(tasks), templates=tuple(templates), key_types=tuple(key_types),
                      value_types=tuple(value_types), fillers=tuple(fillers), seed=seed, query_every=query_every,
                      distances=None if distances is None else tuple(distances), distance_share=distance_share)
-    syn = Synthesizer(tok, spec, text)
+    syn = (make or Synthesizer)(tok, spec, text)
+    if wording is None:
+        wording = [asdict(t) for t in TEMPLATES] + [_W1, _W2, _W3]
     tok_info = {"identity": tok.identity, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id,
                 "config": tok_cfg.model_dump(exclude_none=True)}
     split_info = {"val_fraction": val_fraction, "seed": split_seed,
                   "rule": "val iff sha256(f'{seed}:{key}')[:8] / 2**64 < val_fraction; key = synth/<seed>/<i>"}
-    digest = hashlib.sha256(json.dumps([asdict(t) for t in TEMPLATES] + [_W1, _W2, _W3]).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(json.dumps(wording).encode()).hexdigest()[:16]
     with DatasetWriter(Path(out), tok_info, edges=edges, split_info=split_info, overwrite=overwrite,
                        inputs=[filler_data] if filler_data else []) as w:
         band = [0, 0]   # asked records within --distances, all asked records
@@ -578,6 +639,9 @@ def synth_dataset(out, tok_cfg: TokenizerConfig, *, lengths: list, docs: int, se
                            "value_types": list(value_types), "fillers": list(fillers), "template_digest": digest,
                            "filler_data": None if text is None else {"path": str(text.root), "bucket": filler_bucket,
                                                                       "split": "train", "shards": text.identity}}}
+        if profile != "kv" or filler_exclude:   # the default profile's manifest, without the new option, as it was
+            extra["synth"].update(profile=profile, filler_exclude=filler_exclude,
+                                  filler_excluded_docs=sum(text.excluded.values()) if text else 0)
         if band[1]:   # crowding (more asked tokens than the band holds) spills records out of it: say how many
             log.info("synth: %d of %d asked records (%.1f%%) sit %d-%d tokens before the questions (--distance-share "
                      "%.2f asked for)", band[0], band[1], 100 * band[0] / band[1], *distances, distance_share)

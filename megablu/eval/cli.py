@@ -59,15 +59,14 @@ def _step_from_path(path: str):
 
 
 def _eval(args) -> int:
-    from ..config import ConfigError, load_config
+    from ..config import load_for_command
+    from .compare import markdown
     from .harness import run_eval
     from .prompts import EvalError
-    from .report import load_result, markdown
+    from .results import load_result
 
-    try:
-        cfg = load_config(args.config, args.set)
-    except ConfigError as e:
-        print(str(e), file=sys.stderr)
+    cfg = load_for_command(args.config, args.set)
+    if cfg is None:
         return 2
     eval_cfg = cfg.eval
     over = {k: v for k, v in (("lengths", args.lengths), ("n", args.n), ("tasks", args.tasks)) if v is not None}
@@ -129,7 +128,7 @@ def _eval(args) -> int:
     from ..memory.apply import apply_memory
     from .harness import weights_fingerprint
 
-    info = {**info, "weights": weights_fingerprint(model)}   # the result's identity (report.identity)
+    info = {**info, "weights": weights_fingerprint(model)}   # the result's identity (results.identity)
     step = args.step if args.step is not None else _step_from_path(args.ckpt or args.hf or "")
     step = prov.get("step") if step is None else step
     if step is None:
@@ -154,7 +153,8 @@ def _eval(args) -> int:
         if parent is not None:   # a parent the gate cannot use is found now, not after the generation
             from .gate import parent_problems
 
-            problems = parent_problems(parent, eval_cfg.gate, eval_cfg.tasks, loss=bool(eval_cfg.loss.data))
+            problems = parent_problems(parent, eval_cfg.gate, eval_cfg.tasks, loss=bool(eval_cfg.loss.data),
+                                       lengths=eval_cfg.lengths, loss_sets=list(eval_cfg.loss.sets))
             if problems:
                 raise EvalError("; ".join(problems))
         res = run_eval(model, tok, eval_cfg, cfg.data.window, step=step, out_dir=out, rank=0, arm=arm,
@@ -265,18 +265,31 @@ def _load_model(args, cfg, tokenizer: str):
 
 def _compare(args) -> int:
     from ..config.schema import GateConfig
-    from .gate import check_gate
+    from .compare import markdown
+    from .controls import controls_markdown, find_controls, missing_controls
+    from .gate import check_gate, gate_markdown
+    from .plots import heatmaps, plot
     from .prompts import EvalError
-    from .report import heatmaps, load_result, markdown, merge_results, plot
+    from .results import _label, identity_differences, load_result, merge_results
 
     try:
         results = merge_results([load_result(s) for s in args.runs])
+        parent = load_result(args.gate_parent) if args.gate_parent else None
     except EvalError as e:
         print(f"megablu compare: {e}", file=sys.stderr)
         return 2
     if not 0 <= args.baseline < len(results):
         print(f"megablu compare: --baseline {args.baseline} out of range 0..{len(results) - 1}", file=sys.stderr)
         return 2
+    controls = find_controls(results)
+    missing = missing_controls(controls)
+    if missing and args.require_controls:
+        print("megablu compare: --require-controls: every inference-time change needs the same change on the "
+              "untrained parent + YaRN among the inputs (docs/EVAL.md, controls):\n  " + "\n  ".join(missing),
+              file=sys.stderr)
+        return 2
+    for m in missing:
+        log.warning("%s", m)
     digests = {}
     for r in results:
         for c in r["cells"]:
@@ -285,7 +298,21 @@ def _compare(args) -> int:
         if len(ds) > 1:
             log.warning("%s@%d: arms were evaluated on different prompts (seed, n or tokenizer differ); "
                         "differences there are not paired", task, L)
-    text = markdown(results, baseline=args.baseline, threshold=args.threshold)
+    text = "\n".join([markdown(results, baseline=args.baseline, threshold=args.threshold),
+                      *controls_markdown(controls)])
+    rc, gated = 0, []
+    if parent is not None:
+        gcfg = GateConfig(parent=args.gate_parent, short_lengths=args.short_lengths, margin_pp=args.margin_pp,
+                          loss_margin_rel=args.loss_margin_rel, ruler_at_window=not args.no_ruler_at_window)
+        for r in results:
+            if (r["arm"], r["step"]) == (parent["arm"], parent["step"]) and not identity_differences(r, parent) \
+                    and r.get("_path") == parent.get("_path"):
+                continue   # the parent itself
+            gated.append((_label(r), check_gate(r, parent, gcfg)))
+        text = "\n".join([text, *gate_markdown(gated, _label(parent), gcfg)])
+        for label, g in gated:
+            print(f"{label}: {g.message}", file=sys.stderr)
+            rc = rc or (0 if g.passed else 1)
     print(text)
     if args.md:
         Path(args.md).write_text(text + "\n")
@@ -303,19 +330,6 @@ def _compare(args) -> int:
             print(f"megablu compare: {e}", file=sys.stderr)
             return 2
         log.info("depth x length heatmaps: %s", ", ".join(map(str, paths)) or "none (no task with needle depths)")
-    rc = 0
-    if args.gate_parent:
-        try:
-            parent = load_result(args.gate_parent)
-        except EvalError as e:
-            print(f"megablu compare: {e}", file=sys.stderr)
-            return 2
-        gcfg = GateConfig(parent=args.gate_parent, short_lengths=args.short_lengths, margin_pp=args.margin_pp,
-                          loss_margin_rel=args.loss_margin_rel)
-        for r in results:
-            g = check_gate(r, parent, gcfg)
-            print(f"{r['arm']}@{r['step']}: {g.message}", file=sys.stderr)
-            rc = rc or (0 if g.passed else 1)
     return rc
 
 
@@ -373,7 +387,15 @@ def register(sub) -> None:
     c.add_argument("--margin-pp", type=_non_negative, default=5.0,
                    help="with --gate-parent: the drop in pp allowed per task at a short length")
     c.add_argument("--loss-margin-rel", type=_non_negative, default=0.02,
-                   help="short-document loss may rise this fraction above the parent's (when both measured it)")
+                   help="short-document loss may rise this fraction above the parent's, on every held-out set "
+                        "(eval.loss.data and eval.loss.sets) the arm measured")
+    c.add_argument("--no-ruler-at-window", action="store_true",
+                   help="with --gate-parent: gate RULER's tasks at --short-lengths only, not also at the parent's "
+                        "window (eval.gate.ruler_at_window=false)")
+    c.add_argument("--require-controls", action="store_true",
+                   help="exit 2 when a result ran an inference-time change (eval.string, --rope-override) on a "
+                        "trained arm and the inputs lack the same change on the untrained parent + YaRN "
+                        "(otherwise the table says so and compare goes on)")
     c.add_argument("--heatmap", metavar="PREFIX", help="write PREFIX_<task>.png: needle depth x length, one panel "
                    "per arm, for every task with needles")
     c.set_defaults(func=_compare)

@@ -4,8 +4,8 @@ One rank: the prompt (B, L) is prefilled in chunks of `prefill_chunk` tokens thr
 cache (each chunk attends to the cached past plus causally to itself), so the logits held
 at once are (B, chunk, V) instead of (B, L, V) -- 6.4 GB for L=32k, V=49k in fp32 -- then
 one token at a time is fed back. `use_cache=False` recomputes the whole sequence at every
-step instead (the reference the cache is tested against: the seed once shipped a cache bug
-that looked like a long-context gain).
+step instead (the reference the cache is tested against: a cache bug can
+look like a long-context gain).
 
 Sequence parallel (sp_group given, model wrapped by apply_ulysses), the protocol agreed with
 megablu.parallel:

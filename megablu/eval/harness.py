@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -20,7 +21,7 @@ import torch
 
 from ..config.schema import EvalConfig, eval_padded_len, string_problems
 from ..model.string import apply_string, kernels_used, string_impl
-from . import report
+from . import plots, results
 from .generate import cut_at_stop, greedy_generate
 from .needle import HAYSTACK_TOKENS, Haystack
 from .prompts import EvalError, HaystackSource, Prompt, TokenizerLike, check_ids, extract_answer, prompt_digest, score
@@ -28,7 +29,7 @@ from .tasks import make_builder, needs_text_haystack
 
 log = logging.getLogger(__name__)
 
-# eval.string on a GPU with the sdpa kernel (MEGABLU_STRING_IMPL=sdpa): the prefill chunk when none is given,
+# eval.string on a GPU with the sdpa kernel (eval.string.kernel=sdpa): the prefill chunk when none is given,
 # so each chunk's masked SDPA over [keys; shifted keys] stays small (model/string.py also blocks the queries).
 # The flex kernel (auto on a GPU) prefills a whole prompt like the plain path: one shape, one compile.
 STRING_PREFILL_CHUNK = 4096
@@ -40,7 +41,7 @@ def _beyond(eval_cfg: EvalConfig, task: str) -> int:
 
 
 def check_lengths(eval_cfg: EvalConfig, window: int) -> None:
-    """The seed's PAD rule, per task (each has its own max_new): prompt + max_new rounded up to
+    """The PAD rule, per task (each has its own max_new): prompt + max_new rounded up to
     pad must fit the window."""
     if not eval_cfg.lengths:
         raise EvalError("eval.lengths is empty: nothing to evaluate")
@@ -108,7 +109,7 @@ def preflight_problems(eval_cfg: EvalConfig, tokenizer: TokenizerLike, window: i
         fits = [L for L in eval_cfg.lengths if L >= need]
         if fits:
             out += answer_budget_problems(eval_cfg, task, b, tokenizer, min(fits))
-    if eval_cfg.loss.data:
+    if eval_cfg.loss.data or eval_cfg.loss.sets:
         from .loss import loss_problems
 
         out += loss_problems(eval_cfg, tokenizer)
@@ -157,8 +158,8 @@ def build_prompts(eval_cfg: EvalConfig, tokenizer: TokenizerLike, *, haystack: O
     Every task of eval.tasks, built-in or from eval.task_defs; tasks with a real-text haystack
     need `haystack` (text, documents or a callable; run_eval loads eval.haystack)."""
     if tokenizer is None:
-        raise EvalError("no tokenizer: the eval cannot build prompts (the seed's eval 'succeeded' with no prompts "
-                        "when its tokenizer was missing); configure `tokenizer:` and check it loads")
+        raise EvalError("no tokenizer: the eval cannot build prompts (an eval without them would "
+                        "'succeed' on no prompts); configure `tokenizer:` and check it loads")
     lengths = sorted(set(eval_cfg.lengths))
     if not lengths:
         raise EvalError("eval.lengths is empty: nothing to evaluate")
@@ -252,17 +253,17 @@ def _resume_key(model, tokenizer, eval_cfg: EvalConfig, window: int, step: int, 
 
 def _previous_result(out_dir: Path, step: int, probe: dict) -> Optional[dict]:
     """The result already at out_dir/step_<step>.json, when this eval may add its cells to it: the same arm,
-    model (report.identity) and prompt settings; EvalError (before any generation) when another one is there,
+    model (results.identity) and prompt settings; EvalError (before any generation) when another one is there,
     whose cells writing this one would lose. None when there is none."""
     path = Path(out_dir) / f"step_{step}.json"
     if not path.exists():
         return None
     try:
-        prev = report.load_result(path)
+        prev = results.load_result(path)
     except EvalError as e:
         raise EvalError(f"{path} exists and is not a readable eval result ({e}); this eval would replace it: move "
                         f"it, or give another --out") from None
-    diff = (["arm"] if prev.get("arm") != probe["arm"] else []) + report.identity_differences(prev, probe, True)
+    diff = (["arm"] if prev.get("arm") != probe["arm"] else []) + results.identity_differences(prev, probe, True)
     if diff:
         raise EvalError(f"{path} holds the result of {prev.get('arm')}@{step}, which differs from this eval in "
                         f"{', '.join(diff)}: writing this one would lose its cells; give another --out (or --arm), "
@@ -270,20 +271,26 @@ def _previous_result(out_dir: Path, step: int, probe: dict) -> Optional[dict]:
     return prev
 
 
-def _merge_previous(prev: dict, cells: list, samples: list, loss: Optional[dict]) -> tuple[list, list, Optional[dict]]:
-    """This eval's cells, samples and loss, plus the previous result's at the (task, length)s and loss lengths
-    this eval did not measure (the same model and prompts: _previous_result checked)."""
+def merge_loss(loss: Optional[dict], old: Optional[dict]) -> Optional[dict]:
+    """One held-out set's section: `loss`'s lengths and short documents, plus `old`'s at the lengths it lacks."""
+    if not (old and loss):
+        return loss or old
+    have = {c["length"] for c in loss["by_length"]}
+    by = loss["by_length"] + [c for c in old["by_length"] if c["length"] not in have]
+    return {**loss, "by_length": sorted(by, key=lambda c: c["length"]), "short": loss.get("short") or old.get("short")}
+
+
+def _merge_previous(prev: dict, cells: list, samples: list, loss: Optional[dict],
+                    sets: Optional[dict] = None) -> tuple[list, list, Optional[dict], dict]:
+    """This eval's cells, samples, loss and loss sets, plus the previous result's at the (task, length)s and loss
+    lengths this eval did not measure (the same model and prompts: _previous_result checked)."""
     mine = {(c["task"], c["length"]) for c in cells}
     keep = [c for c in prev["cells"] if (c["task"], c["length"]) not in mine]
     kept = {(c["task"], c["length"]) for c in keep}
     samples = samples + [s for s in prev.get("samples", []) if (s.get("task"), s.get("length")) in kept]
-    old = prev.get("loss")
-    if old and loss:
-        have = {c["length"] for c in loss["by_length"]}
-        by = loss["by_length"] + [c for c in old["by_length"] if c["length"] not in have]
-        loss = {**loss, "by_length": sorted(by, key=lambda c: c["length"]),
-                "short": loss.get("short") or old.get("short")}
-    return cells + keep, samples, loss or old
+    sets, old_sets = dict(sets or {}), prev.get("loss_sets") or {}
+    sets = {k: merge_loss(sets.get(k), old_sets.get(k)) for k in dict.fromkeys([*sets, *old_sets])}
+    return cells + keep, samples, merge_loss(loss, prev.get("loss")), sets
 
 
 def _load_partial(path: Path) -> dict:
@@ -306,6 +313,171 @@ def _load_partial(path: Path) -> dict:
         return {}
 
 
+@dataclass
+class _Resume:
+    """run_eval's resume state (resume=True; else every field empty): the partial file of this setup (`key`,
+    `path`), the cells found in it by (task, length), those this run does not ask for (`others`: they stay in
+    the file), and the cells this run took from it (`resumed`)."""
+    key: Optional[str] = None
+    path: Optional[Path] = None
+    kept: dict = field(default_factory=dict)
+    others: list = field(default_factory=list)
+    resumed: list = field(default_factory=list)
+
+    def keep(self, task: str, L: int, ps: list) -> Optional[tuple]:
+        """(cell, samples) kept for (task, L) when they hold these prompts, else None."""
+        k = self.kept.get((task, L))
+        if k is not None and k[0].get("digest") == prompt_digest(ps) and len(k[1]) == len(ps):
+            return k
+        return None
+
+    def write(self, cells: list, samples: list) -> None:
+        """The partial file: `cells` and `samples` plus the kept ones this run does not ask for."""
+        results.write_result({"key": self.key, "cells": cells + [c for c, _ in self.others],
+                              "samples": samples + [x for _, ss in self.others for x in ss]}, self.path)
+
+
+def _vocab_checked(model, tokenizer) -> Optional[int]:
+    """The model's vocabulary size (None: not known), after checking the tokenizer's ids fit it."""
+    vocab = getattr(getattr(model, "cfg", None), "vocab_size", None)
+    if tokenizer is not None and vocab is not None and tokenizer.vocab_size > vocab:
+        raise EvalError(f"tokenizer {tokenizer.identity} has {tokenizer.vocab_size} ids > model vocab {vocab}")
+    return vocab
+
+
+def _string_checked(eval_cfg: EvalConfig, sp: int):
+    """eval.string (None: off) after its checks against sp and the lengths (string_problems)."""
+    string = eval_cfg.string
+    if string is None:
+        return None
+    if sp > 1:
+        raise EvalError(f"eval.string with sp={sp}: STRING attention runs on one rank (a sequence-parallel "
+                        f"prefill shards the keys it remaps); run the eval with parallel.sp=1")
+    bad = string_problems(eval_cfg)   # S inside each prompt it applies to, and above W
+    if bad:
+        raise EvalError("; ".join(bad))
+    if string.beyond and all(L <= string.beyond for L in eval_cfg.lengths):
+        log.warning("eval.string.beyond=%d >= every length (%s): every cell is evaluated plain", string.beyond,
+                    ", ".join(map(str, eval_cfg.lengths)))
+    return string
+
+
+def _chunk_for(prefill_chunk: Optional[int], device: torch.device, on: bool, kernel: str = "auto") -> int:
+    """The prefill chunk of a cell (the caller's, if given): a GPU's flash kernel prefills a whole prompt
+    fastest, STRING's sdpa kernel takes 4096-token chunks; a CPU prefills in chunks of 2048."""
+    if prefill_chunk is not None:
+        return prefill_chunk
+    if device.type != "cuda":
+        return 2048
+    return STRING_PREFILL_CHUNK if on and string_impl(device, kernel=kernel) == "sdpa" else 0
+
+
+def _resume_state(resume: bool, sp: int, dp_group, out_dir: Path, step: int, prompts: dict, key_of) -> _Resume:
+    """The partial file of this setup and the cells in it (key_of(): _resume_key's digest), or an empty state."""
+    sp_dp_one = sp == 1 and (dp_group is None or torch.distributed.get_world_size(dp_group) == 1)
+    if resume and not sp_dp_one:
+        raise EvalError("run_eval(resume=True) runs in one process (sp and dp 1): the partial file is rank 0's")
+    if not resume:
+        return _Resume()
+    key = key_of()
+    path = partial_path(out_dir, step, key)
+    kept = _load_partial(path)
+    # kept cells this run does not ask for stay in the file (a rerun with fewer lengths, cut again, keeps them)
+    return _Resume(key, path, kept, [kept[k] for k in kept if k not in prompts])
+
+
+def _generate_cell(model, tokenizer, eval_cfg: EvalConfig, task: str, L: int, ps: list, *, string, sp_group,
+                   dp_group, batch_tokens: int, prefill_chunk: Optional[int], device) -> tuple[dict, list]:
+    """One (task, length): its prompts generated in batches of max(1, batch_tokens // L) (each dp group every
+    dp-th prompt, gathered back in prompt order), scored, and its cell (with STRING's setting at L)."""
+    dp = torch.distributed.get_world_size(dp_group) if dp_group is not None else 1
+    dp_rank = torch.distributed.get_rank(dp_group) if dp_group is not None else 0
+    t0 = time.perf_counter()
+    on = string is not None and string.applies(L)   # eval.string.beyond: plain up to that length
+    if string is not None:   # S for prompts built to L tokens (variant authors: int(shift_ratio * L))
+        apply_string(model, string if on else None, L)
+    bs = max(1, batch_tokens // L)
+    max_new = eval_cfg.task_max_new(task)
+    mine, done = ps[dp_rank::dp], []
+    for s in range(0, len(mine), bs):
+        batch = mine[s:s + bs]
+        ids = torch.tensor([p.ids for p in batch], dtype=torch.long)
+        gen = greedy_generate(model, ids, max_new, sp_group=sp_group,
+                              prefill_chunk=_chunk_for(prefill_chunk, device, on, string.kernel if on else "auto"),
+                              stop_ids=tokenizer.stop_ids).tolist()
+        for p, g in zip(batch, gen):
+            done.append(_sample(task, L, p, tokenizer.decode(cut_at_stop(g, tokenizer.stop_ids))))
+    if dp > 1:   # every dp group's share, back in prompt order
+        parts = [None] * dp
+        torch.distributed.all_gather_object(parts, done, group=dp_group)
+        order = {p.index: i for i, p in enumerate(ps)}
+        done = sorted((x for part in parts for x in part), key=lambda x: order[x["index"]])
+    c = results.cell(task, L, done, eval_cfg, ps, time.perf_counter() - t0)
+    if string is not None:
+        c["string"] = on
+        if on:
+            c["string_shift"] = string.shift_for(L)
+    return c, done
+
+
+def _run_cells(model, tokenizer, eval_cfg: EvalConfig, prompts: dict, state: _Resume, *, step: int, rank: int,
+               **gen) -> tuple[list, list]:
+    """Every (task, length) of `prompts`: kept from the partial file when it holds them (state.keep), else
+    generated (_generate_cell, gen = its keywords); with resume, rank 0 writes the partial file after each."""
+    samples, cells = [], []
+    for (task, L), ps in prompts.items():
+        k = state.keep(task, L, ps)
+        if k is not None:
+            c, done = k
+            cells.append(c)
+            samples += done
+            state.resumed.append(f"{task}@{L}")
+            log.info("eval step %d %s@%d: %.1f%%, kept from %s", step, task, L, c["acc_pp"], state.path)
+            continue
+        c, done = _generate_cell(model, tokenizer, eval_cfg, task, L, ps, **gen)
+        samples += done
+        cells.append(c)
+        if rank == 0:
+            dt = c["seconds"]
+            log.info("eval step %d %s@%d: %.1f%% (%d/%d fully correct) in %.1fs, %.2f prompts/s", step, task, L,
+                     c["acc_pp"], c["all_correct"], len(ps), dt, len(ps) / max(dt, 1e-9))
+            if state.key is not None:   # every finished cell on disk: a kill loses at most the cell running
+                try:
+                    state.write(cells, samples)
+                except OSError as e:   # a side feature never ends an eval
+                    log.warning("eval: cannot keep the finished cells in %s (%s); going on", state.path, e)
+    return cells, samples
+
+
+def _run_losses(model, loss_data: dict, eval_cfg: EvalConfig, *, step: int, rank: int, sp_group,
+                dp_group) -> dict:
+    """{set name: run_loss's section} for every held-out set (None: eval.loss.data)."""
+    from .loss import run_loss
+
+    losses = {}
+    for name, data in loss_data.items():
+        t0 = time.perf_counter()
+        losses[name] = lo = run_loss(model, data, eval_cfg, sp_group=sp_group, dp_group=dp_group)
+        if rank == 0:
+            log.info("eval step %d held-out loss%s: %s%s in %.1fs", step, f" ({name})" if name else "",
+                     ", ".join(f"{c['length']}: {c['loss']:.3f}" for c in lo["by_length"]),
+                     f"; short docs {lo['short']['loss']:.3f}" if lo["short"] else "", time.perf_counter() - t0)
+    return losses
+
+
+def _write(res: dict, out_dir: Path, step: int, plot: bool, state: _Resume) -> None:
+    """Rank 0: step_<step>.json and its md/png, then the partial file kept (cells this run did not ask for) or
+    removed."""
+    path = results.write_result(res, out_dir / f"step_{step}.json")
+    plots.write_artifacts(res, out_dir, step, plot=plot)
+    if state.key is not None and state.others:   # the kept cells this run did not ask for stay for a later one
+        state.write([], [])
+    elif state.key is not None:
+        state.path.unlink(missing_ok=True)
+    log.info("eval results written to %s%s", path, f" ({len(state.resumed)} cells kept from an earlier run)"
+             if state.resumed else "")
+
+
 def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int, *, sp_group=None, step: int,
              out_dir: Path, rank: int, dp_group=None, haystack: Optional[HaystackSource] = None,
              arm: Optional[str] = None, parent: Optional[dict] = None, batch_tokens: int = 16384,
@@ -320,7 +492,8 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
     2048-token chunks on a CPU), and
     decoding stops when every prompt of the batch has emitted EOT or another stop token (tokenizer.stop_ids: an
     instruct model's end of turn); the output is scored up to the first of them. With eval.loss.data the
-    held-out loss per length and on short documents is measured too (result["loss"]).
+    held-out loss per length and on short documents is measured too (result["loss"]), and with eval.loss.sets
+    on each named set (result["loss_sets"][name]).
     Returns the result dict on every rank. When eval.gate.parent is set (or `parent`, a loaded
     result, is passed), result["gate"] holds the short-context gate; callers fail the run when
     result["gate"]["passed"] is False (`megablu eval` exits 1). With dp_group (the ranks that
@@ -336,139 +509,58 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
     """
     out_dir = Path(out_dir)
     check_lengths(eval_cfg, window)
-    vocab = getattr(getattr(model, "cfg", None), "vocab_size", None)
-    if tokenizer is not None and vocab is not None and tokenizer.vocab_size > vocab:
-        raise EvalError(f"tokenizer {tokenizer.identity} has {tokenizer.vocab_size} ids > model vocab {vocab}")
+    vocab = _vocab_checked(model, tokenizer)
     if haystack is None and eval_cfg.haystack and any(needs_text_haystack(eval_cfg.spec(t)) for t in eval_cfg.tasks):
         haystack = load_haystack(eval_cfg.haystack, tokenizer)
     gate_parent = parent
     if gate_parent is None and eval_cfg.gate.parent:
-        gate_parent = report.load_result(eval_cfg.gate.parent)   # fail before hours of generation, not after
+        gate_parent = results.load_result(eval_cfg.gate.parent)   # fail before hours of generation, not after
     prompts = build_prompts(eval_cfg, tokenizer, haystack=haystack, vocab_size=vocab)
     # a result already there is added to, never replaced by another model's (checked on every rank: the
     # run dir is shared, and all raise together)
     prev = _previous_result(out_dir, step, {"arm": arm or out_dir.parent.name, "eval": eval_cfg.model_dump(mode="json"),
                                             "tokenizer": tokenizer.identity, **_model_info(model), **(info or {})})
-    loss_data = None
-    if eval_cfg.loss.data:
-        from .loss import loss_inputs, run_loss
+    from .loss import loss_inputs, loss_sets
 
-        loss_data = loss_inputs(eval_cfg, tokenizer)
+    # every held-out set (eval.loss.data and eval.loss.sets), read and checked before any generation
+    loss_data = {name: loss_inputs(eval_cfg, tokenizer, name, spec) for name, spec in loss_sets(eval_cfg).items()}
     sp = torch.distributed.get_world_size(sp_group) if sp_group is not None else 1
-    string = eval_cfg.string
-    if string is not None:
-        if sp > 1:
-            raise EvalError(f"eval.string with sp={sp}: STRING attention runs on one rank (a sequence-parallel "
-                            f"prefill shards the keys it remaps); run the eval with parallel.sp=1")
-        bad = string_problems(eval_cfg)   # S inside each prompt it applies to, and above W
-        if bad:
-            raise EvalError("; ".join(bad))
-        if string.beyond and all(L <= string.beyond for L in eval_cfg.lengths):
-            log.warning("eval.string.beyond=%d >= every length (%s): every cell is evaluated plain", string.beyond,
-                        ", ".join(map(str, eval_cfg.lengths)))
+    string = _string_checked(eval_cfg, sp)
     device = next(model.parameters()).device
-
-    def chunk_for(on: bool) -> int:
-        """The prefill chunk of a cell (the caller's, if given): a GPU's flash kernel prefills a whole prompt
-        fastest, STRING's sdpa kernel takes 4096-token chunks; a CPU prefills in chunks of 2048."""
-        if prefill_chunk is not None:
-            return prefill_chunk
-        if device.type != "cuda":
-            return 2048
-        return STRING_PREFILL_CHUNK if on and string_impl(device) == "sdpa" else 0
-
-    # the STRING kernel asked for at the start (a bad MEGABLU_STRING_IMPL raises here, before the model is
+    # the STRING kernel asked for at the start (eval.string.kernel, resolved here, before the model is
     # touched); string_kernels_used says what ran (flex can fall back to sdpa)
-    string_kernel = string_impl(device, 2) if string is not None else None
-
-    sp_dp_one = sp == 1 and (dp_group is None or torch.distributed.get_world_size(dp_group) == 1)
-    if resume and not sp_dp_one:
-        raise EvalError("run_eval(resume=True) runs in one process (sp and dp 1): the partial file is rank 0's")
-    key = _resume_key(model, tokenizer, eval_cfg, window, step, arm, batch_tokens, prefill_chunk, info,
-                      string_kernel) if resume else None
-    part_path = partial_path(out_dir, step, key) if resume else None
-    kept = _load_partial(part_path) if resume else {}
-    # kept cells this run does not ask for stay in the file (a rerun with fewer lengths, cut again, keeps them)
-    others = [kept[k] for k in kept if k not in prompts]
-    resumed = []
+    string_kernel = string_impl(device, 2, string.kernel) if string is not None else None
+    state = _resume_state(resume, sp, dp_group, out_dir, step, prompts,
+                          lambda: _resume_key(model, tokenizer, eval_cfg, window, step, arm, batch_tokens,
+                                              prefill_chunk, info, string_kernel))
 
     was_training = model.training
     model.eval()
-    samples, cells = [], []
-    kernels_used(reset=True)
+    kernels_used(model, reset=True)
     prev_string = apply_string(model, None)   # installed per cell below: the authors' S follows the length
     try:
-        dp = torch.distributed.get_world_size(dp_group) if dp_group is not None else 1
-        dp_rank = torch.distributed.get_rank(dp_group) if dp_group is not None else 0
-        for (task, L), ps in prompts.items():
-            if (task, L) in kept and kept[(task, L)][0].get("digest") == prompt_digest(ps) \
-                    and len(kept[(task, L)][1]) == len(ps):
-                c, done = kept[(task, L)]
-                cells.append(c)
-                samples += done
-                resumed.append(f"{task}@{L}")
-                log.info("eval step %d %s@%d: %.1f%%, kept from %s", step, task, L, c["acc_pp"], part_path)
-                continue
-            t0 = time.perf_counter()
-            on = string is not None and string.applies(L)   # eval.string.beyond: plain up to that length
-            if string is not None:   # S for prompts built to L tokens (variant authors: int(shift_ratio * L))
-                apply_string(model, string if on else None, L)
-            bs = max(1, batch_tokens // L)
-            max_new = eval_cfg.task_max_new(task)
-            mine, done = ps[dp_rank::dp], []
-            for s in range(0, len(mine), bs):
-                batch = mine[s:s + bs]
-                ids = torch.tensor([p.ids for p in batch], dtype=torch.long)
-                gen = greedy_generate(model, ids, max_new, sp_group=sp_group, prefill_chunk=chunk_for(on),
-                                      stop_ids=tokenizer.stop_ids).tolist()
-                for p, g in zip(batch, gen):
-                    done.append(_sample(task, L, p, tokenizer.decode(cut_at_stop(g, tokenizer.stop_ids))))
-            if dp > 1:   # every dp group's share, back in prompt order
-                parts = [None] * dp
-                torch.distributed.all_gather_object(parts, done, group=dp_group)
-                order = {p.index: i for i, p in enumerate(ps)}
-                done = sorted((x for part in parts for x in part), key=lambda x: order[x["index"]])
-            samples += done
-            dt = time.perf_counter() - t0
-            c = report.cell(task, L, done, eval_cfg, ps, dt)
-            if string is not None:
-                c["string"] = on
-                if on:
-                    c["string_shift"] = string.shift_for(L)
-            cells.append(c)
-            if rank == 0:
-                log.info("eval step %d %s@%d: %.1f%% (%d/%d fully correct) in %.1fs, %.2f prompts/s", step, task, L,
-                         c["acc_pp"], c["all_correct"], len(ps), dt, len(ps) / max(dt, 1e-9))
-                if resume:   # every finished cell on disk: a kill loses at most the cell running
-                    try:
-                        report.write_result({"key": key, "cells": cells + [c for c, _ in others],
-                                             "samples": samples + [x for _, ss in others for x in ss]}, part_path)
-                    except OSError as e:   # a side feature never ends an eval
-                        log.warning("eval: cannot keep the finished cells in %s (%s); going on", part_path, e)
-        loss = None
-        if loss_data is not None:
-            t0 = time.perf_counter()
-            loss = run_loss(model, loss_data, eval_cfg, sp_group=sp_group, dp_group=dp_group)
-            if rank == 0:
-                log.info("eval step %d held-out loss: %s%s in %.1fs", step,
-                         ", ".join(f"{c['length']}: {c['loss']:.3f}" for c in loss["by_length"]),
-                         f"; short docs {loss['short']['loss']:.3f}" if loss["short"] else "", time.perf_counter() - t0)
+        cells, samples = _run_cells(model, tokenizer, eval_cfg, prompts, state, step=step, rank=rank, string=string,
+                                    sp_group=sp_group, dp_group=dp_group, batch_tokens=batch_tokens,
+                                    prefill_chunk=prefill_chunk, device=device)
+        losses = _run_losses(model, loss_data, eval_cfg, step=step, rank=rank, sp_group=sp_group, dp_group=dp_group)
+        loss = losses.pop(None, None)
     finally:
-        string_used = kernels_used(reset=True)   # attention calls per kernel (plain: no distance reached S)
+        string_used = kernels_used(model, reset=True)   # attention calls per kernel (plain: no distance reached S)
         apply_string(model, prev_string)
         if was_training:
             model.train()
 
     if prev is not None:
-        cells, samples, loss = _merge_previous(prev, cells, samples, loss)
+        cells, samples, loss, losses = _merge_previous(prev, cells, samples, loss, losses)
         log.info("eval: %s's cells at other lengths or tasks are kept in %s", prev.get("arm"),
                  out_dir / f"step_{step}.json")
-    res = report.make_result(cells, samples, arm=arm or out_dir.parent.name, step=step, window=window,
-                             eval_cfg=eval_cfg, tokenizer_identity=tokenizer.identity, sp=sp,
-                             extra={**_model_info(model), **(info or {}), **({"loss": loss} if loss else {}),
-                                    **({"string_kernel": string_kernel, "string_kernels_used": string_used}
-                                       if string is not None else {}),
-                                    **({"resumed": resumed} if resumed else {})})
+    res = results.make_result(cells, samples, arm=arm or out_dir.parent.name, step=step, window=window,
+                              eval_cfg=eval_cfg, tokenizer_identity=tokenizer.identity, sp=sp,
+                              extra={**_model_info(model), **(info or {}), **({"loss": loss} if loss else {}),
+                                     **({"loss_sets": losses} if losses else {}),
+                                     **({"string_kernel": string_kernel, "string_kernels_used": string_used}
+                                        if string is not None else {}),
+                                     **({"resumed": state.resumed} if state.resumed else {})})
     if gate_parent is not None:
         from .gate import check_gate
 
@@ -476,17 +568,8 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
         if rank == 0:
             (log.info if res["gate"]["passed"] else log.error)("%s", res["gate"]["message"])
     if rank == 0:
-        path = report.write_result(res, out_dir / f"step_{step}.json")
-        report.write_artifacts(res, out_dir, step, plot=plot)
-        if resume and others:   # the kept cells this run did not ask for stay for a later one
-            report.write_result({"key": key, "cells": [c for c, _ in others],
-                                 "samples": [x for _, ss in others for x in ss]}, part_path)
-        elif resume:
-            part_path.unlink(missing_ok=True)
-        log.info("eval results written to %s%s", path, f" ({len(resumed)} cells kept from an earlier run)"
-                 if resumed else "")
+        _write(res, out_dir, step, plot, state)
     return res
-
 
 def _sample(task: str, L: int, p: Prompt, text: str) -> dict:
     sc, found = score(text, p)

@@ -419,8 +419,12 @@ def tokenizer_file(tcfg) -> Optional[str]:
 
 
 def _tokenizer_template(tok, path: Optional[str]) -> Optional[str]:
-    """A chat template that belongs to the tokenizer: tokenizer_config.json's beside an hf tokenizer.json
-    (`path`), else ChatML when the tokenizer has its <|im_start|>/<|im_end|> special tokens, else None."""
+    """A chat template that belongs to the tokenizer: the one megablu's tokenizer read beside its
+    tokenizer.json (the template the RULER suite wraps its prompts in), else tokenizer_config.json's beside
+    `path`, else ChatML when the tokenizer has its <|im_start|>/<|im_end|> special tokens, else None."""
+    own = getattr(tok, "chat_template", None)
+    if isinstance(own, str) and own:
+        return own
     inner = getattr(tok, "_tok", None)
     if path is not None:
         cfg = Path(path).with_name("tokenizer_config.json")

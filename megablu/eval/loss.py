@@ -10,6 +10,12 @@ Two measurements on the val split of a dataset (`eval.loss.data`, 'DIR' or 'DIR@
   gate compares with the parent's (a relative margin): an arm that keeps its passkey but
   forgets language modelling fails.
 
+`eval.loss.sets` ({name: source}) scores more held-out sets the same way, each reported on its own
+(result["loss_sets"][name]) and gated on its own: a source is a dataset ('DIR' or 'DIR@bucket', its
+val split) or 'megablu:essays', the prose shipped for RULER's essay haystack (megablu/eval/assets/ruler:
+the Python documentation's HOWTOs, FAQs, tutorial and What's New essays), text that no training
+corpus of megablu's holds, so a rise there is not domain adaptation to the training data.
+
 Both are the same for every arm (seeded, the tokenizer checked against the data). The model is
 run without labels: a forward hook on the last block keeps its hidden states, so the vocab
 projection runs in chunks here ((chunk, V) logits at a time, never (L, V)). Under sequence
@@ -25,21 +31,74 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..model.string import apply_string
+from ..model.string import apply_string, installed
 from .prompts import EvalError, TokenizerLike
 
 HEAD_CHUNK = 4096     # positions per vocab projection
 
 
-def _hay(spec: str, tokenizer):
+ESSAYS = "megablu:essays"   # the shipped prose (megablu/eval/ruler/assets.py): outside every training corpus here
+
+
+class _Docs:
+    """In-memory documents with the slice of data.shards.DocTable that the loss reads (doc_len, doc, len)."""
+
+    def __init__(self, docs: list[list[int]]):
+        import numpy as np
+
+        self._docs = [np.asarray(d, dtype=np.int64) for d in docs]
+        self.doc_len = np.asarray([len(d) for d in self._docs], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self._docs)
+
+    def doc(self, d: int, start: int = 0, end=None):
+        return self._docs[d][start:end]
+
+
+def _essays(tokenizer):
+    """The shipped essays as a Haystack: one document per source essay (essays.txt.gz separates them by two
+    blank lines), each tokenized whole."""
+    import gzip
+
+    import numpy as np
+
+    from ..data.haystack import Haystack
+    from .ruler.assets import DIR
+
+    with gzip.open(DIR / "essays.txt.gz", "rt", encoding="utf-8") as f:
+        texts = [t.strip() for t in f.read().split("\n\n\n") if t.strip()]
+    hs = Haystack.__new__(Haystack)   # the same reader over documents held in memory, not a dataset's shards
+    hs.table, hs.tokenizer, hs.bucket, hs.split, hs.root = _Docs([tokenizer.encode(t) for t in texts]), tokenizer, \
+        "all", "val", ESSAYS
+    hs.sep = np.asarray(tokenizer.encode("\n\n"), dtype=np.int64)
+    hs.n_tokens = int(hs.table.doc_len.sum())
+    return hs
+
+
+def _field(name) -> str:
+    """The config field of a loss set, for messages: eval.loss.data, or eval.loss.sets.<name>."""
+    return "eval.loss.data" if name is None else f"eval.loss.sets.{name}"
+
+
+def _hay(spec: str, tokenizer, name=None):
     from ..data.haystack import Haystack, split_spec
     from ..data.shards import DataError
 
+    if spec == ESSAYS:
+        return _essays(tokenizer)
     root, bucket = split_spec(spec)
     try:
         return Haystack(root, tokenizer, bucket=bucket, split="val")
     except (DataError, OSError) as e:
-        raise EvalError(f"eval.loss.data={spec!r}: {e}") from None
+        raise EvalError(f"{_field(name)}={spec!r}: {e}") from None
+
+
+def loss_sets(eval_cfg) -> dict:
+    """{name: source} of every held-out set an eval scores: None -> eval.loss.data (result["loss"]), then
+    eval.loss.sets by name (result["loss_sets"][name])."""
+    lo = eval_cfg.loss
+    return {**({None: lo.data} if lo.data else {}), **dict(lo.sets)}
 
 
 def _short_docs(hs, lo: int, hi: int, count: int, seed: int) -> list[int]:
@@ -50,37 +109,43 @@ def _short_docs(hs, lo: int, hi: int, count: int, seed: int) -> list[int]:
     return ok[:count]
 
 
-def loss_problems(eval_cfg, tokenizer: TokenizerLike) -> list[str]:
-    lo = eval_cfg.loss
+def loss_problems(eval_cfg, tokenizer: TokenizerLike, name=None, spec=None) -> list[str]:
+    """What keeps a held-out set from being scored ([] = nothing): by default every set of the eval
+    (loss_sets), else the one named (name None: eval.loss.data) with its source `spec`."""
+    if spec is None:
+        return [p for n, sp in loss_sets(eval_cfg).items() for p in loss_problems(eval_cfg, tokenizer, n, sp)]
+    lo, f = eval_cfg.loss, _field(name)
     try:
-        hs = _hay(lo.data, tokenizer)
+        hs = _hay(spec, tokenizer, name)
     except EvalError as e:
         return [str(e)]
     out = []
     cap = hs.n_tokens + len(hs.sep) * (len(hs.table) - 1)
     if eval_cfg.lengths and max(eval_cfg.lengths) > cap:
-        out.append(f"eval.loss.data={lo.data!r}: its val split holds {cap:,} tokens < the longest eval length "
+        out.append(f"{f}={spec!r}: its val split holds {cap:,} tokens < the longest eval length "
                    f"{max(eval_cfg.lengths)}; use a dataset with more val text (or 'DIR' for all buckets)")
     if lo.short_docs and not _short_docs(hs, lo.short_min, lo.short_max, 1, eval_cfg.seed):
-        out.append(f"eval.loss.data={lo.data!r}: no val document of {lo.short_min}..{lo.short_max} tokens for the "
+        out.append(f"{f}={spec!r}: no val document of {lo.short_min}..{lo.short_max} tokens for the "
                    f"short-document loss; use 'DIR' (all buckets) or set eval.loss.short_docs=0")
     return out
 
 
-def loss_inputs(eval_cfg, tokenizer: TokenizerLike) -> dict:
-    """{'by_length': {L: [ids] * n}, 'short': [ids per document]}: the sequences, for every arm the same."""
+def loss_inputs(eval_cfg, tokenizer: TokenizerLike, name=None, spec=None) -> dict:
+    """{'source', 'by_length': {L: [ids] * n}, 'short': [ids per document]}: the sequences of one held-out
+    set (name None: eval.loss.data; else eval.loss.sets[name], or `spec`), for every arm the same."""
     lo = eval_cfg.loss
-    problems = loss_problems(eval_cfg, tokenizer)
+    spec = spec or (lo.data if name is None else lo.sets[name])
+    problems = loss_problems(eval_cfg, tokenizer, name, spec)
     if problems:
         raise EvalError("; ".join(problems))
-    hs = _hay(lo.data, tokenizer)
+    hs = _hay(spec, tokenizer, name)
     by_length = {}
     for L in sorted(set(eval_cfg.lengths)):
         # seed per (seed, L, i): adding a length or raising n keeps the other sequences
         by_length[L] = [hs.tokens(L, seed=_seed(eval_cfg.seed, L, i)) for i in range(lo.n)]
     docs = _short_docs(hs, lo.short_min, lo.short_max, lo.short_docs, eval_cfg.seed) if lo.short_docs else []
     short = [hs.table.doc(d).astype("int64").tolist() for d in docs]
-    return {"by_length": by_length, "short": short}
+    return {"source": spec, "by_length": by_length, "short": short}
 
 
 def _seed(*parts) -> int:
@@ -176,7 +241,7 @@ def run_loss(model, data: dict, eval_cfg, *, sp_group=None, dp_group=None) -> di
             mine = {k: v for p in parts for k, v in p.items()}
         return [mine[i] for i in range(len(seqs))]
 
-    prev = getattr(model, "string", None)
+    prev = installed(model)
     try:
         return _run_loss(data, eval_cfg, score)
     finally:
@@ -194,7 +259,7 @@ def _run_loss(data: dict, eval_cfg, score) -> dict:
         per = [s[0] / max(s[1], 1) for s in st]
         by_length.append({"length": L, "n": len(seqs), "tokens": n, "loss": a / n, "ppl": math.exp(a / n),
                           "tail_loss": b / max(m, 1), "per_seq": per, "digest": _digest(seqs)})
-    out = {"data": eval_cfg.loss.data, "by_length": by_length, "short": None}
+    out = {"data": data.get("source", eval_cfg.loss.data), "by_length": by_length, "short": None}
     if data["short"]:
         st = score(data["short"], tail=False)
         a, n = sum(s[0] for s in st), sum(s[1] for s in st)

@@ -20,7 +20,7 @@ All accuracies are fractions in [0, 1] inside the functions; reports show percen
 - The test beside the paired interval: McNemar's exact (conditional) test, two-sided: given the
   b + c prompts the arms disagree on, b ~ Binomial(b + c, 1/2) under "no difference";
   p = min(1, 2 P(X <= min(b, c))). Not the mid-p version: the exact p never exceeds the level, and
-  a star (report.py) is a claim made after a multiplicity correction, so it should not rest on a
+  a star (compare.py) is a claim made after a multiplicity correction, so it should not rest on a
   test that can be liberal.
 - Two independent samples of 0/1 scores (other prompts): Fisher's exact test, two-sided (the
   probability of every split of the successes no more likely than the one seen), beside Newcombe's
@@ -41,7 +41,7 @@ All accuracies are fractions in [0, 1] inside the functions; reports show percen
 - Holm's step-down correction (Holm 1979) of the p values of one family of tests: sorted
   ascending, p_(i) is adjusted to max_{j <= i} min(1, (m - j + 1) p_(j)); rejecting where the
   adjusted p < alpha keeps the chance of any false rejection <= alpha under any dependence
-  between the tests (report.py: the cells one `compare` stars).
+  between the tests (compare.py: the cells one `megablu compare` stars).
 - Slope in pp per doubling: ordinary least squares of accuracy (pp) on log2(length). Its
   sampling interval propagates each point's binomial variance through the OLS weights
   (with the Agresti-Coull p~ = (k+2)/(n+4) so 0/n and n/n points are not certain); with

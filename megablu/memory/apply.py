@@ -62,9 +62,7 @@ class _BlockForward:
         self.plain = functools.partial(type(block).forward, block)
         self.dense = functools.partial(type(block.mlp).forward, block.mlp)   # the untiled MLP
 
-    def __call__(self, x, cos, sin, cache=None, docs=None, shifted=None):
-        if shifted is not None:   # STRING (model/string.py) is for evaluation: never recomputed or offloaded
-            return self.plain(x, cos, sin, cache, docs, shifted)
+    def __call__(self, x, cos, sin, cache=None, docs=None):
         # read at call time: tests swap model.offload for one that copies on CPU
         off = self.model.offload if cache is None and torch.is_grad_enabled() else None
         if off is None:

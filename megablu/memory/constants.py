@@ -18,5 +18,5 @@ def offloaded(i: int, n: int, keep_last: int = KEEP_LAST, fraction: float = 1.0)
 
 def offloaded_count(n: int, keep_last: int = KEEP_LAST, fraction: float = 1.0) -> int:
     """How many blocks `offloaded` picks: floor(fraction * (n - keep_last)) (its steps telescope; the
-    config's check, config/schema.py, uses this closed form)."""
+    config's check, config/schema/checks.py, uses this closed form)."""
     return int(max(0, n - keep_last) * fraction + 1e-9)

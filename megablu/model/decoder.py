@@ -9,9 +9,9 @@ Packed rows (data.doc_mask): `doc_ids` (B, S) make attention document-causal
 kernel, through Ulysses too (it sees the full S). `rope_len` picks each token's RoPE under
 rope.yarn.apply=beyond_original (model/rope.py, model/packing.py).
 
-STRING (eval.string, model/string.py) is installed from outside too, for evaluation only:
-`apply_string(model, cfg, length)` sets `model.string` (a StringSetting); the forward then also rotates each
-key at position + shift - local and attention masks between the two copies (LocalAttention._string).
+STRING (eval.string) is installed from outside too, for evaluation only: model/string.py
+`apply_string(model, cfg, length)` hooks the rotary and replaces each Attention's forward; nothing here
+knows of it (the KV cache only has room for the extra keys such a wrapper keeps).
 
 Memory switches (config `memory:`: recompute, mlp_tiles, offload_activations, loss_chunk,
 loss, attention, ops) are applied from outside, like Ulysses: megablu/memory/apply.py
@@ -34,10 +34,8 @@ from ..config.schema import ModelConfig, RopeConfig
 from ..ops.attention import causal_attention
 from ..ops.cross_entropy import linear_cross_entropy
 from ..ops.doc_attention import DocMask, doc_attention
-from . import string as string_mod
 from .packing import document_lengths
 from .rope import RotaryEmbedding
-from .string import string_attention
 
 
 class RMSNorm(nn.Module):
@@ -70,8 +68,8 @@ class KVCache:
     (eval/generate.py does); the model refuses a beyond_original forward without it.
     Ignored by the other ropes.
 
-    `ks` holds STRING's shifted keys (model/string.py) beside `k`, position for position, when the
-    model runs with it (append_shifted); it stays empty otherwise.
+    `ks` holds a second copy of each key beside `k`, position for position, for an attention installed
+    from outside that keeps one (STRING, model/string.py: append_shifted); it stays empty otherwise.
     """
 
     n_layers: int
@@ -117,26 +115,14 @@ class LocalAttention(nn.Module):
     (training, a prefill): "sdpa", "fa4" or "auto" (ops/attention.py). A decode step (T < S, a KV
     cache) runs SDPA with a bottom-right causal mask whatever the kernel. With `docs` (a DocMask
     over these T tokens) the attention is document-causal instead, on the kernel the DocMask
-    chose (FlexAttention on CUDA); fa4 refuses it.
-
-    `string_shift` (STRING's S, set by model/string.py apply_string; None = off): with it every call
-    also gets `ks`, the shifted keys (the KV cache keeps them), and runs string_attention over [k; ks] --
-    whole sequence, prefill chunk, decode step -- never `kernel`; except where the keys are at most S,
-    where no distance reaches the shift and the plain attention below runs (the same logits, bit for bit,
-    at `string_scale` 1). `string_scale`: STRING's attention_factor**2, multiplying q (so the logits) at
-    every distance while STRING is on."""
+    chose (FlexAttention on CUDA); fa4 refuses it."""
 
     def __init__(self, layer_idx: int = 0):
         super().__init__()
         self.layer_idx = layer_idx
         self.kernel = "sdpa"
-        self.string_shift: Optional[int] = None
-        self.string_scale: float = 1.0
 
-    def forward(self, q, k, v, cache: Optional[KVCache] = None, docs: Optional[DocMask] = None,
-                ks: Optional[torch.Tensor] = None):
-        if ks is not None or self.string_shift is not None:
-            return self._string(q, k, v, ks, cache, docs)
+    def forward(self, q, k, v, cache: Optional[KVCache] = None, docs: Optional[DocMask] = None):
         if docs is not None:
             if cache is not None:
                 raise ValueError("document masking with a KV cache is not supported (generation runs one sequence)")
@@ -165,28 +151,6 @@ class LocalAttention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         return out.transpose(1, 2)
 
-    def _string(self, q, k, v, ks, cache: Optional[KVCache], docs: Optional[DocMask]):
-        """STRING: q (B, T, H, D), k/ks/v (B, T, Hkv, D) of the new tokens; the cache keeps ks beside k."""
-        if docs is not None:
-            raise ValueError("eval.string (STRING) with document masking (data.doc_mask): document masking is for "
-                             "training on packed rows and STRING for evaluation; run the eval without doc_ids")
-        if ks is None or self.string_shift is None:
-            raise ValueError(f"STRING half on: string_shift={self.string_shift}, shifted keys "
-                             f"{'given' if ks is not None else 'missing'}; install it with "
-                             f"megablu.model.string.apply_string(model, cfg), which sets both")
-        if cache is not None:
-            k, v = cache.append(self.layer_idx, k, v)
-            ks = cache.append_shifted(self.layer_idx, ks)
-            if ks.shape[1] != k.shape[1]:
-                raise RuntimeError(f"KV cache layer {self.layer_idx}: {ks.shape[1]} shifted keys but {k.shape[1]} "
-                                   f"keys (STRING switched on or off mid-sequence?)")
-        if self.string_scale != 1.0:   # the authors' factor on q and k: the logits times its square, every distance
-            q = q * self.string_scale
-        if k.shape[1] <= self.string_shift:   # no distance d = m - n <= tk - 1 reaches S: STRING is the identity
-            string_mod.KERNELS_USED["plain"] += 1
-            return self._plain(q, k, v)
-        return string_attention(q, k, ks, v, self.string_shift)
-
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, impl: Optional[str] = None):
@@ -201,15 +165,11 @@ class Attention(nn.Module):
         # The inner kernel; apply_ulysses replaces it with a sequence-parallel wrapper.
         self.core: nn.Module = LocalAttention(layer_idx)
 
-    def forward(self, x, cos, sin, cache: Optional[KVCache] = None, docs: Optional[DocMask] = None,
-                shifted: Optional[tuple] = None):
-        """shifted: STRING's (cos, sin) at position + shift - local (BluModel.forward makes them when on)."""
+    def forward(self, x, cos, sin, cache: Optional[KVCache] = None, docs: Optional[DocMask] = None):
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
-        if shifted is not None:
-            return self._forward_string(q, k, v, cos, sin, shifted, cache, docs)
         q, k = ops.apply_rotary(q, k, cos, sin, impl=self.impl)
         if cache is not None:
             out = self.core(q, k, v, cache)
@@ -217,17 +177,6 @@ class Attention(nn.Module):
             out = self.core(q, k, v, docs=docs)
         else:
             out = self.core(q, k, v)
-        return self.o_proj(out.reshape(B, T, self.n_heads * self.head_dim))
-
-    def _forward_string(self, q, k, v, cos, sin, shifted, cache, docs):
-        B, T = q.shape[:2]
-        if not isinstance(self.core, LocalAttention):
-            raise ValueError(f"eval.string (STRING) runs on one rank's attention, not {type(self.core).__name__} "
-                             f"(sequence parallelism shards the keys it remaps): run the eval with parallel.sp=1")
-        # the raw keys rotated at position + shift - local, by the same op and tables as the plain ones
-        _, ks = ops.apply_rotary(k, k, shifted[0], shifted[1], impl=self.impl)
-        q, k = ops.apply_rotary(q, k, cos, sin, impl=self.impl)
-        out = self.core(q, k, v, cache, docs, ks=ks)
         return self.o_proj(out.reshape(B, T, self.n_heads * self.head_dim))
 
 
@@ -254,11 +203,9 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps, impl)
         self.mlp = MLP(cfg, impl)
 
-    def forward(self, x, cos, sin, cache: Optional[KVCache] = None, docs: Optional[DocMask] = None,
-                shifted: Optional[tuple] = None):
-        """`docs`: document-causal attention (the same DocMask for every layer); `shifted`: STRING's
-        rotary tables (Attention.forward)."""
-        a = self.self_attn(self.input_layernorm(x), cos, sin, cache, docs, shifted)
+    def forward(self, x, cos, sin, cache: Optional[KVCache] = None, docs: Optional[DocMask] = None):
+        """`docs`: document-causal attention (the same DocMask for every layer)."""
+        a = self.self_attn(self.input_layernorm(x), cos, sin, cache, docs)
         # fused residual add + norm: h = x + a, y = rmsnorm(h) in one pass
         n = self.post_attention_layernorm
         y, h = ops.add_rms_norm(a, x, n.weight, n.eps, impl=self.impl)
@@ -315,7 +262,6 @@ class BluModel(nn.Module):
     def _build(self, cfg: ModelConfig, rope: RopeConfig):
         self.cfg, self.rope_cfg = cfg, rope
         self.max_position: Optional[int] = None   # max_position_embeddings an HF import recorded (model/hf.py)
-        self.string = None   # STRING's StringSetting at evaluation (model/string.py apply_string); None = off
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
@@ -360,7 +306,6 @@ class BluModel(nn.Module):
         B, T = input_ids.shape
         if doc_ids is not None and cache is not None:
             raise ValueError("doc_ids with a KV cache: document masking is for training on packed rows")
-        given = position_ids is not None
         if position_ids is None:
             start = cache.length if cache is not None and not cache.seq_sharded else 0
             position_ids = torch.arange(start, start + T, device=input_ids.device).expand(B, T)
@@ -369,13 +314,8 @@ class BluModel(nn.Module):
         h = self.embed_tokens(input_ids)
         rl = self._rope_len(B, T, cache, doc_ids, rope_len, input_ids.device) if self.rotary.length_aware else None
         cos, sin = self.rotary(position_ids, h.dtype, rl)
-        if self.string is None:
-            for layer in self.layers:
-                h = layer(h, cos, sin, cache, docs=docs)
-        else:
-            shifted = self._string_rope(position_ids, given, cache, h.dtype, rl)
-            for layer in self.layers:
-                h = layer(h, cos, sin, cache, docs=docs, shifted=shifted)
+        for layer in self.layers:
+            h = layer(h, cos, sin, cache, docs=docs)
         if labels is None and logits_index is not None:
             i = logits_index % T
             h = h[:, i:i + 1]
@@ -383,23 +323,6 @@ class BluModel(nn.Module):
         if labels is None:
             return self.lm_head(h)
         return self.lm_head(h, labels)
-
-    def _string_rope(self, position_ids, given: bool, cache: Optional[KVCache], dtype, rl):
-        """STRING's (cos, sin) at position + shift - local: the same rotary, dtype and rope_len as the plain
-        keys'. string_attention takes a key's index in the sequence (the cache's) as its position, so the
-        positions must be 0, 1, ... in order: refused otherwise (a sequence-parallel slice, restarted
-        document positions)."""
-        if cache is not None and cache.seq_sharded:
-            raise ValueError("eval.string (STRING) with a sequence-sharded prefill: run the eval with parallel.sp=1")
-        if given:
-            B, T = position_ids.shape
-            start = cache.length if cache is not None else 0
-            want = torch.arange(start, start + T, device=position_ids.device).expand(B, T)
-            if not torch.equal(position_ids, want):
-                raise ValueError(f"eval.string (STRING) needs position_ids {start}..{start + T - 1} in order (a "
-                                 f"key's index is its position); got others")
-        s = self.string
-        return self.rotary(position_ids + (s.shift - s.local), dtype, rl)
 
     @staticmethod
     def _rope_len(B: int, T: int, cache: Optional[KVCache], doc_ids, rope_len, device) -> torch.Tensor:

@@ -3,7 +3,7 @@ arXiv 2410.18745): the largest relative distances, rare in training, reuse well-
 
 Every relative distance d = m - n >= S (shift) is attended as d - S + W (local); d < S is unchanged; q is
 multiplied by attention_factor**2 (the authors multiply q and k by the factor: string_for_llama.py scales the
-rotary cos and sin tables). One input's setting is a StringSetting (S, W, factor): eval.string's variant
+rotary cos and sin tables). One input's setting is a StringSetting (S, W, factor, kernel): eval.string's variant
 `authors` takes S = int(shift_ratio * L) for an input built to L tokens, `fixed_shift` the same S at every
 length (StringConfig.shift_for; docs/EVAL.md has what the authors' code does, file by file).
 RoPE scores depend on the relative position only: q rotated at m dotted with k rotated at n depends on
@@ -15,7 +15,7 @@ attention factor and the beyond_original choice carry over), and one attention r
 Each query sees each earlier token exactly once, so the softmax is the one over the remapped
 positions (tests/model/test_string.py checks it against explicit per-pair positions in fp64).
 
-Two kernels compute the same attention (`MEGABLU_STRING_IMPL`: auto | sdpa | flex):
+Two kernels compute the same attention (eval.string.kernel: auto | sdpa | flex):
   sdpa  per block of query rows, SDPA with a boolean mask over [k_r ; k_s] (any device; the memory-
         efficient kernel, which computes every (row, key) tile, masked or not, on repeated kv heads);
   flex  FlexAttention over [k_r ; k_s] with a BlockMask built here from tile bounds: a tile with no
@@ -24,27 +24,38 @@ Two kernels compute the same attention (`MEGABLU_STRING_IMPL`: auto | sdpa | fle
         repeating kv heads; compiled on CUDA (one compile per shape and process).
 auto is flex on CUDA for more than one query row (a prefill), sdpa for a decode step and on a CPU.
 The two differ by the order of their float sums only (tests/model/test_string.py). flex compiles once per
-shape; a process that meets more shapes than RECOMPILE_LIMIT (an H100 eval, 2026-12-06: whole short
-validation documents of every length) goes on with sdpa, logged once and counted in KERNELS_USED.
-Where no distance reaches S (keys <= S), LocalAttention runs its plain attention instead of either:
-the remapping is the identity there, so with attention_factor 1 those logits are the plain model's bit for
-bit (the factor, as in the authors' code, still applies).
+shape; dynamo refuses more shapes than RECOMPILE_LIMIT per process (an eval that scores whole short
+validation documents of every length meets many), and the model goes on with sdpa, logged once and
+recorded in its StringStats (kernels_used).
+Where no distance reaches S (keys <= S), the layer runs the plain attention of its LocalAttention instead of
+either: the remapping is the identity there, so with attention_factor 1 those logits are the plain model's bit
+for bit (the factor, as in the authors' code, still applies).
 
-`apply_string(model, cfg, length)` installs it on a built BluModel from outside (the eval does, per
-cell and per held-out sequence, for the eval only, like memory/apply.py installs the kernels); the KV
-cache then also stores k_s. Inference only: it is never applied to training forwards.
+Installed from outside the model, like parallel/ulysses.py's apply_ulysses and memory/apply.py's switches:
+`apply_string(model, cfg, length)` puts a forward hook on the model's rotary (it also makes the tables at
+position + S - W: the same positions, dtype and rope_len) and sets a StringAttention as each Attention's
+forward (the same projections and rotary op, then string_attend); `apply_string(model, None)` removes both,
+leaving the model as built. Parameter names are unchanged: no module is added. The KV cache keeps the
+shifted keys beside the keys (KVCache.append_shifted). Inference only: never applied to training forwards.
+The model (model/decoder.py) never imports this module.
+
+It lives in model/ (not eval/): it changes the model's attention for any caller that installs it (the eval's
+generation and held-out loss, a test, an export check), and it needs only model/ and ops/ (the layering of
+tests/test_imports.py: eval/ imports it, it imports nothing above model/).
 """
 from __future__ import annotations
 
 import collections
 import functools
 import logging
-import os
-from dataclasses import dataclass
-from typing import Optional, Union
+from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
+
+from .. import ops
+from .decoder import Attention, BluModel, KVCache, LocalAttention
 
 # query rows per SDPA call: bounds the (rows, keys) boolean mask and any score tensor a backend
 # materialises, whatever the prefill chunk (a 32k whole-sequence forward holds (4096, <=36k) masks)
@@ -52,17 +63,20 @@ QUERY_BLOCK = 4096
 
 
 IMPLS = ("auto", "sdpa", "flex")
-ENV = "MEGABLU_STRING_IMPL"
 TILE = 128   # FlexAttention's sparse block (as ops/doc_attention.py)
 RECOMPILE_LIMIT = 64   # compiled shapes of the flex kernel per process
 
 log = logging.getLogger(__name__)
 
-# attention calls per kernel since the last reset (the eval records them with its results): flex, sdpa, and
-# plain (keys <= S: LocalAttention's own attention, STRING being the identity there)
-KERNELS_USED: collections.Counter = collections.Counter()
-# {reason: ...} once flex is off for the rest of this process (its recompile limit was hit); empty while on
-FLEX_OFF: dict = {}
+
+@dataclass
+class StringStats:
+    """One model's STRING attention calls per kernel since the last reset (flex, sdpa, and plain: keys <= S,
+    the LocalAttention's own attention, STRING being the identity there), and why flex went off for the rest
+    of this model's evals (None while on). apply_string keeps it on the model across installs, so an eval
+    that installs STRING per cell counts all its cells (kernels_used)."""
+    used: collections.Counter = field(default_factory=collections.Counter)
+    flex_off: Optional[str] = None
 
 
 def flex_recompile_error() -> type:
@@ -72,49 +86,51 @@ def flex_recompile_error() -> type:
     return getattr(exc, "FailOnRecompileLimitHit", type("NoFailOnRecompileLimitHit", (Exception,), {}))
 
 
-def string_impl(device: torch.device, rows: int = 2) -> str:
-    """The kernel STRING attention takes for `rows` query rows on `device` (ENV forces one)."""
-    impl = os.environ.get(ENV, "auto")
-    if impl not in IMPLS:
-        raise ValueError(f"{ENV}={impl!r}: must be one of {', '.join(IMPLS)} (auto: flex on CUDA for a prefill, "
-                         f"sdpa otherwise)")
-    if impl == "auto":
-        return "flex" if torch.device(device).type == "cuda" and rows > 1 and not FLEX_OFF else "sdpa"
-    return impl
+def string_impl(device: torch.device, rows: int = 2, kernel: str = "auto", flex_off: bool = False) -> str:
+    """The kernel STRING attention takes for `rows` query rows on `device`: `kernel` (eval.string.kernel)
+    unless auto, which is flex on CUDA for a prefill (unless flex went off) and sdpa otherwise."""
+    if kernel not in IMPLS:
+        raise ValueError(f"eval.string.kernel={kernel!r}: must be one of {', '.join(IMPLS)} (auto: flex on CUDA "
+                         f"for a prefill, sdpa otherwise)")
+    if kernel == "auto":
+        return "flex" if torch.device(device).type == "cuda" and rows > 1 and not flex_off else "sdpa"
+    return kernel
 
 
 def string_attention(q: torch.Tensor, k: torch.Tensor, ks: torch.Tensor, v: torch.Tensor, shift: int,
-                     block: int = QUERY_BLOCK, impl: Optional[str] = None) -> torch.Tensor:
+                     block: int = QUERY_BLOCK, impl: str = "auto",
+                     stats: Optional[StringStats] = None) -> torch.Tensor:
     """Causal GQA attention with STRING's remapped distances.
 
     q (B, T, H, D) rotated at the positions tk - T .. tk - 1 (bottom-right aligned: a whole sequence,
     a prefill chunk after a cached past, or a decode step T == 1); k, ks, v (B, tk, Hkv, D): the keys
     rotated at their positions 0 .. tk - 1 (k) and at position + S - W (ks). -> (B, T, H, D).
+    `impl`: auto | sdpa | flex (string_impl); `stats` (a model's StringStats; None: a fresh one for this call)
+    counts the call and remembers flex going off.
 
     Query rows [r0, r1) (positions [a, b)) need the plain keys of distances 0 <= d < S, positions
     [max(0, a - S + 1), b), and the shifted keys of d >= S, positions [0, b - S): each block attends
     to at most about tk + rows keys, not 2 tk."""
+    stats = stats if stats is not None else StringStats()
     T, tk = q.shape[1], k.shape[1]
     if ks.shape != k.shape:
         raise ValueError(f"string attention: shifted keys {tuple(ks.shape)} != keys {tuple(k.shape)}")
     if tk < T:
         raise ValueError(f"string attention: {T} query rows but only {tk} keys (the keys include the queries' own)")
-    impl = impl or string_impl(q.device, T)
-    if impl == "flex" and FLEX_OFF:   # this process's flex met its recompile limit (below): sdpa from then on
+    impl = string_impl(q.device, T, impl, stats.flex_off is not None)
+    if impl == "flex" and stats.flex_off:   # this model's flex met its recompile limit (below): sdpa from then on
         impl = "sdpa"
     if impl == "flex":
         try:
             out = string_attention_flex(q, k, ks, v, shift)
-            KERNELS_USED["flex"] += 1
+            stats.used["flex"] += 1
             return out
         except flex_recompile_error() as e:
-            FLEX_OFF.update(reason=f"dynamo's recompile limit ({RECOMPILE_LIMIT} shapes) at T={T}, keys={tk}")
+            stats.flex_off = f"dynamo's recompile limit ({RECOMPILE_LIMIT} shapes) at T={T}, keys={tk}"
             log.warning("STRING: the flex kernel hit dynamo's recompile limit (%d shapes in this process; %s); the "
-                        "rest of the process runs the sdpa kernel (the same attention, slower)", RECOMPILE_LIMIT,
-                        type(e).__name__)
+                        "rest of this model's STRING attention runs the sdpa kernel (the same attention, slower)",
+                        RECOMPILE_LIMIT, type(e).__name__)
             impl = "sdpa"
-    if impl != "sdpa":
-        raise ValueError(f"string attention: impl must be sdpa or flex, got {impl!r}")
     off = tk - T
     # GQA: each kv head repeated for its query heads. SDPA's enable_gqa runs only the flash and math
     # kernels on CUDA, and flash takes no mask: the math kernel would hold (B, H, rows, keys) scores.
@@ -138,7 +154,7 @@ def string_attention(q: torch.Tensor, k: torch.Tensor, ks: torch.Tensor, v: torc
             keys, vals = keys.repeat_interleave(rep, dim=1), vals.repeat_interleave(rep, dim=1)
         outs.append(F.scaled_dot_product_attention(qh[:, :, r0:r1], keys, vals, attn_mask=mask))
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
-    KERNELS_USED["sdpa"] += 1
+    stats.used["sdpa"] += 1
     return out.transpose(1, 2)
 
 
@@ -215,26 +231,20 @@ def string_attention_flex(q: torch.Tensor, k: torch.Tensor, ks: torch.Tensor, v:
     return out.transpose(1, 2)
 
 
-def kernels_used(reset: bool = False) -> dict:
-    """{kernel: attention calls} since the last reset (one call per layer per forward), plus flex_off: why flex
-    stopped, when it did; reset=True starts the count again (an eval does, before its prompts)."""
-    used = {**dict(KERNELS_USED), **({"flex_off": FLEX_OFF["reason"]} if FLEX_OFF else {})}
-    if reset:
-        KERNELS_USED.clear()
-    return used
-
-
 @dataclass(frozen=True)
 class StringSetting:
     """STRING as one input runs it: distances d >= shift are attended as d - shift + local, and the logits are
-    multiplied by attention_factor**2 (q and k each by the factor, as the authors' rotary tables do)."""
+    multiplied by attention_factor**2 (q and k each by the factor, as the authors' rotary tables do); `kernel`
+    (eval.string.kernel) picks the attention's kernel (string_impl)."""
     shift: int
     local: int
     attention_factor: float = 1.0
+    kernel: str = "auto"
 
     def __post_init__(self):
         if not 0 <= self.local < self.shift:
             raise ValueError(f"STRING: local={self.local}, shift={self.shift}: need 0 <= local < shift")
+        string_impl("cpu", kernel=self.kernel)   # a kernel name it does not know is refused here, before a forward
 
 
 def string_setting(string, length: Optional[int] = None) -> Optional[StringSetting]:
@@ -251,7 +261,129 @@ def string_setting(string, length: Optional[int] = None) -> Optional[StringSetti
         raise ValueError(f"eval.string ({string.variant}) at {length} tokens: S = {S} <= local={string.local}; STRING "
                          f"moves distances d >= S to d - S + local, closer only when local < S (config check: "
                          f"megablu.config.schema.string_problems)")
-    return StringSetting(S, string.local, string.attention_factor)
+    return StringSetting(S, string.local, string.attention_factor, string.kernel)
+
+
+def string_attend(local: LocalAttention, q, k, ks, v, setting: StringSetting, cache: Optional[KVCache] = None,
+                  docs=None, stats: Optional[StringStats] = None) -> torch.Tensor:
+    """One layer's STRING attention after the rotary: q (B, T, H, D), k/ks/v (B, T, Hkv, D) of the new tokens
+    (ks: the raw keys rotated at position + shift - local); the cache keeps ks beside k. `local` is the layer's
+    LocalAttention: its index in the cache and, where the keys are at most S, its plain attention (the same
+    logits as STRING there, bit for bit at attention_factor 1); its causal kernel never runs otherwise, whole
+    sequence, prefill chunk or decode step."""
+    stats = stats if stats is not None else StringStats()
+    if docs is not None:
+        raise ValueError("eval.string (STRING) with document masking (data.doc_mask): document masking is for "
+                         "training on packed rows and STRING for evaluation; run the eval without doc_ids")
+    if cache is not None:
+        k, v = cache.append(local.layer_idx, k, v)
+        ks = cache.append_shifted(local.layer_idx, ks)
+        if ks.shape[1] != k.shape[1]:
+            raise RuntimeError(f"KV cache layer {local.layer_idx}: {ks.shape[1]} shifted keys but {k.shape[1]} "
+                               f"keys (STRING switched on or off mid-sequence?)")
+    scale = setting.attention_factor ** 2
+    if scale != 1.0:   # the authors' factor on q and k: the logits times its square, every distance
+        q = q * scale
+    if k.shape[1] <= setting.shift:   # no distance d = m - n <= tk - 1 reaches S: STRING is the identity
+        stats.used["plain"] += 1
+        return local._plain(q, k, v)
+    return string_attention(q, k, ks, v, setting.shift, impl=setting.kernel, stats=stats)
+
+
+class _State:
+    """What one installation shares between the rotary hook and the layers: the setting, the model's stats,
+    and per forward the shifted tables and the positions its first layer checks against the cache."""
+
+    def __init__(self, setting: StringSetting, stats: StringStats):
+        self.setting, self.stats = setting, stats
+        self.tables: Optional[tuple] = None
+        self.positions: Optional[torch.Tensor] = None   # set by the rotary hook, checked once per forward
+
+    def rotary_hook(self, rotary, args, kwargs, out):
+        """After the model's rotary (position_ids, dtype, rope_len): the same tables at position + S - W."""
+        a = dict(zip(("position_ids", "dtype", "rope_len"), args), **kwargs)
+        s = self.setting
+        self.positions = a["position_ids"]
+        self.tables = rotary.forward(a["position_ids"] + (s.shift - s.local), a["dtype"], a.get("rope_len"))
+
+    def check_positions(self, cache: Optional[KVCache]) -> None:
+        """string_attention takes a key's index in the sequence (the cache's) as its position, so the positions
+        must be 0, 1, ... in order: refused otherwise (a sequence-parallel slice, restarted document
+        positions). Once per forward, at its first layer (before that layer appends to the cache)."""
+        pos, self.positions = self.positions, None
+        if pos is None:
+            return
+        if cache is not None and cache.seq_sharded:
+            raise ValueError("eval.string (STRING) with a sequence-sharded prefill: run the eval with parallel.sp=1")
+        B, T = pos.shape
+        start = cache.length if cache is not None else 0
+        want = torch.arange(start, start + T, device=pos.device).expand(B, T)
+        if not torch.equal(pos, want):
+            raise ValueError(f"eval.string (STRING) needs position_ids {start}..{start + T - 1} in order (a "
+                             f"key's index is its position); got others")
+
+
+class StringAttention:
+    """An Attention's forward with STRING (apply_string sets it as that module's `forward`): the same
+    projections and rotary op as Attention.forward, the raw keys also rotated at position + shift - local with
+    the shifted tables, then string_attend on the layer's LocalAttention."""
+
+    def __init__(self, attn: Attention, state: _State):
+        self.attn, self.state = attn, state
+
+    def __call__(self, x, cos, sin, cache: Optional[KVCache] = None, docs=None):
+        a, st = self.attn, self.state
+        st.check_positions(cache)
+        if not isinstance(a.core, LocalAttention):
+            raise ValueError(f"eval.string (STRING) runs on one rank's attention, not {type(a.core).__name__} "
+                             f"(sequence parallelism shards the keys it remaps): run the eval with parallel.sp=1")
+        B, T, _ = x.shape
+        q = a.q_proj(x).view(B, T, a.n_heads, a.head_dim)
+        k = a.k_proj(x).view(B, T, a.n_kv_heads, a.head_dim)
+        v = a.v_proj(x).view(B, T, a.n_kv_heads, a.head_dim)
+        # the raw keys rotated at position + shift - local, by the same op and tables as the plain ones
+        _, ks = ops.apply_rotary(k, k, st.tables[0], st.tables[1], impl=a.impl)
+        q, k = ops.apply_rotary(q, k, cos, sin, impl=a.impl)
+        out = string_attend(a.core, q, k, ks, v, st.setting, cache, docs, st.stats)
+        return a.o_proj(out.reshape(B, T, a.n_heads * a.head_dim))
+
+
+class _Installed:
+    """STRING on one model: its state and the rotary hook's handle (removed with it)."""
+
+    def __init__(self, state: _State, handle):
+        self.state, self.handle = state, handle
+
+
+def stats_of(model) -> StringStats:
+    """The model's StringStats (kept on it across installs; made at first use)."""
+    if getattr(model, "_string_stats", None) is None:
+        model._string_stats = StringStats()
+    return model._string_stats
+
+
+def installed(model) -> Optional[StringSetting]:
+    """The StringSetting installed on `model`, or None (never installed, or removed)."""
+    inst = getattr(model, "_string", None)
+    return inst.state.setting if inst is not None else None
+
+
+def kernels_used(model, reset: bool = False) -> dict:
+    """{kernel: attention calls} of `model` since the last reset (one call per layer per forward), plus
+    flex_off: why flex stopped, when it did; reset=True starts the count again (an eval does, before its
+    prompts)."""
+    stats = stats_of(model)
+    used = {**dict(stats.used), **({"flex_off": stats.flex_off} if stats.flex_off else {})}
+    if reset:
+        stats.used.clear()
+    return used
+
+
+def _remove(model) -> None:
+    model._string.handle.remove()
+    for layer in model.layers:
+        layer.self_attn.__dict__.pop("forward", None)   # the class's forward again
+    model._string = None
 
 
 def apply_string(model, string, length: Optional[int] = None) -> Optional[StringSetting]:
@@ -259,17 +391,24 @@ def apply_string(model, string, length: Optional[int] = None) -> Optional[String
     was built to, for the authors' variant), a StringSetting, or None to remove it. Returns the previous
     StringSetting, so a caller can restore it (run_eval does, after its eval).
 
-    model.string holds the setting BluModel.forward reads (it rotates the shifted keys at position
-    + shift - local); every LocalAttention holds the shift its mask uses and the scale it multiplies q by."""
-    setting: Union[StringSetting, None] = string_setting(string, length)
-    if not hasattr(model, "string"):   # not a BluModel (a test's oracle): nothing to install or remove
+    Installing puts a forward hook on model.rotary (the shifted tables) and a StringAttention as every
+    Attention's forward; installing again only changes the setting; None removes the hook and the forwards."""
+    setting: Optional[StringSetting] = string_setting(string, length)
+    if not isinstance(model, BluModel):   # not a BluModel (a test's oracle): nothing to install or remove
         if setting is not None:
             raise ValueError(f"eval.string (STRING) needs a BluModel; {type(model).__name__} has no STRING path")
         return None
-    prev = model.string
-    model.string = setting
-    for m in model.modules():   # decoder.LocalAttention (found by its field: decoder imports this module)
-        if hasattr(m, "string_shift"):
-            m.string_shift = None if setting is None else setting.shift
-            m.string_scale = 1.0 if setting is None else setting.attention_factor ** 2
+    prev = installed(model)
+    if setting is None:
+        if prev is not None:
+            _remove(model)
+        return prev
+    if prev is not None:
+        model._string.state.setting = setting
+        return prev
+    state = _State(setting, stats_of(model))
+    handle = model.rotary.register_forward_hook(state.rotary_hook, with_kwargs=True)
+    for layer in model.layers:
+        layer.self_attn.forward = StringAttention(layer.self_attn, state)
+    model._string = _Installed(state, handle)
     return prev

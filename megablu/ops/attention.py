@@ -13,9 +13,9 @@ flash_attn.cute imports, else sdpa, logged once with the reason; `AUTO_CHOICE` k
         1/sqrt(D) by default, as SDPA's; returns (out, lse), out (B, T, H, D). Its backward is
         FA4's own autograd Function (dq in an fp32 accumulator; with GQA, dk/dv in fp32
         accumulators at the kv head count). Read from flash_attn/cute/interface.py of
-        flash-attn-4 4.0.0b40, the version measured on the H200 (DESIGN.md).
+        flash-attn-4 4.0.0b40.
         Limits (FA4 asserts them; here they are errors that name memory.attention): CUDA on SM90
-        (the H100/H200; its SM100 kernels exist but were never run here), bf16 or fp16, head_dim
+        (Hopper: H100/H200; its SM100 kernels are not used here), bf16 or fp16, head_dim
         8..256 and a multiple of 8, Hq % Hkv == 0. Nothing else is supported here: no mask, no
         window, no KV-cache decode step (LocalAttention keeps SDPA for tq != tk), no
         document masking (data.doc_mask keeps its FlexAttention path; the config refuses fa4
@@ -115,10 +115,8 @@ def _import_problem_once() -> Optional[str]:
 
 def auto_kernel(q: torch.Tensor, k: torch.Tensor) -> tuple[str, str]:
     """(kernel, why) memory.attention=auto runs for these q and k: fa4 when FlashAttention-4 can take
-    them (CUDA SM90, bf16/fp16, its head sizes) and flash_attn.cute imports, else sdpa. fa4 was
-    validated in the model on the H200 on 2026-12-04 (tests/ops/test_attention.py and
-    tests/model/test_kernel_choices.py: 40 passed; a blu-0.5b 32k step 1.12x faster, attention at
-    449 vs 356 TF/s in the model; docs/BENCHMARKS.md)."""
+    them (CUDA SM90, bf16/fp16, its head sizes) and flash_attn.cute imports, else sdpa. tests/ops/test_attention.py
+    and tests/model/test_kernel_choices.py check fa4 against sdpa; docs/BENCHMARKS.md compares their speed."""
     why = fa4_problem(q, k) or _import_problem_once()
     if why is not None:
         return "sdpa", why
@@ -127,7 +125,7 @@ def auto_kernel(q: torch.Tensor, k: torch.Tensor) -> tuple[str, str]:
 
 def auto_for_config(cfg, device: str = "cuda") -> tuple[str, str]:
     """(kernel, why) memory.attention=auto is expected to run for a Config on `device`, before any
-    tensor exists (the planner, `megablu plan`): fa4 when the config allows it (config/schema.py
+    tensor exists (the planner, `megablu plan`): fa4 when the config allows it (config/schema/checks.py
     kernel_invariants: head_dim, no doc_mask, bf16) on CUDA and flash_attn.cute imports here; the
     GPU's architecture is only known at the first call (auto_kernel)."""
     from ..config.schema import kernel_invariants

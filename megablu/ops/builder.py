@@ -12,8 +12,8 @@
   Exit 0 on success, 1 on a compile error, 3 when nvcc is missing.
 - `python -m megablu.ops.builder --build`: JIT-build (or load) now and print where.
 
-The arch list is torch's: TORCH_CUDA_ARCH_LIST if set (the H200 image needs "9.0", see
-launch/device_env.sh), else the visible GPUs.
+The arch list is torch's: TORCH_CUDA_ARCH_LIST if set (e.g. "9.0" for Hopper, where
+the build machine sees no GPU), else the visible GPUs.
 """
 from __future__ import annotations
 

@@ -24,14 +24,11 @@ resolves to one of them once per model, resolve_loss below):
            (bf16 logits) is the largest power of two of at most `chunk` tokens it can make (or all T)
            (chunk_mem_const: utils/liger.py liger_mem_const); `chunk` <= 0 leaves Liger's own
            sizing, ~T*d/V tokens (512 at 32k for blu-0.5b). Each chunk reads and writes the fp32
-           (V, d) dW sum once (0.8 GB for blu-0.5b): at 32k the loss took 53.7 ms of a ~790 ms
-           step in 64 chunks of 512, 36.6 in 16 of 2048 and 34.3 in 8 of 4096 (one H100 with
-           FA4, 2026-12-06; docs/BENCHMARKS.md, issue 17). accum_dtype=fp32 sums dW over
-           the chunks in fp32, as megablu's chunked loss does: measured on the H200 at 32k
-           with Liger's own 512-token chunks (docs/BENCHMARKS.md, issue 17; larger chunks change
-           only the order of that fp32 sum) its dW is 1.7e-3 from an fp32 reference (megablu's
-           2.3e-3) against 7.8e-3 for Liger's bf16 default, whose error grows with the number of
-           chunks summed in bf16 (4x more at 128k), for 7 ms of a ~0.94 s step (47.5 vs 40.4 ms).
+           (V, d) dW sum once (0.8 GB for blu-0.5b): fewer, larger chunks take less time
+           (docs/BENCHMARKS.md). accum_dtype=fp32 sums dW over
+           the chunks in fp32, as megablu's chunked loss does: Liger's bf16 default sums them in
+           bf16, whose error grows with the number of chunks (docs/BENCHMARKS.md has both errors
+           against an fp32 reference and the time the fp32 sum costs).
 """
 from __future__ import annotations
 
@@ -133,9 +130,8 @@ def liger_import_problem() -> Optional[str]:
 
 def auto_loss(device: str) -> tuple[str, str]:
     """(implementation, why) memory.loss=auto picks on a run on `device` ("cuda" or "cpu"): liger when
-    the run is on CUDA and liger_kernel imports, else chunked. Liger was validated in the model on the
-    H200 (2026-12-04: tests/model/test_kernel_choices.py, and a blu-0.5b 32k step 1.04x faster with
-    3.6 GB less peak; docs/BENCHMARKS.md)."""
+    the run is on CUDA and liger_kernel imports, else chunked. tests/model/test_kernel_choices.py checks
+    liger against chunked in the model; docs/BENCHMARKS.md compares their speed and memory."""
     if device != "cuda":
         return "chunked", f"a {device} run: Liger's fused linear cross-entropy is a Triton GPU kernel"
     why = liger_import_problem()
@@ -146,7 +142,7 @@ def auto_loss(device: str) -> tuple[str, str]:
 
 def resolve_loss(mode: str, device: str) -> str:
     """The implementation (one of LOSSES) memory.loss=`mode` runs on a run on `device`. An explicit
-    chunked or liger is returned as given (liger on a CPU run is a config error: config/schema.py
+    chunked or liger is returned as given (liger on a CPU run is a config error: config/schema/checks.py
     kernel_invariants); auto's choice is logged once with its reason (as ops/dispatch.py does)."""
     if mode not in LOSS_MODES:
         raise ValueError(f"memory.loss must be one of {LOSS_MODES}, got {mode!r}")
@@ -163,11 +159,11 @@ def liger_linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: to
     """(sum of CE over labelled tokens, their count) through Liger's fused linear cross-entropy, in chunks of
     at most `chunk` tokens where Liger can make them (<= 0: Liger's own; module docstring)."""
     # CPU tensors run only in Triton's CPU interpreter (TRITON_INTERPRET=1, the opt-in CPU tests); a
-    # config asks for liger on CUDA alone (config/schema.py kernel_invariants refuses it on a CPU run)
+    # config asks for liger on CUDA alone (config/schema/checks.py kernel_invariants refuses it on a CPU run)
     why = liger_import_problem()
     if why is not None:
-        raise RuntimeError(f"memory.loss=liger: {why}; install liger-kernel (==0.8.5 was measured) or set "
-                           f"memory.loss=chunked")
+        raise RuntimeError(f"memory.loss=liger: {why}; install liger-kernel (pip install "
+                           f"liger-kernel==0.8.5, the version tested) or set memory.loss=chunked")
     mem_const = liger_mem_const(h.shape[0], weight.shape[1], weight.shape[0], chunk)
     # the constant is passed only where it widens the chunks: loss_chunk 0 (or below Liger's own chunk) calls
     # Liger exactly as before it existed
@@ -178,7 +174,8 @@ def liger_linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: to
                                f"chunk_mem_const or drops it (its LigerFusedLinearCrossEntropyFunction does not set "
                                f"supports_inner_impl_dispatch: an older version, or a LIGER_KERNEL_IMPL backend other "
                                f"than the default Triton one), so its chunks would silently stay its own; install "
-                               f"liger-kernel==0.8.5 (measured) with its default backend, or set memory.loss_chunk=0")
+                               f"liger-kernel==0.8.5 (the version tested) with its default backend, or set "
+                               f"memory.loss_chunk=0")
         wider["chunk_mem_const"] = mem_const
     loss = _liger_func()(h, weight, labels, ignore_index=IGNORE_INDEX, reduction="sum",
                          accum_dtype=LIGER_ACCUM_DTYPE, **wider)

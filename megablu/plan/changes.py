@@ -24,8 +24,8 @@ _COSTS = {  # rough relative step time, from docs/BENCHMARKS.md where measured (
 
 
 # ZeRO-Offload adds a fixed time per step, so its relative cost falls as the window grows.
-# Measured on one H200 against ZeRO-1 (docs/EXPERIMENTS.md, 2026-12-03, single steps,
-# bench/results/2026-12-03; tests/plan/test_plan.py checks the model against those rows):
+# Fit to single steps on one GPU against ZeRO-1 (the offload rows of docs/BENCHMARKS.md;
+# tests/plan/test_plan.py checks the model against those rows):
 #   optimizer offload, ZeRO-1/2: CPU Adam + PCIe for the rank's partition, 0.58-0.62 s per
 #     billion parameters (blu-0.5b at 16k, blu-1.5b at 32k)
 #   optimizer offload, ZeRO-3: 0.7-1.65 s for both shapes, i.e. not per parameter but per

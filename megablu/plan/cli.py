@@ -17,13 +17,9 @@ log = logging.getLogger(__name__)
 
 
 def _load(args):
-    from ..config import ConfigError, load_config
+    from ..config import load_for_command
 
-    try:
-        return load_config(args.config, args.set)
-    except ConfigError as e:
-        print(str(e), file=sys.stderr)
-        return None
+    return load_for_command(args.config, args.set)
 
 
 def _plan(args) -> int:

@@ -21,12 +21,12 @@ only, the whole layer is rebuilt in backward (its working set is then live once)
 Loss (ops/cross_entropy.py, chunk c): the forward holds at most 10*c*V bytes at once
 (fp32 logits, fp32 exp, bf16 grad) plus the fp32 grad of the head weight (4*V*d) and
 grad_hidden (2d per token); unchunked it is three fp32 [T, V] (12 V B per token, 94% of
-HF's 1.29 MB/token with checkpointing, shared/device/README.md). memory.loss=liger (Liger's
+HF's 1.29 MB/token with checkpointing, docs/BENCHMARKS.md). memory.loss=liger (Liger's
 fused linear CE, accum_dtype=fp32, liger-kernel 0.8.5's fused_linear_cross_entropy.py): bf16
 logits of one chunk and the fp32 dW (4Vd) in its loop (the chunk: the largest of at most loss_chunk
 tokens Liger makes, utils/liger.py; loss_chunk 0: its own, next_pow2(T / ceil(V/d)) tokens),
 then the fp32 dW and its bf16 cast (6Vd); + dh (2d), the fp32 per-token loss and the label
-mask per token: 0.684 GB at T=32k for blu-0.5b, measured 0.68 (docs/BENCHMARKS.md, issue 17).
+mask per token: 0.684 GB at T=32k for blu-0.5b (docs/BENCHMARKS.md holds it against a run).
 memory.attention=fa4 saves what SDPA saves (q, k, v, out, fp32 LSE); its backward's buffers
 differ (flash-attn-4 4.0.0b40 interface.py `_flash_attn_bwd`, read, not measured): the fp32 dq
 accumulator, two fp32 row scratches per head, and with GQA fp32 dk/dv accumulators at the kv
@@ -55,13 +55,14 @@ from typing import Optional, Union
 from ..config.schema import Config, ModelConfig
 from ..memory.constants import KEEP_LAST, MAX_INFLIGHT, offloaded_count
 from ..parallel.heads import head_plan
+from ..utils.device import peak_bf16_tflops
 from ..utils.liger import liger_chunk_tokens, liger_mem_const
 
 GB = 1e9
 BF16 = 2
 FP32 = 4
-PEAK_TFLOPS_H200 = 989.0            # dense bf16, shared/device/README.md
-COMFORTABLE = 0.80                  # <= 80% of the GPU: comfortable (issue 6: T=1M within 80%)
+PEAK_TFLOPS_H200 = peak_bf16_tflops("NVIDIA H200")   # dense bf16: the one table, utils/device.py
+COMFORTABLE = 0.80                  # <= 80% of the GPU: comfortable
 # DeepSpeed defaults the trainer does not override (runtime/zero/config.py)
 ZERO_REDUCE_BUCKET = 5e8            # elements, stage 2/3 contiguous gradient bucket
 ZERO3_PREFETCH_BUCKET = 5e7         # elements, stage 3 parameter prefetch
@@ -224,7 +225,7 @@ def layer_bytes_per_token(m: ModelConfig, ops: str, sp: int = 1, attention: str 
     # (fewer kv heads than q heads on the rank) dk and dv at q's head count before their sum
     # over the group; dq, dk, dv; the fp32 softmax row sums. Beside it: the output's grad from
     # o_proj and the residual grad. 5.5 KB/token above the MLP backward's point for blu-0.5b:
-    # 2.9 GB at 512k, which the planner missed until the H200's 1M/512k steps (2026-12-03).
+    # 2.9 GB at 512k.
     gqa_expand = 2 * BF16 * q if kv < q else 0
     scratch = FP32 * m.n_heads
     if attention == "fa4":

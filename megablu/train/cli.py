@@ -62,22 +62,17 @@ def probe_command(args, cfg, runs_dir: str) -> tuple[list[str], dict]:
 
 def _probe(args) -> int:
     from .. import plan
-    from ..config import ConfigError, load_config
+    from ..config import load_for_command
 
-    try:
-        cfg = load_config(args.config, args.set)
-    except ConfigError as e:
-        print(str(e), file=sys.stderr)
+    cfg = load_for_command(args.config, args.set)
+    if cfg is None:
         return 2
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     runs_dir = str(Path(cfg.runs_dir, "_probe", stamp))
     cmd, env = probe_command(args, cfg, runs_dir)
     # the probe's config must be valid for its world size before anything is launched
     sets = cmd[cmd.index("--config") + 2:][1::2]
-    try:
-        load_config(args.config, sets, world_size=args.gpus or cfg.parallel.sp)
-    except ConfigError as e:
-        print(str(e), file=sys.stderr)
+    if load_for_command(args.config, sets, world_size=args.gpus or cfg.parallel.sp) is None:
         return 2
     shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     if args.dry_run:

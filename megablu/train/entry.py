@@ -90,6 +90,8 @@ def main(argv=None) -> int:
         if rank == 0:
             print(str(e), file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:   # Ctrl-C while the run is being set up (the handlers below come after)
+        return _failed(e, None, rank, lambda: "no step was trained: start the same command again")
 
     def next_step() -> str:
         return (how_to_continue(trainer.run_dir, world, topo.nodes) if trainer.run_dir is not None

@@ -5,9 +5,9 @@ the rank's partition, one tensor at a time:
 - `has_overflow_partitioned_grads_serial`: is any element NaN or infinite? (amax, amin, two `isfinite`,
   and, not, add: about ten kernels per tensor);
 - `get_grad_norm_direct`: the L2 norm, each tensor copied to float64 first (three kernels).
-At blu-0.5b's 327 gradient tensors that is ~5,000 launches (4,900 kernels in the trace, and memsets). The
-profile of the real entry at 32k (H100, 2026-12-06, `bench/results/2026-12-06d/`) has the engine's step at
-162 ms of a 1,084 ms step with the GPU busy for 28.7 ms of it: the rest is the host launching those kernels.
+At blu-0.5b's 327 gradient tensors that is ~5,000 launches (4,900 kernels in the trace, and memsets). A
+profile of a 32k step shows the engine's step mostly host time: the host launching those kernels, the GPU
+idle (docs/BENCHMARKS.md).
 
 `install` replaces the two methods on one optimizer instance with the same answers from `torch._foreach_norm`
 over all the tensors at once (one pass for the overflow check, one per parameter group for the norm; on a GPU

@@ -188,7 +188,9 @@ def eval_problems(ctx: Context) -> list[str]:
         try:   # a gate that cannot be checked is found after hours of training otherwise
             parent = load_result(cfg.eval.gate.parent)
             problems += [f"eval.gate.parent: {p}" for p in parent_problems(parent, cfg.eval.gate, cfg.eval.tasks,
-                                                                           loss=bool(cfg.eval.loss.data))]
+                                                                           loss=bool(cfg.eval.loss.data),
+                                                                           lengths=cfg.eval.lengths,
+                                                                           loss_sets=list(cfg.eval.loss.sets))]
         except EvalError as e:
             problems.append(f"eval.gate.parent: {e}")
     if cfg.eval.haystack:
@@ -210,7 +212,7 @@ def eval_problems(ctx: Context) -> list[str]:
 
 def kernel_problems(ctx: Context) -> list[str]:
     """memory.loss=liger / memory.attention=fa4 import where the run will start (CUDA). The config
-    part (CPU, head_dim, doc_mask, dtype) is config/schema.py kernel_invariants; the GPU's
+    part (CPU, head_dim, doc_mask, dtype) is config/schema/checks.py kernel_invariants; the GPU's
     architecture is checked at the first call (ops/attention.py): this process may see no GPU.
     memory.loss=auto and memory.attention=auto need nothing: without liger_kernel / flash_attn.cute they
     run chunked / sdpa (ops/cross_entropy.py auto_loss, ops/attention.py auto_kernel)."""
@@ -223,15 +225,15 @@ def kernel_problems(ctx: Context) -> list[str]:
 
         why = liger_import_problem()
         if why:
-            problems.append(f"memory.loss=liger: {why}; install liger-kernel (0.8.5 was measured; on the H200 "
-                            f"carry its wheel in .whl) or set memory.loss=chunked")
+            problems.append(f"memory.loss=liger: {why}; install liger-kernel (pip install "
+                            f"liger-kernel==0.8.5, the version tested) or set memory.loss=chunked")
     if mem.attention == "fa4":
         from ..ops.attention import import_problem
 
         why = import_problem()
         if why:
-            problems.append(f"memory.attention=fa4: {why}; install flash-attn-4 and its wheels "
-                            f"(../shared/device/fa4_wheels.sh, bench/h200_kernels.sh) or set memory.attention=sdpa")
+            problems.append(f"memory.attention=fa4: {why}; install flash-attn-4 (pip install "
+                            f"flash-attn-4==4.0.0b40, the version tested) or set memory.attention=sdpa")
     return problems
 
 

@@ -12,7 +12,7 @@ torch.cuda.max_memory_allocated over the steps, per-token MB = (peak - static) /
 per rank (activations + grads + loss working set, per token of one micro-batch), step time
 (median of the steps after the first, which pays cuDNN autotuning and allocator growth),
 tokens/s per rank and MFU = model flops (6N + causal attention 6 L T H D per token, no
-recompute) / step time / the GPU's dense bf16 peak (utils/device.PEAK_BF16_TFLOPS: 989 TF/s on an H200).
+recompute) / step time / the GPU's dense bf16 peak (utils/device.PEAK_BF16_TFLOPS).
 
 On torch.cuda.OutOfMemoryError the probe raises ProbeOOM, carrying what was measured so
 far and the planner's suggestion for the same setup, and writes probe.json with oom=true.

@@ -1,6 +1,6 @@
 """Run ids: allocated atomically, never reused, safe under concurrent launches.
 
-The seed numbered runs by "first free log file", so two launches could pick the same
+Numbering runs by "first free log file" lets two launches pick the same
 number and a keep-N of one pruned a live checkpoint of the other. Here a run id is
 claimed with two exclusive filesystem operations, both atomic on POSIX filesystems and
 on NFSv3+ (O_EXCL create / mkdir):

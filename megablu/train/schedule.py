@@ -1,8 +1,8 @@
 """Learning-rate schedules as pure functions of the optimizer step.
 
 The LR at step s depends on s and the config only, so a resumed run continues the same
-curve: there is one warmup, anchored at step 0, never re-anchored on resume (the seed's
-CP_REWARMUP_ANCHOR sawtooth cannot happen).
+curve: there is one warmup, anchored at step 0, never re-anchored on resume (a sawtooth of
+re-anchored warmups cannot happen).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`train.profile_step: N`: training step N under torch.profiler, its wall time split by phase.
 
-Where a step of the real entry spends its time beyond the model's forward and backward (the
-question of issue 17's item 5: the entry ran 92.6% of the fwd+bwd bench's tokens/s): the data,
+Where a step of the real entry spends its time beyond the model's forward and backward (why the
+entry runs slower than the fwd+bwd bench of the same model: docs/BENCHMARKS.md): the data,
 sharding and the token count, each micro-batch's forward, backward and engine step (the last one
 is the optimizer's: DeepSpeed steps the optimizer at the accumulation boundary), the grad norm
 and the loss's reduction. Each phase is bracketed by device synchronisations, so its time is
@@ -95,10 +95,9 @@ def phase_markdown(step: int, wall_s: float, totals: dict, others_median_s: Opti
 def cupti_teardown(device: str) -> None:
     """Ask Kineto to finalize CUPTI when the profiler stops (TEARDOWN_CUPTI=1), unless the user set it.
 
-    Without it CUPTI stays attached after the profiled step and every later kernel launch pays for it: on an
-    H100 (2026-12-06, bench/h200_entry32k.sh) the entry's steps after its profiled step 9 took 1.024-1.035 s
-    against 0.991-0.996 s before it, for the rest of the run (pytorch/pytorch#144455). The teardown's known
-    crash needs CUDA graphs, which megablu does not use."""
+    Without it CUPTI stays attached after the profiled step and every later kernel launch pays for it: every step
+    after the profiled one runs a few percent slower, for the rest of the run (pytorch/pytorch#144455). The
+    teardown's known crash needs CUDA graphs, which megablu does not use."""
     if device == "cuda":
         os.environ.setdefault("TEARDOWN_CUPTI", "1")
 

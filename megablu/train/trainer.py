@@ -104,7 +104,7 @@ class Trainer:
         self._timed, self._out_of_time, self._slowest_extra = False, False, 0.0
         self._step_s: list[float] = []   # unprofiled step times, for train.profile_step's report
         if not resume:
-            # the seed's -27 pp trap (config/lineage.py), also for a Trainer built without the
+            # the parent-RoPE trap (config/lineage.py), also for a Trainer built without the
             # entry's preflight (the Python API): refused before any rank or run dir exists
             from .preflight import init_from_rope_problems
 

@@ -25,6 +25,22 @@ def test_shipped_ext32k_is_valid():
     assert errors([]) == []
 
 
+def test_load_for_command_prints_every_problem_and_returns_none(capsys):
+    """The commands' one loader (megablu train/probe, eval, data mix, plan): a valid config comes back, an
+    invalid one prints ConfigError's whole text (every problem) on stderr, nothing on stdout, and gives None."""
+    from megablu.config import load_for_command
+
+    assert load_for_command(EXT, [], world_size=2, device="cuda").name == load_config(EXT).name
+    assert capsys.readouterr().err == ""
+    bad = ["rope.yarn.original_max_position=1024", "schedule.min_lr=10"]
+    assert load_for_command(EXT, bad, world_size=2, device="cuda") is None
+    out, err = capsys.readouterr()
+    with pytest.raises(ConfigError) as e:
+        load_config(EXT, bad, world_size=2, device="cuda")
+    assert out == "" and err == str(e.value) + "\n" and len(e.value.errors) == 2
+    assert "rope.yarn: factor*original_max_position" in err and "schedule.min_lr=10" in err
+
+
 def test_yarn_product_must_equal_window():
     errs = errors(["rope.yarn.original_max_position=1024"])  # the seed's silent default
     assert len(errs) == 1

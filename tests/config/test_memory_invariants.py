@@ -141,10 +141,9 @@ def test_preflight_names_a_kernel_library_that_does_not_import(monkeypatch):
     probs = kernel_problems(Context(cfg, device="cuda"))
     assert probs == [
         "memory.loss=liger: liger_kernel is not importable (ModuleNotFoundError: No module named 'liger_kernel'); "
-        "install liger-kernel (0.8.5 was measured; on the H200 carry its wheel in .whl) or set memory.loss=chunked",
+        "install liger-kernel (pip install liger-kernel==0.8.5, the version tested) or set memory.loss=chunked",
         "memory.attention=fa4: flash_attn.cute is not importable (ModuleNotFoundError: No module named 'flash_attn'); "
-        "install flash-attn-4 and its wheels (../shared/device/fa4_wheels.sh, bench/h200_kernels.sh) or set "
-        "memory.attention=sdpa"]
+        "install flash-attn-4 (pip install flash-attn-4==4.0.0b40, the version tested) or set memory.attention=sdpa"]
     # not asked for, or no device known (config check without --device): nothing imported, nothing said
     assert kernel_problems(Context(load_config(EXT, [], world_size=2, device="cuda"), device="cuda")) == []
     assert kernel_problems(Context(cfg, device=None)) == []

@@ -140,6 +140,12 @@ def test_chat_template(tmp_path, byte_tok):
     (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{% for m in messages %}[{{ m['role'] }}]"
                                                          "{{ m['content'] }}{% endfor %}"}))
     assert lm.apply_chat_template(chat[:1]) == "[user]Hi"
+    # the template megablu's tokenizer loaded (the one its RULER suite wraps prompts in) is lm-eval's too,
+    # with no tokenizer path given (bench/ruler_oracle.py builds the backend from a loaded tokenizer)
+    (d / "chat_template.jinja").write_text("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}")
+    own = load_tokenizer(TokenizerConfig(kind="hf", path=str(d)))
+    assert own.chat_template.startswith("{% for m in messages %}<")
+    assert _lm(tiny_model(vocab=own.vocab_size).double(), own).apply_chat_template(chat[:1]) == "<user>Hi"
     with pytest.raises(AdapterError, match="no chat template"):
         _lm(_model(), byte_tok).apply_chat_template(chat)
 

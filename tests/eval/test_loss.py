@@ -106,3 +106,40 @@ def test_loss_data_problems_before_any_work(byte_tok, val_data, tmp_path):
     assert len(p) == 1 and "eval.loss.data=" in p[0]
     far = _cfg(val_data).model_copy(update={"loss": LossEvalConfig(data=val_data, short_min=7100, short_max=8000)})
     assert "no val document of 7100..8000 tokens" in preflight_problems(far, byte_tok, 8192)[0]
+
+
+def test_loss_sets_scored_apart_reported_merged_and_gated(tmp_path, byte_tok, val_data):
+    """eval.loss.sets (issue 40 item 5): the shipped essays (text outside the training corpus) scored beside
+    eval.loss.data, each set in its own section of the result, table and gate; an eval of another length joins
+    the set's lengths; a set that cannot be read is found before any work, named by its field."""
+    from megablu.eval.loss import ESSAYS
+    from megablu.eval.report import markdown, merge_results
+
+    sets = {"essays": ESSAYS}
+    cfg = _cfg(val_data).model_copy(update={"loss": LossEvalConfig(data=val_data, n=2, short_docs=5, short_min=300,
+                                                                   short_max=4000, sets=sets)})
+    d = loss_inputs(cfg, byte_tok, "essays")
+    assert d["source"] == ESSAYS and [len(s) for s in d["by_length"][700]] == [700, 700] and d["short"]
+    assert d["by_length"] != loss_inputs(cfg, byte_tok)["by_length"]                 # other text than the data's
+    res = run_eval(tiny_model(seed=2), byte_tok, cfg, 1024, step=4, out_dir=tmp_path / "a" / "eval", rank=0,
+                   plot=False)
+    es = res["loss_sets"]["essays"]
+    assert es["data"] == ESSAYS and [c["length"] for c in es["by_length"]] == [300, 700] and es["short"]["n_docs"]
+    assert res["loss"]["data"] == val_data and res["loss"]["short"]["loss"] != es["short"]["loss"]
+    md = markdown([res])
+    assert "### held-out loss: essays (eval.loss.sets)" in md and f"on {ESSAYS} (val split)" in md
+    # a second eval at another length in the same folder: the set's lengths are joined
+    more = cfg.model_copy(update={"lengths": [500]})
+    res2 = run_eval(tiny_model(seed=2), byte_tok, more, 1024, step=4, out_dir=tmp_path / "a" / "eval", rank=0,
+                    plot=False)
+    assert [c["length"] for c in res2["loss_sets"]["essays"]["by_length"]] == [300, 500, 700]
+    assert [c["length"] for c in merge_results([res, res2])[0]["loss_sets"]["essays"]["by_length"]] == [300, 500, 700]
+    # gated on the set: a parent with the set passes the same model, one without cannot check it
+    g = check_gate(res, res, GateConfig(short_lengths=[300], margin_pp=100))
+    assert g.passed and "loss:short_docs:essays" in [c["task"] for c in g.checks]
+    # bad sets, before any work: a missing dataset, a bad name
+    bad = _cfg(val_data).model_copy(update={"loss": LossEvalConfig(sets={"web": str(tmp_path / "none")})})
+    (p,) = preflight_problems(bad, byte_tok, 1024)
+    assert p.startswith(f"eval.loss.sets.web={str(tmp_path / 'none')!r}:")
+    with pytest.raises(ValueError, match=r"eval.loss.sets: names \['data'\] are not plain names"):
+        LossEvalConfig(sets={"data": ESSAYS})

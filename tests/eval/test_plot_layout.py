@@ -6,8 +6,9 @@ suite's panels showed its two arms at the two edges, far from the 32640 tick.)""
 import math
 
 from megablu.config.schema import EvalConfig
-from megablu.eval import report
-from megablu.eval.report import make_result, panel_x, panel_xlim, plot
+from megablu.eval import plots
+from megablu.eval.plots import panel_x, panel_xlim, plot
+from megablu.eval.results import make_result
 
 
 def _res(arm, task_acc, n=50):
@@ -35,14 +36,14 @@ def test_offsets_among_the_panels_arms_only():
 
 def test_plot_places_a_one_length_panel_over_its_tick(tmp_path, monkeypatch):
     figs = []
-    real = report._mpl
+    real = plots._mpl
 
     def spy():
         plt = real()
         monkeypatch.setattr(plt, "close", figs.append)
         return plt
 
-    monkeypatch.setattr(report, "_mpl", spy)
+    monkeypatch.setattr(plots, "_mpl", spy)
     arms = [_res(f"a{j}", {("passkey", 1024): 90, ("passkey", 32744): 50 + j}) for j in range(8)]
     arms.append(_res("suite", {("passkey", 1024): 80, ("vt", 32640): 20}))
     arms[0]["cells"].append({**arms[8]["cells"][1], "acc_pp": 30.0, "correct": 15})
@@ -57,4 +58,4 @@ def test_plot_places_a_one_length_panel_over_its_tick(tmp_path, monkeypatch):
     pk = next(ax for ax in fig.axes if ax.get_title().startswith("passkey"))
     xs = [x for line in pk.get_lines() for x in line.get_xdata() if x > 12]
     assert len(xs) == 8 and max(xs) - min(xs) <= 8 * 0.06                   # eight arms at 32744
-    report._mpl().close(fig)
+    plots._mpl().close(fig)

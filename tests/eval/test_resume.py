@@ -165,14 +165,14 @@ def test_a_malformed_partial_runs_its_cells_again(tmp_path, byte_tok, monkeypatc
 
 
 def test_a_failed_partial_write_does_not_end_the_eval(tmp_path, byte_tok, monkeypatch, caplog):
-    real = harness.report.write_result
+    real = harness.results.write_result
 
     def write(res, path):
         if str(path).endswith(".partial"):
             raise OSError(28, "No space left on device")
         return real(res, path)
 
-    monkeypatch.setattr(harness.report, "write_result", write)
+    monkeypatch.setattr(harness.results, "write_result", write)
     with caplog.at_level(logging.WARNING, logger="megablu.eval.harness"):
         res = _run(tiny_model(), byte_tok, tmp_path / "h")
     assert len(res["cells"]) == 4 and "No space left" in caplog.text and (tmp_path / "h" / "step_3.json").exists()

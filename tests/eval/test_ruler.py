@@ -333,6 +333,10 @@ def test_lengths_count_the_budget_and_bad_input():
         EvalConfig(suite="rulr")
     with pytest.raises(ValueError, match="chat_template"):
         EvalConfig(chat_template="yes")
+    # YAML 1.1 reads a bare `on` / `off` as a bool: it means the word
+    assert [EvalConfig(chat_template=v).chat_template for v in (True, False)] == ["on", "off"]
+    with pytest.raises(ValueError, match=r"eval.seed=True: a bool is not a seed \(true would reproduce seed 1's"):
+        EvalConfig(seed=True)
     errs = eval_problems(EvalConfig(suite="ruler", lengths=[100]), 4096)
     assert any("[100] cannot hold task ruler_niah_single_1" in e for e in errs), errs
 

@@ -17,7 +17,7 @@ from megablu.config.schema import EvalConfig, StringConfig, check_invariants
 from megablu.eval import harness
 from megablu.eval.prompts import EvalError
 from megablu.eval.report import make_result, markdown, merge_results
-from megablu.model.string import StringSetting, apply_string
+from megablu.model.string import StringSetting, apply_string, installed
 
 from .conftest import tiny_model
 from .test_cli import _config
@@ -167,15 +167,15 @@ def test_run_eval_applies_string_for_the_eval_only(tmp_path, byte_tok, monkeypat
     real = harness.greedy_generate
 
     def spy(model, *a, **k):
-        seen.append((model.string, model.layers[0].self_attn.core.string_shift, k["prefill_chunk"]))
+        seen.append((installed(model), k["prefill_chunk"]))
         return real(model, *a, **k)
 
     monkeypatch.setattr(harness, "greedy_generate", spy)
     cfg = EvalConfig(lengths=[300], n=2, max_new=4, pad=32, string={**FIXED, "shift": 64, "local": 8})
     res = harness.run_eval(m, byte_tok, cfg, 512, step=1, out_dir=tmp_path, rank=0, plot=False)
-    assert res["eval"]["string"] == cfg.string.model_dump()
-    assert seen and all(s == (StringSetting(64, 8), 64, 2048) for s in seen)
-    assert m.string is None and m.layers[0].self_attn.core.string_shift is None and m.training
+    assert res["eval"]["string"] == cfg.string.model_dump(mode="json")
+    assert seen and all(s == (StringSetting(64, 8), 2048) for s in seen)
+    assert installed(m) is None and "forward" not in m.layers[0].self_attn.__dict__ and m.training
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda g=None: 2)
     seen.clear()
     with pytest.raises(EvalError, match="parallel.sp=1"):
@@ -215,22 +215,20 @@ def test_results_of_another_string_setting_are_another_arm():
 
 def test_run_eval_with_either_string_kernel_gives_the_same_answers_and_records_which_ran(tmp_path, byte_tok,
                                                                                      monkeypatch):
-    """MEGABLU_STRING_IMPL=flex (eager on the CPU) and sdpa: the same generated text for every prompt, and the
-    result says which kernel ran (string_kernel); without STRING there is no such field."""
-    from megablu.model import string as string_mod
-
-    cfg = EvalConfig(lengths=[300], n=3, max_new=4, pad=32, string={**FIXED, "shift": 64, "local": 8})
+    """eval.string.kernel=flex (eager on the CPU) and sdpa: the same generated text for every prompt, and the
+    result says which kernel ran (string_kernel); the kernel is how, not what: it is not in the result's
+    eval.string (its identity). Without STRING there is no such field."""
     outs = {}
     for impl in ("sdpa", "flex"):
-        monkeypatch.setenv(string_mod.ENV, impl)
+        cfg = EvalConfig(lengths=[300], n=3, max_new=4, pad=32,
+                         string={**FIXED, "shift": 64, "local": 8, "kernel": impl})
         m = tiny_model(seed=5).double()
         res = harness.run_eval(m, byte_tok, cfg, 512, step=1, out_dir=tmp_path / impl, rank=0, plot=False)
-        assert res["string_kernel"] == impl
+        assert res["string_kernel"] == impl and "kernel" not in res["eval"]["string"]
         used = res["string_kernels_used"]   # every forward here has more keys than S = 64: no plain call
         assert set(used) == {impl} and used[impl] > 0, used
         outs[impl] = [s["output"] for s in res["samples"]]
     assert outs["sdpa"] == outs["flex"] and len(outs["sdpa"]) == 3
-    monkeypatch.delenv(string_mod.ENV)
     res = harness.run_eval(tiny_model(seed=5), byte_tok, EvalConfig(lengths=[300], n=1, max_new=4, pad=32), 512,
                            step=1, out_dir=tmp_path / "plain", rank=0, plot=False)
     assert "string_kernel" not in res
@@ -247,7 +245,7 @@ def test_run_eval_refuses_a_shift_outside_the_prompt(tmp_path, byte_tok):
     cfg = EvalConfig(lengths=[300], n=1, max_new=4, pad=32, string={"shift_ratio": 0.1, "local": 30})
     with pytest.raises(EvalError, match=r"S = int\(shift_ratio 0.1 x 300\) = 30 <= local=30"):
         harness.run_eval(m, byte_tok, cfg, 512, step=1, out_dir=tmp_path, rank=0, plot=False)
-    assert m.string is None and not (tmp_path / "step_1.json").exists()
+    assert installed(m) is None and not (tmp_path / "step_1.json").exists()
 
 
 def test_run_eval_with_the_authors_variant_sets_s_per_length(tmp_path, byte_tok, monkeypatch):
@@ -258,17 +256,17 @@ def test_run_eval_with_the_authors_variant_sets_s_per_length(tmp_path, byte_tok,
     real = harness.greedy_generate
 
     def spy(model, ids, *a, **k):
-        seen.append((ids.shape[1], model.string, model.layers[1].self_attn.core.string_scale))
+        seen.append((ids.shape[1], installed(model)))
         return real(model, ids, *a, **k)
 
     monkeypatch.setattr(harness, "greedy_generate", spy)
     m = tiny_model(seed=5)
     cfg = EvalConfig(lengths=[300, 700], n=2, max_new=4, pad=32, string={"local": 8})
     res = harness.run_eval(m, byte_tok, cfg, 1024, step=1, out_dir=tmp_path, rank=0, plot=False)
-    assert sorted(set(seen)) == [(300, StringSetting(99, 8, AF), AF ** 2), (700, StringSetting(231, 8, AF), AF ** 2)]
+    assert sorted(set(seen)) == [(300, StringSetting(99, 8, AF)), (700, StringSetting(231, 8, AF))]
     assert {c["length"]: (c["string"], c["string_shift"]) for c in res["cells"]} == {300: (True, 99), 700: (True, 231)}
     assert res["eval"]["string"]["variant"] == "authors"
-    assert m.string is None and m.layers[0].self_attn.core.string_scale == 1.0
+    assert installed(m) is None
 
 
 def test_the_resume_key_tells_the_variants_apart(byte_tok):
@@ -288,13 +286,13 @@ def test_the_resume_key_tells_the_variants_apart(byte_tok):
 
 def test_beyond_evaluates_the_short_cells_plain(tmp_path, byte_tok, monkeypatch):
     """eval.string.beyond: the prompts of cells of at most `beyond` tokens are generated without STRING
-    (model.string None at generation; the cell says string false), the longer ones with it; the result
+    (nothing installed at generation; the cell says string false), the longer ones with it; the result
     records the setting, the tables label it, and the model is restored afterwards."""
     seen = []
     real = harness.greedy_generate
 
     def spy(model, ids, *a, **k):
-        seen.append((ids.shape[1], model.string))
+        seen.append((ids.shape[1], installed(model)))
         return real(model, ids, *a, **k)
 
     monkeypatch.setattr(harness, "greedy_generate", spy)
@@ -305,9 +303,9 @@ def test_beyond_evaluates_the_short_cells_plain(tmp_path, byte_tok, monkeypatch)
     assert sorted({(n <= 300, st is None) for n, st in seen}) == [(False, False), (True, True)], seen
     assert all(st == StringSetting(16, 1) for _, st in seen if st is not None)
     assert {c["length"]: c["string"] for c in res["cells"]} == {300: False, 700: True}
-    assert res["eval"]["string"] == cfg.string.model_dump() and res["eval"]["string"]["beyond"] == 300
+    assert res["eval"]["string"] == cfg.string.model_dump(mode="json") and res["eval"]["string"]["beyond"] == 300
     assert "+string(S=16,W=1,>300)" in markdown([res])
-    assert m.string is None and m.layers[0].self_attn.core.string_shift is None
+    assert installed(m) is None
     with pytest.raises(ValidationError, match="beyond"):
         StringConfig(**FIXED, shift=64, local=8, beyond=-1)
 
@@ -320,8 +318,8 @@ def test_beyond_in_the_held_out_loss_is_per_sequence(monkeypatch):
 
     m = tiny_model(seed=5)
     seen = []
-    monkeypatch.setattr(loss_mod, "sequence_nll",
-                        lambda model, s, **k: seen.append((len(s), model.string)) or (1.0, len(s), 0.5, len(s) // 2))
+    monkeypatch.setattr(loss_mod, "sequence_nll", lambda model, s, **k: seen.append((len(s), installed(model)))
+                        or (1.0, len(s), 0.5, len(s) // 2))
     data = {"by_length": {300: [[1] * 300, [2] * 300]}, "short": [[3] * 80, [4] * 150, [5] * 90]}
     for string, at300, at150 in (({**FIXED, "shift": 64, "local": 8, "beyond": 100}, StringSetting(64, 8),
                                   StringSetting(64, 8)),
@@ -331,16 +329,17 @@ def test_beyond_in_the_held_out_loss_is_per_sequence(monkeypatch):
         apply_string(m, StringSetting(5, 1))          # whatever was installed before
         loss_mod.run_loss(m, data, cfg)
         assert seen == [(300, at300), (300, at300), (80, None), (150, at150), (90, None)]
-        assert m.string == StringSetting(5, 1)        # left as it came in, not as the last sequence had it
+        assert installed(m) == StringSetting(5, 1)    # left as it came in, not as the last sequence had it
 
 
-def test_run_eval_restores_the_model_when_the_string_kernel_setting_is_bad(tmp_path, byte_tok, monkeypatch):
-    """A bad MEGABLU_STRING_IMPL is refused before STRING is installed: the model is left as it was."""
-    from megablu.model import string as string_mod
-
-    monkeypatch.setenv(string_mod.ENV, "bogus")
-    m = tiny_model(seed=5)
-    cfg = EvalConfig(lengths=[300], n=1, max_new=2, pad=32, string={**FIXED, "shift": 64, "local": 8})
-    with pytest.raises(ValueError, match="MEGABLU_STRING_IMPL"):
-        harness.run_eval(m, byte_tok, cfg, 512, step=1, out_dir=tmp_path, rank=0, plot=False)
-    assert m.string is None and m.layers[0].self_attn.core.string_shift is None
+def test_a_bad_string_kernel_is_a_config_error():
+    """eval.string.kernel is checked with the config (no environment variable chooses it): a name it does not
+    know is refused there, naming the field and the choices; the default is auto."""
+    assert StringConfig(**FIXED, shift=64, local=8).kernel == "auto"
+    # how, not what: out of every JSON dump (results, resolved config, hash), kept by a python round trip
+    # (megablu eval's --lengths/--n/--tasks rebuild the section from model_dump())
+    cfg = EvalConfig(lengths=[300], string={**FIXED, "shift": 64, "local": 8, "kernel": "sdpa"})
+    assert "kernel" not in cfg.model_dump(mode="json")["string"]
+    assert EvalConfig.model_validate({**cfg.model_dump(), "n": 3}).string.kernel == "sdpa"
+    with pytest.raises(ValidationError, match=r"kernel[\s\S]*'auto', 'sdpa' or 'flex'"):
+        EvalConfig(string={**FIXED, "shift": 64, "local": 8, "kernel": "bogus"})

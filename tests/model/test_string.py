@@ -4,7 +4,6 @@ at m, k rotated at m - P), in fp64 at 1e-10; the switch is live (a small S chang
 when S exceeds every distance, and the KV-cache path (chunked prefill, decode) equals one full forward,
 also under YaRN with apply=beyond_original. Plus the refusals (document masking, a sequence-parallel
 core or slice, positions out of order) and the plain path's kernel being untouched."""
-import collections
 import math
 
 import pytest
@@ -16,7 +15,15 @@ from megablu.eval.generate import greedy_generate, new_cache
 from megablu.model import decoder
 from megablu.model.decoder import BluModel, KVCache
 from megablu.model.rope import RotaryEmbedding
-from megablu.model.string import StringSetting, apply_string, string_attention, string_attention_flex
+from megablu.model.string import (
+    StringSetting,
+    StringStats,
+    apply_string,
+    installed,
+    string_attend,
+    string_attention,
+    string_attention_flex,
+)
 from megablu.ops.rope import rope_reference
 
 TOL = 1e-10   # fp64 throughout: the remapped and the explicit computation differ by rounding only
@@ -116,12 +123,12 @@ def reference_model(m: BluModel, ids, S, W, rope_len=None):
     return m.lm_head(m.norm(h))
 
 
-def string_model(rope):
-    """A tiny model with STRING (S 9, W 2) on, two 30-token rows, and its explicit-positions reference
-    (computed before any forward of the model under test)."""
+def string_model(rope, kernel="auto"):
+    """A tiny model with STRING (S 9, W 2; eval.string.kernel `kernel`) on, two 30-token rows, and its
+    explicit-positions reference (computed before any forward of the model under test)."""
     m = tiny(rope, seed=1)
     ids = torch.randint(0, 61, (2, 30), generator=torch.Generator().manual_seed(0))
-    apply_string(m, StringConfig(variant="fixed_shift", shift=9, local=2))
+    apply_string(m, StringConfig(variant="fixed_shift", shift=9, local=2, kernel=kernel))
     with torch.no_grad():
         return m, ids, reference_model(m, ids, 9, 2, rope_len=30 if rope else None)
 
@@ -148,7 +155,7 @@ def test_switch_is_live_and_inert_beyond_every_distance():
         live = m(ids)
         prev = apply_string(m, None)
         back = m(ids)
-    assert prev == StringSetting(8, 3) and m.string is None
+    assert prev == StringSetting(8, 3) and installed(m) is None
     assert (inert - plain).abs().max() < TOL
     assert (live - plain).abs().max() > 1e-6   # 1e-6: 1e9 x the rounding the equalities allow
     # rows before the first remapped distance (position < S) are untouched
@@ -240,28 +247,30 @@ def test_at_most_s_keys_run_the_plain_attention(monkeypatch):
     with torch.no_grad():
         plain = m(ids[:, :40])
         apply_string(m, StringConfig(variant="fixed_shift", shift=40, local=3))
-        string_mod.kernels_used(reset=True)
+        string_mod.kernels_used(m, reset=True)
         same = m(ids[:, :40])
         assert torch.equal(same, plain)
-        assert string_mod.kernels_used(reset=True) == {"plain": 2}   # one call per layer
-        real = decoder.string_attention
-        monkeypatch.setattr(decoder, "string_attention", lambda *a: (_ for _ in ()).throw(AssertionError("ran")))
+        assert string_mod.kernels_used(m, reset=True) == {"plain": 2}   # one call per layer
+        real = string_mod.string_attention
+        monkeypatch.setattr(string_mod, "string_attention",
+                            lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran")))
         m(ids[:, :40])
         with pytest.raises(AssertionError, match="ran"):
             m(ids)                                                   # 41 keys: distance 40 = S is remapped
-        monkeypatch.setattr(decoder, "string_attention", real)
+        monkeypatch.setattr(string_mod, "string_attention", real)
         # a prefill chunk after a cached past: the keys, not the chunk's rows, decide
-        string_mod.kernels_used(reset=True)
+        string_mod.kernels_used(m, reset=True)
         cache = KVCache(m.cfg.n_layers, rope_len=41)
         got = torch.cat([m(ids[:, :30], cache=cache), m(ids[:, 30:], cache=cache)], 1)
-    assert string_mod.kernels_used(reset=True) == {"plain": 2, "sdpa": 2}
+    assert string_mod.kernels_used(m, reset=True) == {"plain": 2, "sdpa": 2}
+    assert string_mod.kernels_used(tiny(seed=2)) == {}              # counted per model
     assert (got - m(ids, rope_len=41)).abs().max() < TOL
 
 
 def test_flex_past_its_recompile_limit_goes_on_with_sdpa(monkeypatch, caplog):
     """The compiled flex kernel refusing one more shape (dynamo's recompile limit; an H100 eval met it on
-    2026-12-06) is not the eval's end: the call and every later one in the process run the sdpa kernel,
-    with one warning, and the kernel counts say so."""
+    2026-12-06) is not the eval's end: the call and every later one with the same StringStats (one model's)
+    run the sdpa kernel, with one warning, and the kernel counts say so."""
     from megablu.model import string as string_mod
 
     calls = []
@@ -271,21 +280,22 @@ def test_flex_past_its_recompile_limit_goes_on_with_sdpa(monkeypatch, caplog):
         raise string_mod.flex_recompile_error()("recompile limit")
 
     monkeypatch.setattr(string_mod, "string_attention_flex", limit)
-    monkeypatch.setattr(string_mod, "FLEX_OFF", {})
-    monkeypatch.setattr(string_mod, "KERNELS_USED", collections.Counter())
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 20, 4, 8, generator=g)
     k, ks, v = (torch.randn(1, 20, 2, 8, generator=g) for _ in range(3))
-    ref = string_attention(q, k, ks, v, 6, impl="sdpa")
+    stats = StringStats()
+    ref = string_attention(q, k, ks, v, 6, impl="sdpa", stats=stats)
     with caplog.at_level("WARNING", logger=string_mod.__name__):
-        assert torch.equal(string_attention(q, k, ks, v, 6, impl="flex"), ref)
-        assert torch.equal(string_attention(q, k, ks, v, 6, impl="flex"), ref)
+        assert torch.equal(string_attention(q, k, ks, v, 6, impl="flex", stats=stats), ref)
+        assert torch.equal(string_attention(q, k, ks, v, 6, impl="flex", stats=stats), ref)
+        assert torch.equal(string_attention(q, k, ks, v, 6, impl="auto", stats=stats), ref)
     assert len(calls) == 1 and sum("recompile limit" in r.getMessage() for r in caplog.records) == 1
-    assert string_mod.string_impl(torch.device("cuda"), 4096) == "sdpa"
-    used = string_mod.kernels_used()
-    assert used["sdpa"] == 3 and "flex" not in used and "recompile limit" in used["flex_off"]
+    assert string_mod.string_impl(torch.device("cuda"), 4096, flex_off=stats.flex_off is not None) == "sdpa"
+    assert stats.used == {"sdpa": 4} and "recompile limit" in stats.flex_off
+    # another model's stats (a fresh StringStats) tries flex again
+    string_attention(q, k, ks, v, 6, impl="flex")
+    assert len(calls) == 2
     # any other error of the kernel is not swallowed
-    monkeypatch.setattr(string_mod, "FLEX_OFF", {})
     monkeypatch.setattr(string_mod, "string_attention_flex", lambda *a, **k: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         string_attention(q, k, ks, v, 6, impl="flex")
@@ -322,12 +332,38 @@ def test_refusals():
     m.layers[0].self_attn.core = Sharded()
     with pytest.raises(ValueError, match="parallel.sp=1"):
         m(ids)
-    # half on (a LocalAttention with a shift but no shifted keys) is an error, not a silent plain attention
-    la = decoder.LocalAttention()
-    la.string_shift = 4
-    x = torch.zeros(1, 3, 2, 8)
-    with pytest.raises(ValueError, match="apply_string"):
-        la(x, x, x)
+    # a kernel name eval.string.kernel does not know is refused at install, before any forward
+    with pytest.raises(ValueError, match="eval.string.kernel='flash'"):
+        apply_string(tiny(seed=6), StringSetting(6, 2, kernel="flash"))
+
+
+def test_removed_string_leaves_the_model_as_built(monkeypatch):
+    """apply_string(model, None) takes every piece out again: no rotary hook, no Attention forward of its own,
+    and logits bit for bit those of the model never touched; a model without STRING never calls into
+    model/string.py (its attention functions raise here), and model/decoder.py does not import it."""
+    import ast
+    import inspect
+
+    from megablu.model import string as string_mod
+
+    def attention_forwards(m):
+        return [layer.self_attn.__dict__.get("forward") for layer in m.layers]
+
+    m, twin = tiny(seed=9), tiny(seed=9)
+    ids = torch.randint(0, 61, (1, 24), generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        plain = twin(ids)
+        apply_string(m, StringConfig(variant="fixed_shift", shift=5, local=1))
+        assert len(m.rotary._forward_hooks) == 1 and all(attention_forwards(m))
+        assert not torch.equal(m(ids), plain)                       # on: the logits move
+        apply_string(m, None)
+        assert installed(m) is None and not m.rotary._forward_hooks and not any(attention_forwards(m))
+        for name in ("string_attend", "string_attention", "string_attention_flex"):
+            monkeypatch.setattr(string_mod, name, lambda *a, **k: (_ for _ in ()).throw(AssertionError("STRING ran")))
+        assert torch.equal(m(ids), plain)                           # off again: the model as built
+        assert torch.equal(twin(ids), plain)
+    imported = {n.module for n in ast.walk(ast.parse(inspect.getsource(decoder))) if isinstance(n, ast.ImportFrom)}
+    assert "string" not in imported and not any((mod or "").endswith(".string") for mod in imported), imported
 
 
 
@@ -378,16 +414,15 @@ def test_tile_classes_against_every_pair(T, tk, S, tile):
 
 @pytest.mark.parametrize("rope", [None, YARN_BO], ids=["rope", "yarn-beyond-original"])
 def test_model_and_cache_with_the_flex_kernel(rope, monkeypatch):
-    """MEGABLU_STRING_IMPL=flex through the model: the whole forward equals explicit positions, and the
+    """eval.string.kernel=flex through the model: the whole forward equals explicit positions, and the
     cache path (chunks of 7, then decode steps) equals the whole forward."""
     from megablu.model import string as string_mod
 
-    monkeypatch.setenv(string_mod.ENV, "flex")
     seen = []
     real = string_mod.string_attention_flex
     monkeypatch.setattr(string_mod, "string_attention_flex",
                         lambda *a, **kw: seen.append(a[0].shape[1]) or real(*a, **kw))
-    m, ids, ref = string_model(rope)
+    m, ids, ref = string_model(rope, kernel="flex")
     with torch.no_grad():
         full = m(ids)
         assert (full - ref).abs().max() < TOL
@@ -397,19 +432,18 @@ def test_model_and_cache_with_the_flex_kernel(rope, monkeypatch):
     assert seen and set(seen) >= {30, 7, 2}, seen   # forced: whole forward, chunks, and the last chunk of 2
 
 
-def test_impl_choice(monkeypatch):
-    from megablu.model.string import ENV, string_impl
+def test_impl_choice():
+    from megablu.model.string import string_impl
 
-    monkeypatch.delenv(ENV, raising=False)
     assert string_impl(torch.device("cpu"), 4096) == "sdpa"
     assert string_impl(torch.device("cuda"), 4096) == "flex" and string_impl(torch.device("cuda"), 1) == "sdpa"
-    monkeypatch.setenv(ENV, "sdpa")
-    assert string_impl(torch.device("cuda"), 4096) == "sdpa"
-    monkeypatch.setenv(ENV, "flash")
-    with pytest.raises(ValueError, match="MEGABLU_STRING_IMPL='flash'"):
-        string_impl(torch.device("cpu"))
+    assert string_impl(torch.device("cuda"), 4096, flex_off=True) == "sdpa"
+    assert string_impl(torch.device("cuda"), 4096, "sdpa") == "sdpa"
+    assert string_impl(torch.device("cpu"), 1, "flex") == "flex"
+    with pytest.raises(ValueError, match="eval.string.kernel='flash'"):
+        string_impl(torch.device("cpu"), kernel="flash")
     x = torch.zeros(1, 3, 2, 8)
-    with pytest.raises(ValueError, match="impl must be sdpa or flex"):
+    with pytest.raises(ValueError, match="eval.string.kernel='dense'"):
         string_attention(x, x, x, x, 2, impl="dense")
 
 
@@ -530,23 +564,20 @@ VARIANTS = [("fixed_shift", 1.0), ("authors", AF)]
 @pytest.mark.parametrize("variant,af", VARIANTS)
 @pytest.mark.parametrize("S,W,T", [(12, 3, 41), (1, 0, 37), (30, 29, 41), (45, 4, 41)])
 @pytest.mark.parametrize("impl", ["sdpa", "flex"])
-def test_attention_fwd_bwd_against_the_dense_position_matrix(variant, af, S, W, T, impl, monkeypatch):
-    """LocalAttention with STRING on (shift S, scale af**2 as apply_string sets them), fed keys and queries
+def test_attention_fwd_bwd_against_the_dense_position_matrix(variant, af, S, W, T, impl):
+    """string_attend with STRING's setting (shift S, factor af, kernel impl), fed keys and queries
     rotated here with the authors' tables (no af: megablu puts af**2 on q), equals dense_string in the output and
     in the gradients of the raw q, k, v: GQA 6/2, odd T, batch 2, fp64. S = 45 > T: every distance is plain
     (the plain-attention path, still scaled). Gradients with sdpa only: FlexAttention has no backward on a CPU
     (the eval never differentiates STRING; the sdpa kernel is the reference the flex one is compared with)."""
-    monkeypatch.setenv("MEGABLU_STRING_IMPL", impl)
     theta, D, bwd = 500.0, 16, impl == "sdpa"
     g = torch.Generator().manual_seed(S * 7 + T)
     q = torch.randn(2, T, 6, D, generator=g, dtype=torch.float64, requires_grad=bwd)
     k, v = (torch.randn(2, T, 2, D, generator=g, dtype=torch.float64, requires_grad=bwd) for _ in range(2))
     w = torch.randn(2, T, 6, D, generator=g, dtype=torch.float64)
-    la = decoder.LocalAttention()
-    la.string_shift, la.string_scale = S, af ** 2
     pos = list(range(T))
-    out = la(authors_rot(q, D, theta, pos), authors_rot(k, D, theta, pos), v,
-             ks=authors_rot(k, D, theta, [p + S - W for p in pos]))
+    out = string_attend(decoder.LocalAttention(), authors_rot(q, D, theta, pos), authors_rot(k, D, theta, pos),
+                        authors_rot(k, D, theta, [p + S - W for p in pos]), v, StringSetting(S, W, af, impl))
     ref_out = dense_string(q, k, v, S, W, af, theta, pos)
     got, ref = [out], [ref_out]
     if bwd:
@@ -563,11 +594,9 @@ def test_attention_decode_step_against_the_dense_position_matrix(T):
     g = torch.Generator().manual_seed(T)
     q = torch.randn(1, T, 4, D, generator=g, dtype=torch.float64)
     k, v = (torch.randn(1, tk, 2, D, generator=g, dtype=torch.float64) for _ in range(2))
-    la = decoder.LocalAttention()
-    la.string_shift, la.string_scale = S, AF ** 2
     pos = list(range(tk - T, tk))
-    got = la(authors_rot(q, D, theta, pos), authors_rot(k, D, theta, range(tk)), v,
-             ks=authors_rot(k, D, theta, [n + S - W for n in range(tk)]))
+    got = string_attend(decoder.LocalAttention(), authors_rot(q, D, theta, pos), authors_rot(k, D, theta, range(tk)),
+                        authors_rot(k, D, theta, [n + S - W for n in range(tk)]), v, StringSetting(S, W, AF))
     assert (got - dense_string(q, k, v, S, W, AF, theta, pos)).abs().max() < TOL
 
 
@@ -611,9 +640,8 @@ def test_authors_variant_needs_the_input_length():
     m = tiny(seed=8)
     with pytest.raises(ValueError, match="pass the length"):
         apply_string(m, StringConfig())
-    assert m.string is None
+    assert installed(m) is None
     with pytest.raises(ValueError, match="S = 3 <= local=128"):   # int(0.33 * 10) = 3
         apply_string(m, StringConfig(), 10)
-    assert apply_string(m, StringConfig(), 1000) is None and m.string == StringSetting(330, 128, AF)
-    assert m.layers[0].self_attn.core.string_scale == AF ** 2
-    assert apply_string(m, None) == StringSetting(330, 128, AF) and m.layers[0].self_attn.core.string_scale == 1.0
+    assert apply_string(m, StringConfig(), 1000) is None and installed(m) == StringSetting(330, 128, AF)
+    assert apply_string(m, None) == StringSetting(330, 128, AF) and installed(m) is None

@@ -5,7 +5,7 @@ What is RULER's here: every template word for word (templates.py, with file and 
 haystack kinds, keys and values, tokens_to_generate, the answer prefix after the chat template, the
 worked examples of vt and cwe, cwe's word lists (wonderwords, then a longer list), fwe's Zipf law and
 vocabulary size, scoring (string_match_all, megablu.eval.prompts.score with scoring 'all') and the
-average over tasks with its 85.6 threshold (megablu.eval.report.ruler_average). What differs, and why:
+average over tasks with its 85.6 threshold (megablu.eval.results.ruler_average). What differs, and why:
 docs/EVAL.md ("RULER as published").
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ answer prefix after it, at the start of the assistant's turn.
 The template is the tokenizer's own (Jinja, the Hugging Face convention: `messages`,
 `add_generation_prompt`, `bos_token`, ...), rendered here as transformers' apply_chat_template renders
 it (a sandboxed Jinja environment with trim_blocks and lstrip_blocks, `raise_exception`, json `tojson`);
-`strftime_now` returns a fixed date (2024-07-26), so a template that prints today's date still gives the
+`strftime_now` returns a fixed date (_DATE), so a template that prints today's date still gives the
 same prompts every day. The user's text is rendered as a placeholder and split out, so the prompt is
 composed in token space around it.
 """

@@ -3,7 +3,7 @@
     pip download --no-deps wonderwords==3.0.1            # MIT: RULER's own word lists
     apt-get download python3.11-doc wamerican             # PSF licence / SCOWL (permissive)
     dpkg-deb -x python3.11-doc_*.deb doc; dpkg-deb -x wamerican_*.deb wam
-    python -m megablu.eval.ruler.make_assets --wonderwords wonderwords-3.0.1-py3-none-any.whl \
+    python -m megablu.eval.ruler.make_assets --wonderwords WONDERWORDS_3.0.1_WHEEL \
         --python-doc doc/usr/share/doc/python3.11/html/_sources --wamerican wam/usr/share/dict/american-english
 
 Writes wonderwords_{nouns,adjectives,verbs}.txt (the package's lists, verbatim), english_words.txt (the
