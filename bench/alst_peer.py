@@ -1,6 +1,6 @@
 """The ALST-style peer megablu must beat: HF transformers' Llama of the same shape + gradient
 checkpointing + DeepSpeed's TiledMLP (ceil(T/8192) shards) + TiledFusedLogitsLoss (logits
-shards of ~1 GiB fp32), as shared/device/README.md's baseline was measured.
+shards of ~1 GiB fp32), DeepSpeed's Arctic Long Sequence Training (ALST) recipe.
 
 Measured by bench/train_bench.py's own `measure` (impl "alst": one fwd+bwd, bf16, batch 1, no
 optimizer, peak minus weights+grads over T, median of `iters` after a warm-up), so its rows

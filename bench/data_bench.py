@@ -4,7 +4,7 @@
     python bench/data_bench.py loader --data data_cache/demo_cl100k --tokenizer tiktoken:cl100k_base \
         --window 32768 [--mode pack] [--bucket all] [--batches 200]
 
-Results are Markdown table rows on stdout (for docs/BENCHMARKS.md).
+Results are Markdown table rows on stdout (for experiments/speed/LOG.md).
 """
 from __future__ import annotations
 

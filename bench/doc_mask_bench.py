@@ -12,7 +12,7 @@ torch.nn.attention.varlen), against F.scaled_dot_product_attention(is_causal=Tru
 LocalAttention runs when doc_mask is off -- with the default backend and with cuDNN and flash
 forced. Per row: fwd ms, fwd+bwd ms (median of 3 x `--iters` calls), speedup over causal SDPA
 (fwd+bwd), effective TF/s of the document-causal work (2 L^2 H D flops per document forward,
-fwd+bwd = 3x fwd as docs/BENCHMARKS.md), the DocMask build time per step (block mask / cu_seqlens
+fwd+bwd = 3x fwd as experiments/speed/LOG.md), the DocMask build time per step (block mask / cu_seqlens
 from doc ids), compile + first call (s: flex compiles once per shape; training pays it once),
 and max |out - per-document SDPA| of the forward (bf16).
 

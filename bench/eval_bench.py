@@ -3,10 +3,11 @@ item 4), and the generation path before this change (torch.cat KV cache, 2048-to
 chunks, 16k-token batches, no EOT stop) on one cell, side by side.
 
   # SmolLM2-135M (a dir with config.json + BluModel-named model.safetensors, e.g. the output of
-  # `bench/smollm2_pieces.py convert`), YaRN x4 from the config, at 4k and 32k:
-  python bench/eval_bench.py --config yaml_configs/rep_smollm2_32k.yaml --ckpt /tmp/smollm2_blu --arm smollm2
+  # `dev/smollm2_pieces.py convert`), YaRN x4 from the config, at 4k and 32k:
+  python bench/eval_bench.py --config experiments/ruler_baselines/rep_smollm2_32k.yaml \\
+      --ckpt /tmp/smollm2_blu --arm smollm2
   # blu-0.5b's shape with random weights (speed does not depend on the weights; EOT never comes):
-  python bench/eval_bench.py --config yaml_configs/base.yaml --random --set data.window=32768 \\
+  python bench/eval_bench.py --config configs/base.yaml --random --set data.window=32768 \\
       --set 'rope.yarn={factor: 2.0, original_max_position: 16384}' --arm blu-0.5b
 
 Haystack for the real-text tasks: the Python stdlib sources of the machine (the text does not

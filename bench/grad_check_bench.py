@@ -1,7 +1,7 @@
 """DeepSpeed's ZeRO-1 optimizer step with its own gradient checks against train.fused_grad_check (issue 17).
 
     python bench/grad_check_bench.py                       # CPU: 36 layers at width 64 (host cost, per tensor)
-    source launch/device_env.sh && python bench/grad_check_bench.py --model l2 --out $OUT   # GPU: blu-0.5b
+    source dev/device_env.sh && python bench/grad_check_bench.py --model l2 --out $OUT   # GPU: blu-0.5b
 
 One process, one rank (gloo), bf16, ZeRO-1, torch AdamW (fused on CUDA), gradient clipping 1.0: the setup of
 launch/ext32k.py on one GPU. A forward and backward on a short sequence fills the gradients (random tokens;
@@ -38,13 +38,13 @@ def _dist_init():
 
 
 def model_config(name: str):
-    """blu-0.5b (yaml_configs/l2.yaml's model) or `small36`: the same 327 tensors (36 layers, untied head), small."""
+    """blu-0.5b (configs/l2.yaml's model) or `small36`: the same 327 tensors (36 layers, untied head), small."""
     from megablu.config.schema import ModelConfig
 
     if name == "l2":
         from megablu.config import load_config
 
-        path = Path(__file__).resolve().parents[1] / "yaml_configs/l2.yaml"
+        path = Path(__file__).resolve().parents[1] / "configs/l2.yaml"
         return load_config(path, ["parallel.sp=1"], world_size=1).model
     return ModelConfig(n_layers=36, d_model=64, n_heads=4, n_kv_heads=2, ffn_dim=176, vocab_size=512)
 

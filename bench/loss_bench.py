@@ -1,7 +1,7 @@
 """The vocab loss through the lm head: megablu's chunked linear cross-entropy against the
 kept libraries that fuse the same thing (issue 17, item 3).
 
-    source launch/device_env.sh
+    source dev/device_env.sh
     OUT=$OUT python bench/loss_bench.py --T 32768,131072            # GPU: rows to $OUT/loss_bench.json
     python bench/loss_bench.py --render $OUT/loss_bench.json         # the markdown table (CPU)
     python bench/loss_bench.py --device cpu --T 64 --d 32 --V 200    # CPU rehearsal, toy shape
@@ -34,8 +34,8 @@ Per (T, impl):
 Wheels (PyPI, 2026-12-04, `pip download --no-deps --only-binary=:all: --python-version 3.12`):
 liger-kernel 0.8.5 (py3-none-any, 0.9 MB; needs torch >= 2.1.2 and triton >= 2.3.1, both in the
 H200 image) and cut-cross-entropy 25.1.1 (py3-none-any, 23 kB; needs torch and triton; imports
-triton.testing's get_dram_gbps/get_max_*_tflops, which triton 3.6 still has). Carry them in
-.whl: `../shared/device/wheels.sh liger-kernel==0.8.5 cut-cross-entropy==25.1.1`.
+triton.testing's get_dram_gbps/get_max_*_tflops, which triton 3.6 still has):
+`pip install liger-kernel==0.8.5 cut-cross-entropy==25.1.1`.
 
 Effective TF/s = 6*T*V*d / fwd+bwd time (the logits, dh and dW GEMMs once each; an impl that
 recomputes the logits in its backward does more work than that).

@@ -19,7 +19,7 @@ half-reduced, and the next backward in the same engine trips DeepSpeed's "gradie
 twice" assertion. The row says which windows OOM'd.
 
   python bench/offload_bench.py --shape blu-0.5b --setting z2_opt      # prints one JSON line
-Settings: z1 (no offload, base.yaml), z2_opt, z3_opt, z3_params (yaml_configs/zero*_offload*.yaml),
+Settings: z1 (no offload, base.yaml), z2_opt, z3_opt, z3_params (configs/zero*_offload*.yaml),
 z3_opt_params (both offloads: zero3_offload_params + parallel.offload_optimizer=true).
 """
 from __future__ import annotations
@@ -75,7 +75,7 @@ def main() -> int:
     from megablu.train.trainer import deepspeed_config, param_groups
 
     yml, sets = SETTINGS[a.setting]
-    cfg = load_config(ROOT / "yaml_configs" / yml, sets + SHAPES[a.shape], world_size=1, device="cuda")
+    cfg = load_config(ROOT / "configs" / yml, sets + SHAPES[a.shape], world_size=1, device="cuda")
     row = {"shape": a.shape, "setting": a.setting, "zero_stage": cfg.parallel.zero_stage,
            "offload_optimizer": cfg.parallel.offload_optimizer, "offload_params": cfg.parallel.offload_params,
            "params_b": round(cfg.model.n_params() / 1e9, 3), "recompute": cfg.memory.recompute}

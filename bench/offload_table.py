@@ -1,4 +1,4 @@
-"""The ZeRO-Offload table of docs/EXPERIMENTS.md from one or more offload.jsonl files.
+"""The ZeRO-Offload table of experiments/zero_offload/README.md from one or more offload.jsonl files.
 
   python bench/offload_table.py CALL1/offload.jsonl CALL2/offload.jsonl ... > offload.md
 
@@ -10,6 +10,7 @@ its step at the SAME window, from the same file when it has one (any file's othe
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -74,12 +75,13 @@ def table(rows: list[dict], base_tok_s: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if not argv:
-        print(__doc__, file=sys.stderr)
-        return 2
-    rows, base = load(argv)
+    p = argparse.ArgumentParser(prog="python bench/offload_table.py", description=__doc__.splitlines()[0],
+                                epilog="Writes the Markdown table on stdout; exit 1 when the files hold no rows.")
+    p.add_argument("files", nargs="+", help="offload.jsonl of one or more calls (bench/offload_bench.py), oldest first")
+    files = p.parse_args(argv).files           # no file: usage on stderr, exit 2
+    rows, base = load(files)
     if not rows:
-        print(f"no rows in {argv}", file=sys.stderr)
+        print(f"no rows in {files}", file=sys.stderr)
         return 1
     sys.stdout.write(table(rows, base))
     return 0

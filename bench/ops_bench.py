@@ -1,7 +1,7 @@
 """Op microbenchmarks: GB/s of the fused CUDA ops (forward, backward) against the pure-torch
 reference and against the GPU's measured HBM bandwidth (a large device-to-device copy).
 
-    source launch/device_env.sh && python bench/ops_bench.py [--T 32768 131072] [--compile]
+    source dev/device_env.sh && python bench/ops_bench.py [--T 32768 131072] [--compile]
 
 Shapes are blu-0.5b's (d=1024, 16 heads x 64, 4 kv heads, SwiGLU 2816, bf16, B=1) unless
 overridden. Bytes are the op's unavoidable traffic (each input read once, each output

@@ -5,7 +5,7 @@
 One table row per (mode, T, ops) on stdout, JSON to $OUT/probe_validate.json; exit 1 when a
 measured peak is off the planner by more than --tol (an OOM the planner foresaw, i.e.
 predicted above the GPU, counts as agreement). The measurement is megablu's own probe
-(megablu/train/probe.py run_probe); results are in docs/BENCHMARKS.md.
+(megablu/train/probe.py run_probe); results are in experiments/speed/LOG.md.
 """
 from __future__ import annotations
 

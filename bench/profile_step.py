@@ -7,7 +7,7 @@ idle time (minus the union of non-copy kernels only) and where that sits (gaps b
 kernels: sizes, forward or backward, the kernels on either side); attention's in-model TF/s
 against the same-shape SDPA microbenchmark measured in the same process.
 
-    source launch/device_env.sh
+    source dev/device_env.sh
     OUT=$OUT python bench/profile_step.py --T 32768 --modes selective+offload,selective
     python bench/profile_step.py --summarize $OUT/profile_*.json   # side-by-side table (CPU)
     python bench/profile_step.py --summarize $OUT/profile_*.json --baseline selective+offload

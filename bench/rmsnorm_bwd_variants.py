@@ -1,6 +1,6 @@
 """The add+RMSNorm backward kernel's two paths, side by side on one GPU.
 
-    source launch/device_env.sh && OUT=$OUT python bench/rmsnorm_bwd_variants.py [--T 32768 131072]
+    source dev/device_env.sh && OUT=$OUT python bench/rmsnorm_bwd_variants.py [--T 32768 131072]
 
 The extension is built once (megablu.ops.builder, as training loads it); each variant is then
 measured in its own process, one after another, with MEGABLU_RMS_BWD_ASYNC set to force its
@@ -13,7 +13,7 @@ Variants: the register path, and the cp.async path (rows staged through shared m
 csrc/rmsnorm/rmsnorm_kernel.cu), which is the default where the GPU has the shared memory
 for it. Forcing it where it does not fit fails that variant with the binding's message. Two
 earlier knobs, an L2 prefetch of the next row and grad_r loaded early, were measured slower
-on 2026-12-03 and removed (docs/BENCHMARKS.md).
+on 2026-12-03 and removed (experiments/speed/LOG.md).
 Prints a markdown table; writes rmsnorm_bwd_variants.json under $OUT when set.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@ harness (run_eval) and through lm-eval's RULER tasks (lm-eval 0.4.13, via the me
 megablu/eval/lm_eval_adapter.py), per task x length: accuracy with its 95% Wilson interval on each side
 and whether the two intervals overlap.
 
-  python bench/ruler_oracle.py --config yaml_configs/rep_smollm2_32k.yaml --ckpt /tmp/smollm2_blu \\
+  python bench/ruler_oracle.py --config experiments/ruler_baselines/rep_smollm2_32k.yaml --ckpt /tmp/smollm2_blu \\
       --lengths 4096 8192 --n 100 niah_single_1 niah_multikey_2 vt cwe fwe
   python bench/ruler_oracle.py ... --map ruler_vt=my_vt     # lm-eval task -> megablu task name
 

@@ -1,6 +1,6 @@
 """STRING attention's two kernels side by side on one GPU, at an eval's shape.
 
-    source launch/device_env.sh && OUT=$OUT python bench/string_bench.py [--T 32744] [--shift 10922]
+    source dev/device_env.sh && OUT=$OUT python bench/string_bench.py [--T 32744] [--shift 10922]
 
 SmolLM2-135M's attention (9 query heads on 3 kv heads, d 64), bf16, forward only (STRING is an eval
 feature), one prompt: plain causal SDPA (what an eval without STRING runs), STRING with the masked-SDPA

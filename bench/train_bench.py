@@ -1,7 +1,7 @@
 """Training-step memory and speed of BluModel (and, side by side, HF transformers' Llama).
 
-One fwd+bwd per measurement, bf16, batch 1, no optimizer (the baseline table in
-shared/device/README.md is measured the same way). For each (impl, mode, T):
+One fwd+bwd per measurement, bf16, batch 1, no optimizer (bench/alst_peer.py's peer is measured
+the same way). For each (impl, mode, T):
 peak GB, the planner's prediction of it (megablu/plan/, same setup), MB/token (peak minus
 weights+grads, over T), step seconds, tokens/s, MFU, and for offloaded modes the bytes
 copied to pinned host memory per step (host GB).
@@ -175,7 +175,7 @@ def main():
     p.add_argument("--json", default="train_bench.json", help="file name under $OUT for the rows")
     p.add_argument("--layers", type=int, default=0,
                    help="blu-0.5b with this many layers instead of 36: a depth-truncated step for windows "
-                        "whose full-depth step outlasts a device call (bench/h200_capacity.sh)")
+                        "whose full-depth step outlasts a device call (experiments/speed/capacity.sh)")
     a = p.parse_args()
     if a.layers:
         global BLU05B

@@ -1,16 +1,16 @@
 """megablu training entry point (the script `deepspeed` launches).
 
   # CPU, 2 ranks (gloo), the tiny arm:
-  deepspeed --num_gpus 2 launch/ext32k.py --config yaml_configs/tiny_cpu_ext.yaml
+  deepspeed --num_gpus 2 launch/ext32k.py --config tests/configs/tiny_cpu_ext.yaml
   # 1 GPU (the 16k arms are written for sp=2 on 2 GPUs):
-  deepspeed --num_gpus 1 launch/ext32k.py --config yaml_configs/l2.yaml --set parallel.sp=1
+  deepspeed --num_gpus 1 launch/ext32k.py --config configs/l2.yaml --set parallel.sp=1
   # 2 GPUs, 16k -> 32k YaRN extension, sp=2 (the seed's ext_32k):
-  deepspeed --num_gpus 2 launch/ext32k.py --config yaml_configs/ext32k.yaml
+  deepspeed --num_gpus 2 launch/ext32k.py --config configs/ext32k.yaml
   # 4 GPUs, 16k -> 64k, sp=4:
-  deepspeed --num_gpus 4 launch/ext32k.py --config yaml_configs/ext64k_4gpu.yaml
+  deepspeed --num_gpus 4 launch/ext32k.py --config configs/ext64k_4gpu.yaml
   # multi-node (see launch/hostfile.example; sp groups stay inside a node):
   deepspeed --hostfile launch/hostfile.example --master_addr node0 --master_port 29500 \
-      launch/ext32k.py --config yaml_configs/ext64k_4gpu.yaml
+      launch/ext32k.py --config configs/ext64k_4gpu.yaml
   # any of them: --set train.max_steps=10 --set checkpoint.every_steps=5 ; --resume RUN_ID
 
 The config is validated against the launch's world size and device, and every input is

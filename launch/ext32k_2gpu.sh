@@ -3,7 +3,7 @@
 #   bash launch/ext32k_2gpu.sh --dry-run                  # topology + command + config check; no GPU
 #   bash launch/ext32k_2gpu.sh --set train.max_steps=10   # train (prints the topology first)
 #   bash launch/ext32k_2gpu.sh --num-gpus 4               # same config on 4 GPUs: dp 2 x sp 2
-#   bash launch/ext32k_2gpu.sh --config yaml_configs/l2.yaml   # another arm, same launch
+#   bash launch/ext32k_2gpu.sh --config configs/l2.yaml   # another arm, same launch
 # Options: see `megablu train -h` (--set, --resume, --master-port, --dry-run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,5 +11,5 @@ PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)
 # NVLink SHARP (multicast) off: the lent H200 machines forbid it, and Ulysses' all-to-all
 # over 2-8 GPUs gains nothing from it.
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
-exec "$PY" -m megablu.cli train --device cuda --num-gpus 2 --config yaml_configs/ext32k.yaml \
+exec "$PY" -m megablu.cli train --device cuda --num-gpus 2 --config configs/ext32k.yaml \
     --master-port "${MASTER_PORT:-29500}" "$@"

@@ -25,7 +25,7 @@ PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}   # NVLink multicast (NVLS) off: forbidden on the lent H200s
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}            # INFO shows which transport (NVLink/IB/socket) each ring uses
 export NCCL_IB_TIMEOUT=${NCCL_IB_TIMEOUT:-22}    # tolerate a congested fabric instead of hanging
-defaults=(--device cuda --config yaml_configs/ext64k_4gpu.yaml --master-addr "${MASTER_ADDR:-node0}"
+defaults=(--device cuda --config configs/ext64k_4gpu.yaml --master-addr "${MASTER_ADDR:-node0}"
           --master-port "${MASTER_PORT:-29500}")
 case " $* " in
   *" --launcher torchrun "*|*" --hostfile "*) ;;

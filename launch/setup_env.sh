@@ -1,4 +1,4 @@
-# Sourced by launch/quickstart.sh and launch/test.sh: create .venv on first use and install
+# Sourced by examples/quickstart/quickstart.sh and launch/test.sh: create .venv on first use and install
 # the pinned requirements (torch first: on the CPU boxes it comes from local disk), then
 # megablu itself (editable). Idempotent: a marker records the installed requirements hash.
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -16,7 +16,7 @@ A run, in the order you need the commands:
   6. megablu compare runs/A runs/B --plot cmp.png  arms side by side, differences with intervals
   7. megablu runs [show RUN]                       every run's state, loss, checkpoint, last eval
   megablu ckpt verify|list|export, megablu hub download|upload: checkpoints and the Hub.
-First time: bash launch/quickstart.sh (a tiny real run on CPU, a few minutes). `megablu
+First time: bash examples/quickstart/quickstart.sh (a tiny real run on CPU, a few minutes). `megablu
 COMMAND --help` explains each command. Results go to stdout, every log line to stderr; exit 0
 ok, 2 invalid input (config, data, checkpoint: nothing was started), 1 anything else.
 
@@ -71,7 +71,7 @@ def register(sub) -> None:
         dest="config_cmd", required=True)
     chk = cfg.add_parser("check", help="validate a config and every input it names, as the training entry does: "
                                        "print it resolved (exit 0) or list every problem (exit 2)")
-    chk.add_argument("file", help="yaml_configs/<arm>.yaml")
+    chk.add_argument("file", help="configs/<arm>.yaml")
     chk.add_argument("--set", action="append", default=[], metavar="a.b=v", help="override (repeatable)")
     chk.add_argument("--world-size", type=int, default=None, help="check topology invariants for this many ranks")
     chk.add_argument("--device", choices=["cpu", "cuda"], default=None, help="check device invariants (bf16 on cpu)")

@@ -23,7 +23,7 @@ from typing import Callable, Optional
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "yaml_configs" / "tiny_cpu.yaml"
+TINY = ROOT / "tests" / "configs" / "tiny_cpu.yaml"
 
 
 @dataclass

@@ -35,7 +35,7 @@ def test_grad_check_bench_cpu(tmp_path):
 
 
 def test_grad_check_bench_l2_model():
-    """--model l2 (the GPU run's) is blu-0.5b: yaml_configs/l2.yaml's model, loadable on one process."""
+    """--model l2 (the GPU run's) is blu-0.5b: configs/l2.yaml's model, loadable on one process."""
     sys.path.insert(0, str(ROOT / "bench"))
     import grad_check_bench
 

@@ -1,4 +1,4 @@
-"""bench/h200_issue14.sh rehearsed on CPU (REHEARSE_CPU=1): a `timeout` on PATH logs every guarded
+"""experiments/smol32k/run.sh rehearsed on CPU (REHEARSE_CPU=1): a `timeout` on PATH logs every guarded
 command instead of running it, so the phases' flow is checked before device time is spent on it.
 Phase c of a new arm (far): with the run stopped mid-way, the mid-run checkpoint is hard-linked and
 evaluated beside the resumed training and the arm's own cells wait; with the run finished, the
@@ -12,6 +12,7 @@ from pathlib import Path
 from tests.bench_rehearse import assert_configs_load
 
 ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "experiments" / "smol32k" / "run.sh"
 FAKE_TIMEOUT = """#!/bin/bash
 shift 2   # --kill-after=10 SECONDS
 echo "$*" >> "$REHEARSE_LOG"
@@ -26,7 +27,8 @@ exit 0
 
 
 def _train(dev: Path, stdlib_data, *extra, arm: str = "far"):
-    cmd = [sys.executable, str(ROOT / "launch" / "ext32k.py"), "--config", str(ROOT / "yaml_configs" / "tiny_cpu.yaml"),
+    tiny = ROOT / "tests" / "configs" / "tiny_cpu.yaml"
+    cmd = [sys.executable, str(ROOT / "launch" / "ext32k.py"), "--config", str(tiny),
            "--set", f"name=smol32k_{arm}", "--set", f"runs_dir={dev / 'runs'}", "--set", f"data.path={stdlib_data}",
            "--set", "train.max_steps=6", "--set", "checkpoint.every_steps=3", "--set", "train.probe_steps=0", *extra]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
@@ -42,11 +44,16 @@ def _phase(tmp_path: Path, dev: Path, phase: str, rc: int = 0, **extra_env) -> l
     (fake / "timeout").write_text(FAKE_TIMEOUT)
     (fake / "timeout").chmod(0o755)
     log = tmp_path / f"cmds_{phase}.log"
+    reuse = tmp_path / "dense_results.tar.gz"    # the earlier arm's evals a new arm reuses (a stand-in)
+    if not reuse.exists():
+        (tmp_path / "reuse" / "eval" / "native_1k").mkdir(parents=True)
+        subprocess.run(["tar", "czf", str(reuse), "-C", str(tmp_path / "reuse"), "./eval"], check=True)
     log.unlink(missing_ok=True)   # one invocation's commands
     env = {**os.environ, "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}", "REHEARSE_CPU": "1",
            "REHEARSE_LOG": str(log), "I14_DEV": str(dev), "OUT": str(tmp_path / "out"), "ARM": "far",
-           "PHASE": phase, "BUDGET_S": "555", "DS_ACCELERATOR": "cpu", **extra_env}
-    r = subprocess.run(["bash", str(ROOT / "bench" / "h200_issue14.sh")], capture_output=True, text=True, env=env,
+           "PHASE": phase, "BUDGET_S": "555", "DS_ACCELERATOR": "cpu", "I14_REUSE": str(reuse),
+           **extra_env}
+    r = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=env,
                        cwd=ROOT, timeout=600)
     if rc:
         assert r.returncode == rc, r.stdout[-2000:] + r.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""bench/offload_table.py joins the offload calls' jsonl into the EXPERIMENTS.md table: a
+"""bench/offload_table.py joins the offload calls' jsonl into the experiments/zero_offload/README.md table: a
 run's lines merge into one row, a later call replaces a row, ratios use the same call's
 ZeRO-1 step at the same window, and an unverified window says why."""
 import json
@@ -56,7 +56,8 @@ def test_cli_refuses_empty_input(tmp_path):
 
 
 def test_results_of_2026_12_03_render():
-    files = sorted(str(p) for p in (ROOT / "bench" / "results" / "2026-12-03").glob("offload_*.jsonl"))
+    results = ROOT / "experiments" / "zero_offload" / "results" / "2026-12-03"
+    files = sorted(str(p) for p in results.glob("offload_*.jsonl"))
     rows, base = offload_table.load(files)
     assert len(rows) == 10                                               # every shape x setting was measured
     md = offload_table.table(rows, base)

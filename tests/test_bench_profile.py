@@ -325,13 +325,13 @@ def test_cpu_rehearsal_of_the_whole_path(tmp_path):
 @pytest.mark.skipif(__import__("os").environ.get("MEGABLU_SLOW") != "1", reason="the device script's CPU rehearsal "
                     "(~10-40 s): MEGABLU_SLOW=1")
 def test_h200_speed_script_rehearsal(tmp_path):
-    """bench/h200_speed.sh with REHEARSE_CPU=1: the call's order, the build marker, the deadlines,
+    """experiments/speed/speed.sh with REHEARSE_CPU=1: the call's order, the build marker, the deadlines,
     and what comes back (at most 8 files, names the device tool returns, the report's sections)."""
     import os
     import re
 
     out, work = tmp_path / "out", tmp_path / "work"
-    r = subprocess.run(["bash", str(ROOT / "bench/h200_speed.sh")], capture_output=True, text=True, cwd=ROOT,
+    r = subprocess.run(["bash", str(ROOT / "experiments/speed/speed.sh")], capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ, "REHEARSE_CPU": "1", "OUT": str(out), "WORK": str(work),
                             "DS_ACCELERATOR": "cpu"})
     assert r.returncode == 0, r.stderr[-3000:]
@@ -388,7 +388,7 @@ def test_gains_against_the_baseline_mode():
 @pytest.mark.skipif(__import__("os").environ.get("MEGABLU_SLOW") != "1", reason="the device script's CPU rehearsal "
                     "(~30 s): MEGABLU_SLOW=1")
 def test_h200_kernels_script_rehearsal(tmp_path):
-    """bench/h200_kernels.sh with REHEARSE_CPU=1, both phases: the order, the deadlines, what comes
+    """experiments/speed/kernels.sh with REHEARSE_CPU=1, both phases: the order, the deadlines, what comes
     back (at most 8 files, names the device tool returns), the report's sections; the fa4 cases end
     in their clear CPU error and the call goes on."""
     import os
@@ -397,11 +397,11 @@ def test_h200_kernels_script_rehearsal(tmp_path):
     env = {**os.environ, "REHEARSE_CPU": "1", "DS_ACCELERATOR": "cpu", "FA4_DIR": str(tmp_path / "fa4"),
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     out1, out = tmp_path / "out1", tmp_path / "out"
-    r = subprocess.run(["bash", str(ROOT / "bench/h200_kernels.sh")], capture_output=True, text=True, cwd=ROOT,
+    r = subprocess.run(["bash", str(ROOT / "experiments/speed/kernels.sh")], capture_output=True, text=True, cwd=ROOT,
                        env={**env, "PHASE": "1", "OUT": str(out1), "WORK": str(tmp_path / "w1")})
     assert r.returncode == 0, r.stderr[-3000:]
     assert [p.name for p in out1.iterdir()] == ["phase1.txt"]
-    r = subprocess.run(["bash", str(ROOT / "bench/h200_kernels.sh")], capture_output=True, text=True, cwd=ROOT,
+    r = subprocess.run(["bash", str(ROOT / "experiments/speed/kernels.sh")], capture_output=True, text=True, cwd=ROOT,
                        env={**env, "PHASE": "2", "BUDGET_S": "400", "OUT": str(out), "WORK": str(tmp_path / "w")})
     assert r.returncode == 0, r.stderr[-3000:]
     names = sorted(p.name for p in out.iterdir())
@@ -422,12 +422,12 @@ def test_h200_kernels_script_rehearsal(tmp_path):
 @pytest.mark.skipif(__import__("os").environ.get("MEGABLU_SLOW") != "1", reason="the device script's CPU rehearsal "
                     "(~25 s): MEGABLU_SLOW=1")
 def test_h200_entry32k_script_rehearsal(tmp_path):
-    """bench/h200_entry32k.sh with REHEARSE_CPU=1: data build, the real entry with the switches' overrides,
+    """experiments/speed/entry32k.sh with REHEARSE_CPU=1: data build, the real entry with the switches' overrides,
     and the report line from metrics.csv and probe.json (what ran: loss and attention kernels)."""
     import os
 
     out, work = tmp_path / "out", tmp_path / "work"
-    r = subprocess.run(["bash", str(ROOT / "bench/h200_entry32k.sh")], capture_output=True, text=True, cwd=ROOT,
+    r = subprocess.run(["bash", str(ROOT / "experiments/speed/entry32k.sh")], capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ, "REHEARSE_CPU": "1", "OUT": str(out), "WORK": str(work), "STEPS": "6",
                             "PROFILE_STEP": "5"}, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -440,7 +440,7 @@ def test_h200_entry32k_script_rehearsal(tmp_path):
     assert "loss chunked (config auto), attention sdpa (config auto)" in md
     assert (out / "metrics.csv").read_text().count("\n") == 7 and (out / "probe.json").is_file()
     # ENTRY_SETS reach the entry (its resolved config), and the log line says which ran
-    r = subprocess.run(["bash", str(ROOT / "bench/h200_entry32k.sh")], capture_output=True, text=True, cwd=ROOT,
+    r = subprocess.run(["bash", str(ROOT / "experiments/speed/entry32k.sh")], capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ, "REHEARSE_CPU": "1", "OUT": str(out / "stock"), "WORK": str(work / "stock"),
                             "STEPS": "5", "PROFILE_STEP": "0", "ENTRY_SETS": "train.fused_grad_check=false",
                             "NO_BENCH": "1"}, timeout=600)

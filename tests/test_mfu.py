@@ -30,8 +30,8 @@ def test_one_peak_table():
 
 
 def test_mfu_matches_the_documented_h200_figure():
-    """blu-0.5b at 32k, 34.1k tokens/s on one H200: the 36% MFU docs/BENCHMARKS.md and issue 17 quote."""
-    cfg = load_config(ROOT / "yaml_configs" / "base.yaml", world_size=2, device="cuda")
+    """blu-0.5b at 32k, 34.1k tokens/s on one H200: the 36% MFU experiments/speed/LOG.md and issue 17 quote."""
+    cfg = load_config(ROOT / "configs" / "base.yaml", world_size=2, device="cuda")
     u = mfu(flops_per_token(cfg.model, 32768), 34_100, 1.0, peak_bf16_tflops("NVIDIA H200"))
     assert abs(u - 0.355) < 0.001                          # 35.5%, quoted as 36% (34.2-34.9k there)
     assert mfu(1e9, 1000, 1.0, None) is None            # no peak known (CPU, an unlisted GPU): not guessed
@@ -46,7 +46,7 @@ def test_metrics_csv_has_mfu_and_a_cpu_run_leaves_it_empty(tmp_path, stdlib_data
     assert COLUMNS[-1] == "mfu"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     r = subprocess.run([sys.executable, str(ROOT / "launch" / "ext32k.py"), "--config",
-                        str(ROOT / "yaml_configs" / "tiny_cpu.yaml"), "--set", f"runs_dir={tmp_path}",
+                        str(ROOT / "tests" / "configs" / "tiny_cpu.yaml"), "--set", f"runs_dir={tmp_path}",
                         "--set", f"data.path={stdlib_data}", "--set", "train.max_steps=3",
                         "--set", "schedule.warmup_steps=1", "--set", "checkpoint.every_steps=0",
                         "--set", "train.probe_steps=0"], capture_output=True, text=True,

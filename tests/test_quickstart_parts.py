@@ -1,8 +1,9 @@
 """The quick start's parts that need no training: its passkey training documents, the claims and
-the one-line verdict from eval results, and `launch/quickstart.sh` argument handling and dry run
+the one-line verdict from eval results, and `examples/quickstart/quickstart.sh` argument handling and dry run
 (the --gpu path's commands, checked here; the H200 runs them)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 from pathlib import Path
@@ -10,9 +11,13 @@ from pathlib import Path
 import pytest
 from scipy import stats as sps
 
-from megablu.quickstart import claims, main, paired_loss_diff, passkey_docs, verdict
-
 ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("quickstart", ROOT / "examples" / "quickstart" / "quickstart.py")
+quickstart = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(quickstart)
+claims, main, verdict = quickstart.claims, quickstart.main, quickstart.verdict
+paired_loss_diff, passkey_docs = quickstart.paired_loss_diff, quickstart.passkey_docs
+SCRIPT = ROOT / "examples" / "quickstart" / "quickstart.sh"
 TOK = "tiktoken_file:megablu:stdlib4k"
 
 
@@ -140,7 +145,7 @@ def test_claims_and_verdict():
 
 
 def _sh(*args, cwd=ROOT):
-    return subprocess.run(["bash", str(ROOT / "launch" / "quickstart.sh"), *args], capture_output=True, text=True,
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True,
                           cwd=cwd, timeout=120)
 
 
@@ -156,13 +161,14 @@ def test_quickstart_gpu_dry_run_prints_every_step_and_runs_nothing(tmp_path):
     cmd = dict(s.split(": ", 1) for s in steps[1:])
     assert "--val-fraction 0.05" in cmd["data_stdlib"] and "--max-bytes" not in cmd["data_stdlib"]
     assert "--digits 5" in cmd["data_passkey"] and "passkey16384" in cmd["data_passkey_long"]
-    assert cmd["parent"].startswith("deepspeed --num_gpus 1 ") and "yaml_configs/quickstart_gpu.yaml" in cmd["parent"]
+    assert cmd["parent"].startswith("deepspeed --num_gpus 1 ")
+    assert "examples/quickstart/quickstart_gpu.yaml" in cmd["parent"]
     assert "--json" in cmd["parent"] and "init_from=<parent run>" in cmd["extension"]
     assert "quickstart_gpu_ext.yaml" in cmd["extension"] and "--rope-override" in cmd["eval_untrained"]
     assert "--gate-parent <parent run> --short-lengths 256 1024 2024" in cmd["compare"]
     assert "<parent run> " + str(runs / "quickstart" / "eval_untrained") + " <extension run>" in cmd["compare"]
     # every config the GPU path names passes the config check for one GPU
-    for cfg in ("yaml_configs/quickstart_gpu.yaml", "yaml_configs/quickstart_gpu_ext.yaml"):
+    for cfg in ("examples/quickstart/quickstart_gpu.yaml", "examples/quickstart/quickstart_gpu_ext.yaml"):
         assert cfg in r.stderr
         assert main_check(cfg) == 0, cfg
 
@@ -183,18 +189,19 @@ def test_quickstart_cpu_dry_run_and_bad_options(tmp_path, capsys):
     r = _sh("--runs-dir")
     assert r.returncode != 0 and "--runs-dir needs a directory" in r.stderr
     r = _sh("--help")
-    assert r.returncode == 0 and "bash launch/quickstart.sh --gpu" in r.stdout and "set -euo" not in r.stdout
+    assert r.returncode == 0 and "set -euo" not in r.stdout
+    assert "bash examples/quickstart/quickstart.sh --gpu" in r.stdout
     # the cpu configs check for their worlds (1 rank, 2 ranks)
     from megablu.cli import main as cli
 
-    assert cli(["config", "check", str(ROOT / "yaml_configs/quickstart_cpu.yaml"), "--world-size", "1",
+    assert cli(["config", "check", str(ROOT / "examples/quickstart/quickstart_cpu.yaml"), "--world-size", "1",
                 "--device", "cpu", "--no-files"]) == 0
-    assert cli(["config", "check", str(ROOT / "yaml_configs/quickstart_cpu_ext.yaml"), "--world-size", "2",
+    assert cli(["config", "check", str(ROOT / "examples/quickstart/quickstart_cpu_ext.yaml"), "--world-size", "2",
                 "--device", "cpu", "--no-files"]) == 0
 
 
 def test_summary_cli_writes_claims(tmp_path, capsys):
-    """`python -m megablu.quickstart summary` on results as the quick start leaves them."""
+    """`python3 examples/quickstart/quickstart.py summary` on results as the quick start leaves them."""
     from megablu.eval.report import SCHEMA
 
     def write(d: Path, res: dict, step: int):

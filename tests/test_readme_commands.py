@@ -44,3 +44,10 @@ def test_printed_launch_command_passes_the_config_check(src, cmd):
     sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
     device = "cpu" if "tiny_cpu" in config else "cuda"
     load_config(ROOT / config, sets, world_size=_world(argv), device=device)   # ConfigError lists every problem
+
+
+def test_readme_is_at_most_10_kb():
+    """The README stays a front page (issue 41): results, the two commands, workflow, features, layout;
+    the dated logs live in experiments/<study>/ and dev/LOG.md."""
+    size = len((ROOT / "README.md").read_bytes())
+    assert size <= 10 * 1024, f"README.md is {size} bytes > 10 KB: move detail to docs/ or experiments/"

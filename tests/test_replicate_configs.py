@@ -1,4 +1,4 @@
-"""Issue 8's replication configs (bench/h200_replicate.sh) pass every invariant, and the arms
+"""Issue 8's replication configs (experiments/replication/run.sh) pass every invariant, and the arms
 differ from each other only in their data: same parent, same YaRN, same token budget."""
 import re
 from pathlib import Path
@@ -9,12 +9,13 @@ from megablu.config import ConfigError, load_config
 from megablu.config.schema import eval_padded_len
 
 ROOT = Path(__file__).resolve().parents[1]
-CFG = ROOT / "yaml_configs"
+CFG = ROOT / "experiments" / "replication"
 REP = ["rep_pretrain", "rep_ext_fit", "rep_ext_trunc", "rep_smollm2_32k"]
 
 
 def load(name, sets=(), device="cuda"):
-    return load_config(CFG / f"{name}.yaml", list(sets), world_size=1, device=device)
+    folder = ROOT / "experiments" / "ruler_baselines" if name == "rep_smollm2_32k" else CFG
+    return load_config(folder / f"{name}.yaml", list(sets), world_size=1, device=device)
 
 
 @pytest.mark.parametrize("name", REP)
@@ -47,7 +48,7 @@ def test_eval_spans_256_to_the_new_window():
 
 
 def test_script_gate_lengths_are_evaluated():
-    script = (ROOT / "bench" / "h200_replicate.sh").read_text()
+    script = (ROOT / "experiments" / "replication" / "run.sh").read_text()
     h200 = script[script.index("  h200)"):script.index("  cpu)")]
     lengths = [int(x) for x in re.search(r"LENGTHS=\(([\d ]+)\)", h200).group(1).split()]
     short = [int(x) for x in re.search(r"SHORT=\(([\d ]+)\)", h200).group(1).split()]

@@ -6,7 +6,7 @@
 // and dtypes by name. c10 headers only, so tests/ops/test_ext_msg.py builds it on a CPU. Confirmed on an H100
 // (2026-12-06, sixteenth session): _throw_probe(3) (TORCH_CHECK streaming a number) and (4) (std::ostringstream
 // number in a std::runtime_error) die with SIGSEGV, MEGABLU_CHECK with a number raises, and so do the checks
-// that crashed before (bench/results/2026-12-06c/ops17_probe_tests.xml).
+// that crashed before (its JUnit XML: git show f44378f:bench/results/2026-12-06c/ops17_probe_tests.xml).
 #pragma once
 
 #include <c10/core/Device.h>

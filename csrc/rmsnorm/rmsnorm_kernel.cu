@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kWarps * 32) rmsnorm_fwd_kernel(RmsNormFwdArgs
 // all those rows; at the end the block's warps add their sums into shared memory in turn
 // (one barrier per warp, no atomics) and the block writes one fp32 row of dw_partial.
 //
-// What has been measured on the H200 (bf16, d=1024, docs/BENCHMARKS.md):
+// What has been measured on the H200 (bf16, d=1024, experiments/speed/LOG.md):
 // - An earlier form added to shared memory per element per row with atomicAdd; on sm_90 a
 //   float atomicAdd to shared memory is a CAS spin loop (ATOMS.CAST.SPIN). Removing them
 //   made dw bitwise deterministic but left the kernel at 58% / 63% of HBM (32k / 128k rows).

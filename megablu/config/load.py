@@ -88,7 +88,7 @@ def parse_yaml(text: str, where: str):
 
 def _read_yaml(path: Path) -> dict:
     if path.is_dir():
-        raise ConfigError([f"{path} is a directory, not a config file (give yaml_configs/<arm>.yaml)"])
+        raise ConfigError([f"{path} is a directory, not a config file (give configs/<arm>.yaml)"])
     if not path.is_file():
         raise ConfigError([f"config file not found: {path}"])
     try:

@@ -419,7 +419,7 @@ def register(sub) -> None:
     y.set_defaults(func=_synth)
 
     mx = ds.add_parser("mix", help="print a training config's resolved data mixture (what mixture.json will hold)")
-    mx.add_argument("config", help="yaml_configs/<arm>.yaml")
+    mx.add_argument("config", help="configs/<arm>.yaml")
     mx.add_argument("--set", action="append", default=[], metavar="a.b=v", help="override (repeatable)")
     mx.add_argument("--json", action="store_true", help="the whole resolved mixture as JSON")
     mx.set_defaults(func=_mix)

@@ -5,7 +5,7 @@ lm-eval 0.4.13 finds a model only by name in its registry, and it loads no plugi
 which registers the backend first (every lm-eval flag works as documented):
 
     python -m megablu.eval.lm_eval_adapter --model megablu \\
-        --model_args ckpt=runs/ext32k/checkpoints/step_750,config=yaml_configs/ext32k.yaml \\
+        --model_args ckpt=runs/ext32k/checkpoints/step_750,config=configs/ext32k.yaml \\
         --tasks hellaswag,niah_single_1 --metadata '{"max_seq_lengths": [4096, 32768]}'
     deepspeed --num_gpus 2 --module megablu.eval.lm_eval_adapter --model megablu \\
         --model_args ckpt=...,config=...,sp=2 --tasks niah_single_1 ...      (Ulysses-sharded prefill)

@@ -2,8 +2,8 @@
 
 Results go to stdout, logs to stderr. Exit 0 ok, 2 invalid config.
 
-  megablu plan --config yaml_configs/ext32k.yaml --gpus 1,2,4,8 --windows 16k,32k,64k,128k,1M
-  megablu plan --config yaml_configs/l2.yaml --calibration runs/_probe/.../probe.json --json
+  megablu plan --config configs/ext32k.yaml --gpus 1,2,4,8 --windows 16k,32k,64k,128k,1M
+  megablu plan --config configs/l2.yaml --calibration runs/_probe/.../probe.json --json
 """
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ def _gb(text: str) -> float:
 
 def register(sub) -> None:
     p = sub.add_parser("plan", help="memory fit table per (GPUs, window) from the analytical model")
-    p.add_argument("--config", required=True, help="yaml_configs/<arm>.yaml: model, memory switches, ZeRO, window")
+    p.add_argument("--config", required=True, help="configs/<arm>.yaml: model, memory switches, ZeRO, window")
     p.add_argument("--set", action="append", default=[], metavar="a.b=v", help="config override (repeatable)")
     p.add_argument("--gpus", type=_gpu_list, default=None, help="comma list, e.g. 1,2,4,8 (sp = GPUs); default: "
                    "parallel.sp")

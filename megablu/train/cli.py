@@ -4,9 +4,9 @@ first steps of a run through the same launch, measured).
 Results go to stdout, logs to stderr. Exit 0 ok, 2 invalid config or launch, 1 a failed run or
 probe (OOM).
 
-  megablu train --config yaml_configs/ext32k.yaml --gpus 2 [--set k=v ...] [--resume RUN] [--dry-run]
-  megablu train --config yaml_configs/ext64k_4gpu.yaml --hostfile my_hosts --master-addr node0
-  megablu probe --config yaml_configs/l2.yaml --gpus 1 [--steps 3] [--set k=v ...] [--dry-run]
+  megablu train --config configs/ext32k.yaml --gpus 2 [--set k=v ...] [--resume RUN] [--dry-run]
+  megablu train --config configs/ext64k_4gpu.yaml --hostfile my_hosts --master-addr node0
+  megablu probe --config configs/l2.yaml --gpus 1 [--steps 3] [--set k=v ...] [--dry-run]
 
 `train` is train/launch.py: the topology, the config checked for that world, the exact launcher
 command (`python -m deepspeed.launcher.runner ... --module megablu.train.entry ...`), then the
@@ -113,7 +113,7 @@ def register(sub) -> None:
     t.set_defaults(func=_train)
 
     q = sub.add_parser("probe", help="run a config's first steps through the normal entry and report memory/speed")
-    q.add_argument("--config", required=True, help="yaml_configs/<arm>.yaml to measure")
+    q.add_argument("--config", required=True, help="configs/<arm>.yaml to measure")
     q.add_argument("--set", action="append", default=[], metavar="a.b=v", help="config override (repeatable)")
     q.add_argument("--gpus", type=positive_int, default=None, help="processes to launch; default parallel.sp")
     q.add_argument("--steps", type=positive_int, default=3, help="real training steps to measure (the first pays "

@@ -1,7 +1,7 @@
 """megablu training entry, one process per rank: what `deepspeed` / `torchrun` start.
 
-  deepspeed --num_gpus 2 --module megablu.train.entry --config yaml_configs/ext32k.yaml
-  megablu train --config yaml_configs/ext32k.yaml --gpus 2     # resolves the launch, then the above
+  deepspeed --num_gpus 2 --module megablu.train.entry --config configs/ext32k.yaml
+  megablu train --config configs/ext32k.yaml --gpus 2     # resolves the launch, then the above
   deepspeed --num_gpus 2 launch/ext32k.py --config ...          # the same, through the script shim
 
 The config is validated against the launch's world size and device, and every input is
@@ -27,7 +27,7 @@ from typing import NoReturn
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="megablu long-context training")
-    p.add_argument("--config", required=True, help="yaml_configs/<arm>.yaml")
+    p.add_argument("--config", required=True, help="configs/<arm>.yaml")
     p.add_argument("--set", action="append", default=[], metavar="a.b=v", help="override (repeatable)")
     p.add_argument("--resume", default=None, help="run id or run dir to resume from its newest verified checkpoint")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the run's summary (the JSON line of "

@@ -9,10 +9,10 @@ GPU needed). Dry-run output goes to stdout; on a real launch the same lines go t
 The launcher starts the entry as a module (`--module megablu.train.entry`), so the command
 works from any directory.
 
-  megablu train --config yaml_configs/ext32k.yaml --gpus 2 --device cuda --dry-run
-  megablu train --config yaml_configs/ext64k_4gpu.yaml --hostfile launch/hostfile.example \\
+  megablu train --config configs/ext32k.yaml --gpus 2 --device cuda --dry-run
+  megablu train --config configs/ext64k_4gpu.yaml --hostfile launch/hostfile.example \\
       --master-addr node0 --device cuda --dry-run
-  megablu train --config yaml_configs/tiny_cpu_ext.yaml --launcher torchrun --nodes 2 \\
+  megablu train --config tests/configs/tiny_cpu_ext.yaml --launcher torchrun --nodes 2 \\
       --gpus 2 --node-rank 0 --master-addr 127.0.0.1 --master-port 29500 --device cpu
 """
 from __future__ import annotations
@@ -106,7 +106,7 @@ def port(text: str) -> int:
 
 def add_arguments(p) -> None:
     """The launch options `megablu train` takes (launch/*.sh pass their defaults through them)."""
-    p.add_argument("--config", required=True, help="yaml_configs/<arm>.yaml to train")
+    p.add_argument("--config", required=True, help="configs/<arm>.yaml to train")
     p.add_argument("--set", action="append", default=[], metavar="a.b=v", help="override (repeatable)")
     p.add_argument("--resume", default=None, help="run id or run dir to resume from its newest verified checkpoint")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",

@@ -10,7 +10,7 @@ from megablu.config import ConfigError, load_config
 from megablu.config.schema import eval_padded_len
 
 ROOT = Path(__file__).resolve().parents[2]
-EXT = ROOT / "yaml_configs" / "ext32k.yaml"
+EXT = ROOT / "configs" / "ext32k.yaml"
 
 
 def errors(sets, world=2, device="cuda", path=EXT):
@@ -112,7 +112,7 @@ def test_keep_every_at_its_default_leaves_the_config_hash_alone():
     from megablu.config import config_hash, config_warnings
 
     def cfg(sets):
-        return load_config(ROOT / "yaml_configs" / "tiny_cpu.yaml", sets, world_size=1, device="cpu")
+        return load_config(ROOT / "tests" / "configs" / "tiny_cpu.yaml", sets, world_size=1, device="cpu")
 
     # the runs before it trained with memory.loss chunked and memory.attention sdpa (the defaults then;
     # auto since, hashed as itself: a resume accepts both changes, train/resume.py RESUMABLE)
@@ -214,7 +214,7 @@ def test_entry_preflight_lists_every_missing_input(tmp_path):
 def test_extension_without_a_gate_is_warned():
     from megablu.config import config_warnings
 
-    tiny = ROOT / "yaml_configs" / "tiny_cpu_ext.yaml"
+    tiny = ROOT / "tests" / "configs" / "tiny_cpu_ext.yaml"
     cfg = load_config(tiny, ["init_from=runs/x"], world_size=2, device="cpu")
     assert any("eval.gate.parent" in w for w in config_warnings(cfg))
     gated = load_config(tiny, ["init_from=runs/x", "eval.final=true", "eval.gate.parent=runs/x",
@@ -230,7 +230,17 @@ SHIPPED = {"tiny_cpu.yaml": (1, "cpu"), "tiny_cpu_ext.yaml": (2, "cpu"), "ext64k
            "quickstart_gpu.yaml": (1, "cuda"), "quickstart_gpu_ext.yaml": (1, "cuda")}
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "yaml_configs").glob("*.yaml")), ids=lambda p: p.name)
+SHIPPED_DIRS = ("configs", "tests/configs", "examples/quickstart", "experiments/*")
+SHIPPED_FILES = sorted(p for d in SHIPPED_DIRS for p in ROOT.glob(f"{d}/*.yaml"))
+
+
+def test_the_shipped_arms_are_found():
+    """Every config directory of the layout is scanned (a moved folder would pass the test below vacuously)."""
+    found = {str(p.parent.relative_to(ROOT)) for p in SHIPPED_FILES}
+    assert {"configs", "tests/configs", "examples/quickstart", "experiments/smol32k"} <= found, found
+
+
+@pytest.mark.parametrize("path", SHIPPED_FILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_shipped_arm_is_valid_for_its_launch(path):
     world, device = SHIPPED.get(path.name, (yaml.safe_load(path.read_text()).get("parallel", {}).get("sp", 2), "cuda"))
     if path.name.startswith("rep_"):
@@ -242,7 +252,7 @@ def test_sp_above_the_head_count_warns_with_the_cost():
     """sp=4 over 2 heads trains with zero heads on 2 of 4 ranks: legal (head padding), warned with the cost."""
     from megablu.config import config_warnings
 
-    tiny = ROOT / "yaml_configs" / "tiny_cpu_ext.yaml"
+    tiny = ROOT / "tests" / "configs" / "tiny_cpu_ext.yaml"
     cfg = load_config(tiny, ["parallel.sp=4", "model.n_heads=2", "model.n_kv_heads=1", "train.tokens_per_step=4096",
                              "train.micro_batch=2"], world_size=4, device="cpu")
     w = [x for x in config_warnings(cfg) if x.startswith("parallel.sp=4 > model.n_heads=2")]
@@ -256,7 +266,7 @@ def test_a_resume_may_change_when_checkpoints_are_saved_and_kept():
     from megablu.train.resume import resume_problems
 
     def cfg(sets):
-        return load_config(ROOT / "yaml_configs" / "tiny_cpu.yaml", sets, world_size=1, device="cpu")
+        return load_config(ROOT / "tests" / "configs" / "tiny_cpu.yaml", sets, world_size=1, device="cpu")
 
     saved = cfg(["checkpoint.every_steps=3"]).model_dump(mode="json")
     now = cfg(["checkpoint.every_steps=2", "checkpoint.keep=1", "checkpoint.keep_every=4"])

@@ -175,7 +175,7 @@ def test_config_hash_unchanged_by_the_kernel_fields_at_their_defaults():
     from megablu.config import config_hash
 
     def h(sets, device="cpu"):
-        return config_hash(load_config("yaml_configs/tiny_cpu.yaml", sets, world_size=1, device=device))
+        return config_hash(load_config("tests/configs/tiny_cpu.yaml", sets, world_size=1, device=device))
 
     old = ["memory.loss=chunked", "memory.attention=sdpa"]
     assert h(old) == "786b2824aa40a632"
@@ -250,7 +250,7 @@ def test_offload_keep_and_fraction_bounds_warnings_and_hash():
         assert f"memory.{field}={value} without memory.offload_activations has no effect (nothing is offloaded)" in w
 
     def h(sets):
-        return config_hash(load_config("yaml_configs/tiny_cpu.yaml", ["memory.loss=chunked", "memory.attention=sdpa"]
+        return config_hash(load_config("tests/configs/tiny_cpu.yaml", ["memory.loss=chunked", "memory.attention=sdpa"]
                                        + sets, world_size=1, device="cpu"))
 
     assert h(["memory.offload_keep=1", "memory.offload_fraction=1.0"]) == "786b2824aa40a632"

@@ -7,7 +7,7 @@ from pathlib import Path
 from megablu.config import ConfigError, config_warnings, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "yaml_configs" / "tiny_cpu.yaml"
+TINY = ROOT / "tests" / "configs" / "tiny_cpu.yaml"
 
 
 def _src(name, weight, mode="pack", **kw):

@@ -219,7 +219,7 @@ def test_cli_prints_the_resolved_mixture(tmp_path, doc_lengths, capsys):
 
     root = tmp_path / "ds"   # the tiny arm's tokenizer identity, so the config check passes
     write_dataset(root, unique_docs(doc_lengths), ident="tiktoken_file:v4096:33b169a4741adc73")
-    tiny = str(Path(__file__).resolve().parents[2] / "yaml_configs" / "tiny_cpu.yaml")
+    tiny = str(Path(__file__).resolve().parents[2] / "tests" / "configs" / "tiny_cpu.yaml")
     mix = ("data.mix=[{name: long, path: %s, bucket: b3, mode: pack, weight: 0.7}, "
            "{name: short, path: %s, bucket: b0, mode: fit, weight: 0.3}]" % (root, root))
     sets = ["--set", "data.path=null", "--set", mix, "--set", "data.max_epochs=1000", "--set", "train.max_steps=8"]

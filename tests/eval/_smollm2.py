@@ -69,7 +69,7 @@ def load_models(yarn_factor: float = 2.0):
 def main(argv=None) -> int:
     """Measure one arm cell by cell (each cell's json written as soon as it is done):
         python -m tests.eval._smollm2 --arm yarn2 --lengths 13800 4584 --n 3 --out /tmp/smol
-    Used to record docs/RESULTS.md on a slow CPU, where both arms run as two processes."""
+    Used to record experiments/ruler_baselines/LOG.md on a slow CPU, where both arms run as two processes."""
     import argparse
     import logging
     import sys

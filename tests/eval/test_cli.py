@@ -199,7 +199,7 @@ def test_eval_refuses_a_gate_parent_without_the_short_lengths(tmp_path, capsys):
 
 
 def test_eval_suite_per_length_runs_merge_in_compare_and_bad_input_exits_2(tmp_path, capsys, haystack_docs):
-    """How bench/h200_ruler.sh runs it: `megablu eval --tasks ... --lengths L` once per length into
+    """How experiments/ruler_baselines/run.sh runs it: `megablu eval --tasks ... --lengths L` once per length into
     its own dir (with the held-out loss), then `megablu compare` over the dirs joins the lengths
     of one arm, cells and loss alike. Bad input exits 2 before any weight is loaded."""
     import numpy as np

@@ -4,7 +4,7 @@ Expected (DESIGN.md): passes at ~4.6k tokens (inside its 8192 training length), 
 ~13.8k without YaRN, passes at ~13.8k with YaRN factor 2 (no fine-tuning). Run with
     MEGABLU_SLOW=1 .venv/bin/pytest tests/eval/test_smollm2_passkey.py -s
 MEGABLU_SMOLLM2_N (default 3) prompts per length; MEGABLU_EVAL_OUT keeps the result JSONs.
-Measured numbers are recorded in docs/RESULTS.md. With n this small the assertions are
+Measured numbers are recorded in experiments/ruler_baselines/LOG.md. With n this small the assertions are
 majority votes (>= 60% / <= 40%), not resolved differences; RESULTS.md gives the intervals.
 """
 import os

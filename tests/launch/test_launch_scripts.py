@@ -16,9 +16,9 @@ def dry(script, *args):
 
 @pytest.mark.parametrize("script,args,topo,cmd", [
     ("ext32k_2gpu.sh", [], "1 node(s) x 2 ranks = world 2 -> dp 1 x sp 2",
-     "--num_gpus 2 --master_port 29500 --module megablu.train.entry --config yaml_configs/ext32k.yaml"),
+     "--num_gpus 2 --master_port 29500 --module megablu.train.entry --config configs/ext32k.yaml"),
     ("ext64k_4gpu.sh", [], "1 node(s) x 4 ranks = world 4 -> dp 1 x sp 4",
-     "--num_gpus 4 --master_port 29500 --module megablu.train.entry --config yaml_configs/ext64k_4gpu.yaml"),
+     "--num_gpus 4 --master_port 29500 --module megablu.train.entry --config configs/ext64k_4gpu.yaml"),
     # the same ext32k config on 4 GPUs: only the launch changes
     ("ext32k_2gpu.sh", ["--num-gpus", "4"], "world 4 -> dp 2 x sp 2", "--num_gpus 4"),
     ("cpu.sh", ["--set", "train.max_steps=20"], "1 node(s) x 2 ranks = world 2 -> dp 1 x sp 2",
@@ -26,7 +26,7 @@ def dry(script, *args):
     ("multinode.sh", [], "2 node(s) x 4 ranks = world 8 -> dp 2 x sp 4",
      "--hostfile launch/hostfile.example --master_addr node0 --master_port 29500 --module megablu.train.entry"),
     ("multinode.sh", ["--launcher", "torchrun", "--num-nodes", "2", "--num-gpus", "2", "--node-rank", "1",
-                      "--config", "yaml_configs/ext32k.yaml"], "2 node(s) x 2 ranks = world 4 -> dp 2 x sp 2",
+                      "--config", "configs/ext32k.yaml"], "2 node(s) x 2 ranks = world 4 -> dp 2 x sp 2",
      "--nnodes 2 --node_rank 1 --nproc-per-node 2 --master_addr node0"),
 ])
 def test_dry_run_prints_topology_check_and_command(script, args, topo, cmd):

@@ -33,7 +33,7 @@ def _check(r: subprocess.CompletedProcess, what: str) -> None:
 def test_two_simulated_nodes_equal_one_node(tmp_path, stdlib_data):
     data = stdlib_data
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHON": sys.executable}
-    common = ["--config", "yaml_configs/tiny_cpu_ext.yaml", "--device", "cpu",
+    common = ["--config", "tests/configs/tiny_cpu_ext.yaml", "--device", "cpu",
               "--set", f"runs_dir={tmp_path}/runs", "--set", f"data.path={data}", "--set", "train.max_steps=4",
               "--set", "schedule.warmup_steps=1", "--set", "schedule.decay_start=2",
               "--set", "checkpoint.every_steps=0", "--set", "checkpoint.save_final=false",

@@ -21,7 +21,7 @@ from megablu.train.trainer import deepspeed_config
 from tests.dist_utils import free_port, run_distributed
 
 ROOT = Path(__file__).resolve().parents[2]
-CFG = ROOT / "yaml_configs"
+CFG = ROOT / "configs"
 OFFLOAD = {  # file -> (zero stage, optimizer offloaded, params offloaded)
     "zero2_offload_opt.yaml": (2, True, False),
     "zero3_offload_opt.yaml": (3, True, False),
@@ -55,7 +55,8 @@ def _train_in_process(rank, world, sets):
     """Rank fn: the Trainer on the tiny model with `sets`; returns losses + what DeepSpeed built."""
     from megablu.train.trainer import Trainer
 
-    cfg = load_config(CFG / "tiny_cpu.yaml", sets, world_size=world)   # no device: skips the CPU refusal
+    tiny = ROOT / "tests" / "configs" / "tiny_cpu.yaml"
+    cfg = load_config(tiny, sets, world_size=world)   # no device: skips the CPU refusal
     t = Trainer(cfg)
     summary = t.train()
     with open(Path(summary["run_dir"]) / "metrics.csv") as f:
@@ -81,7 +82,7 @@ def test_offload_configs_train_on_cpu(tmp_path, stdlib_data):
 
     # ZeRO-3 + parameter offload through the real entry (launch/cpu.sh -> deepspeed launcher)
     sets = [x for s in parallel_sets("zero3_offload_params.yaml") + common for x in ("--set", s)]
-    r = subprocess.run(["bash", "launch/cpu.sh", "--num-gpus", "1", "--config", "yaml_configs/tiny_cpu.yaml",
+    r = subprocess.run(["bash", "launch/cpu.sh", "--num-gpus", "1", "--config", "tests/configs/tiny_cpu.yaml",
                         "--master-port", str(free_port()), *sets], capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ, "PYTHON": sys.executable})
     assert r.returncode == 0, "\n".join((r.stderr + r.stdout).splitlines()[-25:])

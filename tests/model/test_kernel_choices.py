@@ -1,11 +1,11 @@
-"""The whole tiny BluModel (yaml_configs/tiny_cpu.yaml's model: 4 layers, d=128, 4/2 heads x 32,
+"""The whole tiny BluModel (tests/configs/tiny_cpu.yaml's model: 4 layers, d=128, 4/2 heads x 32,
 vocab 4096, tied embeddings) with memory.loss=liger against chunked, and memory.attention=fa4
 against sdpa: the summed loss, the labelled-token count, dh (the grad at the head's input, the
 final norm's output), dW (the head weight's grad, which is the embedding's when tied) and every
 parameter's grad, under bf16 on the GPU.
 
 Skips cleanly without CUDA or without the library (liger-kernel, flash-attn-4): the H200 runs
-it (bench/h200_kernels.sh). The liger test also runs on a CPU in Triton's interpreter, in fp32,
+it (experiments/speed/kernels.sh). The liger test also runs on a CPU in Triton's interpreter, in fp32,
 when asked (never in CI: needs triton + liger-kernel importable, slow):
     MEGABLU_TRITON_INTERPRET_TESTS=1 TRITON_INTERPRET=1 PYTHONPATH=<triton+liger site> \\
         python -m pytest tests/model/test_kernel_choices.py -k liger
@@ -34,7 +34,7 @@ from megablu.utils.liger import liger_mem_const
 from tests.ops.test_attention import _fa4_ready
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ModelConfig(**yaml.safe_load((ROOT / "yaml_configs" / "tiny_cpu.yaml").read_text())["model"])
+TINY = ModelConfig(**yaml.safe_load((ROOT / "tests" / "configs" / "tiny_cpu.yaml").read_text())["model"])
 ROPE = RopeConfig(theta=10000.0)
 B, T = 2, 300                                   # T not a multiple of 128
 TOL = {torch.bfloat16: (1e-3, 2e-2), torch.float32: (1e-5, 1e-4)}   # (loss rel, grad rel Frobenius)

@@ -208,16 +208,16 @@ def test_auto_for_a_config_what_the_planner_shows(fresh_auto, monkeypatch):
     from megablu.config import load_config
 
     monkeypatch.setattr(A, "_fa4_func", lambda: object())    # imports
-    cfg = load_config("yaml_configs/l2.yaml", ["parallel.sp=1"])
+    cfg = load_config("configs/l2.yaml", ["parallel.sp=1"])
     assert cfg.memory.attention == "auto"
     assert A.auto_for_config(cfg, "cuda")[0] == "fa4"
     assert plan.Setup.from_config(cfg, gpus=1).attention == "fa4"
     assert A.auto_for_config(cfg, "cpu") == ("sdpa", "a cpu run: FlashAttention-4 runs on SM90 GPUs only")
-    masked = load_config("yaml_configs/l2.yaml", ["parallel.sp=1", "data.mode=pack", "data.doc_mask=true"])
+    masked = load_config("configs/l2.yaml", ["parallel.sp=1", "data.mode=pack", "data.doc_mask=true"])
     kind, why = A.auto_for_config(masked, "cuda")
     assert kind == "sdpa" and why.startswith("FlashAttention-4 runs plain causal attention here")
     assert plan.Setup.from_config(masked, gpus=1).attention == "sdpa"
-    pinned = load_config("yaml_configs/l2.yaml", ["parallel.sp=1", "memory.attention=sdpa"])
+    pinned = load_config("configs/l2.yaml", ["parallel.sp=1", "memory.attention=sdpa"])
     assert plan.Setup.from_config(pinned, gpus=1).attention == "sdpa"
 
 

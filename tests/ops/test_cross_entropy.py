@@ -124,7 +124,7 @@ def test_liger_mem_const_is_the_largest_chunk_within_loss_chunk(d, V):
             assert got <= chunk, (T, chunk, c)
             # the largest: the next constant's chunk is over the budget, or none is larger
             assert c >= top or _liger_chunk_reference(T, d, V, c + 1) > chunk, (T, chunk, c)
-    # blu-0.5b at 32k (docs/BENCHMARKS.md, issue 17): 512 by itself, 2048 and 4096 on request
+    # blu-0.5b at 32k (experiments/speed/LOG.md, issue 17): 512 by itself, 2048 and 4096 on request
     if (d, V) == (1024, 100352):
         assert [liger_chunk_tokens(32768, d, V, liger_mem_const(32768, d, V, k)) for k in (0, 2048, 4096)] == \
             [512, 2048, 4096]

@@ -102,19 +102,19 @@ def test_blu05b_at_1m_tokens_on_one_gpu():
 
 
 def test_setup_from_config_and_describe():
-    cfg = load_config("yaml_configs/l2.yaml", ["memory.mlp_tiles=8", "memory.offload_activations=true"])
+    cfg = load_config("configs/l2.yaml", ["memory.mlp_tiles=8", "memory.offload_activations=true"])
     s = plan.Setup.from_config(cfg, gpus=1, window=65536)
     assert s.mlp_tiles == 8 and s.offload_activations
     assert "mlp_tiles=8 +act-offload" in s.describe()
 
 
 def test_table_reports_host_memory_and_suggestion_respects_a_host_limit():
-    cfg = load_config("yaml_configs/l2.yaml", [])
+    cfg = load_config("configs/l2.yaml", [])
     rows = plan.fit_table(cfg, [1], plan.parse_tokens("1M"), 141.0)
     assert "memory.offload_activations" in rows[0]["suggestion"] and "GB pinned host per GPU" in rows[0]["suggestion"]
     limited = plan.fit_table(cfg, [1], plan.parse_tokens("1M"), 141.0, host_gb=10.0)
     assert "offload_activations" not in (limited[0]["suggestion"] or "")
-    on = load_config("yaml_configs/l2.yaml", ["memory.offload_activations=true"])
+    on = load_config("configs/l2.yaml", ["memory.offload_activations=true"])
     rows = plan.fit_table(on, [1, 2], plan.parse_tokens("1M"), 141.0)
     assert all(r["verdict"] == "comfortable" for r in rows)
     text = plan.format_table(rows, 141.0)
@@ -133,7 +133,7 @@ def test_suggestions_obey_the_offload_invariant():
 
 def test_fit_table_refuses_rows_beyond_the_host_memory():
 
-    cfg = load_config("yaml_configs/ext32k.yaml", ["memory.recompute=full", "memory.mlp_tiles=16",
+    cfg = load_config("configs/ext32k.yaml", ["memory.recompute=full", "memory.mlp_tiles=16",
                                                    "memory.offload_activations=true"], device="cuda")
     free = plan.fit_table(cfg, [1], [2 ** 21], 141.0)
     capped = plan.fit_table(cfg, [1], [2 ** 21], 141.0, host_gb=110)
@@ -144,11 +144,12 @@ def test_fit_table_refuses_rows_beyond_the_host_memory():
 @pytest.mark.parametrize("name", ["cap_1m_l2.json", "cap_1m_l4.json", "cap_512k.json"])
 def test_backward_peaks_of_the_h200_long_steps(name):
     """The steps whose peak is the backward (full recompute, MLP in 16 tiles, activations
-    offloaded: bench/h200_capacity.sh on the H200, 2026-12-03) against the planner: within 10%
+    offloaded: experiments/speed/capacity.sh on the H200, 2026-12-03) against the planner: within 10%
     of the measured peak, never more than 1.5% below it; the host memory exactly."""
     import json
     from pathlib import Path
-    r = json.loads((Path(__file__).resolve().parents[2] / "bench" / "results" / "2026-12-03" / name).read_text())[0]
+    results = Path(__file__).resolve().parents[2] / "experiments" / "speed" / "results" / "2026-12-03"
+    r = json.loads((results / name).read_text())[0]
     m = BLU05B.model_copy(update={"n_layers": r["n_layers"]})
     e = plan.estimate(plan.Setup(m, r["T"], zero_stage=0, optimizer=False, loss_chunk=r["loss_chunk"], ops="cuda",
                                  recompute="full", mlp_tiles=16, offload_activations=True))
@@ -158,7 +159,7 @@ def test_backward_peaks_of_the_h200_long_steps(name):
 
 
 # --------------------------------------------------------------------------- memory.loss / memory.attention
-# docs/BENCHMARKS.md, issue 17 (H200, d=1024, V=100352, bf16, summed CE): peak GB above the inputs of one
+# experiments/speed/LOG.md, issue 17 (H200, d=1024, V=100352, bf16, summed CE): peak GB above the inputs of one
 # fwd+bwd of the loss alone at T=32768, the returned grads included: megablu's chunk 4096, Liger accum fp32
 MEASURED_LOSS_GB_32K = {"chunked": 4.59, "liger": 0.68}
 
@@ -200,7 +201,7 @@ def test_fa4_backward_buffers_hand_checked():
 
 
 def test_kernel_choices_from_config():
-    cfg = load_config("yaml_configs/l2.yaml", ["memory.loss=liger", "memory.attention=fa4"])
+    cfg = load_config("configs/l2.yaml", ["memory.loss=liger", "memory.attention=fa4"])
     s = plan.Setup.from_config(cfg, gpus=1, window=32768)
     assert (s.loss, s.attention) == ("liger", "fa4")
     assert "loss=liger loss_chunk=4096" in s.describe() and "attention=fa4" in s.describe()   # base.yaml's chunk

@@ -12,12 +12,13 @@ from megablu.config import load_config
 from megablu.config.schema import ModelConfig
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
+OFFLOAD_RESULTS = BENCH.parent / "experiments" / "zero_offload" / "results" / "2026-12-03"
 sys.path.insert(0, str(BENCH))   # bench/offload_table.py and offload_bench.py (no GPU imports at top)
 
 BLU05B = ModelConfig(n_layers=36, d_model=1024, n_heads=16, n_kv_heads=4, ffn_dim=2816, vocab_size=100352)
 TINY = ModelConfig(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=1000)
 
-# MEASURED on one H200 (docs/BENCHMARKS.md, "Training step: BluModel vs HF transformers",
+# MEASURED on one H200 (experiments/speed/LOG.md, "Training step: BluModel vs HF transformers",
 # 2026-12-02): blu-0.5b, bf16, batch 1, one fwd+bwd without optimizer, loss chunk 4096,
 # pure-torch ops; peak = torch.cuda.max_memory_allocated in GB (1e9 B).
 MEASURED = [
@@ -134,7 +135,7 @@ def test_parse_tokens_and_verdicts():
 
 
 def test_fit_table_and_suggestion():
-    cfg = load_config("yaml_configs/l2.yaml", [])
+    cfg = load_config("configs/l2.yaml", [])
     rows = plan.fit_table(cfg, [1, 2], plan.parse_tokens("16k,64k,1M"), 141.0)
     by = {(r["gpus"], r["window"]): r for r in rows}
     assert by[(2, 65536)]["verdict"] == "comfortable" and by[(2, 65536)]["tokens_per_rank"] == 32768
@@ -169,20 +170,20 @@ REGISTER = ("import sys, argparse\nimport megablu.plan.cli as pc, megablu.train.
 
 
 def test_plan_cli_table_on_stdout_and_exit_codes(tmp_path):
-    r = _cli("plan", "--config", "yaml_configs/l2.yaml", "--gpus", "1,2", "--windows", "16k,32k,64k")
+    r = _cli("plan", "--config", "configs/l2.yaml", "--gpus", "1,2", "--windows", "16k,32k,64k")
     assert r.returncode == 0, r.stderr
     assert "| GPUs | sp | target |" in r.stdout and "comfortable" in r.stdout
-    r = _cli("plan", "--config", "yaml_configs/l2.yaml", "--windows", "32k", "--json")
+    r = _cli("plan", "--config", "configs/l2.yaml", "--windows", "32k", "--json")
     assert json.loads(r.stdout)[0]["window"] == 32768
     bad = tmp_path / "bad.yaml"
-    bad.write_text("inherit: " + str((__import__("pathlib").Path("yaml_configs/base.yaml")).resolve()) +
+    bad.write_text("inherit: " + str((__import__("pathlib").Path("configs/base.yaml")).resolve()) +
                    "\nmemory: {recompute: sometimes}\n")
     r = _cli("plan", "--config", str(bad))
     assert r.returncode == 2 and r.stdout == "" and "recompute" in r.stderr
 
 
 def test_probe_cli_dry_run_builds_the_entry_command():
-    r = _cli("probe", "--config", "yaml_configs/l2.yaml", "--gpus", "1", "--dry-run", "--set", "parallel.sp=1")
+    r = _cli("probe", "--config", "configs/l2.yaml", "--gpus", "1", "--dry-run", "--set", "parallel.sp=1")
     assert r.returncode == 0, r.stderr
     cmd = r.stdout.strip()
     # the launch `megablu train` makes: the entry module, from any directory
@@ -195,7 +196,7 @@ def test_probe_cli_dry_run_builds_the_entry_command():
 
 
 def test_fit_table_with_the_configs_sp_shards_zero_over_dp_times_sp():
-    cfg = load_config("yaml_configs/l2.yaml", [])   # sp=2
+    cfg = load_config("configs/l2.yaml", [])   # sp=2
     rows = plan.fit_table(cfg, [1, 2, 4], [32768], 141.0, sp=cfg.parallel.sp)
     assert [(r["gpus"], r["sp"], r["tokens_per_rank"]) for r in rows] == [(2, 2, 16384), (4, 2, 16384)]
     # same tokens per rank; 4 GPUs shard the optimizer over 4 ranks instead of 2
@@ -234,7 +235,7 @@ def test_probe_cli_reads_the_runs_probe_json(tmp_path, oom):
     os_ = __import__("os")
     env = {**os_.environ, "PYTHONPATH": os_.pathsep.join([str(tmp_path / "fake"), os_.environ.get("PYTHONPATH", "")])}
     r = subprocess.run([sys.executable, "-c", REGISTER,
-                        "probe", "--config", "yaml_configs/l2.yaml", "--gpus", "1", "--set", "parallel.sp=1",
+                        "probe", "--config", "configs/l2.yaml", "--gpus", "1", "--set", "parallel.sp=1",
                         "--set", f"runs_dir={tmp_path / 'runs'}"], capture_output=True, text=True, env=env,
                        timeout=120)
     assert "chatter on stdout" in r.stderr          # the child's stdout is a log, not our result
@@ -248,7 +249,7 @@ def test_probe_cli_reads_the_runs_probe_json(tmp_path, oom):
 
 
 def test_megablu_command_has_plan_and_probe():
-    r = subprocess.run([sys.executable, "-m", "megablu.cli", "plan", "--config", "yaml_configs/ext32k.yaml",
+    r = subprocess.run([sys.executable, "-m", "megablu.cli", "plan", "--config", "configs/ext32k.yaml",
                         "--gpus", "2", "--windows", "64k"], capture_output=True, text=True,
                        cwd=Path(__file__).resolve().parents[2])
     assert r.returncode == 0, r.stderr
@@ -263,7 +264,7 @@ def _measured_offload_overheads():
     from offload_table import merge_file
 
     calls = [list(merge_file(str(f)).values())
-             for f in sorted((BENCH / "results" / "2026-12-03").glob("offload_*.jsonl"))]
+             for f in sorted(OFFLOAD_RESULTS.glob("offload_*.jsonl"))]
     z1 = [{(r["shape"], r["fit_T"]): r["fit_T"] / r["tok_s_at_fit"]
            for r in rows if r["setting"] == "z1" and "tok_s_at_fit" in r} for rows in calls]
     any_call = {k: v for base in z1 for k, v in base.items()}
@@ -287,7 +288,7 @@ def test_offload_step_cost_matches_the_h200_rows():
     assert len(rows) == 12
     model_sum = meas_sum = 0.0
     for r, measured in rows:
-        cfg = load_config(Path("yaml_configs") / SETTINGS["z1"][0], SETTINGS["z1"][1] + SHAPES[r["shape"]],
+        cfg = load_config(Path("configs") / SETTINGS["z1"][0], SETTINGS["z1"][1] + SHAPES[r["shape"]],
                           world_size=1, device="cuda")
         s, cost = replace(plan.Setup.from_config(cfg, gpus=1, window=r["fit_T"]), zero_stage=r["zero_stage"]), 1.0
         for change in [c for c in ("offload_optimizer", "offload_params") if r[c]]:

@@ -26,7 +26,7 @@ from megablu.config.schema import ModelConfig, RopeConfig, YarnConfig
 from megablu.model.decoder import BluModel
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY_EXT = ROOT / "yaml_configs" / "tiny_cpu_ext.yaml"
+TINY_EXT = ROOT / "tests" / "configs" / "tiny_cpu_ext.yaml"
 
 
 def rope(theta=1e4, factor=None, orig=None, **kw):
@@ -145,7 +145,7 @@ def _hf_parent(tmp_path, window=256, r=None) -> Path:
     from megablu.config import load_config
     from megablu.model.hf import to_hf
 
-    cfg = load_config(ROOT / "yaml_configs" / "tiny_cpu.yaml")
+    cfg = load_config(ROOT / "tests" / "configs" / "tiny_cpu.yaml")
     torch.manual_seed(0)
     to_hf(BluModel(cfg.model, r or cfg.rope), max_position=window).save_pretrained(tmp_path / "parent")
     return tmp_path / "parent"
@@ -297,7 +297,7 @@ def test_a_sharded_transformers_parent_by_its_index_file(tmp_path):
     from megablu.model.hf import to_hf
     from tests.bad_input_lab import Lab
 
-    cfg = load_config(ROOT / "yaml_configs" / "tiny_cpu.yaml")
+    cfg = load_config(ROOT / "tests" / "configs" / "tiny_cpu.yaml")
     torch.manual_seed(0)
     model = BluModel(cfg.model, cfg.rope)
     to_hf(model, max_position=256).save_pretrained(tmp_path / "hf", max_shard_size="200KB")
@@ -402,7 +402,7 @@ def test_export_of_a_run_evaluated_with_string_says_the_export_scores_plain(tmp_
     """STRING (eval.string) changes megablu's attention at inference; transformers has none. An export
     of a run whose checkpoint was evaluated with it still writes the weights, and says -- in a warning
     and in megablu_export.json -- that the exported model scores as the plain one. The STRING eval
-    here writes its result outside the run (as bench/h200_issue14.sh does): `megablu eval` records it
+    here writes its result outside the run (as experiments/smol32k/run.sh does): `megablu eval` records it
     in the run's eval/string_evals.jsonl. A plain eval leaves no note; unreadable records are skipped."""
     import logging
 

@@ -37,7 +37,7 @@ def test_probe_measures_steps_and_writes_json(tmp_path):
 
 
 def test_probe_oom_is_a_clean_abort_with_numbers_and_suggestion(tmp_path):
-    cfg = load_config("yaml_configs/l2.yaml", ["parallel.sp=1", "data.window=1048576",
+    cfg = load_config("configs/l2.yaml", ["parallel.sp=1", "data.window=1048576",
                                                "rope.yarn={factor: 64, original_max_position: 16384}"])
     setup = setup_dict(cfg, world_size=1)
     assert setup["ops"] == "cuda" and setup["ops_config"] == "auto"
@@ -65,7 +65,7 @@ def test_probe_oom_is_a_clean_abort_with_numbers_and_suggestion(tmp_path):
 
 
 def test_probe_json_setup_calibrates_the_planner():
-    cfg = load_config("yaml_configs/l2.yaml", ["parallel.sp=1"])
+    cfg = load_config("configs/l2.yaml", ["parallel.sp=1"])
     s = setup_dict(cfg, world_size=1)
     est = plan.estimate(plan.Setup.from_config(cfg, gpus=1))
     probe = {"setup": s, "static_gb": est.static / 1e9, "peak_gb": est.allocated_gb}
@@ -80,11 +80,11 @@ def test_probe_rejects_zero_steps():
 
 def test_probe_setup_keeps_the_memory_switches():
     """A probe of a tiled/offloaded run calibrates the planner for that setup, not the plain one."""
-    cfg = load_config("yaml_configs/l2.yaml", ["parallel.sp=1", "memory.mlp_tiles=8",
+    cfg = load_config("configs/l2.yaml", ["parallel.sp=1", "memory.mlp_tiles=8",
                                                "memory.offload_activations=true"], device="cuda")
     s = plan.Setup.from_json(setup_dict(cfg, world_size=1))
     assert s.mlp_tiles == 8 and s.offload_activations is True
-    plain = plan.estimate(plan.Setup.from_config(load_config("yaml_configs/l2.yaml", ["parallel.sp=1"]), gpus=1))
+    plain = plan.estimate(plan.Setup.from_config(load_config("configs/l2.yaml", ["parallel.sp=1"]), gpus=1))
     same = plan.estimate(plan.Setup.from_config(cfg, gpus=1))
     assert plan.estimate(s).allocated_gb == pytest.approx(same.allocated_gb)
     assert plan.estimate(s).allocated_gb < plain.allocated_gb
@@ -97,7 +97,7 @@ def test_probe_setup_records_the_loss_that_ran(monkeypatch):
     from megablu.ops import cross_entropy
 
     monkeypatch.setattr(cross_entropy, "liger_import_problem", lambda: None)
-    cfg = load_config("yaml_configs/l2.yaml", ["parallel.sp=1"])
+    cfg = load_config("configs/l2.yaml", ["parallel.sp=1"])
     assert cfg.memory.loss == "auto"
     ran = setup_dict(cfg, world_size=1, loss_used="chunked")   # e.g. a CPU run: auto picked chunked
     assert (ran["loss"], ran["loss_config"]) == ("chunked", "auto")
@@ -105,7 +105,7 @@ def test_probe_setup_records_the_loss_that_ran(monkeypatch):
     assert setup_dict(cfg, world_size=1)["loss"] == plan.Setup.from_config(cfg, gpus=1).loss == "liger"
     monkeypatch.setattr(cross_entropy, "liger_import_problem", lambda: "liger_kernel is not importable")
     assert plan.Setup.from_config(cfg, gpus=1).loss == "chunked"
-    explicit = load_config("yaml_configs/l2.yaml", ["parallel.sp=1", "memory.loss=liger"], device="cuda")
+    explicit = load_config("configs/l2.yaml", ["parallel.sp=1", "memory.loss=liger"], device="cuda")
     assert (setup_dict(explicit, 1)["loss"], setup_dict(explicit, 1)["loss_config"]) == ("liger", "liger")
 
 

@@ -12,7 +12,7 @@ import pytest
 from tests.dist_utils import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "yaml_configs" / "tiny_cpu_ext.yaml"
+TINY = ROOT / "tests" / "configs" / "tiny_cpu_ext.yaml"
 # the tiny YaRN arm trained from random weights (no parent): a permission, since YaRN without
 # init_from is otherwise refused (config/lineage.py); these tests are about resume, not lineage
 SCRATCH = "rope.allow_yarn_from_scratch=true"

@@ -22,8 +22,8 @@ import pytest
 from tests.dist_utils import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "yaml_configs" / "tiny_cpu.yaml"
-TINY_EXT = ROOT / "yaml_configs" / "tiny_cpu_ext.yaml"
+TINY = ROOT / "tests" / "configs" / "tiny_cpu.yaml"
+TINY_EXT = ROOT / "tests" / "configs" / "tiny_cpu_ext.yaml"
 ENV = {**os.environ, "DS_ACCELERATOR": "cpu"}
 
 

@@ -11,7 +11,7 @@ import pytest
 from megablu.config import ConfigError, config_hash, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "yaml_configs" / "tiny_cpu.yaml"
+TINY = ROOT / "tests" / "configs" / "tiny_cpu.yaml"
 
 
 def _train(runs: Path, data: Path, *sets: str) -> Path:

@@ -20,7 +20,7 @@ def megablu(*args, cwd=ROOT, timeout=600):
 
 
 def test_dry_run_prints_topology_check_and_the_module_command(tmp_path):
-    cfg = ROOT / "yaml_configs" / "tiny_cpu_ext.yaml"
+    cfg = ROOT / "tests" / "configs" / "tiny_cpu_ext.yaml"
     r = megablu("train", "--config", str(cfg), "--dry-run", "--set", "train.max_steps=20", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
@@ -35,23 +35,23 @@ def test_dry_run_prints_topology_check_and_the_module_command(tmp_path):
 
 
 def test_dry_run_torchrun_and_refusals(tmp_path):
-    r = megablu("train", "--config", "yaml_configs/ext32k.yaml", "--device", "cuda", "--launcher", "torchrun",
+    r = megablu("train", "--config", "configs/ext32k.yaml", "--device", "cuda", "--launcher", "torchrun",
                 "--nodes", "2", "--gpus", "2", "--node-rank", "1", "--dry-run")
     assert r.returncode == 0, r.stderr
     assert "-m torch.distributed.run --nnodes 2 --node_rank 1 --nproc-per-node 2" in r.stdout
-    assert "--module megablu.train.entry --config yaml_configs/ext32k.yaml" in r.stdout
+    assert "--module megablu.train.entry --config configs/ext32k.yaml" in r.stdout
     # a world the config cannot use: exit 2, the check says why
-    r = megablu("train", "--config", "yaml_configs/ext32k.yaml", "--device", "cuda", "--gpus", "1", "--dry-run")
+    r = megablu("train", "--config", "configs/ext32k.yaml", "--device", "cuda", "--gpus", "1", "--dry-run")
     assert r.returncode == 2 and "config check (world 1, cuda): INVALID" in r.stdout
     assert "parallel.sp=2 > world size 1" in r.stderr
     bad = tmp_path / "hosts"
     bad.write_text("node0 4\n")
-    r = megablu("train", "--config", "yaml_configs/ext32k.yaml", "--hostfile", str(bad), "--dry-run")
+    r = megablu("train", "--config", "configs/ext32k.yaml", "--hostfile", str(bad), "--dry-run")
     assert r.returncode == 2 and "expected '<hostname> slots=<n>'" in r.stderr and r.stdout == ""
 
 
 def test_train_runs_the_entry_module_from_any_directory(tmp_path, stdlib_data):
-    r = megablu("train", "--config", str(ROOT / "yaml_configs" / "tiny_cpu.yaml"), "--gpus", "1",
+    r = megablu("train", "--config", str(ROOT / "tests" / "configs" / "tiny_cpu.yaml"), "--gpus", "1",
                 "--master-port", str(free_port()), "--set", f"runs_dir={tmp_path / 'runs'}",
                 "--set", f"data.path={stdlib_data}", "--set", "train.max_steps=2", "--set", "train.probe_steps=0",
                 "--set", "schedule.warmup_steps=1", "--set", "checkpoint.every_steps=0",
@@ -87,7 +87,7 @@ def test_a_finished_two_rank_run_ends_by_the_hard_exit_with_its_output_flushed(t
     interpreter's teardown can abort a finished gloo rank): no atexit handler runs, and rank 0's
     JSON line on a block-buffered stdout and the --json file are whole all the same. One rank and
     failing runs keep the ordinary exit."""
-    argv = ["launch/ext32k.py", "--config", "yaml_configs/tiny_cpu.yaml", "--json", str(tmp_path / "s.json"),
+    argv = ["launch/ext32k.py", "--config", "tests/configs/tiny_cpu.yaml", "--json", str(tmp_path / "s.json"),
             "--set", f"runs_dir={tmp_path / 'runs'}", "--set", f"data.path={stdlib_data}",
             "--set", "train.max_steps=2", "--set", "train.probe_steps=0", "--set", "schedule.warmup_steps=1",
             "--set", "checkpoint.every_steps=0", "--set", "data.max_epochs=100"]
