@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     if launched:
         from .watchdog import exit_with_launcher
 
-        exit_with_launcher(next_step)
+        exit_with_launcher(next_step, record=lambda why: _record_gone(trainer.run_dir, rank, why))
     # Ctrl-C (SIGINT) and DeepSpeed's launcher, which SIGTERMs every rank when one fails or when it is
     # interrupted itself: say which signal came and how to go on, as a failure does
     handlers = {s: signal.signal(s, _terminated) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -223,6 +223,17 @@ def _already_complete(ctx, rank: int, json_path=None) -> int:
         print(f"run {ctx.run_dir.name} is already complete ({ctx.resume_step.name}, train.max_steps="
               f"{ctx.cfg.train.max_steps}): nothing to train; {path} left as it was", file=sys.stderr)
     return 1 if (summary or {}).get("gate") else 0
+
+
+def _record_gone(run_dir, rank: int, why: str) -> None:
+    """The watchdog's exit in the rank's error file (appended: a failure being reported when the
+    launcher died keeps its traceback above), so `megablu runs` says killed, and why."""
+    if run_dir is None:
+        return
+    logs = Path(run_dir) / "logs"
+    logs.mkdir(exist_ok=True)
+    with open(logs / f"rank{rank}.error.txt", "a") as f:
+        f.write(f"{LauncherGone.__name__}: {why}; the rank's watchdog stopped it\n")
 
 
 def _failed(e: BaseException, run_dir, rank: int, next_step) -> int:

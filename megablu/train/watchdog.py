@@ -65,9 +65,11 @@ def launcher_gone() -> Optional[str]:
     return _DEAD() if _DEAD is not None else None
 
 
-def exit_with_launcher(message: Callable[[], str], interval: float = 1.0) -> threading.Thread:
+def exit_with_launcher(message: Callable[[], str], interval: float = 1.0,
+                       record: Optional[Callable[[str], None]] = None) -> threading.Thread:
     """Start a daemon thread that ends this process when a launcher pid dies; `message()` is
-    printed first (its last line: how to resume)."""
+    printed first (its last line: how to resume) and `record(why)` is called before that, so the
+    run says why it stopped even when the exit cuts a failing rank's own report short."""
     global _DEAD
     pids = launcher_pids()
     starts = {p: proc_start(p) for p in pids}
@@ -90,6 +92,11 @@ def exit_with_launcher(message: Callable[[], str], interval: float = 1.0) -> thr
             if why:
                 rank = os.environ.get("RANK", "?")
                 try:
+                    if record is not None:
+                        try:
+                            record(why)
+                        except Exception:  # noqa: BLE001 - the exit must happen; stderr still says why
+                            pass
                     sys.stderr.write(f"rank {rank}: {why}; stopping so that no rank trains unattended\n"
                                      + message().rstrip("\n") + "\n")
                     sys.stderr.flush()

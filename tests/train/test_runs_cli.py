@@ -164,3 +164,53 @@ def test_a_rank_error_after_its_launcher_died_is_killed_not_failed(tmp_path, mon
     assert main(["runs", str(root), "--json"]) == 0
     row = json.loads(capsys.readouterr().out)[0]
     assert row["state"] == "failed" and "Connection closed by peer" in row["why"], row
+
+
+_ORPHAN = r"""
+import os, sys, time
+from pathlib import Path
+from megablu.train import watchdog
+from megablu.train.entry import _record_gone
+
+run, ready = Path(sys.argv[1]), Path(sys.argv[2])
+os.environ["RANK"] = "1"
+watchdog.exit_with_launcher(lambda: "resume with: x", interval=0.1,
+                            record=lambda why: _record_gone(run, 1, why))
+ready.write_text(str(os.getpid()))
+time.sleep(60)
+"""
+
+_LAUNCHER = r"""
+import subprocess, sys, time
+from pathlib import Path
+subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2], sys.argv[3]])
+while not Path(sys.argv[3]).exists():   # the rank watches this process, then it dies without a word
+    time.sleep(0.05)
+"""
+
+
+def test_a_rank_ended_by_its_watchdog_records_why_even_with_its_lock_released(tmp_path, capsys):
+    """The watchdog's exit can cut a failing rank's report short (its lock released, no error file
+    yet): the watchdog writes the rank's error file itself before it exits, so the run reads killed
+    with the launcher named, not 'no error recorded'."""
+    import psutil
+
+    root = tmp_path / "runs"
+    run = _run(root, "w-0001", 3, 20)   # no lock: rank 0 released it on its way out
+    (run / "logs" / "rank1.error.txt").write_text("Traceback ...\nRuntimeError: Connection closed by peer\n")
+    os.utime(run / "logs" / "rank1.error.txt", (1.0, 1.0))   # an earlier session's, since resumed
+    ready = tmp_path / "ready"
+    launcher = subprocess.run([sys.executable, "-c", _LAUNCHER, _ORPHAN, str(run), str(ready)], cwd=ROOT,
+                              timeout=120)
+    assert launcher.returncode == 0
+    rank = int(ready.read_text())
+    deadline = time.time() + 30
+    while psutil.pid_exists(rank) and psutil.Process(rank).status() != psutil.STATUS_ZOMBIE:
+        assert time.time() < deadline, "the orphaned rank is still running"
+        time.sleep(0.1)
+    lines = (run / "logs" / "rank1.error.txt").read_text().splitlines()
+    assert lines[:2] == ["Traceback ...", "RuntimeError: Connection closed by peer"], lines   # kept above
+    assert lines[-1].startswith("LauncherGone: the launcher (pid ") and "watchdog stopped it" in lines[-1], lines
+    assert main(["runs", str(root), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)[0]
+    assert row["state"] == "killed" and "rank 1: LauncherGone: the launcher (pid " in row["why"], row
