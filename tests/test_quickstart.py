@@ -7,9 +7,12 @@ import math
 import subprocess
 from pathlib import Path
 
+import pytest
 from scipy import stats as sps
 
 from megablu.eval.stats import newcombe_paired, t_quantile
+
+pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
 
