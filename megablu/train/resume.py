@@ -40,7 +40,7 @@ RESOLVED = "config.resolved.yaml"
 # fields a resume may change (besides the session fields), each with its own rule below
 RESUMABLE = {"parallel.sp", "memory.loss", "memory.attention", "memory.offload_keep",
              "memory.offload_fraction", "train.max_steps", "schedule.decay_start", "checkpoint.every_steps",
-             "checkpoint.keep", "checkpoint.keep_every", "train.tracker"}
+             "checkpoint.keep", "checkpoint.keep_every"}
 _SESSION = {".".join(p) for p in _SESSION_FIELDS}
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from megablu.config import load_config
+from megablu.config import config_hash, load_config
 from megablu.train import tracker as T
 from megablu.train.metrics import MetricsWriter
 from megablu.train.preflight import CHECKS, Context
@@ -95,9 +95,11 @@ def test_every_logged_step_reaches_the_tracker_beside_the_csv(name, tmp_path, mo
         assert [r["step"] for r in csv.DictReader(f)] == ["1", "2"]
 
 
-def test_a_resume_may_turn_the_tracker_on():
-    saved = load_config(TINY, []).model_dump(mode="json")
-    assert resume_problems(saved, load_config(TINY, ["train.tracker=wandb"]), step=1) == []
+def test_the_tracker_is_a_session_field():
+    """Not hashed (the runs from before it keep their hash) and a resume may turn it on or off."""
+    off, on = load_config(TINY, []), load_config(TINY, ["train.tracker=wandb"])
+    assert config_hash(off) == config_hash(on)
+    assert resume_problems(off.model_dump(mode="json"), on, step=1) == []
 
 
 @pytest.mark.e2e
