@@ -4,8 +4,18 @@
 are JIT-built on first use; `MEGABLU_BUILD_OPS=1 pip install .` builds them ahead of time.
 """
 import os
+import re
+from pathlib import Path
 
 from setuptools import find_packages, setup
+
+# the one source of the version: megablu/__init__.py (read, not imported: setup needs no torch)
+VERSION = re.search(r'^__version__ = "([^"]+)"$', (Path(__file__).parent / "megablu" / "__init__.py").read_text(),
+                    re.M).group(1)
+# optional kernels (memory.loss: liger, memory.attention: fa4; CUDA only) and trackers (train.tracker):
+# declared here, installed only on request, e.g. `pip install 'megablu[gpu]'`
+KERNELS = {"liger": ["liger-kernel>=0.8.5"], "fa4": ["flash-attn-4>=4.0.0b40"]}
+TRACKERS = {"wandb": ["wandb>=0.31"], "trackio": ["trackio>=0.43"]}
 
 ext_modules, cmdclass = [], {}
 if os.environ.get("MEGABLU_BUILD_OPS") == "1":
@@ -19,8 +29,9 @@ if os.environ.get("MEGABLU_BUILD_OPS") == "1":
 
 setup(
     name="megablu",
-    version="0.1.0",
+    version=VERSION,
     description="Long-context (YaRN + Ulysses SP + ZeRO) training and evaluation on DeepSpeed",
+    license="Apache-2.0",
     packages=find_packages(include=["megablu", "megablu.*"]),
     package_data={"megablu": ["assets/*", "data/assets/*", "eval/assets/*", "eval/assets/ruler/*", "../csrc/**/*"]},
     include_package_data=True,
@@ -38,7 +49,8 @@ setup(
         "tqdm>=4.66",
         "numpy>=1.26",
     ],
-    extras_require={"hf": ["transformers>=4.56"], "test": ["pytest>=8", "transformers>=4.56"]},
+    extras_require={"hf": ["transformers>=4.56"], "test": ["pytest>=8", "transformers>=4.56"], **KERNELS,
+                    "gpu": KERNELS["liger"] + KERNELS["fa4"], **TRACKERS},
     entry_points={"console_scripts": ["megablu=megablu.cli:main"]},
     ext_modules=ext_modules,
     cmdclass=cmdclass,

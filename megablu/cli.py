@@ -33,6 +33,8 @@ import importlib
 import logging
 import sys
 
+from . import __version__
+
 # module path -> registers its subcommands, in the order `megablu --help` lists them (the order
 # a user needs them); a module that is absent is a packaging bug, so import errors are not swallowed.
 _SUBCOMMAND_MODULES = [
@@ -86,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="megablu", description=__doc__.split("\n\nSubcommands")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument("--version", action="version", version=f"megablu {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for mod in _SUBCOMMAND_MODULES:
         importlib.import_module(mod).register(sub)

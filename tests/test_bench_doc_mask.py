@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.bench
+
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("doc_mask_bench", ROOT / "bench" / "doc_mask_bench.py")
 bench = importlib.util.module_from_spec(spec)

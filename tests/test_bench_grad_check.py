@@ -10,6 +10,8 @@ import pytest
 
 from tests.dist_utils import free_port
 
+pytestmark = pytest.mark.bench
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.bench_rehearse import assert_configs_load
+
+pytestmark = pytest.mark.bench
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "smol32k" / "run.sh"

@@ -15,6 +15,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import loss_bench as lb  # noqa: E402
 
+pytestmark = pytest.mark.bench
+
 
 @pytest.mark.parametrize("chunk", [7, 4096])
 def test_reference_is_the_summed_ce_and_its_gradients(chunk):

@@ -6,10 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import offload_table  # noqa: E402
+
+pytestmark = pytest.mark.bench
 
 
 def _row(setting, **kw):

@@ -14,6 +14,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import profile_step as ps  # noqa: E402
 
+pytestmark = pytest.mark.bench
+
 CUDNN_F = "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x64_4x1x1_kernel0_0"
 CUDNN_B = "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_7_64x64x64_4x1x1_kernel0_0"
 NVJET = "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTT"

@@ -5,10 +5,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from megablu.config.schema import EvalConfig, TokenizerConfig
 from megablu.data.tokenizer import load_tokenizer
 from megablu.eval.harness import build_prompts
 from megablu.eval.prompts import prompt_digest
+
+pytestmark = pytest.mark.bench
 
 ROOT = Path(__file__).resolve().parents[1]
 

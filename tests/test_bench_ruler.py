@@ -17,6 +17,8 @@ import pytest
 
 from tests.bench_rehearse import assert_configs_load, eval_problems_of, parse_command
 
+pytestmark = pytest.mark.bench
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "ruler_baselines" / "run.sh"
 FAKE_TIMEOUT = """#!/bin/bash

@@ -16,6 +16,8 @@ pytest.importorskip("wonderwords", reason="lm-eval's RULER tasks need wonderword
 
 from tests.eval.conftest import OracleModel  # noqa: E402
 
+pytestmark = pytest.mark.bench
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 

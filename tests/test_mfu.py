@@ -37,6 +37,7 @@ def test_mfu_matches_the_documented_h200_figure():
     assert mfu(1e9, 1000, 1.0, None) is None            # no peak known (CPU, an unlisted GPU): not guessed
 
 
+@pytest.mark.e2e
 def test_metrics_csv_has_mfu_and_a_cpu_run_leaves_it_empty(tmp_path, stdlib_data):
     import csv
     import os

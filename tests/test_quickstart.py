@@ -9,9 +9,12 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 from scipy import stats as sps
 
 from megablu.eval.stats import newcombe_paired, t_quantile
+
+pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
 EXCERPT_START = "<!-- quickstart excerpt: written by tests/test_quickstart.py from a real run -->"

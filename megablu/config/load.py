@@ -220,7 +220,7 @@ def to_yaml(cfg: Config) -> str:
 # Fields that describe one invocation, not the run: a resume may change them freely.
 _SESSION_FIELDS = {("train", "stop_after"), ("train", "stop_after_s"), ("train", "probe_steps"), ("train", "log_every"),
                    ("train", "profile_step"), ("train", "profile_trace_mib"), ("train", "fused_grad_check"),
-                   ("runs_dir",)}
+                   ("train", "tracker"), ("runs_dir",)}
 
 
 # Fields added after runs were started, left out of the hash while unset (None, or a flag left False),

@@ -1,4 +1,5 @@
-"""Per-step metrics: runs/<id>/metrics.csv (appended, resume-safe) and TensorBoard events."""
+"""Per-step metrics: runs/<id>/metrics.csv (appended, resume-safe), TensorBoard events and the
+optional experiment tracker (train.tracker, train/tracker.py)."""
 from __future__ import annotations
 
 import csv
@@ -8,6 +9,8 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from .tracker import Tracker
+
 log = logging.getLogger(__name__)
 
 # mfu: model flops (plan.flops_per_token: 6N + causal attention) per GPU per second over the GPU's dense
@@ -16,7 +19,7 @@ COLUMNS = ["step", "loss", "lr", "tokens_seen", "step_time_s", "tokens_per_s", "
 
 
 class MetricsWriter:
-    def __init__(self, run_dir: Path, resume_step: int = 0):
+    def __init__(self, run_dir: Path, resume_step: int = 0, tracker: Optional[Tracker] = None):
         self.path = Path(run_dir) / "metrics.csv"
         rows = []
         if self.path.exists():
@@ -34,6 +37,7 @@ class MetricsWriter:
             self.tb = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=resume_step + 1)
         except Exception as e:  # tensorboard is optional; the CSV is the record
             log.warning("TensorBoard disabled: %s", e)
+        self.tracker = tracker
 
     def write(self, row: dict) -> None:
         with open(self.path, "a", newline="") as f:
@@ -42,10 +46,14 @@ class MetricsWriter:
             for k, v in row.items():
                 if k != "step" and isinstance(v, (int, float)):
                     self.tb.add_scalar(f"train/{k}", v, row["step"])
+        if self.tracker is not None:
+            self.tracker.log(row, row["step"])
 
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+        if self.tracker is not None:
+            self.tracker.close()
 
 
 def read_rows(run_dir: Path) -> list[dict]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from ..config import Config, ConfigError, config_warnings, load_config
+from .tracker import tracker_problem
 
 log = logging.getLogger(__name__)
 
@@ -311,6 +312,7 @@ CHECKS: list[tuple[str, Callable[[Context], list[str]]]] = [
     ("init_from", init_from_problems),
     ("eval", eval_problems),
     ("kernels", kernel_problems),
+    ("tracker", lambda ctx: [p for p in [tracker_problem(ctx.cfg.train.tracker)] if p]),
     ("resume", resume_problems),
 ]
 

@@ -32,6 +32,7 @@ from .metrics import MetricsWriter
 from .schedule import lr_at
 from .step import forward_backward
 from .step_profile import no_timer
+from .tracker import open_tracker
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +239,8 @@ class Trainer:
             self._session_start = self.step
         if is_rank0():   # what each source contributes (token shares, epochs, truncation, padding)
             write_mixture(self.run_dir, self.loader.mixture)
-        self.metrics = MetricsWriter(self.run_dir, self.step) if is_rank0() else None
+        self.metrics = MetricsWriter(self.run_dir, self.step, open_tracker(
+            cfg.train.tracker, self.run_dir, cfg.model_dump(mode="json"))) if is_rank0() else None
         if self.resume and self.step > 0 and self._eval_due(self.step):
             # killed between the save of an eval step and its result: evaluate that step now
             done = broadcast_object((self.run_dir / "eval" / f"step_{self.step}.json").exists())

@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.e2e
+
 
 def test_autoeval_then_resume(tmp_path, stdlib_data):
     from tests.train.test_resume import launch, rows

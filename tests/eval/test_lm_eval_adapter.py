@@ -219,6 +219,7 @@ def test_sp2_equals_one_rank(tmp_path):
     assert roll[0] == pytest.approx(one.loglikelihood_rolling([_req("loglikelihood_rolling", (text,))])[0], rel=1e-5)
 
 
+@pytest.mark.e2e
 def test_documented_command_runs_ruler_offline(tmp_path):
     """The command docs/EVAL.md gives, on a tiny checkpoint: lm-eval's niah_single_1 at one short
     length, offline (no HF download: RULER's prompts sized with megablu's byte tokenizer)."""

@@ -66,6 +66,7 @@ def _train_in_process(rank, world, sets):
             "fused_grad_check": getattr(t.engine.optimizer, "_megablu_fused_grad_check", False)}
 
 
+@pytest.mark.e2e
 def test_offload_configs_train_on_cpu(tmp_path, stdlib_data):
     data = stdlib_data
     common = [f"runs_dir={tmp_path}/runs", f"data.path={data}", "train.max_steps=3", "schedule.warmup_steps=1",

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve()
 STEPS, EVERY, KEEP = 6, 2, 2

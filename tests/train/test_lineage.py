@@ -168,6 +168,7 @@ def test_entry_refuses_the_seeds_trap_before_any_rank(tmp_path, stdlib_data):
     assert "set rope.yarn.original_max_position=256 and rope.yarn.factor=4" in r.stderr
 
 
+@pytest.mark.e2e
 def test_eval_refuses_another_rope_unless_overridden(tmp_path):
     """megablu eval of a plain-RoPE parent with a YaRN config: exit 2, unless --rope-override,
     and then the result records the override and the checkpoint's rope."""

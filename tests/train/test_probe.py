@@ -129,6 +129,7 @@ def test_oom_suggestion_asks_no_more_pinned_host_than_this_node_has(monkeypatch)
     assert sug and "offload_activations" not in sug and "recompute=full" in sug
 
 
+@pytest.mark.e2e
 def test_a_run_records_the_loss_auto_picked(tmp_path, stdlib_data, monkeypatch):
     """One CPU rank through the launcher where liger_kernel imports (a stand-in that fails if called):
     the run's auto picks chunked (a CPU run), trains, and probe.json records what ran, not the

@@ -11,6 +11,8 @@ import pytest
 
 from tests.dist_utils import free_port
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests" / "configs" / "tiny_cpu_ext.yaml"
 # the tiny YaRN arm trained from random weights (no parent): a permission, since YaRN without

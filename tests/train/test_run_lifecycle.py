@@ -21,6 +21,8 @@ import pytest
 
 from tests.dist_utils import free_port
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests" / "configs" / "tiny_cpu.yaml"
 TINY_EXT = ROOT / "tests" / "configs" / "tiny_cpu_ext.yaml"

@@ -34,6 +34,7 @@ def _rows(run: Path) -> list:
         return [(r["step"], r["loss"], r["lr"], r["grad_norm"]) for r in csv.DictReader(f)]
 
 
+@pytest.mark.e2e
 def test_profiled_step_is_split_by_phase_and_changes_no_step(stdlib_data, tmp_path):
     plain = _train(tmp_path / "plain", stdlib_data)
     prof = _train(tmp_path / "prof", stdlib_data, "train.profile_step=2")

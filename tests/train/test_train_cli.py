@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.dist_utils import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,6 +52,7 @@ def test_dry_run_torchrun_and_refusals(tmp_path):
     assert r.returncode == 2 and "expected '<hostname> slots=<n>'" in r.stderr and r.stdout == ""
 
 
+@pytest.mark.e2e
 def test_train_runs_the_entry_module_from_any_directory(tmp_path, stdlib_data):
     r = megablu("train", "--config", str(ROOT / "tests" / "configs" / "tiny_cpu.yaml"), "--gpus", "1",
                 "--master-port", str(free_port()), "--set", f"runs_dir={tmp_path / 'runs'}",
@@ -82,6 +85,7 @@ def _ranks(code, world, port, tmp_path):
     return results
 
 
+@pytest.mark.e2e
 def test_a_finished_two_rank_run_ends_by_the_hard_exit_with_its_output_flushed(tmp_path, stdlib_data):
     """After a run whose ranks left their process group together, each rank ends with os._exit (the
     interpreter's teardown can abort a finished gloo rank): no atexit handler runs, and rank 0's

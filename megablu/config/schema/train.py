@@ -59,6 +59,10 @@ class TrainConfig(Section):
         "each step (NaN/inf, L2 norm for the clip) as multi-tensor passes, not ~14 kernels per tensor "
         "(megablu/train/grad_check.py); the same answers, the norm in float32 instead of float64 per tensor. "
         "false: DeepSpeed's own")
+    tracker: Literal["none", "wandb", "trackio"] = Field(
+        default="none", description="an experiment tracker beside metrics.csv and TensorBoard, "
+        "local-first: wandb in offline mode (files under the run dir; `wandb sync` uploads them later) or trackio "
+        "(its local store). Optional packages: pip install 'megablu[wandb]' or 'megablu[trackio]'")
 
     @field_validator("betas")
     @classmethod
