@@ -198,9 +198,11 @@ case "$ARM" in
             # `pip download --no-deps --python-version 3.12` of requirements.txt's lm-eval block less what the image
             # holds, the three sdists turned into wheels with `pip wheel --no-deps`)
     model
-    if [ "${REHEARSE_CPU:-0}" != 1 ]; then
+    # once per machine (a stamp, as dev/device_env.sh): arms running beside this one import from /tmp/site
+    if [ "${REHEARSE_CPU:-0}" != 1 ] && [ ! -f /tmp/site/.megablu_lme ]; then
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         .whl_lme/*.whl > "$WORK/logs/lme_install.log" 2>&1 || fail "the lm-eval wheels did not install: logs/lme_install.log"
+      touch /tmp/site/.megablu_lme
     fi
     for L in ${ORACLE_LENGTHS:-4096}; do
       guard "oracle_$L" "$BUDGET" env HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $PY bench/ruler_oracle.py --config "$CFG" \
