@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "ruler_baselines" / "run.sh"
 FAKE_TIMEOUT = """#!/bin/bash
 shift 2   # --kill-after=10 SECONDS
-printf '%q ' "$@" >> "$REHEARSE_LOG"; echo >> "$REHEARSE_LOG"
+line=$(printf '%q ' "$@"); echo "$line" >> "$REHEARSE_LOG"   # one write: parts run side by side
 case "$*" in
   *"smollm2_pieces.py join "*) exec "$@" ;;   # it must find every piece the manifest names
   *"megablu.cli data build "*) exec "$@" --tokenizer tiktoken_file:megablu:stdlib4k --max-bytes 1M ;;
@@ -290,3 +290,35 @@ def test_oracle_arm_runs_the_oracle_on_native_inside_its_window(tmp_path, pieces
         cfg = load_config(ROOT / ns.config, ns.set)
         assert cfg.rope.yarn is None and cfg.data.window == 8192 and not ns.rope_override
         assert "HF_DATASETS_OFFLINE=1" in c and "HF_HUB_OFFLINE=1" in c
+
+
+def test_faithful_runs_every_part_side_by_side_then_one_compare(tmp_path, pieces):
+    """ARM=faithful (issue 40's re-measure in one call after prep): native 4096/8192 inside its window, YaRN x4 at
+    16384 and at 32768 (three groups), the oracle at 4096, as background parts; the compare after every eval,
+    over both arms; what comes back fits the call (the joined report, one tarball with each part's files)."""
+    import tarfile
+
+    prefix, _ = pieces
+    dev = tmp_path / "dev"
+    _call(tmp_path, dev, prefix, "prep")
+    cmds = _call(tmp_path, dev, prefix, "faithful", SUITE="ruler", SNAP_S="1")
+    evals = _evals(cmds)
+    assert sorted(evals) == ["rnative_4096", "rnative_8192", "ryarn4_16384", "ryarn4_32768", "ryarn4_32768_g1",
+                             "ryarn4_32768_g2"]
+    for name, ns in evals.items():
+        assert not eval_problems_of(ns), (name, eval_problems_of(ns))
+        assert _window(ns) == (8192 if name.startswith("rnative") else 32768), name
+        assert ns.rope_override == name.startswith("ryarn4"), name
+    oracle = [c for c in cmds if any(a.endswith("bench/ruler_oracle.py") for a in c)]
+    assert len(oracle) == 1 and "4096" in oracle[0]
+    compares = [i for i, c in enumerate(cmds) if c[3:4] == ["compare"]]
+    assert len(compares) == 1 and compares[0] == len(cmds) - 1, [c[:4] for c in cmds]   # once, after everything
+    _, ns = parse_command(cmds[compares[0]])
+    assert sorted(Path(r).name for r in ns.runs) == sorted(evals)
+    out = tmp_path / "out_faithful"
+    assert {"report_faithful.md", "faithful.tar.gz"} <= {p.name for p in out.iterdir()}
+    report = (out / "report_faithful.md").read_text()
+    assert all(f"## part {p}" in report for p in ("native", "oracle", "yarn4_16k", "yarn4_32k")), report
+    with tarfile.open(out / "faithful.tar.gz") as t:
+        names = t.getnames()
+    assert any(n.startswith("parts/yarn4_32k/") for n in names) and any(n.startswith("eval/rnative_8192") for n in names)

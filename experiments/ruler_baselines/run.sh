@@ -45,7 +45,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ruler_out}
 ARM=${ARM:-native}
 DEV=${RULER_DEV:-/tmp/ruler}
-WORK=$DEV/work_$ARM
+WORK=$DEV/work_$ARM${WORK_TAG:-}   # WORK_TAG: two parts of one arm side by side (ARM=faithful)
 PIECES=${RULER_PIECES:-data_cache/smol}
 BUDGET=${BUDGET_S:-540}
 N=${N:-100}
@@ -86,7 +86,7 @@ finish() {   # after every step: a call cut short still returns what finished
     for f in "$DEV"/eval/"$PREFIX${ARM}"_*/step_*.md; do [ -f "$f" ] && { echo; echo "## $f"; cat "$f"; }; done
     [ -f "$DEV/ruler.md" ] && { echo; echo "## compare"; cat "$DEV/ruler.md"; }
   } > "$OUT/report_$ARM.md" 2>/dev/null
-  tar czf "$OUT/results_$ARM.tar.gz.tmp" -C "$DEV" eval "work_$ARM" heat ruler.md 2>/dev/null
+  tar czf "$OUT/results_$ARM.tar.gz.tmp" -C "$DEV" eval "work_$ARM${WORK_TAG:-}" heat ruler.md 2>/dev/null
   mv "$OUT/results_$ARM.tar.gz.tmp" "$OUT/results_$ARM.tar.gz" 2>/dev/null
 }
 
@@ -191,7 +191,8 @@ case "$ARM" in
   native)
     model; data || fail "no stdlib data: see logs/data.err"; suite native ;;
   yarn4)
-    model; data || fail "no stdlib data: see logs/data.err"; suite yarn4; compare ;;
+    model; data || fail "no stdlib data: see logs/data.err"; suite yarn4
+    [ "${NO_COMPARE:-0}" = 1 ] || compare ;;
   oracle)   # issue 40 item 3: megablu's RULER suite against lm-eval's RULER tasks (bench/ruler_oracle.py), native
             # SmolLM2 inside its own 8192 positions, ORACLE_N prompts a cell on each side, one length per process.
             # lm-eval 0.4.13 and what the image lacks travel as wheels: carry [".whl_lme"] (12.8 MB, built here:
@@ -213,6 +214,44 @@ case "$ARM" in
       cp "$WORK/logs/oracle_$L.out" "$OUT/oracle_$L.md" 2>/dev/null
       finish
     done ;;
+  faithful)   # issue 40's re-measure in one call after A: the model and the data, then side by side on the one GPU
+              # (SmolLM2-135M's decode leaves it mostly idle) native at 4096 and 8192, YaRN x4 at 16384, YaRN x4 at
+              # 32768 (three groups) and the oracle at 4096 (ORACLE_N, 50), each run.sh in the background with its
+              # own OUT and WORK under $DEV/parts, its deadline BUDGET_S from its own start; then the compare of both
+              # arms. $OUT (6 files): report_faithful.md and faithful.tar.gz, refreshed every SNAP_S (15) s so that a call cut
+              # short still returns what finished; ruler.md/png; the oracle's table and JSON. The lead's command:
+              #   SUITE=ruler ARM=faithful BUDGET_S=450 OUT=$OUT bash experiments/ruler_baselines/run.sh
+    model; data || fail "no stdlib data: see logs/data.err"
+    part() {   # part NAME ARM [VAR=value ...]
+      local name=$1 arm=$2; shift 2
+      mkdir -p "$DEV/parts/$name"
+      env "$@" ARM="$arm" SUITE=ruler OUT="$DEV/parts/$name" WORK_TAG="_$name" bash "$0" > "$DEV/parts/$name/log.txt" 2>&1 &
+    }
+    snapshot() {
+      {
+        echo "# issue 40: the faithful suite, every part ($(now) s)"
+        for p in "$DEV"/parts/*/; do
+          echo; echo "## part $(basename "$p")"; cat "$p"report_*.md 2> /dev/null
+          echo; echo '```'; tail -n 5 "$p/log.txt" 2> /dev/null; echo '```'
+        done
+        [ -f "$DEV/ruler.md" ] && { echo; echo "## compare"; cat "$DEV/ruler.md"; }
+      } > "$OUT/report_faithful.md.tmp"
+      mv "$OUT/report_faithful.md.tmp" "$OUT/report_faithful.md"
+      tar czf "$OUT/faithful.tar.gz.tmp" -C "$DEV" eval parts "work_faithful" 2> /dev/null
+      mv "$OUT/faithful.tar.gz.tmp" "$OUT/faithful.tar.gz"
+      cp "$DEV"/parts/oracle/oracle_*.md "$DEV"/parts/oracle/oracle_*.json "$OUT/" 2> /dev/null
+      return 0
+    }
+    part native native LENGTHS="${NATIVE_LENGTHS:-4096 8192}"
+    part yarn4_16k yarn4 LENGTHS=16384 NO_COMPARE=1
+    part yarn4_32k yarn4 LENGTHS=32768 NO_COMPARE=1
+    part oracle oracle ORACLE_LENGTHS=4096
+    while [ -n "$(jobs -rp)" ]; do snapshot; sleep "${SNAP_S:-15}"; done
+    wait
+    compare
+    snapshot
+    echo "faithful done in $(now) s; $OUT: $(ls "$OUT" | tr '\n' ' ')"
+    exit 0 ;;
   bench)
     model
     bench smol --config "$CFG" --ckpt "$MODEL" --arm smollm2-135m --set data.window=32768 ;;
