@@ -1,7 +1,7 @@
 """`megablu eval` and `megablu compare`. Tables go to stdout, logs to stderr.
 
     megablu eval --ckpt runs/ext32k/checkpoints/step_750 --config configs/ext32k.yaml
-    megablu eval --hf path/to/hf_model_dir --config configs/x.yaml --step 0 --arm parent
+    megablu eval --hf path/to/hf_model_dir --config configs/<arm>.yaml --step 0 --arm parent
     megablu compare runs/l2 runs/l3@400 runs/ext32k/eval/step_750.json --plot cmp.png
 
 Exit codes: 0 ok; 2 invalid input (config, tokenizer, checkpoint, eval setup); 1 the

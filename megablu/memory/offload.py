@@ -38,7 +38,7 @@ layer like T * (linear flops + T * attention flops): per token the linear part i
 the causal attention part grows with T, so past some T every copy hides. Estimate for
 blu-0.5b on an H200 (host link ~50 GB/s per direction, PCIe Gen5 x16, not measured here):
 at T=32k a layer's forward takes ~9.5 ms (a third of a ~1 s fwd+bwd step over 36 layers;
-docs/BENCHMARKS.md has the step) and its selective saved set (370 MB) ~7.4 ms to copy: about even; at 128k the
+experiments/speed/LOG.md has the step) and its selective saved set (370 MB) ~7.4 ms to copy: about even; at 128k the
 forward work per token is ~3x that at 32k (causal attention 2*T*H*D = 268 MFLOP against
 22.5 MFLOP of linears) and the copy needs about a quarter of it; the layer-input-only
 copy of `full` (67 MB at 32k) hides at any T worth running. The backward does ~2x the

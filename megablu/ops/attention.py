@@ -116,7 +116,7 @@ def _import_problem_once() -> Optional[str]:
 def auto_kernel(q: torch.Tensor, k: torch.Tensor) -> tuple[str, str]:
     """(kernel, why) memory.attention=auto runs for these q and k: fa4 when FlashAttention-4 can take
     them (CUDA SM90, bf16/fp16, its head sizes) and flash_attn.cute imports, else sdpa. tests/ops/test_attention.py
-    and tests/model/test_kernel_choices.py check fa4 against sdpa; docs/BENCHMARKS.md compares their speed."""
+    and tests/model/test_kernel_choices.py check fa4 against sdpa; experiments/speed/LOG.md compares their speed."""
     why = fa4_problem(q, k) or _import_problem_once()
     if why is not None:
         return "sdpa", why

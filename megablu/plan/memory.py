@@ -1,6 +1,6 @@
 """The analytical GPU memory model per rank: Setup -> Estimate (the peak and its terms).
 
-Everything is bytes per GPU (1 GB = 1e9 B, as docs/BENCHMARKS.md and the probe report).
+Everything is bytes per GPU (1 GB = 1e9 B, as the bench tables and the probe report).
 A training step's peak is
 
     peak = persistent (params, grads, optimizer by ZeRO stage/offload)
@@ -10,7 +10,7 @@ A training step's peak is
 
 Saved activations per token per layer follow megablu/model/decoder.py and the ops it calls
 (bf16 = 2 B; d = d_model, F = ffn_dim, q = H*D, kv = Hkv*D):
-- ops=torch (the reference path, what BENCHMARKS measured): each RMSNorm keeps r.float()
+- ops=torch (the reference path, what experiments/speed/LOG.md measured first): each RMSNorm keeps r.float()
   (4d), the normalised bf16 (2d) and its output y (2d, saved by the next linear); SwiGLU
   keeps gate, up, silu(gate) and the product (4F in bf16).
 - ops=cuda (fused kernels): each norm keeps only r (2d) + rstd; SwiGLU keeps gate and up.
@@ -21,12 +21,12 @@ only, the whole layer is rebuilt in backward (its working set is then live once)
 Loss (ops/cross_entropy.py, chunk c): the forward holds at most 10*c*V bytes at once
 (fp32 logits, fp32 exp, bf16 grad) plus the fp32 grad of the head weight (4*V*d) and
 grad_hidden (2d per token); unchunked it is three fp32 [T, V] (12 V B per token, 94% of
-HF's 1.29 MB/token with checkpointing, docs/BENCHMARKS.md). memory.loss=liger (Liger's
+HF's 1.29 MB/token with checkpointing, experiments/speed/LOG.md). memory.loss=liger (Liger's
 fused linear CE, accum_dtype=fp32, liger-kernel 0.8.5's fused_linear_cross_entropy.py): bf16
 logits of one chunk and the fp32 dW (4Vd) in its loop (the chunk: the largest of at most loss_chunk
 tokens Liger makes, utils/liger.py; loss_chunk 0: its own, next_pow2(T / ceil(V/d)) tokens),
 then the fp32 dW and its bf16 cast (6Vd); + dh (2d), the fp32 per-token loss and the label
-mask per token: 0.684 GB at T=32k for blu-0.5b (docs/BENCHMARKS.md holds it against a run).
+mask per token: 0.684 GB at T=32k for blu-0.5b (experiments/speed/LOG.md's loss table holds it against a run).
 memory.attention=fa4 saves what SDPA saves (q, k, v, out, fp32 LSE); its backward's buffers
 differ (flash-attn-4 4.0.0b40 interface.py `_flash_attn_bwd`, read, not measured): the fp32 dq
 accumulator, two fp32 row scratches per head, and with GQA fp32 dk/dv accumulators at the kv
@@ -86,7 +86,7 @@ class Setup:
     loss_chunk: int = 0
     micro_batch: int = 1
     ops: str = "cuda"               # cuda: fused kernels (GPU default); torch: reference ops
-    optimizer: bool = True          # False: fwd+bwd only (BENCHMARKS rows), grads kept bf16
+    optimizer: bool = True          # False: fwd+bwd only (the bench rows), grads kept bf16
     mlp_tiles: int = 1              # memory.mlp_tiles
     offload_activations: bool = False   # memory.offload_activations
     offload_keep: int = 1           # memory.offload_keep: the last blocks whose saved sets stay on the GPU

@@ -7,7 +7,7 @@ the rank's partition, one tensor at a time:
 - `get_grad_norm_direct`: the L2 norm, each tensor copied to float64 first (three kernels).
 At blu-0.5b's 327 gradient tensors that is ~5,000 launches (4,900 kernels in the trace, and memsets). A
 profile of a 32k step shows the engine's step mostly host time: the host launching those kernels, the GPU
-idle (docs/BENCHMARKS.md).
+idle (experiments/speed/LOG.md).
 
 `install` replaces the two methods on one optimizer instance with the same answers from `torch._foreach_norm`
 over all the tensors at once (one pass for the overflow check, one per parameter group for the norm; on a GPU
