@@ -23,10 +23,11 @@ import logging
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Optional
 
 from .utils.files import PathLike, sha256_file
 

@@ -15,9 +15,10 @@ import logging
 import multiprocessing as mp
 import os
 import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Optional
+from typing import Optional
 
 import numpy as np
 
@@ -202,7 +203,7 @@ def tokenize_stream(docs: Iterable[Doc], tok_cfg: TokenizerConfig, workers: int,
             chunk = list(itertools.islice(it, block))
             if not chunk:
                 return
-            for d, r in zip(chunk, pool.imap(_tokenize, chunk, chunksize=chunksize)):
+            for d, r in zip(chunk, pool.imap(_tokenize, chunk, chunksize=chunksize), strict=True):
                 yield (d, *r)
 
 

@@ -17,8 +17,9 @@ For the eval harness (megablu.eval.harness.load_haystack), which re-tokenizes te
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Optional
 
 import numpy as np
 

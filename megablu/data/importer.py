@@ -7,6 +7,7 @@ them by length and writes a dataset with a manifest, so verify / loader / haysta
 """
 from __future__ import annotations
 
+import itertools
 import logging
 from pathlib import Path
 from typing import Optional
@@ -79,7 +80,7 @@ def import_flat(inputs: list[str], out, *, dtype: str, eot: int, tokenizer: Opti
                 raise DataError(f"{p}: no EOT id {eot} in {len(toks):,} tokens: wrong --eot or --dtype")
             bounds = np.concatenate([[-1], cuts, [len(toks)]])
             n = 0
-            for a, b in zip(bounds[:-1], bounds[1:]):
+            for a, b in itertools.pairwise(bounds):
                 if b - a <= 1:
                     continue
                 w.add(np.asarray(toks[a + 1:b]), sp, {"source": p.name, "license": license,

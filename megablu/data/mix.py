@@ -136,7 +136,7 @@ class MixedSpace:
 
     def positions(self, g: int) -> dict:
         """{source name: sequences read from it} after global sequences [0, g) (kept in the loader state)."""
-        return dict(zip(self.names, self.counts(g)))
+        return dict(zip(self.names, self.counts(g), strict=True))
 
 
 # --------------------------------------------------------------------------- opening and checking
@@ -174,7 +174,7 @@ def _open_sources(d, run_identity: Optional[str], verify: bool) -> tuple[list[Op
                 problems.append(f"{f}.path: {s.path} is tokenized with {idents[f]!r} but the run's tokenizer is "
                                 f"{run_identity!r}; rebuild it with the run's tokenizer or fix tokenizer:")
     opened: list[Optional[OpenedSource]] = []
-    for i, (s, m) in enumerate(zip(d.mix, manifests)):
+    for i, (s, m) in enumerate(zip(d.mix, manifests, strict=True)):
         if m is None:
             opened.append(None)
             continue
@@ -195,12 +195,12 @@ def _resolve(d, entries: list[dict], opened: list[OpenedSource], quotas: list[in
     T = d.window
     rbar = [float(o.space.seq_labels.mean()) for o in opened]
     wsum = sum(e["weight"] for e in entries)
-    per_block = [q * r for q, r in zip(quotas, rbar)]
+    per_block = [q * r for q, r in zip(quotas, rbar, strict=True)]
     planned_tok = None
     if counts is not None:
-        planned_tok = [o.space.labels_through(n) for o, n in zip(opened, counts)]
+        planned_tok = [o.space.labels_through(n) for o, n in zip(opened, counts, strict=True)]
     sources = []
-    for k, (e, o, q) in enumerate(zip(entries, opened, quotas)):
+    for k, (e, o, q) in enumerate(zip(entries, opened, quotas, strict=True)):
         st = o.stats
         row = {**e, "target_token_share": e["weight"] / wsum, "sequences_per_block": q,
                "sequence_share": q / block, "token_share_per_block": per_block[k] / max(1e-12, sum(per_block)),
@@ -254,12 +254,12 @@ def open_mixture(d, tokenizer_identity: str, total_sequences: Optional[int], ran
     space, mixture, problems = _plan(d, opened, total_sequences)
     if problems:
         raise DataError("data.mix:\n  " + "\n  ".join(problems))
-    for i, (o, row) in enumerate(zip(opened, mixture["sources"])):
+    for i, (o, row) in enumerate(zip(opened, mixture["sources"], strict=True)):
         log_source(_field(i, row["name"]), o, row.get("planned_epochs"), row["max_epochs"], rank0)
     if rank0:
         log.info("data mixture (weights are %s):\n%s", WEIGHTS_ARE, format_mixture(mixture))
     identity = {"mixture": [{"name": r["name"], "weight": r["weight"], "sequences_per_block": r["sequences_per_block"],
-                             **o.identity} for r, o in zip(mixture["sources"], opened)],
+                             **o.identity} for r, o in zip(mixture["sources"], opened, strict=True)],
                 "block": space.block, "mix_seed": d.seed}
     return space, mixture, identity
 
@@ -303,7 +303,7 @@ def mix_problems(cfg, tokenizer_identity: Optional[str] = None) -> list[str]:
     opened, problems = _open_sources(d, tokenizer_identity, verify=False)
     if problems:
         return held_out + problems
-    used = [(_field(i, s.name), o) for i, (s, o) in enumerate(zip(d.mix, opened)) if s.weight > 0]
+    used = [(_field(i, s.name), o) for i, (s, o) in enumerate(zip(d.mix, opened, strict=True)) if s.weight > 0]
     return held_out + _plan(d, opened, total)[2] + beyond_original_problems(cfg, used)
 
 

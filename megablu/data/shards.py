@@ -28,13 +28,15 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import json
 import logging
 import os
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Iterable, Optional
+from typing import Optional
 
 import numpy as np
 
@@ -61,11 +63,11 @@ def dtype_for_vocab(vocab_size: int) -> str:
 def bucket_table(edges=DEFAULT_EDGES) -> list[dict]:
     """[{name: b0, lo: 0, hi: 4096}, ..., {name: b6, lo: 131072, hi: None}] from increasing edges."""
     edges = [int(e) for e in edges]
-    if not edges or any(e <= 0 for e in edges) or any(b <= a for a, b in zip(edges, edges[1:])):
+    if not edges or any(e <= 0 for e in edges) or any(b <= a for a, b in itertools.pairwise(edges)):
         raise DataError(f"bucket edges {edges} must be positive and strictly increasing")
     los = [0] + edges
     his = edges + [None]
-    return [{"name": f"b{i}", "lo": lo, "hi": hi} for i, (lo, hi) in enumerate(zip(los, his))]
+    return [{"name": f"b{i}", "lo": lo, "hi": hi} for i, (lo, hi) in enumerate(zip(los, his, strict=True))]
 
 
 def bucket_of(n_tokens: int, edges) -> int:
@@ -400,7 +402,7 @@ class DocTable:
     doc_len: np.ndarray = None
 
     @classmethod
-    def open(cls, root, shards: list[dict], dtype: str) -> "DocTable":
+    def open(cls, root, shards: list[dict], dtype: str) -> DocTable:
         root = Path(root)
         t = cls(root, dtype, shards)
         dt = np.dtype(dtype).newbyteorder("<")

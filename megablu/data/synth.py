@@ -422,7 +422,7 @@ class Synthesizer:
             body += row
         body += cut + foot
         ctx = len(body)
-        depths = [start[p] / max(1, ctx - len(a[2])) for p, a in zip(at, asked)]
+        depths = [start[p] / max(1, ctx - len(a[2])) for p, a in zip(at, asked, strict=True)]
         return body + qa_ids, {"records": len(rows), "cut_tokens": len(cut), "depths": [round(d, 4) for d in depths],
                                "distances": [ctx - start[p] for p in at]}
 

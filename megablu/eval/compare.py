@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
 from .results import (
     AVERAGES,
@@ -122,7 +123,7 @@ def starred(results: Sequence[dict], baseline: int) -> dict[tuple[str, int, int]
             for L in sorted(set(cs) & set(bc)):
                 out[(task, j, L)] = difference(r, cs[L], base, bc[L])
     family = [k for k, (d, _) in out.items() if d.p is not None]
-    adj = dict(zip(family, holm([out[k][0].p for k in family])))
+    adj = dict(zip(family, holm([out[k][0].p for k in family]), strict=True))
     return {k: Compared(d, paired, adj.get(k)) for k, (d, paired) in out.items()}
 
 
@@ -234,7 +235,7 @@ def _average_table(results: Sequence[dict], threshold: float, title: str, suite)
     lines = [f"### {title}", "",
              "| arm | tasks | " + " | ".join(str(L) for L in lengths) + " | eff. length |",
              "|---|---|" + "---|" * len(lengths) + "---|"]
-    for r, a in zip(results, avgs):
+    for r, a in zip(results, avgs, strict=True):
         if not a:
             continue
         acc = {x["length"]: x for x in a["by_length"]}
@@ -310,7 +311,7 @@ def short_loss_change(res: dict, parent: dict, name: Optional[str] = None) -> Op
         # per-token pooled difference = sum_d w_d (l_ad - l_bd), w_d = tokens_d / tokens; its
         # variance from the per-document terms (a ratio estimator around the pooled mean)
         tot = sum(n for n, _ in a["per_doc"])
-        terms = [n / tot * (la - lb) for (n, la), (_, lb) in zip(a["per_doc"], b["per_doc"])]
+        terms = [n / tot * (la - lb) for (n, la), (_, lb) in zip(a["per_doc"], b["per_doc"], strict=True)]
         m = sum(terms)
         D = len(terms)
         var = D / (D - 1) * sum((t - m / D) ** 2 for t in terms)

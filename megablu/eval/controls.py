@@ -27,8 +27,9 @@ The pairing rule reads only what results record (eval/cli.py: `weights`, `model`
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
 from .compare import _score, difference
 from .results import _label, cells_by, string_setting

@@ -17,8 +17,9 @@ cannot check it (fails as unchecked).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional
 
 from ..config.eval_tasks import RULER_SUITE
 from .compare import difference, short_loss_change

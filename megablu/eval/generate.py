@@ -25,7 +25,7 @@ YaRN from its first token on, and the cache never holds keys of two ropes.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist

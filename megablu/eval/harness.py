@@ -209,7 +209,7 @@ def weights_fingerprint(model) -> str:
     return h.hexdigest()[:16]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def code_digest() -> str:
     """The sources that generate and score (megablu/eval, model, ops, memory; csrc): a kept cell of other code
     is not reused."""
@@ -405,7 +405,7 @@ def _generate_cell(model, tokenizer, eval_cfg: EvalConfig, task: str, L: int, ps
         gen = greedy_generate(model, ids, max_new, sp_group=sp_group,
                               prefill_chunk=_chunk_for(prefill_chunk, device, on, string.kernel if on else "auto"),
                               stop_ids=tokenizer.stop_ids).tolist()
-        for p, g in zip(batch, gen):
+        for p, g in zip(batch, gen, strict=True):
             done.append(_sample(task, L, p, tokenizer.decode(cut_at_stop(g, tokenizer.stop_ids))))
     if dp > 1:   # every dp group's share, back in prompt order
         parts = [None] * dp

@@ -27,9 +27,10 @@ import hashlib
 import operator
 import random
 import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Callable, Iterable, Optional, Protocol, Sequence, Union
+from typing import Optional, Protocol, Union
 
 
 class EvalError(Exception):
@@ -238,6 +239,6 @@ def insert_at(ctx: Sequence[int], pieces: Sequence[Sequence[int]], cuts: Sequenc
     return out + list(ctx[prev:])
 
 
-def pad_ids(tokenizer: "TokenizerLike", count: int) -> list[int]:
+def pad_ids(tokenizer: TokenizerLike, count: int) -> list[int]:
     """count tokens of blank lines: the remainder when a task's whole items cannot fill a length exactly."""
     return repeat_to(tokenizer.encode("\n"), count)

@@ -27,8 +27,9 @@ import datetime as _dt
 import json
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 from ..config.eval_tasks import MEGABLU_SUITE, RULER_SUITE
 from .prompts import EvalError, Prompt, prompt_digest
@@ -55,7 +56,7 @@ def cell(task: str, length: int, samples: list[dict], eval_cfg, prompts: Sequenc
     p, lo, hi = wilson(k, n)
     bins = [[0, 0] for _ in range(DEPTH_BINS)]
     for s in samples:
-        pairs = zip(s["depths"], s["found"]) if "depths" in s else [(s["depth"], s["correct"])]
+        pairs = zip(s["depths"], s["found"], strict=True) if "depths" in s else [(s["depth"], s["correct"])]
         for d, ok in pairs:
             if d is None:
                 continue

@@ -53,7 +53,8 @@ storages, copies weights' views and fetches at use time (no prefetch).
 from __future__ import annotations
 
 import contextlib
-from typing import Iterable, Iterator, Optional
+from collections.abc import Iterable, Iterator
+from typing import Optional
 
 import torch
 from torch import nn
@@ -77,7 +78,7 @@ class _Packed:
 
     __slots__ = ("block", "stored", "dtype", "offset", "size", "stride")
 
-    def __init__(self, block: "_BlockState", stored: _Stored, t: torch.Tensor):
+    def __init__(self, block: _BlockState, stored: _Stored, t: torch.Tensor):
         self.block, self.stored = block, stored
         self.dtype, self.offset, self.size, self.stride = t.dtype, t.storage_offset(), t.shape, t.stride()
 
@@ -85,7 +86,7 @@ class _Packed:
 class _BlockState:
     """One block's offloaded storages in one forward pass; `prev` is the block before it."""
 
-    def __init__(self, owner: "ActivationOffload", module: nn.Module, keep: tuple, prev: Optional["_BlockState"]):
+    def __init__(self, owner: ActivationOffload, module: nn.Module, keep: tuple, prev: Optional[_BlockState]):
         self.owner, self.module, self.prev = owner, module, prev
         self.keep = keep
         self.stored: list[_Stored] = []
@@ -208,7 +209,7 @@ class ActivationOffload:
         self._last: Optional[_BlockState] = None
         self.host_bytes = 0          # bytes copied to host by the current (or last) forward
 
-    def side_stream(self, device: torch.device) -> "torch.cuda.Stream":
+    def side_stream(self, device: torch.device) -> torch.cuda.Stream:
         if device not in self._streams:
             self._streams[device] = torch.cuda.Stream(device=device)
         return self._streams[device]

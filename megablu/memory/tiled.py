@@ -26,7 +26,7 @@ MLP's own forward is tiled (apply.py), so the `memory.ops` dispatch applies insi
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
@@ -86,7 +86,7 @@ class _TiledFn(torch.autograd.Function):
             if want_x:
                 dx[s:e] = grads[0]
                 grads = grads[1:]
-            for i, g in zip(want, grads):
+            for i, g in zip(want, grads, strict=True):
                 if g is not None:
                     acc[i] += g
         dparams = [None] * len(ctx.params)

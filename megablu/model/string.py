@@ -301,7 +301,7 @@ class _State:
 
     def rotary_hook(self, rotary, args, kwargs, out):
         """After the model's rotary (position_ids, dtype, rope_len): the same tables at position + S - W."""
-        a = dict(zip(("position_ids", "dtype", "rope_len"), args), **kwargs)
+        a = dict(zip(("position_ids", "dtype", "rope_len"), args, strict=False), **kwargs)
         s = self.setting
         self.positions = a["position_ids"]
         self.tables = rotary.forward(a["position_ids"] + (s.shift - s.local), a["dtype"], a.get("rope_len"))

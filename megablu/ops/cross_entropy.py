@@ -96,14 +96,14 @@ def valid_count(labels: torch.Tensor) -> torch.Tensor:
     return (labels != IGNORE_INDEX).sum()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _liger_func():
     from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
     return liger_fused_linear_cross_entropy
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _liger_takes_chunk_mem_const() -> bool:
     """Whether Liger's functional takes chunk_mem_const and passes it on (0.8.5 passes it only where its autograd
     Function sets supports_inner_impl_dispatch, as the CUDA one does; the backends LIGER_KERNEL_IMPL selects

@@ -29,7 +29,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from typing import Iterator, Optional
+from collections.abc import Iterator
+from typing import Optional
 
 import torch
 import torch.nn.functional as F

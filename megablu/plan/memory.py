@@ -96,7 +96,7 @@ class Setup:
 
     @classmethod
     def from_config(cls, cfg: Config, *, gpus: Optional[int] = None, window: Optional[int] = None,
-                    sp: Optional[int] = None, ops: Optional[str] = None, loss: Optional[str] = None) -> "Setup":
+                    sp: Optional[int] = None, ops: Optional[str] = None, loss: Optional[str] = None) -> Setup:
         """loss: the implementation that runs (a probe's); default memory.loss, where auto is what it picks
         for a GPU run in this environment (liger when liger_kernel imports here, else chunked); the same for
         attention (memory.attention=auto: fa4 when the config allows it and flash_attn.cute imports here)."""
@@ -126,7 +126,7 @@ class Setup:
         return {**asdict(self), "model": self.model.model_dump()}
 
     @classmethod
-    def from_json(cls, d: dict) -> "Setup":
+    def from_json(cls, d: dict) -> Setup:
         """A Setup from to_json's dict; keys that are not Setup fields (a probe's ops_config) are ignored."""
         d = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         return cls(**{**d, "model": ModelConfig(**d["model"])})

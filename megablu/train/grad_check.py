@@ -29,7 +29,8 @@ is replaced and the reason is returned.
 from __future__ import annotations
 
 import types
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 import torch
 
@@ -108,7 +109,7 @@ def install(optimizer) -> Optional[str]:
             return stock_norm(gradients, params, norm_type)
         picked = []
         # the tensors DeepSpeed counts: no zero padding, no pipeline replicas, model-parallel rank 0's share
-        for g, p in zip((g for g in gradients if not getattr(g, "_zero_padding", False)), params):
+        for g, p in zip((g for g in gradients if not getattr(g, "_zero_padding", False)), params, strict=False):
             if hasattr(p, h["PIPE_REPLICATED"]) and p.ds_pipe_replicated:
                 continue
             if h["is_model_parallel_parameter"](p) or self.model_parallel_rank == 0:

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Optional
 
 from ..config import Config, ConfigError, config_warnings, load_config
 from .tracker import tracker_problem

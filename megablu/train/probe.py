@@ -25,8 +25,9 @@ import logging
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Optional, Union
 
 import torch
 

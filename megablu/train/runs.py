@@ -221,7 +221,7 @@ class RunLock:
         self._thread: Optional[threading.Thread] = None
 
     @classmethod
-    def acquire(cls, run_dir: Union[str, Path], heartbeat_s: float = HEARTBEAT_S) -> "RunLock":
+    def acquire(cls, run_dir: Union[str, Path], heartbeat_s: float = HEARTBEAT_S) -> RunLock:
         """Take the run's lock or raise RunError naming the live job that holds it."""
         import sys
         import uuid
@@ -253,7 +253,8 @@ class RunLock:
                     except FileExistsError:
                         pass
                     os.unlink(aside)
-                    raise RunError(in_use_message(run_dir, describe_holder(moved, "it took the lock just now")))
+                    holder = describe_holder(moved, "it took the lock just now")
+                    raise RunError(in_use_message(run_dir, holder)) from None
                 os.unlink(aside)
                 log.warning("run %s: taking over a stale lock (%s)", run_id_of(run_dir), describe_holder(old, why))
                 continue

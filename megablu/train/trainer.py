@@ -68,7 +68,7 @@ def deepspeed_config(cfg: Config, grad_accum: int, dp: int, device: str) -> dict
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Weight decay on matrices only (not norms, biases)."""
     decay, no_decay = [], []
-    for name, p in model.named_parameters():
+    for p in model.parameters():
         if not p.requires_grad:
             continue
         (decay if p.dim() >= 2 else no_decay).append(p)

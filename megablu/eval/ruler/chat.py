@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import datetime
 import json
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 from ..prompts import EvalError
 

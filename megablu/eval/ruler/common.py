@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import uuid
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..prompts import EvalError, Prompt, TokenizerLike, rng_for
 from .assets import niah_key
