@@ -181,6 +181,7 @@ def _tokenize(doc: Doc):
             return None, f"{doc.path}: not UTF-8 ({e.reason} at byte {e.start})", len(raw)
     if text.startswith("\ufeff"):
         text = text[1:]
+    assert _TOK is not None, "_init_worker sets the tokenizer first"
     ids = _TOK.encode(text)
     return np.asarray(ids, dtype=np.uint32), None, len(text.encode("utf-8", errors="surrogatepass"))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -41,7 +41,7 @@ def import_flat(inputs: list[str], out, *, dtype: str, eot: int, tokenizer: Opti
             raise DataError(f"--identity {identity!r} contradicts --tokenizer {tokenizer} ({tok.identity})")
         if eot != tok.eot_id:
             raise DataError(f"--eot {eot} but tokenizer {tok.identity} has eot_id {tok.eot_id}")
-        info = {"identity": tok.identity, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id}
+        info: dict[str, Any] = {"identity": tok.identity, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id}
     elif identity and vocab_size:
         info = {"identity": identity, "vocab_size": int(vocab_size), "eot_id": int(eot)}
     else:

@@ -146,7 +146,9 @@ def _field(i: int, name: str) -> str:
 
 def _open_sources(d, run_identity: Optional[str], verify: bool) -> tuple[list[Optional[OpenedSource]], list[str]]:
     """Open every source of d.mix; (opened or None per source, every problem found)."""
-    problems, idents, manifests = [], {}, []
+    problems: list[str] = []
+    idents: dict[str, str] = {}
+    manifests: list[Optional[dict]] = []
     for i, s in enumerate(d.mix):
         f = _field(i, s.name)
         try:

@@ -138,7 +138,7 @@ class _Pool:
     inside a distractor's 9-digit value would make the question ambiguous)."""
 
     def __init__(self, kind: str, rng: np.random.Generator, protected: list):
-        self.kind, self.rng, self.seen, self.protected = kind, rng, set(), protected
+        self.kind, self.rng, self.seen, self.protected = kind, rng, set[str](), protected
         self.key_digits = int(rng.integers(5, 9))      # number keys: one length per document (no key is
         #                                                 a prefix of another)
 
@@ -190,7 +190,8 @@ class TrainText:
                                                   sort_keys=True).encode()).hexdigest()[:16]
         self.sep = tokenizer.encode("\n\n")
         # exclude: a text (the eval's essay haystack, say) no filler document may share a word 8-gram with
-        self.tok, self.exclude, self.excluded = tokenizer, exclude, {}
+        self.tok, self.exclude = tokenizer, exclude
+        self.excluded: dict = {}
         self._banned = _word_grams(_read_text(exclude)) if exclude else set()
         if exclude and not self._banned:
             raise DataError(f"--filler-exclude {exclude}: no run of {EXCLUDE_N} words in it; give the text whose "
@@ -443,7 +444,8 @@ class Synthesizer:
         goes before the first row whose midpoint is at or past its target start (so it starts within half
         a row of it); returns their row indices."""
         want = sorted((ctx - d, j) for j, d in enumerate(self._targets(rng, asked, ctx)))
-        out_rows, at, pos, w = [], [0] * len(asked), head, 0
+        out_rows: list = []
+        at, pos, w = [0] * len(asked), head, 0
         for row in rows + [None]:
             while w < len(want) and (row is None or pos + len(row) // 2 >= want[w][0]):
                 j = want[w][1]

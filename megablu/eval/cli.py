@@ -290,7 +290,7 @@ def _compare(args) -> int:
         return 2
     for m in missing:
         log.warning("%s", m)
-    digests = {}
+    digests: dict = {}
     for r in results:
         for c in r["cells"]:
             digests.setdefault((c["task"], c["length"]), set()).add(c["digest"])

@@ -130,7 +130,7 @@ def find_controls(results: Sequence[dict]) -> list[Control]:
         base = (_rope_key(tr), json.dumps(None))
         c.reference = next((r for r in results if _model_key(r) == key and not changed(r) and _setting(r) == base),
                            None)
-        cands = {}
+        cands: dict = {}
         for r in results:
             k = _model_key(r)
             if k is None or k[0] == key[0] or k[1:] != key[1:]:

@@ -266,7 +266,7 @@ class MegabluLM(TemplateLM):
                             len(ids), max_new, self.max_length, keep)
                 ids = ids[-keep:]
             jobs.append((i, ids, max_new, until))
-        out: list[Optional[str]] = [None] * len(requests)
+        out = [""] * len(requests)   # every request is one job below: each slot is written
         # equal lengths batch together (no padding mask); longest first, so a memory error comes first
         groups: dict[tuple[int, int], list] = {}
         for j in jobs:

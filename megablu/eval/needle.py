@@ -220,7 +220,7 @@ class NiahBuilder:
                             f"split is the haystack) or pass haystack=")
         self.task, self.spec, self.tok, self.n, self.hay = task, spec, tokenizer, n, haystack
         self.seed = check_seed(seed)
-        self.stream = haystack.stream(self.seed) if spec.haystack == "text" else None
+        self.stream = haystack.stream(self.seed) if spec.haystack == "text" and haystack is not None else None
         self.tv = _TYPE_V[spec.value]
         self.head = tokenizer.encode(R_INSTRUCTION.format(tv=self.tv))
         if spec.haystack == "filler":

@@ -41,7 +41,9 @@ class TokenizerLike(Protocol):
     vocab_size: int
     eot_id: int
     identity: str
-    stop_ids: tuple[int, ...]   # eot_id first: generation stops at any of them
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]: ...   # eot_id first: generation stops at any of them
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -207,7 +209,7 @@ def draw_items(rng: random.Random, kind: str, count: int, exclude: Iterable[str]
     No item is a substring of another or of `exclude` (substring scoring must not credit a
     neighbour); nested_ok checks that against `exclude` only (many distractors, few answers)."""
     exclude = list(exclude)
-    seen, out = set(exclude), []
+    seen, out = set(exclude), list[str]()
     ws = words()
     while len(out) < count:
         if kind == "numbers":

@@ -38,7 +38,8 @@ class VTBuilder:
             raise EvalError(f"{task}: the filler sentence encodes to zero tokens")
 
     def _chains(self, rng, taken: set) -> tuple[list[list[str]], list[str]]:
-        names, values = [], []
+        names: list[str] = []
+        values: list[str] = []
         while len(names) < self.spec.chains * (self.spec.hops + 1):
             v = "".join(rng.choice(string.ascii_uppercase) for _ in range(5))
             if v not in taken:

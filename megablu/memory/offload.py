@@ -170,6 +170,7 @@ class _BlockState:
                 cur = torch.cuda.current_stream(self.stored[0].device)
                 cur.wait_event(self.h2d_done)
                 for s in self.stored:                    # freed later only after the compute using it
+                    assert s.dev_copy is not None        # prefetch() made it
                     s.dev_copy.record_stream(cur)
 
     def unpack(self, p: _Packed) -> torch.Tensor:
@@ -177,6 +178,7 @@ class _BlockState:
         if self.prev is not None and self.prev.pending > 0:
             self.prev.prefetch()                         # the block the backward needs next
         buf = p.stored.dev_copy
+        assert buf is not None                           # ensure() prefetched it
         out = torch.empty(0, dtype=p.dtype, device=buf.device).set_(buf.untyped_storage(), p.offset, p.size,
                                                                      p.stride)
         self.pending -= 1
@@ -236,7 +238,7 @@ class ActivationOffload:
     def block(self, module: nn.Module, keep: Iterable[torch.Tensor] = ()) -> Iterator[None]:
         st = _BlockState(self, module, tuple(keep), self._last)
         # bound the copies in flight: wait for block i-max_inflight's device-to-host copies
-        old = st
+        old: Optional[_BlockState] = st
         for _ in range(self.max_inflight):
             old = old.prev if old is not None else None
         if old is not None and old.d2h_done is not None:

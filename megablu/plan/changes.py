@@ -45,8 +45,9 @@ def step_seconds(s: Setup) -> float:
 
 def change_cost(change: str, after: Setup) -> float:
     """Relative step time of one change, `after` being the setup with it applied."""
-    if _COSTS[change] is not None:
-        return _COSTS[change]
+    cost = _COSTS[change]
+    if cost is not None:
+        return cost
     if change == "offload_optimizer" and after.zero_stage == 3:
         added = _ZERO3_OFFLOAD_S_PER_LAYER * after.model.n_layers
     elif change == "offload_params" and after.offload_optimizer:

@@ -61,7 +61,9 @@ from ..utils.liger import liger_chunk_tokens, liger_mem_const
 GB = 1e9
 BF16 = 2
 FP32 = 4
-PEAK_TFLOPS_H200 = peak_bf16_tflops("NVIDIA H200")   # dense bf16: the one table, utils/device.py
+_H200 = peak_bf16_tflops("NVIDIA H200")   # dense bf16: the one table, utils/device.py
+assert _H200 is not None, "utils/device.PEAK_BF16_TFLOPS must list the NVIDIA H200 (the planner's reference)"
+PEAK_TFLOPS_H200: float = _H200
 COMFORTABLE = 0.80                  # <= 80% of the GPU: comfortable
 # DeepSpeed defaults the trainer does not override (runtime/zero/config.py)
 ZERO_REDUCE_BUCKET = 5e8            # elements, stage 2/3 contiguous gradient bucket
@@ -105,7 +107,7 @@ class Setup:
             from ..ops.cross_entropy import auto_loss
 
             loss = auto_loss("cuda")[0]
-        attention = cfg.memory.attention
+        attention: str = cfg.memory.attention
         if attention == "auto":
             from ..ops.attention import auto_for_config
 
@@ -377,7 +379,7 @@ def estimate(s: Setup, calib: Optional[Calibration] = None) -> Estimate:
             if s.offload_activations else 0.0)
     step = FP32 * N / K if (s.optimizer and not s.offload_optimizer) else 0.0
     phases = {"forward end": fwd_end, "backward": bwd, "optimizer step": step}
-    phase = max(phases, key=phases.get)
+    phase = max(phases, key=lambda k: phases[k])
     act = f"activations ({s.recompute}, " + (f"{resident_layers(m.n_layers, s.offload_keep, s.offload_fraction)} of "
                                              f"{m.n_layers} layers "
                                              f"on the GPU, rest on host)" if s.offload_activations

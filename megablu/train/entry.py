@@ -61,6 +61,7 @@ def main(argv=None) -> int:
             print(str(e), file=sys.stderr)
         return 2
     cfg, topo = ok.cfg, ok.topology
+    assert ok.ctx is not None and topo is not None   # check() with files=True resolves both
     if rank == 0:
         print(topo.format(), file=sys.stderr)   # nodes, dp x sp, which ranks share a node
         for w in ok.warnings:
@@ -186,7 +187,8 @@ class Terminated(BaseException):
 
     def __init__(self, signum: int):
         self.signum = signum
-        super().__init__(f"stopped by {signal.Signals(signum).name} ({_SIGNAL_WHY.get(signum, 'from outside')})")
+        sig = signal.Signals(signum)
+        super().__init__(f"stopped by {sig.name} ({_SIGNAL_WHY.get(sig, 'from outside')})")
 
 
 _SIGNAL_WHY = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "DeepSpeed's launcher stops every rank when one fails or "

@@ -26,7 +26,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +228,7 @@ class RunLock:
 
         path = Path(run_dir) / LOCK
         now = time.time()
-        info = {"host": socket.gethostname(), "pid": os.getpid(), "proc_start": proc_start(os.getpid()),
+        info: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), "proc_start": proc_start(os.getpid()),
                 "started_unix": now, "heartbeat_unix": now, "token": uuid.uuid4().hex,
                 "command": " ".join(sys.argv)[:300]}
         for _ in range(5):

@@ -67,7 +67,8 @@ def deepspeed_config(cfg: Config, grad_accum: int, dp: int, device: str) -> dict
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Weight decay on matrices only (not norms, biases)."""
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for p in model.parameters():
         if not p.requires_grad:
             continue

@@ -77,14 +77,16 @@ class RulerNiah(RulerBuilder):
     def _draw(self, index: int):
         """keys, values per key, the asked keys' indices, each needle's (key j, value m) depth."""
         s, rng = self.spec, self.rng("needles", index)
-        keys, values, seen = [], [], set()
+        keys: list[str] = []
+        values: list[list[str]] = []
+        seen: set[str] = set()
         while len(keys) < self.nk:
             k = random_item(rng, s.type_needle_k)
             if k not in seen:
                 seen.add(k)
                 keys.append(k)
         for _ in keys:
-            vs = []
+            vs: list[str] = []
             while len(vs) < s.num_needle_v:
                 v = random_item(rng, s.type_needle_v)
                 if v not in seen:

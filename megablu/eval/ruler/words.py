@@ -147,7 +147,7 @@ class RulerFWE(RulerBuilder):
     def _vocab(self, index: int, size: int) -> list[str]:
         """size distinct codes, the first replaced by the noise '...' (lines 76-81); a prompt's codes are
         a prefix of one stream, so its answers are the same at every length."""
-        rng, seen, out = self.rng("codes", index), set(), []
+        rng, seen, out = self.rng("codes", index), set[str](), list[str]()
         while len(out) < size:
             w = "".join(rng.choice(string.ascii_lowercase) for _ in range(self.CODE))
             if w not in seen:
