@@ -47,6 +47,7 @@ from .layout import (
     read_manifest,
     resolve_step,
     step_name,
+    step_number,
     step_of,
     verify_checkpoint,
 )
@@ -246,7 +247,7 @@ class CheckpointManager:
         if not self.ckpt_dir.is_dir():
             return []
         return sorted((p for p in self.ckpt_dir.iterdir() if p.is_dir() and step_of(p) is not None),
-                      key=lambda p: step_of(p))
+                      key=step_number)
 
     def cleanup(self) -> None:
         """Remove leftovers of killed saves/prunes (.tmp-*, .trash-*, .pruned-*). Rank 0, not during a save.
@@ -350,6 +351,7 @@ class CheckpointManager:
         self._phase("weights")
         if rank == 0 and not errors:
             try:
+                assert full_sd is not None   # rank 0 gathered it above
                 save_weights(full_sd, tmp / WEIGHTS, {"step": step, "run_id": self.run_id})
                 written[WEIGHTS] = {"size": os.path.getsize(tmp / WEIGHTS), "sha256": sha256_file(tmp / WEIGHTS)}
             except Exception as e:
@@ -447,7 +449,7 @@ class CheckpointManager:
     # ------------------------------------------------------------------ keep-N
     def _kept_by_every(self, p: Path) -> bool:
         """A step keep_every keeps: a positive multiple of it."""
-        s = step_of(p)
+        s = step_number(p)
         return self.keep_every > 0 and s > 0 and s % self.keep_every == 0
 
     def prune(self, newest: Optional[Path] = None) -> list[Path]:
@@ -465,7 +467,7 @@ class CheckpointManager:
             return []
         complete = []
         for p in self.steps():
-            if step_of(p) >= step_of(newest) and p != newest:
+            if step_number(p) >= step_number(newest) and p != newest:
                 continue
             problems = verify_checkpoint(p, deep=False)
             if problems:
