@@ -223,7 +223,8 @@ class FWEBuilder:
         if not self._separated(counts):
             raise EvalError(f"{self.task}: length {length} is too short for the top {self.spec.top} coded words to "
                             f"be strictly the most frequent; use lengths >= {self.min_length()}")
-        seq = [w for w, c in zip(vocab, counts, strict=True) for _ in range(c)]
+        # counts: the first words of vocab, as many as fit the length
+        seq = [w for w, c in zip(vocab, counts, strict=False) for _ in range(c)]
         rng.shuffle(seq)
         ids: list[int] = []
         enc = {w: self.tok.encode(" " + w) for w in vocab[:len(counts)]}
