@@ -400,7 +400,7 @@ def format_mixture(mixture: dict) -> str:
     return "\n".join(rows)
 
 
-def write_mixture(run_dir, mixture: dict) -> Path:
+def write_mixture(run_dir, mixture: Optional[dict]) -> Path:
     out = Path(run_dir) / "mixture.json"
     out.write_text(json.dumps(mixture, indent=1) + "\n")
     return out
