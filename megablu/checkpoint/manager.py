@@ -204,6 +204,20 @@ def _expected_ds_files(engine, root: Path) -> list[str]:
     return out
 
 
+def _write_client_state(tmp: Path, rank: int, client_state: dict) -> tuple[str, dict]:
+    """This rank's trainer state (RNG differs per rank), fsync'd and its size checked: (path relative to
+    the step dir, its size and sha256)."""
+    rel = f"{CLIENT_DIR}/rank_{rank:05d}.pt"
+    buf = io.BytesIO()
+    torch.save(client_state, buf)
+    data = buf.getvalue()
+    with open(tmp / rel, "wb") as f:
+        n = f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    if n != len(data) or os.path.getsize(tmp / rel) != len(data):
+        raise OSError(f"short write: {os.path.getsize(tmp / rel)} of {len(data)} bytes")
+    return rel, {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
 class CheckpointManager:
@@ -296,13 +310,7 @@ class CheckpointManager:
         err = None
         if rank == 0:
             try:
-                self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-                if not self._cleaned:  # leftovers of a killed save/prune of this run
-                    self.cleanup()
-                    self._cleaned = True
-                if tmp.exists():
-                    shutil.rmtree(tmp)
-                (tmp / CLIENT_DIR).mkdir(parents=True)
+                self._fresh_tmp(tmp)
             except Exception as e:
                 err = f"rank 0: cannot create {tmp}: {type(e).__name__}: {e}"
         self._raise_if_any(all_gather_object(err), name, tmp)
@@ -333,17 +341,8 @@ class CheckpointManager:
         written = dict(rec.written)
         if not errors:
             try:
-                rel = f"{CLIENT_DIR}/rank_{rank:05d}.pt"
-                buf = io.BytesIO()
-                torch.save(client_state, buf)
-                data = buf.getvalue()
-                with open(tmp / rel, "wb") as f:
-                    n = f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                if n != len(data) or os.path.getsize(tmp / rel) != len(data):
-                    raise OSError(f"short write: {os.path.getsize(tmp / rel)} of {len(data)} bytes")
-                written[rel] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+                rel, record = _write_client_state(tmp, rank, client_state)
+                written[rel] = record
             except Exception as e:
                 errors.append(f"write client_state: {type(e).__name__}: {e}")
 
@@ -387,6 +386,16 @@ class CheckpointManager:
         if rank == 0:
             log.info("saved %s (%.1fs)", final, time.time() - t0)
         return final
+
+    def _fresh_tmp(self, tmp: Path) -> None:
+        """Rank 0: an empty temp step dir, with its client-state folder."""
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        if not self._cleaned:  # leftovers of a killed save/prune of this run
+            self.cleanup()
+            self._cleaned = True
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        (tmp / CLIENT_DIR).mkdir(parents=True)
 
     def _raise_if_any(self, errs: list, name: str, tmp: Optional[Path]) -> None:
         errs = [e for e in errs if e]
