@@ -147,7 +147,7 @@ class StringConfig(Section):
     def shift_for(self, length: int) -> int:
         """S for an input built to `length` tokens: `shift` (fixed_shift) or int(shift_ratio * length) (authors,
         as their eval scripts compute shifted_offset from the test length)."""
-        # the validator above fills shift (fixed_shift) or shift_ratio (authors)
+        # the validators fill shift_ratio (authors) and require shift (fixed_shift)
         if self.variant == "fixed_shift":
             assert self.shift is not None
             return self.shift
