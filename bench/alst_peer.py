@@ -94,7 +94,7 @@ def check_on_cpu() -> None:
     b = tiled_loss(peer, ids)
     b.backward()
     torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
-    for (n, p), q in zip(ref.named_parameters(), peer.parameters()):
+    for (n, p), q in zip(ref.named_parameters(), peer.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=lambda m: f"{n}: {m}")
     print(f"alst peer == plain HF: loss {float(a.detach()):.6f}, {sum(1 for _ in ref.parameters())} grads equal")
 

@@ -156,7 +156,7 @@ def check(c: Case) -> float:
         outs = outs if isinstance(outs, tuple) else (outs,)
         gs = torch.autograd.grad(outs, inputs, grads[: len(outs)])
         res[impl] = [o.detach().float() for o in outs] + [g.float() for g in gs]
-    for a, b in zip(res["cuda"], res["torch"]):
+    for a, b in zip(res["cuda"], res["torch"], strict=True):
         worst = max(worst, float((a - b).abs().max() / b.abs().max().clamp_min(1e-30)))
     return worst
 

@@ -56,9 +56,10 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -161,7 +162,7 @@ class Op:
     end: float
     thread: int
     corr: int
-    parent: Optional["Op"] = None
+    parent: Optional[Op] = None
     children: int = 0
     _chain: Optional[tuple] = field(default=None, repr=False)
 
@@ -461,7 +462,7 @@ def _attention(inside: list, T: int, H: int, D: int, n_layers: int) -> dict:
         # autograd node holds the aten backward op and any GQA reduction beside it)
         calls = set()
         for a, _ in mine:
-            ids = [cid for s, cid in zip(a.scopes, a.scope_ids) if ATTN_SCOPE.search(s)]
+            ids = [cid for s, cid in zip(a.scopes, a.scope_ids, strict=True) if ATTN_SCOPE.search(s)]
             if ids:
                 calls.add(ids[-1])
         n = len(calls)

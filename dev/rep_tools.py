@@ -19,8 +19,8 @@ from pathlib import Path
 
 def run_dir(runs: Path, name: str):
     """The newest run dir `<name>-NNNN` under runs (None if there is none)."""
-    cands = sorted((p for p in Path(runs).glob(f"{name}-*") if p.is_dir() and re.fullmatch(rf"{re.escape(name)}-\d+",
-                                                                                              p.name)))
+    cands = sorted(p for p in Path(runs).glob(f"{name}-*") if p.is_dir() and re.fullmatch(rf"{re.escape(name)}-\d+",
+                                                                                              p.name))
     return cands[-1] if cands else None
 
 

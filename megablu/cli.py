@@ -62,7 +62,7 @@ def _config_check(args) -> int:
         return 2
     for w in ok.warnings:
         print(f"warning: {w}", file=sys.stderr)
-    if ok.ctx is not None and ok.ctx.complete:
+    if ok.ctx is not None and ok.ctx.complete and ok.ctx.run_dir is not None:
         print(f"note: run {ok.ctx.run_dir.name} is already complete; a resume has nothing to train", file=sys.stderr)
     sys.stdout.write(to_yaml(ok.cfg))
     return 0

@@ -23,10 +23,11 @@ import logging
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Optional
 
 from .utils.files import PathLike, sha256_file
 
@@ -143,7 +144,8 @@ class HfRepo(Repo):
             for e in self.api.list_repo_tree(self.repo_id, recursive=True, revision=self.revision,
                                              repo_type=self.repo_type):
                 if isinstance(e, RepoFile):
-                    sha = e.lfs.sha256 if getattr(e, "lfs", None) is not None else None
+                    lfs = getattr(e, "lfs", None)
+                    sha = lfs.sha256 if lfs is not None else None
                     out.append(RemoteFile(e.path, int(e.size), sha))
         return out
 
@@ -192,14 +194,16 @@ def download(repo: Repo, includes: list[str], local_dir: PathLike) -> dict[str, 
     return selected
 
 
-def _eval_table(run_dir: Path, step: int) -> str:
+def _eval_table(run_dir: Path, step: Optional[int]) -> str:
     """Markdown of the run's eval results of the uploaded `step`: the harness's eval/step_<N>.json as the arm x
     length table of `megablu compare` (accuracy, slope, effective length); results of other steps are named, not
     shown (they scored other weights); any other eval/*.json with rows of flat values as a plain table, under a
     heading that says it records no step (or its step, when its rows carry one and it is this one)."""
     from .eval.report import SCHEMA, markdown
 
-    results, rows, other_steps = [], [], []
+    results: list = []
+    rows: list = []
+    other_steps: list = []
     for f in sorted((run_dir / "eval").glob("*.json")) if (run_dir / "eval").is_dir() else []:
         try:
             d = json.loads(f.read_text())

@@ -16,9 +16,10 @@ import shutil
 import socket
 import sysconfig
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import yaml
 
@@ -38,10 +39,10 @@ class Result:
 class Case:
     area: str                      # configs | data | checkpoints | eval/hub | resume | concurrency | commands
     name: str
-    run: Callable[["Lab"], Result]
+    run: Callable[[Lab], Result]
     expect: tuple = ()             # substrings the message must contain
     rc: int = 2                    # 0: a correct result (the expected substrings in what it printed) is the answer
-    watch: Optional[Callable[["Lab"], Path]] = None   # a dir that a refusal must leave unchanged
+    watch: Optional[Callable[[Lab], Path]] = None   # a dir that a refusal must leave unchanged
 
 
 @dataclass
@@ -72,7 +73,7 @@ def classify(case: Case, res: Result, before: dict, after: dict) -> Outcome:
     return Outcome("refused")
 
 
-def run_case(case: Case, lab: "Lab") -> tuple[Outcome, Result]:
+def run_case(case: Case, lab: Lab) -> tuple[Outcome, Result]:
     try:
         watched = case.watch(lab) if case.watch else None
         before = _tree(watched)

@@ -8,8 +8,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Optional, Union
 
 ROOT = Path(__file__).resolve().parents[1]
 Command = Union[str, Sequence[str]]   # a logged line split on spaces, or the exact argv (printf %q, shlex)

@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.bench   # starts every bench/ script (~8 s of processes on 2 cores): the full tier
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCHES = sorted((ROOT / "bench").glob("*.py"))
 

@@ -20,7 +20,6 @@ SCRIPT = ROOT / "experiments" / "smol32k" / "run.sh"
 FAKE_TIMEOUT = """#!/bin/bash
 shift 2   # --kill-after=10 SECONDS
 echo "$*" >> "$REHEARSE_LOG"
-[ -n "${MEGABLU_STRING_IMPL:-}" ] && echo "$MEGABLU_STRING_IMPL $*" >> "$REHEARSE_LOG.env"
 [ -n "${REHEARSE_FAIL:-}" ] && [[ "$*" == *"$REHEARSE_FAIL"* ]] && exit 1
 case "$*" in   # what runs side by side: the reuse check outlasts the synthetic set
   *" data synth "*) sleep "${REHEARSE_SLOW_S:-0}" ;;
@@ -332,7 +331,8 @@ def test_phase_a_checks_string_s_flex_kernel_and_a_failure_moves_later_phases_to
     (dev / "eval").mkdir(exist_ok=True)
     (dev / "eval" / ".reused").touch()
     _train(dev, stdlib_data)                            # finished: phase d runs the arm's cells
-    log = tmp_path / "cmds_d.log.env"
-    _phase(tmp_path, dev, "d")
-    string_cells = [c for c in log.read_text().splitlines() if "eval.string.shift" in c]
-    assert string_cells and all(c.startswith("sdpa ") for c in string_cells), string_cells
+    evals = [c for c in _phase(tmp_path, dev, "d") if " eval " in c]
+    string_cells = [c for c in evals if "eval.string.shift" in c]
+    assert string_cells and all("eval.string.kernel=sdpa" in c for c in string_cells), string_cells
+    assert len(string_cells) < len(evals)               # the plain cells stay plain: no eval.string at all
+    assert not any("eval.string" in c for c in evals if c not in string_cells)

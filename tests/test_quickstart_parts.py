@@ -248,5 +248,5 @@ def test_passkey_digits_variant():
     five = make_builder("passkey", PRESETS["passkey"], tok, 0, 20, None)
     assert [five.build(200, i) for i in range(20)] == [PasskeyBuilder(tok, 0, 20).build(200, i) for i in range(20)]
     assert all(len(five.build(200, i).answer) == 5 for i in range(20))
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError, match="digits"):   # pydantic's ValidationError
         PasskeySpec(digits=0)

@@ -105,7 +105,7 @@ def paired_loss_diff(a: dict, b: dict, conf: float = 0.95):
 
     if a.get("digest") != b.get("digest"):
         return None
-    pairs = list(dict.fromkeys(zip(a.get("per_seq", []), b.get("per_seq", []))))
+    pairs = list(dict.fromkeys(zip(a.get("per_seq", []), b.get("per_seq", []), strict=False)))
     if len(pairs) < 2:
         return None
     d = [x - y for x, y in pairs]
@@ -144,7 +144,7 @@ def claims(parent: dict, untrained: dict, ext: dict, window: int) -> dict:
     # the summary's stars: Holm over every difference it shows that has a test (all but unpaired part credit)
     cells = [x for by in out["retrieval"].values() for x in by.values()] + list(out["loss"].values())
     tested = [x for x in cells if x["p"] is not None]
-    for x, q in zip(tested, holm([x["p"] for x in tested])):
+    for x, q in zip(tested, holm([x["p"] for x in tested]), strict=True):
         x["p_adj"] = q
     for x in cells:
         x.setdefault("p_adj", None)

@@ -120,9 +120,10 @@ if [ -n "$SAVED_CONFIRM" ] && [ "$SAVED_CONFIRM" != "$CONFIRM" ]; then
   echo "CONFIRM=$CONFIRM but this device's run was started with CONFIRM=$SAVED_CONFIRM ($DEV/.confirm)" >&2; exit 2
 fi
 echo "$CONFIRM" > "$DEV/.confirm"
-# STRING's kernel for every eval of this run: phase a checks the flex kernel (the default on CUDA) on this GPU and
-# writes sdpa here when its tests or its bench fail, so the STRING cells of the later phases take the other kernel
-[ -f "$DEV/.string_impl" ] && export MEGABLU_STRING_IMPL=$(cat "$DEV/.string_impl")
+# STRING's kernel for every eval of this run (eval.string.kernel, in STR below): phase a checks the flex kernel (the
+# default on CUDA) on this GPU and writes sdpa here when its tests or its bench fail, so the STRING cells of the later
+# phases take the other kernel
+STRING_KERNEL=$(cat "$DEV/.string_impl" 2> /dev/null)
 KEEP_EVERY=${KEEP_EVERY:-25} CONFIRM_FROM=${CONFIRM_FROM:-75} CONFIRM_S0=${CONFIRM_S0:-125}   # steps
 TRAIN_SET=()
 if [ "$CONFIRM" = 1 ]; then   # every 25th checkpoint kept (repeated on resume: the same overrides)
@@ -287,6 +288,7 @@ POS8=(--rope-override --set data.window=65536 --set rope.yarn.factor=8.0 --set r
 # beyond=S runs the cells of at most S tokens plain, which is what S = 10922 did there -- the same logits.)
 STR=(--set eval.string.variant=fixed_shift --set eval.string.shift=10922 --set eval.string.local=128
      --set eval.string.beyond=10922)
+[ -n "$STRING_KERNEL" ] && STR+=(--set "eval.string.kernel=$STRING_KERNEL")
 POS5=(--rope-override --set data.window=40960 --set rope.yarn.factor=5.0 --set rope.yarn.attention_factor=1.1386)
 # string_set runs before the arm's suite (2026-12-05, twelfth session: edge + STRING 88.0% against 66.5% plain on
 # the same prompts, +21.5 pp): the paired cell, then fresh prompts (eval.seed=1) with STRING and without (the

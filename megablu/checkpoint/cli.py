@@ -73,12 +73,12 @@ def _cmd_list(args) -> int:
     rc = 2 if any(r[1] == "BAD" for r in rows) else 0   # like `ckpt verify`: a BAD row is exit 2
     if args.json:
         keys = ["path", "status", "step", "tokens_seen", "topology", "size", "flags", "problems"]
-        print(json.dumps([dict(zip(keys, r)) for r in rows], indent=1))
+        print(json.dumps([dict(zip(keys, r, strict=True)) for r in rows], indent=1))
         return rc
     head = ["path", "status", "step", "tokens", "topology", "size", "flags", "problems"]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
     for r in [head] + rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     return rc
 
 

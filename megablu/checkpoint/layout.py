@@ -48,6 +48,13 @@ def step_of(path: PathLike) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
+def step_number(path: PathLike) -> int:
+    """step_of for a path already known to be a step dir (a sort key)."""
+    s = step_of(path)
+    assert s is not None, path
+    return s
+
+
 def _manifest_digest(m: dict) -> str:
     body = {k: v for k, v in m.items() if k != "manifest_sha256"}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
@@ -145,8 +152,8 @@ def scan_steps(run_dir: PathLike, deep: bool = True) -> tuple[Optional[Path], li
     ck = Path(run_dir) / CKPT_DIR
     if not ck.is_dir():
         return None, []
-    cands = sorted((p for p in ck.iterdir() if p.is_dir() and step_of(p) is not None), key=step_of, reverse=True)
-    skipped = []
+    cands = sorted((p for p in ck.iterdir() if p.is_dir() and step_of(p) is not None), key=step_number, reverse=True)
+    skipped: list[tuple[Path, list[str]]] = []
     for p in cands:
         problems = step_problems(p, deep=deep)
         if not problems:
@@ -201,5 +208,5 @@ def step_dirs(path: PathLike) -> list[Path]:
         return [p]
     ck = p / CKPT_DIR
     if ck.is_dir():
-        return sorted((s for s in ck.iterdir() if s.is_dir() and step_of(s) is not None), key=step_of)
+        return sorted((s for s in ck.iterdir() if s.is_dir() and step_of(s) is not None), key=step_number)
     raise FileNotFoundError(f"{p}: neither a checkpoint step dir nor a run dir with {CKPT_DIR}/")

@@ -17,8 +17,9 @@ import os
 import shutil
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -46,6 +47,7 @@ from .layout import (
     read_manifest,
     resolve_step,
     step_name,
+    step_number,
     step_of,
     verify_checkpoint,
 )
@@ -202,6 +204,20 @@ def _expected_ds_files(engine, root: Path) -> list[str]:
     return out
 
 
+def _write_client_state(tmp: Path, rank: int, client_state: dict) -> tuple[str, dict]:
+    """This rank's trainer state (RNG differs per rank), fsync'd and its size checked: (path relative to
+    the step dir, its size and sha256)."""
+    rel = f"{CLIENT_DIR}/rank_{rank:05d}.pt"
+    buf = io.BytesIO()
+    torch.save(client_state, buf)
+    data = buf.getvalue()
+    with open(tmp / rel, "wb") as f:
+        n = f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    if n != len(data) or os.path.getsize(tmp / rel) != len(data):
+        raise OSError(f"short write: {os.path.getsize(tmp / rel)} of {len(data)} bytes")
+    return rel, {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
 class CheckpointManager:
@@ -245,7 +261,7 @@ class CheckpointManager:
         if not self.ckpt_dir.is_dir():
             return []
         return sorted((p for p in self.ckpt_dir.iterdir() if p.is_dir() and step_of(p) is not None),
-                      key=lambda p: step_of(p))
+                      key=step_number)
 
     def cleanup(self) -> None:
         """Remove leftovers of killed saves/prunes (.tmp-*, .trash-*, .pruned-*). Rank 0, not during a save.
@@ -294,13 +310,7 @@ class CheckpointManager:
         err = None
         if rank == 0:
             try:
-                self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-                if not self._cleaned:  # leftovers of a killed save/prune of this run
-                    self.cleanup()
-                    self._cleaned = True
-                if tmp.exists():
-                    shutil.rmtree(tmp)
-                (tmp / CLIENT_DIR).mkdir(parents=True)
+                self._fresh_tmp(tmp)
             except Exception as e:
                 err = f"rank 0: cannot create {tmp}: {type(e).__name__}: {e}"
         self._raise_if_any(all_gather_object(err), name, tmp)
@@ -331,17 +341,8 @@ class CheckpointManager:
         written = dict(rec.written)
         if not errors:
             try:
-                rel = f"{CLIENT_DIR}/rank_{rank:05d}.pt"
-                buf = io.BytesIO()
-                torch.save(client_state, buf)
-                data = buf.getvalue()
-                with open(tmp / rel, "wb") as f:
-                    n = f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                if n != len(data) or os.path.getsize(tmp / rel) != len(data):
-                    raise OSError(f"short write: {os.path.getsize(tmp / rel)} of {len(data)} bytes")
-                written[rel] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+                rel, record = _write_client_state(tmp, rank, client_state)
+                written[rel] = record
             except Exception as e:
                 errors.append(f"write client_state: {type(e).__name__}: {e}")
 
@@ -349,6 +350,7 @@ class CheckpointManager:
         self._phase("weights")
         if rank == 0 and not errors:
             try:
+                assert full_sd is not None   # rank 0 gathered it above
                 save_weights(full_sd, tmp / WEIGHTS, {"step": step, "run_id": self.run_id})
                 written[WEIGHTS] = {"size": os.path.getsize(tmp / WEIGHTS), "sha256": sha256_file(tmp / WEIGHTS)}
             except Exception as e:
@@ -384,6 +386,16 @@ class CheckpointManager:
         if rank == 0:
             log.info("saved %s (%.1fs)", final, time.time() - t0)
         return final
+
+    def _fresh_tmp(self, tmp: Path) -> None:
+        """Rank 0: an empty temp step dir, with its client-state folder."""
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        if not self._cleaned:  # leftovers of a killed save/prune of this run
+            self.cleanup()
+            self._cleaned = True
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        (tmp / CLIENT_DIR).mkdir(parents=True)
 
     def _raise_if_any(self, errs: list, name: str, tmp: Optional[Path]) -> None:
         errs = [e for e in errs if e]
@@ -446,7 +458,7 @@ class CheckpointManager:
     # ------------------------------------------------------------------ keep-N
     def _kept_by_every(self, p: Path) -> bool:
         """A step keep_every keeps: a positive multiple of it."""
-        s = step_of(p)
+        s = step_number(p)
         return self.keep_every > 0 and s > 0 and s % self.keep_every == 0
 
     def prune(self, newest: Optional[Path] = None) -> list[Path]:
@@ -464,7 +476,7 @@ class CheckpointManager:
             return []
         complete = []
         for p in self.steps():
-            if step_of(p) >= step_of(newest) and p != newest:
+            if step_number(p) >= step_number(newest) and p != newest:
                 continue
             problems = verify_checkpoint(p, deep=False)
             if problems:

@@ -37,7 +37,9 @@ def save_weights(sd: dict, path: PathLike, extra_meta: Optional[dict] = None) ->
     """safetensors file of a state dict; tensors sharing storage are stored once + alias."""
     from safetensors.torch import save_file
 
-    tensors, aliases, seen = {}, {}, {}
+    tensors: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple, str] = {}
     for k, v in sd.items():
         if not isinstance(v, torch.Tensor):
             continue

@@ -106,6 +106,12 @@ def rope_lineage_problems(child: RopeConfig, window: int, parent: Optional[Paren
                 f"config.json has max_position_embeddings and the rope")
         return errs
     W = parent.window
+    return _base_rope_problems(child, p, src) + _yarn_lineage_problems(child, window, p, W, src)
+
+
+def _base_rope_problems(child: RopeConfig, p: RopeConfig, src: str) -> list[str]:
+    """theta, local_theta and scaling against the parent's."""
+    errs: list[str] = []
     if child.theta != p.theta and not child.allow_theta_change:
         errs.append(f"rope.theta={child.theta:g} but the parent {src} was trained with rope.theta={p.theta:g}; set "
                     f"rope.theta={p.theta:g} (or rope.allow_theta_change=true for a deliberate base change)")
@@ -118,6 +124,12 @@ def rope_lineage_problems(child: RopeConfig, window: int, parent: Optional[Paren
         errs.append(f"rope.scaling={fmt(child)} but the parent {src} was trained with rope.scaling={fmt(p)}; its "
                     f"weights know those frequencies (rope.yarn is applied on top of them): set rope.scaling to "
                     f"the parent's")
+    return errs
+
+
+def _yarn_lineage_problems(child: RopeConfig, window: int, p: RopeConfig, W: int, src: str) -> list[str]:
+    """rope.yarn against the parent's (p: its rope, W: its training window)."""
+    errs: list[str] = []
     c, py = child.yarn, p.yarn
     if c is None:
         if py is not None:

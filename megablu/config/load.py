@@ -16,8 +16,9 @@ import hashlib
 import json
 import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Any, Optional
 
 import yaml
 from pydantic import ValidationError
@@ -256,10 +257,10 @@ def config_hash(cfg: Config) -> str:
         if path in _SESSION_FIELDS or node.get(path[-1]) in (None, False):
             node.pop(path[-1], None)
     for (*parents, key), default in _LATER_DEFAULTS.items():
-        node = d
+        at: Any = d
         for k in parents:
-            node = node.get(k) if isinstance(node, dict) else None
-        if isinstance(node, dict) and key in node and node[key] == default:   # a parent may be None (string off)
-            node.pop(key)
+            at = at.get(k) if isinstance(at, dict) else None
+        if isinstance(at, dict) and key in at and at[key] == default:   # a parent may be None (string off)
+            at.pop(key)
     blob = json.dumps(d, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

@@ -15,9 +15,10 @@ import logging
 import multiprocessing as mp
 import os
 import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Optional
+from typing import Optional
 
 import numpy as np
 
@@ -180,6 +181,7 @@ def _tokenize(doc: Doc):
             return None, f"{doc.path}: not UTF-8 ({e.reason} at byte {e.start})", len(raw)
     if text.startswith("\ufeff"):
         text = text[1:]
+    assert _TOK is not None, "_init_worker sets the tokenizer first"
     ids = _TOK.encode(text)
     return np.asarray(ids, dtype=np.uint32), None, len(text.encode("utf-8", errors="surrogatepass"))
 
@@ -202,7 +204,7 @@ def tokenize_stream(docs: Iterable[Doc], tok_cfg: TokenizerConfig, workers: int,
             chunk = list(itertools.islice(it, block))
             if not chunk:
                 return
-            for d, r in zip(chunk, pool.imap(_tokenize, chunk, chunksize=chunksize)):
+            for d, r in zip(chunk, pool.imap(_tokenize, chunk, chunksize=chunksize), strict=True):
                 yield (d, *r)
 
 

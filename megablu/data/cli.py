@@ -130,7 +130,8 @@ def _sample(args) -> int:
         ids, lab = b["input_ids"][0].tolist(), b["labels"][0]
         real = int((lab != IGNORE).sum())
         seq = ids[:real] + [int(lab[real - 1])]  # the T+1 tokens: inputs, then the last target
-        parts, cur = [], []
+        parts: list = []
+        cur: list = []
         for t in seq:
             if t == tok.eot_id:
                 parts += [tok.decode(cur), "<|EOT|>"]
@@ -262,6 +263,7 @@ def _mix(args) -> int:
     if d.mix is not None:
         mixture = open_mixture(d, ident, total, rank0=False, verify=False)[1]
     else:
+        assert d.path is not None, "data.path or data.mix (the schema requires one)"
         src = open_source(d.path, bucket=d.bucket, split=d.split, mode=d.mode, window=d.window, seed=d.seed,
                           tokenizer_identity=ident, verify=False)
         mixture = resolve_single(d, src, total)

@@ -240,7 +240,7 @@ def build_demo_corpus(out, tok_cfg: TokenizerConfig, *, work="data_cache/demo_sr
         if not sources:
             raise DataError("--parts recall needs at least one other part (its filler is their train text)")
         sources.append(recall_source(sources, work, val_fraction))
-        info["recall"] = sources[-1].provenance + f" ({sources[-1].path})"
+        info["recall"] = f"{sources[-1].provenance} ({sources[-1].path})"   # recall_source sets provenance
     return build_dataset(sources, tok_cfg, out, val_fraction=val_fraction, workers=workers, skip_bad_utf8=True,
                          overwrite=overwrite, progress=progress, min_tokens=min_tokens,
                          extra_manifest={"demo_corpus": {"parts": plist, "provenance": info,

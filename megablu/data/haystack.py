@@ -17,17 +17,26 @@ For the eval harness (megablu.eval.harness.load_haystack), which re-tokenizes te
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Optional, Protocol
 
 import numpy as np
 
 from .shards import MANIFEST, DataError, DocTable, read_manifest, select_shards, verify_shard
-from .tokenizer import Tokenizer
+
+
+class Codec(Protocol):
+    """What a haystack needs of a tokenizer (data.tokenizer.Tokenizer, eval.prompts.TokenizerLike)."""
+    identity: str
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
 
 
 class Haystack:
-    def __init__(self, path, tokenizer: Tokenizer, bucket: str = "all", split: str = "val"):
+    def __init__(self, path, tokenizer: Codec, bucket: str = "all", split: str = "val"):
         root = Path(path)
         m = read_manifest(root)
         if m["tokenizer"]["identity"] != tokenizer.identity:
@@ -80,7 +89,7 @@ def split_spec(path: str) -> tuple[str, str]:
     return path, "all"
 
 
-def haystack_source(path: str, tokenizer: Tokenizer, bucket: Optional[str] = None,
+def haystack_source(path: str, tokenizer: Codec, bucket: Optional[str] = None,
                     split: str = "val") -> Callable[[], Iterable[str]]:
     """A callable yielding the val documents of `path` ('DIR' or 'DIR@b2') as text; checked now
     (tokenizer identity, non-empty bucket, shard sizes), read lazily."""

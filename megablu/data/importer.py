@@ -7,9 +7,10 @@ them by length and writes a dataset with a manifest, so verify / loader / haysta
 """
 from __future__ import annotations
 
+import itertools
 import logging
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -29,24 +30,46 @@ def _split_from_name(p: Path) -> str:
     raise DataError(f"{p}: cannot tell train from val by its name (train_* / val_*); pass --split train|val")
 
 
-def import_flat(inputs: list[str], out, *, dtype: str, eot: int, tokenizer: Optional[str] = None,
-                identity: Optional[str] = None, vocab_size: Optional[int] = None, split: str = "auto",
-                edges=DEFAULT_EDGES, shard_tokens: int = DEFAULT_SHARD_TOKENS, overwrite: bool = False,
-                license: str = "unknown", provenance: Optional[str] = None) -> dict:
-    """Import flat token files; returns the manifest. Nothing is left at `out` on error."""
+def _tokenizer_info(tokenizer: Optional[str], identity: Optional[str], vocab_size: Optional[int],
+                    eot: int) -> dict[str, Any]:
+    """The manifest's tokenizer record: from --tokenizer, or --identity with --vocab-size."""
     if tokenizer:
         tok = load_tokenizer(parse_tokenizer_spec(tokenizer))
         if identity and identity != tok.identity:
             raise DataError(f"--identity {identity!r} contradicts --tokenizer {tokenizer} ({tok.identity})")
         if eot != tok.eot_id:
             raise DataError(f"--eot {eot} but tokenizer {tok.identity} has eot_id {tok.eot_id}")
-        info = {"identity": tok.identity, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id}
+        info: dict[str, Any] = {"identity": tok.identity, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id}
     elif identity and vocab_size:
         info = {"identity": identity, "vocab_size": int(vocab_size), "eot_id": int(eot)}
     else:
         raise DataError("import needs --tokenizer, or --identity with --vocab-size, to record the data's tokenizer")
     if not 0 <= eot < info["vocab_size"]:
         raise DataError(f"--eot {eot} is outside the vocab (size {info['vocab_size']})")
+    return info
+
+
+def _check_tokens(p: Path, toks: np.ndarray, dtype: str, vocab_size: int) -> None:
+    """A file's tokens fit the vocab and do not look like another dtype (DataError naming the fix)."""
+    if len(toks) == 0:
+        raise DataError(f"{p}: empty file")
+    mx = max(int(toks[i:i + _BLOCK].max()) for i in range(0, len(toks), _BLOCK))
+    if mx >= vocab_size:
+        raise DataError(f"{p}: token id {mx} >= vocab size {vocab_size}: wrong --dtype "
+                        f"({dtype}) or wrong tokenizer")
+    if toks.dtype.itemsize == 2 and len(toks) >= 64:
+        head = np.asarray(toks[: min(len(toks), 1 << 20) // 2 * 2]).reshape(-1, 2)
+        if (head[:, 1] == 0).mean() > 0.9 and (head[:, 0] == 0).mean() < 0.5:
+            raise DataError(f"{p}: every second uint16 is 0, so the file looks like uint32 tokens; "
+                            f"pass --dtype uint32")
+
+
+def import_flat(inputs: list[str], out, *, dtype: str, eot: int, tokenizer: Optional[str] = None,
+                identity: Optional[str] = None, vocab_size: Optional[int] = None, split: str = "auto",
+                edges=DEFAULT_EDGES, shard_tokens: int = DEFAULT_SHARD_TOKENS, overwrite: bool = False,
+                license: str = "unknown", provenance: Optional[str] = None) -> dict:
+    """Import flat token files; returns the manifest. Nothing is left at `out` on error."""
+    info = _tokenizer_info(tokenizer, identity, vocab_size, eot)
     dt = np.dtype(dtype).newbyteorder("<")
     paths = [Path(p) for p in inputs]
     for p in paths:
@@ -61,17 +84,7 @@ def import_flat(inputs: list[str], out, *, dtype: str, eot: int, tokenizer: Opti
         for p in paths:
             sp = _split_from_name(p) if split == "auto" else split
             toks = np.memmap(p, dtype=dt, mode="r")
-            if len(toks) == 0:
-                raise DataError(f"{p}: empty file")
-            mx = max(int(toks[i:i + _BLOCK].max()) for i in range(0, len(toks), _BLOCK))
-            if mx >= info["vocab_size"]:
-                raise DataError(f"{p}: token id {mx} >= vocab size {info['vocab_size']}: wrong --dtype "
-                                f"({dtype}) or wrong tokenizer")
-            if dt.itemsize == 2 and len(toks) >= 64:
-                head = np.asarray(toks[: min(len(toks), 1 << 20) // 2 * 2]).reshape(-1, 2)
-                if (head[:, 1] == 0).mean() > 0.9 and (head[:, 0] == 0).mean() < 0.5:
-                    raise DataError(f"{p}: every second uint16 is 0, so the file looks like uint32 tokens; "
-                                    f"pass --dtype uint32")
+            _check_tokens(p, toks, dtype, info["vocab_size"])
             # EOT positions, found block by block (a 1 GB shard never becomes a 1 GB bool array)
             cuts = np.concatenate([np.nonzero(toks[i:i + _BLOCK] == eot)[0] + i
                                    for i in range(0, len(toks), _BLOCK)])
@@ -79,7 +92,7 @@ def import_flat(inputs: list[str], out, *, dtype: str, eot: int, tokenizer: Opti
                 raise DataError(f"{p}: no EOT id {eot} in {len(toks):,} tokens: wrong --eot or --dtype")
             bounds = np.concatenate([[-1], cuts, [len(toks)]])
             n = 0
-            for a, b in zip(bounds[:-1], bounds[1:]):
+            for a, b in itertools.pairwise(bounds):
                 if b - a <= 1:
                     continue
                 w.add(np.asarray(toks[a + 1:b]), sp, {"source": p.name, "license": license,

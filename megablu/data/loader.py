@@ -129,6 +129,7 @@ class Loader:
                 self._thread = threading.Thread(target=_prefetch, args=(make, self._k, self._q, self._stop),
                                                 name="megablu-data-prefetch", daemon=True)
                 self._thread.start()
+            assert self._q is not None
             b = self._q.get()
             if isinstance(b, BaseException):
                 self._stop_thread()

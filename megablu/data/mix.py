@@ -71,9 +71,9 @@ def block_quotas(weights: list[float], labels_per_seq: list[float], block: int =
     order = sorted(range(len(w)), key=lambda k: (-(exact[k] - q[k]), k))
     for k in order[:short]:
         q[k] += 1
-    for k in np.nonzero(pos & (q == 0))[0]:   # a few percent of a huge-row source still appears
+    for j in np.nonzero(pos & (q == 0))[0]:   # a few percent of a huge-row source still appears
         q[int(np.argmax(q))] -= 1
-        q[k] = 1
+        q[j] = 1
     return [int(x) for x in q]
 
 
@@ -136,7 +136,7 @@ class MixedSpace:
 
     def positions(self, g: int) -> dict:
         """{source name: sequences read from it} after global sequences [0, g) (kept in the loader state)."""
-        return dict(zip(self.names, self.counts(g)))
+        return dict(zip(self.names, self.counts(g), strict=True))
 
 
 # --------------------------------------------------------------------------- opening and checking
@@ -146,7 +146,9 @@ def _field(i: int, name: str) -> str:
 
 def _open_sources(d, run_identity: Optional[str], verify: bool) -> tuple[list[Optional[OpenedSource]], list[str]]:
     """Open every source of d.mix; (opened or None per source, every problem found)."""
-    problems, idents, manifests = [], {}, []
+    problems: list[str] = []
+    idents: dict[str, str] = {}
+    manifests: list[Optional[dict]] = []
     for i, s in enumerate(d.mix):
         f = _field(i, s.name)
         try:
@@ -174,8 +176,8 @@ def _open_sources(d, run_identity: Optional[str], verify: bool) -> tuple[list[Op
                 problems.append(f"{f}.path: {s.path} is tokenized with {idents[f]!r} but the run's tokenizer is "
                                 f"{run_identity!r}; rebuild it with the run's tokenizer or fix tokenizer:")
     opened: list[Optional[OpenedSource]] = []
-    for i, (s, m) in enumerate(zip(d.mix, manifests)):
-        if m is None:
+    for i, (s, man) in enumerate(zip(d.mix, manifests, strict=True)):
+        if man is None:
             opened.append(None)
             continue
         f = _field(i, s.name)
@@ -195,12 +197,12 @@ def _resolve(d, entries: list[dict], opened: list[OpenedSource], quotas: list[in
     T = d.window
     rbar = [float(o.space.seq_labels.mean()) for o in opened]
     wsum = sum(e["weight"] for e in entries)
-    per_block = [q * r for q, r in zip(quotas, rbar)]
+    per_block = [q * r for q, r in zip(quotas, rbar, strict=True)]
     planned_tok = None
     if counts is not None:
-        planned_tok = [o.space.labels_through(n) for o, n in zip(opened, counts)]
+        planned_tok = [o.space.labels_through(n) for o, n in zip(opened, counts, strict=True)]
     sources = []
-    for k, (e, o, q) in enumerate(zip(entries, opened, quotas)):
+    for k, (e, o, q) in enumerate(zip(entries, opened, quotas, strict=True)):
         st = o.stats
         row = {**e, "target_token_share": e["weight"] / wsum, "sequences_per_block": q,
                "sequence_share": q / block, "token_share_per_block": per_block[k] / max(1e-12, sum(per_block)),
@@ -209,7 +211,7 @@ def _resolve(d, entries: list[dict], opened: list[OpenedSource], quotas: list[in
                "truncated_fraction": st["truncated_fraction"], "dropped_fraction": st["dropped_fraction"],
                "padding_fraction": st["padding_fraction"], "pack_tail_fraction": st["pack_tail_fraction"],
                "dataset": o.identity["dataset"]}
-        if counts is not None:
+        if counts is not None and planned_tok is not None:   # both or neither
             row.update(planned_sequences=counts[k], planned_tokens=planned_tok[k],
                        planned_token_share=planned_tok[k] / max(1, sum(planned_tok)),
                        planned_epochs=counts[k] / st["sequences_per_epoch"])
@@ -245,21 +247,30 @@ def _plan(d, opened: list[OpenedSource], total: Optional[int]):
     return space, mixture, problems
 
 
+
+def _all_open(opened: list[Optional[OpenedSource]]) -> list[OpenedSource]:
+    """_open_sources' list when it reported no problem: every source opened."""
+    out = [o for o in opened if o is not None]
+    assert len(out) == len(opened), "a source that failed to open has a problem reported"
+    return out
+
+
 def open_mixture(d, tokenizer_identity: str, total_sequences: Optional[int], rank0: bool = True,
                  verify: bool = True):
     """(MixedSpace, resolved mixture, state identity) for data.mix; DataError listing every problem."""
-    opened, problems = _open_sources(d, tokenizer_identity, verify=verify)
+    maybe, problems = _open_sources(d, tokenizer_identity, verify=verify)
     if problems:
         raise DataError("data.mix:\n  " + "\n  ".join(problems))
+    opened = _all_open(maybe)
     space, mixture, problems = _plan(d, opened, total_sequences)
     if problems:
         raise DataError("data.mix:\n  " + "\n  ".join(problems))
-    for i, (o, row) in enumerate(zip(opened, mixture["sources"])):
+    for i, (o, row) in enumerate(zip(opened, mixture["sources"], strict=True)):
         log_source(_field(i, row["name"]), o, row.get("planned_epochs"), row["max_epochs"], rank0)
     if rank0:
         log.info("data mixture (weights are %s):\n%s", WEIGHTS_ARE, format_mixture(mixture))
     identity = {"mixture": [{"name": r["name"], "weight": r["weight"], "sequences_per_block": r["sequences_per_block"],
-                             **o.identity} for r, o in zip(mixture["sources"], opened)],
+                             **o.identity} for r, o in zip(mixture["sources"], opened, strict=True)],
                 "block": space.block, "mix_seed": d.seed}
     return space, mixture, identity
 
@@ -300,10 +311,11 @@ def mix_problems(cfg, tokenizer_identity: Optional[str] = None) -> list[str]:
 
     if mix_invariants(d):   # reported by check_invariants; the plan needs valid weights
         return held_out
-    opened, problems = _open_sources(d, tokenizer_identity, verify=False)
+    maybe, problems = _open_sources(d, tokenizer_identity, verify=False)
     if problems:
         return held_out + problems
-    used = [(_field(i, s.name), o) for i, (s, o) in enumerate(zip(d.mix, opened)) if s.weight > 0]
+    opened = _all_open(maybe)
+    used = [(_field(i, s.name), o) for i, (s, o) in enumerate(zip(d.mix, opened, strict=True)) if s.weight > 0]
     return held_out + _plan(d, opened, total)[2] + beyond_original_problems(cfg, used)
 
 
@@ -388,7 +400,7 @@ def format_mixture(mixture: dict) -> str:
     return "\n".join(rows)
 
 
-def write_mixture(run_dir, mixture: dict) -> Path:
+def write_mixture(run_dir, mixture: Optional[dict]) -> Path:
     out = Path(run_dir) / "mixture.json"
     out.write_text(json.dumps(mixture, indent=1) + "\n")
     return out

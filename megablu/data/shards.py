@@ -28,13 +28,15 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import json
 import logging
 import os
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Iterable, Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -61,11 +63,11 @@ def dtype_for_vocab(vocab_size: int) -> str:
 def bucket_table(edges=DEFAULT_EDGES) -> list[dict]:
     """[{name: b0, lo: 0, hi: 4096}, ..., {name: b6, lo: 131072, hi: None}] from increasing edges."""
     edges = [int(e) for e in edges]
-    if not edges or any(e <= 0 for e in edges) or any(b <= a for a, b in zip(edges, edges[1:])):
+    if not edges or any(e <= 0 for e in edges) or any(b <= a for a, b in itertools.pairwise(edges)):
         raise DataError(f"bucket edges {edges} must be positive and strictly increasing")
     los = [0] + edges
     his = edges + [None]
-    return [{"name": f"b{i}", "lo": lo, "hi": hi} for i, (lo, hi) in enumerate(zip(los, his))]
+    return [{"name": f"b{i}", "lo": lo, "hi": hi} for i, (lo, hi) in enumerate(zip(los, his, strict=True))]
 
 
 def bucket_of(n_tokens: int, edges) -> int:
@@ -106,10 +108,10 @@ class _Shard:
         self.f_tok.close()
         idx = np.asarray(self.offsets, dtype="<u8").tobytes()
         (self.root / f"{self.rel}.idx").write_bytes(idx)
-        entry = {"bucket": self.bucket, "split": self.split, "tokens": f"{self.rel}.tok", "index": f"{self.rel}.idx",
-                 "documents": len(self.offsets) - 1, "n_tokens": self.offsets[-1],
-                 "sha256": {f"{self.rel}.tok": self.h_tok.hexdigest(),
-                            f"{self.rel}.idx": hashlib.sha256(idx).hexdigest()}}
+        entry: dict[str, Any] = {
+            "bucket": self.bucket, "split": self.split, "tokens": f"{self.rel}.tok", "index": f"{self.rel}.idx",
+            "documents": len(self.offsets) - 1, "n_tokens": self.offsets[-1],
+            "sha256": {f"{self.rel}.tok": self.h_tok.hexdigest(), f"{self.rel}.idx": hashlib.sha256(idx).hexdigest()}}
         if self.f_meta is not None:
             self.f_meta.close()
             entry["meta"] = f"{self.rel}.meta.jsonl"
@@ -382,8 +384,8 @@ def verify_dataset(root, tokenizer_identity: Optional[str] = None, check_hash: b
         entries = [e for s in splits for e in select_shards(m, bucket, s, root)]
     except DataError as e:
         return errs + [str(e)]
-    for e in entries:
-        errs += verify_shard(root, e, m["dtype"], check_hash=check_hash, vocab_size=vocab)
+    for entry in entries:
+        errs += verify_shard(root, entry, m["dtype"], check_hash=check_hash, vocab_size=vocab)
     return errs
 
 
@@ -395,12 +397,13 @@ class DocTable:
     dtype: str
     shards: list[dict]
     tokens: list = field(default_factory=list)  # np.memmap per shard
-    doc_shard: np.ndarray = None
-    doc_start: np.ndarray = None
-    doc_len: np.ndarray = None
+    # per document (open() fills them): its shard, its first token there, its length
+    doc_shard: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    doc_start: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    doc_len: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @classmethod
-    def open(cls, root, shards: list[dict], dtype: str) -> "DocTable":
+    def open(cls, root, shards: list[dict], dtype: str) -> DocTable:
         root = Path(root)
         t = cls(root, dtype, shards)
         dt = np.dtype(dtype).newbyteorder("<")

@@ -61,7 +61,7 @@ import re
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import numpy as np
 
@@ -138,7 +138,7 @@ class _Pool:
     inside a distractor's 9-digit value would make the question ambiguous)."""
 
     def __init__(self, kind: str, rng: np.random.Generator, protected: list):
-        self.kind, self.rng, self.seen, self.protected = kind, rng, set(), protected
+        self.kind, self.rng, self.seen, self.protected = kind, rng, set[str](), protected
         self.key_digits = int(rng.integers(5, 9))      # number keys: one length per document (no key is
         #                                                 a prefix of another)
 
@@ -190,7 +190,8 @@ class TrainText:
                                                   sort_keys=True).encode()).hexdigest()[:16]
         self.sep = tokenizer.encode("\n\n")
         # exclude: a text (the eval's essay haystack, say) no filler document may share a word 8-gram with
-        self.tok, self.exclude, self.excluded = tokenizer, exclude, {}
+        self.tok, self.exclude = tokenizer, exclude
+        self.excluded: dict = {}
         self._banned = _word_grams(_read_text(exclude)) if exclude else set()
         if exclude and not self._banned:
             raise DataError(f"--filler-exclude {exclude}: no run of {EXCLUDE_N} words in it; give the text whose "
@@ -422,12 +423,13 @@ class Synthesizer:
             body += row
         body += cut + foot
         ctx = len(body)
-        depths = [start[p] / max(1, ctx - len(a[2])) for p, a in zip(at, asked)]
+        depths = [start[p] / max(1, ctx - len(a[2])) for p, a in zip(at, asked, strict=True)]
         return body + qa_ids, {"records": len(rows), "cut_tokens": len(cut), "depths": [round(d, 4) for d in depths],
                                "distances": [ctx - start[p] for p in at]}
 
     def _targets(self, rng, asked, ctx: int) -> list[int]:
         """Per asked record, the distance it should end up at (tokens from its start to the context's end)."""
+        assert self.spec.distances is not None   # _place_far runs only with --distances
         lo, hi = self.spec.distances
         out = []
         for a in asked:
@@ -443,7 +445,8 @@ class Synthesizer:
         goes before the first row whose midpoint is at or past its target start (so it starts within half
         a row of it); returns their row indices."""
         want = sorted((ctx - d, j) for j, d in enumerate(self._targets(rng, asked, ctx)))
-        out_rows, at, pos, w = [], [0] * len(asked), head, 0
+        out_rows: list = []
+        at, pos, w = [0] * len(asked), head, 0
         for row in rows + [None]:
             while w < len(want) and (row is None or pos + len(row) // 2 >= want[w][0]):
                 j = want[w][1]
@@ -489,10 +492,12 @@ class Synthesizer:
         n_text = length - len(qa_ids) - len(self.nl) - sum(len(self.nl) + len(r) for r in recs)
         if n_text < 1:
             raise _TooShort(length - n_text + 1)
+        text = self.text
         if repeat:
-            stream, used = self._repeat_span(rng, n_text), []
+            stream, used = self._repeat_span(rng, n_text), list[int]()
         else:
-            stream, used = self.text.span(rng, n_text, self.line_end)
+            assert text is not None, "a text filler needs the filler data (synth checks it first)"
+            stream, used = text.span(rng, n_text, self.line_end)
         # distractors, then the asked records, each at a uniform point of the stream so far (snapped to a
         # line end): each asked record's share of the context before it is uniform
         inside: list[tuple[int, int]] = []   # [start, end) of every inserted record
@@ -518,11 +523,11 @@ class Synthesizer:
         body = stream + self.nl + qa_ids
         meta = {"records": len(recs), "depths": [round(d, 4) for d in depths],
                 "distances": [len(stream) - s for s, _ in inside[len(dis):]]}   # record start -> context end
-        if not repeat:   # real text: where it came from, under which licences
-            meta.update(filler_sources=sorted({self.text.meta[d]["source"] for d in used}),
-                        filler_licenses=sorted({f"{self.text.meta[d]['source']}: {self.text.meta[d]['license']}"
+        if text is not None and not repeat:   # real text: where it came from, under which licences
+            meta.update(filler_sources=sorted({text.meta[d]["source"] for d in used}),
+                        filler_licenses=sorted({f"{text.meta[d]['source']}: {text.meta[d]['license']}"
                                                 for d in used}),
-                        filler_docs=[self.text.meta[d]["key"] for d in used])
+                        filler_docs=[text.meta[d]["key"] for d in used])
         return body, meta
 
 
@@ -551,7 +556,7 @@ def parse_distances(spec: Optional[str]) -> Optional[tuple]:
 
 def parse_lengths(spec: str) -> list:
     """'4096,8192' -> [4096, 8192]; '4k-32k' -> [(4096, 32768)] (uniform per document); mixed lists too."""
-    out = []
+    out: list[Union[int, tuple[int, int]]] = []
     for item in (x for x in spec.split(",") if x.strip()):
         if "-" in item.strip()[1:]:
             lo, hi = (_tokens(x) for x in re.split(r"(?<=.)-", item.strip(), maxsplit=1))
@@ -619,7 +624,7 @@ def synth_dataset(out, tok_cfg: TokenizerConfig, *, lengths: list, docs: int, se
                 band[0] += sum(distances[0] <= d <= distances[1] for d in meta["distances"])
                 band[1] += len(meta["distances"])
             key = f"synth/{seed}/{i}"
-            if meta["filler"] == "text":
+            if meta["filler"] == "text" and text is not None:   # a text filler reads `text`
                 src = "synth+" + "+".join(meta["filler_sources"])
                 lic = (f"{GENERATED_LICENSE}; filler text from {text.root} (train): "
                        + "; ".join(meta["filler_licenses"]))
@@ -642,7 +647,7 @@ def synth_dataset(out, tok_cfg: TokenizerConfig, *, lengths: list, docs: int, se
         if profile != "kv" or filler_exclude:   # the default profile's manifest, without the new option, as it was
             extra["synth"].update(profile=profile, filler_exclude=filler_exclude,
                                   filler_excluded_docs=sum(text.excluded.values()) if text else 0)
-        if band[1]:   # crowding (more asked tokens than the band holds) spills records out of it: say how many
+        if band[1] and distances is not None:   # crowding (more asked tokens than the band holds) spills records out
             log.info("synth: %d of %d asked records (%.1f%%) sit %d-%d tokens before the questions (--distance-share "
                      "%.2f asked for)", band[0], band[1], 100 * band[0] / band[1], *distances, distance_share)
         return w.finish(extra)

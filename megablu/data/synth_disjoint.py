@@ -107,7 +107,7 @@ class _Names:
     a later item nor contains one, so every asked name occurs once in the context."""
 
     def __init__(self, rng: np.random.Generator):
-        self.rng, self.seen, self.protected = rng, set(), []
+        self.rng, self.seen, self.protected = rng, set[str](), list[str]()
 
     def _one(self, kind: str) -> str:
         r = self.rng

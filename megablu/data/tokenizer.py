@@ -318,7 +318,9 @@ def load_tokenizer(cfg: TokenizerConfig) -> Tokenizer:
     if kind == "byte":
         return ByteTokenizer()
     if kind == "tiktoken":
+        assert cfg.name, "TokenizerConfig requires name for kind=tiktoken"
         return _load_tiktoken(cfg.name)
+    assert cfg.path, f"TokenizerConfig requires path for kind={kind}"
     path = resolve_asset(cfg.path, kind)
     if kind == "hf" and path.is_dir():
         path = path / "tokenizer.json"
@@ -352,7 +354,7 @@ def parse_tokenizer_spec(spec: str) -> TokenizerConfig:
         if kind == "tiktoken":
             return TokenizerConfig(kind="tiktoken", name=rest or None)
         if kind in ("tiktoken_file", "sentencepiece", "hf"):
-            return TokenizerConfig(kind=kind, path=rest or None, eot=eot)
+            return TokenizerConfig.model_validate({"kind": kind, "path": rest or None, "eot": eot})
     except ValidationError as e:
         raise TokenizerError(f"--tokenizer {spec!r}: " + "; ".join(x["msg"].removeprefix("Value error, ")
                                                                    for x in e.errors())) from None

@@ -75,7 +75,7 @@ def train_bpe(sources: list[Source], out, vocab_size: int = 4096, max_bytes: Opt
                     if skip_bad_utf8:
                         seen["skipped"] += 1
                         continue
-                    raise DataError(f"{d.path}: not UTF-8 ({e.reason} at byte {e.start}); pass --skip-bad-utf8")
+                    raise DataError(f"{d.path}: not UTF-8 ({e.reason} at byte {e.start}); pass --skip-bad-utf8") from e
             seen["docs"] += 1
             seen["bytes"] += len(t)
             yield t

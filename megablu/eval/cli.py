@@ -1,7 +1,7 @@
 """`megablu eval` and `megablu compare`. Tables go to stdout, logs to stderr.
 
     megablu eval --ckpt runs/ext32k/checkpoints/step_750 --config configs/ext32k.yaml
-    megablu eval --hf path/to/hf_model_dir --config configs/x.yaml --step 0 --arm parent
+    megablu eval --hf path/to/hf_model_dir --config configs/<arm>.yaml --step 0 --arm parent
     megablu compare runs/l2 runs/l3@400 runs/ext32k/eval/step_750.json --plot cmp.png
 
 Exit codes: 0 ok; 2 invalid input (config, tokenizer, checkpoint, eval setup); 1 the
@@ -58,6 +58,54 @@ def _step_from_path(path: str):
     return int(m.group(1)) if m else None
 
 
+def _eval_settings(args, eval_cfg):
+    """(eval_cfg with --lengths/--n/--tasks applied, None) or (None, why): the overrides are validated like the
+    config's own values (--n 0 is an error, not a silent eval.n)."""
+    over = {k: v for k, v in (("lengths", args.lengths), ("n", args.n), ("tasks", args.tasks)) if v is not None}
+    if over:
+        from pydantic import ValidationError
+
+        from ..config.load import _format_pydantic
+
+        try:
+            eval_cfg = type(eval_cfg).model_validate({**eval_cfg.model_dump(), **over})
+        except ValidationError as e:
+            return None, "; ".join(f"--{m}" for m in _format_pydantic(e))
+    if args.batch_tokens is not None and args.batch_tokens < 1:   # 0 would mean the default in _eval
+        return None, f"--batch-tokens {args.batch_tokens} must be >= 1"
+    return eval_cfg, None
+
+
+def _eval_tokenizer(cfg):
+    """(the config's tokenizer, None) or (None, why it cannot be loaded)."""
+    try:
+        from ..data.tokenizer import TokenizerError, load_tokenizer
+    except ImportError as e:
+        return None, f"tokenizer support unavailable ({e})"
+    try:
+        return load_tokenizer(cfg.tokenizer), None
+    except TokenizerError as e:
+        return None, f"tokenizer: {e}"
+
+
+def _eval_step(args, prov: dict):
+    """(the step the result is named after, None) or (None, why): --step, else the path's, else the
+    weights' own; a named step the loaded weights are not is refused."""
+    step = args.step if args.step is not None else _step_from_path(args.ckpt or args.hf or "")
+    step = prov.get("step") if step is None else step
+    if step is None:
+        return None, "cannot tell the step from the checkpoint path; pass --step"
+    if prov.get("step") is not None and int(prov["step"]) != step:
+        from ..checkpoint import step_name
+
+        src = args.ckpt or args.hf
+        return None, (f"{'--step' if args.step is not None else 'the path says step'} {step}, but the weights "
+                      f"loaded from {src} are step {prov['step']} (a run dir loads its newest verified step): the "
+                      f"result would carry another step's name; evaluate step {step} with --ckpt <run>/checkpoints/"
+                      f"{step_name(step)}, or drop --step")
+    return step, None
+
+
 def _eval(args) -> int:
     from ..config import load_for_command
     from .compare import markdown
@@ -68,30 +116,10 @@ def _eval(args) -> int:
     cfg = load_for_command(args.config, args.set)
     if cfg is None:
         return 2
-    eval_cfg = cfg.eval
-    over = {k: v for k, v in (("lengths", args.lengths), ("n", args.n), ("tasks", args.tasks)) if v is not None}
-    if over:   # validated like the config's own values (--n 0 is an error, not a silent eval.n)
-        from pydantic import ValidationError
-
-        from ..config.load import _format_pydantic
-
-        try:
-            eval_cfg = type(eval_cfg).model_validate({**eval_cfg.model_dump(), **over})
-        except ValidationError as e:
-            print("megablu eval: " + "; ".join(f"--{m}" for m in _format_pydantic(e)), file=sys.stderr)
-            return 2
-    if args.batch_tokens is not None and args.batch_tokens < 1:   # 0 would mean the default below
-        print(f"megablu eval: --batch-tokens {args.batch_tokens} must be >= 1", file=sys.stderr)
-        return 2
-    try:
-        from ..data.tokenizer import TokenizerError, load_tokenizer
-    except ImportError as e:
-        print(f"megablu eval: tokenizer support unavailable ({e})", file=sys.stderr)
-        return 2
-    try:
-        tok = load_tokenizer(cfg.tokenizer)
-    except TokenizerError as e:
-        print(f"megablu eval: tokenizer: {e}", file=sys.stderr)
+    eval_cfg, why = _eval_settings(args, cfg.eval)
+    tok, why = (None, why) if why else _eval_tokenizer(cfg)
+    if why or eval_cfg is None or tok is None:
+        print(f"megablu eval: {why}", file=sys.stderr)
         return 2
 
     device, dtype = _device_and_dtype(cfg)
@@ -129,19 +157,9 @@ def _eval(args) -> int:
     from .harness import weights_fingerprint
 
     info = {**info, "weights": weights_fingerprint(model)}   # the result's identity (results.identity)
-    step = args.step if args.step is not None else _step_from_path(args.ckpt or args.hf or "")
-    step = prov.get("step") if step is None else step
-    if step is None:
-        print("megablu eval: cannot tell the step from the checkpoint path; pass --step", file=sys.stderr)
-        return 2
-    if prov.get("step") is not None and int(prov["step"]) != step:
-        from ..checkpoint import step_name
-
-        src = args.ckpt or args.hf
-        print(f"megablu eval: {'--step' if args.step is not None else 'the path says step'} {step}, but the weights "
-              f"loaded from {src} are step {prov['step']} (a run dir loads its newest verified step): the result "
-              f"would carry another step's name; evaluate step {step} with --ckpt <run>/checkpoints/"
-              f"{step_name(step)}, or drop --step", file=sys.stderr)
+    step, why = _eval_step(args, prov)
+    if why or step is None:
+        print(f"megablu eval: {why}", file=sys.stderr)
         return 2
     model = apply_memory(model, _eval_memory(cfg.memory), device=device.type)
     model = model.to(device=device, dtype=dtype).eval()
@@ -263,14 +281,45 @@ def _load_model(args, cfg, tokenizer: str):
     return model, prov
 
 
-def _compare(args) -> int:
+def _warn_unpaired(results) -> None:
+    """A warning for each (task, length) whose arms were scored on different prompts."""
+    digests: dict = {}
+    for r in results:
+        for c in r["cells"]:
+            digests.setdefault((c["task"], c["length"]), set()).add(c["digest"])
+    for (task, L), ds in digests.items():
+        if len(ds) > 1:
+            log.warning("%s@%d: arms were evaluated on different prompts (seed, n or tokenizer differ); "
+                        "differences there are not paired", task, L)
+
+
+def _gate_against(results, parent: dict, args) -> tuple[list[str], int]:
+    """Every result but the parent itself gated against it: (the gate's markdown, exit code 0 or 1); each
+    verdict on stderr."""
     from ..config.schema import GateConfig
+    from .gate import check_gate, gate_markdown
+    from .results import _label, identity_differences
+
+    gcfg = GateConfig(parent=args.gate_parent, short_lengths=args.short_lengths, margin_pp=args.margin_pp,
+                      loss_margin_rel=args.loss_margin_rel, ruler_at_window=not args.no_ruler_at_window)
+    gated, rc = [], 0
+    for r in results:
+        if (r["arm"], r["step"]) == (parent["arm"], parent["step"]) and not identity_differences(r, parent) \
+                and r.get("_path") == parent.get("_path"):
+            continue   # the parent itself
+        gated.append((_label(r), check_gate(r, parent, gcfg)))
+    for label, g in gated:
+        print(f"{label}: {g.message}", file=sys.stderr)
+        rc = rc or (0 if g.passed else 1)
+    return gate_markdown(gated, _label(parent), gcfg), rc
+
+
+def _compare(args) -> int:
     from .compare import markdown
     from .controls import controls_markdown, find_controls, missing_controls
-    from .gate import check_gate, gate_markdown
     from .plots import heatmaps, plot
     from .prompts import EvalError
-    from .results import _label, identity_differences, load_result, merge_results
+    from .results import load_result, merge_results
 
     try:
         results = merge_results([load_result(s) for s in args.runs])
@@ -290,29 +339,13 @@ def _compare(args) -> int:
         return 2
     for m in missing:
         log.warning("%s", m)
-    digests = {}
-    for r in results:
-        for c in r["cells"]:
-            digests.setdefault((c["task"], c["length"]), set()).add(c["digest"])
-    for (task, L), ds in digests.items():
-        if len(ds) > 1:
-            log.warning("%s@%d: arms were evaluated on different prompts (seed, n or tokenizer differ); "
-                        "differences there are not paired", task, L)
+    _warn_unpaired(results)
     text = "\n".join([markdown(results, baseline=args.baseline, threshold=args.threshold),
                       *controls_markdown(controls)])
-    rc, gated = 0, []
+    rc = 0
     if parent is not None:
-        gcfg = GateConfig(parent=args.gate_parent, short_lengths=args.short_lengths, margin_pp=args.margin_pp,
-                          loss_margin_rel=args.loss_margin_rel, ruler_at_window=not args.no_ruler_at_window)
-        for r in results:
-            if (r["arm"], r["step"]) == (parent["arm"], parent["step"]) and not identity_differences(r, parent) \
-                    and r.get("_path") == parent.get("_path"):
-                continue   # the parent itself
-            gated.append((_label(r), check_gate(r, parent, gcfg)))
-        text = "\n".join([text, *gate_markdown(gated, _label(parent), gcfg)])
-        for label, g in gated:
-            print(f"{label}: {g.message}", file=sys.stderr)
-            rc = rc or (0 if g.passed else 1)
+        gate_lines, rc = _gate_against(results, parent, args)
+        text = "\n".join([text, *gate_lines])
     print(text)
     if args.md:
         Path(args.md).write_text(text + "\n")

@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
 from .results import (
     AVERAGES,
@@ -71,14 +72,17 @@ def difference(res_a: dict, cell_a: dict, res_b: dict, cell_b: dict) -> tuple[Di
         scores = (*out_a.values(), *out_b.values())
         if len(out_a) == len(out_b) == cell_a["n"] and out_a.keys() == out_b.keys() and None not in out_a \
                 and None not in scores:
+            sa = {i: x for i, x in out_a.items() if x is not None}   # every score is kept (checked above)
+            sb = {i: x for i, x in out_b.items() if x is not None}
             if all(x in (0.0, 1.0) for x in scores):
                 t = {(True, True): 0, (True, False): 0, (False, True): 0, (False, False): 0}
-                for i in out_a:
-                    t[(out_a[i] == 1.0, out_b[i] == 1.0)] += 1
+                for i in sa:
+                    t[(sa[i] == 1.0, sb[i] == 1.0)] += 1
                 table = (t[(True, True)], t[(True, False)], t[(False, True)], t[(False, False)])
                 return newcombe_paired(*table), Pairing("binary", cell_a["n"], table=table)
-            d = [out_a[i] - out_b[i] for i in out_a]
-            return paired_mean_diff(d), Pairing("mean", len(d), sd=statistics.stdev(d) if len(d) > 1 else 0.0)
+            per_prompt = [sa[i] - sb[i] for i in sa]
+            return paired_mean_diff(per_prompt), Pairing("mean", len(per_prompt), sd=statistics.stdev(per_prompt)
+                                                         if len(per_prompt) > 1 else 0.0)
     d = newcombe(cell_a["correct"], cell_a["n"], cell_b["correct"], cell_b["n"])
     if _binary(cell_a) and _binary(cell_b):           # 0/1 scores: Fisher's exact test beside the interval
         d = dataclasses.replace(d, p=fisher_exact_p(int(cell_a["correct"]), cell_a["n"],
@@ -121,8 +125,8 @@ def starred(results: Sequence[dict], baseline: int) -> dict[tuple[str, int, int]
             cs = cells_by(r, task)
             for L in sorted(set(cs) & set(bc)):
                 out[(task, j, L)] = difference(r, cs[L], base, bc[L])
-    family = [k for k, (d, _) in out.items() if d.p is not None]
-    adj = dict(zip(family, holm([out[k][0].p for k in family])))
+    tested = {k: d.p for k, (d, _) in out.items() if d.p is not None}
+    adj = dict(zip(tested, holm(list(tested.values())), strict=True))
     return {k: Compared(d, paired, adj.get(k)) for k, (d, paired) in out.items()}
 
 
@@ -194,14 +198,19 @@ def _task_tables(results: Sequence[dict], baseline: int, threshold: float) -> li
                         need = ""
                     elif paired is not None and paired.kind == "binary":   # the 2x2 table: discordant share, diff
                         n, t = paired.n, paired.table
+                        assert t is not None   # kind binary carries its table
                         psi, delta = (t[1] + t[2]) / n, (t[1] - t[2]) / n
                         need = f" n/arm {n_to_resolve_paired(psi, delta)}" if delta else " n/arm inf"
                     elif paired is not None:   # a mean of fractions that cancel can miss 0 by rounding
-                        need = f" n/arm {n_to_resolve_mean(paired.sd, d.diff)}" if abs(d.diff) > 1e-9 else " n/arm inf"
+                        sd = paired.sd
+                        assert sd is not None   # kind mean carries its SD
+                        need = f" n/arm {n_to_resolve_mean(sd, d.diff)}" if abs(d.diff) > 1e-9 else " n/arm inf"
                     else:
                         need = f" n/arm {n_to_resolve(pa, pb)}" if pa != pb else " n/arm inf"
                     flag = "*" if cmp_.star else ""
-                    test = f" p {_fmt_p(d.p)} adj {_fmt_p(cmp_.p_adj)}" if cmp_.p_adj is not None else ""
+                    # p_adj: Holm's, for a tested difference only
+                    test = f" p {_fmt_p(d.p)} adj {_fmt_p(cmp_.p_adj)}" if cmp_.p_adj is not None and d.p is not None \
+                        else ""
                     warn = ("" if paired.kind == "binary" else " paired t") if paired is not None else \
                         " indep." if a["digest"] == b["digest"] else " (prompts differ)"
                     row.append(f"{100 * d.diff:+.1f}{flag} [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}]{test}{need}{warn}")
@@ -234,7 +243,7 @@ def _average_table(results: Sequence[dict], threshold: float, title: str, suite)
     lines = [f"### {title}", "",
              "| arm | tasks | " + " | ".join(str(L) for L in lengths) + " | eff. length |",
              "|---|---|" + "---|" * len(lengths) + "---|"]
-    for r, a in zip(results, avgs):
+    for r, a in zip(results, avgs, strict=True):
         if not a:
             continue
         acc = {x["length"]: x for x in a["by_length"]}
@@ -258,7 +267,7 @@ def _loss_table(results: Sequence[dict], baseline: int, name: Optional[str]) -> 
     have = [r for r in results if loss_section(r, name)]
     if not have:
         return []
-    sec = {id(r): loss_section(r, name) for r in results}
+    sec = {id(r): loss_section(r, name) or {} for r in results}   # {}: this result has none
     lengths = sorted({c["length"] for r in have for c in sec[id(r)]["by_length"]})
     lines = ["### held-out loss" + (f": {name} (eval.loss.sets)" if name else ""), "",
              "| arm | " + " | ".join(str(L) for L in lengths) + " | short docs |",
@@ -310,7 +319,7 @@ def short_loss_change(res: dict, parent: dict, name: Optional[str] = None) -> Op
         # per-token pooled difference = sum_d w_d (l_ad - l_bd), w_d = tokens_d / tokens; its
         # variance from the per-document terms (a ratio estimator around the pooled mean)
         tot = sum(n for n, _ in a["per_doc"])
-        terms = [n / tot * (la - lb) for (n, la), (_, lb) in zip(a["per_doc"], b["per_doc"])]
+        terms = [n / tot * (la - lb) for (n, la), (_, lb) in zip(a["per_doc"], b["per_doc"], strict=True)]
         m = sum(terms)
         D = len(terms)
         var = D / (D - 1) * sum((t - m / D) ** 2 for t in terms)

@@ -27,8 +27,9 @@ The pairing rule reads only what results record (eval/cli.py: `weights`, `model`
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
 from .compare import _score, difference
 from .results import _label, cells_by, string_setting
@@ -105,6 +106,12 @@ class Control:
     control: Optional[dict] = None
     problem: Optional[str] = None
 
+    def four(self) -> tuple[dict, dict, dict, dict]:
+        """(arm, reference, control, control_reference), for a control without a problem (all four found)."""
+        assert self.reference is not None and self.control is not None and self.control_reference is not None, \
+            self.problem
+        return self.arm, self.reference, self.control, self.control_reference
+
 
 def find_controls(results: Sequence[dict]) -> list[Control]:
     """A Control for every changed result whose weights were trained with YaRN (module docstring)."""
@@ -129,7 +136,7 @@ def find_controls(results: Sequence[dict]) -> list[Control]:
         base = (_rope_key(tr), json.dumps(None))
         c.reference = next((r for r in results if _model_key(r) == key and not changed(r) and _setting(r) == base),
                            None)
-        cands = {}
+        cands: dict = {}
         for r in results:
             k = _model_key(r)
             if k is None or k[0] == key[0] or k[1:] != key[1:]:
@@ -184,9 +191,9 @@ def _beyond_control(c: Control, task: str, L: int) -> str:
     """What the change did on the arm beyond what it did on the control: the mean over prompts of (arm with -
     arm without) - (control with - control without), a paired t interval (stats.paired_mean_diff on the halves,
     each in [-1, 1], doubled); only where all four cells hold the same prompts with every score kept."""
-    four = [c.arm, c.reference, c.control, c.control_reference]
-    cells = [cells_by(r, task).get(L) for r in four]
-    if any(x is None for x in cells) or len({x["digest"] for x in cells}) != 1 or len({x["n"] for x in cells}) != 1:
+    four = c.four()
+    cells = [x for x in (cells_by(r, task).get(L) for r in four) if x is not None]
+    if len(cells) < len(four) or len({x["digest"] for x in cells}) != 1 or len({x["n"] for x in cells}) != 1:
         return "-"
     sc = [_scores(r, task, L) for r in four]
     idx = set(sc[0])
@@ -212,7 +219,7 @@ def controls_markdown(controls: Sequence[Control]) -> list[str]:
         if c.problem:
             lines += [title, "", f"**{c.change}: {c.problem}.**", ""]
             continue
-        a, a0, k, k0 = c.arm, c.reference, c.control, c.control_reference
+        a, a0, k, k0 = c.four()
         tasks = list(dict.fromkeys(x["task"] for x in a["cells"]))
         lines += [title, "", f"trained: {_label(a)} minus {_label(a0)}; control: {_label(k)} minus {_label(k0)}", ""]
         for task in tasks:

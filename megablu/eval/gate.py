@@ -17,8 +17,9 @@ cannot check it (fails as unchecked).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional
 
 from ..config.eval_tasks import RULER_SUITE
 from .compare import difference, short_loss_change
@@ -154,18 +155,18 @@ def check_gate(result: dict, parent: dict, gate_cfg) -> GateResult:
     sets = [None] + sorted(result.get("loss_sets") or {})
     for name in [s for s in sets if (loss_section(result, s) or {}).get("short")]:
         what = "short-document loss" + (f" on {name}" if name else "")
-        d = short_loss_change(result, parent, name)
-        if d is None:
+        sd = short_loss_change(result, parent, name)
+        if sd is None:
             missing.append(f"the {what} (parent has none)")
             continue
-        ok = d["rel"] <= rel_margin
-        ci = (f" (paired 95% [{100 * d['ci_rel'][0]:+.1f}%, {100 * d['ci_rel'][1]:+.1f}%])" if d["ci_rel"]
+        ok = sd["rel"] <= rel_margin
+        ci = (f" (paired 95% [{100 * sd['ci_rel'][0]:+.1f}%, {100 * sd['ci_rel'][1]:+.1f}%])" if sd["ci_rel"]
               else " (not paired: other documents)")
-        checks.append({"task": "loss:short_docs" + (f":{name}" if name else ""), "loss": d["arm"],
-                       "parent_loss": d["parent"], "rel": d["rel"], "ci_rel": d["ci_rel"], "passed": ok})
+        checks.append({"task": "loss:short_docs" + (f":{name}" if name else ""), "loss": sd["arm"],
+                       "parent_loss": sd["parent"], "rel": sd["rel"], "ci_rel": sd["ci_rel"], "passed": ok})
         if not ok:
-            failures.append(f"{what} {d['arm']:.4f} vs parent {d['parent']:.4f} = "
-                            f"{100 * d['rel']:+.1f}% > margin {100 * rel_margin:g}%{ci}")
+            failures.append(f"{what} {sd['arm']:.4f} vs parent {sd['parent']:.4f} = "
+                            f"{100 * sd['rel']:+.1f}% > margin {100 * rel_margin:g}%{ci}")
     pname = f"{parent.get('arm')}@{parent.get('step')}"
     if failures or missing:
         problems = failures + [f"cannot check {m}" for m in missing]

@@ -25,7 +25,8 @@ YaRN from its first token on, and the cache never holds keys of two ropes.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -42,45 +43,49 @@ class StaticKVCache(KVCache):
     def __init__(self, n_layers: int, capacity: int, seq_sharded: bool = False):
         super().__init__(n_layers, seq_sharded=seq_sharded)
         self.capacity = capacity
-        self._kb = [None] * n_layers
-        self._vb = [None] * n_layers
+        self._kb: list[Optional[torch.Tensor]] = [None] * n_layers
+        self._vb: list[Optional[torch.Tensor]] = [None] * n_layers
         self._n = [0] * n_layers
-        self._ksb = [None] * n_layers   # STRING's shifted keys (model/string.py), allocated when first appended
+        # STRING's shifted keys (model/string.py), allocated when first appended
+        self._ksb: list[Optional[torch.Tensor]] = [None] * n_layers
         self._nks = [0] * n_layers
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        if self._kb[layer] is None:
+        kb, vb = self._kb[layer], self._vb[layer]
+        if kb is None or vb is None:   # both or neither
             B, _, H, D = k.shape
-            self._kb[layer] = k.new_empty(B, self.capacity, H, D)
-            self._vb[layer] = v.new_empty(B, self.capacity, v.shape[2], v.shape[3])
+            kb = self._kb[layer] = k.new_empty(B, self.capacity, H, D)
+            vb = self._vb[layer] = v.new_empty(B, self.capacity, v.shape[2], v.shape[3])
         s, t = self._n[layer], k.shape[1]
         if s + t > self.capacity:
             raise RuntimeError(f"StaticKVCache: {s} + {t} tokens > capacity {self.capacity}")
-        self._kb[layer][:, s:s + t] = k
-        self._vb[layer][:, s:s + t] = v
+        kb[:, s:s + t] = k
+        vb[:, s:s + t] = v
         self._n[layer] = s + t
-        self.k[layer], self.v[layer] = self._kb[layer][:, :s + t], self._vb[layer][:, :s + t]
+        self.k[layer], self.v[layer] = kb[:, :s + t], vb[:, :s + t]
         return self.k[layer], self.v[layer]
 
     def append_shifted(self, layer: int, ks: torch.Tensor) -> torch.Tensor:
-        if self._ksb[layer] is None:
-            self._ksb[layer] = ks.new_empty(ks.shape[0], self.capacity, *ks.shape[2:])
+        ksb = self._ksb[layer]
+        if ksb is None:
+            ksb = self._ksb[layer] = ks.new_empty(ks.shape[0], self.capacity, *ks.shape[2:])
         s, t = self._nks[layer], ks.shape[1]
         if s + t > self.capacity:
             raise RuntimeError(f"StaticKVCache: {s} + {t} shifted keys > capacity {self.capacity}")
-        self._ksb[layer][:, s:s + t] = ks
+        ksb[:, s:s + t] = ks
         self._nks[layer] = s + t
-        self.ks[layer] = self._ksb[layer][:, :s + t]
+        self.ks[layer] = ksb[:, :s + t]
         return self.ks[layer]
 
     def truncate(self, length: int) -> None:
         self._n = [min(n, length) for n in self._n]
         self._nks = [min(n, length) for n in self._nks]
         for i, n in enumerate(self._n):
-            if self._kb[i] is not None:
-                self.k[i], self.v[i] = self._kb[i][:, :n], self._vb[i][:, :n]
-            if self._ksb[i] is not None:
-                self.ks[i] = self._ksb[i][:, :self._nks[i]]
+            kb, vb, ksb = self._kb[i], self._vb[i], self._ksb[i]
+            if kb is not None and vb is not None:
+                self.k[i], self.v[i] = kb[:, :n], vb[:, :n]
+            if ksb is not None:
+                self.ks[i] = ksb[:, :self._nks[i]]
 
 
 def new_cache(model, capacity: int, rope_len: int, seq_sharded: bool = False) -> KVCache:

@@ -209,7 +209,7 @@ def weights_fingerprint(model) -> str:
     return h.hexdigest()[:16]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def code_digest() -> str:
     """The sources that generate and score (megablu/eval, model, ops, memory; csrc): a kept cell of other code
     is not reused."""
@@ -333,6 +333,7 @@ class _Resume:
 
     def write(self, cells: list, samples: list) -> None:
         """The partial file: `cells` and `samples` plus the kept ones this run does not ask for."""
+        assert self.path is not None, "a resumable eval has a partial file"
         results.write_result({"key": self.key, "cells": cells + [c for c, _ in self.others],
                               "samples": samples + [x for _, ss in self.others for x in ss]}, self.path)
 
@@ -405,10 +406,10 @@ def _generate_cell(model, tokenizer, eval_cfg: EvalConfig, task: str, L: int, ps
         gen = greedy_generate(model, ids, max_new, sp_group=sp_group,
                               prefill_chunk=_chunk_for(prefill_chunk, device, on, string.kernel if on else "auto"),
                               stop_ids=tokenizer.stop_ids).tolist()
-        for p, g in zip(batch, gen):
+        for p, g in zip(batch, gen, strict=True):
             done.append(_sample(task, L, p, tokenizer.decode(cut_at_stop(g, tokenizer.stop_ids))))
     if dp > 1:   # every dp group's share, back in prompt order
-        parts = [None] * dp
+        parts: list = [None] * dp
         torch.distributed.all_gather_object(parts, done, group=dp_group)
         order = {p.index: i for i, p in enumerate(ps)}
         done = sorted((x for part in parts for x in part), key=lambda x: order[x["index"]])
@@ -472,7 +473,7 @@ def _write(res: dict, out_dir: Path, step: int, plot: bool, state: _Resume) -> N
     plots.write_artifacts(res, out_dir, step, plot=plot)
     if state.key is not None and state.others:   # the kept cells this run did not ask for stay for a later one
         state.write([], [])
-    elif state.key is not None:
+    elif state.key is not None and state.path is not None:
         state.path.unlink(missing_ok=True)
     log.info("eval results written to %s%s", path, f" ({len(state.resumed)} cells kept from an earlier run)"
              if state.resumed else "")

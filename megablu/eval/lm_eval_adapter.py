@@ -266,7 +266,7 @@ class MegabluLM(TemplateLM):
                             len(ids), max_new, self.max_length, keep)
                 ids = ids[-keep:]
             jobs.append((i, ids, max_new, until))
-        out: list[Optional[str]] = [None] * len(requests)
+        out = [""] * len(requests)   # every request is one job below: each slot is written
         # equal lengths batch together (no padding mask); longest first, so a memory error comes first
         groups: dict[tuple[int, int], list] = {}
         for j in jobs:
@@ -278,7 +278,7 @@ class MegabluLM(TemplateLM):
                 x = torch.tensor([j[1] for j in batch], dtype=torch.long)
                 gen = greedy_generate(self.model, x, max_new, sp_group=self.sp_group,
                                       prefill_chunk=self.prefill_chunk, stop_ids=self.tok.stop_ids).tolist()
-                for (i, _, _, until), g in zip(batch, gen):
+                for (i, _, _, until), g in zip(batch, gen, strict=True):
                     text = self.tok.decode(cut_at_stop(g, self.tok.stop_ids))
                     for u in until:
                         if u:
@@ -291,7 +291,7 @@ class MegabluLM(TemplateLM):
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         """requests: (cache key or None, context ids, continuation ids) -> (sum log p(cont | ctx), greedy)."""
         rows = []
-        for n, (key, ctx, cont) in enumerate(requests):
+        for n, (_key, ctx, cont) in enumerate(requests):
             if not cont:
                 raise AdapterError("an empty continuation has no likelihood to score")
             seq = (list(ctx) + list(cont))[-(self.max_length + 1):]
@@ -310,10 +310,11 @@ class MegabluLM(TemplateLM):
                 L = len(rows[s][1])
                 k = max(1, self.batch_tokens // L) if self.batch_rows is None else self.batch_rows
                 batch = rows[s:s + k]
-                for (n, _, _), r in zip(batch, self._score_batch([r[1] for r in batch], [r[2] for r in batch])):
+                scores = self._score_batch([r[1] for r in batch], [r[2] for r in batch])
+                for (n, _, _), r in zip(batch, scores, strict=True):
                     res[n] = r
                 s += k
-        for (key, _, _), r in zip(requests, res):
+        for (key, _, _), r in zip(requests, res, strict=True):
             if key is not None:
                 self.cache_hook.add_partial("loglikelihood", key, r)
         return res
@@ -335,7 +336,7 @@ class MegabluLM(TemplateLM):
         finally:
             hook.close()
         out = []
-        for b, (i, c) in enumerate(zip(inps, conts)):
+        for b, (i, c) in enumerate(zip(inps, conts, strict=True)):
             # positions len(i)-len(c) .. len(i)-1 predict the continuation's tokens
             hb = h[b:b + 1, len(i) - len(c):len(i)]
             out.append(self._cont_score(hb, c))
@@ -389,9 +390,9 @@ class MegabluLM(TemplateLM):
                 owner.append(n)
         scores = self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm)
         out = [0.0] * len(requests)
-        for n, (lp, _) in zip(owner, scores):
+        for n, (lp, _) in zip(owner, scores, strict=True):
             out[n] += lp
-        for req, lp in zip(requests, out):
+        for req, lp in zip(requests, out, strict=True):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, lp)
         return out
 

@@ -236,7 +236,7 @@ def run_loss(model, data: dict, eval_cfg, *, sp_group=None, dp_group=None) -> di
     def score(seqs, tail: bool):
         mine = {i: nll(s, tail) for i, s in enumerate(seqs) if i % dp == dr}
         if dp > 1:
-            parts = [None] * dp
+            parts: list = [None] * dp
             dist.all_gather_object(parts, mine, group=dp_group)
             mine = {k: v for p in parts for k, v in p.items()}
         return [mine[i] for i in range(len(seqs))]

@@ -15,7 +15,8 @@ same windows again.
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Optional
+from collections.abc import Iterable
+from typing import Optional
 
 from .prompts import (
     EvalError,
@@ -158,13 +159,13 @@ class NeedleBuilder:
         def bare(i: int) -> int:
             keys, values, _ = self._draw(i)
             return (len(self.head) + sum(len(self.tok.encode(NEEDLE.format(key=k, value=v)))
-                                         for k, v in zip(keys, values))
+                                         for k, v in zip(keys, values, strict=True))
                     + len(self.tok.encode(QUESTION.format(key=keys[0]))))
         return max(bare(i) for i in range(self.n))
 
     def build(self, length: int, index: int) -> Prompt:
         keys, values, depths = self._draw(index)
-        needles = [self.tok.encode(NEEDLE.format(key=k, value=v)) for k, v in zip(keys, values)]
+        needles = [self.tok.encode(NEEDLE.format(key=k, value=v)) for k, v in zip(keys, values, strict=True)]
         question = self.tok.encode(QUESTION.format(key=keys[0]))
         n_ctx = length - len(self.head) - sum(map(len, needles)) - len(question)
         if n_ctx < 0:
@@ -178,7 +179,7 @@ class NeedleBuilder:
         ids = self.head + ctx + question
         assert len(ids) == length, (len(ids), length)
         return Prompt(self.task, length, index, tuple(ids), values[0], cuts[0] / max(n_ctx, 1),
-                      {"key": keys[0], "offset": off, "distractors": list(zip(keys[1:], values[1:]))})
+                      {"key": keys[0], "offset": off, "distractors": list(zip(keys[1:], values[1:], strict=True))})
 
 
 # ---------------------------------------------------------------- RULER's NIAH family
@@ -219,7 +220,7 @@ class NiahBuilder:
                             f"split is the haystack) or pass haystack=")
         self.task, self.spec, self.tok, self.n, self.hay = task, spec, tokenizer, n, haystack
         self.seed = check_seed(seed)
-        self.stream = haystack.stream(self.seed) if spec.haystack == "text" else None
+        self.stream = haystack.stream(self.seed) if spec.haystack == "text" and haystack is not None else None
         self.tv = _TYPE_V[spec.value]
         self.head = tokenizer.encode(R_INSTRUCTION.format(tv=self.tv))
         if spec.haystack == "filler":
@@ -244,7 +245,7 @@ class NiahBuilder:
         # in a kv haystack a needle is one more line, indistinguishable from the others
         tmpl = R_KV_LINE if self.spec.haystack == "kv" else R_NEEDLE
         needles = [[self.tok.encode(tmpl.format(tv=self.tv, key=k, value=v)) for v in vs]
-                   for k, vs in zip(keys, values)]
+                   for k, vs in zip(keys, values, strict=True)]
         question = self.tok.encode(R_QUESTION.format(tv=self.tv, query=_join_query(keys[:self.spec.queries])))
         return rng, keys, values, depths, needles, question
 

@@ -5,8 +5,9 @@ length heatmap of a task with needles (heatmap), and the files an eval writes be
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 from .compare import markdown
 from .prompts import EvalError
@@ -39,7 +40,7 @@ def panel_x(lengths_by_arm: dict[int, list[int]]) -> dict[int, list[float]]:
     that have points in this panel only (a panel where 2 of 9 arms have cells sets those 2 side by
     side at the length, not at the two ends of nine arms' spread)."""
     offs = _offsets(len(lengths_by_arm))
-    return {j: [math.log2(L) + o for L in Ls] for (j, Ls), o in zip(lengths_by_arm.items(), offs)}
+    return {j: [math.log2(L) + o for L in Ls] for (j, Ls), o in zip(lengths_by_arm.items(), offs, strict=True)}
 
 
 def panel_xlim(lengths: Sequence[int], k: int) -> tuple[float, float]:
@@ -68,7 +69,7 @@ def plot(results: Sequence[dict], path: Path, task: Optional[str] = None) -> Pat
     cols = min(4, len(panels))
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4.2 * rows), squeeze=False)
-    for ax, (kind, t) in zip(axes.flat, panels):
+    for ax, (kind, t) in zip(axes.flat, panels, strict=False):
         series = {}                       # arm index -> its points in this panel
         for j, r in enumerate(results):
             if kind == "task":
@@ -92,7 +93,7 @@ def plot(results: Sequence[dict], path: Path, task: Optional[str] = None) -> Pat
             if kind != "loss":
                 ax.fill_between(x, [p[2] for p in pts], [p[3] for p in pts], alpha=0.15, color=line.get_color())
             if kind == "task" and _n_note([cells_by(r, t)[p[0]] for p in pts]) is None:
-                for xi, p in zip(x, pts):
+                for xi, p in zip(x, pts, strict=True):
                     ax.annotate(f"n={p[4]}", (xi, p[1]), fontsize=6, xytext=(2, 3), textcoords="offset points")
         if lengths:
             ax.set_xlim(*panel_xlim(sorted(lengths), len(series)))
@@ -136,7 +137,7 @@ def heatmap(results: Sequence[dict], path: Path, task: str) -> Optional[Path]:
     w = 1.0 * max(len(cs) for _, cs in have) + 1.2
     fig, axes = plt.subplots(1, len(have), figsize=(w * len(have) + 1.8, 4.4), squeeze=False, layout="constrained")
     norm, cmap = mcolors.Normalize(0, 100), plt.get_cmap("RdYlGn")
-    for ax, (r, cs) in zip(axes[0], have):
+    for ax, (r, cs) in zip(axes[0], have, strict=True):
         for xi, c in enumerate(cs):
             for b in c.get("by_depth") or []:
                 lo, hi = b["depth"]

@@ -27,9 +27,10 @@ import hashlib
 import operator
 import random
 import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Callable, Iterable, Optional, Protocol, Sequence, Union
+from typing import Optional, Protocol, Union
 
 
 class EvalError(Exception):
@@ -40,7 +41,9 @@ class TokenizerLike(Protocol):
     vocab_size: int
     eot_id: int
     identity: str
-    stop_ids: tuple[int, ...]   # eot_id first: generation stops at any of them
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]: ...   # eot_id first: generation stops at any of them
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -206,7 +209,7 @@ def draw_items(rng: random.Random, kind: str, count: int, exclude: Iterable[str]
     No item is a substring of another or of `exclude` (substring scoring must not credit a
     neighbour); nested_ok checks that against `exclude` only (many distractors, few answers)."""
     exclude = list(exclude)
-    seen, out = set(exclude), []
+    seen, out = set(exclude), list[str]()
     ws = words()
     while len(out) < count:
         if kind == "numbers":
@@ -238,6 +241,6 @@ def insert_at(ctx: Sequence[int], pieces: Sequence[Sequence[int]], cuts: Sequenc
     return out + list(ctx[prev:])
 
 
-def pad_ids(tokenizer: "TokenizerLike", count: int) -> list[int]:
+def pad_ids(tokenizer: TokenizerLike, count: int) -> list[int]:
     """count tokens of blank lines: the remainder when a task's whole items cannot fill a length exactly."""
     return repeat_to(tokenizer.encode("\n"), count)

@@ -27,8 +27,9 @@ import datetime as _dt
 import json
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 from ..config.eval_tasks import MEGABLU_SUITE, RULER_SUITE
 from .prompts import EvalError, Prompt, prompt_digest
@@ -55,7 +56,7 @@ def cell(task: str, length: int, samples: list[dict], eval_cfg, prompts: Sequenc
     p, lo, hi = wilson(k, n)
     bins = [[0, 0] for _ in range(DEPTH_BINS)]
     for s in samples:
-        pairs = zip(s["depths"], s["found"]) if "depths" in s else [(s["depth"], s["correct"])]
+        pairs = zip(s["depths"], s["found"], strict=True) if "depths" in s else [(s["depth"], s["correct"])]
         for d, ok in pairs:
             if d is None:
                 continue
@@ -100,7 +101,7 @@ def ruler_average(cells: list[dict], threshold: float = RULER_THRESHOLD,
     not be comparable across lengths); None when no suite task is there. The interval is
     stats.mean_interval over the tasks' cells. suite=MEGABLU_SUITE: the same for megablu's
     RULER-like tasks (its own average)."""
-    by = {}
+    by: dict[str, dict[int, dict]] = {}
     for c in cells:
         if c["task"] in suite:
             by.setdefault(c["task"], {})[c["length"]] = c
@@ -110,11 +111,11 @@ def ruler_average(cells: list[dict], threshold: float = RULER_THRESHOLD,
     tasks = [t for t in suite if t in by and all(L in by[t] for L in lengths)]
     if not tasks:
         return None
-    rows = []
+    rows: list[dict] = []
     for L in lengths:
         m, lo, hi = mean_interval([(by[t][L]["correct"], by[t][L]["n"]) for t in tasks])
         rows.append({"length": L, "acc_pp": 100 * m, "ci_pp": [100 * lo, 100 * hi]})
-    acc = {r["length"]: r["acc_pp"] for r in rows}
+    acc: dict[int, float] = {r["length"]: r["acc_pp"] for r in rows}
     return {"tasks": tasks, "lengths": lengths, "by_length": rows, "threshold": threshold,
             "effective_length": effective_length(acc, threshold),
             "effective_length_contiguous": effective_length_contiguous(acc, threshold),

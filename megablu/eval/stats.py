@@ -62,9 +62,10 @@ All accuracies are fractions in [0, 1] inside the functions; reports show percen
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Optional, Sequence
+from typing import Optional
 
 RULER_THRESHOLD = 85.6
 _TIE = 1e-9     # per-prompt differences closer than this are equal (2/3 - 1/3 and 1 - 2/3 differ in the last bit)
@@ -230,20 +231,21 @@ def slope_per_doubling(lengths: Sequence[int], correct: Sequence[int], n: Sequen
     if len(lengths) < 2 or len(set(lengths)) < 2:
         raise ValueError(f"slope needs >= 2 distinct lengths, got {list(lengths)}")
     x = [math.log2(L) for L in lengths]
-    y = [100 * k / m for k, m in zip(correct, n)]
+    y = [100 * k / m for k, m in zip(correct, n, strict=True)]
     xb, yb = sum(x) / len(x), sum(y) / len(y)
     sxx = sum((xi - xb) ** 2 for xi in x)
     c = [(xi - xb) / sxx for xi in x]                 # slope = sum(c_i * y_i)
-    b = sum(ci * yi for ci, yi in zip(c, y))
+    b = sum(ci * yi for ci, yi in zip(c, y, strict=True))
     a = yb - b * xb
     # Var(y_i) in pp^2 from the binomial, with Agresti-Coull p~ so extremes keep a variance
-    var = sum(ci * ci * 1e4 * ((k + 2) / (m + 4)) * (1 - (k + 2) / (m + 4)) / m for ci, k, m in zip(c, correct, n))
+    var = sum(ci * ci * 1e4 * ((k + 2) / (m + 4)) * (1 - (k + 2) / (m + 4)) / m
+              for ci, k, m in zip(c, correct, n, strict=True))
     z = z_of(conf)
     ci = (b - z * math.sqrt(var), b + z * math.sqrt(var))
     fit = None
     dof = len(x) - 2
     if dof >= 1:
-        rss = sum((yi - (a + b * xi)) ** 2 for xi, yi in zip(x, y))
+        rss = sum((yi - (a + b * xi)) ** 2 for xi, yi in zip(x, y, strict=True))
         se = math.sqrt(rss / dof / sxx)
         tq = t_quantile(conf, dof)
         fit = (b - tq * se, b + tq * se)

@@ -34,10 +34,11 @@ def make_builder(task: str, spec, tokenizer: TokenizerLike, seed: int, n: int, h
         raise EvalError(f"task {task!r} needs a real-text haystack: set eval.haystack (a dataset dir whose val split "
                         f"is the haystack) or pass haystack=")
     if f == "needle":
-        b = NeedleBuilder("multikey" if spec.distractors else "needle", tokenizer, seed, n, haystack,
-                          n_distractors=spec.distractors)
-        b.task = task
-        return b
+        assert haystack is not None   # needs_text_haystack: checked above
+        nb = NeedleBuilder("multikey" if spec.distractors else "needle", tokenizer, seed, n, haystack,
+                           n_distractors=spec.distractors)
+        nb.task = task
+        return nb
     if f == "niah":
         return NiahBuilder(task, spec, tokenizer, seed, n, haystack)
     if f == "vt":

@@ -16,6 +16,7 @@ own order, interleaved. Chain 0's value is asked; its hops + 1 variables are the
 """
 from __future__ import annotations
 
+import itertools
 import string
 
 from .passkey import FILLER
@@ -37,7 +38,8 @@ class VTBuilder:
             raise EvalError(f"{task}: the filler sentence encodes to zero tokens")
 
     def _chains(self, rng, taken: set) -> tuple[list[list[str]], list[str]]:
-        names, values = [], []
+        names: list[str] = []
+        values: list[str] = []
         while len(names) < self.spec.chains * (self.spec.hops + 1):
             v = "".join(rng.choice(string.ascii_uppercase) for _ in range(5))
             if v not in taken:
@@ -52,7 +54,7 @@ class VTBuilder:
         return [names[c * h:(c + 1) * h] for c in range(self.spec.chains)], values
 
     def _statements(self, chain: list[str], value: str) -> list[str]:
-        return [f" VAR {chain[0]} = {value}. "] + [f" VAR {b} = VAR {a}. " for a, b in zip(chain, chain[1:])]
+        return [f" VAR {chain[0]} = {value}. "] + [f" VAR {b} = VAR {a}. " for a, b in itertools.pairwise(chain)]
 
     def _example(self, rng, taken: set) -> list[int]:
         """One worked example (its own chain of the same hops) with its answer: RULER's one-shot ICL."""
@@ -68,7 +70,7 @@ class VTBuilder:
         taken: set = set()
         example = self._example(rng, taken)
         chains, values = self._chains(rng, taken)
-        stmts = [[self.tok.encode(s) for s in self._statements(ch, v)] for ch, v in zip(chains, values)]
+        stmts = [[self.tok.encode(s) for s in self._statements(ch, v)] for ch, v in zip(chains, values, strict=True)]
         question = self.tok.encode(QUESTION.format(value=values[0], n=len(chains[0])))
         return rng, example, chains, stmts, question
 
@@ -93,7 +95,7 @@ class VTBuilder:
         rng.shuffle(owners)
         nxt, cuts = [0] * len(stmts), [0] * len(flat)
         starts = [sum(len(st) for st in stmts[:c]) for c in range(len(stmts))]
-        for d, c in zip(depths, owners):
+        for d, c in zip(depths, owners, strict=True):
             j = starts[c] + nxt[c]
             nxt[c] += 1
             cuts[j] = min(round(d * n_ctx / u) * u, (n_ctx // u) * u)

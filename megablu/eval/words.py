@@ -107,7 +107,7 @@ class CWEBuilder:
         if used > budget:
             raise EvalError(f"{self.task}: {used} tokens of common words alone exceed the {budget} available")
         rounds = [s.freq_uncommon] + [1] * (s.freq_common - 1 - s.freq_uncommon)
-        for r, times in enumerate(rounds):
+        for times in rounds:
             for w in uncommon:
                 cost = sum(len(self._num(len(seq) + 1 + t)) for t in range(times)) + times * len(self._word(w))
                 if used + cost > budget:
@@ -223,7 +223,8 @@ class FWEBuilder:
         if not self._separated(counts):
             raise EvalError(f"{self.task}: length {length} is too short for the top {self.spec.top} coded words to "
                             f"be strictly the most frequent; use lengths >= {self.min_length()}")
-        seq = [w for w, c in zip(vocab, counts) for _ in range(c)]
+        # counts: the first words of vocab, as many as fit the length
+        seq = [w for w, c in zip(vocab, counts, strict=False) for _ in range(c)]
         rng.shuffle(seq)
         ids: list[int] = []
         enc = {w: self.tok.encode(" " + w) for w in vocab[:len(counts)]}

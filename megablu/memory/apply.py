@@ -28,14 +28,14 @@ new module, the switches are the forwards of the existing ones.
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import Any, Optional, TypeVar, cast
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..config.schema import MemoryConfig
-from ..model.decoder import LocalAttention
+from ..model.decoder import Block, LocalAttention
 from ..ops.cross_entropy import resolve_loss
 from .offload import ActivationOffload
 from .tiled import tiled
@@ -55,9 +55,10 @@ class _TiledForward:
 class _BlockForward:
     """A block's forward under the recompute mode and the model's activation offload."""
 
-    def __init__(self, model: nn.Module, index: int, recompute: str, tiles: int):
+    def __init__(self, model: Any, index: int, recompute: str, tiles: int):
+        # model: a BluModel with `offload` installed by apply_memory (not in its class)
         self.model, self.index, self.recompute, self.tiles = model, index, recompute, tiles
-        block = model.layers[index]
+        block = cast(Block, model.layers[index])
         self.block = block
         self.plain = functools.partial(type(block).forward, block)
         self.dense = functools.partial(type(block.mlp).forward, block.mlp)   # the untiled MLP
@@ -107,8 +108,11 @@ class _BlockForward:
         return self.plain(x, cos, sin, cache, docs)
 
 
-def apply_memory(model: nn.Module, memory: Optional[MemoryConfig] = None,
-                 offload: Optional[ActivationOffload] = None, device: Optional[str] = None) -> nn.Module:
+_Model = TypeVar("_Model", bound=nn.Module)
+
+
+def apply_memory(model: _Model, memory: Optional[MemoryConfig] = None,
+                 offload: Optional[ActivationOffload] = None, device: Optional[str] = None) -> _Model:
     """Install `memory` (a MemoryConfig; None = the defaults) on a BluModel, in place; returns it.
 
     offload: the ActivationOffload to use when memory.offload_activations (default: a new one);
@@ -118,24 +122,25 @@ def apply_memory(model: nn.Module, memory: Optional[MemoryConfig] = None,
     `model.lm_head.loss` is the loss implementation that runs (auto resolved).
     """
     memory = memory or MemoryConfig()
+    blu: Any = model   # a BluModel: what this installs on it (memory, offload, forwards) is not in its class
     if getattr(model, "memory", None) is not None:
         raise RuntimeError("apply_memory called twice on the same model")
     for m in model.modules():
         if hasattr(m, "impl"):   # auto: fused CUDA ops on GPU when built, pure torch otherwise
-            m.impl = memory.ops
-    model.lm_head.chunk = memory.loss_chunk
-    model.lm_head.loss = resolve_loss(memory.loss, device or next(model.parameters()).device.type)
+            cast(Any, m).impl = memory.ops
+    blu.lm_head.chunk = memory.loss_chunk
+    blu.lm_head.loss = resolve_loss(memory.loss, device or next(model.parameters()).device.type)
     for m in model.modules():
         if isinstance(m, LocalAttention):
             m.kernel = memory.attention
     # saved activations of every block to pinned host memory (training steps only)
-    model.offload = None
+    blu.offload = None
     if memory.offload_activations:
-        model.offload = offload or ActivationOffload(keep_last=memory.offload_keep, fraction=memory.offload_fraction)
-    for i, block in enumerate(model.layers):
+        blu.offload = offload or ActivationOffload(keep_last=memory.offload_keep, fraction=memory.offload_fraction)
+    for i, block in enumerate(blu.layers):
         if memory.mlp_tiles > 1:
             block.mlp.forward = _TiledForward(block.mlp, memory.mlp_tiles)
         if memory.recompute != "none" or memory.offload_activations:
             block.forward = _BlockForward(model, i, memory.recompute, memory.mlp_tiles)
-    model.memory = memory
+    blu.memory = memory
     return model

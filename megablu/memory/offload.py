@@ -38,7 +38,7 @@ layer like T * (linear flops + T * attention flops): per token the linear part i
 the causal attention part grows with T, so past some T every copy hides. Estimate for
 blu-0.5b on an H200 (host link ~50 GB/s per direction, PCIe Gen5 x16, not measured here):
 at T=32k a layer's forward takes ~9.5 ms (a third of a ~1 s fwd+bwd step over 36 layers;
-docs/BENCHMARKS.md has the step) and its selective saved set (370 MB) ~7.4 ms to copy: about even; at 128k the
+experiments/speed/LOG.md has the step) and its selective saved set (370 MB) ~7.4 ms to copy: about even; at 128k the
 forward work per token is ~3x that at 32k (causal attention 2*T*H*D = 268 MFLOP against
 22.5 MFLOP of linears) and the copy needs about a quarter of it; the layer-input-only
 copy of `full` (67 MB at 32k) hides at any T worth running. The backward does ~2x the
@@ -53,7 +53,8 @@ storages, copies weights' views and fetches at use time (no prefetch).
 from __future__ import annotations
 
 import contextlib
-from typing import Iterable, Iterator, Optional
+from collections.abc import Iterable, Iterator
+from typing import Optional
 
 import torch
 from torch import nn
@@ -77,7 +78,7 @@ class _Packed:
 
     __slots__ = ("block", "stored", "dtype", "offset", "size", "stride")
 
-    def __init__(self, block: "_BlockState", stored: _Stored, t: torch.Tensor):
+    def __init__(self, block: _BlockState, stored: _Stored, t: torch.Tensor):
         self.block, self.stored = block, stored
         self.dtype, self.offset, self.size, self.stride = t.dtype, t.storage_offset(), t.shape, t.stride()
 
@@ -85,7 +86,7 @@ class _Packed:
 class _BlockState:
     """One block's offloaded storages in one forward pass; `prev` is the block before it."""
 
-    def __init__(self, owner: "ActivationOffload", module: nn.Module, keep: tuple, prev: Optional["_BlockState"]):
+    def __init__(self, owner: ActivationOffload, module: nn.Module, keep: tuple, prev: Optional[_BlockState]):
         self.owner, self.module, self.prev = owner, module, prev
         self.keep = keep
         self.stored: list[_Stored] = []
@@ -169,6 +170,7 @@ class _BlockState:
                 cur = torch.cuda.current_stream(self.stored[0].device)
                 cur.wait_event(self.h2d_done)
                 for s in self.stored:                    # freed later only after the compute using it
+                    assert s.dev_copy is not None        # prefetch() made it
                     s.dev_copy.record_stream(cur)
 
     def unpack(self, p: _Packed) -> torch.Tensor:
@@ -176,6 +178,7 @@ class _BlockState:
         if self.prev is not None and self.prev.pending > 0:
             self.prev.prefetch()                         # the block the backward needs next
         buf = p.stored.dev_copy
+        assert buf is not None                           # ensure() prefetched it
         out = torch.empty(0, dtype=p.dtype, device=buf.device).set_(buf.untyped_storage(), p.offset, p.size,
                                                                      p.stride)
         self.pending -= 1
@@ -208,7 +211,7 @@ class ActivationOffload:
         self._last: Optional[_BlockState] = None
         self.host_bytes = 0          # bytes copied to host by the current (or last) forward
 
-    def side_stream(self, device: torch.device) -> "torch.cuda.Stream":
+    def side_stream(self, device: torch.device) -> torch.cuda.Stream:
         if device not in self._streams:
             self._streams[device] = torch.cuda.Stream(device=device)
         return self._streams[device]
@@ -235,7 +238,7 @@ class ActivationOffload:
     def block(self, module: nn.Module, keep: Iterable[torch.Tensor] = ()) -> Iterator[None]:
         st = _BlockState(self, module, tuple(keep), self._last)
         # bound the copies in flight: wait for block i-max_inflight's device-to-host copies
-        old = st
+        old: Optional[_BlockState] = st
         for _ in range(self.max_inflight):
             old = old.prev if old is not None else None
         if old is not None and old.d2h_done is not None:

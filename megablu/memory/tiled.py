@@ -26,7 +26,7 @@ MLP's own forward is tiled (apply.py), so the `memory.ops` dispatch applies insi
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -86,7 +86,7 @@ class _TiledFn(torch.autograd.Function):
             if want_x:
                 dx[s:e] = grads[0]
                 grads = grads[1:]
-            for i, g in zip(want, grads):
+            for i, g in zip(want, grads, strict=True):
                 if g is not None:
                     acc[i] += g
         dparams = [None] * len(ctx.params)
@@ -127,7 +127,7 @@ def tiled(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, tiles: in
     gradients are computed tile by tile and returned to autograd once. Without autograd
     (no_grad, inference, inside a reentrant checkpoint's forward) the tiles just run.
     """
-    params: Sequence[torch.Tensor] = tuple(params)
+    params = tuple(params)
     if tiles <= 1:
         return fn(x)
     if not torch.is_grad_enabled() or not (x.requires_grad or any(p.requires_grad for p in params)):

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, cast
 
 import torch
 import torch.nn.functional as F
@@ -370,7 +371,8 @@ class BluModel(nn.Module):
                              if rope.local_theta is not None and cfg.sliding_layers else None)
         self.lm_head = LMHead(cfg.d_model, cfg.vocab_size)
         if cfg.tie_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
+            # torch's stubs type Embedding.weight as Tensor; it is the Parameter LMHead.weight is declared as
+            self.lm_head.weight = self.embed_tokens.weight  # type: ignore[assignment]
 
     @torch.no_grad()
     def reset_parameters(self, seed: Optional[int] = None):
@@ -420,7 +422,7 @@ class BluModel(nn.Module):
         rl = self._rope_len(B, T, cache, doc_ids, rope_len, input_ids.device) if self.rotary.length_aware else None
         cos, sin = self.rotary(position_ids, h.dtype, rl)
         local = self.rotary_local(position_ids, h.dtype) if self.rotary_local is not None else (cos, sin)
-        for layer in self.layers:
+        for layer in cast("Iterable[Block]", self.layers):   # nn.ModuleList iterates as nn.Module
             c, s = local if layer.self_attn.sliding else (cos, sin)
             h = layer(h, c, s, cache, docs=docs)
         if labels is None and logits_index is not None:

@@ -7,11 +7,12 @@ a config whose computation BluModel cannot reproduce exactly is refused with the
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from pydantic import ValidationError
 
 from ..config.schema import FAMILIES, ModelConfig, RopeConfig, RopeScalingConfig, YarnConfig
+from ..config.schema.model import Family
 from .decoder import BluModel
 
 # family -> the transformers causal-LM class an export writes
@@ -134,7 +135,7 @@ def _family_of(hf_config) -> Optional[str]:
     """The family of a config's model_type; None for one BluModel does not import (the multimodal
     model_type 'gemma3' included: its text model is 'gemma3_text')."""
     t = getattr(hf_config, "model_type", None)
-    if t in MODEL_TYPES:
+    if t is None or t in MODEL_TYPES:
         return None
     return _FAMILY_OF.get(t, t)
 
@@ -186,7 +187,7 @@ def _model_from_hf(hf_config) -> ModelConfig:
         vocab_size=hf_config.vocab_size, tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
         norm_eps=hf_config.rms_norm_eps, nope_layers=nope, sliding_layers=sliding,
         sliding_window=hf_config.sliding_window if sliding else None,
-        family=None if fam in ("llama", "qwen2") else fam, **switches)
+        family=None if fam in ("llama", "qwen2") else cast(Family, fam), **switches)   # fam: an ARCHITECTURES key
 
 
 def _gemma3_refusals(hf_config, name: str) -> None:

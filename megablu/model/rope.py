@@ -38,11 +38,13 @@ def scaled_inv_freq(dim: int, theta: float, s: Optional[RopeScalingConfig]) -> t
         return inv
     if s.type == "linear":
         return inv / s.factor
-    low_wl = s.original_max_position / s.low_freq_factor
-    high_wl = s.original_max_position / s.high_freq_factor
+    orig, lo, hi = s.original_max_position, s.low_freq_factor, s.high_freq_factor
+    assert orig is not None and lo is not None and hi is not None   # llama3: RopeScalingConfig requires them
+    low_wl = orig / lo
+    high_wl = orig / hi
     wavelen = 2 * math.pi / inv
     out = torch.where(wavelen > low_wl, inv / s.factor, inv)
-    smooth = (s.original_max_position / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    smooth = (orig / wavelen - lo) / (hi - lo)
     smoothed = (1 - smooth) * out / s.factor + smooth * out
     medium = ~(wavelen < high_wl) * ~(wavelen > low_wl)
     return torch.where(medium, smoothed, out)
@@ -109,7 +111,7 @@ class RotaryEmbedding(nn.Module):
         length_aware = rope.yarn is not None and rope.yarn.apply == "beyond_original"
         # the original RoPE for sequences of at most original_max_position tokens
         self.short_inv_freq: Optional[torch.Tensor] = native if length_aware else None
-        self.original_max_position = rope.yarn.original_max_position if length_aware else None
+        self.original_max_position = rope.yarn.original_max_position if rope.yarn is not None and length_aware else None
 
     @property
     def length_aware(self) -> bool:
@@ -129,10 +131,12 @@ class RotaryEmbedding(nn.Module):
         if rope_len is None:
             raise ValueError("rope.yarn.apply=beyond_original: the RoPE needs each token's sequence length "
                              "(rope_len); BluModel.forward derives it or takes it from its caller")
-        if self.short_inv_freq.device != position_ids.device:
-            self.short_inv_freq = self.short_inv_freq.to(position_ids.device)
-        long = (rope_len > self.original_max_position)[..., None]                 # (B, T|1, 1)
-        inv = torch.where(long, self.inv_freq, self.short_inv_freq)               # (B, T|1, D/2)
+        short, orig = self.short_inv_freq, self.original_max_position
+        assert short is not None and orig is not None                             # length_aware
+        if short.device != position_ids.device:
+            self.short_inv_freq = short = short.to(position_ids.device)
+        long = (rope_len > orig)[..., None]                                       # (B, T|1, 1)
+        inv = torch.where(long, self.inv_freq, short)                             # (B, T|1, D/2)
         freqs = position_ids[..., None].float() * inv                             # (B, T, D/2)
         emb = torch.cat((freqs, freqs), dim=-1)
         # the attention factor only where YaRN applies; the same fp32 products as the scalar path

@@ -48,14 +48,15 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional, cast
 
 import torch
 import torch.nn.functional as F
 
 from .. import ops
-from .decoder import Attention, BluModel, KVCache, LocalAttention
+from .decoder import Attention, Block, BluModel, KVCache, LocalAttention
 
 # query rows per SDPA call: bounds the (rows, keys) boolean mask and any score tensor a backend
 # materialises, whatever the prefill chunk (a 32k whole-sequence forward holds (4096, <=36k) masks)
@@ -79,7 +80,7 @@ class StringStats:
     flex_off: Optional[str] = None
 
 
-def flex_recompile_error() -> type:
+def flex_recompile_error() -> type[Exception]:
     """dynamo's exception for a compile past the limit (torch >= 2.6), or a class nothing raises."""
     import torch._dynamo.exc as exc
 
@@ -301,7 +302,7 @@ class _State:
 
     def rotary_hook(self, rotary, args, kwargs, out):
         """After the model's rotary (position_ids, dtype, rope_len): the same tables at position + S - W."""
-        a = dict(zip(("position_ids", "dtype", "rope_len"), args), **kwargs)
+        a = dict(zip(("position_ids", "dtype", "rope_len"), args, strict=False), **kwargs)
         s = self.setting
         self.positions = a["position_ids"]
         self.tables = rotary.forward(a["position_ids"] + (s.shift - s.local), a["dtype"], a.get("rope_len"))
@@ -342,7 +343,9 @@ class StringAttention:
         k = a.k_proj(x).view(B, T, a.n_kv_heads, a.head_dim)
         v = a.v_proj(x).view(B, T, a.n_kv_heads, a.head_dim)
         # the raw keys rotated at position + shift - local, by the same op and tables as the plain ones
-        _, ks = ops.apply_rotary(k, k, st.tables[0], st.tables[1], impl=a.impl)
+        tables = st.tables
+        assert tables is not None   # the rotary hook made them for this forward
+        _, ks = ops.apply_rotary(k, k, tables[0], tables[1], impl=a.impl)
         q, k = ops.apply_rotary(q, k, cos, sin, impl=a.impl)
         out = string_attend(a.core, q, k, ks, v, st.setting, cache, docs, st.stats)
         return a.o_proj(out.reshape(B, T, a.n_heads * a.head_dim))
@@ -410,11 +413,12 @@ def apply_string(model, string, length: Optional[int] = None) -> Optional[String
             _remove(model)
         return prev
     if prev is not None:
-        model._string.state.setting = setting
+        cast(_Installed, model._string).state.setting = setting
         return prev
     state = _State(setting, stats_of(model))
     handle = model.rotary.register_forward_hook(state.rotary_hook, with_kwargs=True)
-    for layer in model.layers:
-        layer.self_attn.forward = StringAttention(layer.self_attn, state)
-    model._string = _Installed(state, handle)
+    # installed from outside: each Attention's `forward` and the model's `_string` are instance attributes
+    for layer in cast("Iterable[Block]", model.layers):
+        cast(Any, layer.self_attn).forward = StringAttention(layer.self_attn, state)
+    cast(Any, model)._string = _Installed(state, handle)
     return prev

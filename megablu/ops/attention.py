@@ -49,7 +49,7 @@ def sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
     return out.transpose(1, 2)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fa4_func():
     from flash_attn.cute import flash_attn_func
 
@@ -66,7 +66,7 @@ def import_problem() -> Optional[str]:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
@@ -108,7 +108,7 @@ def fa4_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tenso
     return res[0] if isinstance(res, tuple) else res
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _import_problem_once() -> Optional[str]:
     return import_problem()   # auto asks at every call: a failed import is tried once per process
 
@@ -116,7 +116,7 @@ def _import_problem_once() -> Optional[str]:
 def auto_kernel(q: torch.Tensor, k: torch.Tensor) -> tuple[str, str]:
     """(kernel, why) memory.attention=auto runs for these q and k: fa4 when FlashAttention-4 can take
     them (CUDA SM90, bf16/fp16, its head sizes) and flash_attn.cute imports, else sdpa. tests/ops/test_attention.py
-    and tests/model/test_kernel_choices.py check fa4 against sdpa; docs/BENCHMARKS.md compares their speed."""
+    and tests/model/test_kernel_choices.py check fa4 against sdpa; experiments/speed/LOG.md compares their speed."""
     why = fa4_problem(q, k) or _import_problem_once()
     if why is not None:
         return "sdpa", why

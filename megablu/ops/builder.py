@@ -205,8 +205,8 @@ def compile_only(arch: str = "90", bindings: bool = False, jobs: Optional[int] =
     cus = [p for p in sources(root) if p.suffix == ".cu"]
     cpps = [p for p in sources(root) if p.suffix == ".cpp"] if bindings else []
     failed = 0
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
         # A CPU-only torch wheel ships c10/cuda headers but not the generated
         # cuda_cmake_macros.h; a stub suffices for a syntax check (never for a real build).
         stub = tmp / "stub"

@@ -25,9 +25,9 @@ resolves to one of them once per model, resolve_loss below):
            (chunk_mem_const: utils/liger.py liger_mem_const); `chunk` <= 0 leaves Liger's own
            sizing, ~T*d/V tokens (512 at 32k for blu-0.5b). Each chunk reads and writes the fp32
            (V, d) dW sum once (0.8 GB for blu-0.5b): fewer, larger chunks take less time
-           (docs/BENCHMARKS.md). accum_dtype=fp32 sums dW over
+           (experiments/speed/LOG.md). accum_dtype=fp32 sums dW over
            the chunks in fp32, as megablu's chunked loss does: Liger's bf16 default sums them in
-           bf16, whose error grows with the number of chunks (docs/BENCHMARKS.md has both errors
+           bf16, whose error grows with the number of chunks (experiments/speed/LOG.md has both errors
            against an fp32 reference and the time the fp32 sum costs).
 """
 from __future__ import annotations
@@ -96,14 +96,14 @@ def valid_count(labels: torch.Tensor) -> torch.Tensor:
     return (labels != IGNORE_INDEX).sum()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _liger_func():
     from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
     return liger_fused_linear_cross_entropy
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _liger_takes_chunk_mem_const() -> bool:
     """Whether Liger's functional takes chunk_mem_const and passes it on (0.8.5 passes it only where its autograd
     Function sets supports_inner_impl_dispatch, as the CUDA one does; the backends LIGER_KERNEL_IMPL selects
@@ -131,7 +131,7 @@ def liger_import_problem() -> Optional[str]:
 def auto_loss(device: str) -> tuple[str, str]:
     """(implementation, why) memory.loss=auto picks on a run on `device` ("cuda" or "cpu"): liger when
     the run is on CUDA and liger_kernel imports, else chunked. tests/model/test_kernel_choices.py checks
-    liger against chunked in the model; docs/BENCHMARKS.md compares their speed and memory."""
+    liger against chunked in the model; experiments/speed/LOG.md compares their speed and memory."""
     if device != "cuda":
         return "chunked", f"a {device} run: Liger's fused linear cross-entropy is a Triton GPU kernel"
     why = liger_import_problem()

@@ -29,7 +29,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from typing import Iterator, Optional
+from collections.abc import Iterator
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -109,6 +110,7 @@ class DocMask:
         self.doc_ids = doc_ids.to(torch.int32).contiguous()
         self.B, self.S = doc_ids.shape
         self.block_mask = self._block_mask() if impl == "flex" else None
+        self.cu_seqlens: Optional[torch.Tensor]
         self.cu_seqlens, self.max_len = self._cu_seqlens() if impl == "varlen" else (None, 0)
         self.dense = self._dense() if impl == "dense" else None
 

@@ -13,8 +13,9 @@ size is an error.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Sequence, Union
+from typing import Optional, Union
 
 from .groups import layout
 

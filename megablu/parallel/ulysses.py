@@ -21,14 +21,15 @@ their documents to zero values and output zeros, as before.
 """
 from __future__ import annotations
 
-from typing import Optional
+from collections.abc import Iterable
+from typing import Optional, cast
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..model.decoder import BluModel, KVCache, LocalAttention
+from ..model.decoder import Block, BluModel, KVCache, LocalAttention
 from ..ops.doc_attention import DocMask
 from .groups import Groups
 from .heads import head_plan
@@ -90,9 +91,9 @@ def apply_ulysses(model: BluModel, groups: Groups) -> BluModel:
     if groups.sp == 1:
         return model
     cfg = model.cfg
-    for layer in model.layers:
+    for layer in cast("Iterable[Block]", model.layers):   # nn.ModuleList iterates as nn.Module
         attn = layer.self_attn
         if isinstance(attn.core, UlyssesAttention):
             raise RuntimeError("apply_ulysses called twice on the same model")
-        attn.core = UlyssesAttention(attn.core, groups, cfg.n_heads, cfg.n_kv_heads)
+        attn.core = UlyssesAttention(cast(LocalAttention, attn.core), groups, cfg.n_heads, cfg.n_kv_heads)
     return model

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Union
+from typing import Union
 
 from .memory import GB, Calibration, Setup, estimate
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 from .memory import COMFORTABLE, PEAK_TFLOPS_H200, Calibration, Setup, estimate, flops_per_token
 
-_COSTS = {  # rough relative step time, from docs/BENCHMARKS.md where measured (32k)
+_COSTS = {  # rough relative step time, from experiments/speed/LOG.md where measured (32k)
     "recompute=selective": 1.04,   # 1.074 / 1.030 s
     "recompute=full": 1.26,        # 1.294 / 1.030 s
     "loss_chunk=4096": 1.0,
@@ -18,13 +18,13 @@ _COSTS = {  # rough relative step time, from docs/BENCHMARKS.md where measured (
     # tiles add no forward to selective (the tiles ARE its MLP recompute), only smaller GEMMs
     "mlp_tiles=8": 1.02,           # estimate
     # H200, blu-0.5b, selective: 0.959 / 0.939 s at 32k (the last block kept), 11.48 / 11.41 s
-    # at 128k: the copies hide behind the layers' compute (docs/BENCHMARKS.md)
+    # at 128k: the copies hide behind the layers' compute (experiments/speed/LOG.md)
     "offload_activations": 1.02,
 }
 
 
 # ZeRO-Offload adds a fixed time per step, so its relative cost falls as the window grows.
-# Fit to single steps on one GPU against ZeRO-1 (the offload rows of docs/BENCHMARKS.md;
+# Fit to single steps on one GPU against ZeRO-1 (the rows of experiments/zero_offload/README.md;
 # tests/plan/test_plan.py checks the model against those rows):
 #   optimizer offload, ZeRO-1/2: CPU Adam + PCIe for the rank's partition, 0.58-0.62 s per
 #     billion parameters (blu-0.5b at 16k, blu-1.5b at 32k)
@@ -35,7 +35,7 @@ _COSTS = {  # rough relative step time, from docs/BENCHMARKS.md where measured (
 #     optimizer offload alone (-0.6 to +1.1 s): nothing added
 _OFFLOAD_S_PER_BPARAM = {"offload_optimizer": 0.6, "offload_params": 3.4}
 _ZERO3_OFFLOAD_S_PER_LAYER = 0.035
-ASSUMED_MFU = 0.36   # megablu, selective recompute, H200, 32k and 128k (docs/BENCHMARKS.md)
+ASSUMED_MFU = 0.36   # megablu, selective recompute, H200, 32k and 128k (experiments/speed/LOG.md)
 
 
 def step_seconds(s: Setup) -> float:
@@ -45,8 +45,9 @@ def step_seconds(s: Setup) -> float:
 
 def change_cost(change: str, after: Setup) -> float:
     """Relative step time of one change, `after` being the setup with it applied."""
-    if _COSTS[change] is not None:
-        return _COSTS[change]
+    cost = _COSTS[change]
+    if cost is not None:
+        return cost
     if change == "offload_optimizer" and after.zero_stage == 3:
         added = _ZERO3_OFFLOAD_S_PER_LAYER * after.model.n_layers
     elif change == "offload_params" and after.offload_optimizer:

@@ -1,6 +1,6 @@
 """The analytical GPU memory model per rank: Setup -> Estimate (the peak and its terms).
 
-Everything is bytes per GPU (1 GB = 1e9 B, as docs/BENCHMARKS.md and the probe report).
+Everything is bytes per GPU (1 GB = 1e9 B, as the bench tables and the probe report).
 A training step's peak is
 
     peak = persistent (params, grads, optimizer by ZeRO stage/offload)
@@ -10,7 +10,7 @@ A training step's peak is
 
 Saved activations per token per layer follow megablu/model/decoder.py and the ops it calls
 (bf16 = 2 B; d = d_model, F = ffn_dim, q = H*D, kv = Hkv*D):
-- ops=torch (the reference path, what BENCHMARKS measured): each RMSNorm keeps r.float()
+- ops=torch (the reference path, what experiments/speed/LOG.md measured first): each RMSNorm keeps r.float()
   (4d), the normalised bf16 (2d) and its output y (2d, saved by the next linear); SwiGLU
   keeps gate, up, silu(gate) and the product (4F in bf16).
 - ops=cuda (fused kernels): each norm keeps only r (2d) + rstd; SwiGLU keeps gate and up.
@@ -21,12 +21,12 @@ only, the whole layer is rebuilt in backward (its working set is then live once)
 Loss (ops/cross_entropy.py, chunk c): the forward holds at most 10*c*V bytes at once
 (fp32 logits, fp32 exp, bf16 grad) plus the fp32 grad of the head weight (4*V*d) and
 grad_hidden (2d per token); unchunked it is three fp32 [T, V] (12 V B per token, 94% of
-HF's 1.29 MB/token with checkpointing, docs/BENCHMARKS.md). memory.loss=liger (Liger's
+HF's 1.29 MB/token with checkpointing, experiments/speed/LOG.md). memory.loss=liger (Liger's
 fused linear CE, accum_dtype=fp32, liger-kernel 0.8.5's fused_linear_cross_entropy.py): bf16
 logits of one chunk and the fp32 dW (4Vd) in its loop (the chunk: the largest of at most loss_chunk
 tokens Liger makes, utils/liger.py; loss_chunk 0: its own, next_pow2(T / ceil(V/d)) tokens),
 then the fp32 dW and its bf16 cast (6Vd); + dh (2d), the fp32 per-token loss and the label
-mask per token: 0.684 GB at T=32k for blu-0.5b (docs/BENCHMARKS.md holds it against a run).
+mask per token: 0.684 GB at T=32k for blu-0.5b (experiments/speed/LOG.md's loss table holds it against a run).
 memory.attention=fa4 saves what SDPA saves (q, k, v, out, fp32 LSE); its backward's buffers
 differ (flash-attn-4 4.0.0b40 interface.py `_flash_attn_bwd`, read, not measured): the fp32 dq
 accumulator, two fp32 row scratches per head, and with GQA fp32 dk/dv accumulators at the kv
@@ -61,7 +61,9 @@ from ..utils.liger import liger_chunk_tokens, liger_mem_const
 GB = 1e9
 BF16 = 2
 FP32 = 4
-PEAK_TFLOPS_H200 = peak_bf16_tflops("NVIDIA H200")   # dense bf16: the one table, utils/device.py
+_H200 = peak_bf16_tflops("NVIDIA H200")   # dense bf16: the one table, utils/device.py
+assert _H200 is not None, "utils/device.PEAK_BF16_TFLOPS must list the NVIDIA H200 (the planner's reference)"
+PEAK_TFLOPS_H200: float = _H200
 COMFORTABLE = 0.80                  # <= 80% of the GPU: comfortable
 # DeepSpeed defaults the trainer does not override (runtime/zero/config.py)
 ZERO_REDUCE_BUCKET = 5e8            # elements, stage 2/3 contiguous gradient bucket
@@ -86,7 +88,7 @@ class Setup:
     loss_chunk: int = 0
     micro_batch: int = 1
     ops: str = "cuda"               # cuda: fused kernels (GPU default); torch: reference ops
-    optimizer: bool = True          # False: fwd+bwd only (BENCHMARKS rows), grads kept bf16
+    optimizer: bool = True          # False: fwd+bwd only (the bench rows), grads kept bf16
     mlp_tiles: int = 1              # memory.mlp_tiles
     offload_activations: bool = False   # memory.offload_activations
     offload_keep: int = 1           # memory.offload_keep: the last blocks whose saved sets stay on the GPU
@@ -96,7 +98,7 @@ class Setup:
 
     @classmethod
     def from_config(cls, cfg: Config, *, gpus: Optional[int] = None, window: Optional[int] = None,
-                    sp: Optional[int] = None, ops: Optional[str] = None, loss: Optional[str] = None) -> "Setup":
+                    sp: Optional[int] = None, ops: Optional[str] = None, loss: Optional[str] = None) -> Setup:
         """loss: the implementation that runs (a probe's); default memory.loss, where auto is what it picks
         for a GPU run in this environment (liger when liger_kernel imports here, else chunked); the same for
         attention (memory.attention=auto: fa4 when the config allows it and flash_attn.cute imports here)."""
@@ -105,7 +107,7 @@ class Setup:
             from ..ops.cross_entropy import auto_loss
 
             loss = auto_loss("cuda")[0]
-        attention = cfg.memory.attention
+        attention: str = cfg.memory.attention
         if attention == "auto":
             from ..ops.attention import auto_for_config
 
@@ -126,7 +128,7 @@ class Setup:
         return {**asdict(self), "model": self.model.model_dump()}
 
     @classmethod
-    def from_json(cls, d: dict) -> "Setup":
+    def from_json(cls, d: dict) -> Setup:
         """A Setup from to_json's dict; keys that are not Setup fields (a probe's ops_config) are ignored."""
         d = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         return cls(**{**d, "model": ModelConfig(**d["model"])})
@@ -377,7 +379,7 @@ def estimate(s: Setup, calib: Optional[Calibration] = None) -> Estimate:
             if s.offload_activations else 0.0)
     step = FP32 * N / K if (s.optimizer and not s.offload_optimizer) else 0.0
     phases = {"forward end": fwd_end, "backward": bwd, "optimizer step": step}
-    phase = max(phases, key=phases.get)
+    phase = max(phases, key=lambda k: phases[k])
     act = f"activations ({s.recompute}, " + (f"{resident_layers(m.n_layers, s.offload_keep, s.offload_fraction)} of "
                                              f"{m.n_layers} layers "
                                              f"on the GPU, rest on host)" if s.offload_activations

@@ -43,42 +43,18 @@ def main(argv=None) -> int:
                         format=f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s")
 
     from ..config import ConfigError
-    from ..parallel.topology import ranks_per_node_from_env
-    from ..utils.files import output_file_problem
-    from .preflight import check
 
     world = int(os.environ.get("WORLD_SIZE", 1))
-    why = output_file_problem(args.json, "--json") if args.json and rank == 0 else None
-    if why:   # the summary is written once the run is over: a path that cannot take it is refused now
-        print(f"megablu train: {why} (nothing was started)", file=sys.stderr)
-        return 2
-    try:
-        # sha256 of data and checkpoints on rank 0 only; if it fails, the launcher ends the others
-        ok = check(args.config, args.set, world_size=world, device="auto", resume=args.resume, hash=rank == 0,
-                   ranks_per_node=ranks_per_node_from_env())
-    except ConfigError as e:
-        if rank == 0 or int(os.environ.get("LOCAL_RANK", 0)) == 0:   # the first rank of every node says it
-            print(str(e), file=sys.stderr)
+    ok = _checked(args, rank, world)
+    if ok is None:
         return 2
     cfg, topo = ok.cfg, ok.topology
-    if rank == 0:
-        print(topo.format(), file=sys.stderr)   # nodes, dp x sp, which ranks share a node
-        for w in ok.warnings:
-            logging.warning("config: %s", w)
+    assert ok.ctx is not None and topo is not None   # check() with files=True resolves both
+    if rank == 0:   # nodes, dp x sp, which ranks share a node; the config's warnings
+        _report_setup(topo, ok.warnings)
     if ok.ctx.complete:
         return _already_complete(ok.ctx, rank, args.json)
-    if ok.device == "cpu":
-        # DeepSpeed picks its accelerator at import; on CPU it must be told before that
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    if not launched:
-        # started as a plain `python` process: a world of one (else DeepSpeed looks for MPI)
-        import socket
-
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("MASTER_PORT", str(port)))
+    _deepspeed_env(ok.device, launched)
 
     from .probe import ProbeOOM
     from .resume import how_to_continue
@@ -127,6 +103,49 @@ def main(argv=None) -> int:
         _FAILING.clear()
     written = _emit(summary, args.json) if rank == 0 else True
     return _leave(rank) or (0 if written else 1)   # every rank leaves the process group together
+
+
+def _deepspeed_env(device, launched: bool) -> None:
+    """What DeepSpeed reads from the environment at import, set before it is imported."""
+    if device == "cpu":
+        # DeepSpeed picks its accelerator at import; on CPU it must be told before that
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if not launched:
+        # started as a plain `python` process: a world of one (else DeepSpeed looks for MPI)
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", str(port)))
+
+
+def _report_setup(topo, warnings: list[str]) -> None:
+    print(topo.format(), file=sys.stderr)
+    for w in warnings:
+        logging.warning("config: %s", w)
+
+
+def _checked(args, rank: int, world: int):
+    """The launch's preflight (train/preflight.py `check`), or None once the problems are printed (exit 2)."""
+    from ..config import ConfigError
+    from ..parallel.topology import ranks_per_node_from_env
+    from ..utils.files import output_file_problem
+    from .preflight import check
+
+    why = output_file_problem(args.json, "--json") if args.json and rank == 0 else None
+    if why:   # the summary is written once the run is over: a path that cannot take it is refused now
+        print(f"megablu train: {why} (nothing was started)", file=sys.stderr)
+        return None
+    try:
+        # sha256 of data and checkpoints on rank 0 only; if it fails, the launcher ends the others
+        return check(args.config, args.set, world_size=world, device="auto", resume=args.resume, hash=rank == 0,
+                     ranks_per_node=ranks_per_node_from_env())
+    except ConfigError as e:
+        if rank == 0 or int(os.environ.get("LOCAL_RANK", 0)) == 0:   # the first rank of every node says it
+            print(str(e), file=sys.stderr)
+        return None
 
 
 def _leave(rank: int) -> int:
@@ -186,7 +205,8 @@ class Terminated(BaseException):
 
     def __init__(self, signum: int):
         self.signum = signum
-        super().__init__(f"stopped by {signal.Signals(signum).name} ({_SIGNAL_WHY.get(signum, 'from outside')})")
+        sig = signal.Signals(signum)
+        super().__init__(f"stopped by {sig.name} ({_SIGNAL_WHY.get(sig, 'from outside')})")
 
 
 _SIGNAL_WHY = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "DeepSpeed's launcher stops every rank when one fails or "

@@ -7,7 +7,7 @@ the rank's partition, one tensor at a time:
 - `get_grad_norm_direct`: the L2 norm, each tensor copied to float64 first (three kernels).
 At blu-0.5b's 327 gradient tensors that is ~5,000 launches (4,900 kernels in the trace, and memsets). A
 profile of a 32k step shows the engine's step mostly host time: the host launching those kernels, the GPU
-idle (docs/BENCHMARKS.md).
+idle (experiments/speed/LOG.md).
 
 `install` replaces the two methods on one optimizer instance with the same answers from `torch._foreach_norm`
 over all the tensors at once (one pass for the overflow check, one per parameter group for the norm; on a GPU
@@ -29,7 +29,8 @@ is replaced and the reason is returned.
 from __future__ import annotations
 
 import types
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 import torch
 
@@ -108,7 +109,7 @@ def install(optimizer) -> Optional[str]:
             return stock_norm(gradients, params, norm_type)
         picked = []
         # the tensors DeepSpeed counts: no zero padding, no pipeline replicas, model-parallel rank 0's share
-        for g, p in zip((g for g in gradients if not getattr(g, "_zero_padding", False)), params):
+        for g, p in zip((g for g in gradients if not getattr(g, "_zero_padding", False)), params, strict=False):
             if hasattr(p, h["PIPE_REPLICATED"]) and p.ds_pipe_replicated:
                 continue
             if h["is_model_parallel_parameter"](p) or self.model_parallel_rank == 0:

@@ -18,12 +18,17 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import TYPE_CHECKING, Optional
 
 from ..config import Config, ConfigError, config_warnings, load_config
 from .tracker import tracker_problem
+
+if TYPE_CHECKING:
+    from ..data.tokenizer import Tokenizer
+    from ..parallel.topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +40,7 @@ class Context:
     world_size: Optional[int] = None
     device: Optional[str] = None        # "cuda" | "cpu" the run will use; None: not known (no device checks)
     hash: bool = True                   # this process hashes data and checkpoints
-    tokenizer: object = None            # set by the tokenizer check (None when it failed)
+    tokenizer: Optional[Tokenizer] = None   # set by the tokenizer check (None when it failed)
     run_dir: Optional[Path] = None      # resume: the run found
     resume_step: Optional[Path] = None  # resume: the checkpoint it continues from
     complete: bool = False              # resume: the run has nothing left to do
@@ -87,6 +92,7 @@ def data_problems(ctx: Context) -> list[str]:
                   [(f"data.mix[{i}] ({s.name})", s.path, s.bucket, s.split) for i, s in enumerate(d.mix)
                    if s.weight > 0])
     for where, path, bucket, split in selections:
+        assert path is not None, where   # the schema requires data.path without data.mix
         try:
             verify_selection(path, bucket, split, d.verify)
         except (DataError, OSError) as e:
@@ -157,8 +163,10 @@ def init_from_weight_problems(ctx: Context, src=None, deep: Optional[bool] = Non
     from ..model.decoder import BluModel
 
     cfg = ctx.cfg
+    src = src or cfg.init_from
+    assert src, "init_from_weight_problems needs init_from or src"
     try:
-        shapes, prov = read_weight_shapes(src or cfg.init_from, deep=ctx.hash if deep is None else deep)
+        shapes, prov = read_weight_shapes(src, deep=ctx.hash if deep is None else deep)
     except CheckpointError as e:
         return [f"init_from: {e}"]
     except Exception as e:  # noqa: BLE001 - a weights file that is not safetensors (SafetensorError et al.)
@@ -168,7 +176,7 @@ def init_from_weight_problems(ctx: Context, src=None, deep: Optional[bool] = Non
     problems = [f"init_from: {cfg.init_from}: {p}" for p in
                 weights_mismatch({k: tuple(t.shape) for k, t in own.items()}, shapes, tied_keys(own))]
     try:   # the files were verified by the shapes read above: sizes suffice here
-        problems += [f"init_from: {p}" for p in architecture_check(cfg.model, src or cfg.init_from, deep=False)]
+        problems += [f"init_from: {p}" for p in architecture_check(cfg.model, src, deep=False)]
     except CheckpointError as e:
         problems.append(f"init_from: {e}")
     tok = ctx.tokenizer
@@ -280,6 +288,7 @@ def resume_problems(ctx: Context) -> list[str]:
         log.warning("resume: %s is not usable, an older step is used: %s", p, "; ".join(ps))
     ctx.resume_step = step_dir
     step = step_of(step_dir)
+    assert step is not None, step_dir   # scan_steps returns step dirs only
     m = read_manifest(step_dir)
     saved = saved_config(step_dir, m)
     how = "resume with: " + run_command(run, resume=True, world=ctx.world_size)
@@ -341,7 +350,7 @@ class Checked:
     ctx: Optional[Context]
     device: Optional[str] = None
     warnings: list[str] = field(default_factory=list)
-    topology: object = None
+    topology: Optional[Topology] = None
 
 
 def check(path, sets: Iterable[str] = (), *, world_size: Optional[int] = None, device: Optional[str] = None,

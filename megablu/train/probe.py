@@ -25,8 +25,9 @@ import logging
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 
@@ -135,9 +136,11 @@ def run_probe(step_fn: Callable[[int], object], *, steps: int, tokens_per_rank: 
     gpu_total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / GB if cuda else None
     planned, _ = _planner(setup, gpu_total)
     times: list[float] = []
-    result = {"steps": steps, "steps_done": 0, "device": device, "tokens_per_rank": tokens_per_rank,
-              "tokens_per_step": tokens_per_step, "world_size": world_size, "static_gb": static / GB if cuda else None,
-              "gpu_total_gb": gpu_total, "planned_gb": planned, "setup": setup, "oom": False}
+    result: dict[str, Any] = {
+        "steps": steps, "steps_done": 0, "device": device, "tokens_per_rank": tokens_per_rank,
+        "tokens_per_step": tokens_per_step, "world_size": world_size,
+        "static_gb": static / GB if static is not None else None,
+        "gpu_total_gb": gpu_total, "planned_gb": planned, "setup": setup, "oom": False}
 
     def summarise():
         # the running max since the reset: every finished step and, after an OOM, the failed one

@@ -148,11 +148,11 @@ def loss_change(run_dir: PathLike, step: int, loss_now: str) -> Optional[str]:
             before.append((int(at), ran))
     if not before:
         return None
-    at, ran = max(before)
+    at_step, ran = max(before)
     if ran == loss_now:
         return None
-    return (f"resume: the vocab loss runs {loss_now} now; the session from step {at} ran {ran} (memory.loss=auto picks "
-            f"by what imports on this machine): the same summed loss by another kernel, its rounding differs")
+    return (f"resume: the vocab loss runs {loss_now} now; the session from step {at_step} ran {ran} (memory.loss=auto "
+            f"picks by what imports on this machine): the same summed loss by another kernel, its rounding differs")
 
 
 def entry_path() -> str:

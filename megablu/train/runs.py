@@ -26,7 +26,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 log = logging.getLogger(__name__)
 
@@ -221,14 +221,14 @@ class RunLock:
         self._thread: Optional[threading.Thread] = None
 
     @classmethod
-    def acquire(cls, run_dir: Union[str, Path], heartbeat_s: float = HEARTBEAT_S) -> "RunLock":
+    def acquire(cls, run_dir: Union[str, Path], heartbeat_s: float = HEARTBEAT_S) -> RunLock:
         """Take the run's lock or raise RunError naming the live job that holds it."""
         import sys
         import uuid
 
         path = Path(run_dir) / LOCK
         now = time.time()
-        info = {"host": socket.gethostname(), "pid": os.getpid(), "proc_start": proc_start(os.getpid()),
+        info: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), "proc_start": proc_start(os.getpid()),
                 "started_unix": now, "heartbeat_unix": now, "token": uuid.uuid4().hex,
                 "command": " ".join(sys.argv)[:300]}
         for _ in range(5):
@@ -253,7 +253,8 @@ class RunLock:
                     except FileExistsError:
                         pass
                     os.unlink(aside)
-                    raise RunError(in_use_message(run_dir, describe_holder(moved, "it took the lock just now")))
+                    holder = describe_holder(moved, "it took the lock just now")
+                    raise RunError(in_use_message(run_dir, holder)) from None
                 os.unlink(aside)
                 log.warning("run %s: taking over a stale lock (%s)", run_id_of(run_dir), describe_holder(old, why))
                 continue

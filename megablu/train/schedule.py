@@ -18,6 +18,7 @@ def lr_at(step: int, sched: ScheduleConfig, max_steps: int) -> float:
         return lr * (step + 1) / wu
     if sched.kind == "wsd":
         start = sched.decay_start
+        assert start is not None, "schedule.decay_start is required for kind=wsd (the schema checks it)"
         if step < start:
             return lr
         # decay over [start, max_steps - 1], reaching min_lr at the last step

@@ -1,7 +1,7 @@
 """`train.profile_step: N`: training step N under torch.profiler, its wall time split by phase.
 
 Where a step of the real entry spends its time beyond the model's forward and backward (why the
-entry runs slower than the fwd+bwd bench of the same model: docs/BENCHMARKS.md): the data,
+entry runs slower than the fwd+bwd bench of the same model: experiments/speed/LOG.md): the data,
 sharding and the token count, each micro-batch's forward, backward and engine step (the last one
 is the optimizer's: DeepSpeed steps the optimizer at the accumulation boundary), the grad norm
 and the loss's reduction. Each phase is bracketed by device synchronisations, so its time is

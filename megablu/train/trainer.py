@@ -17,7 +17,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -33,6 +33,9 @@ from .schedule import lr_at
 from .step import forward_backward
 from .step_profile import no_timer
 from .tracker import open_tracker
+
+if TYPE_CHECKING:
+    from .runs import RunLock
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +70,9 @@ def deepspeed_config(cfg: Config, grad_accum: int, dp: int, device: str) -> dict
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Weight decay on matrices only (not norms, biases)."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
+    for p in model.parameters():
         if not p.requires_grad:
             continue
         (decay if p.dim() >= 2 else no_decay).append(p)
@@ -99,7 +103,7 @@ class Trainer:
         self._peak_tflops = peak_bf16_tflops(index=self.local_rank) if self.device == "cuda" else None
         self._gate_failure: Optional[str] = None
         self.run_dir: Optional[Path] = None   # known once setup allocated or found it
-        self.lock = None                      # rank 0: the run's liveness lock (runs.RunLock)
+        self.lock: Optional[RunLock] = None   # rank 0: the run's liveness lock
         # train.stop_after_s: this session's wall-clock budget, counted from the Trainer's start
         self._t_start = time.monotonic()
         self._timed, self._out_of_time, self._slowest_extra = False, False, 0.0
@@ -112,6 +116,13 @@ class Trainer:
             problems = init_from_rope_problems(cfg, deep=False)
             if problems:
                 raise ConfigError(problems, "(Trainer)")
+
+    @property
+    def run_path(self) -> Path:
+        """run_dir, once setup has allocated or found it."""
+        if self.run_dir is None:
+            raise RuntimeError("Trainer: the run dir is allocated in setup; nothing before it writes there")
+        return self.run_dir
 
     # ------------------------------------------------------------------ setup
     def _init_distributed(self) -> Groups:
@@ -238,12 +249,12 @@ class Trainer:
                 self._write_resolved()
             self._session_start = self.step
         if is_rank0():   # what each source contributes (token shares, epochs, truncation, padding)
-            write_mixture(self.run_dir, self.loader.mixture)
-        self.metrics = MetricsWriter(self.run_dir, self.step, open_tracker(
-            cfg.train.tracker, self.run_dir, cfg.model_dump(mode="json"))) if is_rank0() else None
+            write_mixture(self.run_path, self.loader.mixture)
+        self.metrics = MetricsWriter(self.run_path, self.step, open_tracker(
+            cfg.train.tracker, self.run_path, cfg.model_dump(mode="json"))) if is_rank0() else None
         if self.resume and self.step > 0 and self._eval_due(self.step):
             # killed between the save of an eval step and its result: evaluate that step now
-            done = broadcast_object((self.run_dir / "eval" / f"step_{self.step}.json").exists())
+            done = broadcast_object((self.run_path / "eval" / f"step_{self.step}.json").exists())
             if not done:
                 log.info("step %d was due an eval that did not finish before the stop: evaluating now", self.step)
                 self._evaluate()
@@ -266,7 +277,7 @@ class Trainer:
             log.info("resumed from %s at step %d (%d tokens seen)", path, self.step, self.tokens_seen)
             from .resume import loss_change
 
-            note = loss_change(self.run_dir, self.step, self.model.lm_head.loss)
+            note = loss_change(self.run_path, self.step, self.model.lm_head.loss)
             if note:
                 log.warning(note)
 
@@ -281,7 +292,8 @@ class Trainer:
         resume continues the same run (tokens_per_step fixed; grad accumulation follows dp).
         max_steps: the LR is a pure function of the step; the loader's order does not depend on it.
         """
-        from ..checkpoint import read_manifest, step_of
+        from ..checkpoint import read_manifest
+        from ..checkpoint.layout import step_number
         from .resume import config_changes, resume_problems, saved_config
 
         m = read_manifest(path)
@@ -295,7 +307,7 @@ class Trainer:
                 return False
             same = self.cfg.model_copy(update={"parallel": self.cfg.parallel.model_copy(update={"sp": saved_sp})})
             return config_hash(same) == m.get("config_hash")
-        if resume_problems(saved, self.cfg, step_of(path)):
+        if resume_problems(saved, self.cfg, step_number(path)):
             return False   # check_compatible refuses and names the fields
         if is_rank0():
             changes = config_changes(saved, self.cfg.model_dump(mode="json"))
@@ -309,13 +321,13 @@ class Trainer:
         invocation's time slice) and train.profile_step (its profiled step) are not the run's and are
         left out. A resume that changed the run (max_steps, sp) keeps the previous file as
         config.before.<unix>.yaml."""
-        resolved = self.run_dir / "config.resolved.yaml"
+        resolved = self.run_path / "config.resolved.yaml"
         session = {"stop_after": None, "profile_step": None}   # an invocation's, not the run's
         text = to_yaml(self.cfg.model_copy(update={"train": self.cfg.train.model_copy(update=session)}))
         if resolved.exists():
             if resolved.read_text() == text:
                 return
-            resolved.rename(self.run_dir / f"config.before.{int(time.time())}.yaml")
+            resolved.rename(self.run_path / f"config.before.{int(time.time())}.yaml")
         tmp = resolved.with_name(f".{resolved.name}.tmp")
         tmp.write_text(text)
         os.replace(tmp, resolved)
@@ -345,11 +357,11 @@ class Trainer:
 
         n = self.step + 1
         others = statistics.median(self._step_s) if self._step_s else None
-        out = run_profiled(self._train_step, device=self.device, step=n, run_dir=self.run_dir,
+        out = run_profiled(self._train_step, device=self.device, step=n, run_dir=self.run_path,
                            others_median_s=others, trace_max_mib=self.cfg.train.profile_trace_mib,
                            write=is_rank0())
         if is_rank0():
-            log.info("step %d profiled: %s", n, self.run_dir / "profile" / f"step_{n}.md")
+            log.info("step %d profiled: %s", n, self.run_path / "profile" / f"step_{n}.md")
         return out
 
     def _set_lr(self) -> None:
@@ -407,7 +419,7 @@ class Trainer:
         if is_rank0():
             session = {"from_step": self._session_start, "to_step": self.step, "world": g.describe()}
             stopped = f"train.stop_after_s={cfg.train.stop_after_s:g}" if self._out_of_time else None
-            summary = run_summary(self.run_dir, session, gate=self._gate_failure, stopped=stopped)
+            summary = run_summary(self.run_path, session, gate=self._gate_failure, stopped=stopped)
         summary = broadcast_object(summary)
         if self._gate_failure:
             raise GateFailed(self._gate_failure, summary)
@@ -427,10 +439,10 @@ class Trainer:
                       flops_per_token=self._flops_per_token, peak_tflops=self._peak_tflops,
                       setup=setup_dict(cfg, g.world_size, loss_used=self.model.lm_head.loss),
                       world_size=g.world_size,
-                      out=self.run_dir / name if rank0 else None)
+                      out=self.run_path / name if rank0 else None)
         except ProbeOOM as e:
             if not rank0:   # rank 0 wrote probe.json; the rank that ran out writes its own
-                (self.run_dir / f"probe.rank{g.rank}.json").write_text(json.dumps(e.measured, indent=2) + "\n")
+                (self.run_path / f"probe.rank{g.rank}.json").write_text(json.dumps(e.measured, indent=2) + "\n")
             raise
 
     def _one_step(self, bar, stop: int) -> float:
@@ -453,7 +465,7 @@ class Trainer:
             raise FloatingPointError(f"loss is {loss} at step {self.step}; stopping (no checkpoint written)")
         mem = torch.cuda.max_memory_allocated() / 1e9 if self.device == "cuda" else 0.0
         u = mfu(self._flops_per_token, cfg.train.tokens_per_step / self.groups.world_size, dt, self._peak_tflops)
-        row = {"step": self.step, "loss": loss, "lr": self._lr, "tokens_seen": self.tokens_seen,
+        row: dict[str, Any] = {"step": self.step, "loss": loss, "lr": self._lr, "tokens_seen": self.tokens_seen,
                "step_time_s": dt, "tokens_per_s": cfg.train.tokens_per_step / dt, "max_mem_gb": mem,
                "grad_norm": gnorm if gnorm is not None else "", "mfu": round(u, 4) if u is not None else ""}
         losses.append(loss)
@@ -478,7 +490,9 @@ class Trainer:
             # the slowest checkpoint/eval so far stands in for the save at the stop (the first save:
             # assume it costs a step)
             save_s = self._slowest_extra or step_s
-            up = elapsed + 1.2 * step_s + save_s > self.cfg.train.stop_after_s
+            budget = self.cfg.train.stop_after_s
+            assert budget is not None   # asked only when train.stop_after_s is set (self._timed)
+            up = elapsed + 1.2 * step_s + save_s > budget
         else:
             up = None
         return bool(broadcast_object(up))
@@ -510,7 +524,7 @@ class Trainer:
             res = run_eval(self.engine.module, self.tokenizer, self.cfg.eval, self.cfg.data.window,
                            sp_group=self.groups.sp_group if self.groups.sp > 1 else None, step=self.step,
                            dp_group=self.groups.dp_group if self.groups.dp > 1 else None,
-                           out_dir=self.run_dir / "eval", rank=self.groups.rank)
+                           out_dir=self.run_path / "eval", rank=self.groups.rank)
         finally:
             self.engine.train()
         gate = res.get("gate")

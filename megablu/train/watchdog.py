@@ -21,7 +21,8 @@ import logging
 import os
 import sys
 import threading
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 from .runs import pid_alive, proc_start
 

@@ -78,4 +78,5 @@ def skip_cpu_shm_op() -> None:
 
     import deepspeed.comm.torch  # noqa: F401  (registers the module under its dotted name)
 
-    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+    ds_comm_torch: Any = sys.modules["deepspeed.comm.torch"]
+    ds_comm_torch.build_shm_op = lambda: None

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Union
+from typing import Optional, Union
 
 PathLike = Union[str, Path]
 
@@ -97,7 +98,7 @@ def writable_problem(target: PathLike, flag: str, given: Optional[PathLike] = No
     derived = given is not None
     given = target if given is None else given
     res, why = _resolved(target, flag)
-    if why:
+    if why or res is None:
         return why
     probe = res
     while not _exists(probe) and probe != probe.parent:
@@ -158,7 +159,9 @@ def replace_problem(out: PathLike, *, what: str, flag: str, replace: bool,
     beside it this user can write (new_name_problem, writable_problem). The message says what is in the way."""
     out = Path(out)
     ro, why = _resolved(out, "--out")
-    why = why or new_name_problem(out, "--out", extra=TEMP_NAME_EXTRA) or _content_problem(
+    if why or ro is None:
+        return why
+    why = new_name_problem(out, "--out", extra=TEMP_NAME_EXTRA) or _content_problem(
         out, ro, what=what, flag=flag, replace=replace, owned=owned, inputs=inputs)
     # last (it creates and removes a file): the new output is written beside `out` under a temp name and
     # renamed into place (swap_in), so the folder holding it must take files

@@ -80,7 +80,7 @@ def test_prompts_are_deterministic_and_seeded(bpe_tok, haystack_docs):
     # adding a length leaves the other lengths' prompts unchanged
     d = build_prompts(cfg.model_copy(update={"lengths": [512, 1000, 1500]}), bpe_tok, haystack=haystack_docs)
     assert all(d[k] == a[k] for k in a)
-    for (task, L), ps in a.items():
+    for (_task, L), ps in a.items():
         assert len(ps) == 6 and all(len(p.ids) == L for p in ps)
 
 

@@ -50,7 +50,7 @@ def family_problems(cfg: Config, world_size: Optional[int], device: Optional[str
         errs.append(f"rope.local_theta={r.local_theta:g} has no effect without model.sliding_layers (it is the "
                     f"RoPE base of the sliding layers); remove it")
     y = r.yarn
-    if y is not None and r.local_theta is not None and m.sliding_window > y.original_max_position:
+    if y is not None and r.local_theta is not None and (m.sliding_window or 0) > y.original_max_position:
         # the rule: YaRN where a layer meets distances beyond what it was trained at; a sliding layer's
         # distances stay < its window, so it keeps its plain RoPE, which needs the window within the original
         errs.append(f"model.sliding_window={m.sliding_window} > rope.yarn.original_max_position="

@@ -147,7 +147,12 @@ class StringConfig(Section):
     def shift_for(self, length: int) -> int:
         """S for an input built to `length` tokens: `shift` (fixed_shift) or int(shift_ratio * length) (authors,
         as their eval scripts compute shifted_offset from the test length)."""
-        return self.shift if self.variant == "fixed_shift" else int(self.shift_ratio * length)
+        # the validators fill shift_ratio (authors) and require shift (fixed_shift)
+        if self.variant == "fixed_shift":
+            assert self.shift is not None
+            return self.shift
+        assert self.shift_ratio is not None
+        return int(self.shift_ratio * length)
 
 
 class EvalConfig(Section):
@@ -283,6 +288,8 @@ def string_problems(e: EvalConfig) -> list[str]:
     st = e.string
     if st is None:
         return []
+    W = st.local
+    assert W is not None   # StringConfig's validators fill it (authors) or require it (fixed_shift)
     errs = []
     for L in sorted(set(e.lengths)):
         if not st.applies(L):
@@ -293,14 +300,14 @@ def string_problems(e: EvalConfig) -> list[str]:
                         f"distance in a {L}-token prompt reaches S, so STRING would only touch the answer; set "
                         f"eval.string.beyond >= {L} to evaluate that length plain, a shift below {L}, or "
                         f"variant authors (S = shift_ratio x the length)")
-        elif S <= st.local:
+        elif S <= W:
             errs.append(f"eval.string at length {L}: S = int(shift_ratio {st.shift_ratio:g} x {L}) = {S} <= local="
                         f"{st.local}; STRING moves distances d >= S to d - S + local, closer only when local < S: "
                         f"raise shift_ratio, lower local, or set eval.string.beyond >= {L}")
     lo = e.loss
     if st.variant == "authors" and (lo.data or lo.sets) and lo.short_docs:
         shortest = max(lo.short_min, st.beyond + 1)
-        if shortest <= lo.short_max and st.shift_for(shortest) <= st.local:
+        if shortest <= lo.short_max and st.shift_for(shortest) <= W:
             errs.append(f"eval.string with eval.loss short documents: at {shortest} tokens S = int(shift_ratio "
                         f"{st.shift_ratio:g} x {shortest}) = {st.shift_for(shortest)} <= local={st.local}; raise "
                         f"eval.loss.short_min or eval.string.beyond, or lower local")

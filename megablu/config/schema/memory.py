@@ -17,7 +17,7 @@ class MemoryConfig(Section):
                             "never below its own sizing "
                             "(~T*d/V tokens; 0 = that). Larger chunks hold more bf16 logits (2*V B per token of "
                             "the chunk) and read-modify-write the fp32 (V, d) weight-gradient sum fewer times "
-                            "(docs/BENCHMARKS.md has the trade-off measured)")
+                            "(experiments/speed/LOG.md has the trade-off measured)")
     ops: Literal["auto", "torch", "cuda"] = "auto"
     mlp_tiles: int = Field(default=1, ge=1, description="sequence tiles of the SwiGLU MLP (one tile's "
                            "(tokens, ffn) intermediates alive at a time, fwd and bwd); 1 = untiled")
@@ -32,14 +32,14 @@ class MemoryConfig(Section):
                                     "the blocks before the last offload_keep that offload, spread evenly (0.75: "
                                     "three of every four); the kept ones stay on the GPU and their compute hides "
                                     "the others' copies, where the host link is slower than a block's forward "
-                                    "(docs/BENCHMARKS.md)")
+                                    "(experiments/speed/LOG.md)")
     loss: Literal["auto", "chunked", "liger"] = Field(
         default="auto", description="the lm head's vocab loss: chunked = megablu's own (ops/cross_entropy.py; "
         "loss_chunk tokens at a time, fp32 logits, dW summed in fp32); liger = Liger-Kernel's fused linear "
         "cross-entropy (optional package liger-kernel, CUDA only; dW accumulated in fp32: accum_dtype=fp32), "
         "same sum over labelled tokens, ignore_index -100 and tied-embedding grads; auto (the default) = liger "
         "when the run is on CUDA and liger_kernel imports, else chunked (chosen once per run, logged with its "
-        "reason, recorded in probe.json's setup as loss, the configured value as loss_config; docs/BENCHMARKS.md "
+        "reason, recorded in probe.json's setup as loss, the configured value as loss_config; experiments/speed/LOG.md "
         "compares the two); loss_chunk sizes the chunks of both")
     attention: Literal["auto", "sdpa", "fa4"] = Field(
         default="auto", description="the local causal attention kernel (also the one Ulysses wraps): sdpa = "
@@ -48,7 +48,7 @@ class MemoryConfig(Section):
         "data.doc_mask, whose FlexAttention path is unchanged); auto (the default) = fa4 where it can take the "
         "tensors (CUDA SM90, bf16/fp16, its head sizes) and flash_attn.cute imports, else sdpa, chosen at the "
         "first call and logged with its reason (probe.json's setup: attention, attention_config); with "
-        "data.doc_mask the masked path runs as before (docs/BENCHMARKS.md compares the kernels)")
+        "data.doc_mask the masked path runs as before (experiments/speed/LOG.md compares the kernels)")
 
 
 # FlashAttention-4's SM90 head sizes (flash_attn/cute/interface.py `_validate_head_dims`, 4.0.0b40: 8..256,

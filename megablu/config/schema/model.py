@@ -25,6 +25,9 @@ _SWITCH_OFF = {"qk_norm": "none", "norm_layout": "pre", "qkv_bias": False, "norm
                "embed_scale": False, "activation": "silu"}
 
 
+# the transformers families an export can write (model.family)
+Family = Literal["llama", "mistral", "qwen2", "qwen3", "olmo2", "smollm3", "gemma3"]
+
 class ModelConfig(Section):
     """A Llama-style decoder with the switches other families need. Defaults are none: an arm states
     its shape; every switch is off by default (a Llama/Qwen2 block)."""
@@ -61,7 +64,7 @@ class ModelConfig(Section):
     sliding_layers: list[int] = Field(default_factory=list, description="layer indices (from 0) that attend "
                                       "within sliding_window (Gemma 3's sliding_attention); the rest attend to "
                                       "everything before them")
-    family: Optional[Literal["llama", "mistral", "qwen2", "qwen3", "olmo2", "smollm3", "gemma3"]] = Field(
+    family: Optional[Family] = Field(
         default=None, description="the transformers family an export writes (model/hf.py); it fixes the "
         "switches docs/MODELS.md lists. Default: qwen2 with qkv_bias, else llama")
 

@@ -15,7 +15,7 @@ def _lines(name: str) -> list[str]:
     return [w.rstrip() for w in (DIR / name).read_text(encoding="utf-8").split("\n") if w.rstrip()]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def wonderwords(category: str) -> tuple[str, ...]:
     """wonderwords 3.0.1's list: 'nouns', 'adjectives' or 'verbs'."""
     return tuple(_lines(f"wonderwords_{category}.txt"))
@@ -27,21 +27,21 @@ def niah_key(rng) -> str:
     return f"{rng.choice(wonderwords('adjectives'))}-{rng.choice(wonderwords('nouns'))}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cwe_words() -> tuple[str, ...]:
     """common_words_extraction.py lines 72-76: nouns + adjectives + verbs, sorted, distinct (8,166 words;
     RULER then shuffles them with its seed, here each prompt's rng samples them)."""
     return tuple(sorted(set(wonderwords("nouns") + wonderwords("adjectives") + wonderwords("verbs"))))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def english_words() -> tuple[str, ...]:
     """The longer list cwe samples from when a prompt needs more words than cwe_words has (RULER's
     randle_words, json/english_words.json, lines 81-83 and 86-89): 23k SCOWL base words."""
     return tuple(_lines("english_words.txt"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def essay_text() -> str:
     """The essay haystack, whitespace-normalised as RULER's (niah.py line 87: re.sub(r'\\s+', ' ', essay)):
     one line of prose, documents in a fixed order."""

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import datetime
 import json
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 from ..prompts import EvalError
 
@@ -62,7 +63,7 @@ class Chat:
     def around(self, turns: Sequence[tuple[str, str]] = ()) -> tuple[str, str]:
         """(text before, text after) the final user message, after the earlier `turns` ((role, content),
         e.g. cwe's worked example as a user and an assistant turn); ('', '') when off."""
-        if not self.on:
+        if not self.on or self.template is None:   # on implies a template
             return "", ""
         msgs = [{"role": r, "content": c} for r, c in turns] + [{"role": "user", "content": _SLOT}]
         text = _render(self.template, msgs, self.tokens)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import uuid
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..prompts import EvalError, Prompt, TokenizerLike, rng_for
 from .assets import niah_key
@@ -118,7 +118,8 @@ def lines_context(line_ids: Sequence[Sequence[int]], inserts: Sequence[tuple[int
     """Lines joined by newlines (each piece its line + '\\n') with `inserts` (slot, ids) placed before line
     `slot` (RULER's sentences.insert), then the first tokens of `tail` (the next line, cut) to fill n_ctx.
     Returns (context ids, the start of each insert in it)."""
-    out, starts = [], [0] * len(inserts)
+    out: list[int] = []
+    starts = [0] * len(inserts)
     order = sorted(range(len(inserts)), key=lambda j: (inserts[j][0], j))
     k = 0
     for s, line in enumerate(list(line_ids) + [None]):

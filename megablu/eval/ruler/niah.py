@@ -17,7 +17,7 @@ value of every asked key (scored string_match_all).
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..prompts import EvalError, TokenizerLike
 from .assets import essay_text
@@ -77,14 +77,16 @@ class RulerNiah(RulerBuilder):
     def _draw(self, index: int):
         """keys, values per key, the asked keys' indices, each needle's (key j, value m) depth."""
         s, rng = self.spec, self.rng("needles", index)
-        keys, values, seen = [], [], set()
+        keys: list[str] = []
+        values: list[list[str]] = []
+        seen: set[str] = set()
         while len(keys) < self.nk:
             k = random_item(rng, s.type_needle_k)
             if k not in seen:
                 seen.add(k)
                 keys.append(k)
         for _ in keys:
-            vs = []
+            vs: list[str] = []
             while len(vs) < s.num_needle_v:
                 v = random_item(rng, s.type_needle_v)
                 if v not in seen:
@@ -108,13 +110,13 @@ class RulerNiah(RulerBuilder):
         head, tail = self._frame(keys, asked)
         # the needle text is plural in every task (niah.py line 137 formats it with args.type_needle_v)
         needles = [(j, m, NEEDLE.format(type_needle_v=s.type_needle_v, key=k, value=v))
-                   for j, (k, vs) in enumerate(zip(keys, values)) for m, v in enumerate(vs)]
+                   for j, (k, vs) in enumerate(zip(keys, values, strict=True)) for m, v in enumerate(vs)]
         sep = " " if s.type_haystack == "essay" else ""
         nid = [self.enc(sep + t + ("\n" if s.type_haystack != "essay" else "")) for _, _, t in needles]
         n_ctx = self.budget(length, len(head) + len(tail) + sum(map(len, nid)))
         ds = [depths[j][m] for j, m, _ in needles]
         ctx, starts, meta = self._context(length, index, n_ctx, nid, ds, keys, values)
-        pos = {(j, m): st for (j, m, _), st in zip(needles, starts)}
+        pos = {(j, m): st for (j, m, _), st in zip(needles, starts, strict=True)}
         total = n_ctx + sum(map(len, nid))
         answers = [v for j in asked for v in values[j]]
         where = [pos[(j, m)] / max(total, 1) for j in asked for m in range(s.num_needle_v)]
@@ -162,5 +164,5 @@ class RulerNiah(RulerBuilder):
                 lines.append(line)
                 used += len(line)
         slots = [round(d * len(lines)) for d in ds]
-        ctx, starts = lines_context(lines, list(zip(slots, nid)), n_ctx + sum(map(len, nid)), tail)
+        ctx, starts = lines_context(lines, list(zip(slots, nid, strict=True)), n_ctx + sum(map(len, nid)), tail)
         return ctx, starts, {"lines": len(lines)}

@@ -60,7 +60,8 @@ class RulerVT(RulerBuilder):
                 raise EvalError(f"{self.task}: {units} noise lines cannot hold a chain of {len(ls)} lines; use "
                                 f"longer lengths (preflight names the shortest)")
             # before noise line p (p < units: a noise line always follows, as RULER's insert at p + j)
-            inserts += [(p, self.enc(x + "\n")) for p, x in zip(sorted(rng.sample(range(units), len(ls))), ls)]
+            slots = sorted(rng.sample(range(units), len(ls)))
+            inserts += [(p, self.enc(x + "\n")) for p, x in zip(slots, ls, strict=True)]
         return lines_context([self.unit] * units, inserts, n_ctx, self.unit)
 
     def _example(self, index: int) -> str:
@@ -81,7 +82,7 @@ class RulerVT(RulerBuilder):
             ctx = [NOISE] * units
             for ls in chains:
                 slots = sorted(r.sample(range(units), len(ls)))
-                for j, (s, x) in enumerate(zip(slots, ls)):
+                for j, (s, x) in enumerate(zip(slots, ls, strict=True)):
                     ctx.insert(s + j, x)
             return (VT_TEMPLATE + VT_ANSWER).format(context="\n".join(ctx), query=value, num_v=hops + 1)
 

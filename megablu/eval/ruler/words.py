@@ -147,7 +147,7 @@ class RulerFWE(RulerBuilder):
     def _vocab(self, index: int, size: int) -> list[str]:
         """size distinct codes, the first replaced by the noise '...' (lines 76-81); a prompt's codes are
         a prefix of one stream, so its answers are the same at every length."""
-        rng, seen, out = self.rng("codes", index), set(), []
+        rng, seen, out = self.rng("codes", index), set[str](), list[str]()
         while len(out) < size:
             w = "".join(rng.choice(string.ascii_lowercase) for _ in range(self.CODE))
             if w not in seen:
@@ -169,7 +169,7 @@ class RulerFWE(RulerBuilder):
         cost = [len(self.enc(" " + w)) for w in vocab]
         head, tail = self.frame(self.before, self.after, FWE_ANSWER)
         budget = self.budget(length, len(head) + len(tail))
-        total = lambda N: sum(c * k for c, k in zip(self._counts(N, size), cost))  # noqa: E731
+        total = lambda N: sum(c * k for c, k in zip(self._counts(N, size), cost, strict=True))  # noqa: E731
         lo, hi = 0, max(1, budget)
         while total(hi) <= budget:
             hi *= 2
@@ -180,7 +180,7 @@ class RulerFWE(RulerBuilder):
         if not all(counts[r] > counts[r + 1] for r in (1, 2, 3)):
             raise EvalError(f"{self.task}: at length {length} the three answers are not strictly the most frequent "
                             f"(counts {counts[:5]}); use longer lengths (preflight names the shortest)")
-        seq = [w for w, k in zip(vocab, counts) for _ in range(k)]
+        seq = [w for w, k in zip(vocab, counts, strict=True) for _ in range(k)]
         self.rng("order", length, index).shuffle(seq)
         enc = {w: self.enc(" " + w) for w in vocab}
         body = [t for w in seq for t in enc[w]]
