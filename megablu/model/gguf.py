@@ -152,13 +152,13 @@ def _rope(meta: dict, path: Path, a: str, tensors: dict) -> dict:
                         f"folder instead")
     theta = float(meta.get(a + "rope.freq_base", DEFAULT_THETA))
     kind = meta.get(a + "rope.scaling.type", "none")
-    factor = meta.get(a + "rope.scaling.factor", meta.get(a + "rope.scale_linear"))
-    if kind == "none" and factor is not None and float(factor) != 1.0:
-        kind = "linear"   # the older key rope.scale_linear
-    if kind == "none" or (kind == "linear" and float(factor or 1.0) == 1.0):
+    # llama.cpp applies the factor (or the older key rope.scale_linear) as a linear frequency scale
+    raw = meta.get(a + "rope.scaling.factor", meta.get(a + "rope.scale_linear"))
+    factor = 1.0 if raw is None or float(raw) == 0.0 else float(raw)
+    if kind in ("none", "linear") and factor == 1.0:
         return {"rope_type": "default", "rope_theta": theta}
-    if kind == "linear":
-        return {"rope_type": "linear", "rope_theta": theta, "factor": float(factor)}
+    if kind in ("none", "linear"):
+        return {"rope_type": "linear", "rope_theta": theta, "factor": factor}
     raise GGUFError(f"{path}: {a}rope.scaling.type={kind!r} is not imported from GGUF (none or linear): the file "
                     f"does not record every parameter transformers' and BluModel's {kind} need; import the "
                     f"model's transformers folder instead")

@@ -152,6 +152,24 @@ def test_gemma3_layer_kinds_and_ropes(tmp_path):
     assert g.model.resolved_family == "gemma3" and g.max_position == 256
 
 
+def test_linear_rope_from_metadata(tmp_path):
+    """rope.scaling.type=linear (llama.cpp applies the factor; transformers' GGUF loader does not read it): the
+    oracle is the source model itself, a transformers Llama with rope_type linear."""
+    cls, kw = ARCHS["llama"]
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(cls(**{**BASE, **kw, "rope_parameters": {
+        "rope_type": "linear", "rope_theta": 50000.0, "factor": 4.0}}))
+    with torch.no_grad():
+        hf = randomised(hf.eval(), 0)
+    path = write_gguf(hf, "llama", tmp_path / "m.gguf", meta={
+        "llama.rope.scaling.type": ("linear", gguf.GGUFValueType.STRING),
+        "llama.rope.scaling.factor": (4.0, gguf.GGUFValueType.FLOAT32)})
+    mine = load_gguf(path).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(mine(IDS), hf(IDS).logits, rtol=1e-4, atol=1e-4)
+    assert mine.rope_cfg.scaling.type == "linear" and mine.rope_cfg.scaling.factor == 4.0
+
+
 def test_import_dir_loads_in_transformers(tmp_path):
     """`ckpt import-gguf`'s folder: transformers' from_pretrained on it == megablu's import of the file."""
     from megablu.cli import main
