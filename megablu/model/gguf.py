@@ -85,11 +85,19 @@ def _reader(path: Path):
 def _fields(reader) -> dict[str, Any]:
     """Every metadata key -> its value (str, int, float, bool, or a list of them); the tokenizer's
     long arrays are skipped (the tokenizer is not part of the weights)."""
+    import numpy as np
+    from gguf import GGUFValueType
+
     out = {}
     for k, f in reader.fields.items():
         if k.startswith("tokenizer.ggml.") and k not in ("tokenizer.ggml.model", "tokenizer.ggml.pre"):
             continue
-        out[k] = f.contents()
+        v = f.contents()
+        if f.types == [GGUFValueType.FLOAT32]:
+            # the shortest decimal that is this float32 (1e-06, not 9.999999974752427e-07): the number the
+            # converter wrote, so the config matches the model card's; fp32 compute sees the same value
+            v = float(np.format_float_positional(np.float32(v), unique=True, trim="-"))
+        out[k] = v
     return out
 
 

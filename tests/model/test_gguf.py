@@ -150,6 +150,8 @@ def test_gemma3_layer_kinds_and_ropes(tmp_path):
     assert g.model.sliding_layers == [0, 1, 2, 3, 4] and g.model.sliding_window == 24
     assert (g.rope.theta, g.rope.local_theta) == (1e6, 10000.0)
     assert g.model.resolved_family == "gemma3" and g.max_position == 256
+    # float32 metadata read as the decimal the converter wrote (a config saying 1e-6 matches the import)
+    assert g.model.norm_eps == BASE["rms_norm_eps"] == 1e-6
 
 
 def test_linear_rope_from_metadata(tmp_path):
