@@ -49,7 +49,7 @@ EOF
       --tokenizer "hf:$DEV/gemma3_tokenizer/tokenizer.json#<eos>" --out "$DEV/gemma3_corpus" --no-progress || exit 1
   log "native eval (the imported model, its own rope) at 1024 and 32744"
   python -m megablu.cli eval --hf "$DEV/gemma3_blu" --config "$CFG" --set rope.yarn=null --set data.window=32768 \
-      --set 'eval.lengths=[1024,32744]' --arm native --out "$OUT/eval_native" 2>> "$OUT/report.md" \
+      --set 'eval.lengths=[1024,32744]' --arm native --step 0 --out "$OUT/eval_native" 2>> "$OUT/report.md" \
       | tee -a "$OUT/report.md"
   log "train"
   timeout "${BUDGET_S:-420}" python -m megablu.cli train --config "$CFG" --gpus 1 2>&1 | tail -40 >> "$OUT/report.md"
