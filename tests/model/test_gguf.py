@@ -183,6 +183,15 @@ def test_import_dir_loads_in_transformers(tmp_path):
     back = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
     with torch.no_grad():
         torch.testing.assert_close(back(IDS).logits, load_gguf(path)(IDS), rtol=1e-5, atol=1e-5)
+    # init_from's reader (checkpoint.load_weights, with its architecture check against config.json)
+    from megablu.checkpoint.weights import load_weights
+    from megablu.model.decoder import BluModel
+
+    g = read_gguf(path)
+    blu = BluModel(g.model, g.rope).eval()
+    load_weights(blu, tmp_path / "out")
+    with torch.no_grad():
+        torch.testing.assert_close(blu(IDS), back(IDS).logits, rtol=1e-5, atol=1e-5)
     # an existing import is replaced only on request
     assert main(["ckpt", "import-gguf", str(path), "--out", str(tmp_path / "out")]) == 2
     assert main(["ckpt", "import-gguf", str(path), "--out", str(tmp_path / "out"), "--force"]) == 0
