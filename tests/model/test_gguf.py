@@ -195,6 +195,11 @@ def test_import_dir_loads_in_transformers(tmp_path):
     # an existing import is replaced only on request
     assert main(["ckpt", "import-gguf", str(path), "--out", str(tmp_path / "out")]) == 2
     assert main(["ckpt", "import-gguf", str(path), "--out", str(tmp_path / "out"), "--force"]) == 0
+    # a folder megablu did not write is never replaced, --force or not
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    assert main(["ckpt", "import-gguf", str(path), "--out", str(tmp_path / "mine"), "--force"]) == 2
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
 
 
 # ------------------------------------------------------------------ what is refused, and how it says so
