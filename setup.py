@@ -49,7 +49,9 @@ setup(
         "tqdm>=4.66",
         "numpy>=1.26",
     ],
-    extras_require={"hf": ["transformers>=4.56"], "test": ["pytest>=8", "transformers>=4.56"], **KERNELS,
+    # gguf: `megablu ckpt import-gguf` (model/gguf.py)
+    extras_require={"hf": ["transformers>=4.56"], "gguf": ["gguf>=0.17.1"], "test": ["pytest>=8", "transformers>=4.56"],
+                    **KERNELS,
                     "gpu": KERNELS["liger"] + KERNELS["fa4"], **TRACKERS},
     entry_points={"console_scripts": ["megablu=megablu.cli:main"]},
     ext_modules=ext_modules,

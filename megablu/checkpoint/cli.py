@@ -1,4 +1,4 @@
-"""`megablu ckpt verify|list|export`.
+"""`megablu ckpt verify|list|export|import-gguf`.
 
 Results go to stdout, logs to stderr; exit 0 ok, 2 for a bad checkpoint / failed
 verification / bad input. DeepSpeed is never imported here (it prints on stdout).
@@ -7,6 +7,7 @@ verification / bad input. DeepSpeed is never imported here (it prints on stdout)
   megablu ckpt verify runs/ext32k-0003/checkpoints/step_0000750
   megablu ckpt list runs/ext32k-0003                   # steps, status, tokens, topology
   megablu ckpt export runs/ext32k-0003 --out exports/ext32k   # newest verified step -> HF dir
+  megablu ckpt import-gguf model.gguf --out models/m   # llama.cpp GGUF -> HF dir (init_from, eval --hf)
 """
 from __future__ import annotations
 
@@ -94,8 +95,20 @@ def _cmd_export(args) -> int:
     return 0
 
 
+def _cmd_import_gguf(args) -> int:
+    from ..model.gguf import GGUFError, gguf_to_dir
+
+    try:
+        out = gguf_to_dir(args.src, args.out, force=args.force)
+    except GGUFError as e:
+        print(f"import failed: {e}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
 def register(sub) -> None:
-    ck = sub.add_parser("ckpt", help="checkpoint tools: verify, list, export").add_subparsers(
+    ck = sub.add_parser("ckpt", help="checkpoint tools: verify, list, export, import-gguf").add_subparsers(
         dest="ckpt_cmd", required=True)
     v = ck.add_parser("verify", help="check every file of a step (or every step of a run) against its manifest")
     v.add_argument("path", help="step dir or run dir")
@@ -116,3 +129,11 @@ def register(sub) -> None:
                     help="export a rope.yarn.apply=beyond_original model as plain YaRN (no transformers rope "
                          "reproduces beyond_original; plain YaRN is exact only beyond original_max_position)")
     ex.set_defaults(func=_cmd_export)
+    im = ck.add_parser("import-gguf", help="a llama.cpp GGUF file (llama, qwen2, qwen3, gemma3; any quant type the "
+                       "gguf package dequantizes) -> an HF dir of fp32 safetensors + config.json (docs/MODELS.md)")
+    im.add_argument("src", help="the .gguf file")
+    im.add_argument("--out", required=True, help="new directory for model.safetensors, config.json and "
+                    "megablu_import.json (source sha256, licence)")
+    im.add_argument("--force", action="store_true", help="replace a megablu GGUF import at --out (only a folder an "
+                    "earlier import wrote; swapped in once the new one is complete)")
+    im.set_defaults(func=_cmd_import_gguf)
