@@ -199,4 +199,5 @@ def _graphed(step: _Step, n: int) -> int:
         taken += 1
         if taken % CHECK_EVERY == 0 and step.all_done():
             break
+    torch.cuda.current_stream().synchronize()     # the last replay done before the graph and its pool go
     return taken

@@ -31,8 +31,7 @@ import torch
 import torch.distributed as dist
 
 from ..model.decoder import KVCache
-from .decode import check_mode, resolve_mode
-from .decode import decode as run_decode
+from .decode import check_mode, decode as run_decode, resolve_mode
 
 
 class StaticKVCache(KVCache):

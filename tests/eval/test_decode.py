@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from megablu.config.schema import EvalConfig, RopeConfig, YarnConfig
-from megablu.eval import decode as dec
-from megablu.eval import harness
+from megablu.eval import decode as dec, harness
 from megablu.eval.generate import _generate_recompute, greedy_generate
 
 from .conftest import tiny_model
@@ -100,6 +99,14 @@ def test_early_exit_drops_only_done_rows(monkeypatch):
     for b in range(4):
         alone = greedy_generate(m, ids[b:b + 1], MAX_NEW, stop_ids=stops, decode="eager")
         assert torch.equal(alone, got[b:b + 1]), b
+    # the growing KVCache (torch.cat per token; bench/eval_bench.py's before-the-change path) drops rows alike
+    from megablu.eval import generate
+    from megablu.model.decoder import KVCache
+
+    monkeypatch.setattr(generate, "new_cache", lambda model, capacity, rope_len, seq_sharded=False: KVCache(
+        model.cfg.n_layers, seq_sharded=seq_sharded, rope_len=rope_len))
+    n = len(kept)
+    assert torch.equal(greedy_generate(m, ids, MAX_NEW, stop_ids=stops), got) and len(kept) > n
 
 
 def test_modes_are_checked():
