@@ -27,6 +27,9 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from ..model.decoder import BluModel, LocalAttention
+from ..model.string import installed
+
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "eager", "static", "graph")
@@ -42,14 +45,10 @@ def check_mode(mode: str) -> None:
 
 def graph_problem(model, cache) -> Optional[str]:
     """Why a shape-stable step (static or graph) cannot run this model and cache (None: it can)."""
-    from ..model.decoder import BluModel, LocalAttention
-    from ..model.string import installed
-    from .generate import StaticKVCache
-
     if not isinstance(model, BluModel):
         return f"the model is a {type(model).__name__}, not a BluModel"
-    if not isinstance(cache, StaticKVCache):
-        return "the cache is not a StaticKVCache"
+    if not hasattr(cache, "begin_steps"):     # generate.StaticKVCache (which imports this module)
+        return f"the cache is a {type(cache).__name__}, not a StaticKVCache with fixed-size buffers"
     if installed(model) is not None:
         return "STRING attention is installed (its shifted keys are indexed by position)"
     for layer in model.layers:

@@ -55,8 +55,10 @@ class StaticKVCache(KVCache):
             return self._append_at(layer, k, v)
         if self._kb[layer] is None:
             B, _, H, D = k.shape
-            self._kb[layer] = k.new_empty(B, self.capacity, H, D)
-            self._vb[layer] = v.new_empty(B, self.capacity, v.shape[2], v.shape[3])
+            # zeros, not empty: a shape-stable step reads the unfilled positions too (masked out, but a NaN
+            # of uninitialised memory times a zero weight is still NaN)
+            self._kb[layer] = k.new_zeros(B, self.capacity, H, D)
+            self._vb[layer] = v.new_zeros(B, self.capacity, v.shape[2], v.shape[3])
         s, t = self._n[layer], k.shape[1]
         if s + t > self.capacity:
             raise RuntimeError(f"StaticKVCache: {s} + {t} tokens > capacity {self.capacity}")
