@@ -7,18 +7,21 @@ tokens (tests/eval/test_decode.py):
 - "eager": the model's forward over the cache as it grows (StaticKVCache views (B, n, Hkv, D), SDPA over the
   n keys). Rows that are done leave the batch (their cache rows too) and the loop ends when none is left;
   it reads `done` on the host every step. The only way under sequence parallelism.
-- "static": every step has the same shapes: the cache's whole buffers (B, capacity, Hkv, D) with a mask
-  of the positions filled (KVCache.attn_mask), and the position, the fed token, the output and `done`
-  in device buffers that the step updates itself. Rows stay in the batch (a fixed B); a done row is fed
-  stop_ids[0] and its output stays stop_ids[0].
-- "graph": static, captured once per batch as a CUDA graph after WARM real steps and replayed, `done`
-  read every CHECK_EVERY steps. A small model's decode step is launch-bound: SmolLM2-135M's is ~30 layers
-  x ~20 kernels of a few microseconds of work each, while its 32k KV cache (30 layers x 2 x 32k x 3 kv heads
-  x 64 x 2 bytes = 0.75 GB) reads in ~0.3 ms at HBM speed; a replay launches the whole step at once.
+- "static": every kernel but the attention has the same shapes at every step: the position, the fed token,
+  the output and `done` live in device buffers that the step updates itself, and the cache writes each new
+  key at the device position (StaticKVCache.begin_steps). The attention runs between them exactly as
+  LocalAttention runs it (the same views of the n filled keys, the same SDPA call): the tokens are the
+  eager ones. Rows stay in the batch (a fixed B); a done row is fed stop_ids[0] and its output stays it.
+- "graph": static, the step captured once per batch after WARM uncaptured steps, as len(layers) + 1 CUDA
+  graphs, one ending at each layer's attention, and replayed with the attentions between them (piecewise, as
+  vLLM captures around attention); `done` read every CHECK_EVERY steps. A small model's decode step is
+  launch-bound: SmolLM2-135M's is 30 layers x ~15 kernels of a few microseconds of work each (its 32k KV
+  cache, 30 layers x 2 x 32k x 3 kv heads x 64 x 2 bytes = 0.75 GB, reads in ~0.3 ms at HBM speed); a
+  replay launches a layer's kernels outside the attention at once.
 
-"auto" (what greedy_generate runs by default): graph on CUDA for a plain BluModel (one rank, no STRING, no
-sliding-window layer, LocalAttention kernels) when there are more than WARM steps to run, eager otherwise.
-A capture that fails (an op of the model that a graph cannot hold) falls back to static steps with a warning.
+"auto" (what greedy_generate runs by default): graph on CUDA for a BluModel whose attention kernels are
+LocalAttention (one rank, no STRING) when there are more than WARM steps to run, eager otherwise. A capture
+that fails (an op of the model that a graph cannot hold) falls back to uncaptured static steps with a warning.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import logging
 from typing import Callable, Optional, Sequence
 
 import torch
+from torch import nn
 
 from ..model.decoder import BluModel, LocalAttention
 from ..model.string import installed
@@ -44,7 +48,7 @@ def check_mode(mode: str) -> None:
 
 
 def graph_problem(model, cache) -> Optional[str]:
-    """Why a shape-stable step (static or graph) cannot run this model and cache (None: it can)."""
+    """Why a static or graph step cannot run this model and cache (None: it can)."""
     if not isinstance(model, BluModel):
         return f"the model is a {type(model).__name__}, not a BluModel"
     if not hasattr(cache, "begin_steps"):     # generate.StaticKVCache (which imports this module)
@@ -55,8 +59,6 @@ def graph_problem(model, cache) -> Optional[str]:
         core = layer.self_attn.core
         if type(core) is not LocalAttention:
             return f"attention kernel {type(core).__name__} (a wrapped kernel, e.g. Ulysses)"
-        if core.window is not None:
-            return "a sliding-window layer (model.sliding_layers)"
     return None
 
 
@@ -71,7 +73,7 @@ def resolve_mode(mode: str, model, cache, steps: int, one_rank: bool) -> str:
         dev = next(model.parameters()).device
         return "graph" if problem is None and dev.type == "cuda" else "eager"
     if problem is not None:
-        raise ValueError(f"decode={mode!r} needs a shape-stable step: {problem}; use decode='eager'")
+        raise ValueError(f"decode={mode!r} cannot run here: {problem}; use decode='eager'")
     if mode == "graph" and next(model.parameters()).device.type != "cuda":
         raise ValueError("decode='graph' captures a CUDA graph: the model is not on a GPU; use 'static' or 'eager'")
     return mode
@@ -92,15 +94,12 @@ def decode(model, tok: torch.Tensor, cache, max_new: int, stop_ids: Sequence[int
     step = _Step(model, tok, cache, max_new, stops, fill)
     n = max_new - 1
     try:
-        if mode == "graph":
-            taken = _graphed(step, n)
-        else:
-            taken = 0
+        taken = _graphed(step, n) if mode == "graph" else 0
         while taken < n and not step.all_done():
             step()
             taken += 1
     finally:
-        cache.end_steps(step.L + taken)
+        step.close()
     return step.gen
 
 
@@ -131,30 +130,74 @@ def _eager(model, tok, cache, max_new, stops, fill, positions, agree) -> torch.T
     return gen
 
 
+class _Attend(nn.Module):
+    """Stands in for a layer's LocalAttention while _Step runs (installed and removed by it, the way
+    apply_ulysses swaps the kernel from outside): appends the token at the step's device position, then hands
+    the attention to the step, which runs it over the filled part exactly as LocalAttention does."""
+
+    def __init__(self, local: LocalAttention, step: "_Step"):
+        super().__init__()
+        self.local, self.step = local, step
+
+    def forward(self, q, k, v, cache=None, docs=None):
+        kb, vb = cache.append(self.local.layer_idx, k, v)        # the whole buffers (B, capacity, Hkv, D)
+        return self.step.attend(self.local, q, kb, vb)
+
+
+def _attend_now(local: LocalAttention, q, kb, vb, n: int):
+    """LocalAttention.forward's cache path after its append: the same views (B, n, Hkv, D), the same call."""
+    k, v = kb[:, :n], vb[:, :n]
+    return local._windowed(q, k, v) if local.window is not None else local._plain(q, k, v)
+
+
 class _Step:
-    """One decode step of fixed shapes over a StaticKVCache in step mode. Its state lives in device buffers
-    that the step itself updates (fed token, position, output column, done), so replaying a captured graph
-    of it is the whole step."""
+    """One decode step whose every kernel but the attention has the same shapes at each step: its state lives in
+    device buffers that the step itself updates (fed token, position, output column, done) and the cache writes
+    each new key at the device position. The attention over the n filled keys (n known on the host) runs as
+    LocalAttention runs it, so the tokens are today's. capture() records the rest as len(layers) + 1 CUDA graphs,
+    one ending at each layer's attention; replay() runs them with each attention in between."""
 
     def __init__(self, model, tok, cache, max_new: int, stops: torch.Tensor, fill: int):
         dev, B = tok.device, tok.shape[0]
         self.model, self.cache, self.stops, self.fill = model, cache, stops, fill
         self.L = cache._n[0]                                          # positions filled by the prefill
+        self.n = self.L + 1                                           # keys the next step attends to
         self.tok = tok.clone()
         self.pos = torch.full((1,), self.L, dtype=torch.long, device=dev)
         self.col = torch.ones(1, dtype=torch.long, device=dev)        # the gen column the next token goes to
-        self.keys = torch.arange(cache.capacity, device=dev)
         self.gen = tok.new_full((B, max_new), fill)
         self.gen[:, 0] = tok
         self.done = _is_stop(tok, stops)
+        self.capturing: Optional[list] = None                         # during capture: (local, q, kb, vb, out)
+        self.graphs: list = []
+        self.pieces: list = []
         if cache.rope_len is not None and not isinstance(cache.rope_len, torch.Tensor):
             # the same lengths as a (B,) device tensor: the model reads it every step without a host copy
             cache.rope_len = torch.full((B,), int(cache.rope_len), dtype=torch.long, device=dev)
         cache.begin_steps(self.pos)
+        self.locals = [layer.self_attn.core for layer in model.layers]
+        for layer, local in zip(model.layers, self.locals):
+            layer.self_attn.core = _Attend(local, self)
+
+    def close(self) -> None:
+        """The model's own kernels back; the cache holds the prompt and the tokens fed back."""
+        for layer, local in zip(self.model.layers, self.locals):
+            layer.self_attn.core = local
+        self.graphs, self.pieces = [], []
+        self.cache.end_steps(self.n - 1)
+
+    def attend(self, local, q, kb, vb):
+        if self.capturing is None:
+            return _attend_now(local, q, kb, vb, self.n)
+        # capturing: the segment that made q (and wrote k, v) ends here; replay() runs the attention after it
+        self.graphs[-1].capture_end()
+        out = q.new_empty(*q.shape[:3], vb.shape[-1])                 # (B, 1, H, D), outside the graphs' pool
+        self.capturing.append((local, q, kb, vb, out))
+        self._begin()
+        return out
 
     def __call__(self) -> None:
         B = self.tok.shape[0]
-        self.cache.attn_mask = (self.keys <= self.pos).view(1, 1, 1, -1)   # positions 0..pos exist
         logits = self.model(self.tok[:, None], position_ids=self.pos.view(1, 1).expand(B, 1), cache=self.cache)
         nxt = logits[:, -1].argmax(-1)
         if self.stops.numel():
@@ -164,39 +207,72 @@ class _Step:
         self.tok.copy_(nxt)
         self.pos += 1
         self.col += 1
+        if self.capturing is None:
+            self.n += 1
+
+    def _begin(self) -> None:
+        g = torch.cuda.CUDAGraph()
+        # thread_local: another thread's CUDA calls (NCCL's watchdog under dp) do not break the capture
+        g.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+        self.graphs.append(g)
+
+    def capture(self) -> None:
+        """Record one step (nothing runs): the segments share one memory pool and replay in capture order, so a
+        tensor one segment leaves for the next keeps its address. On an error the step stays uncaptured."""
+        self.pool = torch.cuda.graph_pool_handle()
+        self.capturing, self.graphs = [], []
+        torch.cuda.synchronize()
+        try:
+            self._begin()
+            self()
+            self.graphs[-1].capture_end()
+        except BaseException:
+            try:
+                self.graphs[-1].capture_end()   # close the open capture, if it is still open
+            except Exception:
+                pass
+            self.graphs = []
+            raise
+        finally:
+            self.pieces, self.capturing = self.capturing, None
+
+    def replay(self) -> None:
+        for g, piece in zip(self.graphs, self.pieces + [None]):
+            g.replay()
+            if piece is not None:
+                local, q, kb, vb, out = piece
+                out.copy_(_attend_now(local, q, kb, vb, self.n))
+        self.n += 1
 
     def all_done(self) -> bool:
         return bool(self.stops.numel()) and bool(self.done.all())
 
 
 def _graphed(step: _Step, n: int) -> int:
-    """Run up to n steps: WARM real ones on a side stream, then a captured graph replayed (`done` read every
-    CHECK_EVERY). -> the steps taken; a capture that fails leaves the rest to the caller (static steps)."""
+    """Run up to n steps: WARM uncaptured ones on a side stream, then the captured step replayed (`done` read
+    every CHECK_EVERY). -> the steps taken; a capture that fails leaves the rest to the caller (uncaptured)."""
     taken = 0
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):                 # warm-up off the capture stream, as torch.cuda.graphs asks
+    with torch.cuda.stream(side):                 # warm-up and capture off the default stream, which cannot capture
         while taken < min(WARM, n):
             step()
             taken += 1
+        if taken < n and not step.all_done():
+            try:
+                step.capture()
+            except Exception as e:   # an op the graph cannot hold: the same steps, uncaptured
+                key = (type(e).__name__, str(e)[:200])
+                if key not in _warned:
+                    _warned.add(key)
+                    log.warning("decode: CUDA graph capture failed (%s: %s); decoding uncaptured", type(e).__name__, e)
     torch.cuda.current_stream().wait_stream(side)
-    if taken >= n or step.all_done():
-        return taken
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            step()                                # recorded, not run: the state is where the warm-up left it
-    except Exception as e:   # an op the graph cannot hold: the same steps, uncaptured
-        key = (type(e).__name__, str(e)[:200])
-        if key not in _warned:
-            _warned.add(key)
-            log.warning("decode: CUDA graph capture failed (%s: %s); decoding with uncaptured static steps",
-                        type(e).__name__, e)
+    if not step.graphs:
         return taken
     while taken < n:
-        graph.replay()
+        step.replay()
         taken += 1
         if taken % CHECK_EVERY == 0 and step.all_done():
             break
-    torch.cuda.current_stream().synchronize()     # the last replay done before the graph and its pool go
+    torch.cuda.current_stream().synchronize()     # the last replay done before the graphs and their pool go
     return taken

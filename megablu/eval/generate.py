@@ -55,10 +55,8 @@ class StaticKVCache(KVCache):
             return self._append_at(layer, k, v)
         if self._kb[layer] is None:
             B, _, H, D = k.shape
-            # zeros, not empty: a shape-stable step reads the unfilled positions too (masked out, but a NaN
-            # of uninitialised memory times a zero weight is still NaN)
-            self._kb[layer] = k.new_zeros(B, self.capacity, H, D)
-            self._vb[layer] = v.new_zeros(B, self.capacity, v.shape[2], v.shape[3])
+            self._kb[layer] = k.new_empty(B, self.capacity, H, D)
+            self._vb[layer] = v.new_empty(B, self.capacity, v.shape[2], v.shape[3])
         s, t = self._n[layer], k.shape[1]
         if s + t > self.capacity:
             raise RuntimeError(f"StaticKVCache: {s} + {t} tokens > capacity {self.capacity}")
@@ -70,7 +68,7 @@ class StaticKVCache(KVCache):
 
     def _append_at(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """One token per row written at position _step_pos (a device tensor: no host read), -> the whole
-        buffers (B, capacity, Hkv, D); attn_mask tells attention which positions exist."""
+        buffers (B, capacity, Hkv, D); the caller attends over the part it knows is filled."""
         if k.shape[1] != 1:
             raise ValueError(f"StaticKVCache: a shape-stable step appends one token per row, got {k.shape[1]}")
         self._kb[layer].index_copy_(1, self._step_pos, k)
@@ -79,8 +77,8 @@ class StaticKVCache(KVCache):
 
     def begin_steps(self, pos: torch.Tensor) -> None:
         """From now on each append writes its one token at `pos` ((1,) long, on the buffers' device; the caller
-        advances it and sets attn_mask per step) and returns the whole buffers: every step has the same shapes,
-        so a CUDA graph can replay it. end_steps(length) goes back to appending after the filled part."""
+        advances it) and returns the whole buffers: the write is the same kernel at every step, so a CUDA graph
+        can replay it. end_steps(length) goes back to appending after the filled part."""
         if any(b is None for b in self._kb):
             raise RuntimeError("StaticKVCache.begin_steps: prefill first (the buffers are allocated by it)")
         if any(b is not None for b in self._ksb):
@@ -89,7 +87,7 @@ class StaticKVCache(KVCache):
 
     def end_steps(self, length: int) -> None:
         """Leave step mode with `length` positions filled (the prompt plus the tokens fed back)."""
-        self._step_pos, self.attn_mask = None, None
+        self._step_pos = None
         self._n = [length] * self.n_layers
         self._views()
 

@@ -81,15 +81,11 @@ class KVCache:
 
     `ks` holds a second copy of each key beside `k`, position for position, for an attention installed
     from outside that keeps one (STRING, model/string.py: append_shifted); it stays empty otherwise.
-
-    `attn_mask` (1, 1, 1, S) bool, set by a cache whose append returns keys of a fixed length S (the
-    shape-stable decode step of eval/decode.py): which of the S keys a one-token step may see. None: all.
     """
 
     n_layers: int
     seq_sharded: bool = False
     rope_len: Optional[object] = None     # int | torch.Tensor (B,)
-    attn_mask: Optional[torch.Tensor] = None
     k: list = field(default_factory=list)
     v: list = field(default_factory=list)
     ks: list = field(default_factory=list)
@@ -157,9 +153,6 @@ class LocalAttention(nn.Module):
                 raise ValueError("a sliding-window layer (model.sliding_layers) with document masking "
                                  "(data.doc_mask): no kernel here applies both; set data.doc_mask=false")
             if cache is not None:
-                if cache.attn_mask is not None:
-                    raise ValueError("a sliding-window layer reads its keys by their index: a fixed-length cache "
-                                     "step (KVCache.attn_mask) is not supported; decode eagerly")
                 k, v = cache.append(self.layer_idx, k, v)
             return self._windowed(q, k, v)
         if docs is not None:
@@ -171,7 +164,6 @@ class LocalAttention(nn.Module):
             return doc_attention(q, k, v, docs)
         if cache is not None:
             k, v = cache.append(self.layer_idx, k, v)
-            return self._plain(q, k, v, cache.attn_mask)
         return self._plain(q, k, v)
 
     def _windowed(self, q, k, v):
@@ -185,12 +177,9 @@ class LocalAttention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
         return out.transpose(1, 2)
 
-    def _plain(self, q, k, v, mask: Optional[torch.Tensor] = None):
-        """Causal attention of q (B, T, H, D) over k, v (B, tk, Hkv, D), tk >= T (bottom-right aligned).
-        mask (1, 1, 1, tk) bool: the keys a one-token step sees (KVCache.attn_mask; T must be 1)."""
+    def _plain(self, q, k, v):
+        """Causal attention of q (B, T, H, D) over k, v (B, tk, Hkv, D), tk >= T (bottom-right aligned)."""
         tq, tk = q.shape[1], k.shape[1]
-        if mask is not None:
-            return self._masked_step(q, k, v, mask)
         if tq == tk:
             return causal_attention(q, k, v, self.kernel)
         # (B, T, H, D) -> (B, H, T, D)
@@ -204,19 +193,6 @@ class LocalAttention(nn.Module):
             mask = torch.arange(tk, device=q.device)[None, :] <= i
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         return out.transpose(1, 2)
-
-    @staticmethod
-    def _masked_step(q, k, v, mask):
-        """One query token per row over a fixed-length cache, the keys not in `mask` unseen. The H query heads
-        are laid out as G = H/Hkv query rows of each kv head (head h reads kv head h // G, enable_gqa's
-        grouping), so every SDPA backend takes it with the mask and no key is repeated."""
-        B, tq, H, D = q.shape
-        if tq != 1:
-            raise ValueError(f"a masked cache step feeds one token per row, got {tq}")
-        Hkv = k.shape[2]
-        qg = q.reshape(B, Hkv, H // Hkv, D)                 # (B, 1, H, D) -> (B, Hkv, G, D)
-        out = F.scaled_dot_product_attention(qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
-        return out.reshape(B, 1, H, D)                      # (B, Hkv, G, D) -> (B, 1, H, D)
 
 
 class Attention(nn.Module):
