@@ -20,7 +20,8 @@ tokens (tests/eval/test_decode.py):
   replay launches a layer's kernels outside the attention at once.
 
 "auto" (what greedy_generate runs by default): graph on CUDA for a BluModel whose attention kernels are
-LocalAttention (one rank, no STRING) when there are more than WARM steps to run, eager otherwise. A capture
+LocalAttention (one rank, no STRING), with no forward hook and no ZeRO-3 partitioned parameter, when there are
+more than WARM steps to run; eager otherwise. A capture
 that fails (an op of the model that a graph cannot hold) falls back to uncaptured static steps with a warning.
 """
 from __future__ import annotations
@@ -55,6 +56,11 @@ def graph_problem(model, cache) -> Optional[str]:
         return f"the cache is a {type(cache).__name__}, not a StaticKVCache with fixed-size buffers"
     if installed(model) is not None:
         return "STRING attention is installed (its shifted keys are indexed by position)"
+    if any(hasattr(p, "ds_id") for p in model.parameters()):
+        return "ZeRO-3 partitioned parameters (gathered by hooks at each forward)"
+    hooked = [n for n, m in model.named_modules() if m._forward_hooks or m._forward_pre_hooks]
+    if hooked:   # a hook's work (or its host-side state) would be recorded once and replayed blindly
+        return f"forward hooks on {', '.join(n or 'the model' for n in hooked[:3])}"
     for layer in model.layers:
         core = layer.self_attn.core
         if type(core) is not LocalAttention:

@@ -138,6 +138,13 @@ def test_modes_are_checked():
     apply_string(m, StringConfig(variant="fixed_shift", shift=6, local=2))
     with pytest.raises(ValueError, match="STRING attention"):
         greedy_generate(m, ids, 4, decode="static")
+    m = tiny_model(vocab=97, seed=1)
+    m.layers[1].mlp.register_forward_hook(lambda *a: None)
+    with pytest.raises(ValueError, match="forward hooks on layers.1.mlp"):
+        greedy_generate(m, ids, 4, decode="static")
+    m = tiny_model(vocab=97, seed=1)
+    m.norm.weight.ds_id = 3      # what DeepSpeed's ZeRO-3 puts on a partitioned parameter
+    assert "ZeRO-3" in dec.graph_problem(m, cache)
 
 
 def test_sliding_window_layer():
