@@ -8,11 +8,12 @@
   python bench/eval_decode.py --model tiny --lengths 256 1024 --max-new 16 --batches 1 --modes eager static
 
 Modes (megablu/eval/decode.py): eager = the step as it was before the change (the model's forward over the
-growing cache; the before column), static = the shape-stable step over the whole cache with a mask, graph =
-static replayed as a CUDA graph (what `megablu eval` runs on a GPU: decode=auto). Random weights never emit a
-stop id, so every mode decodes all max_new tokens: ms/step is the step's own cost. Prefill is timed apart
-(max_new=1) and is the same code in every mode. `agree` is the share of generated tokens equal to the first
-mode's (1.0: token for token the same; bf16 kernels of another shape can flip a near-tie).
+growing cache; the before column), static = the step with its state in device buffers, uncaptured, graph =
+static captured as CUDA graphs around each layer's attention and replayed (what `megablu eval` runs on a GPU:
+decode=auto). Random weights never emit a stop id, so every mode decodes all max_new tokens: ms/step is the
+step's own cost. Prefill is timed apart (max_new=1) and is the same code in every mode. `agree` is the share
+of generated tokens equal to the first mode's (1.0: token for token the same, as tests/eval/test_decode.py
+asserts on a GPU).
 
 stdout: the table (markdown); stderr: logs. --json PATH also writes the rows with the device, torch version
 and the command.
