@@ -2,18 +2,20 @@
 (length, decode mode), the modes side by side in one run on the same prompts (issue 43, item 2).
 
   # SmolLM2-135M's shape (random weights: the speed does not depend on them), the RULER suite's lengths,
-  # batches as `megablu eval` makes them (max(1, 16384 // L) rows), 128-token answers (cwe), before vs after:
-  python bench/eval_decode.py --lengths 8192 16384 32768 --max-new 128 --modes eager graph
+  # batches as `megablu eval` makes them on a GPU (max(1, 262144 // L) rows), 128-token answers (cwe),
+  # before (eager) vs after (graph):
+  python bench/eval_decode.py --lengths 8192 16384 32768 --max-new 128 --modes eager graph --json $OUT/decode.json
   # a CPU smoke run at small sizes:
   python bench/eval_decode.py --model tiny --lengths 256 1024 --max-new 16 --batches 1 --modes eager static
 
 Modes (megablu/eval/decode.py): eager = the step as it was before the change (the model's forward over the
 growing cache; the before column), static = the step with its state in device buffers, uncaptured, graph =
 static captured as CUDA graphs around each layer's attention and replayed (what `megablu eval` runs on a GPU:
-decode=auto). Random weights never emit a stop id, so every mode decodes all max_new tokens: ms/step is the
-step's own cost. Prefill is timed apart (max_new=1) and is the same code in every mode. `agree` is the share
-of generated tokens equal to the first mode's (1.0: token for token the same, as tests/eval/test_decode.py
-asserts on a GPU).
+decode=auto). The stop id passed is outside the vocabulary (checked for as `megablu eval` checks for the
+tokenizer's, never emitted), so every mode decodes all max_new tokens: ms/step is the step's own cost; "of
+which attention" times the attention calls alone (one layer's, x n_layers), the part no mode changes. Prefill
+is timed apart (max_new=1) and is the same code in every mode. `agree` is the share of generated tokens equal
+to the first mode's (1.0: token for token the same, as tests/eval/test_decode.py asserts on a GPU).
 
 stdout: the table (markdown); stderr: logs. --json PATH also writes the rows with the device, torch version
 and the command.
@@ -64,6 +66,20 @@ def timed(fn, dev):
     return time.perf_counter() - t0, out
 
 
+def attention_ms(model, B: int, L: int, dev, dtype, reps: int = 20) -> float:
+    """ms per decode step spent in attention alone: one layer's LocalAttention call for a one-token query over
+    L cached keys (views of a preallocated buffer, as StaticKVCache hands them), timed, x n_layers."""
+    cfg = model.cfg
+    H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.resolved_head_dim
+    q = torch.randn(B, 1, H, D, device=dev, dtype=dtype)
+    kb = torch.randn(B, L + 1, Hkv, D, device=dev, dtype=dtype)
+    vb = torch.randn(B, L + 1, Hkv, D, device=dev, dtype=dtype)
+    local = model.layers[0].self_attn.core
+    local._plain(q, kb[:, :L], vb[:, :L])
+    dt, _ = timed(lambda: [local._plain(q, kb[:, :L], vb[:, :L]) for _ in range(reps)], dev)
+    return 1e3 * dt / reps * cfg.n_layers
+
+
 def run(args) -> list[dict]:
     from megablu.eval.generate import greedy_generate
 
@@ -73,13 +89,17 @@ def run(args) -> list[dict]:
     chunk = args.prefill_chunk if args.prefill_chunk is not None else (0 if dev.type == "cuda" else 2048)
     vocab = model.cfg.vocab_size
     rows = []
+    batch_tokens = args.batch_tokens or (262144 if dev.type == "cuda" else 16384)
     for L in args.lengths:
-        B = args.batch or max(1, args.batch_tokens // L)
+        B = args.batch or max(1, batch_tokens // L)
+        attn = attention_ms(model, B, L, dev, dtype)
         gen = torch.Generator().manual_seed(L)
         batches = [torch.randint(0, vocab, (B, L), generator=gen) for _ in range(args.batches + 1)]
 
         def generate(x, max_new, mode):
-            return greedy_generate(model, x, max_new, prefill_chunk=chunk, decode=mode)
+            # a stop id that never comes (outside the vocabulary), as `megablu eval` passes the tokenizer's: the
+            # steps check for it as they do there (eager: on the host at every step)
+            return greedy_generate(model, x, max_new, prefill_chunk=chunk, decode=mode, stop_ids=(vocab,))
 
         first = None
         for mode in args.modes:
@@ -96,19 +116,21 @@ def run(args) -> list[dict]:
             step_ms = 1e3 * (t_all - t_pre) / (args.batches * max(1, args.max_new - 1))
             rows.append({"length": L, "batch": B, "max_new": args.max_new, "mode": mode, "prompts": n,
                          "prompts_per_s": n / t_all, "prefill_ms": 1e3 * t_pre / args.batches,
-                         "decode_ms_per_step": step_ms, "agree": float((out == first).float().mean())})
+                         "decode_ms_per_step": step_ms, "attention_ms_per_step": attn,
+                         "agree": float((out == first).float().mean())})
             log.info("L=%d B=%d %s: %.2f prompts/s, %.2f ms/step", L, B, mode, rows[-1]["prompts_per_s"], step_ms)
     return rows
 
 
 def table(rows: list[dict]) -> str:
     base = {r["length"]: r for r in reversed(rows)}   # each length's first mode
-    lines = ["| length | batch | mode | prompts/s | prefill ms/batch | decode ms/step | step speed-up | agree |",
-             "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| length | batch | mode | prompts/s | prefill ms/batch | decode ms/step | of which attention | "
+             "step speed-up | agree |", "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         up = base[r["length"]]["decode_ms_per_step"] / max(r["decode_ms_per_step"], 1e-9)
         lines.append(f"| {r['length']} | {r['batch']} | {r['mode']} | {r['prompts_per_s']:.2f} | "
-                     f"{r['prefill_ms']:.1f} | {r['decode_ms_per_step']:.3f} | {up:.2f}x | {r['agree']:.4f} |")
+                     f"{r['prefill_ms']:.1f} | {r['decode_ms_per_step']:.3f} | {r['attention_ms_per_step']:.3f} | "
+                     f"{up:.2f}x | {r['agree']:.4f} |")
     return "\n".join(lines)
 
 
@@ -121,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lengths", type=int, nargs="+", default=[8192, 16384, 32768], help="prompt lengths")
     p.add_argument("--max-new", type=int, default=128, help="tokens generated per prompt (cwe's answer: 128)")
     p.add_argument("--batch", type=int, help="rows per batch (default: max(1, batch-tokens // length))")
-    p.add_argument("--batch-tokens", type=int, default=16384, help="`megablu eval`'s --batch-tokens default")
+    p.add_argument("--batch-tokens", type=int,
+                   help="default: `megablu eval`'s, 262144 on a GPU (8 prompts of 32k), 16384 on a CPU")
     p.add_argument("--batches", type=int, default=3, help="timed batches per (length, mode), after one warm-up")
     p.add_argument("--modes", nargs="+", default=["eager", "graph"],
                    choices=["eager", "static", "graph", "auto"], help="decode modes, the first is the baseline")
