@@ -6,23 +6,27 @@ tokens (tests/eval/test_decode.py):
 
 - "eager": the model's forward over the cache as it grows (StaticKVCache views (B, n, Hkv, D), SDPA over the
   n keys). Rows that are done leave the batch (their cache rows too) and the loop ends when none is left;
-  it reads `done` on the host every step. The only way under sequence parallelism.
+  it reads `done` on the host every step. The only way under sequence parallelism. (A smaller batch runs
+  its matrix products at another shape: on a GPU in bf16 a kernel chosen for that shape may round a
+  remaining row's logits differently, so a near-tie could go the other way than in the full batch.)
 - "static": every kernel but the attention has the same shapes at every step: the position, the fed token,
   the output and `done` live in device buffers that the step updates itself, and the cache writes each new
   key at the device position (StaticKVCache.begin_steps). The attention runs between them exactly as
-  LocalAttention runs it (the same views of the n filled keys, the same SDPA call): the tokens are the
-  eager ones. Rows stay in the batch (a fixed B); a done row is fed stop_ids[0] and its output stays it.
+  LocalAttention runs it (the same views of the n filled keys, the same SDPA call). Rows stay in the batch
+  (a fixed B, so the kernels are the full batch's at every step); a done row is fed stop_ids[0] and its
+  output stays it.
 - "graph": static, the step captured once per batch after WARM uncaptured steps, as len(layers) + 1 CUDA
   graphs, one ending at each layer's attention, and replayed with the attentions between them (piecewise, as
-  vLLM captures around attention); `done` read every CHECK_EVERY steps. A small model's decode step is
-  launch-bound: SmolLM2-135M's is 30 layers x ~15 kernels of a few microseconds of work each (its 32k KV
-  cache, 30 layers x 2 x 32k x 3 kv heads x 64 x 2 bytes = 0.75 GB, reads in ~0.3 ms at HBM speed); a
-  replay launches a layer's kernels outside the attention at once.
+  vLLM captures around attention); `done` read every CHECK_EVERY steps, so the host runs ahead of the GPU.
+  A small model's eager step is bound by the host: SmolLM2-135M's is 30 layers x ~15 kernels of a few
+  microseconds of work each, launched one by one, then a wait for `done`. Its KV cache, 30 layers x 2 x L
+  x 3 kv heads x 64 x 2 bytes per row (0.75 GB at 32k), is what a step must read at HBM speed whatever
+  the mode.
 
 "auto" (what greedy_generate runs by default): graph on CUDA for a BluModel whose attention kernels are
-LocalAttention (one rank, no STRING), with no forward hook and no ZeRO-3 partitioned parameter, when there are
-more than WARM steps to run; eager otherwise. A capture
-that fails (an op of the model that a graph cannot hold) falls back to uncaptured static steps with a warning.
+LocalAttention (one rank, no STRING), with no forward hook and no ZeRO-3 partitioned parameter, when there
+are at least MIN_STEPS steps to run; eager otherwise. A capture that fails (an op of the model that a graph
+cannot hold) falls back to uncaptured static steps with a warning.
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ log = logging.getLogger(__name__)
 MODES = ("auto", "eager", "static", "graph")
 WARM = 2            # real steps run before the capture (cuBLAS/SDPA workspaces and lazy inits happen there)
 CHECK_EVERY = 8     # graph replays between two host reads of `done` (each read waits for the GPU)
+MIN_STEPS = 16      # auto captures a graph only for this many decode steps or more: a capture costs a few steps
 _warned: set = set()
 
 
@@ -70,7 +75,7 @@ def graph_problem(model, cache) -> Optional[str]:
 
 def resolve_mode(mode: str, model, cache, steps: int, one_rank: bool) -> str:
     """The mode `mode` runs as for this model, cache and number of decode steps (auto's rule: module doc)."""
-    if mode == "eager" or (mode == "auto" and (not one_rank or steps <= WARM)):
+    if mode == "eager" or (mode == "auto" and (not one_rank or steps < MIN_STEPS)):
         return "eager"
     if not one_rank:
         raise ValueError(f"decode={mode!r} runs on one rank; under sequence parallelism decode is eager")
