@@ -171,7 +171,7 @@ class _Step:
     def __init__(self, model, tok, cache, max_new: int, stops: torch.Tensor, fill: int):
         dev, B = tok.device, tok.shape[0]
         self.model, self.cache, self.stops, self.fill = model, cache, stops, fill
-        self.L = cache._n[0]                                          # positions filled by the prefill
+        self.L = cache.length                                         # positions filled by the prefill
         self.n = self.L + 1                                           # keys the next step attends to
         self.tok = tok.clone()
         self.pos = torch.full((1,), self.L, dtype=torch.long, device=dev)
