@@ -95,7 +95,7 @@ def main(argv=None) -> int:
             d_last = (blu(x, logits_index=-1)[0, -1] - hf(x).logits[0, -1]).abs().max().item()
         same = mine == theirs
         ok &= same
-        first = next((i for i, (u, v) in enumerate(zip(mine, theirs)) if u != v), None)
+        first = next((i for i, (u, v) in enumerate(zip(mine, theirs, strict=False)) if u != v), None)
         text = tok.decode(mine).replace("\n", "\\n").replace("|", "/")[:60]
         rows.append(f"| {name} | {len(ids)} | {'yes' if same else f'no (from {first})'} | {d_last:.1e} | "
                     f"{'key ' + key + (' found' if key in tok.decode(mine) else ' not found') if key else ''} "

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from ..model.decoder import KVCache
+from .decode import check_mode, decode as run_decode, resolve_mode
 
 
 class StaticKVCache(KVCache):
@@ -49,8 +50,11 @@ class StaticKVCache(KVCache):
         # STRING's shifted keys (model/string.py), allocated when first appended
         self._ksb: list[Optional[torch.Tensor]] = [None] * n_layers
         self._nks = [0] * n_layers
+        self._step_pos: Optional[torch.Tensor] = None   # (1,) long on the device: shape-stable steps (begin_steps)
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        if self._step_pos is not None:
+            return self._append_at(layer, k, v)
         kb, vb = self._kb[layer], self._vb[layer]
         if kb is None or vb is None:   # both or neither
             B, _, H, D = k.shape
@@ -65,7 +69,55 @@ class StaticKVCache(KVCache):
         self.k[layer], self.v[layer] = kb[:, :s + t], vb[:, :s + t]
         return self.k[layer], self.v[layer]
 
+    def _append_at(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """One token per row written at position _step_pos (a device tensor: no host read), -> the whole
+        buffers (B, capacity, Hkv, D); the caller attends over the part it knows is filled."""
+        if k.shape[1] != 1:
+            raise ValueError(f"StaticKVCache: a shape-stable step appends one token per row, got {k.shape[1]}")
+        kb, vb, pos = self._kb[layer], self._vb[layer], self._step_pos
+        assert kb is not None and vb is not None and pos is not None   # begin_steps checked both
+        kb.index_copy_(1, pos, k)
+        vb.index_copy_(1, pos, v)
+        return kb, vb
+
+    def begin_steps(self, pos: torch.Tensor) -> None:
+        """From now on each append writes its one token at `pos` ((1,) long, on the buffers' device; the caller
+        advances it) and returns the whole buffers: the write is the same kernel at every step, so a CUDA graph
+        can replay it. end_steps(length) goes back to appending after the filled part."""
+        if any(b is None for b in self._kb):
+            raise RuntimeError("StaticKVCache.begin_steps: prefill first (the buffers are allocated by it)")
+        if any(b is not None for b in self._ksb):
+            raise RuntimeError("StaticKVCache.begin_steps: STRING's shifted keys are not written at a position")
+        self._step_pos = pos
+
+    def end_steps(self, length: int) -> None:
+        """Leave step mode with `length` positions filled (the prompt plus the tokens fed back)."""
+        self._step_pos = None
+        self._n = [length] * self.n_layers
+        self._views()
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep these batch rows ((B',) indices) of every buffer, in that order: a decode drops the rows that
+        are done. A (B,) rope_len follows them."""
+        for bufs in (self._kb, self._vb, self._ksb):
+            for i, b in enumerate(bufs):
+                if b is not None:
+                    bufs[i] = b.index_select(0, rows)
+        if isinstance(self.rope_len, torch.Tensor) and self.rope_len.dim() > 0:
+            self.rope_len = self.rope_len.index_select(0, rows.to(self.rope_len.device))
+        self._views()
+
+    def _views(self) -> None:
+        for i, n in enumerate(self._n):
+            kb, vb, ksb = self._kb[i], self._vb[i], self._ksb[i]
+            if kb is not None and vb is not None:
+                self.k[i], self.v[i] = kb[:, :n], vb[:, :n]
+            if ksb is not None:
+                self.ks[i] = ksb[:, :self._nks[i]]
+
     def append_shifted(self, layer: int, ks: torch.Tensor) -> torch.Tensor:
+        if self._step_pos is not None:
+            raise RuntimeError("StaticKVCache: STRING's shifted keys are not supported in a shape-stable step")
         ksb = self._ksb[layer]
         if ksb is None:
             ksb = self._ksb[layer] = ks.new_empty(ks.shape[0], self.capacity, *ks.shape[2:])
@@ -80,12 +132,7 @@ class StaticKVCache(KVCache):
     def truncate(self, length: int) -> None:
         self._n = [min(n, length) for n in self._n]
         self._nks = [min(n, length) for n in self._nks]
-        for i, n in enumerate(self._n):
-            kb, vb, ksb = self._kb[i], self._vb[i], self._ksb[i]
-            if kb is not None and vb is not None:
-                self.k[i], self.v[i] = kb[:, :n], vb[:, :n]
-            if ksb is not None:
-                self.ks[i] = ksb[:, :self._nks[i]]
+        self._views()
 
 
 def new_cache(model, capacity: int, rope_len: int, seq_sharded: bool = False) -> KVCache:
@@ -107,49 +154,32 @@ def _device(model) -> torch.device:
 
 @torch.no_grad()
 def greedy_generate(model, input_ids: torch.Tensor, max_new: int, *, sp_group=None, prefill_chunk: int = 2048,
-                    use_cache: bool = True, stop_ids: Sequence[int] = ()) -> torch.Tensor:
+                    use_cache: bool = True, stop_ids: Sequence[int] = (), decode: str = "auto") -> torch.Tensor:
     """input_ids (B, L) -> generated ids (B, max_new), greedy.
 
-    With stop_ids (tokenizer.stop_ids: EOT, an end of turn), decoding stops once every row has produced
-    any of them (the rest is filled with stop_ids[0]; scoring cuts at a row's first stop, cut_at_stop, so
-    the result is the same as decoding on). prefill_chunk <= 0
+    With stop_ids (tokenizer.stop_ids: EOT, an end of turn), a row is done once it has produced any of them:
+    its later tokens are stop_ids[0] (scoring cuts at a row's first stop, cut_at_stop, so the result is the
+    same as decoding on) and decoding ends when every row is done. prefill_chunk <= 0
     prefills the whole prompt in one call (fastest on a GPU with a flash kernel; only the last
-    position's logits are ever computed)."""
+    position's logits are ever computed). decode: how the steps run (eval/decode.py: auto | eager | static |
+    graph; auto replays a CUDA graph of the step on a GPU where the model allows it)."""
+    check_mode(decode)
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be (B, L), got {tuple(input_ids.shape)}")
     input_ids = input_ids.to(_device(model))
     if sp_group is not None and dist.get_world_size(sp_group) > 1:
+        resolve_mode(decode, model, None, max_new - 1, one_rank=False)
         return _generate_sp(model, input_ids, max_new, sp_group, stop_ids)
     if not use_cache:
         return _generate_recompute(model, input_ids, max_new)
     B, L = input_ids.shape
     cache = new_cache(model, L + max_new, rope_len=L + max_new)
+    mode = resolve_mode(decode, model, cache, max_new - 1, one_rank=True)
     chunk = prefill_chunk if prefill_chunk > 0 else L
     for s in range(0, L, chunk):
         logits = model(input_ids[:, s:s + chunk], cache=cache, logits_index=-1)
     tok = logits[:, -1].argmax(-1)                           # (B,)
-    return _decode(model, tok, cache, max_new, stop_ids, lambda i: None, lambda t: t)
-
-
-def _decode(model, tok, cache, max_new: int, stop_ids: Sequence[int], positions, agree) -> torch.Tensor:
-    """Feed tokens back max_new - 1 times; stop early when every row has emitted any of stop_ids.
-    positions(i) -> position_ids or None (the cache's length); agree(tok) -> tok every rank uses (so
-    under sp every rank sees the same tokens, the same `done`, and stops at the same step)."""
-    out = [tok]
-    stops = torch.tensor(list(stop_ids), dtype=tok.dtype, device=tok.device)
-    done = torch.isin(tok, stops) if len(stops) else None         # (B,)
-    for i in range(max_new - 1):
-        if done is not None and bool(done.all()):
-            break
-        logits = model(tok[:, None], position_ids=positions(i), cache=cache)
-        tok = agree(logits[:, -1].argmax(-1).contiguous())
-        out.append(tok)
-        if done is not None:
-            done |= torch.isin(tok, stops)
-    gen = torch.stack(out, 1)
-    if gen.shape[1] < max_new:
-        gen = torch.cat([gen, gen.new_full((gen.shape[0], max_new - gen.shape[1]), stop_ids[0])], 1)
-    return gen
+    return run_decode(model, tok, cache, max_new, stop_ids, mode=mode)
 
 
 @torch.no_grad()
@@ -189,8 +219,8 @@ def _generate_sp(model, input_ids: torch.Tensor, max_new: int, group, stop_ids: 
         dist.broadcast(t, src=src0, group=group)
         return t
 
-    return _decode(model, tok, cache, max_new, stop_ids,
-                   lambda i: torch.full((B, 1), L + i, device=dev, dtype=torch.long), agree)
+    return run_decode(model, tok, cache, max_new, stop_ids, mode="eager", agree=agree,
+                      positions=lambda i, b: torch.full((b, 1), L + i, device=dev, dtype=torch.long))
 
 
 def cut_at_stop(ids: list[int], stop_ids: Sequence[int]) -> list[int]:

@@ -109,6 +109,15 @@ class KVCache:
         self.ks[layer] = ks if self.ks[layer] is None else torch.cat([self.ks[layer], ks], dim=1)
         return self.ks[layer]
 
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep these batch rows ((B',) indices), in that order (a decode drops the rows that are done)."""
+        for ts in (self.k, self.v, self.ks):
+            for i, t in enumerate(ts):
+                if t is not None:
+                    ts[i] = t.index_select(0, rows)
+        if isinstance(self.rope_len, torch.Tensor) and self.rope_len.dim() > 0:
+            self.rope_len = self.rope_len.index_select(0, rows.to(self.rope_len.device))
+
     def truncate(self, length: int) -> None:
         """Drop cached positions >= length (e.g. the end padding of an sp-sharded prefill)."""
         self.k = [None if t is None else t[:, :length] for t in self.k]

@@ -140,6 +140,7 @@ class RotaryEmbedding(nn.Module):
         freqs = position_ids[..., None].float() * inv                             # (B, T, D/2)
         emb = torch.cat((freqs, freqs), dim=-1)
         # the attention factor only where YaRN applies; the same fp32 products as the scalar path
-        scale = torch.where(long, torch.tensor(self.attention_scaling, dtype=torch.float32, device=long.device),
-                            torch.tensor(1.0, dtype=torch.float32, device=long.device))
+        # (torch.full, not torch.tensor: no host-to-device copy, so a CUDA graph can capture the step)
+        scale = torch.where(long, torch.full((), self.attention_scaling, dtype=torch.float32, device=long.device),
+                            torch.full((), 1.0, dtype=torch.float32, device=long.device))
         return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)

@@ -82,35 +82,41 @@ def test_eot_early_stop_equals_decoding_on():
 
 
 class ScriptModel(torch.nn.Module):
-    """Emits script[b][i] as row b's i-th generated token whatever it is fed; counts its forward calls."""
+    """Emits script[t] after being fed token t (the last of each row), whatever came before; records the
+    batch size of each forward call."""
 
-    def __init__(self, script, vocab=16):
+    def __init__(self, script: dict, vocab=16):
         super().__init__()
-        self.script, self.calls = script, 0
+        self.script, self.batches = script, []
         self.cfg = ModelConfig(n_layers=1, d_model=8, n_heads=1, n_kv_heads=1, ffn_dim=8, vocab_size=vocab)
         self.dummy = torch.nn.Parameter(torch.zeros(1))
 
     def forward(self, input_ids, position_ids=None, cache=None, logits_index=None):
-        i, self.calls = self.calls, self.calls + 1
+        self.batches.append(input_ids.shape[0])
         logits = torch.full((input_ids.shape[0], 1, self.cfg.vocab_size), -1e4)
-        for b, row in enumerate(self.script):
-            logits[b, -1, row[i]] = 0.0
+        for b, t in enumerate(input_ids[:, -1].tolist()):
+            logits[b, -1, self.script[t]] = 0.0
         return logits
 
 
+# row 0 (prompt ends in 10): 5 7 2 9 9 ...; row 1 (prompt ends in 11): 12 0 6 6 ...
+SCRIPT = {10: 5, 5: 7, 7: 2, 2: 9, 9: 9, 11: 12, 12: 0, 0: 6, 6: 6}
+
+
 def test_stops_once_every_row_emitted_any_stop_id():
-    """Row 0 ends its turn (<|im_end|> = 2) at its 3rd token, row 1 emits EOT (0) at its 2nd: decoding
-    stops after the 3rd token (one prefill, two decode steps), fills the rest with the first stop id,
-    and each row's answer ends at its own first stop. With EOT alone it decodes all max_new tokens."""
-    script = [[5, 7, 2, 9, 9, 9, 9, 9], [5, 0, 6, 6, 6, 6, 6, 6]]
-    m = ScriptModel(script)
-    got = greedy_generate(m, torch.ones(2, 4, dtype=torch.long), 8, stop_ids=(0, 2))
-    assert m.calls == 3
-    assert got.tolist() == [[5, 7, 2, 0, 0, 0, 0, 0], [5, 0, 6, 0, 0, 0, 0, 0]]
-    assert [cut_at_stop(g, (0, 2)) for g in got.tolist()] == [[5, 7], [5]]
-    m = ScriptModel(script)
-    assert greedy_generate(m, torch.ones(2, 4, dtype=torch.long), 8, stop_ids=(0,)).tolist() == script
-    assert m.calls == 8
+    """Row 0 ends its turn (<|im_end|> = 2) at its 3rd token, row 1 emits EOT (0) at its 2nd: row 1 leaves the
+    batch after its 2nd token, decoding stops after row 0's 3rd (one prefill, two decode steps), the rest is
+    the first stop id, and each row's answer ends at its own first stop. With EOT alone row 0 decodes all
+    max_new tokens, alone in the batch once row 1 is done."""
+    prompt = torch.tensor([[1, 10], [1, 11]])
+    m = ScriptModel(SCRIPT)
+    got = greedy_generate(m, prompt, 8, stop_ids=(0, 2))
+    assert m.batches == [2, 2, 1]
+    assert got.tolist() == [[5, 7, 2, 0, 0, 0, 0, 0], [12, 0, 0, 0, 0, 0, 0, 0]]
+    assert [cut_at_stop(g, (0, 2)) for g in got.tolist()] == [[5, 7], [12]]
+    m = ScriptModel(SCRIPT)
+    assert greedy_generate(m, prompt, 8, stop_ids=(0,)).tolist() == [[5, 7, 2, 9, 9, 9, 9, 9], [12] + [0] * 7]
+    assert m.batches == [2, 2] + [1] * 6
 
 
 def test_static_cache_is_preallocated_and_sets_rope_len(monkeypatch):
