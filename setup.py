@@ -3,6 +3,7 @@
 `pip install -e .` installs the package and the `megablu` command. The CUDA ops in csrc/
 are JIT-built on first use; `MEGABLU_BUILD_OPS=1 pip install .` builds them ahead of time.
 """
+
 import os
 import re
 from pathlib import Path
@@ -10,8 +11,9 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 # the one source of the version: megablu/__init__.py (read, not imported: setup needs no torch)
-VERSION = re.search(r'^__version__ = "([^"]+)"$', (Path(__file__).parent / "megablu" / "__init__.py").read_text(),
-                    re.M).group(1)
+VERSION = re.search(
+    r'^__version__ = "([^"]+)"$', (Path(__file__).parent / "megablu" / "__init__.py").read_text(), re.M
+).group(1)
 # optional kernels (memory.loss: liger, memory.attention: fa4; CUDA only) and trackers (train.tracker):
 # declared here, installed only on request, e.g. `pip install 'megablu[gpu]'`
 KERNELS = {"liger": ["liger-kernel>=0.8.5"], "fa4": ["flash-attn-4>=4.0.0b40"]}
@@ -50,9 +52,14 @@ setup(
         "numpy>=1.26",
     ],
     # gguf: `megablu ckpt import-gguf` (model/gguf.py)
-    extras_require={"hf": ["transformers>=4.56"], "gguf": ["gguf>=0.17.1"], "test": ["pytest>=8", "transformers>=4.56"],
-                    **KERNELS,
-                    "gpu": KERNELS["liger"] + KERNELS["fa4"], **TRACKERS},
+    extras_require={
+        "hf": ["transformers>=4.56"],
+        "gguf": ["gguf>=0.17.1"],
+        "test": ["pytest>=8", "transformers>=4.56"],
+        **KERNELS,
+        "gpu": KERNELS["liger"] + KERNELS["fa4"],
+        **TRACKERS,
+    },
     entry_points={"console_scripts": ["megablu=megablu.cli:main"]},
     ext_modules=ext_modules,
     cmdclass=cmdclass,

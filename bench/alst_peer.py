@@ -8,6 +8,7 @@ sit in the same table:
   python bench/alst_peer.py --T 32768,131072            # GPU: prints JSON rows + a markdown table
   python bench/alst_peer.py --check                     # CPU: the peer's loss/grads == plain HF
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,7 +41,7 @@ def tiled_loss(model, ids: torch.Tensor) -> torch.Tensor:
     """Mean next-token CE over the sequence without materialising [T, V] logits."""
     from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledFusedLogitsLoss
 
-    h = model.model(input_ids=ids).last_hidden_state           # (B, T, d)
+    h = model.model(input_ids=ids).last_hidden_state  # (B, T, d)
     x, y = h[:, :-1], ids[:, 1:]
     V = model.config.vocab_size
     shards = max(1, math.ceil(x.shape[1] * V * 4 / LOGITS_SHARD_BYTES))
@@ -62,7 +63,7 @@ def build(cfg, rope, device: str, dtype: torch.dtype, max_position: int, alst: b
 
     from megablu.model.hf import hf_config_dict
 
-    d = hf_config_dict(cfg, rope, max_position)   # positions only: the sequence length to build for
+    d = hf_config_dict(cfg, rope, max_position)  # positions only: the sequence length to build for
     d.pop("model_type", None), d.pop("architectures", None)
     hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**d, attn_implementation="sdpa"))
     if alst:
@@ -80,7 +81,7 @@ def check_on_cpu() -> None:
     from megablu.config.schema import ModelConfig, RopeConfig
 
     global MLP_TOKENS_PER_SHARD, LOGITS_SHARD_BYTES
-    MLP_TOKENS_PER_SHARD, LOGITS_SHARD_BYTES = 16, 16 * 97 * 4   # several shards at T=64
+    MLP_TOKENS_PER_SHARD, LOGITS_SHARD_BYTES = 16, 16 * 97 * 4  # several shards at T=64
     cfg = ModelConfig(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=97)
     rope = RopeConfig(theta=10000.0)
     torch.manual_seed(0)
@@ -120,8 +121,10 @@ def main() -> int:
         if r.get("oom"):
             print(f"| {r['impl']} | {r['T']} | OOM | | | | |")
         else:
-            print(f"| {r['impl']} | {r['T']} | {r['peak_gb']:.1f} | {r['mb_per_token']:.3f} | {r['step_s']:.3f} | "
-                  f"{r['tokens_per_s'] / 1e3:.1f}k | {r['mfu']:.0%} |")
+            print(
+                f"| {r['impl']} | {r['T']} | {r['peak_gb']:.1f} | {r['mb_per_token']:.3f} | {r['step_s']:.3f} | "
+                f"{r['tokens_per_s'] / 1e3:.1f}k | {r['mfu']:.0%} |"
+            )
     return 0
 
 

@@ -6,6 +6,7 @@
 
 Results are Markdown table rows on stdout (for experiments/speed/LOG.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,9 @@ def bench_tokenize(args) -> None:
     from megablu.data.build import Source, iter_documents, tokenize_stream
     from megablu.data.tokenizer import load_tokenizer, parse_tokenizer_spec
 
-    docs = list(iter_documents([Source(args.input, include=args.include, exclude=args.exclude)],
-                               max_bytes=args.max_bytes))
+    docs = list(
+        iter_documents([Source(args.input, include=args.include, exclude=args.exclude)], max_bytes=args.max_bytes)
+    )
     texts = []
     for d in docs:
         try:
@@ -49,8 +51,11 @@ def bench_tokenize(args) -> None:
             t0, c0 = time.perf_counter(), _cpu()
             n = sum(len(ids) for _, ids, _, _ in tokenize_stream(items, cfg, w))
             dt, cpu = time.perf_counter() - t0, _cpu() - c0
-            print(f"| {spec} | {w} | {nbytes / 1e6:.1f} | {n:,} | {dt:.2f} | {nbytes / 1e6 / dt:.2f} | "
-                  f"{cpu:.2f} | {nbytes / 1e6 / cpu:.2f} | {nbytes / n:.2f} |", flush=True)
+            print(
+                f"| {spec} | {w} | {nbytes / 1e6:.1f} | {n:,} | {dt:.2f} | {nbytes / 1e6 / dt:.2f} | "
+                f"{cpu:.2f} | {nbytes / 1e6 / cpu:.2f} | {nbytes / n:.2f} |",
+                flush=True,
+            )
 
 
 def bench_loader(args) -> None:
@@ -63,8 +68,9 @@ def bench_loader(args) -> None:
     print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     for mode in args.mode:
         for pf in args.prefetch:
-            cfg = DataConfig(path=args.data, window=args.window, mode=mode, bucket=args.bucket, prefetch=pf,
-                             max_epochs=1e9)
+            cfg = DataConfig(
+                path=args.data, window=args.window, mode=mode, bucket=args.bucket, prefetch=pf, max_epochs=1e9
+            )
             L = build_loader(cfg, ident, micro_batch=args.micro_batch, dp_rank=0, dp_size=1)
             L.next_batch()  # thread start, first epoch permutation
             t0, c0 = time.perf_counter(), _cpu()
@@ -73,8 +79,11 @@ def bench_loader(args) -> None:
             dt = time.perf_counter() - t0
             L.close()
             cpu = _cpu() - c0
-            print(f"| {Path(args.data).name} | {args.bucket} | {mode} | {args.window} | {args.micro_batch} | {pf} | "
-                  f"{args.batches} | {args.batches / dt:,.1f} | {1000 * cpu / args.batches:.2f} |", flush=True)
+            print(
+                f"| {Path(args.data).name} | {args.bucket} | {mode} | {args.window} | {args.micro_batch} | {pf} | "
+                f"{args.batches} | {args.batches / dt:,.1f} | {1000 * cpu / args.batches:.2f} |",
+                flush=True,
+            )
 
 
 def main(argv=None) -> None:
@@ -87,8 +96,12 @@ def main(argv=None) -> None:
     t.add_argument("--include", action="append", default=[])
     t.add_argument("--exclude", action="append", default=[])
     t.add_argument("--max-bytes", type=_size, default=8 << 20)
-    t.add_argument("--tokenizer", action="append",
-                   default=None, help="repeatable; default byte, tiktoken_file:megablu:stdlib4k, cl100k, o200k")
+    t.add_argument(
+        "--tokenizer",
+        action="append",
+        default=None,
+        help="repeatable; default byte, tiktoken_file:megablu:stdlib4k, cl100k, o200k",
+    )
     t.add_argument("--workers", type=int, action="append", default=None)
     t.set_defaults(func=bench_tokenize)
     lo = sub.add_parser("loader")
@@ -107,8 +120,12 @@ def main(argv=None) -> None:
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
     a = p.parse_args(argv)
     if a.cmd == "tokenize":
-        a.tokenizer = a.tokenizer or ["byte", "tiktoken_file:megablu:stdlib4k", "tiktoken:cl100k_base",
-                                      "tiktoken:o200k_base"]
+        a.tokenizer = a.tokenizer or [
+            "byte",
+            "tiktoken_file:megablu:stdlib4k",
+            "tiktoken:cl100k_base",
+            "tiktoken:o200k_base",
+        ]
         a.workers = a.workers or [1, 2]
     else:
         a.mode = a.mode or ["pack"]

@@ -21,6 +21,7 @@ its row), rows run in priority order (T=32768 first) and stop when `--budget` se
 passed (the rest are listed as skipped), and the table is rewritten after every row, so a
 killed call still leaves what it measured. Writes $OUT/doc_mask_bench.{md,json} (or --out).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -104,6 +105,7 @@ def sdpa_fn(backend):
             with sdpa_kernel(getattr(SDPBackend, backend)):
                 o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=qt.shape[1] != kt.shape[1])
         return o.transpose(1, 2)
+
     return run
 
 
@@ -111,9 +113,10 @@ def sdpa_fn(backend):
 def per_document_ref(q, k, v, lengths):
     out, s = torch.empty_like(q), 0
     for n in lengths:
-        qd, kd, vd = (x[:, s:s + n].transpose(1, 2) for x in (q, k, v))
-        out[:, s:s + n] = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True,
-                                                         enable_gqa=qd.shape[1] != kd.shape[1]).transpose(1, 2)
+        qd, kd, vd = (x[:, s : s + n].transpose(1, 2) for x in (q, k, v))
+        out[:, s : s + n] = F.scaled_dot_product_attention(
+            qd, kd, vd, is_causal=True, enable_gqa=qd.shape[1] != kd.shape[1]
+        ).transpose(1, 2)
         s += n
     return out
 
@@ -122,12 +125,12 @@ def measure(fn, q, k, v, iters):
     g = torch.randn_like(q)
 
     def fwd():
-        fn(q, k, v)      # with grad, as in training (a no_grad call would compile flex a second time)
+        fn(q, k, v)  # with grad, as in training (a no_grad call would compile flex a second time)
 
     def fwd_bwd():
         torch.autograd.grad(fn(q, k, v), (q, k, v), g)
 
-    first = first_call_s(fwd_bwd)            # compile (flex) + first fwd+bwd
+    first = first_call_s(fwd_bwd)  # compile (flex) + first fwd+bwd
     return first, timed(fwd, iters), timed(fwd_bwd, iters)
 
 
@@ -138,21 +141,55 @@ def fmt(x, f="{:.2f}"):
 def write(rows, out: Path, meta: dict):
     out.mkdir(parents=True, exist_ok=True)
     (out / "doc_mask_bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    head = ["heads", "T", "mix (docs)", "kernel", "fwd ms", "fwd+bwd ms", "vs causal SDPA", "eff. TF/s",
-            "mask ms", "compile+1st s", "max|Δ| fwd", "note"]
-    lines = [f"# doc-mask attention vs causal SDPA ({meta['device']}, torch {meta['torch']}, bf16, B=1, d={D})",
-             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    head = [
+        "heads",
+        "T",
+        "mix (docs)",
+        "kernel",
+        "fwd ms",
+        "fwd+bwd ms",
+        "vs causal SDPA",
+        "eff. TF/s",
+        "mask ms",
+        "compile+1st s",
+        "max|Δ| fwd",
+        "note",
+    ]
+    lines = [
+        f"# doc-mask attention vs causal SDPA ({meta['device']}, torch {meta['torch']}, bf16, B=1, d={D})",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     for r in rows:
-        lines.append("| " + " | ".join([
-            r["heads"], str(r["T"]), f"{r['mix']} ({r.get('n_docs', '')})", r["kernel"], fmt(r.get("fwd_ms")),
-            fmt(r.get("fwd_bwd_ms")), fmt(r.get("speedup"), "{:.2f}x"), fmt(r.get("tflops"), "{:.0f}"),
-            fmt(r.get("mask_ms"), "{:.3f}"), fmt(r.get("first_s"), "{:.1f}"), fmt(r.get("max_diff"), "{:.1e}"),
-            r.get("note", "")]) + " |")
-    lines += ["", "speedup = causal SDPA (default backend) fwd+bwd / this kernel's; eff. TF/s counts only the "
-              "document-causal work (sum of 2 L^2 H D per document forward, x3 for fwd+bwd); compile+1st: the "
-              "first fwd+bwd call of this shape (flex compiles once per shape). In training a batch whose rows "
-              "are each one document takes causal SDPA (DocMask auto), so the `one` rows of flex/varlen are the "
-              "kernels' overhead, not what such a step costs."]
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    r["heads"],
+                    str(r["T"]),
+                    f"{r['mix']} ({r.get('n_docs', '')})",
+                    r["kernel"],
+                    fmt(r.get("fwd_ms")),
+                    fmt(r.get("fwd_bwd_ms")),
+                    fmt(r.get("speedup"), "{:.2f}x"),
+                    fmt(r.get("tflops"), "{:.0f}"),
+                    fmt(r.get("mask_ms"), "{:.3f}"),
+                    fmt(r.get("first_s"), "{:.1f}"),
+                    fmt(r.get("max_diff"), "{:.1e}"),
+                    r.get("note", ""),
+                ]
+            )
+            + " |"
+        )
+    lines += [
+        "",
+        "speedup = causal SDPA (default backend) fwd+bwd / this kernel's; eff. TF/s counts only the "
+        "document-causal work (sum of 2 L^2 H D per document forward, x3 for fwd+bwd); compile+1st: the "
+        "first fwd+bwd call of this shape (flex compiles once per shape). In training a batch whose rows "
+        "are each one document takes causal SDPA (DocMask auto), so the `one` rows of flex/varlen are the "
+        "kernels' overhead, not what such a step costs.",
+    ]
     (out / "doc_mask_bench.md").write_text("\n".join(lines) + "\n")
 
 
@@ -170,7 +207,8 @@ def main(argv=None) -> int:
         return 2
     out, t0 = Path(a.out), time.perf_counter()
     import torch._dynamo as dynamo
-    for name in ("recompile_limit", "cache_size_limit"):   # one flex compile per (heads, T): more than 8
+
+    for name in ("recompile_limit", "cache_size_limit"):  # one flex compile per (heads, T): more than 8
         if hasattr(dynamo.config, name):
             setattr(dynamo.config, name, 64)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "budget_s": a.budget}
@@ -197,14 +235,25 @@ def main(argv=None) -> int:
                 row(**base, mix="-", kernel="all", note=f"inputs: {type(e).__name__}: {e}"[:200])
                 continue
             causal_ms = None
-            for name, backend in (("sdpa causal", None), ("sdpa causal cudnn", "CUDNN_ATTENTION"),
-                                  ("sdpa causal flash", "FLASH_ATTENTION")):
+            for name, backend in (
+                ("sdpa causal", None),
+                ("sdpa causal cudnn", "CUDNN_ATTENTION"),
+                ("sdpa causal flash", "FLASH_ATTENTION"),
+            ):
                 try:
                     first, f_ms, fb_ms = measure(sdpa_fn(backend), q, k, v, a.iters)
                     causal_ms = fb_ms if backend is None else causal_ms
-                    row(**base, mix="one", n_docs=1, kernel=name, fwd_ms=f_ms, fwd_bwd_ms=fb_ms,
+                    row(
+                        **base,
+                        mix="one",
+                        n_docs=1,
+                        kernel=name,
+                        fwd_ms=f_ms,
+                        fwd_bwd_ms=fb_ms,
                         speedup=causal_ms / fb_ms if causal_ms else None,
-                        tflops=3 * 2 * T * T * H * D / fb_ms / 1e9, first_s=first)
+                        tflops=3 * 2 * T * T * H * D / fb_ms / 1e9,
+                        first_s=first,
+                    )
                 except Exception as e:  # noqa: BLE001
                     row(**base, mix="one", kernel=name, note=f"{type(e).__name__}: {str(e).splitlines()[0]}"[:200])
                 torch.cuda.empty_cache()
@@ -229,13 +278,28 @@ def main(argv=None) -> int:
                         first, f_ms, fb_ms = measure(fn, q, k, v, a.iters)
                         with torch.no_grad():
                             diff = (fn(q, k, v).float() - ref.float()).abs().max().item()
-                        row(**base, mix=mix, n_docs=len(lengths), kernel=kern, fwd_ms=f_ms, fwd_bwd_ms=fb_ms,
-                            speedup=causal_ms / fb_ms if causal_ms else None, tflops=flops / fb_ms / 1e9,
-                            mask_ms=mask_ms, first_s=first, max_diff=diff)
+                        row(
+                            **base,
+                            mix=mix,
+                            n_docs=len(lengths),
+                            kernel=kern,
+                            fwd_ms=f_ms,
+                            fwd_bwd_ms=fb_ms,
+                            speedup=causal_ms / fb_ms if causal_ms else None,
+                            tflops=flops / fb_ms / 1e9,
+                            mask_ms=mask_ms,
+                            first_s=first,
+                            max_diff=diff,
+                        )
                     except Exception as e:  # noqa: BLE001
                         traceback.print_exc()
-                        row(**base, mix=mix, n_docs=len(lengths), kernel=kern,
-                            note=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200])
+                        row(
+                            **base,
+                            mix=mix,
+                            n_docs=len(lengths),
+                            kernel=kern,
+                            note=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200],
+                        )
                     torch.cuda.empty_cache()
             del q, k, v
             torch.cuda.empty_cache()

@@ -15,6 +15,7 @@ change the speed). Writes $OUT/eval_bench_<arm>.md and .json (OUT defaults to /t
 the table goes to stdout, logs to stderr. --n prompts per cell (the headline cell, --cell, gets
 --n-cell). Budget (H200, SmolLM2): ~3-4 min with the defaults; blu-0.5b ~4-5 min.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,22 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 log = logging.getLogger("eval_bench")
-STDLIB_DOCS = ("difflib.py", "textwrap.py", "argparse.py", "inspect.py", "pydoc.py", "typing.py", "dataclasses.py",
-               "enum.py", "functools.py", "fractions.py", "string.py", "shlex.py", "heapq.py", "bisect.py")
+STDLIB_DOCS = (
+    "difflib.py",
+    "textwrap.py",
+    "argparse.py",
+    "inspect.py",
+    "pydoc.py",
+    "typing.py",
+    "dataclasses.py",
+    "enum.py",
+    "functools.py",
+    "fractions.py",
+    "string.py",
+    "shlex.py",
+    "heapq.py",
+    "bisect.py",
+)
 
 
 def haystack_docs() -> list[str]:
@@ -64,7 +79,8 @@ def legacy_generation():
     def ctx():
         new_cache, greedy = generate.new_cache, generate.greedy_generate
         generate.new_cache = lambda model, capacity, rope_len, seq_sharded=False: KVCache(
-            model.cfg.n_layers, seq_sharded=seq_sharded)
+            model.cfg.n_layers, seq_sharded=seq_sharded
+        )
 
         def no_stop(*a, **k):
             k["stop_ids"] = ()
@@ -97,21 +113,49 @@ def run(args) -> int:
     rows = []
 
     def cell(task, L, n, legacy=False, **kw):
-        e = cfg.eval.model_copy(update={"tasks": [task], "lengths": [L], "n": n, "gate": cfg.eval.gate.model_copy(
-            update={"parent": None}), "loss": cfg.eval.loss.model_copy(update={"data": None}), "haystack": None})
+        e = cfg.eval.model_copy(
+            update={
+                "tasks": [task],
+                "lengths": [L],
+                "n": n,
+                "gate": cfg.eval.gate.model_copy(update={"parent": None}),
+                "loss": cfg.eval.loss.model_copy(update={"data": None}),
+                "haystack": None,
+            }
+        )
         if dev.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         bt = kw.pop("batch_tokens", args.batch_tokens)
         pc = kw.pop("prefill_chunk", args.prefill_chunk)
-        run_eval(model, tok, e, window, step=0, out_dir=out / "runs" / f"{task}_{L}_{int(legacy)}", rank=0,
-                 haystack=docs, batch_tokens=bt, prefill_chunk=pc, plot=False, arm=args.arm)
+        run_eval(
+            model,
+            tok,
+            e,
+            window,
+            step=0,
+            out_dir=out / "runs" / f"{task}_{L}_{int(legacy)}",
+            rank=0,
+            haystack=docs,
+            batch_tokens=bt,
+            prefill_chunk=pc,
+            plot=False,
+            arm=args.arm,
+        )
         dt = time.perf_counter() - t0
-        r = {"task": task, "length": L, "n": n, "seconds": round(dt, 2), "prompts_per_s": round(n / dt, 3),
-             "path": "before (cat cache, 2k chunks, 16k batch, no EOT stop)" if legacy else "now",
-             "batch_tokens": bt, "prefill_chunk": pc, "max_new": e.task_max_new(task),
-             "peak_gb": round(torch.cuda.max_memory_allocated() / 2 ** 30, 1) if dev.type == "cuda" else None}
+        r = {
+            "task": task,
+            "length": L,
+            "n": n,
+            "seconds": round(dt, 2),
+            "prompts_per_s": round(n / dt, 3),
+            "path": "before (cat cache, 2k chunks, 16k batch, no EOT stop)" if legacy else "now",
+            "batch_tokens": bt,
+            "prefill_chunk": pc,
+            "max_new": e.task_max_new(task),
+            "peak_gb": round(torch.cuda.max_memory_allocated() / 2**30, 1) if dev.type == "cuda" else None,
+        }
         rows.append(r)
         log.info("%s", r)
         (out / f"eval_bench_{args.arm}.json").write_text(json.dumps(rows, indent=1))
@@ -132,15 +176,23 @@ def run(args) -> int:
         with legacy_generation():
             cell(args.cell_task, max(lengths), args.legacy_n, legacy=True, batch_tokens=16384, prefill_chunk=2048)
     gpu = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
-    md = [f"### eval speed: {args.arm} ({cfg.model.n_layers} layers, d={cfg.model.d_model}, "
-          f"{'random weights' if args.random else args.ckpt}), {gpu}",
-          "", "| task | length | n | max_new | path | s | prompts/s | 200-prompt cell (min) | peak GB |",
-          "|---|---|---|---|---|---|---|---|---|"]
+    md = [
+        f"### eval speed: {args.arm} ({cfg.model.n_layers} layers, d={cfg.model.d_model}, "
+        f"{'random weights' if args.random else args.ckpt}), {gpu}",
+        "",
+        "| task | length | n | max_new | path | s | prompts/s | 200-prompt cell (min) | peak GB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        md.append(f"| {r['task']} | {r['length']} | {r['n']} | {r['max_new']} | {r['path']} | {r['seconds']} | "
-                  f"{r['prompts_per_s']} | {200 / r['prompts_per_s'] / 60:.1f} | {r['peak_gb']} |")
-    md += ["", f"batch_tokens {args.batch_tokens}, prefill_chunk {args.prefill_chunk} (0 = whole prompt), "
-               f"{next(model.parameters()).dtype}, greedy; building the prompts (CPU) is included in the time."]
+        md.append(
+            f"| {r['task']} | {r['length']} | {r['n']} | {r['max_new']} | {r['path']} | {r['seconds']} | "
+            f"{r['prompts_per_s']} | {200 / r['prompts_per_s'] / 60:.1f} | {r['peak_gb']} |"
+        )
+    md += [
+        "",
+        f"batch_tokens {args.batch_tokens}, prefill_chunk {args.prefill_chunk} (0 = whole prompt), "
+        f"{next(model.parameters()).dtype}, greedy; building the prompts (CPU) is included in the time.",
+    ]
     text = "\n".join(md)
     (out / f"eval_bench_{args.arm}.md").write_text(text + "\n")
     print(text)
@@ -156,8 +208,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--random", action="store_true", help="random weights of the config's shape")
     p.add_argument("--arm", default="model")
     p.add_argument("--lengths", type=int, nargs="+", default=[4096, 32000])
-    p.add_argument("--tasks", nargs="+", default=["passkey", "niah_single_1", "niah_single_2", "niah_multikey_2",
-                                                  "niah_multivalue", "vt", "cwe", "fwe"])
+    p.add_argument(
+        "--tasks",
+        nargs="+",
+        default=["passkey", "niah_single_1", "niah_single_2", "niah_multikey_2", "niah_multivalue", "vt", "cwe", "fwe"],
+    )
     p.add_argument("--n", type=int, default=48)
     p.add_argument("--cell-task", default="niah_single_1")
     p.add_argument("--n-cell", type=int, default=200, help="prompts of the headline cell (cell-task at the longest)")

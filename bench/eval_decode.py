@@ -20,6 +20,7 @@ to the first mode's (1.0: token for token the same, as tests/eval/test_decode.py
 stdout: the table (markdown); stderr: logs. --json PATH also writes the rows with the device, torch version
 and the command.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,11 +36,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 log = logging.getLogger("eval_decode")
 
-MODELS = {   # ModelConfig fields; rope theta; YaRN (factor, original_max_position)
-    "smollm2-135m": (dict(n_layers=30, d_model=576, n_heads=9, n_kv_heads=3, head_dim=64, ffn_dim=1536,
-                          vocab_size=49152, tie_embeddings=True, norm_eps=1e-5), 100000.0, (4.0, 8192)),
-    "tiny": (dict(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=512), 10000.0,
-             (4.0, 256)),
+MODELS = {  # ModelConfig fields; rope theta; YaRN (factor, original_max_position)
+    "smollm2-135m": (
+        dict(
+            n_layers=30,
+            d_model=576,
+            n_heads=9,
+            n_kv_heads=3,
+            head_dim=64,
+            ffn_dim=1536,
+            vocab_size=49152,
+            tie_embeddings=True,
+            norm_eps=1e-5,
+        ),
+        100000.0,
+        (4.0, 8192),
+    ),
+    "tiny": (dict(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=512), 10000.0, (4.0, 256)),
 }
 
 
@@ -103,7 +116,7 @@ def run(args) -> list[dict]:
 
         first = None
         for mode in args.modes:
-            generate(batches[0], args.max_new, mode)                     # warm-up: lazy inits, kernels picked
+            generate(batches[0], args.max_new, mode)  # warm-up: lazy inits, kernels picked
             t_pre, t_all, outs = 0.0, 0.0, []
             for x in batches[1:]:
                 t_pre += timed(lambda: generate(x, 1, mode), dev)[0]
@@ -114,40 +127,65 @@ def run(args) -> list[dict]:
             first = out if first is None else first
             n = B * args.batches
             step_ms = 1e3 * (t_all - t_pre) / (args.batches * max(1, args.max_new - 1))
-            rows.append({"length": L, "batch": B, "max_new": args.max_new, "mode": mode, "prompts": n,
-                         "prompts_per_s": n / t_all, "prefill_ms": 1e3 * t_pre / args.batches,
-                         "decode_ms_per_step": step_ms, "attention_ms_per_step": attn,
-                         "agree": float((out == first).float().mean())})
+            rows.append(
+                {
+                    "length": L,
+                    "batch": B,
+                    "max_new": args.max_new,
+                    "mode": mode,
+                    "prompts": n,
+                    "prompts_per_s": n / t_all,
+                    "prefill_ms": 1e3 * t_pre / args.batches,
+                    "decode_ms_per_step": step_ms,
+                    "attention_ms_per_step": attn,
+                    "agree": float((out == first).float().mean()),
+                }
+            )
             log.info("L=%d B=%d %s: %.2f prompts/s, %.2f ms/step", L, B, mode, rows[-1]["prompts_per_s"], step_ms)
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    base = {r["length"]: r for r in reversed(rows)}   # each length's first mode
-    lines = ["| length | batch | mode | prompts/s | prefill ms/batch | decode ms/step | of which attention | "
-             "step speed-up | agree |", "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    base = {r["length"]: r for r in reversed(rows)}  # each length's first mode
+    lines = [
+        "| length | batch | mode | prompts/s | prefill ms/batch | decode ms/step | of which attention | "
+        "step speed-up | agree |",
+        "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in rows:
         up = base[r["length"]]["decode_ms_per_step"] / max(r["decode_ms_per_step"], 1e-9)
-        lines.append(f"| {r['length']} | {r['batch']} | {r['mode']} | {r['prompts_per_s']:.2f} | "
-                     f"{r['prefill_ms']:.1f} | {r['decode_ms_per_step']:.3f} | {r['attention_ms_per_step']:.3f} | "
-                     f"{up:.2f}x | {r['agree']:.4f} |")
+        lines.append(
+            f"| {r['length']} | {r['batch']} | {r['mode']} | {r['prompts_per_s']:.2f} | "
+            f"{r['prefill_ms']:.1f} | {r['decode_ms_per_step']:.3f} | {r['attention_ms_per_step']:.3f} | "
+            f"{up:.2f}x | {r['agree']:.4f} |"
+        )
     return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     p.add_argument("--model", choices=sorted(MODELS), default="smollm2-135m", help="the shape (random weights)")
-    p.add_argument("--beyond-original", action="store_true",
-                   help="rope.yarn.apply=beyond_original (the rope picked per sequence from its length)")
+    p.add_argument(
+        "--beyond-original",
+        action="store_true",
+        help="rope.yarn.apply=beyond_original (the rope picked per sequence from its length)",
+    )
     p.add_argument("--lengths", type=int, nargs="+", default=[8192, 16384, 32768], help="prompt lengths")
     p.add_argument("--max-new", type=int, default=128, help="tokens generated per prompt (cwe's answer: 128)")
     p.add_argument("--batch", type=int, help="rows per batch (default: max(1, batch-tokens // length))")
-    p.add_argument("--batch-tokens", type=int,
-                   help="default: `megablu eval`'s, 262144 on a GPU (8 prompts of 32k), 16384 on a CPU")
+    p.add_argument(
+        "--batch-tokens", type=int, help="default: `megablu eval`'s, 262144 on a GPU (8 prompts of 32k), 16384 on a CPU"
+    )
     p.add_argument("--batches", type=int, default=3, help="timed batches per (length, mode), after one warm-up")
-    p.add_argument("--modes", nargs="+", default=["eager", "graph"],
-                   choices=["eager", "static", "graph", "auto"], help="decode modes, the first is the baseline")
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        default=["eager", "graph"],
+        choices=["eager", "static", "graph", "auto"],
+        help="decode modes, the first is the baseline",
+    )
     p.add_argument("--prefill-chunk", type=int, help="default: the whole prompt on a GPU, 2048 on a CPU")
     p.add_argument("--device", help="cuda | cpu (default: cuda when there is one)")
     p.add_argument("--dtype", choices=["bf16", "fp32"], help="default: bf16 on a GPU, fp32 on a CPU")
@@ -162,8 +200,11 @@ def main(argv=None) -> int:
     print(table(rows))
     if args.json:
         dev = torch.cuda.get_device_name() if torch.cuda.is_available() and args.device != "cpu" else "cpu"
-        Path(args.json).write_text(json.dumps({"command": " ".join(sys.argv), "device": dev,
-                                               "torch": torch.__version__, "rows": rows}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {"command": " ".join(sys.argv), "device": dev, "torch": torch.__version__, "rows": rows}, indent=1
+            )
+        )
     return 0
 
 

@@ -11,6 +11,7 @@ the GPU synchronised around each step), and the torch calls one step makes from 
 TorchFunctionMode counts each call once: on a GPU each that computes is at least one kernel launch). The
 step's cost does not depend on the sequence length.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,8 +66,14 @@ def _engine(model, fused: bool, device: str):
     from megablu.train import grad_check
     from megablu.train.trainer import param_groups
 
-    ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
-          "zero_optimization": {"stage": 1}, "bf16": {"enabled": True}, "steps_per_print": 10 ** 9}
+    ds = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0,
+        "zero_optimization": {"stage": 1},
+        "bf16": {"enabled": True},
+        "steps_per_print": 10**9,
+    }
     opt = torch.optim.AdamW(param_groups(model, 0.1), lr=1e-4, **({"fused": True} if device == "cuda" else {}))
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=ds)
     if fused:
@@ -104,7 +111,7 @@ def main(argv=None) -> int:
     engines, calls = {}, {}
     toks = None
 
-    def backward(e):   # DeepSpeed drops the gradients at each step: a forward and backward before each
+    def backward(e):  # DeepSpeed drops the gradients at each step: a forward and backward before each
         loss_sum, count = e(toks[:, :-1], labels=toks[:, 1:])
         e.backward(loss_sum / count)
 
@@ -113,7 +120,7 @@ def main(argv=None) -> int:
         e = _engine(model, fused, device)
         toks = torch.randint(0, mc.vocab_size, (1, a.T + 1), generator=torch.Generator().manual_seed(0)).to(device)
         backward(e)
-        calls[fused] = _calls(e)   # also the warm-up step
+        calls[fused] = _calls(e)  # also the warm-up step
         engines[fused] = e
     times = {False: [], True: []}
     for _ in range(a.iters):
@@ -128,15 +135,29 @@ def main(argv=None) -> int:
     rows = []
     for fused in (False, True):
         c = calls[fused]
-        rows.append({"variant": "fused" if fused else "deepspeed", "model": a.model, "device": device,
-                     "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "tensors": n_tensors,
-                     "step_ms": 1e3 * statistics.median(times[fused]), "torch_calls": sum(c.values()),
-                     "top_calls": dict(c.most_common(8)), "torch": torch.__version__,
-                     "check_calls": {n: c[n] for n in ("amax", "amin", "isfinite", "linalg_vector_norm", "to",
-                                                       "_foreach_norm")}})
-    md = [f"ZeRO-1 bf16 optimizer step, {a.model} ({n_tensors} parameter tensors), {device}"
-          f"{' ' + rows[0]['gpu'] if rows[0]['gpu'] else ''}, median of {a.iters}", "",
-          "| gradient checks | step ms | torch calls per step | most frequent |", "|---|---|---|---|"]
+        rows.append(
+            {
+                "variant": "fused" if fused else "deepspeed",
+                "model": a.model,
+                "device": device,
+                "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
+                "tensors": n_tensors,
+                "step_ms": 1e3 * statistics.median(times[fused]),
+                "torch_calls": sum(c.values()),
+                "top_calls": dict(c.most_common(8)),
+                "torch": torch.__version__,
+                "check_calls": {
+                    n: c[n] for n in ("amax", "amin", "isfinite", "linalg_vector_norm", "to", "_foreach_norm")
+                },
+            }
+        )
+    md = [
+        f"ZeRO-1 bf16 optimizer step, {a.model} ({n_tensors} parameter tensors), {device}"
+        f"{' ' + rows[0]['gpu'] if rows[0]['gpu'] else ''}, median of {a.iters}",
+        "",
+        "| gradient checks | step ms | torch calls per step | most frequent |",
+        "|---|---|---|---|",
+    ]
     for r in rows:
         top = ", ".join(f"{k} {v}" for k, v in list(r["top_calls"].items())[:5])
         md.append(f"| {r['variant']} | {r['step_ms']:.2f} | {r['torch_calls']} | {top} |")

@@ -40,6 +40,7 @@ triton.testing's get_dram_gbps/get_max_*_tflops, which triton 3.6 still has):
 Effective TF/s = 6*T*V*d / fwd+bwd time (the logits, dh and dW GEMMs once each; an impl that
 recomputes the logits in its backward does more work than that).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -107,7 +108,7 @@ def make_inputs(T: int, d: int, V: int, logit_std: float, device: str, seed: int
 
     g = torch.Generator(device=device).manual_seed(seed)
     h = torch.randn(T, d, device=device, generator=g).to(torch.bfloat16).requires_grad_()
-    W = (torch.randn(V, d, device=device, generator=g) * (logit_std / d ** 0.5)).to(torch.bfloat16).requires_grad_()
+    W = (torch.randn(V, d, device=device, generator=g) * (logit_std / d**0.5)).to(torch.bfloat16).requires_grad_()
     y = torch.randint(0, V, (T,), device=device, generator=g)
     return h, W, y
 
@@ -131,11 +132,11 @@ def reference(h, W, y, chunk: int = 4096):
                 yc = y[s:e]
                 valid = yc != IGNORE_INDEX
                 safe = torch.where(valid, yc, torch.zeros_like(yc))
-                logits = h32[s:e] @ W32.t()                                  # (c, V) fp32
+                logits = h32[s:e] @ W32.t()  # (c, V) fp32
                 lse = torch.logsumexp(logits, dim=-1)
                 picked = logits.gather(1, safe[:, None]).squeeze(1)
                 loss += ((lse - picked) * valid).double().sum()
-                p = torch.exp(logits.sub_(lse[:, None]))                    # softmax
+                p = torch.exp(logits.sub_(lse[:, None]))  # softmax
                 p[torch.arange(e - s, device=p.device), safe] -= 1.0
                 p.mul_(valid[:, None])
                 dh[s:e] = p @ W32
@@ -160,9 +161,11 @@ def errors(loss, dh, dW, ref) -> dict:
         out[f"{name}_max_abs"] = float(diff.abs().max())
         out[f"{name}_ref_max_abs"] = float(r.abs().max())
         del diff
-    out["within_tol"] = bool(out["loss_rel"] is not None and out["loss_rel"] <= TOL_LOSS_REL
-                             and all(out.get(f"{k}_rel_fro") is not None and out[f"{k}_rel_fro"] <= TOL_GRAD_REL
-                                     for k in ("dh", "dW")))
+    out["within_tol"] = bool(
+        out["loss_rel"] is not None
+        and out["loss_rel"] <= TOL_LOSS_REL
+        and all(out.get(f"{k}_rel_fro") is not None and out[f"{k}_rel_fro"] <= TOL_GRAD_REL for k in ("dh", "dW"))
+    )
     return out
 
 
@@ -215,7 +218,7 @@ def run_T(T: int, a, device: str, fns: dict, rows: list, save: Callable, waited:
     for name, fn in fns.items():
         row = dict(base, impl=name, desc=IMPLS[name], ref_s=ref_s)
         res[name] = row
-        rows.append(row)            # updated in place below; saved after every step
+        rows.append(row)  # updated in place below; saved after every step
         if isinstance(fn, str):
             row["error"] = fn
             save()
@@ -226,7 +229,7 @@ def run_T(T: int, a, device: str, fns: dict, rows: list, save: Callable, waited:
             loss = fn(h, W, y)
             loss.backward()
             _sync(device)
-            row["first_call_s"] = time.perf_counter() - t0     # includes Triton/inductor compiles
+            row["first_call_s"] = time.perf_counter() - t0  # includes Triton/inductor compiles
             row.update(errors(loss.detach(), h.grad, W.grad, ref))
         except Exception as e:  # noqa: BLE001 - one impl failing must not hide the others
             row["error"] = _err(e)
@@ -241,9 +244,12 @@ def run_T(T: int, a, device: str, fns: dict, rows: list, save: Callable, waited:
         while not Path(a.wait_for).exists() and time.perf_counter() - t0 < a.wait_max:
             time.sleep(0.5)
         waited.update(waited_s=time.perf_counter() - t0, marker_seen=Path(a.wait_for).exists())
-        print(f"loss_bench: waited {waited['waited_s']:.1f} s for {a.wait_for} "
-              f"({'seen' if waited['marker_seen'] else 'NOT seen: timings may overlap the build'})",
-              file=sys.stderr, flush=True)
+        print(
+            f"loss_bench: waited {waited['waited_s']:.1f} s for {a.wait_for} "
+            f"({'seen' if waited['marker_seen'] else 'NOT seen: timings may overlap the build'})",
+            file=sys.stderr,
+            flush=True,
+        )
     for name, fn in fns.items():
         row = res[name]
         if "error" in row:
@@ -254,6 +260,7 @@ def run_T(T: int, a, device: str, fns: dict, rows: list, save: Callable, waited:
             save()
             continue
         try:
+
             def fwd():
                 fn(h, W, y)
 
@@ -263,8 +270,13 @@ def run_T(T: int, a, device: str, fns: dict, rows: list, save: Callable, waited:
 
             f = _time(fwd, a.iters, device)
             fb = _time(fwd_bwd, a.iters, device)
-            row.update(fwd_ms=statistics.median(f), fwd_bwd_ms=statistics.median(fb), fwd_ms_all=f, fwd_bwd_ms_all=fb,
-                       eff_tflops=6.0 * T * a.V * a.d / (statistics.median(fb) / 1e3) / 1e12)
+            row.update(
+                fwd_ms=statistics.median(f),
+                fwd_bwd_ms=statistics.median(fb),
+                fwd_ms_all=f,
+                fwd_bwd_ms_all=fb,
+                eff_tflops=6.0 * T * a.V * a.d / (statistics.median(fb) / 1e3) / 1e12,
+            )
             h.grad = W.grad = None
             gc.collect()
             if device == "cuda":
@@ -273,14 +285,16 @@ def run_T(T: int, a, device: str, fns: dict, rows: list, save: Callable, waited:
                 torch.cuda.reset_peak_memory_stats()
                 fn(h, W, y).backward()
                 torch.cuda.synchronize()
-                row.update(peak_gb_above_inputs=(torch.cuda.max_memory_allocated() - before) / 1e9,
-                           grads_gb=(torch.cuda.memory_allocated() - before) / 1e9)
+                row.update(
+                    peak_gb_above_inputs=(torch.cuda.max_memory_allocated() - before) / 1e9,
+                    grads_gb=(torch.cuda.memory_allocated() - before) / 1e9,
+                )
         except Exception as e:  # noqa: BLE001
             row["error"] = _err(e)
         h.grad = W.grad = None
         gc.collect()
         save()
-    h = W = y = None   # freed (the timing closures above hold them by name)
+    h = W = y = None  # freed (the timing closures above hold them by name)
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -294,19 +308,28 @@ def render(result: dict) -> str:
     """The markdown table of a loss_bench.json."""
     meta = result.get("meta", {})
     v = meta.get("versions", {})
-    lines = [f"Loss through the lm head (d={meta.get('d')}, V={meta.get('V')}, bf16 inputs, summed CE, logits std "
-             f"{meta.get('logit_std')}; {meta.get('device')}; torch {v.get('torch')}, triton {v.get('triton')}, "
-             f"liger-kernel {v.get('liger-kernel')}, cut-cross-entropy {v.get('cut-cross-entropy')}). "
-             f"Time: median of {meta.get('iters')} after a warm-up ({meta.get('timer', 'CUDA events')}). Peak: max "
-             f"allocated during one fwd+bwd minus the inputs (returned grads included). Errors against an fp32 "
-             f"reference of the same inputs; tolerance: loss {TOL_LOSS_REL:g} relative, grads {TOL_GRAD_REL:g} "
-             f"relative (Frobenius).", ""]
+    lines = [
+        f"Loss through the lm head (d={meta.get('d')}, V={meta.get('V')}, bf16 inputs, summed CE, logits std "
+        f"{meta.get('logit_std')}; {meta.get('device')}; torch {v.get('torch')}, triton {v.get('triton')}, "
+        f"liger-kernel {v.get('liger-kernel')}, cut-cross-entropy {v.get('cut-cross-entropy')}). "
+        f"Time: median of {meta.get('iters')} after a warm-up ({meta.get('timer', 'CUDA events')}). Peak: max "
+        f"allocated during one fwd+bwd minus the inputs (returned grads included). Errors against an fp32 "
+        f"reference of the same inputs; tolerance: loss {TOL_LOSS_REL:g} relative, grads {TOL_GRAD_REL:g} "
+        f"relative (Frobenius).",
+        "",
+    ]
     if meta.get("wait"):
         w = meta["wait"]
-        lines += [f"Timings waited {w.get('waited_s', 0):.0f} s for the ops build to end "
-                  f"({'it ended' if w.get('marker_seen') else 'it had NOT ended: timings overlap the build'}).", ""]
-    lines += ["| T | impl | fwd ms | fwd+bwd ms | eff. TF/s | peak GB above inputs | loss rel err | dh rel err | "
-              "dW rel err | within tol | first call s | note |", "|---" * 12 + "|"]
+        lines += [
+            f"Timings waited {w.get('waited_s', 0):.0f} s for the ops build to end "
+            f"({'it ended' if w.get('marker_seen') else 'it had NOT ended: timings overlap the build'}).",
+            "",
+        ]
+    lines += [
+        "| T | impl | fwd ms | fwd+bwd ms | eff. TF/s | peak GB above inputs | loss rel err | dh rel err | "
+        "dW rel err | within tol | first call s | note |",
+        "|---" * 12 + "|",
+    ]
     by_T: dict = {}
     for r in result.get("rows", []):
         by_T.setdefault(r["T"], []).append(r)
@@ -317,11 +340,13 @@ def render(result: dict) -> str:
             if not note and mine is not None and r is not mine and r.get("fwd_bwd_ms"):
                 note = f"{mine['fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f}x megablu's speed"
             tol = "" if r.get("within_tol") is None else ("yes" if r["within_tol"] else "**no**")
-            lines.append(f"| {T} | {r['impl']} | {_fmt(r.get('fwd_ms'), '{:.1f}')} | "
-                         f"{_fmt(r.get('fwd_bwd_ms'), '{:.1f}')} | {_fmt(r.get('eff_tflops'), '{:.0f}')} | "
-                         f"{_fmt(r.get('peak_gb_above_inputs'), '{:.2f}')} | {_fmt(r.get('loss_rel'), '{:.1e}')} | "
-                         f"{_fmt(r.get('dh_rel_fro'), '{:.1e}')} | {_fmt(r.get('dW_rel_fro'), '{:.1e}')} | {tol} | "
-                         f"{_fmt(r.get('first_call_s'), '{:.1f}')} | {note.replace('|', '/')} |")
+            lines.append(
+                f"| {T} | {r['impl']} | {_fmt(r.get('fwd_ms'), '{:.1f}')} | "
+                f"{_fmt(r.get('fwd_bwd_ms'), '{:.1f}')} | {_fmt(r.get('eff_tflops'), '{:.0f}')} | "
+                f"{_fmt(r.get('peak_gb_above_inputs'), '{:.2f}')} | {_fmt(r.get('loss_rel'), '{:.1e}')} | "
+                f"{_fmt(r.get('dh_rel_fro'), '{:.1e}')} | {_fmt(r.get('dW_rel_fro'), '{:.1e}')} | {tol} | "
+                f"{_fmt(r.get('first_call_s'), '{:.1f}')} | {note.replace('|', '/')} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -380,12 +405,22 @@ def main(argv: Optional[list] = None) -> int:
         except Exception as e:  # noqa: BLE001 - a library that breaks at import is reported, not fatal
             fns[name] = f"import failed: {_err(e)}"
     waited: dict = {}
-    result = {"meta": {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "versions": versions(),
-                       "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu", "d": a.d, "V": a.V,
-                       "logit_std": a.logit_std, "iters": a.iters, "megablu_chunk": a.megablu_chunk,
-                       "timer": "CUDA events" if a.device == "cuda" else "perf_counter",
-                       "tolerances": {"loss_rel": TOL_LOSS_REL, "grad_rel_fro": TOL_GRAD_REL}, "wait": waited},
-              "rows": []}
+    result = {
+        "meta": {
+            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "versions": versions(),
+            "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
+            "d": a.d,
+            "V": a.V,
+            "logit_std": a.logit_std,
+            "iters": a.iters,
+            "megablu_chunk": a.megablu_chunk,
+            "timer": "CUDA events" if a.device == "cuda" else "perf_counter",
+            "tolerances": {"loss_rel": TOL_LOSS_REL, "grad_rel_fro": TOL_GRAD_REL},
+            "wait": waited,
+        },
+        "rows": [],
+    }
 
     def save():
         if out is not None:
@@ -398,8 +433,9 @@ def main(argv: Optional[list] = None) -> int:
         left = a.budget_s - (time.perf_counter() - t_start) if a.budget_s else float("inf")
         need = 10.0 * max(1.0, T / 32768)
         if left < need:
-            result["rows"] += [{"T": T, "impl": n, "skipped": f"budget: {left:.0f} s left, T needs ~{need:.0f} s"}
-                               for n in a.impl_list]
+            result["rows"] += [
+                {"T": T, "impl": n, "skipped": f"budget: {left:.0f} s left, T needs ~{need:.0f} s"} for n in a.impl_list
+            ]
             save()
             continue
         try:
@@ -407,9 +443,17 @@ def main(argv: Optional[list] = None) -> int:
         except Exception as e:  # noqa: BLE001 - e.g. the inputs or the reference OOM: the next T still runs
             result["rows"].append({"T": T, "impl": "(all)", "error": _err(e)})
             save()
-        print(json.dumps([{k: r.get(k) for k in ("T", "impl", "fwd_bwd_ms", "loss_rel", "dh_rel_fro", "dW_rel_fro",
-                                                   "error")} for r in result["rows"] if r["T"] == T]),
-              file=sys.stderr, flush=True)
+        print(
+            json.dumps(
+                [
+                    {k: r.get(k) for k in ("T", "impl", "fwd_bwd_ms", "loss_rel", "dh_rel_fro", "dW_rel_fro", "error")}
+                    for r in result["rows"]
+                    if r["T"] == T
+                ]
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
     save()
     if out is None:
         print(render(result))

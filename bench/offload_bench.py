@@ -22,6 +22,7 @@ twice" assertion. The row says which windows OOM'd.
 Settings: z1 (no offload, base.yaml), z2_opt, z3_opt, z3_params (configs/zero*_offload*.yaml),
 z3_opt_params (both offloads: zero3_offload_params + parallel.offload_optimizer=true).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,14 @@ SETTINGS = {
 # (cl100k padded), tied embeddings -> 1.53B parameters.
 SHAPES = {
     "blu-0.5b": [],
-    "blu-1.5b": ["model.n_layers=28", "model.d_model=2048", "model.n_heads=16", "model.n_kv_heads=8",
-                 "model.ffn_dim=5632", "model.tie_embeddings=true"],
+    "blu-1.5b": [
+        "model.n_layers=28",
+        "model.d_model=2048",
+        "model.n_heads=16",
+        "model.n_kv_heads=8",
+        "model.ffn_dim=5632",
+        "model.tie_embeddings=true",
+    ],
 }
 
 
@@ -76,9 +83,15 @@ def main() -> int:
 
     yml, sets = SETTINGS[a.setting]
     cfg = load_config(ROOT / "configs" / yml, sets + SHAPES[a.shape], world_size=1, device="cuda")
-    row = {"shape": a.shape, "setting": a.setting, "zero_stage": cfg.parallel.zero_stage,
-           "offload_optimizer": cfg.parallel.offload_optimizer, "offload_params": cfg.parallel.offload_params,
-           "params_b": round(cfg.model.n_params() / 1e9, 3), "recompute": cfg.memory.recompute}
+    row = {
+        "shape": a.shape,
+        "setting": a.setting,
+        "zero_stage": cfg.parallel.zero_stage,
+        "offload_optimizer": cfg.parallel.offload_optimizer,
+        "offload_params": cfg.parallel.offload_params,
+        "params_b": round(cfg.model.n_params() / 1e9, 3),
+        "recompute": cfg.memory.recompute,
+    }
     t_start = time.perf_counter()
     torch.cuda.set_device(0)
     deepspeed.init_distributed(dist_backend="nccl")
@@ -87,8 +100,12 @@ def main() -> int:
     opt = None
     if "optimizer" not in ds:
         opt = torch.optim.AdamW(param_groups(model, cfg.train.weight_decay), lr=1e-5, fused=True)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds, model_parameters=None
-                                           if opt is not None else param_groups(model, cfg.train.weight_decay))
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        optimizer=opt,
+        config=ds,
+        model_parameters=None if opt is not None else param_groups(model, cfg.train.weight_decay),
+    )
     groups = single_rank_groups()
     total_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
     budget = total_gb - a.reserve_gb
@@ -100,8 +117,14 @@ def main() -> int:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
-        forward_backward(engine, [{"input_ids": ids, "labels": ids.clone()}], groups, cfg.parallel.zero_stage,
-                         cfg.parallel.reduce_scatter, apply_step=False)
+        forward_backward(
+            engine,
+            [{"input_ids": ids, "labels": ids.clone()}],
+            groups,
+            cfg.parallel.zero_stage,
+            cfg.parallel.reduce_scatter,
+            apply_step=False,
+        )
         torch.cuda.synchronize()
         fb = torch.cuda.max_memory_allocated() / 1e9
         torch.cuda.reset_peak_memory_stats()
@@ -114,33 +137,53 @@ def main() -> int:
         T = a.verify
     else:
         t1, t2 = (int(x) for x in a.fit.split(","))
-        step(t1)                               # warm-up (kernels, allocator, CPU Adam first call)
+        step(t1)  # warm-up (kernels, allocator, CPU Adam first call)
         m1, o1, _ = step(t1)
         m2, o2, s2 = step(t2)
-        slope = (m2 - m1) / (t2 - t1)          # GB per token
+        slope = (m2 - m1) / (t2 - t1)  # GB per token
         static = m1 - slope * t1
-        row.update(fit_gb={t1: round(m1, 2), t2: round(m2, 2)}, mb_per_token=round(slope * 1e3, 4),
-                   static_gb=round(static, 2), step_peak_gb=round(max(o1, o2), 2), tok_s_at_fit=round(t2 / s2),
-                   fit_T=t2, budget_gb=round(budget, 1))
+        row.update(
+            fit_gb={t1: round(m1, 2), t2: round(m2, 2)},
+            mb_per_token=round(slope * 1e3, 4),
+            static_gb=round(static, 2),
+            step_peak_gb=round(max(o1, o2), 2),
+            tok_s_at_fit=round(t2 / s2),
+            fit_T=t2,
+            budget_gb=round(budget, 1),
+        )
         T = int((budget - static) / slope) // 4096 * 4096
         row["predicted_T"] = T
-        print(json.dumps(row), flush=True)     # the fit survives a verification that runs out of time
+        print(json.dumps(row), flush=True)  # the fit survives a verification that runs out of time
     try:
         fb, opt_peak, sec = step(T)
         row.update(max_T=T, verified=True, mem_at_max_gb=round(max(fb, opt_peak), 1), tok_s_at_max=round(T / sec))
-    except (torch.OutOfMemoryError, RuntimeError) as e:   # DeepSpeed hooks may rewrap the OOM
+    except (torch.OutOfMemoryError, RuntimeError) as e:  # DeepSpeed hooks may rewrap the OOM
         if not isinstance(e, torch.OutOfMemoryError) and "out of memory" not in str(e):
             raise
         row.setdefault("oom_at", []).append(T)
-        if len(row["oom_at"]) < 3:             # fresh process: this engine's ZeRO state is half-reduced
+        if len(row["oom_at"]) < 3:  # fresh process: this engine's ZeRO state is half-reduced
             row.pop("setup_s", None)
             print(json.dumps(row), flush=True)
-            os.environ["MASTER_PORT"] = str(29511 + len(row["oom_at"]))   # the old store's port may linger
-            os.execv(sys.executable, [sys.executable, __file__, "--shape", a.shape, "--setting", a.setting,
-                                      "--reserve-gb", str(a.reserve_gb), "--verify", str(int(T * 0.9) // 4096 * 4096),
-                                      "--row", json.dumps(row)])
+            os.environ["MASTER_PORT"] = str(29511 + len(row["oom_at"]))  # the old store's port may linger
+            os.execv(
+                sys.executable,
+                [
+                    sys.executable,
+                    __file__,
+                    "--shape",
+                    a.shape,
+                    "--setting",
+                    a.setting,
+                    "--reserve-gb",
+                    str(a.reserve_gb),
+                    "--verify",
+                    str(int(T * 0.9) // 4096 * 4096),
+                    "--row",
+                    json.dumps(row),
+                ],
+            )
         row.update(max_T=None, verified=False)
-    row["total_s"] = round(time.perf_counter() - t_start, 1)   # this process only
+    row["total_s"] = round(time.perf_counter() - t_start, 1)  # this process only
     print(json.dumps(row), flush=True)
     return 0
 

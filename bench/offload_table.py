@@ -8,14 +8,20 @@ of an earlier one (a re-run, possibly with a changed method). Ratios to "no offl
 ZeRO-1 row of the same shape: windows against its verified largest window, tokens/s against
 its step at the SAME window, from the same file when it has one (any file's otherwise).
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 
-NAMES = {"z1": "ZeRO-1, no offload", "z2_opt": "ZeRO-2 + optimizer offload", "z3_opt": "ZeRO-3 + optimizer offload",
-         "z3_params": "ZeRO-3 + param offload", "z3_opt_params": "ZeRO-3 + optimizer + param offload"}
+NAMES = {
+    "z1": "ZeRO-1, no offload",
+    "z2_opt": "ZeRO-2 + optimizer offload",
+    "z3_opt": "ZeRO-3 + optimizer offload",
+    "z3_params": "ZeRO-3 + param offload",
+    "z3_opt_params": "ZeRO-3 + optimizer + param offload",
+}
 
 
 def merge_file(path: str) -> dict[tuple, dict]:
@@ -30,7 +36,7 @@ def merge_file(path: str) -> dict[tuple, dict]:
 
 def load(paths: list[str]) -> tuple[list[dict], dict]:
     rows: dict[tuple, dict] = {}
-    base_tok_s: dict[tuple, int] = {}   # (file, shape, T) and (shape, T) -> ZeRO-1 tokens/s at that window
+    base_tok_s: dict[tuple, int] = {}  # (file, shape, T) and (shape, T) -> ZeRO-1 tokens/s at that window
     for i, path in enumerate(paths):
         for key, r in merge_file(path).items():
             rows[key] = dict(r, _file=i)
@@ -54,9 +60,11 @@ def window(r: dict) -> str:
 
 def table(rows: list[dict], base_tok_s: dict) -> str:
     base_T = {r["shape"]: r.get("max_T") for r in rows if r["setting"] == "z1"}
-    L = ["| shape | setting | params | static GB | MB/token | step peak GB | largest window | vs no offload "
-         "| tok/s (window) | vs no offload | tok/s @largest |",
-         "|---|---|---|---|---|---|---|---|---|---|---|"]
+    L = [
+        "| shape | setting | params | static GB | MB/token | step peak GB | largest window | vs no offload "
+        "| tok/s (window) | vs no offload | tok/s @largest |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         name = NAMES.get(r["setting"], r["setting"])
         if "tok_s_at_fit" not in r:
@@ -68,17 +76,22 @@ def table(rows: list[dict], base_tok_s: dict) -> str:
         b_s = base_tok_s.get((r["_file"], r["shape"], r["fit_T"])) or base_tok_s.get((r["shape"], r["fit_T"]))
         rel_s = f"{r['tok_s_at_fit'] / b_s:.2f}x" if b_s else ""
         at_max = f"{r['tok_s_at_max']:,}" if r.get("tok_s_at_max") else ""
-        peak = r.get("step_peak_gb", "")      # rows before the fwd+bwd / step split have none
-        L.append(f"| {r['shape']} | {name} | {r['params_b']}B | {r['static_gb']} | {r['mb_per_token']} | {peak} | "
-                 f"{window(r)} | {rel_T} | {r['tok_s_at_fit']:,} ({r['fit_T'] // 1024}k) | {rel_s} | {at_max} |")
+        peak = r.get("step_peak_gb", "")  # rows before the fwd+bwd / step split have none
+        L.append(
+            f"| {r['shape']} | {name} | {r['params_b']}B | {r['static_gb']} | {r['mb_per_token']} | {peak} | "
+            f"{window(r)} | {rel_T} | {r['tok_s_at_fit']:,} ({r['fit_T'] // 1024}k) | {rel_s} | {at_max} |"
+        )
     return "\n".join(L) + "\n"
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python bench/offload_table.py", description=__doc__.splitlines()[0],
-                                epilog="Writes the Markdown table on stdout; exit 1 when the files hold no rows.")
+    p = argparse.ArgumentParser(
+        prog="python bench/offload_table.py",
+        description=__doc__.splitlines()[0],
+        epilog="Writes the Markdown table on stdout; exit 1 when the files hold no rows.",
+    )
     p.add_argument("files", nargs="+", help="offload.jsonl of one or more calls (bench/offload_bench.py), oldest first")
-    files = p.parse_args(argv).files           # no file: usage on stderr, exit 2
+    files = p.parse_args(argv).files  # no file: usage on stderr, exit 2
     rows, base = load(files)
     if not rows:
         print(f"no rows in {files}", file=sys.stderr)

@@ -9,6 +9,7 @@ written once), the same for both implementations, so GB/s compares time directly
 Backward is timed as `torch.autograd.grad` over a retained graph, for both paths.
 Prints a markdown table per T (stdout) and writes ops_bench.json under $OUT when set.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,7 +66,7 @@ def kernel_ms(fn, iters: int, by_kernel: Optional[dict] = None) -> float:
     us = sum(e.device_time_total for e in kernels)
     if us <= 0:
         raise RuntimeError("the profiler recorded no kernel time")
-    if by_kernel is not None:   # ms per call of each kernel: which one a miss is in
+    if by_kernel is not None:  # ms per call of each kernel: which one a miss is in
         for e in kernels:
             by_kernel[e.name[:80]] = by_kernel.get(e.name[:80], 0.0) + e.device_time_total / iters / 1e3
     return us / iters / 1e3
@@ -77,7 +78,7 @@ def hbm_bandwidth(gib: float = 4.0, iters: int = 20) -> float:
     x = torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_()
     y = torch.empty_like(x)
     ms = timed(lambda: y.copy_(x), iters)
-    x = y = None   # free both (the lambda above holds them by name)
+    x = y = None  # free both (the lambda above holds them by name)
     return 2 * n * 2 / (ms * 1e-3) / 1e9
 
 
@@ -142,7 +143,7 @@ def bench_case(c: Case, impl: str, iters: int, kernel: bool = False, by_kernel: 
     outs = fwd(impl)
     outs = outs if isinstance(outs, tuple) else (outs,)
     b_ms = measure(lambda: torch.autograd.grad(outs, inputs, grads[: len(outs)], retain_graph=True), iters, 1)
-    outs = None   # free the graph (the lambda above holds it by name)
+    outs = None  # free the graph (the lambda above holds it by name)
     return f_ms, b_ms
 
 
@@ -183,8 +184,11 @@ def main() -> int:
     ap.add_argument("--ffn", type=int, default=2816)
     ap.add_argument("--layers", type=int, default=36, help="for the per-step elementwise estimate")
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--compile", action="store_true",
-                    help="also time torch.compile of the reference (first T only: it compiles per shape)")
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time torch.compile of the reference (first T only: it compiles per shape)",
+    )
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("ops_bench: needs a CUDA GPU", file=sys.stderr)
@@ -192,19 +196,30 @@ def main() -> int:
     dtype = torch.bfloat16
     t0 = time.perf_counter()
     ext = builder.load()
-    print(f"extension {builder.EXT_PREFIX}_{ext.source_hash()} ready in {time.perf_counter() - t0:.1f} s",
-          file=sys.stderr)
+    print(
+        f"extension {builder.EXT_PREFIX}_{ext.source_hash()} ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr
+    )
     bw = hbm_bandwidth()
     dev = torch.cuda.get_device_name()
-    result = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "device": dev,
-              "torch": torch.__version__, "cuda": torch.version.cuda, "dtype": str(dtype),
-              "hbm_copy_GBps": bw, "shapes": vars(args), "rows": [], "per_step": []}
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "device": dev,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "dtype": str(dtype),
+        "hbm_copy_GBps": bw,
+        "shapes": vars(args),
+        "rows": [],
+        "per_step": [],
+    }
     print(f"# op microbenchmarks ({dev}, torch {torch.__version__}, bf16, B={args.B})\n")
     print(f"Measured HBM bandwidth (D2D copy, 4 GiB): **{bw:.0f} GB/s**\n")
     for T in args.T:
         print(f"## T = {T}\n")
-        hdr = ("| op | dir | MB | cuda ms | cuda GB/s | % HBM | kernel ms | kernel % HBM | torch ms | torch GB/s "
-               "| speedup |")
+        hdr = (
+            "| op | dir | MB | cuda ms | cuda GB/s | % HBM | kernel ms | kernel % HBM | torch ms | torch GB/s "
+            "| speedup |"
+        )
         if args.compile:
             hdr += " compile ms | compile GB/s |"
         print(hdr)
@@ -226,7 +241,7 @@ def main() -> int:
                 result["rows"].append({"T": T, "op": c.name, "error": f"{type(e).__name__}: {e}"})
                 continue
             co = None
-            if args.compile and T == args.T[0]:   # Inductor compiles per shape: first T only
+            if args.compile and T == args.T[0]:  # Inductor compiles per shape: first T only
                 try:
                     co = compiled_case(c, args.iters)
                 except Exception as e:  # noqa: BLE001 - context column only; never fail the bench
@@ -236,14 +251,27 @@ def main() -> int:
             for i, (direction, nbytes) in enumerate((("fwd", c.fwd_bytes), ("bwd", c.bwd_bytes))):
                 gbs = nbytes / (cu[i] * 1e-3) / 1e9
                 tgbs = nbytes / (tr[i] * 1e-3) / 1e9
-                row = {"T": T, "op": c.name, "dir": direction, "MB": nbytes / 1e6, "cuda_ms": cu[i],
-                       "cuda_GBps": gbs, "pct_hbm": 100 * gbs / bw, "kernel_ms": ku[i],
-                       "kernel_pct_hbm": 100 * nbytes / (ku[i] * 1e-3) / 1e9 / bw, "torch_ms": tr[i],
-                       "torch_GBps": tgbs, "speedup": tr[i] / cu[i], "max_rel_err_vs_torch": err,
-                       "kernels_ms": splits[i]}
-                line = (f"| {c.name} | {direction} | {nbytes / 1e6:.0f} | {cu[i]:.3f} | {gbs:.0f} | "
-                        f"{100 * gbs / bw:.0f}% | {ku[i]:.3f} | {row['kernel_pct_hbm']:.0f}% | {tr[i]:.3f} | "
-                        f"{tgbs:.0f} | {tr[i] / cu[i]:.2f}x |")
+                row = {
+                    "T": T,
+                    "op": c.name,
+                    "dir": direction,
+                    "MB": nbytes / 1e6,
+                    "cuda_ms": cu[i],
+                    "cuda_GBps": gbs,
+                    "pct_hbm": 100 * gbs / bw,
+                    "kernel_ms": ku[i],
+                    "kernel_pct_hbm": 100 * nbytes / (ku[i] * 1e-3) / 1e9 / bw,
+                    "torch_ms": tr[i],
+                    "torch_GBps": tgbs,
+                    "speedup": tr[i] / cu[i],
+                    "max_rel_err_vs_torch": err,
+                    "kernels_ms": splits[i],
+                }
+                line = (
+                    f"| {c.name} | {direction} | {nbytes / 1e6:.0f} | {cu[i]:.3f} | {gbs:.0f} | "
+                    f"{100 * gbs / bw:.0f}% | {ku[i]:.3f} | {row['kernel_pct_hbm']:.0f}% | {tr[i]:.3f} | "
+                    f"{tgbs:.0f} | {tr[i] / cu[i]:.2f}x |"
+                )
                 if co is not None:
                     row.update(compile_ms=co[i], compile_GBps=nbytes / (co[i] * 1e-3) / 1e9)
                     line += f" {co[i]:.3f} | {row['compile_GBps']:.0f} |"
@@ -252,9 +280,11 @@ def main() -> int:
                     line += " - | - |"
                 print(line)
                 if len(splits[i]) > 1:
-                    print(f"<!-- {c.name} {direction} kernels (ms per call): "
-                          + ", ".join(f"{k} {v:.3f}" for k, v in sorted(splits[i].items(), key=lambda kv: -kv[1]))
-                          + " -->")
+                    print(
+                        f"<!-- {c.name} {direction} kernels (ms per call): "
+                        + ", ".join(f"{k} {v:.3f}" for k, v in sorted(splits[i].items(), key=lambda kv: -kv[1]))
+                        + " -->"
+                    )
                 result["rows"].append(row)
                 step["cuda_ms"] += mult * cu[i]
                 step["torch_ms"] += mult * tr[i]
@@ -262,9 +292,12 @@ def main() -> int:
             save(result)
         result["per_step"].append(step)
         save(result)
-        print(f"\nElementwise ops per training step ({args.layers} layers x (2 norms + rope + swiglu), fwd+bwd, "
-              f"no recompute): cuda {step['cuda_ms']:.1f} ms, torch {step['torch_ms']:.1f} ms"
-              + (f", torch.compile {step['compile_ms']:.1f} ms" if step["compile_ms"] else "") + "\n")
+        print(
+            f"\nElementwise ops per training step ({args.layers} layers x (2 norms + rope + swiglu), fwd+bwd, "
+            f"no recompute): cuda {step['cuda_ms']:.1f} ms, torch {step['torch_ms']:.1f} ms"
+            + (f", torch.compile {step['compile_ms']:.1f} ms" if step["compile_ms"] else "")
+            + "\n"
+        )
     save(result)
     return 0
 

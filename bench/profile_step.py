@@ -45,6 +45,7 @@ the 4*T^2*H*D of full attention), backward 2x the forward (the MFU convention of
 train_bench.py: fwd+bwd = 3x fwd, 6*T*H*D per token per layer); the FlashAttention papers'
 convention (backward 2.5x) is in the JSON too.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -85,23 +86,31 @@ COPY_CLASSES = ("copy_h2d", "copy_d2h", "copy_d2d")
 
 _I = re.IGNORECASE
 LOSS_SCOPE = re.compile(r"megablu::loss|_ChunkedLinearCE|LinearCrossEntropy|linear_cross_entropy", _I)
-ATTN_SCOPE = re.compile(r"scaled_dot_product|flash_attn|flash_attention|efficient_attention|cudnn_attention|"
-                        r"ScaledDotProduct|FlashAttn|flex_attention|FlexAttention", _I)
+ATTN_SCOPE = re.compile(
+    r"scaled_dot_product|flash_attn|flash_attention|efficient_attention|cudnn_attention|"
+    r"ScaledDotProduct|FlashAttn|flex_attention|FlexAttention",
+    _I,
+)
 BWD = re.compile(r"backward|bwd|bprop", _I)
 ATTN_NAME = re.compile(r"fprop|bprop|flash_fwd|flash_bwd|fmha|FlashAttention|flash_attn|sdpa|attention", _I)
 ATTN_BWD_NAME = re.compile(r"bprop|bwd|backward|fmha_cutlassB|dot_do_o|convert_dq", _I)
-OPTIM_NAME = re.compile(r"adam|lamb(?!da)|sgd|lion_", _I)    # fused optimizer kernels (a zero_grad foreach is not one)
+OPTIM_NAME = re.compile(r"adam|lamb(?!da)|sgd|lion_", _I)  # fused optimizer kernels (a zero_grad foreach is not one)
 OPTIM_SCOPE = re.compile(r"Optimizer\.step|optimizer", _I)
 GEMM_NAME = re.compile(r"gemm|nvjet|xmma|wgmma|cublas|splitKreduce|cutlass", _I)
 GEMM_OP = re.compile(r"^aten::(mm|addmm|addmm_|bmm|baddbmm|addbmm|matmul|linear|_scaled_mm)$")
 COPY_NAME = re.compile(r"copy", _I)
 EMBED_SCOPE = re.compile(r"embedding", _I)
-ELEMENTWISE_NAME = re.compile(r"elementwise|reduce|megablu::|rmsnorm|rope|swiglu|silu|norm|softmax|triton|fill|"
-                              r"cumsum|arange|scatter|gather|index|where|exp|multi_tensor", _I)
-ELEMENTWISE_OP = re.compile(r"^aten::(add|add_|mul|mul_|sub|div|neg|exp|log|rsqrt|sqrt|pow|silu|sigmoid|tanh|mean|"
-                            r"sum|where|fill_|zero_|clamp|relu|gelu|softmax|_softmax|_log_softmax|logsumexp|"
-                            r"threshold_backward|silu_backward|sigmoid_backward|addcmul|lerp|maximum|minimum|"
-                            r"masked_fill|ne|eq|gt|lt)$")
+ELEMENTWISE_NAME = re.compile(
+    r"elementwise|reduce|megablu::|rmsnorm|rope|swiglu|silu|norm|softmax|triton|fill|"
+    r"cumsum|arange|scatter|gather|index|where|exp|multi_tensor",
+    _I,
+)
+ELEMENTWISE_OP = re.compile(
+    r"^aten::(add|add_|mul|mul_|sub|div|neg|exp|log|rsqrt|sqrt|pow|silu|sigmoid|tanh|mean|"
+    r"sum|where|fill_|zero_|clamp|relu|gelu|softmax|_softmax|_log_softmax|logsumexp|"
+    r"threshold_backward|silu_backward|sigmoid_backward|addcmul|lerp|maximum|minimum|"
+    r"masked_fill|ne|eq|gt|lt)$"
+)
 MEGABLU_CSRC = re.compile(r"megablu::|rmsnorm_(fwd|bwd)_kernel|rope_kernel|swiglu_(fwd|bwd)_kernel")
 
 
@@ -114,7 +123,7 @@ def classify(name: str, kind: str = "kernel", scopes: tuple = ()) -> str:
         return "copy_d2d"
     if any(LOSS_SCOPE.search(s) for s in scopes):
         return "loss"
-    for s in scopes:                      # the innermost attention op decides fwd or bwd
+    for s in scopes:  # the innermost attention op decides fwd or bwd
         if ATTN_SCOPE.search(s):
             return "attn_bwd" if BWD.search(s) else "attn_fwd"
     if ATTN_NAME.search(name):
@@ -138,16 +147,18 @@ def classify(name: str, kind: str = "kernel", scopes: tuple = ()) -> str:
 
 # ---------------------------------------------------------------- profiler events -> records
 
+
 @dataclass
 class Act:
     """One GPU activity: times in microseconds on the profiler's clock."""
+
     name: str
     start: float
     end: float
     kind: str = "kernel"
     stream: int = 0
-    scopes: tuple = ()          # names of the ops around its launch, innermost first
-    scope_ids: tuple = ()       # their correlation ids
+    scopes: tuple = ()  # names of the ops around its launch, innermost first
+    scope_ids: tuple = ()  # their correlation ids
     cls: str = ""
 
     @property
@@ -184,7 +195,7 @@ def _get(ev, attr, default=None):
 
 
 def _kind(ev) -> Optional[str]:
-    """"kernel" | "gpu_memcpy" | "gpu_memset" for a device activity, None to skip it
+    """ "kernel" | "gpu_memcpy" | "gpu_memset" for a device activity, None to skip it
     (user-annotation spans, sync events)."""
     act = str(_get(ev, "activity_type", "") or "").lower()
     name = str(_get(ev, "name", ""))
@@ -201,7 +212,7 @@ def _kind(ev) -> Optional[str]:
 
 def _times_us(ev) -> tuple:
     s, e = _get(ev, "start_ns"), _get(ev, "end_ns")
-    if s is None:   # older builds: microseconds
+    if s is None:  # older builds: microseconds
         s = _get(ev, "start_us", 0) * 1000
         e = s + _get(ev, "duration_us", 0) * 1000
     elif e is None:
@@ -253,11 +264,15 @@ def records(events: Iterable, cpu_ops_as_kernels: bool = False) -> tuple:
             if kind is None:
                 stats["skipped_device_events"] += 1
                 continue
-            devs.append((Act(name, s, e, kind, int(_get(ev, "device_resource_id", 0) or 0)),
-                         int(_get(ev, "linked_correlation_id", 0) or 0)))
+            devs.append(
+                (
+                    Act(name, s, e, kind, int(_get(ev, "device_resource_id", 0) or 0)),
+                    int(_get(ev, "linked_correlation_id", 0) or 0),
+                )
+            )
         elif dt.endswith("CPU"):
             if act and act not in ("cpu_op", "user_annotation"):
-                continue            # runtime/driver calls, python frames, instant events
+                continue  # runtime/driver calls, python frames, instant events
             if not act and _get(ev, "linked_correlation_id", 0):
                 continue
             if "annotation" in act or _get(ev, "is_user_annotation", False):
@@ -265,7 +280,8 @@ def records(events: Iterable, cpu_ops_as_kernels: bool = False) -> tuple:
             corr = int(_get(ev, "correlation_id", 0) or 0)
             ops[corr] = Op(name, s, e, int(_get(ev, "start_thread_id", 0) or 0), corr)
     _nest(list(ops.values()))
-    if cpu_ops_as_kernels:     # GEMM ops and the leaves outside them stand in for kernels
+    if cpu_ops_as_kernels:  # GEMM ops and the leaves outside them stand in for kernels
+
         def stands_in(o):
             if o.name in ranges or any(GEMM_OP.match(n) for n in o.chain()[0][1:]):
                 return False
@@ -280,7 +296,7 @@ def records(events: Iterable, cpu_ops_as_kernels: bool = False) -> tuple:
             a.scopes, a.scope_ids = op.chain()
             linked += a.end - a.start
         else:
-            for rname, spans in gpu_spans.items():   # not linked: the GPU span of a range holds it
+            for rname, spans in gpu_spans.items():  # not linked: the GPU span of a range holds it
                 if any(s0 <= a.start < e0 for s0, e0 in spans):
                     a.scopes += (rname,)
         a.cls = classify(a.name, a.kind, a.scopes)
@@ -291,6 +307,7 @@ def records(events: Iterable, cpu_ops_as_kernels: bool = False) -> tuple:
 
 
 # ---------------------------------------------------------------- interval arithmetic
+
 
 def union(ivs: Iterable) -> list:
     """Merged, sorted [start, end) intervals."""
@@ -341,16 +358,24 @@ def clip(a: Act, lo: float, hi: float) -> Optional[tuple]:
 
 # ---------------------------------------------------------------- the analysis
 
-GAP_BUCKETS = [(0.0, 10.0, "< 10 us"), (10.0, 100.0, "10-100 us"), (100.0, 1000.0, "0.1-1 ms"),
-               (1000.0, float("inf"), ">= 1 ms")]
+GAP_BUCKETS = [
+    (0.0, 10.0, "< 10 us"),
+    (10.0, 100.0, "10-100 us"),
+    (100.0, 1000.0, "0.1-1 ms"),
+    (1000.0, float("inf"), ">= 1 ms"),
+]
 
 
 def attention_flops(T: int, H: int, D: int, B: int = 1) -> dict:
     """Causal attention flops of one call (forward: QK^T and PV, 2*2*T*T*H*D halved)."""
     fwd = 2.0 * B * T * T * H * D
-    return {"fwd": fwd, "bwd": 2.0 * fwd, "bwd_fa": 2.5 * fwd,
-            "convention": "causal: fwd = 2*T^2*H*D per call (half of full attention's 4*T^2*H*D); "
-                          "bwd = 2x fwd (MFU convention, fwd+bwd = 3x fwd); FlashAttention papers: bwd = 2.5x fwd"}
+    return {
+        "fwd": fwd,
+        "bwd": 2.0 * fwd,
+        "bwd_fa": 2.5 * fwd,
+        "convention": "causal: fwd = 2*T^2*H*D per call (half of full attention's 4*T^2*H*D); "
+        "bwd = 2x fwd (MFU convention, fwd+bwd = 3x fwd); FlashAttention papers: bwd = 2.5x fwd",
+    }
 
 
 def _short(name: str, n: int = 110) -> str:
@@ -358,8 +383,7 @@ def _short(name: str, n: int = 110) -> str:
     return name if len(name) <= n else name[: n - 3] + "..."
 
 
-def summarize(acts: list, window: tuple, T: int = 0, heads: int = 0, head_dim: int = 0,
-              n_layers: int = 0) -> dict:
+def summarize(acts: list, window: tuple, T: int = 0, heads: int = 0, head_dim: int = 0, n_layers: int = 0) -> dict:
     """Per-class kernel time, busy/idle time, gaps and attention TF/s of the activities
     inside `window` (start, end) in microseconds."""
     lo, hi = window
@@ -375,21 +399,30 @@ def summarize(acts: list, window: tuple, T: int = 0, heads: int = 0, head_dim: i
             c[0] += 1
             c[1] += e - s
         top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:6]
-        res["classes"][key] = {"label": label, "ms": t / 1e3, "pct_wall": 100.0 * t / wall if wall > 0 else 0.0,
-                               "count": len(mine), "union_ms": length(union(iv for _, iv in mine)) / 1e3,
-                               "top": [[_short(n), c, ms / 1e3] for n, (c, ms) in top]}
+        res["classes"][key] = {
+            "label": label,
+            "ms": t / 1e3,
+            "pct_wall": 100.0 * t / wall if wall > 0 else 0.0,
+            "count": len(mine),
+            "union_ms": length(union(iv for _, iv in mine)) / 1e3,
+            "top": [[_short(n), c, ms / 1e3] for n, (c, ms) in top],
+        }
     ew = [(a, iv) for a, iv in inside if a.cls == "elementwise" and MEGABLU_CSRC.search(a.name)]
     res["classes"]["elementwise"]["megablu_csrc_ms"] = sum(e - s for _, (s, e) in ew) / 1e3
     busy = union(iv for _, iv in inside)
     compute = union(iv for a, iv in inside if a.cls not in COPY_CLASSES)
     kernel_sum = sum(e - s for _, (s, e) in inside)
-    res["gpu"] = {"busy_ms": length(busy) / 1e3, "idle_ms": (wall - length(busy)) / 1e3,
-                  "idle_pct": 100.0 * (wall - length(busy)) / wall if wall > 0 else 0.0,
-                  "compute_busy_ms": length(compute) / 1e3,
-                  "kernel_sum_ms": kernel_sum / 1e3,
-                  "concurrency_ms": (kernel_sum - length(busy)) / 1e3,
-                  "copy_exposed_ms": {k: length(minus(union(iv for a, iv in inside if a.cls == k), compute)) / 1e3
-                                      for k in COPY_CLASSES}}
+    res["gpu"] = {
+        "busy_ms": length(busy) / 1e3,
+        "idle_ms": (wall - length(busy)) / 1e3,
+        "idle_pct": 100.0 * (wall - length(busy)) / wall if wall > 0 else 0.0,
+        "compute_busy_ms": length(compute) / 1e3,
+        "kernel_sum_ms": kernel_sum / 1e3,
+        "concurrency_ms": (kernel_sum - length(busy)) / 1e3,
+        "copy_exposed_ms": {
+            k: length(minus(union(iv for a, iv in inside if a.cls == k), compute)) / 1e3 for k in COPY_CLASSES
+        },
+    }
     res["gpu"]["compute_idle_ms"] = (wall - length(compute)) / 1e3
     # where compute stops: gaps between non-copy kernels (a copy running alone, e.g. an offload
     # stall, counts here as a gap; the GPU idle above counts it as busy)
@@ -402,8 +435,12 @@ def summarize(acts: list, window: tuple, T: int = 0, heads: int = 0, head_dim: i
         split = min(s for s, _ in bwd)
         for pname, (p0, p1) in (("forward", (lo, split)), ("backward", (split, hi))):
             pb, pc = overlap(busy, p0, p1), overlap(compute, p0, p1)
-            phases[pname] = {"span_ms": (p1 - p0) / 1e3, "busy_ms": pb / 1e3, "idle_ms": (p1 - p0 - pb) / 1e3,
-                             "compute_idle_ms": (p1 - p0 - pc) / 1e3}
+            phases[pname] = {
+                "span_ms": (p1 - p0) / 1e3,
+                "busy_ms": pb / 1e3,
+                "idle_ms": (p1 - p0 - pb) / 1e3,
+                "compute_idle_ms": (p1 - p0 - pc) / 1e3,
+            }
     res["phases"] = phases
     if T and heads and head_dim:
         res["attention"] = _attention(inside, T, heads, head_dim, n_layers)
@@ -425,8 +462,12 @@ def _gaps(inside: list, busy: list, lo: float, hi: float) -> dict:
             gaps.append((prev, s))
         prev = max(prev, e)
     out_b = {label: [0, 0.0] for _, _, label in GAP_BUCKETS}
-    by_phase = {"head (before the first kernel)": 0.0, "forward": 0.0, "backward": 0.0,
-                "tail (after the last kernel)": 0.0}
+    by_phase = {
+        "head (before the first kernel)": 0.0,
+        "forward": 0.0,
+        "backward": 0.0,
+        "tail (after the last kernel)": 0.0,
+    }
     listed = []
     for s, e in gaps:
         d = e - s
@@ -445,9 +486,15 @@ def _gaps(inside: list, busy: list, lo: float, hi: float) -> dict:
         else:
             phase = "backward" if after.backward else "forward"
         by_phase[phase] += d / 1e3
-        listed.append({"at_ms": (s - lo) / 1e3, "ms": d / 1e3, "phase": phase,
-                       "before": _short(before.name, 70) if before is not None else "",
-                       "after": _short(after.name, 70) if after is not None else ""})
+        listed.append(
+            {
+                "at_ms": (s - lo) / 1e3,
+                "ms": d / 1e3,
+                "phase": phase,
+                "before": _short(before.name, 70) if before is not None else "",
+                "after": _short(after.name, 70) if after is not None else "",
+            }
+        )
     listed.sort(key=lambda g: -g["ms"])
     return {"count": len(gaps), "buckets": out_b, "by_phase_ms": by_phase, "largest": listed[:10]}
 
@@ -457,7 +504,7 @@ def _attention(inside: list, T: int, H: int, D: int, n_layers: int) -> dict:
     out = {"convention": fl["convention"], "T": T, "heads": H, "head_dim": D}
     for key, fkey in (("attn_fwd", "fwd"), ("attn_bwd", "bwd")):
         mine = [(a, iv) for a, iv in inside if a.cls == key]
-        t = sum(e - s for _, (s, e) in mine) / 1e6        # seconds
+        t = sum(e - s for _, (s, e) in mine) / 1e6  # seconds
         # one call = one attention op: the outermost attention op around the kernel (a backward's
         # autograd node holds the aten backward op and any GQA reduction beside it)
         calls = set()
@@ -487,11 +534,21 @@ def _top_kernels(inside: list, wall: float, n: int) -> list:
         r["count"] += 1
         r["us"] += e - s
     rows = sorted(by.values(), key=lambda r: -r["us"])[:n]
-    return [{"name": _short(r["name"], 140), "class": r["class"], "count": r["count"], "ms": r["us"] / 1e3,
-             "avg_us": r["us"] / r["count"], "pct_wall": 100.0 * r["us"] / wall if wall > 0 else 0.0} for r in rows]
+    return [
+        {
+            "name": _short(r["name"], 140),
+            "class": r["class"],
+            "count": r["count"],
+            "ms": r["us"] / 1e3,
+            "avg_us": r["us"] / r["count"],
+            "pct_wall": 100.0 * r["us"] / wall if wall > 0 else 0.0,
+        }
+        for r in rows
+    ]
 
 
 # ---------------------------------------------------------------- markdown
+
 
 def _f(x, fmt="{:.1f}", none="-"):
     return none if x is None else fmt.format(x)
@@ -503,71 +560,115 @@ def case_markdown(r: dict) -> str:
     if r.get("skipped") or r.get("error"):
         return f"{hdr}\n\n{'skipped: ' + r['skipped'] if r.get('skipped') else 'FAILED: ' + r['error']}\n"
     s, p = r["step"], r["profile"]
-    lines = [hdr, "",
-             f"blu-0.5b ({r['n_layers']} layers), bf16, batch 1, ops {r['ops']}, loss chunk {r['loss_chunk']}, "
-             f"one fwd+bwd without optimizer; weights drawn on the {r.get('init', 'cpu')}; built in "
-             f"{_f(r.get('build_s'), '{:.1f}')} s. "
-             + (f"Step without the profiler: {_f(s.get('timed_median_s'), '{:.3f}')} s (median of "
-                f"{len(s.get('timed_s', []))}; warm-up step {_f(s.get('warmup_s'), '{:.2f}')} s), "
-                if s.get("timed_s") else
-                f"No plain step timed (warm-up step {_f(s.get('warmup_s'), '{:.2f}')} s): tokens/s and MFU are the "
-                f"profiled step's, profiler overhead included; ")
-             + f"{_f(s.get('tokens_per_s'), '{:.0f}')} tokens/s, MFU {_f(s.get('mfu'), '{:.0%}')}, peak "
-             f"{_f(s.get('peak_gb'))} GB. Profiled step wall: {p['wall_ms']:.1f} ms. "
-             f"Kernels linked to their ops: {r['profile_stats'].get('linked_pct', 0):.0f}% of kernel time.", "",
-             "| class | kernel ms | % of step wall | kernels | largest kernel (ms) |", "|---|---|---|---|---|"]
+    lines = [
+        hdr,
+        "",
+        f"blu-0.5b ({r['n_layers']} layers), bf16, batch 1, ops {r['ops']}, loss chunk {r['loss_chunk']}, "
+        f"one fwd+bwd without optimizer; weights drawn on the {r.get('init', 'cpu')}; built in "
+        f"{_f(r.get('build_s'), '{:.1f}')} s. "
+        + (
+            f"Step without the profiler: {_f(s.get('timed_median_s'), '{:.3f}')} s (median of "
+            f"{len(s.get('timed_s', []))}; warm-up step {_f(s.get('warmup_s'), '{:.2f}')} s), "
+            if s.get("timed_s")
+            else f"No plain step timed (warm-up step {_f(s.get('warmup_s'), '{:.2f}')} s): tokens/s and MFU are the "
+            f"profiled step's, profiler overhead included; "
+        )
+        + f"{_f(s.get('tokens_per_s'), '{:.0f}')} tokens/s, MFU {_f(s.get('mfu'), '{:.0%}')}, peak "
+        f"{_f(s.get('peak_gb'))} GB. Profiled step wall: {p['wall_ms']:.1f} ms. "
+        f"Kernels linked to their ops: {r['profile_stats'].get('linked_pct', 0):.0f}% of kernel time.",
+        "",
+        "| class | kernel ms | % of step wall | kernels | largest kernel (ms) |",
+        "|---|---|---|---|---|",
+    ]
     for key, label in CLASSES:
         c = p["classes"][key]
         top = f"{c['top'][0][0][:70]} ({c['top'][0][2]:.1f})" if c["top"] else ""
         extra = f"; megablu csrc {c['megablu_csrc_ms']:.1f} ms" if key == "elementwise" else ""
         lines.append(f"| {label} | {c['ms']:.1f} | {c['pct_wall']:.1f}% | {c['count']} | {top}{extra} |")
     g = p["gpu"]
-    lines += [f"| **GPU busy** (union of all activity) | {g['busy_ms']:.1f} | "
-              f"{100 * g['busy_ms'] / p['wall_ms']:.1f}% | | concurrency (sum - union) {g['concurrency_ms']:.1f} ms |",
-              f"| **GPU idle** (wall - busy) | {g['idle_ms']:.1f} | {g['idle_pct']:.1f}% | | |",
-              f"| compute idle (no kernel but copies) | {g['compute_idle_ms']:.1f} | "
-              f"{100 * g['compute_idle_ms'] / p['wall_ms']:.1f}% | | gaps below are these |",
-              f"| copies not hidden by compute | HtoD {g['copy_exposed_ms']['copy_h2d']:.1f}, DtoH "
-              f"{g['copy_exposed_ms']['copy_d2h']:.1f}, DtoD {g['copy_exposed_ms']['copy_d2d']:.1f} | | | |", ""]
+    lines += [
+        f"| **GPU busy** (union of all activity) | {g['busy_ms']:.1f} | "
+        f"{100 * g['busy_ms'] / p['wall_ms']:.1f}% | | concurrency (sum - union) {g['concurrency_ms']:.1f} ms |",
+        f"| **GPU idle** (wall - busy) | {g['idle_ms']:.1f} | {g['idle_pct']:.1f}% | | |",
+        f"| compute idle (no kernel but copies) | {g['compute_idle_ms']:.1f} | "
+        f"{100 * g['compute_idle_ms'] / p['wall_ms']:.1f}% | | gaps below are these |",
+        f"| copies not hidden by compute | HtoD {g['copy_exposed_ms']['copy_h2d']:.1f}, DtoH "
+        f"{g['copy_exposed_ms']['copy_d2h']:.1f}, DtoD {g['copy_exposed_ms']['copy_d2d']:.1f} | | | |",
+        "",
+    ]
     a = p.get("attention")
     if a:
         m = r.get("micro") or {}
-        lines.append(f"Attention in the model ({a.get('fwd_calls') or a.get('fwd_calls_assumed')} fwd / "
-                     f"{a.get('bwd_calls') or a.get('bwd_calls_assumed')} bwd calls): fwd {a['fwd_ms']:.1f} ms = "
-                     f"{_f(a['fwd_tflops'], '{:.0f}')} TF/s, bwd {a['bwd_ms']:.1f} ms = "
-                     f"{_f(a['bwd_tflops'], '{:.0f}')} TF/s, fwd+bwd {_f(a['fwd_bwd_tflops'], '{:.0f}')} TF/s "
-                     f"({a['convention']}).")
+        lines.append(
+            f"Attention in the model ({a.get('fwd_calls') or a.get('fwd_calls_assumed')} fwd / "
+            f"{a.get('bwd_calls') or a.get('bwd_calls_assumed')} bwd calls): fwd {a['fwd_ms']:.1f} ms = "
+            f"{_f(a['fwd_tflops'], '{:.0f}')} TF/s, bwd {a['bwd_ms']:.1f} ms = "
+            f"{_f(a['bwd_tflops'], '{:.0f}')} TF/s, fwd+bwd {_f(a['fwd_bwd_tflops'], '{:.0f}')} TF/s "
+            f"({a['convention']})."
+        )
         if m and not m.get("error"):
-            lines.append(f"Same-shape SDPA microbenchmark, same process: kernels fwd "
-                         f"{_f(m.get('kernel_fwd_tflops'), '{:.0f}')} / bwd {_f(m.get('kernel_bwd_tflops'), '{:.0f}')}"
-                         f" / fwd+bwd "
-                         f"{_f(m.get('kernel_fwd_bwd_tflops'), '{:.0f}')} TF/s; wall (CUDA events, median of "
-                         f"{m.get('reps')}) fwd {_f(m.get('fwd_tflops'), '{:.0f}')}, fwd+bwd "
-                         f"{_f(m.get('fwd_bwd_tflops'), '{:.0f}')} TF/s; kernels "
-                         f"{', '.join(m.get('kernels', [])[:3])}.")
+            lines.append(
+                f"Same-shape SDPA microbenchmark, same process: kernels fwd "
+                f"{_f(m.get('kernel_fwd_tflops'), '{:.0f}')} / bwd {_f(m.get('kernel_bwd_tflops'), '{:.0f}')}"
+                f" / fwd+bwd "
+                f"{_f(m.get('kernel_fwd_bwd_tflops'), '{:.0f}')} TF/s; wall (CUDA events, median of "
+                f"{m.get('reps')}) fwd {_f(m.get('fwd_tflops'), '{:.0f}')}, fwd+bwd "
+                f"{_f(m.get('fwd_bwd_tflops'), '{:.0f}')} TF/s; kernels "
+                f"{', '.join(m.get('kernels', [])[:3])}."
+            )
             if a.get("fwd_bwd_tflops") and m.get("kernel_fwd_bwd_tflops"):
-                lines.append(f"In-model / microbenchmark (kernel time, fwd+bwd): "
-                             f"{a['fwd_bwd_tflops'] / m['kernel_fwd_bwd_tflops']:.2f}.")
+                lines.append(
+                    f"In-model / microbenchmark (kernel time, fwd+bwd): "
+                    f"{a['fwd_bwd_tflops'] / m['kernel_fwd_bwd_tflops']:.2f}."
+                )
         elif m.get("error"):
             lines.append(f"SDPA microbenchmark failed: {m['error']}")
         lines.append("")
     gp = p["gaps"]
-    lines.append("Compute gaps: " + ", ".join(f"{k}: {v[0]} ({v[1]:.1f} ms)" for k, v in gp["buckets"].items())
-                 + ". By phase: " + ", ".join(f"{k} {v:.1f} ms" for k, v in gp["by_phase_ms"].items()) + ".")
+    lines.append(
+        "Compute gaps: "
+        + ", ".join(f"{k}: {v[0]} ({v[1]:.1f} ms)" for k, v in gp["buckets"].items())
+        + ". By phase: "
+        + ", ".join(f"{k} {v:.1f} ms" for k, v in gp["by_phase_ms"].items())
+        + "."
+    )
     if p.get("phases"):
-        lines.append("GPU spans: " + "; ".join(f"{k} {v['span_ms']:.1f} ms (idle {v['idle_ms']:.1f}, compute idle "
-                                                f"{v['compute_idle_ms']:.1f})" for k, v in p["phases"].items()) + ".")
+        lines.append(
+            "GPU spans: "
+            + "; ".join(
+                f"{k} {v['span_ms']:.1f} ms (idle {v['idle_ms']:.1f}, compute idle {v['compute_idle_ms']:.1f})"
+                for k, v in p["phases"].items()
+            )
+            + "."
+        )
     if gp["largest"]:
         lines += ["", "| largest gaps: at ms | ms | phase | before | after |", "|---|---|---|---|---|"]
-        lines += [f"| {x['at_ms']:.2f} | {x['ms']:.3f} | {x['phase']} | {x['before']} | {x['after']} |"
-                  for x in gp["largest"][:5]]
-    lines += ["", f"Top {len(p['top_kernels'])} kernels:", "",
-              "| kernel | class | count | ms | avg us | % of wall |", "|---|---|---|---|---|---|"]
-    lines += [f"| {k['name'].replace('|', '/')} | {k['class']} | {k['count']} | {k['ms']:.2f} | {k['avg_us']:.1f} | "
-              f"{k['pct_wall']:.2f}% |" for k in p["top_kernels"]]
+        lines += [
+            f"| {x['at_ms']:.2f} | {x['ms']:.3f} | {x['phase']} | {x['before']} | {x['after']} |"
+            for x in gp["largest"][:5]
+        ]
+    lines += [
+        "",
+        f"Top {len(p['top_kernels'])} kernels:",
+        "",
+        "| kernel | class | count | ms | avg us | % of wall |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {k['name'].replace('|', '/')} | {k['class']} | {k['count']} | {k['ms']:.2f} | {k['avg_us']:.1f} | "
+        f"{k['pct_wall']:.2f}% |"
+        for k in p["top_kernels"]
+    ]
     if r.get("profiler_table"):
-        lines += ["", "<details><summary>torch.profiler key_averages (top 30 by self device time)</summary>", "",
-                  "```", r["profiler_table"].rstrip(), "```", "</details>"]
+        lines += [
+            "",
+            "<details><summary>torch.profiler key_averages (top 30 by self device time)</summary>",
+            "",
+            "```",
+            r["profiler_table"].rstrip(),
+            "```",
+            "</details>",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -580,34 +681,68 @@ def summary_markdown(results: list) -> str:
     done = [r for r in results if not r.get("skipped") and not r.get("error")]
     out = []
     if not done:
-        return "no profiled case completed\n" + "".join(f"- T={r.get('T')} {r.get('mode')}: "
-                                                       f"{r.get('skipped') or r.get('error')}\n" for r in results)
+        return "no profiled case completed\n" + "".join(
+            f"- T={r.get('T')} {r.get('mode')}: {r.get('skipped') or r.get('error')}\n" for r in results
+        )
     done.sort(key=lambda r: (r["T"], r["mode"]))
     cols = [f"T={_tk(r['T'])} {r['mode']}" for r in done]
     out += ["| ms (% of step wall) | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    out.append("| step wall, no profiler (s) | " + " | ".join(_f(r["step"].get("timed_median_s"), "{:.3f}")
-                                                             for r in done) + " |")
-    out.append("| tokens/s (* = of the profiled step) | " + " | ".join(
-        _f(r["step"].get("tokens_per_s"), "{:.0f}") + ("*" if r["step"].get("profiled_only") else "")
-        for r in done) + " |")
+    out.append(
+        "| step wall, no profiler (s) | "
+        + " | ".join(_f(r["step"].get("timed_median_s"), "{:.3f}") for r in done)
+        + " |"
+    )
+    out.append(
+        "| tokens/s (* = of the profiled step) | "
+        + " | ".join(
+            _f(r["step"].get("tokens_per_s"), "{:.0f}") + ("*" if r["step"].get("profiled_only") else "") for r in done
+        )
+        + " |"
+    )
     out.append("| profiled step wall (ms) | " + " | ".join(f"{r['profile']['wall_ms']:.1f}" for r in done) + " |")
     for key, label in CLASSES:
-        out.append(f"| {label} | " + " | ".join(
-            f"{r['profile']['classes'][key]['ms']:.1f} ({r['profile']['classes'][key]['pct_wall']:.1f}%)"
-            for r in done) + " |")
-    out.append("| GPU busy (union) | " + " | ".join(
-        f"{r['profile']['gpu']['busy_ms']:.1f} ({100 * r['profile']['gpu']['busy_ms'] / r['profile']['wall_ms']:.1f}%)"
-        for r in done) + " |")
-    out.append("| **GPU idle** | " + " | ".join(
-        f"{r['profile']['gpu']['idle_ms']:.1f} ({r['profile']['gpu']['idle_pct']:.1f}%)" for r in done) + " |")
-    out.append("| compute idle (no kernel but copies) | " + " | ".join(
-        f"{r['profile']['gpu']['compute_idle_ms']:.1f} "
-        f"({100 * r['profile']['gpu']['compute_idle_ms'] / r['profile']['wall_ms']:.1f}%)" for r in done) + " |")
-    out.append("| attention fwd+bwd TF/s in model | " + " | ".join(
-        _f((r["profile"].get("attention") or {}).get("fwd_bwd_tflops"), "{:.0f}") for r in done) + " |")
+        out.append(
+            f"| {label} | "
+            + " | ".join(
+                f"{r['profile']['classes'][key]['ms']:.1f} ({r['profile']['classes'][key]['pct_wall']:.1f}%)"
+                for r in done
+            )
+            + " |"
+        )
+    out.append(
+        "| GPU busy (union) | "
+        + " | ".join(
+            f"{r['profile']['gpu']['busy_ms']:.1f} "
+            f"({100 * r['profile']['gpu']['busy_ms'] / r['profile']['wall_ms']:.1f}%)"
+            for r in done
+        )
+        + " |"
+    )
+    out.append(
+        "| **GPU idle** | "
+        + " | ".join(f"{r['profile']['gpu']['idle_ms']:.1f} ({r['profile']['gpu']['idle_pct']:.1f}%)" for r in done)
+        + " |"
+    )
+    out.append(
+        "| compute idle (no kernel but copies) | "
+        + " | ".join(
+            f"{r['profile']['gpu']['compute_idle_ms']:.1f} "
+            f"({100 * r['profile']['gpu']['compute_idle_ms'] / r['profile']['wall_ms']:.1f}%)"
+            for r in done
+        )
+        + " |"
+    )
+    out.append(
+        "| attention fwd+bwd TF/s in model | "
+        + " | ".join(_f((r["profile"].get("attention") or {}).get("fwd_bwd_tflops"), "{:.0f}") for r in done)
+        + " |"
+    )
     micro = {r["T"]: r["micro"] for r in done if r.get("micro") and not r["micro"].get("error")}
-    out.append("| same-shape SDPA micro fwd+bwd TF/s (kernel) | " + " | ".join(
-        _f((micro.get(r["T"]) or {}).get("kernel_fwd_bwd_tflops"), "{:.0f}") for r in done) + " |")
+    out.append(
+        "| same-shape SDPA micro fwd+bwd TF/s (kernel) | "
+        + " | ".join(_f((micro.get(r["T"]) or {}).get("kernel_fwd_bwd_tflops"), "{:.0f}") for r in done)
+        + " |"
+    )
     for r in results:
         if r.get("skipped") or r.get("error"):
             out.append(f"\nT={r.get('T')} {r.get('mode')}: {r.get('skipped') or 'FAILED: ' + str(r.get('error'))}")
@@ -618,8 +753,10 @@ def gains_markdown(results: list, baseline: str) -> str:
     """Per T, each case against the `baseline` mode's case of the same T (same call): tokens/s and
     its ratio, peak GB, MFU, the warm-up step (first-call compiles: FlashAttention-4's CuTe DSL
     kernels, Liger's Triton kernels), attention's fwd+bwd TF/s and the loss's ms in the model."""
-    out = [f"| T | mode | tokens/s | x {baseline} | peak GB | MFU | warm-up s | attention TF/s | loss ms |",
-           "|---" * 9 + "|"]
+    out = [
+        f"| T | mode | tokens/s | x {baseline} | peak GB | MFU | warm-up s | attention TF/s | loss ms |",
+        "|---" * 9 + "|",
+    ]
     by_T: dict = {}
     for r in results:
         by_T.setdefault(r.get("T"), []).append(r)
@@ -634,15 +771,18 @@ def gains_markdown(results: list, baseline: str) -> str:
             st, pr = r["step"], r.get("profile") or {}
             tps = st.get("tokens_per_s")
             ratio = f"{tps / b:.2f}x" if tps and b else "-"
-            out.append(f"| {T} | {r['mode']} | {_f(tps, '{:.0f}')}{'*' if st.get('profiled_only') else ''} | "
-                       f"{ratio} | {_f(st.get('peak_gb'))} | {_f(st.get('mfu'), '{:.0%}')} | "
-                       f"{_f(st.get('warmup_s'))} | "
-                       f"{_f((pr.get('attention') or {}).get('fwd_bwd_tflops'), '{:.0f}')} | "
-                       f"{_f(((pr.get('classes') or {}).get('loss') or {}).get('ms'))} |")
+            out.append(
+                f"| {T} | {r['mode']} | {_f(tps, '{:.0f}')}{'*' if st.get('profiled_only') else ''} | "
+                f"{ratio} | {_f(st.get('peak_gb'))} | {_f(st.get('mfu'), '{:.0%}')} | "
+                f"{_f(st.get('warmup_s'))} | "
+                f"{_f((pr.get('attention') or {}).get('fwd_bwd_tflops'), '{:.0f}')} | "
+                f"{_f(((pr.get('classes') or {}).get('loss') or {}).get('ms'))} |"
+            )
     return "\n".join(out) + "\n"
 
 
 # ---------------------------------------------------------------- measurement (GPU; CPU rehearsal)
+
 
 def _sync(device: str) -> None:
     import torch
@@ -688,7 +828,7 @@ def _profile(fn, device: str):
     # 2026-12-06 every mode after the first in a call was timed with CUPTI still attached)
     cupti_teardown(device)
     with profile(activities=_activities(device)) as prof:
-        x = torch.ones(8, device=device) * 2      # the tracer is up before the measured range
+        x = torch.ones(8, device=device) * 2  # the tracer is up before the measured range
         _sync(device)
         del x
         with record_function(STEP_RANGE):
@@ -718,8 +858,9 @@ def sdpa_micro(T: int, H: int, Hkv: int, D: int, reps: int, device: str = "cuda"
     go = torch.randn(1, H, T, D, device=device, dtype=dt)
 
     def fwd():
-        return F.scaled_dot_product_attention(qb.transpose(1, 2), kb.transpose(1, 2), vb.transpose(1, 2),
-                                              is_causal=True, enable_gqa=Hkv != H)
+        return F.scaled_dot_product_attention(
+            qb.transpose(1, 2), kb.transpose(1, 2), vb.transpose(1, 2), is_causal=True, enable_gqa=Hkv != H
+        )
 
     def fwd_bwd():
         fwd().backward(go)
@@ -727,8 +868,17 @@ def sdpa_micro(T: int, H: int, Hkv: int, D: int, reps: int, device: str = "cuda"
     fl = attention_flops(T, H, D)
     f_ms = statistics.median(time_ms(fwd, reps, device))
     fb_ms = statistics.median(time_ms(fwd_bwd, reps, device))
-    out = {"T": T, "heads": H, "kv_heads": Hkv, "head_dim": D, "reps": reps, "fwd_ms": f_ms, "fwd_bwd_ms": fb_ms,
-           "fwd_tflops": fl["fwd"] / (f_ms / 1e3) / 1e12, "fwd_bwd_tflops": 3 * fl["fwd"] / (fb_ms / 1e3) / 1e12}
+    out = {
+        "T": T,
+        "heads": H,
+        "kv_heads": Hkv,
+        "head_dim": D,
+        "reps": reps,
+        "fwd_ms": f_ms,
+        "fwd_bwd_ms": fb_ms,
+        "fwd_tflops": fl["fwd"] / (f_ms / 1e3) / 1e12,
+        "fwd_bwd_tflops": 3 * fl["fwd"] / (fb_ms / 1e3) / 1e12,
+    }
     acts, ranges, _stats, _prof = _profile(fwd_bwd, device)
     lo, hi = _window(ranges)
     k = {"attn_fwd": 0.0, "attn_bwd": 0.0}
@@ -738,10 +888,13 @@ def sdpa_micro(T: int, H: int, Hkv: int, D: int, reps: int, device: str = "cuda"
         if iv is not None and a.cls in k:
             k[a.cls] += (iv[1] - iv[0]) / 1e3
             names[_short(a.name, 80)] = names.get(_short(a.name, 80), 0.0) + iv[1] - iv[0]
-    out.update(kernel_fwd_ms=k["attn_fwd"], kernel_bwd_ms=k["attn_bwd"],
-               kernel_fwd_tflops=fl["fwd"] / (k["attn_fwd"] / 1e3) / 1e12 if k["attn_fwd"] > 0 else None,
-               kernel_bwd_tflops=fl["bwd"] / (k["attn_bwd"] / 1e3) / 1e12 if k["attn_bwd"] > 0 else None,
-               kernels=[n for n, _ in sorted(names.items(), key=lambda kv: -kv[1])])
+    out.update(
+        kernel_fwd_ms=k["attn_fwd"],
+        kernel_bwd_ms=k["attn_bwd"],
+        kernel_fwd_tflops=fl["fwd"] / (k["attn_fwd"] / 1e3) / 1e12 if k["attn_fwd"] > 0 else None,
+        kernel_bwd_tflops=fl["bwd"] / (k["attn_bwd"] / 1e3) / 1e12 if k["attn_bwd"] > 0 else None,
+        kernels=[n for n, _ in sorted(names.items(), key=lambda kv: -kv[1])],
+    )
     tot = k["attn_fwd"] + k["attn_bwd"]
     out["kernel_fwd_bwd_tflops"] = 3 * fl["fwd"] / (tot / 1e3) / 1e12 if tot > 0 else None
     out["convention"] = fl["convention"]
@@ -778,8 +931,10 @@ def build_model(tb, mode: str, T: int, a, device: str) -> tuple:
         except Exception as e:  # noqa: BLE001 - fall back to the exact train_bench path
             gc.collect()
             torch.cuda.empty_cache()
-            return (tb.build("megablu", mode, T, a.loss_chunk, a.ops, a.mlp_tiles, device=device),
-                    f"cpu (the GPU draw failed: {type(e).__name__}: {str(e)[:200]})")
+            return (
+                tb.build("megablu", mode, T, a.loss_chunk, a.ops, a.mlp_tiles, device=device),
+                f"cpu (the GPU draw failed: {type(e).__name__}: {str(e)[:200]})",
+            )
     return tb.build("megablu", mode, T, a.loss_chunk, a.ops, a.mlp_tiles, device=device), "cpu"
 
 
@@ -789,12 +944,19 @@ def profile_case(T: int, mode: str, a, device: str = "cuda") -> dict:
     from torch.profiler import record_function
 
     cfg = tb.BLU05B
-    row: dict = {"T": T, "mode": mode, "ops": a.ops, "loss_chunk": tb.memory_fields(mode, a.loss_chunk)["loss_chunk"],
-                 "n_layers": cfg.n_layers,
-                 "shape": cfg.model_dump() if hasattr(cfg, "model_dump") else str(cfg),
-                 "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "device": _device_name(device),
-                 "torch": torch.__version__, "cuda": torch.version.cuda,
-                 "cudnn": torch.backends.cudnn.version() if device == "cuda" else None}
+    row: dict = {
+        "T": T,
+        "mode": mode,
+        "ops": a.ops,
+        "loss_chunk": tb.memory_fields(mode, a.loss_chunk)["loss_chunk"],
+        "n_layers": cfg.n_layers,
+        "shape": cfg.model_dump() if hasattr(cfg, "model_dump") else str(cfg),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "device": _device_name(device),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if device == "cuda" else None,
+    }
     model = None
     try:
         t0 = time.perf_counter()
@@ -803,7 +965,7 @@ def profile_case(T: int, mode: str, a, device: str = "cuda") -> dict:
         head = model.lm_head
         head_forward = head.forward
 
-        def loss_forward(*args, **kw):      # the loss's kernels carry this range (class "loss")
+        def loss_forward(*args, **kw):  # the loss's kernels carry this range (class "loss")
             with record_function(LOSS_RANGE):
                 return head_forward(*args, **kw)
 
@@ -826,28 +988,30 @@ def profile_case(T: int, mode: str, a, device: str = "cuda") -> dict:
         step["timed_s"] = times
         if times:
             dt = sorted(times)[len(times) // 2]
-            step.update(timed_median_s=dt, tokens_per_s=T / dt,
-                        mfu=tb.flops_per_token(cfg, T) * T / dt / 1e12 / tb.PEAK_TFLOPS)
+            step.update(
+                timed_median_s=dt, tokens_per_s=T / dt, mfu=tb.flops_per_token(cfg, T) * T / dt / 1e12 / tb.PEAK_TFLOPS
+            )
         row["step"] = step
         acts, ranges, stats, prof = _profile(lambda: tb.step(model, "megablu", ids), device)
-        if device == "cuda":        # over the plain steps and the profiled one (the only one when --timed 0)
+        if device == "cuda":  # over the plain steps and the profiled one (the only one when --timed 0)
             step["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
         off = getattr(model, "offload", None)
         step["host_gb"] = off.host_bytes / 1e9 if off is not None else 0.0
         window = _window(ranges)
         row["profile_stats"] = stats
         row["profile"] = summarize(acts, window, T, cfg.n_heads, cfg.resolved_head_dim, cfg.n_layers)
-        if not times:       # no plain step: the profiled one stands in (profiler overhead included)
+        if not times:  # no plain step: the profiled one stands in (profiler overhead included)
             w = row["profile"]["wall_ms"] / 1e3
-            step.update(profiled_only=True, tokens_per_s=T / w,
-                        mfu=tb.flops_per_token(cfg, T) * T / w / 1e12 / tb.PEAK_TFLOPS)
+            step.update(
+                profiled_only=True, tokens_per_s=T / w, mfu=tb.flops_per_token(cfg, T) * T / w / 1e12 / tb.PEAK_TFLOPS
+            )
         row["profiler_table"] = profiler_table(prof)
-        row["prof"] = prof          # popped by the caller (trace export), never serialised
+        row["prof"] = prof  # popped by the caller (trace export), never serialised
     except Exception as e:  # noqa: BLE001 - a failing case must not stop the others
         oom = type(e).__name__ == "OutOfMemoryError"
         row["error"] = f"{'OOM: ' if oom else ''}{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     finally:
-        model = None   # freed before the next case
+        model = None  # freed before the next case
         gc.collect()
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -871,25 +1035,36 @@ def write_json(path: Path, row: dict) -> None:
 def parse_args(argv: Optional[list] = None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--T", type=int, default=32768, help="sequence length (one per process)")
-    p.add_argument("--modes", default="selective+offload,selective",
-                   help="comma list of train_bench modes, run in this order")
+    p.add_argument(
+        "--modes", default="selective+offload,selective", help="comma list of train_bench modes, run in this order"
+    )
     p.add_argument("--ops", default="cuda", choices=("cuda", "torch", "auto"))
     p.add_argument("--loss-chunk", type=int, default=4096)
     p.add_argument("--mlp-tiles", type=int, default=8)
     p.add_argument("--timed", type=int, default=2, help="plain steps timed before the profiled one (0: none)")
-    p.add_argument("--init-on-cpu", action="store_true",
-                   help="draw the initial weights on the CPU as train_bench does (slower; default: on the GPU)")
+    p.add_argument(
+        "--init-on-cpu",
+        action="store_true",
+        help="draw the initial weights on the CPU as train_bench does (slower; default: on the GPU)",
+    )
     p.add_argument("--micro-reps", type=int, default=5, help="SDPA microbenchmark: median of this many")
     p.add_argument("--no-micro", action="store_true", help="skip the same-shape SDPA microbenchmark")
     p.add_argument("--trace-mode", default="", help="export this mode's gzip'd chrome trace to $OUT")
     p.add_argument("--trace-max-mib", type=float, default=15.0)
-    p.add_argument("--budget-s", type=float, default=0, help="seconds this process may use (0: no limit); "
-                   "a case that would not fit is recorded as skipped")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=0,
+        help="seconds this process may use (0: no limit); a case that would not fit is recorded as skipped",
+    )
     p.add_argument("--out", default=os.environ.get("OUT", ""), help="directory for the JSON (default $OUT)")
     p.add_argument("--summarize", nargs="*", metavar="JSON", help="print the side-by-side table of these cases")
     p.add_argument("--baseline", default="", help="with --summarize: also each case against this mode at its T")
-    p.add_argument("--rehearse-cpu", action="store_true",
-                   help="the whole path on CPU at a toy shape (2 layers, d=64, T=256, torch ops)")
+    p.add_argument(
+        "--rehearse-cpu",
+        action="store_true",
+        help="the whole path on CPU at a toy shape (2 layers, d=64, T=256, torch ops)",
+    )
     a = p.parse_args(argv)
     if a.summarize is None:
         if a.T <= 0 or a.loss_chunk < 0 or a.timed < 0 or a.micro_reps < 1 or a.budget_s < 0:
@@ -960,8 +1135,9 @@ def main(argv: Optional[list] = None) -> int:
             left = a.budget_s - (time.perf_counter() - t_start) if a.budget_s else float("inf")
             if left > 20:
                 try:
-                    row["trace"] = export_trace(prof, out / f"trace_{a.T}_{mode_fs(mode)}.json.gz",
-                                                 int(a.trace_max_mib * 2**20))
+                    row["trace"] = export_trace(
+                        prof, out / f"trace_{a.T}_{mode_fs(mode)}.json.gz", int(a.trace_max_mib * 2**20)
+                    )
                 except Exception as e:  # noqa: BLE001 - the analysis is saved anyway
                     row["trace"] = f"not exported: {type(e).__name__}: {e}"
             else:
@@ -970,8 +1146,9 @@ def main(argv: Optional[list] = None) -> int:
         if out is not None:
             write_json(case_path(out, a.T, mode), row)
         print(case_markdown(row), flush=True)
-        print(json.dumps({k: row.get(k) for k in ("T", "mode", "error", "skipped", "trace")}), file=sys.stderr,
-              flush=True)
+        print(
+            json.dumps({k: row.get(k) for k in ("T", "mode", "error", "skipped", "trace")}), file=sys.stderr, flush=True
+        )
     return 0
 
 

@@ -16,6 +16,7 @@ earlier knobs, an L2 prefetch of the next row and grad_r loaded early, were meas
 on 2026-12-03 and removed (experiments/speed/LOG.md).
 Prints a markdown table; writes rmsnorm_bwd_variants.json under $OUT when set.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,7 +46,7 @@ def measure(name: str, Ts: list[int], d: int, ref_dir: Path) -> list[dict]:
     import torch
     from ops_bench import hbm_bandwidth, kernel_ms
 
-    for k, v in VARIANTS[name].items():     # set by main() for this process
+    for k, v in VARIANTS[name].items():  # set by main() for this process
         assert os.environ.get(k) == v, f"variant {name} needs {k}={v} in its environment, got {os.environ.get(k)!r}"
     ext = build()
     bw = hbm_bandwidth()
@@ -59,16 +60,25 @@ def measure(name: str, Ts: list[int], d: int, ref_dir: Path) -> list[dict]:
         dr, dw = ext.rmsnorm_bwd(gy, gr, r, w, rstd)
         split: dict = {}
         ms = kernel_ms(lambda: ext.rmsnorm_bwd(gy, gr, r, w, rstd), 50, split)
-        kern = max(split, key=split.get)      # the backward kernel itself (the dw sum is another)
+        kern = max(split, key=split.get)  # the backward kernel itself (the dw sum is another)
         nbytes = 4 * T * d * 2 + 4 * T
         ref = ref_dir / f"T{T}.pt"
         if not ref.exists():
             torch.save({"dr": dr.cpu(), "dw": dw.cpu()}, ref)
         want = torch.load(ref)
-        rows.append({"variant": name, "env": VARIANTS[name], "T": T, "hbm_GBps": bw,
-                     "ms": ms, "kernel_ms": split[kern], "pct_hbm": 100 * nbytes / (ms * 1e-3) / 1e9 / bw,
-                     "kernel_pct_hbm": 100 * nbytes / (split[kern] * 1e-3) / 1e9 / bw,
-                     "bitwise_equal": bool(torch.equal(dr.cpu(), want["dr"]) and torch.equal(dw.cpu(), want["dw"]))})
+        rows.append(
+            {
+                "variant": name,
+                "env": VARIANTS[name],
+                "T": T,
+                "hbm_GBps": bw,
+                "ms": ms,
+                "kernel_ms": split[kern],
+                "pct_hbm": 100 * nbytes / (ms * 1e-3) / 1e9 / bw,
+                "kernel_pct_hbm": 100 * nbytes / (split[kern] * 1e-3) / 1e9 / bw,
+                "bitwise_equal": bool(torch.equal(dr.cpu(), want["dr"]) and torch.equal(dw.cpu(), want["dw"])),
+            }
+        )
     return rows
 
 
@@ -76,7 +86,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--T", type=int, nargs="+", default=[32768, 131072])
     p.add_argument("--d", type=int, default=1024)
-    p.add_argument("--one", help=argparse.SUPPRESS)          # internal: measure one variant
+    p.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one variant
     p.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--ref-dir", default="/tmp/rmsvar_ref", help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -94,26 +104,35 @@ def main() -> int:
     t0 = time.time()
     built = subprocess.run([sys.executable, __file__, "--build-only"]).returncode == 0
     failed = [] if built else list(VARIANTS)
-    print(f"<!-- 1 build for {len(VARIANTS)} variants in {time.time() - t0:.0f} s; failed: {failed or 'none'} -->",
-          flush=True)
+    print(
+        f"<!-- 1 build for {len(VARIANTS)} variants in {time.time() - t0:.0f} s; failed: {failed or 'none'} -->",
+        flush=True,
+    )
     rows = []
     for v in VARIANTS:
         if v in failed:
             continue
-        r = subprocess.run([sys.executable, __file__, "--one", v, "--ref-dir", str(ref_dir),
-                            "--T", *map(str, a.T), "--d", str(a.d)], capture_output=True, text=True,
-                           env={**os.environ, **VARIANTS[v]})
+        r = subprocess.run(
+            [sys.executable, __file__, "--one", v, "--ref-dir", str(ref_dir), "--T", *map(str, a.T), "--d", str(a.d)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **VARIANTS[v]},
+        )
         if r.returncode != 0:
             print(f"<!-- {v} failed: {r.stderr[-400:]} -->")
             continue
         rows += json.loads(r.stdout.strip().splitlines()[-1])
     print(f"add+RMSNorm backward, bf16, d={a.d}, with grad_r; kernel time from the profiler\n")
-    print("| variant | T | kernel ms | kernel % HBM | call ms (incl. dw sum) | HBM GB/s (same process) "
-          "| bitwise = first |")
+    print(
+        "| variant | T | kernel ms | kernel % HBM | call ms (incl. dw sum) | HBM GB/s (same process) "
+        "| bitwise = first |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['variant']} | {r['T']} | {r['kernel_ms']:.4f} | {r['kernel_pct_hbm']:.0f}% | {r['ms']:.4f} | "
-              f"{r['hbm_GBps']:.0f} | {r['bitwise_equal']} |")
+        print(
+            f"| {r['variant']} | {r['T']} | {r['kernel_ms']:.4f} | {r['kernel_pct_hbm']:.0f}% | {r['ms']:.4f} | "
+            f"{r['hbm_GBps']:.0f} | {r['bitwise_equal']} |"
+        )
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "rmsnorm_bwd_variants.json").write_text(json.dumps(rows, indent=1))
     return 0 if rows and not failed else 1

@@ -34,6 +34,7 @@ tokenizer (no HF tokenizer download). lm-eval's own vt (ruler_vt) sizes its work
 tokens and loops forever when even that does not fit (a byte tokenizer): use a BPE tokenizer for vt.
 Writes --out (JSON: every cell's k, n, intervals); the table goes to stdout, logs to stderr.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,10 +52,17 @@ log = logging.getLogger("ruler_oracle")
 # downloads). lm-eval names the niah tasks as RULER does and prefixes vt, cwe and fwe with `ruler_`.
 # megablu's RULER-like presets (its own templates and haystacks, megablu/config/eval_tasks.py):
 LIKE = {
-    "niah_single_1": "niah_single_1", "niah_single_2": "niah_single_2", "niah_single_3": "niah_single_3",
-    "niah_multikey_1": "niah_multikey_1", "niah_multikey_2": "niah_multikey_2",
-    "niah_multikey_3": "niah_multikey_3", "niah_multivalue": "niah_multivalue",
-    "niah_multiquery": "niah_multiquery", "ruler_vt": "vt", "ruler_cwe": "cwe", "ruler_fwe": "fwe",
+    "niah_single_1": "niah_single_1",
+    "niah_single_2": "niah_single_2",
+    "niah_single_3": "niah_single_3",
+    "niah_multikey_1": "niah_multikey_1",
+    "niah_multikey_2": "niah_multikey_2",
+    "niah_multikey_3": "niah_multikey_3",
+    "niah_multivalue": "niah_multivalue",
+    "niah_multiquery": "niah_multiquery",
+    "ruler_vt": "vt",
+    "ruler_cwe": "cwe",
+    "ruler_fwe": "fwe",
 }
 # megablu's RULER as published (`ruler_<RULER's name>`, megablu/config/ruler_tasks.py), where it exists
 FAITHFUL = {lm: lm if lm.startswith("ruler_") else f"ruler_{lm}" for lm in LIKE}
@@ -68,21 +76,34 @@ def default_mapping() -> dict[str, str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     p.add_argument("tasks", nargs="*", help="megablu task names (default: every task in the mapping)")
     p.add_argument("--config", required=True, help="the run's YAML (model, rope, tokenizer, data.window)")
     p.add_argument("--ckpt", help="megablu checkpoint")
     p.add_argument("--hf", help="a transformers model dir instead of --ckpt")
     p.add_argument("--set", action="append", default=[], metavar="a.b=v", help="config override (repeatable)")
-    p.add_argument("--rope-override", action="store_true", help="evaluate with the config's rope although the "
-                   "checkpoint records another (or none), as `megablu eval --rope-override`")
+    p.add_argument(
+        "--rope-override",
+        action="store_true",
+        help="evaluate with the config's rope although the "
+        "checkpoint records another (or none), as `megablu eval --rope-override`",
+    )
     p.add_argument("--lengths", type=int, nargs="+", required=True, help="lengths in tokens (both sides)")
     p.add_argument("--n", type=int, default=50, help="prompts per task and length on each side")
-    p.add_argument("--map", action="append", default=[], metavar="LM_EVAL_TASK=MEGABLU_TASK",
-                   help="add or replace a mapping entry (repeatable)")
-    p.add_argument("--essays", help="local prose for the essay haystack (a text file, or a dir of .txt/.md/.rst); "
-                   "default: Python's pydoc_data.topics")
+    p.add_argument(
+        "--map",
+        action="append",
+        default=[],
+        metavar="LM_EVAL_TASK=MEGABLU_TASK",
+        help="add or replace a mapping entry (repeatable)",
+    )
+    p.add_argument(
+        "--essays",
+        help="local prose for the essay haystack (a text file, or a dir of .txt/.md/.rst); "
+        "default: Python's pydoc_data.topics",
+    )
     p.add_argument("--batch-tokens", type=int, help="as `megablu eval` (default 262144 on a GPU, 16384 on a CPU)")
     p.add_argument("--out", help="write the cells as JSON here")
     return p
@@ -106,7 +127,7 @@ def mapping(extra: list[str]) -> dict[str, str]:
 def essay_docs(path: str | None) -> tuple[list[str], str]:
     """(documents, where they came from): the local stand-in for lm-eval's Paul Graham essays."""
     if path is None:
-        try:   # the faithful suite's own essay haystack, where it exists: then both sides read the same text
+        try:  # the faithful suite's own essay haystack, where it exists: then both sides read the same text
             from megablu.eval.ruler.assets import DIR, essay_text
 
             return [essay_text()], f"{DIR.name}/essays.txt.gz (megablu's RULER essay haystack)"
@@ -121,16 +142,29 @@ def essay_docs(path: str | None) -> tuple[list[str], str]:
     return [f.read_text(errors="replace") for f in files], str(p)
 
 
-def run_megablu(model, tok, cfg, tasks: list[str], lengths: list[int], n: int, docs: list[str],
-                batch_tokens: int) -> dict:
+def run_megablu(
+    model, tok, cfg, tasks: list[str], lengths: list[int], n: int, docs: list[str], batch_tokens: int
+) -> dict:
     """{(task, L): (k, n)} from megablu's run_eval, the essay tasks on `docs`."""
     from megablu.eval.harness import run_eval
 
-    eval_cfg = type(cfg.eval).model_validate({**cfg.eval.model_dump(), "tasks": tasks, "lengths": lengths, "n": n,
-                                              "loss": {}, "gate": {}, "string": None})
+    eval_cfg = type(cfg.eval).model_validate(
+        {**cfg.eval.model_dump(), "tasks": tasks, "lengths": lengths, "n": n, "loss": {}, "gate": {}, "string": None}
+    )
     with tempfile.TemporaryDirectory() as d:
-        res = run_eval(model, tok, eval_cfg, cfg.data.window, step=0, out_dir=Path(d), rank=0, haystack=docs,
-                       plot=False, batch_tokens=batch_tokens, arm="oracle")
+        res = run_eval(
+            model,
+            tok,
+            eval_cfg,
+            cfg.data.window,
+            step=0,
+            out_dir=Path(d),
+            rank=0,
+            haystack=docs,
+            plot=False,
+            batch_tokens=batch_tokens,
+            arm="oracle",
+        )
     return {(c["task"], c["length"]): (c["correct"], c["n"]) for c in res["cells"]}
 
 
@@ -147,9 +181,15 @@ def run_lm_eval(lm, lm_tasks: list[str], lengths: list[int], n: int, chat: bool 
         # lm-eval's RULER code prints progress on stdout (nltk's download notice, vt's noise search): stdout
         # is this script's table
         with contextlib.redirect_stdout(sys.stderr):
-            res = lm_eval.simple_evaluate(model=lm, tasks=lm_tasks, limit=n, log_samples=True,
-                                          metadata={"max_seq_lengths": [L]}, bootstrap_iters=0,
-                                          apply_chat_template=chat)
+            res = lm_eval.simple_evaluate(
+                model=lm,
+                tasks=lm_tasks,
+                limit=n,
+                log_samples=True,
+                metadata={"max_seq_lengths": [L]},
+                bootstrap_iters=0,
+                apply_chat_template=chat,
+            )
         for t in lm_tasks:
             scores = [s[str(L)] for s in res["samples"][t]]
             out[(t, L)] = (sum(scores), len(scores))
@@ -165,8 +205,16 @@ def compare(mb: dict, lm: dict, pairs: list[tuple[str, str]], lengths: list[int]
             (k1, n1), (k2, n2) = mb[(task, L)], lm[(lm_task, L)]
             p1, lo1, hi1 = wilson(k1, n1)
             p2, lo2, hi2 = wilson(k2, n2)
-            rows.append({"task": task, "lm_eval_task": lm_task, "length": L, "megablu": [k1, n1, p1, lo1, hi1],
-                         "lm_eval": [k2, n2, p2, lo2, hi2], "agree": max(lo1, lo2) <= min(hi1, hi2)})
+            rows.append(
+                {
+                    "task": task,
+                    "lm_eval_task": lm_task,
+                    "length": L,
+                    "megablu": [k1, n1, p1, lo1, hi1],
+                    "lm_eval": [k2, n2, p2, lo2, hi2],
+                    "agree": max(lo1, lo2) <= min(hi1, hi2),
+                }
+            )
     return rows
 
 
@@ -174,11 +222,15 @@ def table(rows: list[dict]) -> str:
     def fmt(k, n, p, lo, hi):
         return f"{100 * p:.1f} [{100 * lo:.1f}, {100 * hi:.1f}] (n={n})"
 
-    out = ["| task | lm-eval task | length | megablu % [95% Wilson] | lm-eval % [95% Wilson] | agree |",
-           "|---|---|---|---|---|---|"]
+    out = [
+        "| task | lm-eval task | length | megablu % [95% Wilson] | lm-eval % [95% Wilson] | agree |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        out.append(f"| {r['task']} | {r['lm_eval_task']} | {r['length']} | {fmt(*r['megablu'])} | "
-                   f"{fmt(*r['lm_eval'])} | {'yes' if r['agree'] else 'NO'} |")
+        out.append(
+            f"| {r['task']} | {r['lm_eval_task']} | {r['length']} | {fmt(*r['megablu'])} | "
+            f"{fmt(*r['lm_eval'])} | {'yes' if r['agree'] else 'NO'} |"
+        )
     return "\n".join(out)
 
 
@@ -189,8 +241,10 @@ def main(argv=None, model=None, tok=None, cfg=None) -> int:
     from megablu.eval.lm_eval_adapter import LM_EVAL_MISSING, MegabluLM, install_ruler_offline, load_for_eval
 
     if LM_EVAL_MISSING is not None:
-        print(f"ruler_oracle: lm-eval is not installed ({LM_EVAL_MISSING}); pip install lm-eval==0.4.13 "
-              f"wonderwords", file=sys.stderr)
+        print(
+            f"ruler_oracle: lm-eval is not installed ({LM_EVAL_MISSING}); pip install lm-eval==0.4.13 wonderwords",
+            file=sys.stderr,
+        )
         return 2
     m = mapping(args.map)
     # megablu's RULER-like names always resolve, the active mapping's (and --map's) too
@@ -198,8 +252,11 @@ def main(argv=None, model=None, tok=None, cfg=None) -> int:
     tasks = args.tasks or list(m.values())
     unknown = [t for t in tasks if t not in back]
     if unknown:
-        print(f"ruler_oracle: no lm-eval task mapped to {unknown}; known: {sorted(back)} (add --map "
-              f"LM_EVAL_TASK=MEGABLU_TASK)", file=sys.stderr)
+        print(
+            f"ruler_oracle: no lm-eval task mapped to {unknown}; known: {sorted(back)} (add --map "
+            f"LM_EVAL_TASK=MEGABLU_TASK)",
+            file=sys.stderr,
+        )
         return 2
     if model is None:
         from megablu.eval.lm_eval_adapter import AdapterError
@@ -212,7 +269,7 @@ def main(argv=None, model=None, tok=None, cfg=None) -> int:
     docs, source = essay_docs(args.essays)
     import contextlib
 
-    with contextlib.redirect_stdout(sys.stderr):   # importing lm-eval's RULER code prints nltk's download notice
+    with contextlib.redirect_stdout(sys.stderr):  # importing lm-eval's RULER code prints nltk's download notice
         replaced = install_ruler_offline("\n\n".join(docs))
     on_gpu = next(model.parameters()).device.type == "cuda"
     bt = args.batch_tokens or (262144 if on_gpu else 16384)
@@ -220,7 +277,7 @@ def main(argv=None, model=None, tok=None, cfg=None) -> int:
 
     try:
         mb = run_megablu(model, tok, cfg, tasks, args.lengths, args.n, docs, bt)
-    except EvalError as e:    # a length the window cannot hold, an unknown task: megablu's own message
+    except EvalError as e:  # a length the window cannot hold, an unknown task: megablu's own message
         print(f"ruler_oracle: megablu eval: {e}", file=sys.stderr)
         return 2
     lm = MegabluLM(model=model, tokenizer=tok, window=cfg.data.window, batch_size="auto", batch_tokens=bt)
@@ -233,14 +290,29 @@ def main(argv=None, model=None, tok=None, cfg=None) -> int:
     lmres = run_lm_eval(lm, [p[0] for p in pairs], args.lengths, args.n, chat=chat)
     rows = compare(mb, lmres, pairs, args.lengths)
     print(table(rows))
-    kind = "megablu's RULER as published (ruler_*)" if all(t in FAITHFUL.values() for t in tasks) else \
-        "megablu's RULER-like presets (its own templates: disagreement expected)"
-    print(f"\nessay haystack: {source}; lm-eval: {replaced['essay_haystack']}, sentence split: "
-          f"{replaced['sentences']}. megablu tasks: {kind}. Chat template: {'on' if chat else 'off'} (both sides).")
+    kind = (
+        "megablu's RULER as published (ruler_*)"
+        if all(t in FAITHFUL.values() for t in tasks)
+        else "megablu's RULER-like presets (its own templates: disagreement expected)"
+    )
+    print(
+        f"\nessay haystack: {source}; lm-eval: {replaced['essay_haystack']}, sentence split: "
+        f"{replaced['sentences']}. megablu tasks: {kind}. Chat template: {'on' if chat else 'off'} (both sides)."
+    )
     if args.out:
-        Path(args.out).write_text(json.dumps({"lengths": args.lengths, "n": args.n, "essays": source,
-                                              "lm_eval_offline": replaced, "chat_template": chat,
-                                              "cells": rows}, indent=1))
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "lengths": args.lengths,
+                    "n": args.n,
+                    "essays": source,
+                    "lm_eval_offline": replaced,
+                    "chat_template": chat,
+                    "cells": rows,
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

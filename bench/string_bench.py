@@ -9,6 +9,7 @@ CUDA since 2026-12-05). Each timed with CUDA events after warm-up; the flex comp
 largest difference of each STRING kernel from an fp32 run of the sdpa kernel on the same inputs.
 Prints a markdown table; writes string_bench.json under $OUT when set.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,7 +49,7 @@ def main() -> int:
         g = torch.Generator(device="cuda").manual_seed(T)
         q = torch.randn(1, T, H, a.d, device="cuda", generator=g)
         k, ks, v = (torch.randn(1, T, Hk, a.d, device="cuda", generator=g) for _ in range(3))
-        ref = string_attention(q, k, ks, v, a.shift, impl="sdpa")            # fp32
+        ref = string_attention(q, k, ks, v, a.shift, impl="sdpa")  # fp32
         qb, kb, ksb, vb = (x.bfloat16() for x in (q, k, ks, v))
         t0 = time.perf_counter()
         out_flex = string_attention_flex(qb, kb, ksb, vb, a.shift)
@@ -57,27 +58,44 @@ def main() -> int:
         out_sdpa = string_attention(qb, kb, ksb, vb, a.shift, impl="sdpa")
         qt, kt, vt = (x.transpose(1, 2) for x in (qb, kb, vb))
         ms = {
-            "causal_sdpa": timed(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True),
-                                 1, a.reps),
+            "causal_sdpa": timed(
+                lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True), 1, a.reps
+            ),
             "string_sdpa": timed(lambda: string_attention(qb, kb, ksb, vb, a.shift, impl="sdpa"), 1, a.reps),
             "string_flex": timed(lambda: string_attention_flex(qb, kb, ksb, vb, a.shift), 1, a.reps),
         }
-        rows.append({"T": T, "shift": a.shift, "heads": a.heads, "d": a.d, "ms": ms,
-                     "first_flex_call_s": round(first_flex_s, 2),
-                     "max_abs_err_vs_fp32": {"string_sdpa": (out_sdpa.float() - ref).abs().max().item(),
-                                             "string_flex": (out_flex.float() - ref).abs().max().item()}})
+        rows.append(
+            {
+                "T": T,
+                "shift": a.shift,
+                "heads": a.heads,
+                "d": a.d,
+                "ms": ms,
+                "first_flex_call_s": round(first_flex_s, 2),
+                "max_abs_err_vs_fp32": {
+                    "string_sdpa": (out_sdpa.float() - ref).abs().max().item(),
+                    "string_flex": (out_flex.float() - ref).abs().max().item(),
+                },
+            }
+        )
         del ref, out_flex, out_sdpa
         torch.cuda.empty_cache()
-    print(f"STRING attention, {torch.cuda.get_device_name()}, torch {torch.__version__}, bf16 forward, "
-          f"heads {a.heads}, d {a.d}, shift {a.shift}; ms per call (median of {a.reps})\n")
-    print("| T | causal SDPA (no STRING) | STRING sdpa | STRING flex | flex / causal | sdpa / flex | first flex call s "
-          "| max err sdpa / flex (vs fp32) |")
+    print(
+        f"STRING attention, {torch.cuda.get_device_name()}, torch {torch.__version__}, bf16 forward, "
+        f"heads {a.heads}, d {a.d}, shift {a.shift}; ms per call (median of {a.reps})\n"
+    )
+    print(
+        "| T | causal SDPA (no STRING) | STRING sdpa | STRING flex | flex / causal | sdpa / flex | first flex call s "
+        "| max err sdpa / flex (vs fp32) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         m, e = r["ms"], r["max_abs_err_vs_fp32"]
-        print(f"| {r['T']} | {m['causal_sdpa']:.2f} | {m['string_sdpa']:.2f} | {m['string_flex']:.2f} | "
-              f"{m['string_flex'] / m['causal_sdpa']:.2f} | {m['string_sdpa'] / m['string_flex']:.2f} | "
-              f"{r['first_flex_call_s']} | {e['string_sdpa']:.3g} / {e['string_flex']:.3g} |")
+        print(
+            f"| {r['T']} | {m['causal_sdpa']:.2f} | {m['string_sdpa']:.2f} | {m['string_flex']:.2f} | "
+            f"{m['string_flex'] / m['causal_sdpa']:.2f} | {m['string_sdpa'] / m['string_flex']:.2f} | "
+            f"{r['first_flex_call_s']} | {e['string_sdpa']:.3g} / {e['string_flex']:.3g} |"
+        )
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "string_bench.json").write_text(json.dumps(rows, indent=1))
     return 0

@@ -19,6 +19,7 @@ causal attention through FlashAttention-4 (memory.attention=fa4; else SDPA).
   python bench/train_bench.py --T 32768 --modes selective+offload,selective+offload+liger+fa4
 Writes $OUT/train_bench.json when OUT is set and prints a markdown table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,7 +39,7 @@ from megablu.model.decoder import BluModel  # noqa: E402
 from megablu.plan import Setup, estimate  # noqa: E402
 from megablu.utils.device import peak_bf16_tflops  # noqa: E402
 
-PEAK_TFLOPS = peak_bf16_tflops("NVIDIA H200")   # the one table: megablu/utils/device.py
+PEAK_TFLOPS = peak_bf16_tflops("NVIDIA H200")  # the one table: megablu/utils/device.py
 BLU05B = ModelConfig(n_layers=36, d_model=1024, n_heads=16, n_kv_heads=4, ffn_dim=2816, vocab_size=100352)
 
 
@@ -53,8 +54,7 @@ def parse_mode(mode: str, default_tiles: int = 8) -> dict:
     offload_activations, offload_keep, offload_fraction, loss, attention, loss_chunk: lchunkN overrides
     --loss-chunk for that mode; lchunk0 = Liger's own chunks, or megablu's loss unchunked)."""
     recompute, *flags = mode.split("+")
-    out = {"recompute": recompute, "mlp_tiles": 1, "offload_activations": False, "loss": "chunked",
-           "attention": "sdpa"}
+    out = {"recompute": recompute, "mlp_tiles": 1, "offload_activations": False, "loss": "chunked", "attention": "sdpa"}
     for f in flags:
         if f.startswith("tiles"):
             out["mlp_tiles"] = int(f[5:]) if f[5:] else default_tiles
@@ -71,8 +71,9 @@ def parse_mode(mode: str, default_tiles: int = 8) -> dict:
         elif f.startswith("lchunk") and f[6:].isdigit():
             out["loss_chunk"] = int(f[6:])
         else:
-            raise ValueError(f"mode {mode!r}: unknown flag {f!r} (tiles[N], offload, keepN, fracF, liger, fa4, "
-                             f"lchunkN)")
+            raise ValueError(
+                f"mode {mode!r}: unknown flag {f!r} (tiles[N], offload, keepN, fracF, liger, fa4, lchunkN)"
+            )
     return out
 
 
@@ -81,15 +82,17 @@ def memory_fields(mode: str, loss_chunk: int, mlp_tiles: int = 8) -> dict:
     return {"loss_chunk": loss_chunk, **parse_mode(mode, mlp_tiles)}
 
 
-def build(impl: str, mode: str, T: int, loss_chunk: int, ops: str = "auto", mlp_tiles: int = 8,
-          device: str = "cuda"):
+def build(impl: str, mode: str, T: int, loss_chunk: int, ops: str = "auto", mlp_tiles: int = 8, device: str = "cuda"):
     """device: "cuda" for every measurement; "cpu" only for bench/profile_step.py's CPU rehearsal."""
-    rope = RopeConfig(theta=500000.0, yarn=YarnConfig(factor=T / 16384, original_max_position=16384)) \
-        if T > 16384 else RopeConfig(theta=500000.0)
+    rope = (
+        RopeConfig(theta=500000.0, yarn=YarnConfig(factor=T / 16384, original_max_position=16384))
+        if T > 16384
+        else RopeConfig(theta=500000.0)
+    )
     if impl == "megablu":
         m = apply_memory(BluModel(BLU05B, rope), MemoryConfig(ops=ops, **memory_fields(mode, loss_chunk, mlp_tiles)))
         return m.to(device, torch.bfloat16)
-    if impl == "alst":   # the ALST-style peer (bench/alst_peer.py)
+    if impl == "alst":  # the ALST-style peer (bench/alst_peer.py)
         import alst_peer
 
         return alst_peer.build(BLU05B, rope, "cuda", torch.bfloat16, max_position=T).train()
@@ -119,11 +122,23 @@ def step(model, impl: str, ids: torch.Tensor):
     return loss
 
 
-def measure(impl: str, mode: str, T: int, loss_chunk: int, iters: int, ops: str = "auto",
-            mlp_tiles: int = 8, warmup: bool = True) -> dict:
-    row = {"impl": f"megablu/{ops}" if impl == "megablu" else impl, "mode": mode, "T": T,
-           "loss_chunk": memory_fields(mode, loss_chunk, mlp_tiles)["loss_chunk"] if impl == "megablu" else None,
-           "n_layers": BLU05B.n_layers}
+def measure(
+    impl: str,
+    mode: str,
+    T: int,
+    loss_chunk: int,
+    iters: int,
+    ops: str = "auto",
+    mlp_tiles: int = 8,
+    warmup: bool = True,
+) -> dict:
+    row = {
+        "impl": f"megablu/{ops}" if impl == "megablu" else impl,
+        "mode": mode,
+        "T": T,
+        "loss_chunk": memory_fields(mode, loss_chunk, mlp_tiles)["loss_chunk"] if impl == "megablu" else None,
+        "n_layers": BLU05B.n_layers,
+    }
     model = None
     try:
         model = build(impl, mode, T, loss_chunk, ops, mlp_tiles)
@@ -131,7 +146,7 @@ def measure(impl: str, mode: str, T: int, loss_chunk: int, iters: int, ops: str 
         ids = torch.randint(0, BLU05B.vocab_size, (1, T), device="cuda")
         if warmup:
             step(model, impl, ids)  # warmup (cuDNN autotune, allocator)
-        else:   # very long T: one step is minutes; its time includes the first-call costs
+        else:  # very long T: one step is minutes; its time includes the first-call costs
             row["warmup"] = False
         model.zero_grad(set_to_none=False)
         torch.cuda.synchronize()
@@ -145,13 +160,24 @@ def measure(impl: str, mode: str, T: int, loss_chunk: int, iters: int, ops: str 
         peak = torch.cuda.max_memory_allocated()
         dt = sorted(times)[len(times) // 2]
         off = getattr(model, "offload", None)
-        if impl == "megablu":   # the planner's prediction for the same step (no optimizer, no ZeRO)
-            s = Setup(BLU05B, T, zero_stage=0, optimizer=False, ops="torch" if ops == "torch" else "cuda",
-                      **memory_fields(mode, loss_chunk, mlp_tiles))
+        if impl == "megablu":  # the planner's prediction for the same step (no optimizer, no ZeRO)
+            s = Setup(
+                BLU05B,
+                T,
+                zero_stage=0,
+                optimizer=False,
+                ops="torch" if ops == "torch" else "cuda",
+                **memory_fields(mode, loss_chunk, mlp_tiles),
+            )
             row["planned_gb"] = estimate(s).allocated_gb
-        row.update(peak_gb=peak / 1e9, mb_per_token=(peak - static) / T / 1e6, step_s=dt, tokens_per_s=T / dt,
-                   mfu=flops_per_token(BLU05B, T) * T / dt / 1e12 / PEAK_TFLOPS,
-                   host_gb=off.host_bytes / 1e9 if off is not None else 0.0)
+        row.update(
+            peak_gb=peak / 1e9,
+            mb_per_token=(peak - static) / T / 1e6,
+            step_s=dt,
+            tokens_per_s=T / dt,
+            mfu=flops_per_token(BLU05B, T) * T / dt / 1e12 / PEAK_TFLOPS,
+            host_gb=off.host_bytes / 1e9 if off is not None else 0.0,
+        )
     except torch.cuda.OutOfMemoryError:
         row.update(oom=True)
     finally:
@@ -164,8 +190,11 @@ def measure(impl: str, mode: str, T: int, loss_chunk: int, iters: int, ops: str 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--T", default="16384,32768")
-    p.add_argument("--modes", default="none,selective,full",
-                   help="comma list of <recompute>[+tiles[N]][+offload], e.g. selective+tiles,full+tiles16+offload")
+    p.add_argument(
+        "--modes",
+        default="none,selective,full",
+        help="comma list of <recompute>[+tiles[N]][+offload], e.g. selective+tiles,full+tiles16+offload",
+    )
     p.add_argument("--mlp-tiles", type=int, default=8, help="N of a bare '+tiles'")
     p.add_argument("--loss-chunk", type=int, default=4096)
     p.add_argument("--hf", action="store_true", help="also HF Llama (plain and gradient checkpointing)")
@@ -173,9 +202,13 @@ def main():
     p.add_argument("--ops", default="cuda", help="megablu elementwise ops: cuda, torch or both (cuda,torch)")
     p.add_argument("--no-warmup", action="store_true", help="measure the first step (very long T: one step only)")
     p.add_argument("--json", default="train_bench.json", help="file name under $OUT for the rows")
-    p.add_argument("--layers", type=int, default=0,
-                   help="blu-0.5b with this many layers instead of 36: a depth-truncated step for windows "
-                        "whose full-depth step outlasts a device call (experiments/speed/capacity.sh)")
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=0,
+        help="blu-0.5b with this many layers instead of 36: a depth-truncated step for windows "
+        "whose full-depth step outlasts a device call (experiments/speed/capacity.sh)",
+    )
     a = p.parse_args()
     if a.layers:
         global BLU05B
@@ -200,9 +233,11 @@ def main():
             print(f"| {r['impl']} | {r['mode']} | {r['T']} | {r['loss_chunk']} | OOM | | | | | | |")
         else:
             planned = f"{r['planned_gb']:.1f}" if "planned_gb" in r else ""
-            print(f"| {r['impl']} | {r['mode']} | {r['T']} | {r['loss_chunk']} | {r['peak_gb']:.1f} | {planned} | "
-                  f"{r['mb_per_token']:.3f} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | {r['mfu']:.0%} | "
-                  f"{r.get('host_gb', 0.0):.1f} |")
+            print(
+                f"| {r['impl']} | {r['mode']} | {r['T']} | {r['loss_chunk']} | {r['peak_gb']:.1f} | {planned} | "
+                f"{r['mb_per_token']:.3f} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | {r['mfu']:.0%} | "
+                f"{r.get('host_gb', 0.0):.1f} |"
+            )
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], a.json).write_text(json.dumps(rows, indent=1))
 

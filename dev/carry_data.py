@@ -9,6 +9,7 @@ checks it after unpacking, and the loader verifies it again before training.
     python dev/carry_data.py pack data_cache/smol_corpus --buckets b3 --out data_cache/carry_a --name long
     python dev/carry_data.py unpack data_cache/carry_a --to data_cache/dev   # on the device
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,13 @@ def pruned_manifest(m: dict, buckets: list[str], splits: list[str]) -> dict:
         raise SystemExit(f"no shards for buckets {buckets} splits {splits}")
     counts = {b: {s: c for s, c in m["counts"].get(b, {}).items() if s in splits} for b in buckets}
     out = dict(m, shards=shards, counts=counts)
-    out["subset"] = {"buckets": buckets, "splits": splits, "of_shards": len(m["shards"]),
-                     "note": "a subset made by dev/carry_data.py; other buckets' shards are absent"}
-    out.pop("histogram", None)   # of the whole set: would misdescribe the subset
+    out["subset"] = {
+        "buckets": buckets,
+        "splits": splits,
+        "of_shards": len(m["shards"]),
+        "note": "a subset made by dev/carry_data.py; other buckets' shards are absent",
+    }
+    out.pop("histogram", None)  # of the whole set: would misdescribe the subset
     return out
 
 

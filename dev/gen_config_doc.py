@@ -4,6 +4,7 @@ description as megablu.config.schema declares them (the schema is the one source
     python dev/gen_config_doc.py            # rewrite docs/CONFIG.md
     python dev/gen_config_doc.py --check    # exit 1 when docs/CONFIG.md differs from the schema
 """
+
 from __future__ import annotations
 
 import argparse

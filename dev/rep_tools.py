@@ -5,6 +5,7 @@
 
 Results on stdout, diagnostics on stderr; exit 1 when the thing asked for does not exist.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,9 @@ from pathlib import Path
 
 def run_dir(runs: Path, name: str):
     """The newest run dir `<name>-NNNN` under runs (None if there is none)."""
-    cands = sorted(p for p in Path(runs).glob(f"{name}-*") if p.is_dir() and re.fullmatch(rf"{re.escape(name)}-\d+",
-                                                                                              p.name))
+    cands = sorted(
+        p for p in Path(runs).glob(f"{name}-*") if p.is_dir() and re.fullmatch(rf"{re.escape(name)}-\d+", p.name)
+    )
     return cands[-1] if cands else None
 
 
@@ -37,11 +39,15 @@ def _metrics(path: Path) -> dict:
     if not rows:
         return {}
     tps = [float(r["tokens_per_s"]) for r in rows[3:]] or [float(r["tokens_per_s"]) for r in rows]
-    return {"steps": int(rows[-1]["step"]), "tokens": int(rows[-1]["tokens_seen"]),
-            "first_loss": float(rows[0]["loss"]), "last_loss": float(rows[-1]["loss"]),
-            "tok_s": statistics.median(tps),
-            "train_s": sum(float(r["step_time_s"]) for r in rows),
-            "max_mem_gb": max(float(r["max_mem_gb"] or 0) for r in rows)}
+    return {
+        "steps": int(rows[-1]["step"]),
+        "tokens": int(rows[-1]["tokens_seen"]),
+        "first_loss": float(rows[0]["loss"]),
+        "last_loss": float(rows[-1]["loss"]),
+        "tok_s": statistics.median(tps),
+        "train_s": sum(float(r["step_time_s"]) for r in rows),
+        "max_mem_gb": max(float(r["max_mem_gb"] or 0) for r in rows),
+    }
 
 
 def _loader_line(err: Path) -> str:
@@ -61,27 +67,38 @@ def report(work: Path, out: Path, scale: str) -> None:
     env = work / "env.txt"
     if env.is_file():
         lines += ["```", env.read_text().strip(), "```", ""]
-    lines += ["## Timeline (seconds since the script started)", "", "| phase | start s | end s | exit |",
-              "|---|---:|---:|---|"]
+    lines += [
+        "## Timeline (seconds since the script started)",
+        "",
+        "| phase | start s | end s | exit |",
+        "|---|---:|---:|---|",
+    ]
     tl = work / "timeline.tsv"
     if tl.is_file():
         for row in tl.read_text().splitlines():
             parts = row.split("\t")
             if len(parts) == 4:
                 lines.append("| " + " | ".join(parts) + " |")
-    lines += ["", "exit 124/137 = cut by the phase's time guard (its newest checkpoint is used).", "",
-              "## Training runs", "",
-              "| run | steps | tokens | loss first -> last | tokens/s (median after step 3) | train s | "
-              "max mem GB | data |", "|---|---:|---:|---|---:|---:|---:|---|"]
+    lines += [
+        "",
+        "exit 124/137 = cut by the phase's time guard (its newest checkpoint is used).",
+        "",
+        "## Training runs",
+        "",
+        "| run | steps | tokens | loss first -> last | tokens/s (median after step 3) | train s | max mem GB | data |",
+        "|---|---:|---:|---|---:|---:|---:|---|",
+    ]
     for name in ("rep_pretrain", "rep_ext_fit", "rep_ext_trunc"):
         d = run_dir(work / "runs", name)
         m = _metrics(d / "metrics.csv") if d is not None and (d / "metrics.csv").is_file() else {}
         if not m:
             lines.append(f"| {name} | - | - | - | - | - | - | not run or no step finished |")
             continue
-        lines.append(f"| {d.name} | {m['steps']} | {m['tokens']:,} | {m['first_loss']:.3f} -> {m['last_loss']:.3f} | "
-                     f"{m['tok_s']:,.0f} | {m['train_s']:.0f} | {m['max_mem_gb']:.1f} | "
-                     f"{_loader_line(work / 'logs' / f'{name}.err')} |")
+        lines.append(
+            f"| {d.name} | {m['steps']} | {m['tokens']:,} | {m['first_loss']:.3f} -> {m['last_loss']:.3f} | "
+            f"{m['tok_s']:,.0f} | {m['train_s']:.0f} | {m['max_mem_gb']:.1f} | "
+            f"{_loader_line(work / 'logs' / f'{name}.err')} |"
+        )
     cmp_md = work / "compare.md"
     lines += ["", "## Evaluation (`megablu compare`; baseline = the parent)", ""]
     lines += [cmp_md.read_text().strip()] if cmp_md.is_file() else ["(no comparison: see the timeline and logs)"]
@@ -96,8 +113,9 @@ def report(work: Path, out: Path, scale: str) -> None:
             r = json.loads(res.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        cells = ", ".join(f"{c['task']}@{c['length']} {c['correct']}/{c['n']} ({c['seconds']:.0f}s)"
-                          for c in r["cells"])
+        cells = ", ".join(
+            f"{c['task']}@{c['length']} {c['correct']}/{c['n']} ({c['seconds']:.0f}s)" for c in r["cells"]
+        )
         lines.append(f"- {r['arm']}@{r['step']}: {cells}")
     out = Path(out)
     tmp = out.with_name(out.name + ".tmp")
@@ -138,7 +156,7 @@ def prompts_match(eval_dir: Path, tokenizer: str, haystack, prune: bool) -> int:
     bad_dirs = 0
     for run in sorted(p for p in eval_dir.iterdir() if p.is_dir() and any(p.glob("step_*.json"))):
         differ = []
-        for f in sorted(run.glob("step_*.json")):   # a dir is reusable only when every result in it is
+        for f in sorted(run.glob("step_*.json")):  # a dir is reusable only when every result in it is
             d = json.loads(f.read_text())
             fields = {k: v for k, v in d["eval"].items() if k in EvalConfig.model_fields and k != "haystack"}
             cfg = EvalConfig(**fields)
@@ -146,7 +164,7 @@ def prompts_match(eval_dir: Path, tokenizer: str, haystack, prune: bool) -> int:
                 one = cfg.model_copy(update={"tasks": [c["task"]], "lengths": [c["length"]], "n": c["n"]})
                 try:
                     got = prompt_digest(build_prompts(one, tok, haystack=hs)[(c["task"], c["length"])])
-                except Exception as e:   # noqa: BLE001 - a cell that cannot be rebuilt is not reusable
+                except Exception as e:  # noqa: BLE001 - a cell that cannot be rebuilt is not reusable
                     got = f"error: {e}"
                 if got != c["digest"]:
                     differ.append(f"{c['task']}@{c['length']}")
@@ -177,7 +195,7 @@ def positions(files: list, bin_tokens: int, task: str) -> int:
             print(f"{d.get('arm')}@{d.get('step')} {task} {L}")
             fmt = (lambda t: f"{t / 1024:>6.1f}k") if bin_tokens >= 1024 else (lambda t: f"{t:>7d}")
             print("  at     " + " ".join(fmt(b * bin_tokens) for b in sorted(bins)))
-            print("  back   " + " ".join(fmt(L - b * bin_tokens) for b in sorted(bins)))   # from the bin's start
+            print("  back   " + " ".join(fmt(L - b * bin_tokens) for b in sorted(bins)))  # from the bin's start
             print("  found  " + " ".join(f"{c:>3}/{n:<3}" for c, n in (bins[b] for b in sorted(bins))))
     return 0
 
@@ -235,8 +253,13 @@ def main(argv=None) -> int:
         pass
     import importlib.util
 
-    facts.append("importable: " + ", ".join(f"{m} {'yes' if importlib.util.find_spec(m) else 'NO'}"
-                                            for m in ("tiktoken", "matplotlib", "transformers", "gguf")))
+    facts.append(
+        "importable: "
+        + ", ".join(
+            f"{m} {'yes' if importlib.util.find_spec(m) else 'NO'}"
+            for m in ("tiktoken", "matplotlib", "transformers", "gguf")
+        )
+    )
     if torch.cuda.is_available():
         pr = torch.cuda.get_device_properties(0)
         facts.append(f"GPU {pr.name}, {pr.total_memory / 2**30:.0f} GiB, {torch.cuda.device_count()} visible")

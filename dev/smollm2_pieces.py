@@ -17,6 +17,7 @@ a later carry replaces them):
 `convert` needs transformers and the `gguf` package (carry its wheel); the result is an
 `init_from` for experiments/ruler_baselines/rep_smollm2_32k.yaml.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,9 +48,15 @@ def split(src: Path, out: str, piece_mib: int) -> list[Path]:
             p = d / f"piece_{i}.bin"
             p.write_bytes(f.read(step))
             pieces.append(p)
-    manifest = {"source": src.name, "size": size, "sha256": _sha(src), "pieces": [
-        {"path": f"{Path(out).name}_{i}/piece_{i}.bin", "size": p.stat().st_size, "sha256": _sha(p)}
-        for i, p in enumerate(pieces)]}
+    manifest = {
+        "source": src.name,
+        "size": size,
+        "sha256": _sha(src),
+        "pieces": [
+            {"path": f"{Path(out).name}_{i}/piece_{i}.bin", "size": p.stat().st_size, "sha256": _sha(p)}
+            for i, p in enumerate(pieces)
+        ],
+    }
     # every piece folder holds the manifest: whichever arrives, the join knows what is missing
     for p in pieces:
         (p.parent / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
@@ -90,7 +97,7 @@ def convert(gguf: Path, to: Path) -> None:
     hf = LlamaForCausalLM(cfg)
     sd = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=hf)["tensors"]
     missing, unexpected = hf.load_state_dict({k: torch.as_tensor(v) for k, v in sd.items()}, strict=False)
-    if unexpected or not set(missing) <= {"lm_head.weight"}:   # lm_head is tied to the embedding
+    if unexpected or not set(missing) <= {"lm_head.weight"}:  # lm_head is tied to the embedding
         raise SystemExit(f"GGUF -> Llama: missing {missing}, unexpected {unexpected}")
     blu = from_hf(hf.float())
     state = {k: v.contiguous() for k, v in blu.state_dict().items() if k != "lm_head.weight"}
@@ -98,10 +105,13 @@ def convert(gguf: Path, to: Path) -> None:
     # the trained window (max_position_embeddings) and rope from its config.json
     to.mkdir(parents=True, exist_ok=True)
     save_file(state, str(to / "model.safetensors"))
-    (to / "config.json").write_text(json.dumps(hf_config_dict(blu.cfg, blu.rope_cfg, cfg.max_position_embeddings),
-                                               indent=1) + "\n")
-    print(f"{to}: {sum(v.numel() for v in state.values()) / 1e6:.1f}M parameters, model {blu.cfg.model_dump()}, "
-          f"trained window {cfg.max_position_embeddings}, rope {blu.rope_cfg.model_dump()}")
+    (to / "config.json").write_text(
+        json.dumps(hf_config_dict(blu.cfg, blu.rope_cfg, cfg.max_position_embeddings), indent=1) + "\n"
+    )
+    print(
+        f"{to}: {sum(v.numel() for v in state.values()) / 1e6:.1f}M parameters, model {blu.cfg.model_dump()}, "
+        f"trained window {cfg.max_position_embeddings}, rope {blu.rope_cfg.model_dump()}"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,6 +24,7 @@ resumes the run; a rank whose launcher dies stops within a second.
 This file is a shim: the entry is megablu/train/entry.py (`deepspeed --module
 megablu.train.entry`, or `megablu train`, which resolves the launch first).
 """
+
 import sys
 from pathlib import Path
 

@@ -26,6 +26,7 @@ plan (megablu.plan.cli), train and probe (megablu.train.cli), eval and compare
 (megablu.eval.cli), runs (megablu.train.runs_cli), ckpt (megablu.checkpoint.cli), hub
 (megablu.hub).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,7 +40,7 @@ from . import __version__
 # a user needs them); a module that is absent is a packaging bug, so import errors are not swallowed.
 _SUBCOMMAND_MODULES = [
     "megablu.data.cli",
-    "megablu.cli",            # config check (register below)
+    "megablu.cli",  # config check (register below)
     "megablu.plan.cli",
     "megablu.train.cli",
     "megablu.eval.cli",
@@ -55,8 +56,14 @@ def _config_check(args) -> int:
     from .train.preflight import check
 
     try:
-        ok = check(args.file, args.set, world_size=args.world_size, device=args.device, resume=args.resume,
-                   files=not args.no_files)
+        ok = check(
+            args.file,
+            args.set,
+            world_size=args.world_size,
+            device=args.device,
+            resume=args.resume,
+            files=not args.no_files,
+        )
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return 2
@@ -70,23 +77,37 @@ def _config_check(args) -> int:
 
 def register(sub) -> None:
     cfg = sub.add_parser("config", help="check a config and every input it names, as the launch does").add_subparsers(
-        dest="config_cmd", required=True)
-    chk = cfg.add_parser("check", help="validate a config and every input it names, as the training entry does: "
-                                       "print it resolved (exit 0) or list every problem (exit 2)")
+        dest="config_cmd", required=True
+    )
+    chk = cfg.add_parser(
+        "check",
+        help="validate a config and every input it names, as the training entry does: "
+        "print it resolved (exit 0) or list every problem (exit 2)",
+    )
     chk.add_argument("file", help="configs/<arm>.yaml")
     chk.add_argument("--set", action="append", default=[], metavar="a.b=v", help="override (repeatable)")
     chk.add_argument("--world-size", type=int, default=None, help="check topology invariants for this many ranks")
     chk.add_argument("--device", choices=["cpu", "cuda"], default=None, help="check device invariants (bf16 on cpu)")
-    chk.add_argument("--resume", default=None, metavar="RUN", help="check a resume of this run (checkpoint, config "
-                     "changes, a live job holding it)")
-    chk.add_argument("--no-files", action="store_true", help="the config alone: no data, tokenizer, parent or run "
-                     "checks (a config written for another machine)")
+    chk.add_argument(
+        "--resume",
+        default=None,
+        metavar="RUN",
+        help="check a resume of this run (checkpoint, config changes, a live job holding it)",
+    )
+    chk.add_argument(
+        "--no-files",
+        action="store_true",
+        help="the config alone: no data, tokenizer, parent or run checks (a config written for another machine)",
+    )
     chk.set_defaults(func=_config_check)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="megablu", description=__doc__.split("\n\nSubcommands")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="megablu",
+        description=__doc__.split("\n\nSubcommands")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.add_argument("--version", action="version", version=f"megablu {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -97,8 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(stream=sys.stderr, level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     return int(args.func(args) or 0)
 
 

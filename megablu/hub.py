@@ -15,6 +15,7 @@ on offline clusters with a mirrored repo; `HfRepo` is the network implementation
       --include "cp_data_by_length/b3_16384_32768/train_shard_0000[0-3].bin" --local-dir ./dl
   megablu hub upload runs/ext32k-0003 --repo me/blu-0.5b-32k
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -102,8 +103,11 @@ class LocalRepo(Repo):
     def list_files(self) -> list[RemoteFile]:
         if not self.root.is_dir():
             raise HubError(f"repo {self.root} does not exist")
-        return [RemoteFile(p.relative_to(self.root).as_posix(), p.stat().st_size)
-                for p in sorted(self.root.rglob("*")) if p.is_file() and ".git" not in p.parts]
+        return [
+            RemoteFile(p.relative_to(self.root).as_posix(), p.stat().st_size)
+            for p in sorted(self.root.rglob("*"))
+            if p.is_file() and ".git" not in p.parts
+        ]
 
     def fetch(self, path: str, local_dir: Path) -> None:
         dst = local_dir / path
@@ -129,8 +133,7 @@ def _hub_errors(what: str):
 class HfRepo(Repo):
     """huggingface_hub behind the Repo interface (its failures become HubError: exit 2)."""
 
-    def __init__(self, repo_id: str, repo_type: str = "model", revision: Optional[str] = None,
-                 private: bool = True):
+    def __init__(self, repo_id: str, repo_type: str = "model", revision: Optional[str] = None, private: bool = True):
         from huggingface_hub import HfApi
 
         self.api = HfApi()
@@ -141,8 +144,9 @@ class HfRepo(Repo):
 
         out = []
         with _hub_errors(f"listing {self.repo_type} repo {self.repo_id}"):
-            for e in self.api.list_repo_tree(self.repo_id, recursive=True, revision=self.revision,
-                                             repo_type=self.repo_type):
+            for e in self.api.list_repo_tree(
+                self.repo_id, recursive=True, revision=self.revision, repo_type=self.repo_type
+            ):
                 if isinstance(e, RepoFile):
                     lfs = getattr(e, "lfs", None)
                     sha = lfs.sha256 if lfs is not None else None
@@ -153,14 +157,16 @@ class HfRepo(Repo):
         from huggingface_hub import hf_hub_download
 
         with _hub_errors(f"downloading {path} from {self.repo_id}"):
-            hf_hub_download(self.repo_id, path, repo_type=self.repo_type, revision=self.revision,
-                            local_dir=str(local_dir))
+            hf_hub_download(
+                self.repo_id, path, repo_type=self.repo_type, revision=self.revision, local_dir=str(local_dir)
+            )
 
     def upload(self, folder: Path, message: str) -> None:
         with _hub_errors(f"uploading {folder} to {self.repo_id}"):
             self.api.create_repo(self.repo_id, repo_type=self.repo_type, private=self.private, exist_ok=True)
-            self.api.upload_folder(repo_id=self.repo_id, folder_path=str(folder), repo_type=self.repo_type,
-                                   commit_message=message)
+            self.api.upload_folder(
+                repo_id=self.repo_id, folder_path=str(folder), repo_type=self.repo_type, commit_message=message
+            )
 
 
 # --------------------------------------------------------------------------- operations
@@ -172,14 +178,15 @@ def download(repo: Repo, includes: list[str], local_dir: PathLike) -> dict[str, 
     probe = local
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    if not probe.is_dir():   # checked before anything is listed or fetched
-        raise HubError(f"--local-dir {local}: {probe} is a file, not a directory; give a directory (created if "
-                       f"absent)")
+    if not probe.is_dir():  # checked before anything is listed or fetched
+        raise HubError(f"--local-dir {local}: {probe} is a file, not a directory; give a directory (created if absent)")
     listing = repo.list_files()
     selected, unmatched = match_includes(listing, includes)
     if unmatched:
-        raise HubError(f"include pattern(s) matched no file in the repo: {unmatched} "
-                       f"({len(listing)} files listed); nothing downloaded")
+        raise HubError(
+            f"include pattern(s) matched no file in the repo: {unmatched} "
+            f"({len(listing)} files listed); nothing downloaded"
+        )
     try:
         local.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -218,24 +225,31 @@ def _eval_table(run_dir: Path, step: Optional[int]) -> str:
             items = [d]
         for r in items if isinstance(items, list) else []:
             if isinstance(r, dict):
-                rows.append({"file": f.name, **{k: v for k, v in r.items()
-                                                  if isinstance(v, (int, float, str, bool))}})
+                rows.append({"file": f.name, **{k: v for k, v in r.items() if isinstance(v, (int, float, str, bool))}})
     parts = []
     if results:
         parts.append(markdown(sorted(results, key=lambda r: (str(r.get("arm")), r.get("step", 0)))))
     else:
         parts.append(f"_no eval of step {step} (the uploaded weights) recorded in this run_")
     if other_steps:
-        parts.append(f"Evaluated at other steps, not shown (other weights): "
-                     f"{', '.join(sorted({str(r['step']) for r in other_steps}, key=int))}.")
+        parts.append(
+            f"Evaluated at other steps, not shown (other weights): "
+            f"{', '.join(sorted({str(r['step']) for r in other_steps}, key=int))}."
+        )
     rows = [r for r in rows if r.get("step") in (None, step)]
     if rows:
         keys = list(dict.fromkeys(k for r in rows for k in r))
         lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
         lines += ["| " + " | ".join(str(r.get(k, "")) for k in keys) + " |" for r in rows]
         stepped = all(r.get("step") == step for r in rows)
-        parts.append(("" if stepped else "Other eval files of the run (they record no step: not necessarily "
-                      f"step {step}'s weights):\n\n") + "\n".join(lines))
+        parts.append(
+            (
+                ""
+                if stepped
+                else f"Other eval files of the run (they record no step: not necessarily step {step}'s weights):\n\n"
+            )
+            + "\n".join(lines)
+        )
     return "\n\n".join(parts).rstrip() + "\n"
 
 
@@ -243,13 +257,22 @@ def model_card(run_dir: Path, manifest: dict, hf_config: dict) -> str:
     cfg_txt = (run_dir / "config.resolved.yaml").read_text() if (run_dir / "config.resolved.yaml").exists() else None
     cs = manifest.get("client_state", {})
     lines = [
-        "---", "library_name: transformers", "tags: [megablu, long-context, yarn]", "---", "",
-        f"# {manifest.get('run_id')} (step {manifest.get('step')})", "",
-        "Trained with megablu (YaRN + DeepSpeed-Ulysses + ZeRO).", "",
-        "| field | value |", "|---|---|",
-        f"| run | {manifest.get('run_id')} |", f"| step | {manifest.get('step')} |",
+        "---",
+        "library_name: transformers",
+        "tags: [megablu, long-context, yarn]",
+        "---",
+        "",
+        f"# {manifest.get('run_id')} (step {manifest.get('step')})",
+        "",
+        "Trained with megablu (YaRN + DeepSpeed-Ulysses + ZeRO).",
+        "",
+        "| field | value |",
+        "|---|---|",
+        f"| run | {manifest.get('run_id')} |",
+        f"| step | {manifest.get('step')} |",
         f"| tokens seen | {cs.get('tokens_seen', '?')} |",
-        f"| config hash | {manifest.get('config_hash')} |", f"| tokenizer | {manifest.get('tokenizer')} |",
+        f"| config hash | {manifest.get('config_hash')} |",
+        f"| tokenizer | {manifest.get('tokenizer')} |",
         f"| architecture | {hf_config.get('architectures', ['?'])[0]} |",
         f"| layers / d_model / heads / kv heads | {hf_config.get('num_hidden_layers')} / "
         f"{hf_config.get('hidden_size')} / {hf_config.get('num_attention_heads')} / "
@@ -258,7 +281,10 @@ def model_card(run_dir: Path, manifest: dict, hf_config: dict) -> str:
         f"| max position | {hf_config.get('max_position_embeddings')} |",
         f"| trained on | world {manifest.get('world_size')}, dp {manifest.get('dp')}, sp {manifest.get('sp')}, "
         f"ZeRO {manifest.get('zero_stage')} |",
-        "", f"## Evaluation (step {manifest.get('step')})", "", _eval_table(run_dir, manifest.get("step")),
+        "",
+        f"## Evaluation (step {manifest.get('step')})",
+        "",
+        _eval_table(run_dir, manifest.get("step")),
     ]
     if cfg_txt:
         lines += ["## Config", "", "```yaml", cfg_txt.rstrip(), "```", ""]
@@ -277,12 +303,18 @@ def upload_run(run_or_step: PathLike, repo: Repo, staging: Optional[PathLike] = 
         hf_config = json.loads((out / "config.json").read_text())
         (out / "README.md").write_text(model_card(run_dir, manifest, hf_config))
         repo.upload(out, f"megablu {manifest['run_id']} step {manifest['step']}")
-        local = {p.relative_to(out).as_posix(): RemoteFile(p.relative_to(out).as_posix(), p.stat().st_size)
-                 for p in out.rglob("*") if p.is_file()}
+        local = {
+            p.relative_to(out).as_posix(): RemoteFile(p.relative_to(out).as_posix(), p.stat().st_size)
+            for p in out.rglob("*")
+            if p.is_file()
+        }
         remote = {f.path: f for f in repo.list_files()}
         problems = [f"missing in repo: {k}" for k in local if k not in remote]
-        problems += [f"size in repo {k}: {remote[k].size} vs {v.size}" for k, v in local.items()
-                     if k in remote and remote[k].size != v.size]
+        problems += [
+            f"size in repo {k}: {remote[k].size} vs {v.size}"
+            for k, v in local.items()
+            if k in remote and remote[k].size != v.size
+        ]
         if problems:
             raise HubError("upload not verified: " + "; ".join(problems))
         return sorted(local)
@@ -312,6 +344,7 @@ def _cmd_hub_upload(args) -> int:
         cfg = Path(args.run) / "config.resolved.yaml"
         if cfg.exists():
             import yaml
+
             repo_id = ((yaml.safe_load(cfg.read_text()) or {}).get("hub") or {}).get("repo")
         if repo_id is None:
             print("hub upload: no --repo and no hub.repo in the run's config.resolved.yaml", file=sys.stderr)
@@ -329,16 +362,24 @@ def _cmd_hub_upload(args) -> int:
 
 def register(sub) -> None:
     hub = sub.add_parser("hub", help="Hugging Face Hub transfer, verified").add_subparsers(
-        dest="hub_cmd", required=True)
-    dl = hub.add_parser("download", help="download files matching --include; exit 2 if a pattern matches "
-                                         "nothing or a file is missing/short afterwards")
+        dest="hub_cmd", required=True
+    )
+    dl = hub.add_parser(
+        "download",
+        help="download files matching --include; exit 2 if a pattern matches "
+        "nothing or a file is missing/short afterwards",
+    )
     dl.add_argument("repo", help="Hub repo id, e.g. owner/name")
     dl.add_argument("--repo-type", default="model", choices=["model", "dataset", "space"], help="kind of Hub repo")
     dl.add_argument("--revision", default=None, help="branch, tag or commit (default: main)")
     dl.add_argument("--include", action="append", required=True, metavar="PAT", help="glob (repeatable)")
     dl.add_argument("--local-dir", required=True, help="where the files go (the repo's paths kept)")
-    dl.add_argument("--from-local", default=None, metavar="DIR",
-                    help="a local mirror of the repo instead of the network (offline clusters, tests)")
+    dl.add_argument(
+        "--from-local",
+        default=None,
+        metavar="DIR",
+        help="a local mirror of the repo instead of the network (offline clusters, tests)",
+    )
     dl.set_defaults(func=_cmd_hub_download)
     up = hub.add_parser("upload", help="export a run's newest verified checkpoint with a model card and push it")
     up.add_argument("run", help="run dir or step dir")

@@ -5,6 +5,7 @@ the training entry in-process, capturing exit code, stdout, stderr and any excep
 `Lab(root)` builds everything lazily under root; tests/test_bad_input.py holds the cases,
 tests/bad_input_table.py prints the RELIABILITY table from them.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,17 +38,17 @@ class Result:
 
 @dataclass
 class Case:
-    area: str                      # configs | data | checkpoints | eval/hub | resume | concurrency | commands
+    area: str  # configs | data | checkpoints | eval/hub | resume | concurrency | commands
     name: str
     run: Callable[[Lab], Result]
-    expect: tuple = ()             # substrings the message must contain
-    rc: int = 2                    # 0: a correct result (the expected substrings in what it printed) is the answer
-    watch: Optional[Callable[[Lab], Path]] = None   # a dir that a refusal must leave unchanged
+    expect: tuple = ()  # substrings the message must contain
+    rc: int = 2  # 0: a correct result (the expected substrings in what it printed) is the answer
+    watch: Optional[Callable[[Lab], Path]] = None  # a dir that a refusal must leave unchanged
 
 
 @dataclass
 class Outcome:
-    kind: str                      # refused | traceback | accepted | unclear
+    kind: str  # refused | traceback | accepted | unclear
     detail: str = ""
 
 
@@ -90,7 +91,7 @@ def _capture(fn) -> Result:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             rc = fn()
-        except SystemExit as e:   # argparse
+        except SystemExit as e:  # argparse
             rc = e.code if isinstance(e.code, int) else 2
         except BaseException as e:  # noqa: BLE001 - a traceback is what is being counted
             exc = e
@@ -130,9 +131,27 @@ class Lab:
 
             out = self.root / "data"
             std = sysconfig.get_paths()["stdlib"]
-            r = _capture(lambda: main(["data", "build", "--input", f"{std}/json", "--input", f"{std}/email",
-                                       "--include", "*.py", "--tokenizer", "tiktoken_file:megablu:stdlib4k",
-                                       "--out", str(out), "--no-progress", "--workers", "1"]))
+            r = _capture(
+                lambda: main(
+                    [
+                        "data",
+                        "build",
+                        "--input",
+                        f"{std}/json",
+                        "--input",
+                        f"{std}/email",
+                        "--include",
+                        "*.py",
+                        "--tokenizer",
+                        "tiktoken_file:megablu:stdlib4k",
+                        "--out",
+                        str(out),
+                        "--no-progress",
+                        "--workers",
+                        "1",
+                    ]
+                )
+            )
             assert r.rc == 0, r.err
             self._cache["data"] = out
         return self._cache["data"]
@@ -147,9 +166,17 @@ class Lab:
         """tiny_cpu with this lab's dataset, 4 steps: the config every case starts from."""
         if "cfg" not in self._cache:
             p = self.root / "tiny.yaml"
-            p.write_text(yaml.safe_dump({"inherit": str(TINY), "data": {"path": str(self.data), "max_epochs": 100.0},
-                                         "train": {"max_steps": 4}, "schedule": {"warmup_steps": 1},
-                                         "runs_dir": str(self.root / "runs")}))
+            p.write_text(
+                yaml.safe_dump(
+                    {
+                        "inherit": str(TINY),
+                        "data": {"path": str(self.data), "max_epochs": 100.0},
+                        "train": {"max_steps": 4},
+                        "schedule": {"warmup_steps": 1},
+                        "runs_dir": str(self.root / "runs"),
+                    }
+                )
+            )
             self._cache["cfg"] = p
         return self._cache["cfg"]
 
@@ -179,8 +206,17 @@ class Lab:
 
     def check(self, sets=(), *extra, file=None) -> Result:
         """`megablu config check` as a user runs it on this machine (files checked)."""
-        return self.cli("config", "check", file or self.cfg_file, "--world-size", "1", "--device", "cpu",
-                        *sum((["--set", s] for s in sets), []), *extra)
+        return self.cli(
+            "config",
+            "check",
+            file or self.cfg_file,
+            "--world-size",
+            "1",
+            "--device",
+            "cpu",
+            *sum((["--set", s] for s in sets), []),
+            *extra,
+        )
 
     def entry(self, sets=(), resume=None, world: int = 1, file=None, extra=()) -> Result:
         """launch/ext32k.py in this process, as rank 0 of `world` (the preflight refuses before any rank works)."""
@@ -205,19 +241,36 @@ class Lab:
         sets = [f"runs_dir={runs}", *sets]
         a, b = self.check(sets, file=file), self.entry(sets, file=file)
         if a.rc != b.rc:
-            return Result(a.rc if a.rc != 2 else b.rc, a.out + b.out, f"config check rc {a.rc} but the entry rc "
-                          f"{b.rc}:\n{a.err}\n---\n{b.err}", a.exc or b.exc)
+            return Result(
+                a.rc if a.rc != 2 else b.rc,
+                a.out + b.out,
+                f"config check rc {a.rc} but the entry rc {b.rc}:\n{a.err}\n---\n{b.err}",
+                a.exc or b.exc,
+            )
         problems = [sorted(ln for ln in r.err.splitlines() if ln.startswith("  - ")) for r in (a, b)]
-        if problems[0] != problems[1]:   # the case's message found in one of them only is not "alike"
-            return Result(98, a.out + b.out, f"config check and the entry list other problems:\n{a.err}\n---\n"
-                          f"{b.err}", a.exc or b.exc)
+        if problems[0] != problems[1]:  # the case's message found in one of them only is not "alike"
+            return Result(
+                98,
+                a.out + b.out,
+                f"config check and the entry list other problems:\n{a.err}\n---\n{b.err}",
+                a.exc or b.exc,
+            )
         if any(runs.iterdir()):
             return Result(99, "", f"the refusal left {list(runs.iterdir())} in runs_dir", None)
         return Result(b.rc, a.out + b.out, b.err + a.err, a.exc or b.exc)
 
     # ------------------------------------------------------------------ checkpoints and runs by hand
-    def step(self, run_dir: Path, step: int, cfg, *, run_id=None, tokenizer=None, weights=None,
-             extra_files: Optional[dict] = None) -> Path:
+    def step(
+        self,
+        run_dir: Path,
+        step: int,
+        cfg,
+        *,
+        run_id=None,
+        tokenizer=None,
+        weights=None,
+        extra_files: Optional[dict] = None,
+    ) -> Path:
         """A published step dir whose manifest lists real files with their sha256 (no DeepSpeed)."""
         from megablu.checkpoint import CKPT_DIR, save_weights, step_name
         from megablu.checkpoint.layout import _manifest_digest
@@ -234,16 +287,34 @@ class Lab:
         for rel, blob in (extra_files or {}).items():
             (d / rel).parent.mkdir(parents=True, exist_ok=True)
             (d / rel).write_bytes(blob)
-        files = {f.relative_to(d).as_posix(): {"size": f.stat().st_size, "sha256": sha256_file(f)}
-                 for f in sorted(d.rglob("*")) if f.is_file()}
-        m = {"format": 1, "run_id": run_id or Path(run_dir).name, "step": step, "created_unix": time.time(),
-             "world_size": 1, "dp": 1, "sp": cfg.parallel.sp, "zero_stage": cfg.parallel.zero_stage,
-             "zero_partitions": 0, "config_hash": config_hash(cfg),
-             "tokenizer": tokenizer or self.tokenizer.identity,
-             "meta": {"model": cfg.model.model_dump(mode="json"), "rope": cfg.rope.model_dump(mode="json"),
-                      "window": cfg.data.window, "sp": cfg.parallel.sp, "config": cfg.model_dump(mode="json")},
-             "pinned": False, "client_state": {"step": step, "tokens_seen": step * cfg.train.tokens_per_step},
-             "files": files}
+        files = {
+            f.relative_to(d).as_posix(): {"size": f.stat().st_size, "sha256": sha256_file(f)}
+            for f in sorted(d.rglob("*"))
+            if f.is_file()
+        }
+        m = {
+            "format": 1,
+            "run_id": run_id or Path(run_dir).name,
+            "step": step,
+            "created_unix": time.time(),
+            "world_size": 1,
+            "dp": 1,
+            "sp": cfg.parallel.sp,
+            "zero_stage": cfg.parallel.zero_stage,
+            "zero_partitions": 0,
+            "config_hash": config_hash(cfg),
+            "tokenizer": tokenizer or self.tokenizer.identity,
+            "meta": {
+                "model": cfg.model.model_dump(mode="json"),
+                "rope": cfg.rope.model_dump(mode="json"),
+                "window": cfg.data.window,
+                "sp": cfg.parallel.sp,
+                "config": cfg.model_dump(mode="json"),
+            },
+            "pinned": False,
+            "client_state": {"step": step, "tokens_seen": step * cfg.train.tokens_per_step},
+            "files": files,
+        }
         m["manifest_sha256"] = _manifest_digest(m)
         (d / "manifest.json").write_text(json.dumps(m, indent=1))
         return d
@@ -303,8 +374,14 @@ class Lab:
         from megablu.train.runs import LOCK
 
         now = time.time() - age_s
-        info = {"host": host or socket.gethostname(), "pid": pid or os.getpid(), "started_unix": now,
-                "heartbeat_unix": now, "token": "t" * 32, "command": "deepspeed ... launch/ext32k.py"}
+        info = {
+            "host": host or socket.gethostname(),
+            "pid": pid or os.getpid(),
+            "started_unix": now,
+            "heartbeat_unix": now,
+            "token": "t" * 32,
+            "command": "deepspeed ... launch/ext32k.py",
+        }
         if proc_start is not None:
             info["proc_start"] = proc_start
         (run / LOCK).write_text(json.dumps(info))
@@ -342,8 +419,10 @@ class Tally:
         r[outcome.kind] += 1
 
     def markdown(self) -> str:
-        lines = ["| category | cases tried | refused cleanly | tracebacks | silently accepted | other |",
-                 "|---|---:|---:|---:|---:|---:|"]
+        lines = [
+            "| category | cases tried | refused cleanly | tracebacks | silently accepted | other |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
         tot = {"tried": 0, "refused": 0, "traceback": 0, "accepted": 0, "unclear": 0}
         for area in ("configs", "data", "checkpoints", "eval/hub", "resume", "concurrency", "commands"):
             r = self.rows.get(area)
@@ -351,8 +430,11 @@ class Tally:
                 continue
             for k in tot:
                 tot[k] += r[k]
-            lines.append(f"| {area} | {r['tried']} | {r['refused']} | {r['traceback']} | {r['accepted']} | "
-                         f"{r['unclear']} |")
-        lines.append(f"| **all** | **{tot['tried']}** | **{tot['refused']}** | **{tot['traceback']}** | "
-                     f"**{tot['accepted']}** | **{tot['unclear']}** |")
+            lines.append(
+                f"| {area} | {r['tried']} | {r['refused']} | {r['traceback']} | {r['accepted']} | {r['unclear']} |"
+            )
+        lines.append(
+            f"| **all** | **{tot['tried']}** | **{tot['refused']}** | **{tot['traceback']}** | "
+            f"**{tot['accepted']}** | **{tot['unclear']}** |"
+        )
         return "\n".join(lines)

@@ -7,6 +7,7 @@ The counts are the test cases themselves: each is run as the test runs it (tests
 and classified: refused cleanly (exit 2, the expected message, no traceback, nothing written),
 traceback, silently accepted (exit 0), or other (a wrong code or message).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,10 @@ def main(argv=None) -> int:
             outcome, _ = run_case(c, lab)
             tally.add(c.area, outcome)
             if args.cases or outcome.kind != "refused":
-                notes.append(f"- {c.area}: {c.name}: {outcome.kind}"
-                             + (f" ({outcome.detail.splitlines()[0][:200]})" if outcome.detail else ""))
+                notes.append(
+                    f"- {c.area}: {c.name}: {outcome.kind}"
+                    + (f" ({outcome.detail.splitlines()[0][:200]})" if outcome.detail else "")
+                )
     print(tally.markdown())
     if notes:
         print()

@@ -3,6 +3,7 @@
 A script run with REHEARSE_CPU=1 finds a `timeout` on PATH that logs each guarded command instead of
 running it; what the logged commands would meet first on the device is checked here: the config with its
 overrides, the arguments against the program's own parser, an eval's setup against its window."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 ROOT = Path(__file__).resolve().parents[1]
-Command = Union[str, Sequence[str]]   # a logged line split on spaces, or the exact argv (printf %q, shlex)
+Command = Union[str, Sequence[str]]  # a logged line split on spaces, or the exact argv (printf %q, shlex)
 
 
 def _words(c: Command) -> list[str]:
@@ -70,7 +71,7 @@ def parse_command(c: Command) -> Optional[tuple[str, argparse.Namespace]]:
         return None
     try:
         return prog, parser.parse_args(rest)
-    except SystemExit:   # argparse has written the reason to stderr
+    except SystemExit:  # argparse has written the reason to stderr
         raise AssertionError(f"{prog} refuses the arguments of: {shlex.join(words)}") from None
 
 

@@ -1,4 +1,5 @@
 """Spawn N CPU ranks (gloo) running a top-level function, collect rank 0's result."""
+
 from __future__ import annotations
 
 import os
@@ -16,14 +17,21 @@ def free_port() -> int:
 
 
 def _entry(rank, world, port, fn, args, out):
-    os.environ.update(DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    os.environ.update(
+        DS_ACCELERATOR="cpu",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+    )
     torch.set_num_threads(1)
     import deepspeed
 
     from megablu.utils.dist import skip_cpu_shm_op
 
-    skip_cpu_shm_op()   # the ranks train and evaluate; that op is DeepSpeed inference's only
+    skip_cpu_shm_op()  # the ranks train and evaluate; that op is DeepSpeed inference's only
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)
     result = fn(rank, world, *args)
     if rank == 0:

@@ -11,6 +11,7 @@ since they share one preflight.
 The counts of docs/RELIABILITY.md's bad-input table are these cases:
 `python -m tests.bad_input_table` runs them and prints it.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,6 +31,7 @@ def case(area, name, *expect, rc=2, watch=None):
     def deco(fn):
         CASES.append(Case(area, name, fn, tuple(expect), rc, watch))
         return fn
+
     return deco
 
 
@@ -39,8 +41,11 @@ def _file_case(name, text, *expect, binary=False):
 
 
 _file_case("YAML syntax error", "name: x\nmodel: {n_layers: 2\n", "c.yaml:3:1: invalid YAML")
-_file_case("!!python/object tag", "name: !!python/object/apply:os.system [echo hi]\n",
-           "tag !!python/object/apply:os.system is not allowed")
+_file_case(
+    "!!python/object tag",
+    "name: !!python/object/apply:os.system [echo hi]\n",
+    "tag !!python/object/apply:os.system is not allowed",
+)
 _file_case("not UTF-8", b"name: caf\xe9\n", "not UTF-8 text (byte 0xe9", binary=True)
 _file_case("binary file", b"\x89PNG\r\n\x1a\n\x00\x00", "binary file (NUL byte", binary=True)
 _file_case("top level a list", "- a\n- b\n", "top level must be a mapping")
@@ -51,10 +56,10 @@ _file_case("duplicate top-level key", "name: a\nname: b\n", "key 'name' is given
 _file_case("duplicate nested key", "train:\n  max_steps: 4\n  max_steps: 40\n", "key 'max_steps' is given twice")
 _file_case("empty file", "", "name: required")
 case("configs", "config path is a directory", "is a directory")(lambda lab: lab.both(file=lab.fresh()))
-case("configs", "config file missing", "config file not found")(
-    lambda lab: lab.both(file=lab.root / "no.yaml"))
+case("configs", "config file missing", "config file not found")(lambda lab: lab.both(file=lab.root / "no.yaml"))
 case("configs", "inherit two levels", "one level only")(
-    lambda lab: lab.both(file=lab.write("c.yaml", f"inherit: {lab.cfg_file}\nname: x\n")))
+    lambda lab: lab.both(file=lab.write("c.yaml", f"inherit: {lab.cfg_file}\nname: x\n"))
+)
 
 _SETS = [
     ("--set value '[1,'", ["train.max_steps=[1,"], "does not parse as YAML"),
@@ -69,12 +74,18 @@ _SETS = [
     ("name: .hidden", ["name=.hidden"], "not start with '.'"),
     ("name with a slash", ["name=a/b"], "without slashes"),
     ("max_steps 1e30 (float)", ["train.max_steps=1.0e+30"], "train.max_steps"),
-    ("max_steps 1e18", ["train.max_steps=1000000000000000000"],
-     "train.max_steps: Input should be less than or equal to 1000000000"),
+    (
+        "max_steps 1e18",
+        ["train.max_steps=1000000000000000000"],
+        "train.max_steps: Input should be less than or equal to 1000000000",
+    ),
     ("max_steps '1e30' (string)", ["train.max_steps=1e30"], "train.max_steps"),
     ("max_steps 0", ["train.max_steps=0"], "train.max_steps"),
-    ("seed 1e23", ["train.seed=100000000000000000000000"],
-     "train.seed: Input should be less than or equal to 4294967295"),
+    (
+        "seed 1e23",
+        ["train.seed=100000000000000000000000"],
+        "train.seed: Input should be less than or equal to 4294967295",
+    ),
     ("seed 1e23 (float)", ["train.seed=1.0e+23"], "train.seed"),
     ("seed -1", ["train.seed=-1"], "train.seed"),
     ("data.seed -1", ["data.seed=-1"], "data.seed"),
@@ -92,8 +103,11 @@ _SETS = [
     ("eval.lengths [0]", ["eval.lengths=[0]"], "eval.lengths.0: Input should be greater than 0"),
     ("eval.lengths [-5]", ["eval.lengths=[-5]"], "eval.lengths.0"),
     ("eval.n 0", ["eval.n=0"], "eval.n"),
-    ("yarn factor*original != window", ["rope.yarn={factor: 2.0, original_max_position: 64}"],
-     "factor*original_max_position = 2.0*64 = 128 != data.window 256"),
+    (
+        "yarn factor*original != window",
+        ["rope.yarn={factor: 2.0, original_max_position: 64}"],
+        "factor*original_max_position = 2.0*64 = 128 != data.window 256",
+    ),
     ("wsd without a decay tail", ["schedule.kind=wsd", "schedule.decay_start=4"], "leaves no decay tail"),
     ("tokens_per_step not exact", ["train.tokens_per_step=1000"], "is not micro_batch*window*grad_accum*dp"),
     ("sp > world size", ["parallel.sp=2"], "parallel.sp=2 > world size 1"),
@@ -104,42 +118,90 @@ _SETS = [
     ("bucket empty", ["data.bucket=b4"], "is empty"),
     ("split with no document", ["data.split=val", "data.bucket=b1"], "is empty"),
     ("run cycles the data too often", ["data.max_epochs=1.0", "train.max_steps=100000"], "epochs > data.max_epochs"),
-    ("mode fit with no fitting document", ["data.mode=fit", "data.window=8", "train.tokens_per_step=32"],
-     "has no sequence in mode fit"),
+    (
+        "mode fit with no fitting document",
+        ["data.mode=fit", "data.window=8", "train.tokens_per_step=32"],
+        "has no sequence in mode fit",
+    ),
     ("tokenizer file missing", ["tokenizer.path=/nonexistent/x.tiktoken"], "tokenizer:"),
     ("tokenizer file of another kind", ["tokenizer.kind=sentencepiece"], "tokenizer"),
     ("vocab below the tokenizer's", ["model.vocab_size=100"], "model.vocab_size=100 < the tokenizer's vocabulary 4096"),
-    ("eval length shorter than the passkey prompt", ["eval.lengths=[40]", "eval.max_new=4", "eval.pad=8",
-                                                     "eval.final=true"],
-     "cannot hold task passkey"),
-    ("eval length shorter than the needle prompt", ["eval.lengths=[100]", "eval.tasks=[needle]", "eval.max_new=4",
-                                                    "eval.pad=8", "eval.haystack=DATA", "eval.at_steps=[2]"],
-     "cannot hold task needle"),
-    ("eval.gate.parent not an eval result", ["eval.gate.parent=CFG", "eval.lengths=[128]", "eval.max_new=4",
-                                             "eval.pad=8", "eval.gate.short_lengths=[128]"],
-     "eval.gate.parent:"),
+    (
+        "eval length shorter than the passkey prompt",
+        ["eval.lengths=[40]", "eval.max_new=4", "eval.pad=8", "eval.final=true"],
+        "cannot hold task passkey",
+    ),
+    (
+        "eval length shorter than the needle prompt",
+        [
+            "eval.lengths=[100]",
+            "eval.tasks=[needle]",
+            "eval.max_new=4",
+            "eval.pad=8",
+            "eval.haystack=DATA",
+            "eval.at_steps=[2]",
+        ],
+        "cannot hold task needle",
+    ),
+    (
+        "eval.gate.parent not an eval result",
+        ["eval.gate.parent=CFG", "eval.lengths=[128]", "eval.max_new=4", "eval.pad=8", "eval.gate.short_lengths=[128]"],
+        "eval.gate.parent:",
+    ),
     ("eval.haystack not a dataset", ["eval.haystack=/nonexistent@b2"], "eval.haystack: /nonexistent has no manifest"),
-    ("eval at a step past max_steps", ["eval.lengths=[128]", "eval.at_steps=[9]", "eval.max_new=4", "eval.pad=8"],
-     "eval.at_steps: 9 is outside"),
-    ("checkpoint.keep_every -1", ["checkpoint.keep_every=-1"],
-     "checkpoint.keep_every: Input should be greater than or equal to 0"),
-    ("keep_every not a multiple of every_steps", ["checkpoint.every_steps=2", "checkpoint.keep_every=5"],
-     "checkpoint.keep_every=5 is not a multiple of checkpoint.every_steps=2"),
-    ("keep_every with every_steps 0", ["checkpoint.every_steps=0", "checkpoint.keep_every=4"],
-     "checkpoint.keep_every=4 with checkpoint.every_steps=0: only the final checkpoint is saved"),
-    ("memory.loss=liger on a CPU run", ["memory.loss=liger"], "memory.loss=liger on a CPU run: Liger's fused linear "
-     "cross-entropy is a Triton GPU kernel; set memory.loss=chunked"),
-    ("memory.attention=fa4 on a CPU run", ["memory.attention=fa4"], "memory.attention=fa4 on a CPU run: "
-     "FlashAttention-4 runs on SM90 GPUs only; set memory.attention=sdpa"),
+    (
+        "eval at a step past max_steps",
+        ["eval.lengths=[128]", "eval.at_steps=[9]", "eval.max_new=4", "eval.pad=8"],
+        "eval.at_steps: 9 is outside",
+    ),
+    (
+        "checkpoint.keep_every -1",
+        ["checkpoint.keep_every=-1"],
+        "checkpoint.keep_every: Input should be greater than or equal to 0",
+    ),
+    (
+        "keep_every not a multiple of every_steps",
+        ["checkpoint.every_steps=2", "checkpoint.keep_every=5"],
+        "checkpoint.keep_every=5 is not a multiple of checkpoint.every_steps=2",
+    ),
+    (
+        "keep_every with every_steps 0",
+        ["checkpoint.every_steps=0", "checkpoint.keep_every=4"],
+        "checkpoint.keep_every=4 with checkpoint.every_steps=0: only the final checkpoint is saved",
+    ),
+    (
+        "memory.loss=liger on a CPU run",
+        ["memory.loss=liger"],
+        "memory.loss=liger on a CPU run: Liger's fused linear "
+        "cross-entropy is a Triton GPU kernel; set memory.loss=chunked",
+    ),
+    (
+        "memory.attention=fa4 on a CPU run",
+        ["memory.attention=fa4"],
+        "memory.attention=fa4 on a CPU run: FlashAttention-4 runs on SM90 GPUs only; set memory.attention=sdpa",
+    ),
     # issue 40's bad input
     ("eval.suite unknown", ["eval.suite=rulr"], "eval.suite='rulr' is not a suite; known: ['ruler']"),
-    ("eval.seed true (seed 1's prompts under another name)", ["eval.seed=true"],
-     "eval.seed=True: a bool is not a seed (true would reproduce seed 1's prompts)"),
-    ("eval.seed -1 (random.Random would take seed 1's stream)", ["eval.seed=-1"],
-     "eval.seed: Input should be greater than or equal to 0"),
-    ("eval.string fixed shift >= an eval length", ["eval.lengths=[128]", "eval.max_new=4", "eval.pad=8",
-                                                   "eval.string={variant: fixed_shift, shift: 200, local: 8}"],
-     "eval.string.shift=200 >= eval length 128"),
+    (
+        "eval.seed true (seed 1's prompts under another name)",
+        ["eval.seed=true"],
+        "eval.seed=True: a bool is not a seed (true would reproduce seed 1's prompts)",
+    ),
+    (
+        "eval.seed -1 (random.Random would take seed 1's stream)",
+        ["eval.seed=-1"],
+        "eval.seed: Input should be greater than or equal to 0",
+    ),
+    (
+        "eval.string fixed shift >= an eval length",
+        [
+            "eval.lengths=[128]",
+            "eval.max_new=4",
+            "eval.pad=8",
+            "eval.string={variant: fixed_shift, shift: 200, local: 8}",
+        ],
+        "eval.string.shift=200 >= eval length 128",
+    ),
     ("eval.loss.sets named data", ["eval.loss.sets={data: 'megablu:essays'}"], "eval.loss.sets: names ['data']"),
 ]
 
@@ -148,6 +210,7 @@ def _sets_case(name, sets, expect):
     def run(lab):
         s = [x.replace("=DATA", f"={lab.data}").replace("=CFG", f"={lab.cfg_file}") for x in sets]
         return lab.both(s)
+
     case("configs", name, expect)(run)
 
 
@@ -194,13 +257,17 @@ def _(lab):
 # compute another function; before the architecture record was compared these trained with exit 0.
 _ARCH = [
     ("heads 8 / kv 4 (same shapes)", ["model.n_heads=8", "model.n_kv_heads=4"], "model.n_heads=8 vs 4"),
-    ("head_dim 64 with 2 heads (same shapes)", ["model.n_heads=2", "model.n_kv_heads=1", "model.head_dim=64"],
-     "model.head_dim=64 vs 32"),
+    (
+        "head_dim 64 with 2 heads (same shapes)",
+        ["model.n_heads=2", "model.n_kv_heads=1", "model.head_dim=64"],
+        "model.head_dim=64 vs 32",
+    ),
     ("norm_eps 0.1", ["model.norm_eps=0.1"], "model.norm_eps=0.1 vs 1e-05"),
 ]
 for _name, _sets, _msg in _ARCH:
     case("configs", f"init_from with another architecture: {_name}", _msg, "--set model.")(
-        lambda lab, s=_sets: lab.both([f"init_from={lab.parent()}", *s]))
+        lambda lab, s=_sets: lab.both([f"init_from={lab.parent()}", *s])
+    )
 
 
 @case("configs", "init_from trained with another tokenizer", "was trained with tokenizer 'byte:v257")
@@ -210,8 +277,14 @@ def _(lab):
 
 @case("configs", "init_from with another rope (the seed's trap)", "rope.yarn.original_max_position=128 but the parent")
 def _(lab):
-    return lab.both([f"init_from={lab.parent()}", "data.window=512", "train.tokens_per_step=2048",
-                     "rope.yarn={factor: 4.0, original_max_position: 128}"])
+    return lab.both(
+        [
+            f"init_from={lab.parent()}",
+            "data.window=512",
+            "train.tokens_per_step=2048",
+            "rope.yarn={factor: 4.0, original_max_position: 128}",
+        ]
+    )
 
 
 # the rope lineage (config/lineage.py): the child at window 512 (or 1024 over a YaRN parent)
@@ -219,8 +292,12 @@ _EXT = ["data.window=512", "train.tokens_per_step=2048"]
 _YARN_PARENT = ["data.window=512", "train.tokens_per_step=2048", "rope.yarn={factor: 2.0, original_max_position: 256}"]
 
 
-@case("configs", "rope.yarn with init_from empty (an unset $PARENT)", "init_from: not set, but rope.yarn is",
-      "rope.allow_yarn_from_scratch=true")
+@case(
+    "configs",
+    "rope.yarn with init_from empty (an unset $PARENT)",
+    "init_from: not set, but rope.yarn is",
+    "rope.allow_yarn_from_scratch=true",
+)
 def _(lab):
     return lab.both(["init_from=", *_EXT, "rope.yarn={factor: 4.0, original_max_position: 128}"])
 
@@ -235,11 +312,21 @@ def _(lab):
     return lab.both([f"init_from={lab.parent()}", "rope.theta=500000"])
 
 
-@case("configs", "init_from a YaRN parent, original = the parent's window", "is itself YaRN-extended",
-      "set rope.yarn.original_max_position=256 and rope.yarn.factor=4")
+@case(
+    "configs",
+    "init_from a YaRN parent, original = the parent's window",
+    "is itself YaRN-extended",
+    "set rope.yarn.original_max_position=256 and rope.yarn.factor=4",
+)
 def _(lab):
-    return lab.both([f"init_from={lab.parent(_YARN_PARENT)}", "data.window=1024", "train.tokens_per_step=4096",
-                     "rope.yarn={factor: 2.0, original_max_position: 512}"])
+    return lab.both(
+        [
+            f"init_from={lab.parent(_YARN_PARENT)}",
+            "data.window=1024",
+            "train.tokens_per_step=4096",
+            "rope.yarn={factor: 2.0, original_max_position: 512}",
+        ]
+    )
 
 
 @case("configs", "init_from a YaRN parent, child without YaRN", "rope.yarn: unset, but the parent")
@@ -249,16 +336,32 @@ def _(lab):
 
 @case("configs", "init_from a YaRN parent, other beta_fast", "rope.yarn.beta_fast=16.0 but the parent")
 def _(lab):
-    return lab.both([f"init_from={lab.parent(_YARN_PARENT)}", "data.window=1024", "train.tokens_per_step=4096",
-                     "rope.yarn={factor: 4.0, original_max_position: 256, beta_fast: 16.0}"])
+    return lab.both(
+        [
+            f"init_from={lab.parent(_YARN_PARENT)}",
+            "data.window=1024",
+            "train.tokens_per_step=4096",
+            "rope.yarn={factor: 4.0, original_max_position: 256, beta_fast: 16.0}",
+        ]
+    )
 
 
-@case("configs", "init_from a YaRN parent with an explicit attention_factor, child without",
-      "rope.yarn.attention_factor: unset", "set rope.yarn.attention_factor=1 to keep")
+@case(
+    "configs",
+    "init_from a YaRN parent with an explicit attention_factor, child without",
+    "rope.yarn.attention_factor: unset",
+    "set rope.yarn.attention_factor=1 to keep",
+)
 def _(lab):
     parent = lab.parent([*_EXT, "rope.yarn={factor: 2.0, original_max_position: 256, attention_factor: 1.0}"])
-    return lab.both([f"init_from={parent}", "data.window=1024", "train.tokens_per_step=4096",
-                     "rope.yarn={factor: 4.0, original_max_position: 256}"])
+    return lab.both(
+        [
+            f"init_from={parent}",
+            "data.window=1024",
+            "train.tokens_per_step=4096",
+            "rope.yarn={factor: 4.0, original_max_position: 256}",
+        ]
+    )
 
 
 def _hf_variant(lab, **changes):
@@ -271,57 +374,110 @@ def _hf_variant(lab, **changes):
     return d
 
 
-@case("configs", "init_from a transformers dir with a rope type megablu cannot reproduce",
-      "rope_type='dynamic' is not supported (default, linear, llama3 or yarn)")
+@case(
+    "configs",
+    "init_from a transformers dir with a rope type megablu cannot reproduce",
+    "rope_type='dynamic' is not supported (default, linear, llama3 or yarn)",
+)
 def _(lab):
     d = _hf_variant(lab, rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 8.0})
     return lab.both([f"init_from={d}", *_EXT, "rope.yarn={factor: 2.0, original_max_position: 256}"])
 
 
-@case("configs", "init_from a llama3-rope transformers dir, child without rope.scaling",
-      "rope.scaling=none but the parent", "'type': 'llama3'", "set rope.scaling to the parent's")
+@case(
+    "configs",
+    "init_from a llama3-rope transformers dir, child without rope.scaling",
+    "rope.scaling=none but the parent",
+    "'type': 'llama3'",
+    "set rope.scaling to the parent's",
+)
 def _(lab):
-    d = _hf_variant(lab, rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
-                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                          "original_max_position_embeddings": 64})
+    d = _hf_variant(
+        lab,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 10000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    )
     return lab.both([f"init_from={d}", *_EXT, "rope.yarn={factor: 2.0, original_max_position: 256}"])
 
 
-@case("configs", "init_from a transformers dir of an unknown model_type", "model_type='gemma3'",
-      "is not supported: BluModel imports gemma3_text, llama, mistral, olmo2, qwen2, qwen3, smollm3")
+@case(
+    "configs",
+    "init_from a transformers dir of an unknown model_type",
+    "model_type='gemma3'",
+    "is not supported: BluModel imports gemma3_text, llama, mistral, olmo2, qwen2, qwen3, smollm3",
+)
 def _(lab):
     return lab.both([f"init_from={_hf_variant(lab, model_type='gemma3', architectures=['Gemma3ForCausalLM'])}"])
 
 
-@case("configs", "init_from a Qwen2 dir with sliding layers", "in layers [2, 3] is imported for gemma3 and mistral "
-      "only", "would change the logits beyond the window")
+@case(
+    "configs",
+    "init_from a Qwen2 dir with sliding layers",
+    "in layers [2, 3] is imported for gemma3 and mistral only",
+    "would change the logits beyond the window",
+)
 def _(lab):
-    d = _hf_variant(lab, model_type="qwen2", use_sliding_window=True, sliding_window=64, max_window_layers=2,
-                    layer_types=None)
+    d = _hf_variant(
+        lab, model_type="qwen2", use_sliding_window=True, sliding_window=64, max_window_layers=2, layer_types=None
+    )
     return lab.both([f"init_from={d}"])
 
 
 _WINDOW = ["model.family=mistral", "model.sliding_window=64", "model.sliding_layers=[0, 1, 2, 3]"]
-case("configs", "a sliding window with data.doc_mask", "data.doc_mask=true with model.sliding_layers [0, 1, 2, 3]",
-     "no kernel here applies a document mask and a sliding window together; set data.doc_mask=false")(
-    lambda lab: lab.both([*_WINDOW, "data.doc_mask=true"]))
-case("configs", "a sliding window with memory.attention=fa4", "memory.attention=fa4 with model.sliding_layers",
-     "set memory.attention=sdpa")(lambda lab: lab.both([*_WINDOW, "memory.attention=fa4"]))
-case("configs", "Gemma 3 sliding layers without rope.local_theta", "model.family=gemma3 with model.sliding_layers "
-     "[0, 1, 2] needs rope.local_theta", "set rope.local_theta")(
-    lambda lab: lab.both(["model.family=gemma3", "model.qk_norm=head", "model.norm_layout=sandwich",
-                          "model.norm_offset=true", "model.embed_scale=true", "model.activation=gelu_tanh",
-                          "model.sliding_window=64", "model.sliding_layers=[0, 1, 2]"]))
+case(
+    "configs",
+    "a sliding window with data.doc_mask",
+    "data.doc_mask=true with model.sliding_layers [0, 1, 2, 3]",
+    "no kernel here applies a document mask and a sliding window together; set data.doc_mask=false",
+)(lambda lab: lab.both([*_WINDOW, "data.doc_mask=true"]))
+case(
+    "configs",
+    "a sliding window with memory.attention=fa4",
+    "memory.attention=fa4 with model.sliding_layers",
+    "set memory.attention=sdpa",
+)(lambda lab: lab.both([*_WINDOW, "memory.attention=fa4"]))
+case(
+    "configs",
+    "Gemma 3 sliding layers without rope.local_theta",
+    "model.family=gemma3 with model.sliding_layers [0, 1, 2] needs rope.local_theta",
+    "set rope.local_theta",
+)(
+    lambda lab: lab.both(
+        [
+            "model.family=gemma3",
+            "model.qk_norm=head",
+            "model.norm_layout=sandwich",
+            "model.norm_offset=true",
+            "model.embed_scale=true",
+            "model.activation=gelu_tanh",
+            "model.sliding_window=64",
+            "model.sliding_layers=[0, 1, 2]",
+        ]
+    )
+)
 
 
-@case("configs", "model.family whose switches the config does not set", "model.qk_norm='none' (family qwen3 has "
-      "'head')", "set model.family to the family these switches describe")
+@case(
+    "configs",
+    "model.family whose switches the config does not set",
+    "model.qk_norm='none' (family qwen3 has 'head')",
+    "set model.family to the family these switches describe",
+)
 def _(lab):
     return lab.both(["model.family=qwen3"])
 
 
-@case("configs", "rope.scaling llama3 without its band fields", "rope.scaling.type=llama3 needs rope.scaling."
-      "low_freq_factor, high_freq_factor, original_max_position")
+@case(
+    "configs",
+    "rope.scaling llama3 without its band fields",
+    "rope.scaling.type=llama3 needs rope.scaling.low_freq_factor, high_freq_factor, original_max_position",
+)
 def _(lab):
     return lab.both(["rope.scaling={type: llama3, factor: 8.0}"])
 
@@ -337,8 +493,13 @@ def _(lab):
     torch.manual_seed(0)
     d = lab.fresh("hf") / "sharded"
     to_hf(BluModel(cfg.model, cfg.rope), max_position=256).save_pretrained(d, max_shard_size="200KB")
-    return lab.both([f"init_from={d / 'model.safetensors.index.json'}", *_EXT,
-                     "rope.yarn={factor: 4.0, original_max_position: 128}"])
+    return lab.both(
+        [
+            f"init_from={d / 'model.safetensors.index.json'}",
+            *_EXT,
+            "rope.yarn={factor: 4.0, original_max_position: 128}",
+        ]
+    )
 
 
 @case("configs", "init_from a pytorch_model.bin", "pytorch_model.bin is not safetensors weights")
@@ -363,9 +524,10 @@ def _(lab):
 def _data_case(name, damage, *expect, sets=()):
     def run(lab):
         d = lab.data_copy()
-        lab.check([f"data.path={d}", f"runs_dir={lab.fresh()}"])     # the verification cache is filled
+        lab.check([f"data.path={d}", f"runs_dir={lab.fresh()}"])  # the verification cache is filled
         damage(d)
         return lab.both([f"data.path={d}", *sets])
+
     case("data", name, *expect)(run)
 
 
@@ -374,20 +536,31 @@ def _shard(d, suffix):
     return d / next(e for e in m["shards"] if e["split"] == "train")[suffix]
 
 
-_data_case("byte flipped in place, data.verify: full",
-           lambda d: flip_byte_keep_stat(_shard(d, "tokens")), "sha256", "corrupted or modified",
-           sets=["data.verify=full"])
-_data_case("shard truncated", lambda d: _shard(d, "tokens").write_bytes(_shard(d, "tokens").read_bytes()[:-3]),
-           "truncated or corrupted")
+_data_case(
+    "byte flipped in place, data.verify: full",
+    lambda d: flip_byte_keep_stat(_shard(d, "tokens")),
+    "sha256",
+    "corrupted or modified",
+    sets=["data.verify=full"],
+)
+_data_case(
+    "shard truncated",
+    lambda d: _shard(d, "tokens").write_bytes(_shard(d, "tokens").read_bytes()[:-3]),
+    "truncated or corrupted",
+)
 _data_case("shard deleted", lambda d: _shard(d, "tokens").unlink(), "missing (listed in")
-_data_case("index truncated", lambda d: _shard(d, "index").write_bytes(_shard(d, "index").read_bytes()[:-8]),
-           "uint64 offsets")
+_data_case(
+    "index truncated", lambda d: _shard(d, "index").write_bytes(_shard(d, "index").read_bytes()[:-8]), "uint64 offsets"
+)
 _data_case("manifest not JSON", lambda d: (d / "manifest.json").write_text("{"), "not valid JSON")
-_data_case("manifest of another format", lambda d: (d / "manifest.json").write_text('{"format": "x"}'),
-           "format 'x'")
-_data_case("data tokenized with another tokenizer",
-           lambda d: (d / "manifest.json").write_text((d / "manifest.json").read_text().replace(
-               "tiktoken_file:v4096", "tiktoken_file:v4097")), "but the run's tokenizer is")
+_data_case("manifest of another format", lambda d: (d / "manifest.json").write_text('{"format": "x"}'), "format 'x'")
+_data_case(
+    "data tokenized with another tokenizer",
+    lambda d: (d / "manifest.json").write_text(
+        (d / "manifest.json").read_text().replace("tiktoken_file:v4096", "tiktoken_file:v4097")
+    ),
+    "but the run's tokenizer is",
+)
 
 
 @case("data", "`megablu data verify` of a byte flipped in place", "sha256")
@@ -404,10 +577,24 @@ def _(lab):
 
 def _synth_case(name, expect, *args):
     """`megablu data synth` refused with `expect`, writing nothing under the lab's synth/ dir."""
+
     def run(lab):
         out = lab.root / "synth" / f"s{len(CASES)}"
-        return lab.cli("data", "synth", "--tokenizer", "tiktoken_file:megablu:stdlib4k", "--out", out, "--docs", "2",
-                       "--no-progress", "--lengths", "900", *args)
+        return lab.cli(
+            "data",
+            "synth",
+            "--tokenizer",
+            "tiktoken_file:megablu:stdlib4k",
+            "--out",
+            out,
+            "--docs",
+            "2",
+            "--no-progress",
+            "--lengths",
+            "900",
+            *args,
+        )
+
     case("data", f"`megablu data synth` {name}", expect, watch=lambda lab: lab.root / "synth")(run)
 
 
@@ -427,6 +614,7 @@ def _keeps(area, name, *expect, make):
     def watch(lab):
         holder["keep"], holder["argv"] = make(lab)
         return holder["keep"]
+
     case(area, name, *expect, watch=watch)(lambda lab: lab.cli(*holder["argv"]))
 
 
@@ -446,31 +634,76 @@ def _source_tree(lab):
 
 _SYNTH = ["--tokenizer", "tiktoken_file:megablu:stdlib4k", "--docs", "2", "--no-progress", "--lengths", "900"]
 _BUILD = ["--tokenizer", "tiktoken_file:megablu:stdlib4k", "--no-progress", "--workers", "1"]
-_keeps("data", "synth --overwrite onto a folder of two datasets and notes",
-       "is not a megablu dataset (it holds a/, b/, notes.txt)", make=lambda lab: ((t := _two_datasets_and_notes(lab)),
-                                      ["data", "synth", *_SYNTH, "--out", t, "--overwrite"]))
-_keeps("data", "build --input SRC --out SRC --overwrite", "is an input of this command",
-       make=lambda lab: ((s := _source_tree(lab)), ["data", "build", "--input", s, "--out", s, "--overwrite", *_BUILD]))
-_keeps("data", "build --out inside its own --input", "lies inside an input of this command",
-       make=lambda lab: ((s := _source_tree(lab)), ["data", "build", "--input", s, "--out", s / "ds", *_BUILD]))
-_keeps("data", "build --out a folder holding its --input", "holds an input of this command",
-       make=lambda lab: ((s := _source_tree(lab)).parent,
-                         ["data", "build", "--input", s, "--out", s.parent, "--overwrite", *_BUILD]))
-_keeps("data", "build --overwrite onto a dataset with a file of the user's", "also holds notes.txt",
-       "megablu did not write", make=lambda lab: ((d := lab.data_copy(), (d / "notes.txt").write_text("x"))[0],
-                                                  ["data", "build", "--input", _source_tree(lab), "--out", d,
-                                                   "--overwrite", *_BUILD]))
-_keeps("data", "build onto a megablu dataset without --overwrite", "already holds a megablu dataset; pass --overwrite",
-       make=lambda lab: ((d := lab.data_copy()), ["data", "build", "--input", _source_tree(lab), "--out", d, *_BUILD]))
-_keeps("data", "build --overwrite onto a file", "exists and is not a directory",
-       make=lambda lab: ((f := lab.write("keep.txt", "x")).parent,
-                         ["data", "build", "--input", _source_tree(lab), "--out", f, "--overwrite", *_BUILD]))
-_keeps("data", "train-tokenizer --out a file of the user's", "are not a rank file megablu trained",
-       make=lambda lab: ((f := lab.write("notes.txt", "x")).parent,
-                         ["data", "train-tokenizer", "--input", _source_tree(lab), "--vocab-size", "300", "--out", f]))
-_keeps("data", "train-tokenizer --out inside its --input", "lies inside the input",
-       make=lambda lab: ((s := _source_tree(lab)),
-                         ["data", "train-tokenizer", "--input", s, "--vocab-size", "300", "--out", s / "r.tiktoken"]))
+_keeps(
+    "data",
+    "synth --overwrite onto a folder of two datasets and notes",
+    "is not a megablu dataset (it holds a/, b/, notes.txt)",
+    make=lambda lab: ((t := _two_datasets_and_notes(lab)), ["data", "synth", *_SYNTH, "--out", t, "--overwrite"]),
+)
+_keeps(
+    "data",
+    "build --input SRC --out SRC --overwrite",
+    "is an input of this command",
+    make=lambda lab: ((s := _source_tree(lab)), ["data", "build", "--input", s, "--out", s, "--overwrite", *_BUILD]),
+)
+_keeps(
+    "data",
+    "build --out inside its own --input",
+    "lies inside an input of this command",
+    make=lambda lab: ((s := _source_tree(lab)), ["data", "build", "--input", s, "--out", s / "ds", *_BUILD]),
+)
+_keeps(
+    "data",
+    "build --out a folder holding its --input",
+    "holds an input of this command",
+    make=lambda lab: (
+        (s := _source_tree(lab)).parent,
+        ["data", "build", "--input", s, "--out", s.parent, "--overwrite", *_BUILD],
+    ),
+)
+_keeps(
+    "data",
+    "build --overwrite onto a dataset with a file of the user's",
+    "also holds notes.txt",
+    "megablu did not write",
+    make=lambda lab: (
+        (d := lab.data_copy(), (d / "notes.txt").write_text("x"))[0],
+        ["data", "build", "--input", _source_tree(lab), "--out", d, "--overwrite", *_BUILD],
+    ),
+)
+_keeps(
+    "data",
+    "build onto a megablu dataset without --overwrite",
+    "already holds a megablu dataset; pass --overwrite",
+    make=lambda lab: ((d := lab.data_copy()), ["data", "build", "--input", _source_tree(lab), "--out", d, *_BUILD]),
+)
+_keeps(
+    "data",
+    "build --overwrite onto a file",
+    "exists and is not a directory",
+    make=lambda lab: (
+        (f := lab.write("keep.txt", "x")).parent,
+        ["data", "build", "--input", _source_tree(lab), "--out", f, "--overwrite", *_BUILD],
+    ),
+)
+_keeps(
+    "data",
+    "train-tokenizer --out a file of the user's",
+    "are not a rank file megablu trained",
+    make=lambda lab: (
+        (f := lab.write("notes.txt", "x")).parent,
+        ["data", "train-tokenizer", "--input", _source_tree(lab), "--vocab-size", "300", "--out", f],
+    ),
+)
+_keeps(
+    "data",
+    "train-tokenizer --out inside its --input",
+    "lies inside the input",
+    make=lambda lab: (
+        (s := _source_tree(lab)),
+        ["data", "train-tokenizer", "--input", s, "--vocab-size", "300", "--out", s / "r.tiktoken"],
+    ),
+)
 
 
 def _export_args(lab, out_of, force=True):
@@ -478,6 +711,7 @@ def _export_args(lab, out_of, force=True):
         runs, run = lab.run(steps=(2,), with_weights=True)
         keep, out = out_of(lab, runs, run)
         return keep, ["ckpt", "export", run, "--out", out, *(["--force"] if force else [])]
+
     return make
 
 
@@ -488,16 +722,36 @@ def _other_export(lab, runs, run):
     return out, out
 
 
-_keeps("checkpoints", "ckpt export RUN --out RUN --force (a run exported onto itself)", "is an input of this command",
-       make=_export_args(None, lambda lab, runs, run: (run, run)))
-_keeps("checkpoints", "ckpt export RUN --out <runs dir> --force", "holds an input of this command",
-       make=_export_args(None, lambda lab, runs, run: (runs, runs)))
-_keeps("checkpoints", "ckpt export --out another run --force", "is not a megablu export",
-       make=_export_args(None, lambda lab, runs, run: (lab.run(steps=(2,))[1],) * 2))
-_keeps("checkpoints", "ckpt export --out inside its own step dir --force", "lies inside an input of this command",
-       make=_export_args(None, lambda lab, runs, run: (run, run / "checkpoints" / "step_0000002" / "hf")))
-_keeps("checkpoints", "ckpt export --force onto an export holding a file of the user's", "also holds notes.txt",
-       make=_export_args(None, _other_export))
+_keeps(
+    "checkpoints",
+    "ckpt export RUN --out RUN --force (a run exported onto itself)",
+    "is an input of this command",
+    make=_export_args(None, lambda lab, runs, run: (run, run)),
+)
+_keeps(
+    "checkpoints",
+    "ckpt export RUN --out <runs dir> --force",
+    "holds an input of this command",
+    make=_export_args(None, lambda lab, runs, run: (runs, runs)),
+)
+_keeps(
+    "checkpoints",
+    "ckpt export --out another run --force",
+    "is not a megablu export",
+    make=_export_args(None, lambda lab, runs, run: (lab.run(steps=(2,))[1],) * 2),
+)
+_keeps(
+    "checkpoints",
+    "ckpt export --out inside its own step dir --force",
+    "lies inside an input of this command",
+    make=_export_args(None, lambda lab, runs, run: (run, run / "checkpoints" / "step_0000002" / "hf")),
+)
+_keeps(
+    "checkpoints",
+    "ckpt export --force onto an export holding a file of the user's",
+    "also holds notes.txt",
+    make=_export_args(None, _other_export),
+)
 
 
 # =========================================================================== checkpoints
@@ -529,20 +783,27 @@ def _damaged(how):
         how(step)
         r = lab.cli("ckpt", "verify", run_dir)
         return Result(r.rc, r.out, r.err + r.out, r.exc)
+
     return run
 
 
 case("checkpoints", "ckpt verify: a shard deleted", "BAD", "missing ds/")(
-    _damaged(lambda s: (s / "ds" / "mp_rank_00_model_states.pt").unlink()))
+    _damaged(lambda s: (s / "ds" / "mp_rank_00_model_states.pt").unlink())
+)
 case("checkpoints", "ckpt verify: one bit flipped", "BAD", "checksum")(
-    _damaged(lambda s: flip_byte_keep_stat(s / "ds" / "mp_rank_00_model_states.pt")))
+    _damaged(lambda s: flip_byte_keep_stat(s / "ds" / "mp_rank_00_model_states.pt"))
+)
 case("checkpoints", "ckpt verify: truncated shard", "BAD", "manifest says")(
-    _damaged(lambda s: (s / "ds" / "mp_rank_00_model_states.pt").write_bytes(b"x")))
+    _damaged(lambda s: (s / "ds" / "mp_rank_00_model_states.pt").write_bytes(b"x"))
+)
 case("checkpoints", "ckpt verify: manifest edited", "BAD", "manifest checksum mismatch")(
-    _damaged(lambda s: (s / "manifest.json").write_text((s / "manifest.json").read_text().replace('"step": 2',
-                                                                                                  '"step": 3'))))
+    _damaged(
+        lambda s: (s / "manifest.json").write_text((s / "manifest.json").read_text().replace('"step": 2', '"step": 3'))
+    )
+)
 case("checkpoints", "ckpt verify: an unlisted extra shard", "BAD", "unlisted file")(
-    _damaged(lambda s: (s / "ds" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").write_bytes(b"x")))
+    _damaged(lambda s: (s / "ds" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").write_bytes(b"x"))
+)
 
 
 @case("checkpoints", "ckpt verify: a dataset dir", "is a megablu dataset")
@@ -608,40 +869,81 @@ def _hf_dir(lab):
 def _eval(lab, *args, model=True, out=None):
     src = ["--hf", _hf_dir(lab)] if model else []
     # max_new 8 holds a passkey answer in the lab's tokenizer (' 12345': 6 tokens, one per digit)
-    return lab.cli("eval", "--config", lab.cfg_file, *src, "--step", "0", "--no-plot", "--out", out or lab.fresh(),
-                   "--set", "eval.max_new=8", "--set", "eval.pad=8", "--set", "eval.lengths=[120]", *args)
+    return lab.cli(
+        "eval",
+        "--config",
+        lab.cfg_file,
+        *src,
+        "--step",
+        "0",
+        "--no-plot",
+        "--out",
+        out or lab.fresh(),
+        "--set",
+        "eval.max_new=8",
+        "--set",
+        "eval.pad=8",
+        "--set",
+        "eval.lengths=[120]",
+        *args,
+    )
 
 
 case("eval/hub", "eval --n 0", "--n: Input should be greater than 0")(lambda lab: _eval(lab, "--n", "0", model=False))
 case("eval/hub", "eval --n -3", "--n: Input should be greater than 0")(lambda lab: _eval(lab, "--n", "-3", model=False))
 case("eval/hub", "eval --lengths 0", "--lengths.0: Input should be greater than 0")(
-    lambda lab: _eval(lab, "--lengths", "0", model=False))
+    lambda lab: _eval(lab, "--lengths", "0", model=False)
+)
 case("eval/hub", "eval --batch-tokens 0", "--batch-tokens 0 must be >= 1")(
-    lambda lab: _eval(lab, "--batch-tokens", "0", model=False))
+    lambda lab: _eval(lab, "--batch-tokens", "0", model=False)
+)
 case("eval/hub", "eval --n not a number", "invalid int value")(lambda lab: _eval(lab, "--n", "x", model=False))
 case("eval/hub", "eval --ckpt missing", "megablu eval: cannot load weights")(
-    lambda lab: _eval(lab, "--ckpt", lab.root / "nowhere", model=False))
+    lambda lab: _eval(lab, "--ckpt", lab.root / "nowhere", model=False)
+)
 case("eval/hub", "eval without --ckpt or --hf", "exactly one of --ckpt")(lambda lab: _eval(lab, model=False))
 case("eval/hub", "eval length shorter than the prompt", "eval.lengths [30] cannot hold task passkey")(
-    lambda lab: _eval(lab, "--lengths", "30", "--n", "1"))
+    lambda lab: _eval(lab, "--lengths", "30", "--n", "1")
+)
 case("eval/hub", "eval with a config error", "train.max_step: unknown key")(
-    lambda lab: _eval(lab, "--set", "train.max_step=1", model=False))
-case("eval/hub", "eval with YaRN over a plain-RoPE checkpoint", "differs from the one", "rope.yarn: None vs",
-     "--rope-override")(lambda lab: _eval(lab, "--n", "1", "--set", "data.window=512", "--set",
-                                          "train.tokens_per_step=2048", "--set",
-                                          "rope.yarn={factor: 2.0, original_max_position: 256}"))
+    lambda lab: _eval(lab, "--set", "train.max_step=1", model=False)
+)
+case(
+    "eval/hub",
+    "eval with YaRN over a plain-RoPE checkpoint",
+    "differs from the one",
+    "rope.yarn: None vs",
+    "--rope-override",
+)(
+    lambda lab: _eval(
+        lab,
+        "--n",
+        "1",
+        "--set",
+        "data.window=512",
+        "--set",
+        "train.tokens_per_step=2048",
+        "--set",
+        "rope.yarn={factor: 2.0, original_max_position: 256}",
+    )
+)
 case("eval/hub", "eval with another rope.theta", "rope.theta: 10000.0 vs 500000.0", "--rope-override")(
-    lambda lab: _eval(lab, "--n", "1", "--set", "rope.theta=500000"))
+    lambda lab: _eval(lab, "--n", "1", "--set", "rope.theta=500000")
+)
 case("eval/hub", "eval of weights that record no rope", "records no rope", "--rope-override")(
-    lambda lab: _eval(lab, "--ckpt", _bare_weights(lab), "--n", "1", model=False))
+    lambda lab: _eval(lab, "--ckpt", _bare_weights(lab), "--n", "1", model=False)
+)
 
 
 for _name, _sets, _msg in _ARCH:
     case("eval/hub", f"eval --ckpt with another architecture: {_name}", _msg, "config vs checkpoint")(
-        lambda lab, s=_sets: _eval(lab, "--ckpt", lab.parent(), "--n", "1", *sum((["--set", x] for x in s), []),
-                                   model=False))
+        lambda lab, s=_sets: _eval(
+            lab, "--ckpt", lab.parent(), "--n", "1", *sum((["--set", x] for x in s), []), model=False
+        )
+    )
     case("eval/hub", f"eval --hf with another architecture: {_name}", _msg, "config vs checkpoint")(
-        lambda lab, s=_sets: _eval(lab, "--n", "1", *sum((["--set", x] for x in s), [])))
+        lambda lab, s=_sets: _eval(lab, "--n", "1", *sum((["--set", x] for x in s), []))
+    )
 
 
 # Result identity (issue 39 items 3-4): each was written with exit 0 before.
@@ -650,9 +952,13 @@ def _run_of_two_steps(lab):
     return run
 
 
-case("eval/hub", "eval --ckpt RUN --step 2 when RUN's newest step is 4", "--step 2, but the weights loaded from",
-     "are step 4", "checkpoints/step_0000002")(
-    lambda lab: _eval(lab, "--ckpt", _run_of_two_steps(lab), "--step", "2", "--n", "1", model=False))
+case(
+    "eval/hub",
+    "eval --ckpt RUN --step 2 when RUN's newest step is 4",
+    "--step 2, but the weights loaded from",
+    "are step 4",
+    "checkpoints/step_0000002",
+)(lambda lab: _eval(lab, "--ckpt", _run_of_two_steps(lab), "--step", "2", "--n", "1", model=False))
 
 
 def _out_of_another_model(lab):
@@ -661,12 +967,40 @@ def _out_of_another_model(lab):
     return out
 
 
-_keeps("eval/hub", "eval into a folder holding another model's result of that step (another rope)",
-       "differs from this eval in rope", "writing this one would lose its cells",
-       make=lambda lab: ((o := _out_of_another_model(lab)),
-                         ["eval", "--config", lab.cfg_file, "--hf", _hf_dir(lab), "--step", "0", "--no-plot", "--out",
-                          o, "--arm", "a", "--set", "eval.max_new=8", "--set", "eval.pad=8", "--set",
-                          "eval.lengths=[120]", "--n", "1", "--rope-override", "--set", "rope.theta=500000"]))
+_keeps(
+    "eval/hub",
+    "eval into a folder holding another model's result of that step (another rope)",
+    "differs from this eval in rope",
+    "writing this one would lose its cells",
+    make=lambda lab: (
+        (o := _out_of_another_model(lab)),
+        [
+            "eval",
+            "--config",
+            lab.cfg_file,
+            "--hf",
+            _hf_dir(lab),
+            "--step",
+            "0",
+            "--no-plot",
+            "--out",
+            o,
+            "--arm",
+            "a",
+            "--set",
+            "eval.max_new=8",
+            "--set",
+            "eval.pad=8",
+            "--set",
+            "eval.lengths=[120]",
+            "--n",
+            "1",
+            "--rope-override",
+            "--set",
+            "rope.theta=500000",
+        ],
+    ),
+)
 
 
 def _string_parent(lab):
@@ -676,16 +1010,35 @@ def _string_parent(lab):
 
 
 case("eval/hub", "eval --gate-parent a result scored with STRING", "inference-time change", "eval.string=")(
-    lambda lab: _eval(lab, "--n", "1", "--gate-parent", _string_parent(lab), "--set", "eval.gate.short_lengths=[120]"))
+    lambda lab: _eval(lab, "--n", "1", "--gate-parent", _string_parent(lab), "--set", "eval.gate.short_lengths=[120]")
+)
 
 
-case("eval/hub", "eval --set eval.chat_template=on with a tokenizer without one",
-     "eval.chat_template=on but tokenizer", "has no chat template")(
-    lambda lab: _eval(lab, "--n", "1", "--tasks", "ruler_niah_single_1", "--lengths", "400", "--set",
-                      "eval.pad=8", "--set", "eval.chat_template=on"))
+case(
+    "eval/hub",
+    "eval --set eval.chat_template=on with a tokenizer without one",
+    "eval.chat_template=on but tokenizer",
+    "has no chat template",
+)(
+    lambda lab: _eval(
+        lab,
+        "--n",
+        "1",
+        "--tasks",
+        "ruler_niah_single_1",
+        "--lengths",
+        "400",
+        "--set",
+        "eval.pad=8",
+        "--set",
+        "eval.chat_template=on",
+    )
+)
 case("eval/hub", "eval with an eval.loss.sets dataset that does not exist", "eval.loss.sets.web=")(
-    lambda lab: _eval(lab, "--n", "1", "--set", f"eval.loss.sets={{web: {lab.root / 'nowhere'}}}", "--set",
-                      "eval.loss.short_docs=0"))
+    lambda lab: _eval(
+        lab, "--n", "1", "--set", f"eval.loss.sets={{web: {lab.root / 'nowhere'}}}", "--set", "eval.loss.short_docs=0"
+    )
+)
 
 
 def _string_without_control(lab):
@@ -696,18 +1049,39 @@ def _string_without_control(lab):
     d, out = lab.fresh("ctl"), []
     yarn = {"theta": 10000.0, "yarn": {"factor": 4.0, "original_max_position": 256}}
     for i, st in enumerate((None, {"variant": "fixed_shift", "shift": 64, "local": 8})):
-        cell = {"task": "passkey", "length": 120, "n": 1, "correct": i, "acc_pp": 100.0 * i, "ci_pp": [0, 100],
-                "padded_len": 128, "digest": "d", "seconds": 0, "by_depth": []}
-        res = make_result([cell], [{"task": "passkey", "length": 120, "index": 0, "correct": bool(i), "score": i}],
-                          arm="ext", step=8, window=1024, eval_cfg=EvalConfig(lengths=[120], string=st),
-                          tokenizer_identity="t", sp=1, extra={"rope": yarn, "weights": "w", "model": {}})
+        cell = {
+            "task": "passkey",
+            "length": 120,
+            "n": 1,
+            "correct": i,
+            "acc_pp": 100.0 * i,
+            "ci_pp": [0, 100],
+            "padded_len": 128,
+            "digest": "d",
+            "seconds": 0,
+            "by_depth": [],
+        }
+        res = make_result(
+            [cell],
+            [{"task": "passkey", "length": 120, "index": 0, "correct": bool(i), "score": i}],
+            arm="ext",
+            step=8,
+            window=1024,
+            eval_cfg=EvalConfig(lengths=[120], string=st),
+            tokenizer_identity="t",
+            sp=1,
+            extra={"rope": yarn, "weights": "w", "model": {}},
+        )
         out.append(write_result(res, d / f"r{i}.json"))
     return out
 
 
-case("eval/hub", "compare --require-controls: STRING on an arm without the untrained parent's",
-     "--require-controls", "no control on the untrained parent + YaRN")(
-    lambda lab: lab.cli("compare", *_string_without_control(lab), "--require-controls"))
+case(
+    "eval/hub",
+    "compare --require-controls: STRING on an arm without the untrained parent's",
+    "--require-controls",
+    "no control on the untrained parent + YaRN",
+)(lambda lab: lab.cli("compare", *_string_without_control(lab), "--require-controls"))
 
 
 def _bare_weights(lab):
@@ -719,7 +1093,8 @@ def _bare_weights(lab):
 
 
 case("eval/hub", "eval --gate-parent not a result", "megablu eval:")(
-    lambda lab: _eval(lab, "--gate-parent", lab.cfg_file, "--n", "1"))
+    lambda lab: _eval(lab, "--gate-parent", lab.cfg_file, "--n", "1")
+)
 
 
 def _repo(lab):
@@ -729,21 +1104,47 @@ def _repo(lab):
 
 
 case("eval/hub", "hub download --local-dir is a file", "is a file, not a directory")(
-    lambda lab: lab.cli("hub", "download", "org/x", "--from-local", _repo(lab), "--include", "a.bin",
-                        "--local-dir", lab.write("dl", "x")))
+    lambda lab: lab.cli(
+        "hub",
+        "download",
+        "org/x",
+        "--from-local",
+        _repo(lab),
+        "--include",
+        "a.bin",
+        "--local-dir",
+        lab.write("dl", "x"),
+    )
+)
 case("eval/hub", "hub download --local-dir under a file", "is a file, not a directory")(
-    lambda lab: lab.cli("hub", "download", "org/x", "--from-local", _repo(lab), "--include", "a.bin",
-                        "--local-dir", lab.write("dl", "x") / "sub"))
+    lambda lab: lab.cli(
+        "hub",
+        "download",
+        "org/x",
+        "--from-local",
+        _repo(lab),
+        "--include",
+        "a.bin",
+        "--local-dir",
+        lab.write("dl", "x") / "sub",
+    )
+)
 case("eval/hub", "hub download include matching nothing", "matched no file")(
-    lambda lab: lab.cli("hub", "download", "org/x", "--from-local", _repo(lab), "--include", "b.bin",
-                        "--local-dir", lab.fresh()))
+    lambda lab: lab.cli(
+        "hub", "download", "org/x", "--from-local", _repo(lab), "--include", "b.bin", "--local-dir", lab.fresh()
+    )
+)
 case("eval/hub", "hub download from a missing mirror", "does not exist")(
-    lambda lab: lab.cli("hub", "download", "org/x", "--from-local", lab.root / "nowhere", "--include", "a",
-                        "--local-dir", lab.fresh()))
+    lambda lab: lab.cli(
+        "hub", "download", "org/x", "--from-local", lab.root / "nowhere", "--include", "a", "--local-dir", lab.fresh()
+    )
+)
 case("eval/hub", "hub upload of a run without checkpoints", "hub upload:")(
-    lambda lab: lab.cli("hub", "upload", lab.run(steps=())[1], "--to-local", lab.fresh()))
+    lambda lab: lab.cli("hub", "upload", lab.run(steps=())[1], "--to-local", lab.fresh())
+)
 case("eval/hub", "compare a missing result", "megablu compare:")(
-    lambda lab: lab.cli("compare", lab.root / "nowhere.json"))
+    lambda lab: lab.cli("compare", lab.root / "nowhere.json")
+)
 
 
 # =========================================================================== resume
@@ -759,13 +1160,19 @@ def _resume_case(name, *expect, make=None, sets=(), resume=None, area="resume"):
         runs, run_dir = holder["made"]
         s = [f"runs_dir={runs}", *sets]
         return lab.entry(s, resume=resume(run_dir) if resume else run_dir.name)
+
     case(area, name, *expect, watch=watch)(run)
 
 
 _resume_case("no such run", "--resume nope: no run 'nope'", resume=lambda r: "nope")
 _resume_case("a file given as the run", "no run", resume=lambda r: r / "config.resolved.yaml")
-_resume_case("no checkpoint yet (stopped before its first save)", "no checkpoint was saved yet",
-             "start without --resume", "--config", make=lambda lab: lab.run(steps=()))
+_resume_case(
+    "no checkpoint yet (stopped before its first save)",
+    "no checkpoint was saved yet",
+    "start without --resume",
+    "--config",
+    make=lambda lab: lab.run(steps=()),
+)
 
 
 def _corrupt_all(lab, how):
@@ -775,12 +1182,25 @@ def _corrupt_all(lab, how):
     return runs, run
 
 
-_resume_case("every checkpoint truncated", "every checkpoint is damaged", "start without --resume",
-             make=lambda lab: _corrupt_all(lab, lambda s: (s / "ds" / "mp_rank_00_model_states.pt").write_bytes(b"")))
-_resume_case("every checkpoint bit-flipped", "every checkpoint is damaged", "checksum", "start without --resume",
-             make=lambda lab: _corrupt_all(lab, lambda s: flip_byte_keep_stat(s / "ds" / "mp_rank_00_model_states.pt")))
-_resume_case("only a step copied from another run", "every checkpoint is damaged", "names run 'x-0009'",
-             make=lambda lab: _foreign_only(lab))
+_resume_case(
+    "every checkpoint truncated",
+    "every checkpoint is damaged",
+    "start without --resume",
+    make=lambda lab: _corrupt_all(lab, lambda s: (s / "ds" / "mp_rank_00_model_states.pt").write_bytes(b"")),
+)
+_resume_case(
+    "every checkpoint bit-flipped",
+    "every checkpoint is damaged",
+    "checksum",
+    "start without --resume",
+    make=lambda lab: _corrupt_all(lab, lambda s: flip_byte_keep_stat(s / "ds" / "mp_rank_00_model_states.pt")),
+)
+_resume_case(
+    "only a step copied from another run",
+    "every checkpoint is damaged",
+    "names run 'x-0009'",
+    make=lambda lab: _foreign_only(lab),
+)
 
 
 def _foreign_only(lab):
@@ -792,29 +1212,55 @@ def _foreign_only(lab):
     return runs, run
 
 
-_resume_case("config differs (lr)", "schedule.lr: saved 0.003, now 0.1",
-             "resume with: deepspeed --num_gpus 1", "--config", "config.resolved.yaml --resume tiny_cpu-0001",
-             sets=["schedule.lr=0.1"])
-_resume_case("config differs (model shape and seed)", "model.d_model: saved 128, now 64",
-             "train.seed: saved 1234, now 7", sets=["model.d_model=64", "model.ffn_dim=176", "train.seed=7"])
-_resume_case("config differs (tokenizer)", "tokenizer.kind: saved 'tiktoken_file', now 'byte'",
-             sets=["tokenizer.kind=byte", "tokenizer.path=null", "model.vocab_size=4096"])
-_resume_case("max_steps extended, cosine", "schedule.kind=cosine decays over all of train.max_steps",
-             "start a new run from this checkpoint with init_from", sets=["train.max_steps=8"])
-_resume_case("max_steps extended inside the WSD tail", "the run is in its decay tail (step 3 > schedule.decay_start=2)",
-             make=lambda lab: lab.run(sets=["schedule.kind=wsd", "schedule.decay_start=2", "train.max_steps=4"],
-                                      steps=(3,)),
-             sets=["schedule.kind=wsd", "schedule.decay_start=2", "train.max_steps=8"])
-_resume_case("max_steps below the checkpoint's step", "train.max_steps=2 < the checkpoint's step 3",
-             make=lambda lab: lab.run(sets=["train.max_steps=6"], steps=(3,)), sets=["train.max_steps=2"])
-_resume_case("stop_after at or before the checkpoint", "train.stop_after=2 <= step 2",
-             sets=["train.stop_after=2"])
+_resume_case(
+    "config differs (lr)",
+    "schedule.lr: saved 0.003, now 0.1",
+    "resume with: deepspeed --num_gpus 1",
+    "--config",
+    "config.resolved.yaml --resume tiny_cpu-0001",
+    sets=["schedule.lr=0.1"],
+)
+_resume_case(
+    "config differs (model shape and seed)",
+    "model.d_model: saved 128, now 64",
+    "train.seed: saved 1234, now 7",
+    sets=["model.d_model=64", "model.ffn_dim=176", "train.seed=7"],
+)
+_resume_case(
+    "config differs (tokenizer)",
+    "tokenizer.kind: saved 'tiktoken_file', now 'byte'",
+    sets=["tokenizer.kind=byte", "tokenizer.path=null", "model.vocab_size=4096"],
+)
+_resume_case(
+    "max_steps extended, cosine",
+    "schedule.kind=cosine decays over all of train.max_steps",
+    "start a new run from this checkpoint with init_from",
+    sets=["train.max_steps=8"],
+)
+_resume_case(
+    "max_steps extended inside the WSD tail",
+    "the run is in its decay tail (step 3 > schedule.decay_start=2)",
+    make=lambda lab: lab.run(sets=["schedule.kind=wsd", "schedule.decay_start=2", "train.max_steps=4"], steps=(3,)),
+    sets=["schedule.kind=wsd", "schedule.decay_start=2", "train.max_steps=8"],
+)
+_resume_case(
+    "max_steps below the checkpoint's step",
+    "train.max_steps=2 < the checkpoint's step 3",
+    make=lambda lab: lab.run(sets=["train.max_steps=6"], steps=(3,)),
+    sets=["train.max_steps=2"],
+)
+_resume_case("stop_after at or before the checkpoint", "train.stop_after=2 <= step 2", sets=["train.stop_after=2"])
 _resume_case("resume with an invalid config", "train.betas", sets=["train.betas=[2, 2]"])
 
 
-@case("resume", "a run whose rope contradicts its init_from (started before the check)",
-      "the run started from init_from", "rope.yarn.original_max_position=128 but the parent", "start a new run",
-      watch=lambda lab: _trap_run(lab)[1])
+@case(
+    "resume",
+    "a run whose rope contradicts its init_from (started before the check)",
+    "the run started from init_from",
+    "rope.yarn.original_max_position=128 but the parent",
+    "start a new run",
+    watch=lambda lab: _trap_run(lab)[1],
+)
 def _(lab):
     runs, run, sets = lab._cache["trap"]
     return lab.entry([f"runs_dir={runs}", *sets], resume=run.name)
@@ -828,12 +1274,27 @@ def _trap_run(lab):
 
 
 # =========================================================================== concurrency
-_resume_case("resume beside a live job (this host)", "is in use by a live job", f"host {socket.gethostname()}",
-             f"pid {os.getpid()}", make=lambda lab: _locked(lab), area="concurrency")
-_resume_case("resume beside a live job on another host", "is in use by a live job", "host node7",
-             make=lambda lab: _locked(lab, host="node7", pid=1), area="concurrency")
-_resume_case("resume beside a job whose lock is being written", "lock file cannot be read",
-             make=lambda lab: _locked(lab, text="{"), area="concurrency")
+_resume_case(
+    "resume beside a live job (this host)",
+    "is in use by a live job",
+    f"host {socket.gethostname()}",
+    f"pid {os.getpid()}",
+    make=lambda lab: _locked(lab),
+    area="concurrency",
+)
+_resume_case(
+    "resume beside a live job on another host",
+    "is in use by a live job",
+    "host node7",
+    make=lambda lab: _locked(lab, host="node7", pid=1),
+    area="concurrency",
+)
+_resume_case(
+    "resume beside a job whose lock is being written",
+    "lock file cannot be read",
+    make=lambda lab: _locked(lab, text="{"),
+    area="concurrency",
+)
 
 
 def _locked(lab, text=None, **kw):
@@ -869,54 +1330,94 @@ def _(lab):
 # Settings that make a score meaningless (item 5) and commands that ended in a traceback (item 6), found by a
 # new-user adversarial run; each of these was accepted or a traceback before it was fixed.
 
+
 # --------------------------------------------------------------------------- item 5: meaningless settings
 def _mix_src(name, path, **kw):
     fields = {"name": name, "path": str(path), "mode": "pack", "weight": 1.0, "max_epochs": ".inf", **kw}
     return "{" + ", ".join(f"{k}: {v}" for k, v in fields.items()) + "}"
 
 
-case("configs", "eval.max_new shorter than the passkey answer", "eval.max_new=4", "task passkey",
-     "set eval.max_new >= 6")(lambda lab: lab.both(["eval.lengths=[128]", "eval.max_new=4", "eval.pad=8",
-                                                    "eval.final=true"]))
+case(
+    "configs", "eval.max_new shorter than the passkey answer", "eval.max_new=4", "task passkey", "set eval.max_new >= 6"
+)(lambda lab: lab.both(["eval.lengths=[128]", "eval.max_new=4", "eval.pad=8", "eval.final=true"]))
 case("eval/hub", "eval --set eval.max_new=3 (shorter than the passkey answer)", "eval.max_new=3", "task passkey")(
-    lambda lab: _eval(lab, "--n", "1", "--set", "eval.max_new=3"))
-case("configs", "a data.mix source reading eval.loss's val split", "data.mix[0] (own)", "eval.loss.data",
-     "scores")(lambda lab: lab.both(["data.path=null", f"data.mix=[{_mix_src('own', lab.data, split='val')}]",
-                                     f"eval.loss.data={lab.data}", "eval.loss.short_docs=0"]))
+    lambda lab: _eval(lab, "--n", "1", "--set", "eval.max_new=3")
+)
+case("configs", "a data.mix source reading eval.loss's val split", "data.mix[0] (own)", "eval.loss.data", "scores")(
+    lambda lab: lab.both(
+        [
+            "data.path=null",
+            f"data.mix=[{_mix_src('own', lab.data, split='val')}]",
+            f"eval.loss.data={lab.data}",
+            "eval.loss.short_docs=0",
+        ]
+    )
+)
 case("configs", "data.split=val of eval.loss's dataset", "data.split=val", "eval.loss.data")(
-    lambda lab: lab.both(["data.split=val", "data.bucket=b0", "data.max_epochs=.inf", f"eval.loss.data={lab.data}@b0",
-                          "eval.loss.short_docs=0"]))
+    lambda lab: lab.both(
+        [
+            "data.split=val",
+            "data.bucket=b0",
+            "data.max_epochs=.inf",
+            f"eval.loss.data={lab.data}@b0",
+            "eval.loss.short_docs=0",
+        ]
+    )
+)
 _YARN_SCRATCH = ["data.window=512", "train.tokens_per_step=2048", "rope.allow_yarn_from_scratch=true"]
 case("configs", "inverted YaRN betas (beta_fast <= beta_slow)", "rope.yarn", "beta_fast=1 <= beta_slow=32")(
-    lambda lab: lab.both([*_YARN_SCRATCH, "rope.yarn={factor: 2.0, original_max_position: 256, beta_fast: 1.0, "
-                          "beta_slow: 32.0}"]))
+    lambda lab: lab.both(
+        [*_YARN_SCRATCH, "rope.yarn={factor: 2.0, original_max_position: 256, beta_fast: 1.0, beta_slow: 32.0}"]
+    )
+)
 # 8k window over bucket b0 (documents < 4096 tokens) and original 4096: no sequence is longer than the original
-_BEYOND = ["data.window=8192", "train.tokens_per_step=32768", "rope.allow_yarn_from_scratch=true", "data.bucket=b0",
-           "rope.yarn={factor: 2.0, original_max_position: 4096, apply: beyond_original}"]
-case("configs", "yarn apply beyond_original, truncate rows no longer than the original",
-     "rope.yarn.apply=beyond_original", "no training sequence is longer than original_max_position 4096")(
-    lambda lab: lab.both([*_BEYOND, "data.mode=truncate"]))
-case("configs", "yarn apply beyond_original, doc_mask over documents no longer than the original",
-     "rope.yarn.apply=beyond_original", "with data.doc_mask")(
-    lambda lab: lab.both([*_BEYOND, "data.mode=pack", "data.doc_mask=true"]))
+_BEYOND = [
+    "data.window=8192",
+    "train.tokens_per_step=32768",
+    "rope.allow_yarn_from_scratch=true",
+    "data.bucket=b0",
+    "rope.yarn={factor: 2.0, original_max_position: 4096, apply: beyond_original}",
+]
+case(
+    "configs",
+    "yarn apply beyond_original, truncate rows no longer than the original",
+    "rope.yarn.apply=beyond_original",
+    "no training sequence is longer than original_max_position 4096",
+)(lambda lab: lab.both([*_BEYOND, "data.mode=truncate"]))
+case(
+    "configs",
+    "yarn apply beyond_original, doc_mask over documents no longer than the original",
+    "rope.yarn.apply=beyond_original",
+    "with data.doc_mask",
+)(lambda lab: lab.both([*_BEYOND, "data.mode=pack", "data.doc_mask=true"]))
 case("configs", "data.mix weights of 1e308 (their sum overflows)", "sum to inf")(
-    lambda lab: lab.both(["data.path=null", f"data.mix=[{_mix_src('a', lab.data, weight='1.0e+308')}, "
-                                            f"{_mix_src('b', lab.data, weight='1.0e+308')}]"]))
+    lambda lab: lab.both(
+        [
+            "data.path=null",
+            f"data.mix=[{_mix_src('a', lab.data, weight='1.0e+308')}, {_mix_src('b', lab.data, weight='1.0e+308')}]",
+        ]
+    )
+)
 
-_PLAN = [("--windows 0", ["--windows", "0"], "--windows: 0"),
-         ("--windows=-4k", ["--windows=-4k"], "--windows: -4096"),
-         ("--gpus -2", ["--gpus", "-2"], "--gpus: -2"),
-         ("--gpus 0", ["--gpus", "0"], "--gpus: 0"),
-         ("--gpu-gb 0", ["--gpu-gb", "0"], "--gpu-gb: 0 GB"),
-         ("--gpu-gb -80", ["--gpu-gb", "-80"], "--gpu-gb: -80 GB"),
-         ("--host-gb 0", ["--host-gb", "0"], "--host-gb: 0 GB")]
+_PLAN = [
+    ("--windows 0", ["--windows", "0"], "--windows: 0"),
+    ("--windows=-4k", ["--windows=-4k"], "--windows: -4096"),
+    ("--gpus -2", ["--gpus", "-2"], "--gpus: -2"),
+    ("--gpus 0", ["--gpus", "0"], "--gpus: 0"),
+    ("--gpu-gb 0", ["--gpu-gb", "0"], "--gpu-gb: 0 GB"),
+    ("--gpu-gb -80", ["--gpu-gb", "-80"], "--gpu-gb: -80 GB"),
+    ("--host-gb 0", ["--host-gb", "0"], "--host-gb: 0 GB"),
+]
 for _n, _a, _e in _PLAN:
     case("commands", f"plan {_n}", _e)(lambda lab, a=_a: lab.cli("plan", "--config", lab.cfg_file, *a))
 case("commands", "plan --calibration a binary file", "--calibration", "not a calibration or probe JSON")(
-    lambda lab: lab.cli("plan", "--config", lab.cfg_file, "--calibration",
-                        lab.write("probe.json", b"\x00\xff\xfegarbage", binary=True)))
+    lambda lab: lab.cli(
+        "plan", "--config", lab.cfg_file, "--calibration", lab.write("probe.json", b"\x00\xff\xfegarbage", binary=True)
+    )
+)
 case("commands", "plan --calibration a JSON list", "--calibration", "not a calibration or probe JSON")(
-    lambda lab: lab.cli("plan", "--config", lab.cfg_file, "--calibration", lab.write("probe.json", "[1, 2]")))
+    lambda lab: lab.cli("plan", "--config", lab.cfg_file, "--calibration", lab.write("probe.json", "[1, 2]"))
+)
 
 
 @case("commands", "runs show <a runs dir>", "is a runs dir, not a run", "megablu runs show")
@@ -957,6 +1458,7 @@ def _full_disk(fn):
 
     def full_open(path, mode="r", *a, **kw):
         return real("/dev/full" if str(path).endswith(".tok") else path, mode, *a, **kw)
+
     shards.open = full_open
     try:
         return fn()
@@ -981,9 +1483,22 @@ def _synth_out(name, expect, out, *extra, wrap=None, lengths="900", docs="2"):
         return _watched(lab, holder["out"])
 
     def run(lab):
-        argv = ["data", "synth", "--tokenizer", "tiktoken_file:megablu:stdlib4k", "--docs", docs, "--no-progress",
-                "--lengths", lengths, "--out", holder["out"], *extra]
+        argv = [
+            "data",
+            "synth",
+            "--tokenizer",
+            "tiktoken_file:megablu:stdlib4k",
+            "--docs",
+            docs,
+            "--no-progress",
+            "--lengths",
+            lengths,
+            "--out",
+            holder["out"],
+            *extra,
+        ]
         return (wrap or (lambda lab, f: f()))(lab, lambda: lab.cli(*argv))
+
     case("data", f"`megablu data synth` {name}", *expect, watch=watch)(run)
 
 
@@ -998,24 +1513,43 @@ def _build_out(name, expect, out, wrap=None):
     def run(lab):
         argv = ["data", "build", "--input", holder["src"], "--out", holder["out"], *_BUILD]
         return (wrap or (lambda lab, f: f()))(lab, lambda: lab.cli(*argv))
+
     case("data", f"`megablu data build` {name}", *expect, watch=watch)(run)
 
 
 _synth_out("--out under /proc", ("/proc", "cannot write there"), lambda lab: Path("/proc/megablu-ds"))
 _build_out("--out under /proc", ("/proc", "cannot write there"), lambda lab: Path("/proc/megablu-ds"))
-_synth_out("--out . (an empty current folder)", ("--out . names no new folder",),
-           lambda lab: Path("."), wrap=lambda lab, f: _in_dir(lab.fresh("cwd"), f))
-_build_out("--out . (an empty current folder)", ("--out . names no new folder",),
-           lambda lab: Path("."), wrap=lambda lab, f: _in_dir(lab.fresh("cwd"), f))
+_synth_out(
+    "--out . (an empty current folder)",
+    ("--out . names no new folder",),
+    lambda lab: Path("."),
+    wrap=lambda lab, f: _in_dir(lab.fresh("cwd"), f),
+)
+_build_out(
+    "--out . (an empty current folder)",
+    ("--out . names no new folder",),
+    lambda lab: Path("."),
+    wrap=lambda lab, f: _in_dir(lab.fresh("cwd"), f),
+)
 _synth_out("--out a symlink loop", ("symlink loop",), _loop)
 _build_out("--out a symlink loop", ("symlink loop",), _loop)
 _synth_out("--out a 300-character name", ("is 300 bytes long",), lambda lab: lab.fresh("long") / ("d" * 300))
 # a short document's tokens wait in one shard's buffer while a long one's write fails in another: closing the first
 # then fails too (its buffer cannot be flushed), which once skipped removing the temp folder
-_synth_out("onto a full disk", ("No space left on device", "nothing was written"),
-           lambda lab: lab.fresh("full") / "ds", lengths="900,5000", docs="4", wrap=lambda lab, f: _full_disk(f))
-_build_out("onto a full disk", ("No space left on device", "nothing was written"),
-           lambda lab: lab.fresh("full") / "ds", wrap=lambda lab, f: _full_disk(f))
+_synth_out(
+    "onto a full disk",
+    ("No space left on device", "nothing was written"),
+    lambda lab: lab.fresh("full") / "ds",
+    lengths="900,5000",
+    docs="4",
+    wrap=lambda lab, f: _full_disk(f),
+)
+_build_out(
+    "onto a full disk",
+    ("No space left on device", "nothing was written"),
+    lambda lab: lab.fresh("full") / "ds",
+    wrap=lambda lab, f: _full_disk(f),
+)
 
 
 def _read_only_dir(lab) -> Path:
@@ -1031,16 +1565,24 @@ def _read_only_dir(lab) -> Path:
 
 
 case("eval/hub", "eval --out an existing file", "--out", "is a file, not a directory")(
-    lambda lab: _eval(lab, "--n", "1", out=lab.write("result.txt", "mine")))
+    lambda lab: _eval(lab, "--n", "1", out=lab.write("result.txt", "mine"))
+)
 case("eval/hub", "eval --out a read-only folder", "--out", "cannot write there")(
-    lambda lab: _eval(lab, "--n", "1", out=_read_only_dir(lab)))
+    lambda lab: _eval(lab, "--n", "1", out=_read_only_dir(lab))
+)
 case("configs", "a 300-character run name", "is 300 bytes long", "at most 242")(
-    lambda lab: lab.both([f"name={'r' * 300}"]))
+    lambda lab: lab.both([f"name={'r' * 300}"])
+)
 case("configs", "a run name with a NUL character", "name=")(lambda lab: lab.both(['name="a\\0b"']))
 
 
-@case("commands", "runs: a run whose metrics.csv is binary (the others still list)", "tiny_cpu-0001",
-      "garbage-0001: unreadable", rc=0)
+@case(
+    "commands",
+    "runs: a run whose metrics.csv is binary (the others still list)",
+    "tiny_cpu-0001",
+    "garbage-0001: unreadable",
+    rc=0,
+)
 def _(lab):
     runs, _ = lab.run(steps=())
     bad = runs / "garbage-0001"
@@ -1053,6 +1595,7 @@ def _(lab):
 
 class _FakeTrainer:
     """The entry's Trainer, without training: train() runs `then` (a signal) and returns a summary."""
+
     then = None
     on_init = None
 
@@ -1072,7 +1615,7 @@ def _with_fake_trainer(fn, then=None, on_init=None):
 
     saved = trainer.Trainer, watchdog.exit_with_launcher
     trainer.Trainer, _FakeTrainer.then, _FakeTrainer.on_init = _FakeTrainer, then, on_init
-    watchdog.exit_with_launcher = lambda *a, **k: None    # no launcher to watch in-process
+    watchdog.exit_with_launcher = lambda *a, **k: None  # no launcher to watch in-process
     try:
         return fn()
     finally:
@@ -1081,11 +1624,14 @@ def _with_fake_trainer(fn, then=None, on_init=None):
 
 
 case("commands", "entry --json under a file", "--json", "which is a file")(
-    lambda lab: _with_fake_trainer(lambda: lab.entry(extra=["--json", lab.write("f", "x") / "summary.json"])))
+    lambda lab: _with_fake_trainer(lambda: lab.entry(extra=["--json", lab.write("f", "x") / "summary.json"]))
+)
 case("commands", "entry --json into a read-only folder", "--json", "cannot write there")(
-    lambda lab: _with_fake_trainer(lambda: lab.entry(extra=["--json", _read_only_dir(lab) / "summary.json"])))
+    lambda lab: _with_fake_trainer(lambda: lab.entry(extra=["--json", _read_only_dir(lab) / "summary.json"]))
+)
 case("commands", "entry --json an existing folder", "--json", "is a directory")(
-    lambda lab: _with_fake_trainer(lambda: lab.entry(extra=["--json", lab.fresh()])))
+    lambda lab: _with_fake_trainer(lambda: lab.entry(extra=["--json", lab.fresh()]))
+)
 
 
 def _ctrl_c():
@@ -1095,28 +1641,41 @@ def _ctrl_c():
 
     os.kill(os.getpid(), signal.SIGINT)
     os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(5)    # the handlers raise before this ends
+    time.sleep(5)  # the handlers raise before this ends
 
 
 case("commands", "Ctrl-C during a launched run names SIGINT", "stopped by SIGINT (Ctrl-C)", rc=130)(
-    lambda lab: _with_fake_trainer(lambda: lab.entry(world=2), then=_ctrl_c))
-case("commands", "Ctrl-C while the run is being set up names SIGINT", "stopped by SIGINT (Ctrl-C)",
-     "no step was trained", rc=130)(
-    lambda lab: _with_fake_trainer(lambda: lab.entry(world=2), on_init=_ctrl_c))
+    lambda lab: _with_fake_trainer(lambda: lab.entry(world=2), then=_ctrl_c)
+)
+case(
+    "commands",
+    "Ctrl-C while the run is being set up names SIGINT",
+    "stopped by SIGINT (Ctrl-C)",
+    "no step was trained",
+    rc=130,
+)(lambda lab: _with_fake_trainer(lambda: lab.entry(world=2), on_init=_ctrl_c))
 
-_LAUNCH = [("--master-port 99999", ["--master-port", "99999"], "--master-port: 99999 is not a port (1..65535"),
-           ("--master-port 0", ["--master-port", "0"], "--master-port: 0 is not a port (1..65535"),
-           ("--nodes 0", ["--nodes", "0"], "--nodes/--num-nodes: 0 must be >= 1"),
-           ("--gpus 0", ["--gpus", "0"], "--gpus/--num-gpus: 0 must be >= 1"),
-           ("--node-rank 2 of 2 nodes", ["--launcher", "torchrun", "--nodes", "2", "--node-rank", "2"],
-            "--node-rank 2 with --nodes 2")]
+_LAUNCH = [
+    ("--master-port 99999", ["--master-port", "99999"], "--master-port: 99999 is not a port (1..65535"),
+    ("--master-port 0", ["--master-port", "0"], "--master-port: 0 is not a port (1..65535"),
+    ("--nodes 0", ["--nodes", "0"], "--nodes/--num-nodes: 0 must be >= 1"),
+    ("--gpus 0", ["--gpus", "0"], "--gpus/--num-gpus: 0 must be >= 1"),
+    (
+        "--node-rank 2 of 2 nodes",
+        ["--launcher", "torchrun", "--nodes", "2", "--node-rank", "2"],
+        "--node-rank 2 with --nodes 2",
+    ),
+]
 for _n, _a, _e in _LAUNCH:
     case("commands", f"train {_n}", _e)(
-        lambda lab, a=_a: lab.cli("train", "--config", lab.cfg_file, "--device", "cpu", "--dry-run", *a))
+        lambda lab, a=_a: lab.cli("train", "--config", lab.cfg_file, "--device", "cpu", "--dry-run", *a)
+    )
 case("commands", "probe --steps 0", "--steps: 0 must be >= 1")(
-    lambda lab: lab.cli("probe", "--config", lab.cfg_file, "--steps", "0", "--dry-run"))
+    lambda lab: lab.cli("probe", "--config", lab.cfg_file, "--steps", "0", "--dry-run")
+)
 case("commands", "compare --margin-pp -5", "--margin-pp: -5 must be >= 0")(
-    lambda lab: lab.cli("compare", lab.cfg_file, "--gate-parent", lab.cfg_file, "--margin-pp", "-5"))
+    lambda lab: lab.cli("compare", lab.cfg_file, "--gate-parent", lab.cfg_file, "--margin-pp", "-5")
+)
 
 
 # --------------------------------------------------------------------------- pytest
@@ -1140,7 +1699,7 @@ def test_a_stale_lock_does_not_block_a_resume(lab):
         runs, run = _locked(lab, **kw)
         r = lab.check([f"runs_dir={runs}"], "--resume", run.name)
         assert r.rc == 0, (kw, r.err)
-        lock = RunLock.acquire(run)       # and taking it over works
+        lock = RunLock.acquire(run)  # and taking it over works
         assert json.loads((run / "run.lock").read_text())["pid"] == os.getpid()
         lock.release()
         assert not (run / "run.lock").exists()
@@ -1148,11 +1707,13 @@ def test_a_stale_lock_does_not_block_a_resume(lab):
 
 def test_wsd_extended_before_its_tail_and_sp_change_are_accepted(lab):
     runs, run = lab.run(sets=["schedule.kind=wsd", "schedule.decay_start=3", "train.max_steps=6"], steps=(2,))
-    ok = lab.check([f"runs_dir={runs}", "schedule.kind=wsd", "schedule.decay_start=7", "train.max_steps=10"],
-                   "--resume", run.name)
+    ok = lab.check(
+        [f"runs_dir={runs}", "schedule.kind=wsd", "schedule.decay_start=7", "train.max_steps=10"], "--resume", run.name
+    )
     assert ok.rc == 0, ok.err
-    ok = lab.check([f"runs_dir={runs}", "schedule.kind=wsd", "schedule.decay_start=3", "train.max_steps=10"],
-                   "--resume", run.name)   # decay_start kept: the tail starts where it did, and is longer
+    ok = lab.check(
+        [f"runs_dir={runs}", "schedule.kind=wsd", "schedule.decay_start=3", "train.max_steps=10"], "--resume", run.name
+    )  # decay_start kept: the tail starts where it did, and is longer
     assert ok.rc == 0, ok.err
 
 
@@ -1173,7 +1734,7 @@ def test_config_check_and_entry_share_one_preflight(monkeypatch, lab):
     monkeypatch.setattr(preflight, "CHECKS", preflight.CHECKS + [("probe", lambda ctx: ["probe: planted"])])
     r = lab.both()
     assert r.rc == 2 and r.err.count("probe: planted") == 2, r.err
-    assert trainer.preflight is preflight.preflight      # the old import path still works
+    assert trainer.preflight is preflight.preflight  # the old import path still works
 
 
 def test_items_5_6_controls_are_accepted(lab, tmp_path):
@@ -1190,16 +1751,27 @@ def test_items_5_6_controls_are_accepted(lab, tmp_path):
     assert r.rc == 0, r.err
     # eval.loss on the val split of a dataset the run trains on the train split of; and a val split of another bucket
     assert ok([f"eval.loss.data={lab.data}", "eval.loss.short_docs=0"]).rc == 0
-    r = ok(["data.split=val", "data.bucket=b0", "data.max_epochs=.inf", f"eval.loss.data={lab.data}@b1",
-            "eval.loss.short_docs=0"])
+    r = ok(
+        [
+            "data.split=val",
+            "data.bucket=b0",
+            "data.max_epochs=.inf",
+            f"eval.loss.data={lab.data}@b1",
+            "eval.loss.short_docs=0",
+        ]
+    )
     assert r.rc == 0, r.err
     # a budget that holds the answer (' 12345': 6 tokens)
     assert ok(["eval.lengths=[128]", "eval.max_new=6", "eval.pad=8", "eval.final=true"]).rc == 0
     # the longest run name, and large but finite weights
     assert ok([f"name={'r' * RUN_NAME_MAX}"]).rc == 0
     assert lab.check([f"name={'r' * (RUN_NAME_MAX + 1)}"]).rc == 2
-    r = ok(["data.path=null", f"data.mix=[{_mix_src('a', lab.data, weight='1.0e+300')}, "
-                              f"{_mix_src('b', lab.data, weight='3.0e+300')}]"])
+    r = ok(
+        [
+            "data.path=null",
+            f"data.mix=[{_mix_src('a', lab.data, weight='1.0e+300')}, {_mix_src('b', lab.data, weight='3.0e+300')}]",
+        ]
+    )
     assert r.rc == 0, r.err
     # plan and compare with ordinary values; runs show of a run
     assert lab.cli("plan", "--config", lab.cfg_file, "--gpus", "1,2", "--windows", "256,1k", "--gpu-gb", "80").rc == 0
@@ -1211,7 +1783,7 @@ def test_writable_problem_probes_and_leaves_nothing(tmp_path):
     from megablu.utils.files import output_file_problem, writable_problem
 
     assert writable_problem(tmp_path / "new" / "deeper", "--out") is None
-    assert list(tmp_path.iterdir()) == []                       # the probe file is gone, nothing was created
+    assert list(tmp_path.iterdir()) == []  # the probe file is gone, nothing was created
     assert output_file_problem(tmp_path / "s.json", "--json") is None
     (tmp_path / "f").write_text("x")
     assert "which is a file" in writable_problem(tmp_path / "f" / "x", "--out")

@@ -1,4 +1,5 @@
 """bench/doc_mask_bench.py off the GPU: the document mixes, the table with failed rows, no-CUDA exit."""
+
 import importlib.util
 import json
 from pathlib import Path
@@ -19,17 +20,29 @@ def test_mixes_fill_the_row(T):
     for mix in ("60/40", "short"):
         ls = bench.mix_lengths(T, mix)
         assert sum(ls) == T and all(n > 0 for n in ls)
-        assert bench.mix_lengths(T, mix) == ls                      # seeded
+        assert bench.mix_lengths(T, mix) == ls  # seeded
     ls = bench.mix_lengths(T, "60/40")
     assert max(ls) == int(0.6 * T) and all(n <= 4096 for n in ls if n != max(ls))
     assert all(n <= 4096 for n in bench.mix_lengths(T, "short"))
 
 
 def test_table_keeps_failed_and_skipped_rows(tmp_path):
-    rows = [dict(heads="16/4", T=32768, mix="one", n_docs=1, kernel="sdpa causal", fwd_ms=1.0, fwd_bwd_ms=3.0,
-                 speedup=1.0, tflops=400.0, first_s=0.1),
-            dict(heads="16/4", T=32768, mix="short", n_docs=12, kernel="flex", note="OutOfMemoryError: x"),
-            dict(heads="9/3", T=65536, mix="-", kernel="all", note="skipped: budget")]
+    rows = [
+        dict(
+            heads="16/4",
+            T=32768,
+            mix="one",
+            n_docs=1,
+            kernel="sdpa causal",
+            fwd_ms=1.0,
+            fwd_bwd_ms=3.0,
+            speedup=1.0,
+            tflops=400.0,
+            first_s=0.1,
+        ),
+        dict(heads="16/4", T=32768, mix="short", n_docs=12, kernel="flex", note="OutOfMemoryError: x"),
+        dict(heads="9/3", T=65536, mix="-", kernel="all", note="skipped: budget"),
+    ]
     bench.write(rows, tmp_path, {"device": "d", "torch": "t", "budget_s": 1})
     md = (tmp_path / "doc_mask_bench.md").read_text()
     assert md.count("\n| ") == 4 and "OutOfMemoryError" in md and "skipped: budget" in md

@@ -5,6 +5,7 @@ one is), and the data build, which runs on this machine's stdlib with the shippe
 in place of SmolLM2's tokenizer and 12 MB (not in the repo). A logged eval leaves a result file, as a
 finished cell would. Every logged command must parse with its program's own parser and load its config;
 every eval must pass its setup checks and its rope check against what the conversion writes."""
+
 import hashlib
 import json
 import os
@@ -43,9 +44,21 @@ def pieces(tmp_path):
     (--piece-mib 37 of 98.4 MB: two full pieces and a short third); its sha256."""
     src = tmp_path / "model.gguf"
     src.write_bytes(os.urandom(5 << 19))
-    r = subprocess.run([sys.executable, "dev/smollm2_pieces.py", "split", str(src), "--out",
-                        str(tmp_path / "pieces" / "smol"), "--piece-mib", "1"], capture_output=True, text=True,
-                       cwd=ROOT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "dev/smollm2_pieces.py",
+            "split",
+            str(src),
+            "--out",
+            str(tmp_path / "pieces" / "smol"),
+            "--piece-mib",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in (tmp_path / "pieces").iterdir()) == ["smol_0", "smol_1", "smol_2"]
     return tmp_path / "pieces" / "smol", hashlib.sha256(src.read_bytes()).hexdigest()
@@ -60,11 +73,19 @@ def _call(tmp_path: Path, dev: Path, prefix: Path, arm: str, rc: int = 0, **knob
     (fake / "timeout").chmod(0o755)
     log, out = tmp_path / f"cmds_{arm}.log", tmp_path / f"out_{arm}"
     log.unlink(missing_ok=True)
-    env = {**os.environ, "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}", "REHEARSE_CPU": "1",
-           "REHEARSE_LOG": str(log), "RULER_DEV": str(dev), "RULER_PIECES": str(prefix), "OUT": str(out),
-           "ARM": arm, "DS_ACCELERATOR": "cpu", **knobs}
-    r = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=env,
-                       cwd=ROOT, timeout=300)
+    env = {
+        **os.environ,
+        "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "REHEARSE_CPU": "1",
+        "REHEARSE_LOG": str(log),
+        "RULER_DEV": str(dev),
+        "RULER_PIECES": str(prefix),
+        "OUT": str(out),
+        "ARM": arm,
+        "DS_ACCELERATOR": "cpu",
+        **knobs,
+    }
+    r = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert r.returncode == rc, r.stdout[-2000:] + r.stderr[-2000:]
     back = list(out.iterdir())
     assert len(back) <= 8 and all(p.is_file() for p in back), back
@@ -105,7 +126,7 @@ def test_four_calls_native_in_its_window_yarn4_at_32k_then_compare(tmp_path, pie
     assert (dev / "stdlib_smol" / "manifest.json").is_file()
     build = next(c for c in cmds if c[1:5] == ["-m", "megablu.cli", "data", "build"])
     assert build[build.index("--tokenizer") + 1] == "hf:data_cache/smollm2/hf_tokenizer/tokenizer.json"
-    assert build[build.index("--val-fraction") + 1] == "0.5"     # the 32640 cells' haystack: 65,280 val tokens
+    assert build[build.index("--val-fraction") + 1] == "0.5"  # the 32640 cells' haystack: 65,280 val tokens
     blu = next(c for c in cmds if "bench/eval_bench.py" in c)
     assert "--random" in blu and f"OUT={dev}/work_prep/bench" in blu
     _, ns = parse_command(blu)
@@ -117,7 +138,7 @@ def test_four_calls_native_in_its_window_yarn4_at_32k_then_compare(tmp_path, pie
     cmds = _call(tmp_path, dev, prefix, "native")
     joined = dev / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert hashlib.sha256(joined.read_bytes()).hexdigest() == sha
-    assert not any(" data build " in " ".join(c) for c in cmds)                  # A built it
+    assert not any(" data build " in " ".join(c) for c in cmds)  # A built it
     native = _evals(cmds)
     # what `smollm2_pieces.py convert` writes beside the weights: SmolLM2's own rope and 8192 positions
     smol = load_config(ROOT / "experiments/ruler_baselines/rep_smollm2_32k.yaml", ["rope.yarn=null"])
@@ -125,13 +146,14 @@ def test_four_calls_native_in_its_window_yarn4_at_32k_then_compare(tmp_path, pie
 
     # C: the YaRN x4 suite on the same prompts, then the compare of both arms
     cmds = _call(tmp_path, dev, prefix, "yarn4")
-    assert not any(c[1] == "dev/smollm2_pieces.py" for c in cmds)            # the model is there
+    assert not any(c[1] == "dev/smollm2_pieces.py" for c in cmds)  # the model is there
     yarn4 = _evals(cmds)
     # each arm: the suite per length, shortest first (32640 in three groups of tasks), then cwe (the slowest)
     # from 4096, last
     for arm, cells in (("native", native), ("yarn4", yarn4)):
-        assert list(cells) == [f"{arm}_{L}" for L in LENGTHS] + [f"{arm}_32640_g1", f"{arm}_32640_g2"] + \
-            [f"{arm}_cwe_{L}" for L in LENGTHS if L >= 4096]
+        assert list(cells) == [f"{arm}_{L}" for L in LENGTHS] + [f"{arm}_32640_g1", f"{arm}_32640_g2"] + [
+            f"{arm}_cwe_{L}" for L in LENGTHS if L >= 4096
+        ]
     suite = sorted({"passkey", *MEGABLU_SUITE} - {"cwe"})
     for arm, cells in (("native", native), ("yarn4", yarn4)):
         # 32640's groups: consecutive tasks, every task once, the held-out loss in the first group only
@@ -140,7 +162,7 @@ def test_four_calls_native_in_its_window_yarn4_at_32k_then_compare(tmp_path, pie
         for name, ns in cells.items():
             L = int(name.removesuffix("_g1").removesuffix("_g2").rsplit("_", 1)[1])
             assert ns.lengths == [L] and f"eval.lengths=[{L}]" in ns.set and ns.n == 100, ns
-            loss = [x for x in ns.set if x.startswith("eval.loss.data=")][-1]   # the last one counts
+            loss = [x for x in ns.set if x.startswith("eval.loss.data=")][-1]  # the last one counts
             if "_cwe_" in name:
                 assert ns.tasks == ["cwe"] and loss == "eval.loss.data=null", ns
             elif name.endswith(("_g1", "_g2")):
@@ -153,12 +175,12 @@ def test_four_calls_native_in_its_window_yarn4_at_32k_then_compare(tmp_path, pie
             assert ns.ckpt == f"{dev}/smollm2_blu" and ns.step == 0 and ns.arm == f"smollm2-{arm}"
             assert not eval_problems_of(ns), (name, eval_problems_of(ns))
             cfg = load_config(ROOT / ns.config, ns.set)
-            if arm == "native":   # its own rope; its own 8192 positions wherever prompt + answer fit them
+            if arm == "native":  # its own rope; its own 8192 positions wherever prompt + answer fit them
                 fits = all(eval_padded_len(L, cfg.eval.task_max_new(t), cfg.eval.pad) <= 8192 for t in ns.tasks)
                 assert cfg.rope.yarn is None and not ns.rope_override
                 assert _window(ns) == (8192 if fits else 32768), (name, _window(ns))
                 assert _rope_against_checkpoint(ns, cfg) == {}
-            else:                 # YaRN 4 x 8192 at 32768, an override the result records
+            else:  # YaRN 4 x 8192 at 32768, an override the result records
                 assert (cfg.rope.yarn.factor, cfg.rope.yarn.original_max_position, _window(ns)) == (4.0, 8192, 32768)
                 assert ns.rope_override and "rope_override" in _rope_against_checkpoint(ns, cfg)
                 ns.rope_override = False
@@ -284,7 +306,7 @@ def test_oracle_arm_runs_the_oracle_on_native_inside_its_window(tmp_path, pieces
     from megablu.config import load_config
 
     for c, L in zip(oracle, (4096, 8192)):
-        argv = c[c.index("bench/ruler_oracle.py") + 1:]
+        argv = c[c.index("bench/ruler_oracle.py") + 1 :]
         ns = ruler_oracle.parse_args(argv)
         assert ns.lengths == [L] and ns.n == 50 and ns.out.endswith(f"oracle_{L}.json")
         cfg = load_config(ROOT / ns.config, ns.set)
@@ -303,8 +325,14 @@ def test_faithful_runs_every_part_side_by_side_then_one_compare(tmp_path, pieces
     _call(tmp_path, dev, prefix, "prep")
     cmds = _call(tmp_path, dev, prefix, "faithful", SUITE="ruler", SNAP_S="1")
     evals = _evals(cmds)
-    assert sorted(evals) == ["rnative_4096", "rnative_8192", "ryarn4_16384", "ryarn4_32768", "ryarn4_32768_g1",
-                             "ryarn4_32768_g2"]
+    assert sorted(evals) == [
+        "rnative_4096",
+        "rnative_8192",
+        "ryarn4_16384",
+        "ryarn4_32768",
+        "ryarn4_32768_g1",
+        "ryarn4_32768_g2",
+    ]
     for name, ns in evals.items():
         assert not eval_problems_of(ns), (name, eval_problems_of(ns))
         assert _window(ns) == (8192 if name.startswith("rnative") else 32768), name
@@ -312,7 +340,7 @@ def test_faithful_runs_every_part_side_by_side_then_one_compare(tmp_path, pieces
     oracle = [c for c in cmds if any(a.endswith("bench/ruler_oracle.py") for a in c)]
     assert len(oracle) == 1 and "4096" in oracle[0]
     compares = [i for i, c in enumerate(cmds) if c[3:4] == ["compare"]]
-    assert len(compares) == 1 and compares[0] == len(cmds) - 1, [c[:4] for c in cmds]   # once, after everything
+    assert len(compares) == 1 and compares[0] == len(cmds) - 1, [c[:4] for c in cmds]  # once, after everything
     _, ns = parse_command(cmds[compares[0]])
     assert sorted(Path(r).name for r in ns.runs) == sorted(evals)
     out = tmp_path / "out_faithful"

@@ -3,6 +3,7 @@ the megablu backend) on one model, two tasks, one short length. The model is an 
 prompt's text and answers the asked needles' values (a perfect retriever), except on lm-eval's essay
 prompts (niah_single_2 through lm-eval), where it answers a wrong number: niah_single_1 must come out
 100% on both sides ("yes"), niah_single_2 100% for megablu and 0% for lm-eval ("NO")."""
+
 import json
 import re
 import sys
@@ -28,15 +29,18 @@ def _needles(text):
     if q is None:
         return None
     keys = re.split(r", and |, ", q.group(1))
-    return [v for k in keys for v in re.findall(r"One of the special magic \w+ for " + re.escape(k)
-                                                   + r" is: ([\w-]+)\.", text)]
+    return [
+        v
+        for k in keys
+        for v in re.findall(r"One of the special magic \w+ for " + re.escape(k) + r" is: ([\w-]+)\.", text)
+    ]
 
 
 class NiahOracle(OracleModel):
     def _answer(self, ids):
         text = self.tok.decode(ids)
         vals = _needles(text)
-        if not vals:    # an early prefill chunk: the question has not been seen yet
+        if not vals:  # an early prefill chunk: the question has not been seen yet
             return [self.tok.eot_id] * 200
         lm_eval_essay = text.rstrip().endswith("mentioned in the provided text is") and "The grass is green" not in text
         ans = "1234567" if lm_eval_essay else ", ".join(vals)
@@ -52,17 +56,39 @@ def test_oracle_table(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     cfg_path = tmp_path / "oracle.yaml"
-    cfg_path.write_text(yaml.safe_dump({
-        "name": "oracle", "model": {"n_layers": 1, "d_model": 8, "n_heads": 1, "n_kv_heads": 1, "ffn_dim": 8,
-                                    "vocab_size": 257},
-        "rope": {"theta": 10000.0}, "tokenizer": {"kind": "byte"}, "data": {"window": 1024},
-        "train": {"max_steps": 1, "tokens_per_step": 1024, "dtype": "fp32", "device": "cpu"},
-        "schedule": {"kind": "cosine", "lr": 1e-3, "warmup_steps": 0}}))
+    cfg_path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "oracle",
+                "model": {"n_layers": 1, "d_model": 8, "n_heads": 1, "n_kv_heads": 1, "ffn_dim": 8, "vocab_size": 257},
+                "rope": {"theta": 10000.0},
+                "tokenizer": {"kind": "byte"},
+                "data": {"window": 1024},
+                "train": {"max_steps": 1, "tokens_per_step": 1024, "dtype": "fp32", "device": "cpu"},
+                "schedule": {"kind": "cosine", "lr": 1e-3, "warmup_steps": 0},
+            }
+        )
+    )
     cfg = load_config(cfg_path)
     tok = ByteTokenizer()
     out = tmp_path / "cells.json"
-    rc = ruler_oracle.main(["--config", str(cfg_path), "--lengths", "512", "--n", "4", "--out", str(out),
-                            "niah_single_1", "niah_single_2"], model=NiahOracle(tok), tok=tok, cfg=cfg)
+    rc = ruler_oracle.main(
+        [
+            "--config",
+            str(cfg_path),
+            "--lengths",
+            "512",
+            "--n",
+            "4",
+            "--out",
+            str(out),
+            "niah_single_1",
+            "niah_single_2",
+        ],
+        model=NiahOracle(tok),
+        tok=tok,
+        cfg=cfg,
+    )
     text = capsys.readouterr().out
     assert rc == 0
     rows = json.loads(out.read_text())["cells"]
@@ -71,8 +97,9 @@ def test_oracle_table(tmp_path, monkeypatch, capsys):
     assert one["megablu"][:2] == [4, 4] and one["lm_eval"][:2] == [4, 4] and one["agree"]
     assert two["megablu"][:2] == [4, 4] and two["lm_eval"][:2] == [0, 4] and not two["agree"]
     # 4 prompts: the smallest n whose 100% and 0% Wilson intervals do not overlap (4/(4+1.96^2) > 1/2)
-    assert "| niah_single_1 | niah_single_1 | 512 | 100.0 [51.0, 100.0] (n=4) | 100.0 [51.0, 100.0] (n=4) | yes |" \
-        in text
+    assert (
+        "| niah_single_1 | niah_single_1 | 512 | 100.0 [51.0, 100.0] (n=4) | 100.0 [51.0, 100.0] (n=4) | yes |" in text
+    )
     assert "| niah_single_2 | niah_single_2 | 512 | 100.0" in text and "| 0.0 [0.0, 49.0] (n=4) | NO |" in text
     # both sides read the faithful suite's shipped essay stand-in (pydoc_data.topics only where it is absent)
     assert "essay haystack: ruler/essays.txt.gz (megablu's RULER essay haystack)" in text
@@ -94,5 +121,5 @@ def test_help_and_bad_names(capsys):
     want = ruler_oracle.FAITHFUL if "ruler_niah_single_1" in PRESETS else ruler_oracle.LIKE
     assert ruler_oracle.mapping([]) == want and ruler_oracle.FAITHFUL["niah_single_1"] == "ruler_niah_single_1"
     assert ruler_oracle.FAITHFUL["ruler_vt"] == "ruler_vt" and ruler_oracle.LIKE["ruler_vt"] == "vt"
-    m = ruler_oracle.mapping([f"my_lm_vt={want['ruler_vt']}"])   # another lm-eval task for the same megablu task
-    assert m["my_lm_vt"] == want["ruler_vt"] and "ruler_vt" not in m                   # replaces ruler_vt's
+    m = ruler_oracle.mapping([f"my_lm_vt={want['ruler_vt']}"])  # another lm-eval task for the same megablu task
+    assert m["my_lm_vt"] == want["ruler_vt"] and "ruler_vt" not in m  # replaces ruler_vt's

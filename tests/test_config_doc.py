@@ -1,5 +1,6 @@
 """docs/CONFIG.md is generated from the schema's field descriptions (dev/gen_config_doc.py) and kept current:
 a field added or a description changed without regenerating the page fails here."""
+
 import importlib.util
 from pathlib import Path
 

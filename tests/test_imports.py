@@ -8,6 +8,7 @@
 3. Every module imports from a fresh megablu (all megablu modules dropped from sys.modules
    before each), so no module works only after another has been imported first.
 """
+
 from __future__ import annotations
 
 import ast
@@ -18,8 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "megablu"
 # lowest first: a package may import the ones before it
-LAYERS = ["utils", "config", "ops", "model", "memory", "parallel", "data", "checkpoint", "eval", "plan", "train",
-          "hub"]
+LAYERS = ["utils", "config", "ops", "model", "memory", "parallel", "data", "checkpoint", "eval", "plan", "train", "hub"]
 
 
 def _modules() -> dict[str, Path]:
@@ -43,7 +43,7 @@ def _imports(mods: dict[str, Path]) -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = name.split(".") if is_pkg else name.split(".")[:-1]
                 if node.level:
-                    base = base[:len(base) - (node.level - 1)]
+                    base = base[: len(base) - (node.level - 1)]
                     mod = ".".join(base + ([node.module] if node.module else []))
                 else:
                     mod = node.module or ""
@@ -69,7 +69,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str]:
         stack.append(v)
         for w in sorted(graph.get(v, ())):
             if state.get(w) == 1:
-                return stack[stack.index(w):] + [w]
+                return stack[stack.index(w) :] + [w]
             if w not in state:
                 found = visit(w)
                 if found:
@@ -119,19 +119,27 @@ def test_packages_import_only_lower_layers():
 
 
 def test_every_module_imports_from_a_fresh_megablu():
-    code = ("import importlib, sys\n"
-            "names = sys.argv[1:]\n"
-            "bad = []\n"
-            "for n in names:\n"
-            "    for k in [k for k in sys.modules if k == 'megablu' or k.startswith('megablu.')]:\n"
-            "        del sys.modules[k]\n"
-            "    try:\n"
-            "        importlib.import_module(n)\n"
-            "    except Exception as e:\n"
-            "        bad.append(f'{n}: {type(e).__name__}: {e}')\n"
-            "print('\\n'.join(bad))\n"
-            "sys.exit(1 if bad else 0)\n")
+    code = (
+        "import importlib, sys\n"
+        "names = sys.argv[1:]\n"
+        "bad = []\n"
+        "for n in names:\n"
+        "    for k in [k for k in sys.modules if k == 'megablu' or k.startswith('megablu.')]:\n"
+        "        del sys.modules[k]\n"
+        "    try:\n"
+        "        importlib.import_module(n)\n"
+        "    except Exception as e:\n"
+        "        bad.append(f'{n}: {type(e).__name__}: {e}')\n"
+        "print('\\n'.join(bad))\n"
+        "sys.exit(1 if bad else 0)\n"
+    )
     names = sorted(_modules())
-    r = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, cwd=ROOT, timeout=300,
-                       env={**__import__("os").environ, "DS_ACCELERATOR": "cpu"})
+    r = subprocess.run(
+        [sys.executable, "-c", code, *names],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env={**__import__("os").environ, "DS_ACCELERATOR": "cpu"},
+    )
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]

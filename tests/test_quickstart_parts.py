@@ -1,6 +1,7 @@
 """The quick start's parts that need no training: its passkey training documents, the claims and
 the one-line verdict from eval results, and `examples/quickstart/quickstart.sh` argument handling and dry run
 (the --gpu path's commands, checked here; the H200 runs them)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -43,7 +44,7 @@ def test_passkey_docs_are_the_eval_template_with_their_answer(tmp_path):
     assert len(texts) == 40 and all(120 <= len(table.doc(i)) <= 200 for i in range(40))
     for t in texts:
         q = t.rindex(QUESTION)
-        key = t[q + len(QUESTION):].strip().rstrip(".")
+        key = t[q + len(QUESTION) :].strip().rstrip(".")
         assert len(key) == 1 and key.isdigit()
         assert t.startswith(INSTRUCTION)
         needle = t.index(f"The pass key is {key}. Remember it.") - len(INSTRUCTION)
@@ -68,7 +69,7 @@ def test_passkey_docs_kept_when_the_recipe_is_the_same_replaced_otherwise(tmp_pa
     passkey_docs(out, TOK, lengths=(120, 200), docs=10, seed=1, digits=1)
     mtime = (out / "manifest.json").stat().st_mtime_ns
     passkey_docs(out, TOK, lengths=(120, 200), docs=10, seed=1, digits=1)
-    assert (out / "manifest.json").stat().st_mtime_ns == mtime          # up to date: not rewritten
+    assert (out / "manifest.json").stat().st_mtime_ns == mtime  # up to date: not rewritten
     m = passkey_docs(out, TOK, lengths=(120, 200), docs=12, seed=1, digits=1)
     assert m["passkey_docs"]["docs"] == 12 and _docs(out)[0]["counts"]["b0"]["train"]["documents"] == 12
     with pytest.raises(ValueError, match="needs at least"):
@@ -78,44 +79,83 @@ def test_passkey_docs_kept_when_the_recipe_is_the_same_replaced_otherwise(tmp_pa
 def _res(window, cells, loss):
     """An eval result: at length L the first k of the same 100 prompts right (arms pair: equal digests, every
     prompt's outcome kept), and the loss of the same val sequences."""
-    return {"window": window, "cells": [{"task": "passkey_1digit", "length": L, "n": 100, "correct": k,
-                                         "acc_pp": float(k), "ci_pp": [0.0, 100.0], "digest": f"p{L}"}
-                                        for L, k in cells],
-            "samples": [{"task": "passkey_1digit", "length": L, "index": i, "correct": i < k}
-                        for L, k in cells for i in range(100)],
-            "loss": {"by_length": [{"length": L, "n": len(s), "loss": sum(s) / len(s), "per_seq": s, "digest": L}
-                                   for L, s in loss]}}
+    return {
+        "window": window,
+        "cells": [
+            {
+                "task": "passkey_1digit",
+                "length": L,
+                "n": 100,
+                "correct": k,
+                "acc_pp": float(k),
+                "ci_pp": [0.0, 100.0],
+                "digest": f"p{L}",
+            }
+            for L, k in cells
+        ],
+        "samples": [
+            {"task": "passkey_1digit", "length": L, "index": i, "correct": i < k} for L, k in cells for i in range(100)
+        ],
+        "loss": {
+            "by_length": [
+                {"length": L, "n": len(s), "loss": sum(s) / len(s), "per_seq": s, "digest": L} for L, s in loss
+            ]
+        },
+    }
 
 
 def test_claims_and_verdict():
     par = _res(256, [(240, 96)], [(240, [6.0, 6.1, 6.2])])
-    un = _res(1024, [(240, 95), (480, 70), (992, 20)],
-              [(240, [6.0, 6.1, 6.2]), (480, [6.0, 6.1, 6.2]), (992, [6.0, 6.1, 6.2])])
-    ext = _res(1024, [(240, 97), (480, 72), (992, 60)],
-               [(240, [5.9, 6.0, 6.1]), (480, [6.01, 6.0, 6.3]), (992, [5.7, 5.8, 5.9])])
+    un = _res(
+        1024,
+        [(240, 95), (480, 70), (992, 20)],
+        [(240, [6.0, 6.1, 6.2]), (480, [6.0, 6.1, 6.2]), (992, [6.0, 6.1, 6.2])],
+    )
+    ext = _res(
+        1024,
+        [(240, 97), (480, 72), (992, 60)],
+        [(240, [5.9, 6.0, 6.1]), (480, [6.01, 6.0, 6.3]), (992, [5.7, 5.8, 5.9])],
+    )
     c = claims(par, un, ext, 256)
     assert {(b["what"], b["length"]) for b in c["better_beyond"]} == {("passkey_1digit", 992), ("loss", 992)}
-    assert c["retrieval"]["passkey_1digit"][480]["resolvable"] is False     # 72 vs 70 at n = 100
+    assert c["retrieval"]["passkey_1digit"][480]["resolvable"] is False  # 72 vs 70 at n = 100
     assert c["loss"][480]["resolvable"] is False and c["loss"][992]["resolvable"] is True
     # the stars: Holm over the six tests (exact McNemar on the discordant prompts, paired t on the sequences)
     r, lo = c["retrieval"]["passkey_1digit"], c["loss"]
     p = [r[240]["p"], r[480]["p"], r[992]["p"], lo[480]["p"]]
-    assert p == pytest.approx([sps.binomtest(2, 2).pvalue, sps.binomtest(2, 2).pvalue, sps.binomtest(40, 40).pvalue,
-                               sps.ttest_rel([6.01, 6.0, 6.3], [6.0, 6.1, 6.2]).pvalue], rel=1e-9)
-    assert lo[992]["p"] == 0.0 and lo[240]["p"] < 1e-12         # equal differences: a point interval
+    assert p == pytest.approx(
+        [
+            sps.binomtest(2, 2).pvalue,
+            sps.binomtest(2, 2).pvalue,
+            sps.binomtest(40, 40).pvalue,
+            sps.ttest_rel([6.01, 6.0, 6.3], [6.0, 6.1, 6.2]).pvalue,
+        ],
+        rel=1e-9,
+    )
+    assert lo[992]["p"] == 0.0 and lo[240]["p"] < 1e-12  # equal differences: a point interval
     assert [x["star"] for x in (r[240], r[480], r[992], lo[240], lo[480], lo[992])] == [
-        False, False, True, True, False, True]
-    assert r[992]["p_adj"] == pytest.approx(min(1.0, 4 * r[992]["p"]), rel=1e-9)   # third smallest of six
+        False,
+        False,
+        True,
+        True,
+        False,
+        True,
+    ]
+    assert r[992]["p_adj"] == pytest.approx(min(1.0, 4 * r[992]["p"]), rel=1e-9)  # third smallest of six
     # a gain whose interval excludes 0 and whose p < 0.05 (6 prompts flipped to right, none to wrong: 0.031),
     # but not after Holm over six tests (6 x 0.031 = 0.19), is not claimed
     same = [(240, [6.0, 6.1, 6.2]), (480, [6.0, 6.1, 6.2]), (992, [6.0, 6.1, 6.2])]
-    c6 = claims(par, _res(1024, [(240, 95), (480, 70), (992, 20)], same),
-                _res(1024, [(240, 95), (480, 76), (992, 20)], same), 256)
+    c6 = claims(
+        par,
+        _res(1024, [(240, 95), (480, 70), (992, 20)], same),
+        _res(1024, [(240, 95), (480, 76), (992, 20)], same),
+        256,
+    )
     y = c6["retrieval"]["passkey_1digit"][480]
     assert y["resolvable"] and y["p"] == pytest.approx(sps.binomtest(6, 6).pvalue) and y["p"] < 0.05
     assert y["p_adj"] == pytest.approx(6 * y["p"]) and not y["star"] and c6["better_beyond"] == []
     assert "passkey_1digit@480 76% vs 70%" in verdict(c6, 4.0).split("; not resolved or worse: ")[1]
-    assert all(b["long_context"] for b in c["better_beyond"])    # +40 pp > +2 inside; -0.3 < -0.1 inside
+    assert all(b["long_context"] for b in c["better_beyond"])  # +40 pp > +2 inside; -0.3 < -0.1 inside
     v = verdict(c, 4.0)
     good, rest = v.split("; not resolved or worse: ")
     assert "is resolvably better than the parent with untrained YaRN, by more than inside the window" in good
@@ -124,16 +164,24 @@ def test_claims_and_verdict():
     assert "passkey_1digit@480 72% vs 70%" in rest
     assert "inside the window the same comparison gives loss@240 -0.100" in rest
     # the same loss gain inside the window: extra training, not a long-context gain
-    ext3 = _res(1024, [(240, 97), (480, 72), (992, 60)],
-                [(240, [5.6, 5.7, 5.8]), (480, [6.01, 6.0, 6.3]), (992, [5.7, 5.8, 5.9])])
+    ext3 = _res(
+        1024,
+        [(240, 97), (480, 72), (992, 60)],
+        [(240, [5.6, 5.7, 5.8]), (480, [6.01, 6.0, 6.3]), (992, [5.7, 5.8, 5.9])],
+    )
     c3 = claims(par, un, ext3, 256)
     assert {(b["what"], b["length"], b["long_context"]) for b in c3["better_beyond"]} == {
-        ("passkey_1digit", 992, True), ("loss", 992, False)}
+        ("passkey_1digit", 992, True),
+        ("loss", 992, False),
+    }
     good3 = verdict(c3, 4.0).split("; not resolved or worse: ")[0]
     assert "by more than inside the window (a long-context gain), on passkey_1digit@992" in good3
     assert "by no more than inside the window (extra training, not longer context): loss@992 -0.300" in good3
-    ext4 = _res(1024, [(240, 95), (480, 70), (992, 20)],      # retrieval as untrained, loss as ext3
-                [(240, [5.6, 5.7, 5.8]), (480, [6.0, 6.1, 6.2]), (992, [5.7, 5.8, 5.9])])
+    ext4 = _res(
+        1024,
+        [(240, 95), (480, 70), (992, 20)],  # retrieval as untrained, loss as ext3
+        [(240, [5.6, 5.7, 5.8]), (480, [6.0, 6.1, 6.2]), (992, [5.7, 5.8, 5.9])],
+    )
     only = verdict(claims(par, un, ext4, 256), 4.0)
     assert "only by as much as inside the window (extra training, not longer context), on loss@992" in only
     # nothing better beyond the window: said so
@@ -145,8 +193,7 @@ def test_claims_and_verdict():
 
 
 def _sh(*args, cwd=ROOT):
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=120)
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, cwd=cwd, timeout=120)
 
 
 def test_quickstart_gpu_dry_run_prints_every_step_and_runs_nothing(tmp_path):
@@ -156,8 +203,18 @@ def test_quickstart_gpu_dry_run_prints_every_step_and_runs_nothing(tmp_path):
     assert r.stdout == "" and not runs.exists() and not (tmp_path / "out").exists()
     steps = [ln.split("] ", 1)[1] for ln in r.stderr.splitlines() if ln.startswith("[quickstart")]
     names = [s.split(":", 1)[0] for s in steps[1:]]
-    assert names == ["data_stdlib", "data_passkey", "data_passkey_long", "parent", "extension", "eval_parent",
-                     "eval_untrained", "eval_extension", "compare", "summary"], names
+    assert names == [
+        "data_stdlib",
+        "data_passkey",
+        "data_passkey_long",
+        "parent",
+        "extension",
+        "eval_parent",
+        "eval_untrained",
+        "eval_extension",
+        "compare",
+        "summary",
+    ], names
     cmd = dict(s.split(": ", 1) for s in steps[1:])
     assert "--val-fraction 0.05" in cmd["data_stdlib"] and "--max-bytes" not in cmd["data_stdlib"]
     assert "--digits 5" in cmd["data_passkey"] and "passkey16384" in cmd["data_passkey_long"]
@@ -194,10 +251,36 @@ def test_quickstart_cpu_dry_run_and_bad_options(tmp_path, capsys):
     # the cpu configs check for their worlds (1 rank, 2 ranks)
     from megablu.cli import main as cli
 
-    assert cli(["config", "check", str(ROOT / "examples/quickstart/quickstart_cpu.yaml"), "--world-size", "1",
-                "--device", "cpu", "--no-files"]) == 0
-    assert cli(["config", "check", str(ROOT / "examples/quickstart/quickstart_cpu_ext.yaml"), "--world-size", "2",
-                "--device", "cpu", "--no-files"]) == 0
+    assert (
+        cli(
+            [
+                "config",
+                "check",
+                str(ROOT / "examples/quickstart/quickstart_cpu.yaml"),
+                "--world-size",
+                "1",
+                "--device",
+                "cpu",
+                "--no-files",
+            ]
+        )
+        == 0
+    )
+    assert (
+        cli(
+            [
+                "config",
+                "check",
+                str(ROOT / "examples/quickstart/quickstart_cpu_ext.yaml"),
+                "--world-size",
+                "2",
+                "--device",
+                "cpu",
+                "--no-files",
+            ]
+        )
+        == 0
+    )
 
 
 def test_summary_cli_writes_claims(tmp_path, capsys):
@@ -217,15 +300,40 @@ def test_summary_cli_writes_claims(tmp_path, capsys):
     write(tmp_path / "p" / "eval", par, 800)
     write(tmp_path / "u", un, 800)
     write(tmp_path / "e" / "eval", ext, 240)
-    s = {"run_dir": "r", "steps": 1, "tokens_seen": 2, "first_loss": 3.0, "last_loss": 2.0, "mean_tokens_per_s": 9.0,
-         "world": "world 1 = dp 1 x sp 1, x"}
+    s = {
+        "run_dir": "r",
+        "steps": 1,
+        "tokens_seen": 2,
+        "first_loss": 3.0,
+        "last_loss": 2.0,
+        "mean_tokens_per_s": 9.0,
+        "world": "world 1 = dp 1 x sp 1, x",
+    }
     for d in ("p", "e"):
         (tmp_path / d / "summary.json").write_text(json.dumps(s))
     (tmp_path / "gate.txt").write_text("e@240: short-context gate passed against p@800\n")
-    assert main(["summary", "--parent-run", str(tmp_path / "p"), "--ext-run", str(tmp_path / "e"),
-                 "--parent-eval", str(tmp_path / "p"), "--untrained-eval", str(tmp_path / "u"),
-                 "--ext-eval", str(tmp_path / "e"), "--gate", str(tmp_path / "gate.txt"),
-                 "--json", str(tmp_path / "claims.json")]) == 0
+    assert (
+        main(
+            [
+                "summary",
+                "--parent-run",
+                str(tmp_path / "p"),
+                "--ext-run",
+                str(tmp_path / "e"),
+                "--parent-eval",
+                str(tmp_path / "p"),
+                "--untrained-eval",
+                str(tmp_path / "u"),
+                "--ext-eval",
+                str(tmp_path / "e"),
+                "--gate",
+                str(tmp_path / "gate.txt"),
+                "--json",
+                str(tmp_path / "claims.json"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.startswith("megablu quick start (CPU): a parent at window 256, its YaRN x4 extension to window 1024")
     assert "  e@240: short-context gate passed" in out and out.rstrip().splitlines()[-1].startswith("In one line:")
@@ -244,9 +352,9 @@ def test_passkey_digits_variant():
     one = make_builder("passkey_1digit", PasskeySpec(digits=1), tok, 0, 200, None)
     keys = [one.build(128, i).answer for i in range(200)]
     assert set(keys) == set("0123456789") and one.build(128, 0).task == "passkey_1digit"
-    assert one.min_length() == PasskeyBuilder(tok, 0, 1).min_length() - 8     # the needle has the key twice
+    assert one.min_length() == PasskeyBuilder(tok, 0, 1).min_length() - 8  # the needle has the key twice
     five = make_builder("passkey", PRESETS["passkey"], tok, 0, 20, None)
     assert [five.build(200, i) for i in range(20)] == [PasskeyBuilder(tok, 0, 20).build(200, i) for i in range(20)]
     assert all(len(five.build(200, i).answer) == 5 for i in range(20))
-    with pytest.raises(ValueError, match="digits"):   # pydantic's ValidationError
+    with pytest.raises(ValueError, match="digits"):  # pydantic's ValidationError
         PasskeySpec(digits=0)

@@ -1,6 +1,7 @@
 """The launch commands printed in README.md and in launch/ext32k.py's docstring pass the
 config check for the world they launch (issue 19 item 11: the README's one-GPU command used
 l2.yaml, whose sp=2 needs two ranks). The pure check: the data and parents are on the GPU box."""
+
 from __future__ import annotations
 
 import re
@@ -43,7 +44,7 @@ def test_printed_launch_command_passes_the_config_check(src, cmd):
     config = argv[argv.index("--config") + 1]
     sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
     device = "cpu" if "tiny_cpu" in config else "cuda"
-    load_config(ROOT / config, sets, world_size=_world(argv), device=device)   # ConfigError lists every problem
+    load_config(ROOT / config, sets, world_size=_world(argv), device=device)  # ConfigError lists every problem
 
 
 def test_readme_is_at_most_10_kb():

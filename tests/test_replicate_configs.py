@@ -1,5 +1,6 @@
 """Issue 8's replication configs (experiments/replication/run.sh) pass every invariant, and the arms
 differ from each other only in their data: same parent, same YaRN, same token budget."""
+
 import re
 from pathlib import Path
 
@@ -49,7 +50,7 @@ def test_eval_spans_256_to_the_new_window():
 
 def test_script_gate_lengths_are_evaluated():
     script = (ROOT / "experiments" / "replication" / "run.sh").read_text()
-    h200 = script[script.index("  h200)"):script.index("  cpu)")]
+    h200 = script[script.index("  h200)") : script.index("  cpu)")]
     lengths = [int(x) for x in re.search(r"LENGTHS=\(([\d ]+)\)", h200).group(1).split()]
     short = [int(x) for x in re.search(r"SHORT=\(([\d ]+)\)", h200).group(1).split()]
     assert lengths == load("rep_ext_fit").eval.lengths
@@ -58,14 +59,40 @@ def test_script_gate_lengths_are_evaluated():
 
 def test_cpu_rehearsal_overrides_are_valid():
     """The tiny shapes the script's REP_SCALE=cpu passes (window 256 -> 1024)."""
-    model = ["model.n_layers=2", "model.d_model=64", "model.n_heads=4", "model.n_kv_heads=4", "model.ffn_dim=176",
-             "train.dtype=fp32", "train.device=cpu", "train.probe_steps=0"]
-    load("rep_pretrain", model + ["data.window=256", "train.max_steps=40", "train.tokens_per_step=4096",
-                                  "train.micro_batch=16", "schedule.warmup_steps=4", "schedule.decay_start=32",
-                                  "eval.lengths=[128,232]"], device="cpu")
-    ext = model + ["rope.yarn.original_max_position=256", "data.window=1024", "train.max_steps=6",
-                   "train.tokens_per_step=2048", "train.micro_batch=2", "schedule.warmup_steps=1",
-                   "schedule.decay_start=4", "eval.lengths=[128,232,488,1000]"]
+    model = [
+        "model.n_layers=2",
+        "model.d_model=64",
+        "model.n_heads=4",
+        "model.n_kv_heads=4",
+        "model.ffn_dim=176",
+        "train.dtype=fp32",
+        "train.device=cpu",
+        "train.probe_steps=0",
+    ]
+    load(
+        "rep_pretrain",
+        model
+        + [
+            "data.window=256",
+            "train.max_steps=40",
+            "train.tokens_per_step=4096",
+            "train.micro_batch=16",
+            "schedule.warmup_steps=4",
+            "schedule.decay_start=32",
+            "eval.lengths=[128,232]",
+        ],
+        device="cpu",
+    )
+    ext = model + [
+        "rope.yarn.original_max_position=256",
+        "data.window=1024",
+        "train.max_steps=6",
+        "train.tokens_per_step=2048",
+        "train.micro_batch=2",
+        "schedule.warmup_steps=1",
+        "schedule.decay_start=4",
+        "eval.lengths=[128,232,488,1000]",
+    ]
     load("rep_ext_fit", ext + ["data.bucket=b0"], device="cpu")
     load("rep_ext_trunc", ext, device="cpu")
 

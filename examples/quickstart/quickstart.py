@@ -13,6 +13,7 @@ the answer written after the question. What the quick start then measures is whe
 skill, learnt inside the parent's window, carries beyond it: the parent with YaRN and no
 training against the extension, with intervals (docs/EVAL.md#statistics).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,16 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 
-def passkey_docs(out, tok_spec: str, *, lengths: tuple[int, int], docs: int, seed: int, digits: int = 5,
-                 depth: tuple[float, float] = (0.0, 1.0)) -> dict:
+def passkey_docs(
+    out,
+    tok_spec: str,
+    *,
+    lengths: tuple[int, int],
+    docs: int,
+    seed: int,
+    digits: int = 5,
+    depth: tuple[float, float] = (0.0, 1.0),
+) -> dict:
     """`docs` passkey documents of uniformly drawn lengths in [lo, hi] tokens, answer included:
     the eval's prompt (megablu.eval.passkey: its instruction, filler, needle and question) of
     (length - answer) tokens, then " <key>." The needle sits at a uniform depth in `depth` of the
@@ -48,25 +57,35 @@ def passkey_docs(out, tok_spec: str, *, lengths: tuple[int, int], docs: int, see
     if (Path(out) / "manifest.json").exists():
         try:
             m = read_manifest(out)
-            if m.get("passkey_docs") == recipe and m["tokenizer"]["identity"] == tok.identity \
-                    and not verify_dataset(out, tok.identity, check_hash=False):
+            if (
+                m.get("passkey_docs") == recipe
+                and m["tokenizer"]["identity"] == tok.identity
+                and not verify_dataset(out, tok.identity, check_hash=False)
+            ):
                 log.info("%s: up to date (%d documents)", out, docs)
                 return m
         except (DataError, KeyError, OSError, ValueError):
             pass
     b = PasskeyBuilder(tok, seed, docs, digits=digits)
-    b.task = "passkey-docs"     # keys and depths of their own, never the eval's
+    b.task = "passkey-docs"  # keys and depths of their own, never the eval's
     tail = len(tok.encode(f" {'9' * digits}."))
     if lo - tail < b.min_length() or hi < lo:
-        raise ValueError(f"--lengths {lo}-{hi}: a passkey document of {digits} digit(s) needs at least "
-                         f"{b.min_length() + tail} tokens, and lo <= hi")
+        raise ValueError(
+            f"--lengths {lo}-{hi}: a passkey document of {digits} digit(s) needs at least "
+            f"{b.min_length() + tail} tokens, and lo <= hi"
+        )
     if not 0.0 <= depth[0] <= depth[1] <= 1.0:
         raise ValueError(f"--depth {depth[0]}-{depth[1]}: need 0 <= lo <= hi <= 1")
     u = len(b.unit)
-    tok_info = {"identity": tok.identity, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id,
-                "config": tok_cfg.model_dump(exclude_none=True)}
-    with DatasetWriter(Path(out), tok_info, split_info={"val_fraction": 0.0, "seed": 0, "rule": "all train"},
-                       overwrite=True) as w:
+    tok_info = {
+        "identity": tok.identity,
+        "vocab_size": tok.vocab_size,
+        "eot_id": tok.eot_id,
+        "config": tok_cfg.model_dump(exclude_none=True),
+    }
+    with DatasetWriter(
+        Path(out), tok_info, split_info={"val_fraction": 0.0, "seed": 0, "rule": "all train"}, overwrite=True
+    ) as w:
         for i in range(docs):
             r = rng_for(seed, "passkey-docs", i)
             L, key = r.randint(lo, hi) - tail, b.key(i)
@@ -74,12 +93,25 @@ def passkey_docs(out, tok_spec: str, *, lengths: tuple[int, int], docs: int, see
             n_fill = L - len(b.head) - len(needle) - len(b.question)
             # as PasskeyBuilder.build: the needle at a filler-sentence boundary, the filler cut at the end
             before = min(round(r.uniform(*depth) * n_fill / u) * u, (n_fill // u) * u)
-            ids = (b.head + repeat_to(b.unit, before) + needle + repeat_to(b.unit, n_fill - before, before)
-                   + b.question + tok.encode(f" {key}."))
-            w.add(np.asarray(ids, dtype=np.int64), "train",
-                  {"source": "passkey-docs", "license": "generated (megablu.eval.passkey template)",
-                   "key": f"passkey/{seed}/{i}", "n_tokens": len(ids),
-                   "provenance": f"megablu.quickstart passkey-docs seed={seed} doc={i}"})
+            ids = (
+                b.head
+                + repeat_to(b.unit, before)
+                + needle
+                + repeat_to(b.unit, n_fill - before, before)
+                + b.question
+                + tok.encode(f" {key}.")
+            )
+            w.add(
+                np.asarray(ids, dtype=np.int64),
+                "train",
+                {
+                    "source": "passkey-docs",
+                    "license": "generated (megablu.eval.passkey template)",
+                    "key": f"passkey/{seed}/{i}",
+                    "n_tokens": len(ids),
+                    "provenance": f"megablu.quickstart passkey-docs seed={seed} doc={i}",
+                },
+            )
         return w.finish({"passkey_docs": recipe})
 
 
@@ -131,16 +163,26 @@ def claims(parent: dict, untrained: dict, ext: dict, window: int) -> dict:
         e, u = _cells(ext, task), _cells(untrained, task)
         for L in sorted(set(e) & set(u)):
             d, _ = difference(ext, e[L], untrained, u[L])
-            out["retrieval"].setdefault(task, {})[L] = {"ext": e[L]["acc_pp"], "untrained": u[L]["acc_pp"],
-                                                        "n": e[L]["n"], "p": None, **d.as_dict()}
+            out["retrieval"].setdefault(task, {})[L] = {
+                "ext": e[L]["acc_pp"],
+                "untrained": u[L]["acc_pp"],
+                "n": e[L]["n"],
+                "p": None,
+                **d.as_dict(),
+            }
     le, lu = _loss(ext), _loss(untrained)
     for L in sorted(set(le) & set(lu)):
         d = paired_loss_diff(le[L], lu[L])
         # the difference over the distinct sequences (paired_loss_diff), else of the two means
-        out["loss"][L] = {"ext": le[L]["loss"], "untrained": lu[L]["loss"],
-                          "diff": le[L]["loss"] - lu[L]["loss"] if d is None else d[0],
-                          "n": le[L]["n"], "ci": None if d is None else [d[1], d[2]],
-                          "resolvable": d is not None and (d[1] > 0 or d[2] < 0), "p": None if d is None else d[3]}
+        out["loss"][L] = {
+            "ext": le[L]["loss"],
+            "untrained": lu[L]["loss"],
+            "diff": le[L]["loss"] - lu[L]["loss"] if d is None else d[0],
+            "n": le[L]["n"],
+            "ci": None if d is None else [d[1], d[2]],
+            "resolvable": d is not None and (d[1] > 0 or d[2] < 0),
+            "p": None if d is None else d[3],
+        }
     # the summary's stars: Holm over every difference it shows that has a test (all but unpaired part credit)
     cells = [x for by in out["retrieval"].values() for x in by.values()] + list(out["loss"].values())
     tested = [x for x in cells if x["p"] is not None]
@@ -153,14 +195,32 @@ def claims(parent: dict, untrained: dict, ext: dict, window: int) -> dict:
     # measure inside the window: an equal gain at every length is extra training, not longer context
     better = []
     for task, by in out["retrieval"].items():
-        inside = max([d["diff_pp"] for L, d in by.items() if L <= window] + [0.0])   # no gain: 0
-        better += [{"what": task, "length": L, "diff": d["diff_pp"], "ci": d["ci_pp"],
-                    "inside_best": inside, "long_context": d["diff_pp"] > inside}
-                   for L, d in by.items() if L > window and d["star"] and d["diff_pp"] > 0]
+        inside = max([d["diff_pp"] for L, d in by.items() if L <= window] + [0.0])  # no gain: 0
+        better += [
+            {
+                "what": task,
+                "length": L,
+                "diff": d["diff_pp"],
+                "ci": d["ci_pp"],
+                "inside_best": inside,
+                "long_context": d["diff_pp"] > inside,
+            }
+            for L, d in by.items()
+            if L > window and d["star"] and d["diff_pp"] > 0
+        ]
     inside = min([d["diff"] for L, d in out["loss"].items() if L <= window] + [0.0])
-    better += [{"what": "loss", "length": L, "diff": d["diff"], "ci": d["ci"],
-                "inside_best": inside, "long_context": d["diff"] < inside}
-               for L, d in out["loss"].items() if L > window and d["star"] and d["diff"] < 0]
+    better += [
+        {
+            "what": "loss",
+            "length": L,
+            "diff": d["diff"],
+            "ci": d["ci"],
+            "inside_best": inside,
+            "long_context": d["diff"] < inside,
+        }
+        for L, d in out["loss"].items()
+        if L > window and d["star"] and d["diff"] < 0
+    ]
     out["better_beyond"] = better
     return out
 
@@ -177,8 +237,10 @@ def verdict(c: dict, factor: float) -> str:
         for L, d in by.items():
             if L <= W:
                 continue
-            txt = (f"{task}@{L} {d['ext']:.0f}% vs {d['untrained']:.0f}% ({d['diff_pp']:+.0f} pp "
-                   f"[{d['ci_pp'][0]:+.0f}, {d['ci_pp'][1]:+.0f}])")
+            txt = (
+                f"{task}@{L} {d['ext']:.0f}% vs {d['untrained']:.0f}% ({d['diff_pp']:+.0f} pp "
+                f"[{d['ci_pp'][0]:+.0f}, {d['ci_pp'][1]:+.0f}])"
+            )
             lc = long_ctx.get((task, L))
             (rest if lc is None else good if lc else same).append(txt)
     for L, d in c["loss"].items():
@@ -191,14 +253,20 @@ def verdict(c: dict, factor: float) -> str:
     inside += [f"{t}@{L} {d['diff_pp']:+.0f} pp" for t, by in c["retrieval"].items() for L, d in by.items() if L <= W]
     head = f"In one line: beyond the parent's window ({W} tokens), the YaRN x{factor:g} extension is "
     if good:
-        line = (head + "resolvably better than the parent with untrained YaRN, by more than inside the window "
-                "(a long-context gain), on " + "; ".join(good))
+        line = (
+            head + "resolvably better than the parent with untrained YaRN, by more than inside the window "
+            "(a long-context gain), on " + "; ".join(good)
+        )
         if same:
-            line += ("; also better there, but by no more than inside the window (extra training, not longer "
-                     "context): " + "; ".join(same))
+            line += (
+                "; also better there, but by no more than inside the window (extra training, not longer "
+                "context): " + "; ".join(same)
+            )
     elif same:
-        line = (head + "resolvably better than the parent with untrained YaRN only by as much as inside the window "
-                "(extra training, not longer context), on " + "; ".join(same))
+        line = (
+            head + "resolvably better than the parent with untrained YaRN only by as much as inside the window "
+            "(extra training, not longer context), on " + "; ".join(same)
+        )
     else:
         line = head + "NOT resolvably better than the parent with untrained YaRN"
     if rest:
@@ -217,8 +285,10 @@ def _train_loss(s: dict) -> str:
     if not rows:
         return f"loss {s['first_loss']:.2f} -> {s['last_loss']:.2f} (single steps)"
     first, last = [r["loss"] for r in rows[:SMOOTH]], [r["loss"] for r in rows[-SMOOTH:]]
-    return (f"training loss {sum(first) / len(first):.2f} -> {sum(last) / len(last):.2f} (means of the first and "
-            f"last {SMOOTH} steps)")
+    return (
+        f"training loss {sum(first) / len(first):.2f} -> {sum(last) / len(last):.2f} (means of the first and "
+        f"last {SMOOTH} steps)"
+    )
 
 
 def _fmt_cell(c: Optional[dict]) -> str:
@@ -228,56 +298,89 @@ def _fmt_cell(c: Optional[dict]) -> str:
     return f"{c['acc_pp']:.0f} [{lo:.0f}, {hi:.0f}]"
 
 
-def summary_text(*, parent: dict, untrained: dict, ext: dict, window: int, factor: float, parent_run: dict,
-                 ext_run: dict, gate: str = "", device: str = "CPU") -> str:
+def summary_text(
+    *,
+    parent: dict,
+    untrained: dict,
+    ext: dict,
+    window: int,
+    factor: float,
+    parent_run: dict,
+    ext_run: dict,
+    gate: str = "",
+    device: str = "CPU",
+) -> str:
     """The quick start's printed summary (examples/quickstart/quickstart.sh's stdout)."""
     c = claims(parent, untrained, ext, window)
     names = [("parent", parent), (f"parent + YaRN x{factor:g}, untrained", untrained), ("extension", ext)]
     w = max(len(n) for n, _ in names) + 2
-    lines = [f"megablu quick start ({device}): a parent at window {window}, its YaRN x{factor:g} extension to "
-             f"window {int(window * factor)}", ""]
+    lines = [
+        f"megablu quick start ({device}): a parent at window {window}, its YaRN x{factor:g} extension to "
+        f"window {int(window * factor)}",
+        "",
+    ]
     for label, s in (("parent   ", parent_run), ("extension", ext_run)):
-        lines.append(f"  {label} {s['run_dir']}: {s['steps']} steps, {s['tokens_seen']:,} tokens, "
-                     f"{_train_loss(s)}, {s['mean_tokens_per_s']:,.0f} tokens/s, "
-                     f"{(s.get('world') or '').split(',')[0]}")
+        lines.append(
+            f"  {label} {s['run_dir']}: {s['steps']} steps, {s['tokens_seen']:,} tokens, "
+            f"{_train_loss(s)}, {s['mean_tokens_per_s']:,.0f} tokens/s, "
+            f"{(s.get('world') or '').split(',')[0]}"
+        )
     for task in dict.fromkeys(x["task"] for x in ext["cells"]):
         lengths = sorted({x["length"] for _, r in names for x in r["cells"] if x["task"] == task})
         ns = sorted({x["n"] for _, r in names for x in r["cells"] if x["task"] == task})
-        lines += ["", f"{task}: % of prompts answered exactly [95% Wilson interval], n = "
-                      f"{', '.join(map(str, ns))} per cell; the parent's window is {window}",
-                  " " * w + "".join(f"{L:>17}" for L in lengths)]
+        lines += [
+            "",
+            f"{task}: % of prompts answered exactly [95% Wilson interval], n = "
+            f"{', '.join(map(str, ns))} per cell; the parent's window is {window}",
+            " " * w + "".join(f"{L:>17}" for L in lengths),
+        ]
         for n, r in names:
             cs = _cells(r, task)
             lines.append(f"  {n:<{w - 2}}" + "".join(f"{_fmt_cell(cs.get(L)):>17}" for L in lengths))
         row = []
         for L in lengths:
             d = c["retrieval"].get(task, {}).get(L)
-            row.append("-" if d is None else f"{d['diff_pp']:+.0f}{'*' if d['star'] else ''} "
-                                             f"[{d['ci_pp'][0]:+.0f}, {d['ci_pp'][1]:+.0f}]")
+            row.append(
+                "-"
+                if d is None
+                else f"{d['diff_pp']:+.0f}{'*' if d['star'] else ''} [{d['ci_pp'][0]:+.0f}, {d['ci_pp'][1]:+.0f}]"
+            )
         lines.append(f"  {'extension - untrained':<{w - 2}}" + "".join(f"{x:>17}" for x in row))
     if c["loss"]:
         lengths = sorted({L for _, r in names for L in _loss(r)})
         n = sorted({x["n"] for _, r in names for x in _loss(r).values()})
-        lines += ["", f"held-out loss, nats/token: mean over {', '.join(map(str, n))} val sequences of exactly L "
-                      f"tokens, [95% paired interval] of the difference",
-                  " " * w + "".join(f"{L:>24}" for L in lengths)]
+        lines += [
+            "",
+            f"held-out loss, nats/token: mean over {', '.join(map(str, n))} val sequences of exactly L "
+            f"tokens, [95% paired interval] of the difference",
+            " " * w + "".join(f"{L:>24}" for L in lengths),
+        ]
         for nm, r in names:
             lo = _loss(r)
-            lines.append(f"  {nm:<{w - 2}}" + "".join(f"{lo[L]['loss']:>24.3f}" if L in lo else f"{'-':>24}"
-                                                       for L in lengths))
+            lines.append(
+                f"  {nm:<{w - 2}}" + "".join(f"{lo[L]['loss']:>24.3f}" if L in lo else f"{'-':>24}" for L in lengths)
+            )
         row = []
         for L in lengths:
             d = c["loss"].get(L)
-            row.append("-" if d is None else f"{d['diff']:+.3f}{'*' if d['star'] else ''}" + (
-                f" [{d['ci'][0]:+.2f}, {d['ci'][1]:+.2f}]" if d["ci"] else ""))
+            row.append(
+                "-"
+                if d is None
+                else f"{d['diff']:+.3f}{'*' if d['star'] else ''}"
+                + (f" [{d['ci'][0]:+.2f}, {d['ci'][1]:+.2f}]" if d["ci"] else "")
+            )
         lines.append(f"  {'extension - untrained':<{w - 2}}" + "".join(f"{x:>24}" for x in row))
     m = sum(x["p_adj"] is not None for by in (*c["retrieval"].values(), c["loss"]) for x in by.values())
-    lines += ["", f"* = the difference survives Holm's correction over the {m} tested differences above (adjusted p "
-                  f"< 0.05; exact McNemar for retrieval, paired t over the same sequences for loss); the intervals "
-                  f"are unadjusted 95% (Newcombe paired, paired t)"]
+    lines += [
+        "",
+        f"* = the difference survives Holm's correction over the {m} tested differences above (adjusted p "
+        f"< 0.05; exact McNemar for retrieval, paired t over the same sequences for loss); the intervals "
+        f"are unadjusted 95% (Newcombe paired, paired t)",
+    ]
     if gate:
-        lines += ["", "short-context gate (megablu compare --gate-parent <parent>):"] + [f"  {g}" for g in
-                                                                                       gate.strip().splitlines()]
+        lines += ["", "short-context gate (megablu compare --gate-parent <parent>):"] + [
+            f"  {g}" for g in gate.strip().splitlines()
+        ]
     lines += ["", verdict(c, factor)]
     return "\n".join(lines)
 
@@ -287,15 +390,26 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("passkey-docs", help="passkey training documents (the eval's template, another seed)")
     d.add_argument("--tokenizer", required=True, help="tokenizer spec, as `megablu data build --tokenizer`")
-    d.add_argument("--out", required=True, help="dataset directory to write (kept when it already holds this "
-                   "recipe, replaced otherwise)")
+    d.add_argument(
+        "--out",
+        required=True,
+        help="dataset directory to write (kept when it already holds this recipe, replaced otherwise)",
+    )
     d.add_argument("--lengths", required=True, help="LO-HI: document lengths in tokens, drawn uniformly")
     d.add_argument("--docs", type=int, required=True, help="number of documents")
-    d.add_argument("--seed", type=int, required=True, help="key and depth seed (the eval's prompts are seeded "
-                   "by eval.seed and the task's name: never these)")
+    d.add_argument(
+        "--seed",
+        type=int,
+        required=True,
+        help="key and depth seed (the eval's prompts are seeded by eval.seed and the task's name: never these)",
+    )
     d.add_argument("--digits", type=int, default=5, help="digits of the key, as the eval task's `digits`")
-    d.add_argument("--depth", default="0-1", help="LO-HI: where the needle sits in the filler, uniformly (0 = "
-                   "first, 1 = last); 0-0.5 keeps every answer at least half a document away from its key")
+    d.add_argument(
+        "--depth",
+        default="0-1",
+        help="LO-HI: where the needle sits in the filler, uniformly (0 = "
+        "first, 1 = last); 0-0.5 keeps every answer at least half a document away from its key",
+    )
     m = sub.add_parser("summary", help="the quick start's summary from its runs and eval results (stdout)")
     m.add_argument("--parent-run", required=True, help="the parent's run dir (its summary.json)")
     m.add_argument("--ext-run", required=True, help="the extension's run dir")
@@ -310,8 +424,15 @@ def main(argv=None) -> int:
     if args.cmd == "passkey-docs":
         lo, hi = (int(x) for x in args.lengths.split("-"))
         d0, d1 = (float(x) for x in args.depth.split("-"))
-        m = passkey_docs(args.out, args.tokenizer, lengths=(lo, hi), docs=args.docs, seed=args.seed,
-                         digits=args.digits, depth=(d0, d1))
+        m = passkey_docs(
+            args.out,
+            args.tokenizer,
+            lengths=(lo, hi),
+            docs=args.docs,
+            seed=args.seed,
+            digits=args.digits,
+            depth=(d0, d1),
+        )
         print(json.dumps({"out": args.out, "documents": sum(s["documents"] for s in m["shards"])}))
         return 0
     from megablu.eval.report import load_result
@@ -321,9 +442,19 @@ def main(argv=None) -> int:
     window = int(res["parent_eval"]["window"])
     factor = res["ext_eval"]["window"] / window
     gate = Path(args.gate).read_text() if args.gate and Path(args.gate).exists() else ""
-    print(summary_text(parent=res["parent_eval"], untrained=res["untrained_eval"], ext=res["ext_eval"],
-                       window=window, factor=factor, parent_run=runs["parent_run"], ext_run=runs["ext_run"],
-                       gate=gate, device=args.device))
+    print(
+        summary_text(
+            parent=res["parent_eval"],
+            untrained=res["untrained_eval"],
+            ext=res["ext_eval"],
+            window=window,
+            factor=factor,
+            parent_run=runs["parent_run"],
+            ext_run=runs["ext_run"],
+            gate=gate,
+            device=args.device,
+        )
+    )
     if args.json:
         c = claims(res["parent_eval"], res["untrained_eval"], res["ext_eval"], window)
         Path(args.json).write_text(json.dumps(c, indent=1) + "\n")

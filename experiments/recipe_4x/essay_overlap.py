@@ -6,6 +6,7 @@ split, and the documents holding them, by source. Run before the first training 
 
 Prints a markdown table; exit 0 always (a figure to report, not a gate).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,7 +21,7 @@ ESSAYS = Path(__file__).resolve().parents[2] / "megablu" / "eval" / "assets" / "
 
 def grams(text: str, n: int = 8) -> set:
     w = re.findall(r"\w+", text.lower())
-    return {tuple(w[i:i + n]) for i in range(len(w) - n + 1)}
+    return {tuple(w[i : i + n]) for i in range(len(w) - n + 1)}
 
 
 def main(argv=None) -> int:
@@ -50,8 +51,10 @@ def main(argv=None) -> int:
             if hit:
                 docs[src] += 1
                 seen |= hit
-    print(f"# essays' word 8-grams in {root} ({a.split}): {len(seen):,} of {len(essay):,} "
-          f"({100 * len(seen) / max(1, len(essay)):.2f}%)\n")
+    print(
+        f"# essays' word 8-grams in {root} ({a.split}): {len(seen):,} of {len(essay):,} "
+        f"({100 * len(seen) / max(1, len(essay)):.2f}%)\n"
+    )
     print("| source | documents | holding an essay 8-gram |\n|---|---:|---:|")
     for src in sorted(total):
         print(f"| {src} | {total[src]:,} | {docs[src]:,} |")

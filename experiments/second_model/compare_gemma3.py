@@ -16,6 +16,7 @@ and the held-out text is the start of megablu:essays (the eval's shipped prose) 
 
 Prints a markdown table; exit 1 if any generation differs or the losses are more than 1e-3 apart.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,7 @@ from pathlib import Path
 
 import torch
 
-PROSE = ["The history of the printing press begins in",
-         "In a small village at the foot of the mountains, an old baker"]
+PROSE = ["The history of the printing press begins in", "In a small village at the foot of the mountains, an old baker"]
 
 
 def transformers_gguf(path: Path):
@@ -78,32 +78,43 @@ def main(argv=None) -> int:
     bos = tok._tok.token_to_id("<bos>")
     blu = load_gguf(a.gguf).eval()
     hf = transformers_gguf(a.gguf)
-    print(f"loaded both in {time.time() - t0:.0f}s: {blu.cfg.n_layers} layers, sliding {blu.cfg.sliding_layers} "
-          f"(window {blu.cfg.sliding_window}), rope {blu.rope_cfg.theta:g}/local {blu.rope_cfg.local_theta:g}",
-          file=sys.stderr)
+    print(
+        f"loaded both in {time.time() - t0:.0f}s: {blu.cfg.n_layers} layers, sliding {blu.cfg.sliding_layers} "
+        f"(window {blu.cfg.sliding_window}), rope {blu.rope_cfg.theta:g}/local {blu.rope_cfg.local_theta:g}",
+        file=sys.stderr,
+    )
 
     pk = PasskeyBuilder(tok, seed=0, n=1).build(a.passkey_len - 1, 0)
-    prompts = [("passkey", [bos, *pk.ids], pk.expected[0])] + [(f"prose {i + 1}", [bos, *tok.encode(t)], None)
-                                                                for i, t in enumerate(PROSE)]
+    prompts = [("passkey", [bos, *pk.ids], pk.expected[0])] + [
+        (f"prose {i + 1}", [bos, *tok.encode(t)], None) for i, t in enumerate(PROSE)
+    ]
     rows, ok = [], True
     for name, ids, key in prompts:
         x = torch.tensor([ids])
         with torch.no_grad():
             mine = greedy_generate(blu, x, a.max_new)[0].tolist()
-            theirs = hf.generate(x, max_new_tokens=a.max_new, min_new_tokens=a.max_new, do_sample=False,
-                                 eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
+            theirs = hf.generate(
+                x,
+                max_new_tokens=a.max_new,
+                min_new_tokens=a.max_new,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )[0, len(ids) :].tolist()
             d_last = (blu(x, logits_index=-1)[0, -1] - hf(x).logits[0, -1]).abs().max().item()
         same = mine == theirs
         ok &= same
         first = next((i for i, (u, v) in enumerate(zip(mine, theirs, strict=False)) if u != v), None)
         text = tok.decode(mine).replace("\n", "\\n").replace("|", "/")[:60]
-        rows.append(f"| {name} | {len(ids)} | {'yes' if same else f'no (from {first})'} | {d_last:.1e} | "
-                    f"{'key ' + key + (' found' if key in tok.decode(mine) else ' not found') if key else ''} "
-                    f"| `{text}` |")
+        rows.append(
+            f"| {name} | {len(ids)} | {'yes' if same else f'no (from {first})'} | {d_last:.1e} | "
+            f"{'key ' + key + (' found' if key in tok.decode(mine) else ' not found') if key else ''} "
+            f"| `{text}` |"
+        )
 
     with gzip.open(DIR / "essays.txt.gz", "rt", encoding="utf-8") as f:
         essay = f.read().split("\n\n\n")[0]
-    ids = [bos, *tok.encode(essay)][:a.loss_len]
+    ids = [bos, *tok.encode(essay)][: a.loss_len]
     with torch.no_grad():
         s, n, _, _ = sequence_nll(blu, ids)
         x = torch.tensor([ids])
@@ -111,8 +122,10 @@ def main(argv=None) -> int:
     mine_loss = s / n
     ok &= abs(mine_loss - ref) <= 1e-3
 
-    print(f"| prompt | tokens | {a.max_new} greedy tokens identical | max abs logit diff, last position | passkey "
-          f"| megablu's continuation |")
+    print(
+        f"| prompt | tokens | {a.max_new} greedy tokens identical | max abs logit diff, last position | passkey "
+        f"| megablu's continuation |"
+    )
     print("|---|---|---|---|---|---|")
     print("\n".join(rows))
     print()

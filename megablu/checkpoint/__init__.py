@@ -37,6 +37,7 @@ Files (torchtitan `components/checkpointer/` is the model):
   rng.py      generator states for an exact resume
   cli.py      `megablu ckpt verify | list | export`
 """
+
 from typing import TYPE_CHECKING
 
 # layout (manifests, verification, what a step or run dir means) needs no torch: `megablu ckpt`,
@@ -60,7 +61,7 @@ from .layout import (
     verify_checkpoint,
 )
 
-if TYPE_CHECKING:   # the same names, imported for real by __getattr__ below
+if TYPE_CHECKING:  # the same names, imported for real by __getattr__ below
     from .manager import CheckpointManager, resolve_step_collective
     from .rng import get_rng_state, set_rng_state
     from .weights import (
@@ -80,10 +81,22 @@ if TYPE_CHECKING:   # the same names, imported for real by __getattr__ below
 _LAZY = {
     **dict.fromkeys(["CheckpointManager", "resolve_step_collective"], "manager"),
     **dict.fromkeys(["get_rng_state", "set_rng_state"], "rng"),
-    **dict.fromkeys(["architecture_check", "export_checkpoint", "load_weights", "parent_record",
-                     "read_weight_shapes", "read_weights",
-                     "resolve_parent", "resolve_weights", "save_weights", "tied_keys", "weights_mismatch"],
-                    "weights"),
+    **dict.fromkeys(
+        [
+            "architecture_check",
+            "export_checkpoint",
+            "load_weights",
+            "parent_record",
+            "read_weight_shapes",
+            "read_weights",
+            "resolve_parent",
+            "resolve_weights",
+            "save_weights",
+            "tied_keys",
+            "weights_mismatch",
+        ],
+        "weights",
+    ),
 }
 
 
@@ -93,14 +106,39 @@ def __getattr__(name: str):
     from importlib import import_module
 
     value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
-    globals()[name] = value   # once: later lookups do not come back here
+    globals()[name] = value  # once: later lookups do not come back here
     return value
 
 
-__all__ = ["CKPT_DIR", "LATEST", "MANIFEST", "PIN", "WEIGHTS", "CheckpointError", "CheckpointManager",
-           "architecture_check",
-           "export_checkpoint", "get_rng_state", "load_weights", "newest_verified", "parent_record", "read_manifest",
-           "read_weight_shapes", "read_weights", "resolve_parent", "resolve_step", "resolve_step_collective",
-           "resolve_weights",
-           "save_weights", "scan_steps", "set_rng_state", "step_dirs", "step_name", "step_of", "step_problems",
-           "tied_keys", "verify_checkpoint", "weights_mismatch"]
+__all__ = [
+    "CKPT_DIR",
+    "LATEST",
+    "MANIFEST",
+    "PIN",
+    "WEIGHTS",
+    "CheckpointError",
+    "CheckpointManager",
+    "architecture_check",
+    "export_checkpoint",
+    "get_rng_state",
+    "load_weights",
+    "newest_verified",
+    "parent_record",
+    "read_manifest",
+    "read_weight_shapes",
+    "read_weights",
+    "resolve_parent",
+    "resolve_step",
+    "resolve_step_collective",
+    "resolve_weights",
+    "save_weights",
+    "scan_steps",
+    "set_rng_state",
+    "step_dirs",
+    "step_name",
+    "step_of",
+    "step_problems",
+    "tied_keys",
+    "verify_checkpoint",
+    "weights_mismatch",
+]

@@ -9,6 +9,7 @@ verification / bad input. DeepSpeed is never imported here (it prints on stdout)
   megablu ckpt export runs/ext32k-0003 --out exports/ext32k   # newest verified step -> HF dir
   megablu ckpt import-gguf model.gguf --out models/m   # llama.cpp GGUF -> HF dir (init_from, eval --hf)
 """
+
 from __future__ import annotations
 
 import json
@@ -66,12 +67,20 @@ def _cmd_list(args) -> int:
                 m = {}
             size = sum(f.stat().st_size for f in s.rglob("*") if f.is_file())
             flags = ("pinned " if (s / PIN).exists() else "") + ("latest" if s.name == latest else "")
-            rows.append([str(s), "ok" if not problems else "BAD", str(m.get("step", "?")),
-                         str(m.get("client_state", {}).get("tokens_seen", "?")),
-                         f"w{m.get('world_size', '?')}/dp{m.get('dp', '?')}/sp{m.get('sp', '?')}"
-                         f"/z{m.get('zero_stage', '?')}",
-                         f"{size / 1e6:.1f}MB", flags.strip(), "; ".join(problems)[:120]])
-    rc = 2 if any(r[1] == "BAD" for r in rows) else 0   # like `ckpt verify`: a BAD row is exit 2
+            rows.append(
+                [
+                    str(s),
+                    "ok" if not problems else "BAD",
+                    str(m.get("step", "?")),
+                    str(m.get("client_state", {}).get("tokens_seen", "?")),
+                    f"w{m.get('world_size', '?')}/dp{m.get('dp', '?')}/sp{m.get('sp', '?')}"
+                    f"/z{m.get('zero_stage', '?')}",
+                    f"{size / 1e6:.1f}MB",
+                    flags.strip(),
+                    "; ".join(problems)[:120],
+                ]
+            )
+    rc = 2 if any(r[1] == "BAD" for r in rows) else 0  # like `ckpt verify`: a BAD row is exit 2
     if args.json:
         keys = ["path", "status", "step", "tokens_seen", "topology", "size", "flags", "problems"]
         print(json.dumps([dict(zip(keys, r, strict=True)) for r in rows], indent=1))
@@ -109,7 +118,8 @@ def _cmd_import_gguf(args) -> int:
 
 def register(sub) -> None:
     ck = sub.add_parser("ckpt", help="checkpoint tools: verify, list, export, import-gguf").add_subparsers(
-        dest="ckpt_cmd", required=True)
+        dest="ckpt_cmd", required=True
+    )
     v = ck.add_parser("verify", help="check every file of a step (or every step of a run) against its manifest")
     v.add_argument("path", help="step dir or run dir")
     v.add_argument("--fast", action="store_true", help="sizes only, no sha256")
@@ -121,19 +131,35 @@ def register(sub) -> None:
     ls.set_defaults(func=_cmd_list)
     ex = ck.add_parser("export", help="HF-loadable safetensors + config.json from a step or a run's newest step")
     ex.add_argument("src", help="run dir (newest verified step) or step dir")
-    ex.add_argument("--out", required=True, help="directory for model.safetensors, config.json and "
-                    "megablu_export.json")
-    ex.add_argument("--force", action="store_true", help="replace the megablu export at --out (only a folder "
-                    "an earlier export wrote and nothing else; swapped in once the new one is complete)")
-    ex.add_argument("--rope-as-yarn", action="store_true",
-                    help="export a rope.yarn.apply=beyond_original model as plain YaRN (no transformers rope "
-                         "reproduces beyond_original; plain YaRN is exact only beyond original_max_position)")
+    ex.add_argument("--out", required=True, help="directory for model.safetensors, config.json and megablu_export.json")
+    ex.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the megablu export at --out (only a folder "
+        "an earlier export wrote and nothing else; swapped in once the new one is complete)",
+    )
+    ex.add_argument(
+        "--rope-as-yarn",
+        action="store_true",
+        help="export a rope.yarn.apply=beyond_original model as plain YaRN (no transformers rope "
+        "reproduces beyond_original; plain YaRN is exact only beyond original_max_position)",
+    )
     ex.set_defaults(func=_cmd_export)
-    im = ck.add_parser("import-gguf", help="a llama.cpp GGUF file (llama, qwen2, qwen3, gemma3; any quant type the "
-                       "gguf package dequantizes) -> an HF dir of fp32 safetensors + config.json (docs/MODELS.md)")
+    im = ck.add_parser(
+        "import-gguf",
+        help="a llama.cpp GGUF file (llama, qwen2, qwen3, gemma3; any quant type the "
+        "gguf package dequantizes) -> an HF dir of fp32 safetensors + config.json (docs/MODELS.md)",
+    )
     im.add_argument("src", help="the .gguf file")
-    im.add_argument("--out", required=True, help="new directory for model.safetensors, config.json and "
-                    "megablu_import.json (source sha256, licence)")
-    im.add_argument("--force", action="store_true", help="replace a megablu GGUF import at --out (only a folder an "
-                    "earlier import wrote; swapped in once the new one is complete)")
+    im.add_argument(
+        "--out",
+        required=True,
+        help="new directory for model.safetensors, config.json and megablu_import.json (source sha256, licence)",
+    )
+    im.add_argument(
+        "--force",
+        action="store_true",
+        help="replace a megablu GGUF import at --out (only a folder an "
+        "earlier import wrote; swapped in once the new one is complete)",
+    )
     im.set_defaults(func=_cmd_import_gguf)

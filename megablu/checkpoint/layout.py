@@ -5,6 +5,7 @@ shares -- `ckpt verify`, `ckpt list`, resume, keep-N, init_from, export -- is `s
 (intact, and inside a run saved by that run); and "a run dir means its newest verified step"
 is `resolve_step`.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -26,8 +27,8 @@ DS_TAG = "ds"
 CLIENT_DIR = "client_state"
 CKPT_DIR = "checkpoints"
 TMP_PREFIX = ".tmp-"
-TRASH_PREFIX = ".trash-"     # replaced by a re-save: restored by cleanup() if nothing took its place
-PRUNED_PREFIX = ".pruned-"   # deleted by keep-N: never restored
+TRASH_PREFIX = ".trash-"  # replaced by a re-save: restored by cleanup() if nothing took its place
+PRUNED_PREFIX = ".pruned-"  # deleted by keep-N: never restored
 FORMAT_VERSION = 1
 _STEP_RE = re.compile(r"^step_(\d{7,})$")
 
@@ -70,9 +71,11 @@ def read_manifest(path: PathLike) -> dict:
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{p}: unreadable manifest: {e}") from None
     if isinstance(m, dict) and m.get("format") == "megablu-shards":
-        raise CheckpointError(f"{path} is a megablu dataset (its {MANIFEST} is a data manifest), not a checkpoint; "
-                              f"a dataset goes in data.path, a parent in init_from (a run dir, a step dir or an "
-                              f"exported model dir)")
+        raise CheckpointError(
+            f"{path} is a megablu dataset (its {MANIFEST} is a data manifest), not a checkpoint; "
+            f"a dataset goes in data.path, a parent in init_from (a run dir, a step dir or an "
+            f"exported model dir)"
+        )
     if not isinstance(m, dict) or m.get("manifest_sha256") != _manifest_digest(m):
         raise CheckpointError(f"{p}: manifest checksum mismatch (edited or corrupted)")
     return m
@@ -142,8 +145,9 @@ def step_problems(path: PathLike, deep: bool = True) -> list[str]:
     if not problems and run is not None:
         owner, run_id = read_manifest(path).get("run_id"), run.resolve().name
         if owner != run_id:
-            problems.append(f"manifest names run {owner!r}, not {run_id!r} (copied from another run): resume and "
-                            f"keep-N ignore it")
+            problems.append(
+                f"manifest names run {owner!r}, not {run_id!r} (copied from another run): resume and keep-N ignore it"
+            )
     return problems
 
 

@@ -7,6 +7,7 @@ CheckpointError and nothing is published. A load verifies every file on all rank
 hashing split over them) before any rank calls DeepSpeed. See the package docstring for the
 layout and the traps each step answers.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -77,8 +78,6 @@ def _jsonable(x: Any) -> Any:
     return f"<{type(x).__name__}>"
 
 
-
-
 def _verify_collective(root: Path) -> list[str]:
     """verify_checkpoint with the hashing split over ranks; identical result on every rank."""
     try:
@@ -104,8 +103,6 @@ def _verify_collective(root: Path) -> list[str]:
     return out
 
 
-
-
 def resolve_step_collective(path: PathLike, deep: bool = True, resolve: Callable = resolve_step) -> Path:
     """`resolve(path, deep)` (default layout.resolve_step; init_from: weights.resolve_parent)
     decided once, on rank 0, and broadcast: a save landing meanwhile cannot give two ranks two
@@ -117,7 +114,7 @@ def resolve_step_collective(path: PathLike, deep: bool = True, resolve: Callable
         except CheckpointError as e:
             err = str(e)
     found, err = broadcast_object((found, err))
-    if err:   # every rank raises, none waits on a collective rank 0 left
+    if err:  # every rank raises, none waits on a collective rank 0 left
         raise CheckpointError(err)
     return Path(found)
 
@@ -181,8 +178,6 @@ def _consolidated_state(engine) -> Optional[dict]:
     return engine.module.state_dict()
 
 
-
-
 def _zero_partitions(engine) -> int:
     """How many optimizer shard files DeepSpeed writes: ZeRO 1-3 and the bf16 optimizer
     partition over the (sequence-)data-parallel group; 0 = one full copy in the model file."""
@@ -234,9 +229,14 @@ class CheckpointManager:
       (fault-injection tests kill the process there).
     """
 
-
-    def __init__(self, run_dir: PathLike, keep: int, meta: dict,
-                 on_phase: Optional[Callable[[str], None]] = None, keep_every: int = 0):
+    def __init__(
+        self,
+        run_dir: PathLike,
+        keep: int,
+        meta: dict,
+        on_phase: Optional[Callable[[str], None]] = None,
+        keep_every: int = 0,
+    ):
         if keep < 1:
             raise ValueError(f"keep={keep}: at least the newest checkpoint must be kept")
         if keep_every < 0:
@@ -260,8 +260,7 @@ class CheckpointManager:
         """Published step dirs, oldest first (not verified)."""
         if not self.ckpt_dir.is_dir():
             return []
-        return sorted((p for p in self.ckpt_dir.iterdir() if p.is_dir() and step_of(p) is not None),
-                      key=step_number)
+        return sorted((p for p in self.ckpt_dir.iterdir() if p.is_dir() and step_of(p) is not None), key=step_number)
 
     def cleanup(self) -> None:
         """Remove leftovers of killed saves/prunes (.tmp-*, .trash-*, .pruned-*). Rank 0, not during a save.
@@ -274,7 +273,7 @@ class CheckpointManager:
             return
         for p in sorted(self.ckpt_dir.iterdir()):
             if p.name.startswith(TRASH_PREFIX):
-                step = self.ckpt_dir / p.name[len(TRASH_PREFIX):].rsplit("-", 1)[0]
+                step = self.ckpt_dir / p.name[len(TRASH_PREFIX) :].rsplit("-", 1)[0]
                 if step_of(step) is not None and not step.exists() and not verify_checkpoint(p):
                     log.warning("restoring %s from %s (a save was killed while replacing it)", step, p)
                     os.replace(p, step)
@@ -350,7 +349,7 @@ class CheckpointManager:
         self._phase("weights")
         if rank == 0 and not errors:
             try:
-                assert full_sd is not None   # rank 0 gathered it above
+                assert full_sd is not None  # rank 0 gathered it above
                 save_weights(full_sd, tmp / WEIGHTS, {"step": step, "run_id": self.run_id})
                 written[WEIGHTS] = {"size": os.path.getsize(tmp / WEIGHTS), "sha256": sha256_file(tmp / WEIGHTS)}
             except Exception as e:
@@ -360,8 +359,11 @@ class CheckpointManager:
         # -- every rank's status; any failure -> all raise
         self._phase("status")
         status = all_gather_object({"rank": rank, "errors": errors, "written": written, "expected": expected})
-        self._raise_if_any([("; ".join(s["errors"]) and f"rank {s['rank']}: " + "; ".join(s["errors"]))
-                            or None for s in status], name, tmp)
+        self._raise_if_any(
+            [("; ".join(s["errors"]) and f"rank {s['rank']}: " + "; ".join(s["errors"])) or None for s in status],
+            name,
+            tmp,
+        )
 
         # -- rank 0: cross-check, manifest, publish, pointer, prune
         err, published = None, False
@@ -405,8 +407,9 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(f"save {self.run_id}/{name} failed; nothing published: " + " | ".join(errs))
 
-    def _write_manifest(self, engine, tmp: Path, step: int, client_state: dict, pin: bool,
-                        status: list, world: int) -> None:
+    def _write_manifest(
+        self, engine, tmp: Path, step: int, client_state: dict, pin: bool, status: list, world: int
+    ) -> None:
         files: dict[str, dict] = {}
         for s in status:
             for rel in s["expected"]:
@@ -417,8 +420,10 @@ class CheckpointManager:
         for rel, ent in files.items():
             p = tmp / rel
             if not p.is_file() or p.stat().st_size != ent["size"]:
-                raise CheckpointError(f"{rel}: written by a rank but missing or of another size on rank 0 "
-                                      f"(checkpoint dirs must be on a filesystem shared by all ranks)")
+                raise CheckpointError(
+                    f"{rel}: written by a rank but missing or of another size on rank 0 "
+                    f"(checkpoint dirs must be on a filesystem shared by all ranks)"
+                )
         # files written outside the checkpoint engine (DeepSpeed's recovery scripts)
         for p in sorted(tmp.rglob("*")):
             rel = p.relative_to(tmp).as_posix()
@@ -429,11 +434,19 @@ class CheckpointManager:
         if n_optim != parts:
             raise CheckpointError(f"{n_optim} optimizer shards written, expected {parts} ZeRO partitions")
         m = {
-            "format": FORMAT_VERSION, "run_id": self.run_id, "step": step, "created_unix": time.time(),
-            "world_size": world, "dp": self.meta.get("dp"), "sp": self.meta.get("sp"),
-            "zero_stage": int(engine.zero_optimization_stage()), "zero_partitions": parts,
-            "config_hash": self.meta.get("config_hash"), "tokenizer": self.meta.get("tokenizer"),
-            "meta": _jsonable(self.meta), "pinned": bool(pin),
+            "format": FORMAT_VERSION,
+            "run_id": self.run_id,
+            "step": step,
+            "created_unix": time.time(),
+            "world_size": world,
+            "dp": self.meta.get("dp"),
+            "sp": self.meta.get("sp"),
+            "zero_stage": int(engine.zero_optimization_stage()),
+            "zero_partitions": parts,
+            "config_hash": self.meta.get("config_hash"),
+            "tokenizer": self.meta.get("tokenizer"),
+            "meta": _jsonable(self.meta),
+            "pinned": bool(pin),
             "client_state": _jsonable({k: v for k, v in client_state.items() if k != "rng"}),
             "files": dict(sorted(files.items())),
         }
@@ -489,7 +502,7 @@ class CheckpointManager:
         rotating = [p for p in complete if not (p / PIN).exists() and not self._kept_by_every(p) and p != newest]
         # newest is always kept; it counts toward keep unless keep_every keeps it anyway
         n_keep_more = self.keep - (0 if self._kept_by_every(newest) else 1)
-        victims = rotating[:max(0, len(rotating) - n_keep_more)]
+        victims = rotating[: max(0, len(rotating) - n_keep_more)]
         for p in victims:
             trash = self.ckpt_dir / f"{PRUNED_PREFIX}{p.name}-{os.getpid()}"
             os.replace(p, trash)  # atomic: a kill leaves a dot-dir, never a half step
@@ -505,9 +518,12 @@ class CheckpointManager:
         for key in keys:
             mine, theirs = self.meta.get(key), m.get(key)
             if mine is not None and theirs is not None and mine != theirs:
-                hint = ("a checkpoint is only valid with the tokenizer it was trained with" if key == "tokenizer"
-                        else "resume with the run's config.resolved.yaml, pass allow_config_change=True "
-                             "for a deliberate change, or use init_from (weights only)")
+                hint = (
+                    "a checkpoint is only valid with the tokenizer it was trained with"
+                    if key == "tokenizer"
+                    else "resume with the run's config.resolved.yaml, pass allow_config_change=True "
+                    "for a deliberate change, or use init_from (weights only)"
+                )
                 if key == "config_hash":
                     # name what differs among the fields the manifest records (a changed sp or
                     # ZeRO stage is the usual reason; the hash alone says nothing)
@@ -517,9 +533,12 @@ class CheckpointManager:
                         a, b = saved.get(k), now.get(k)
                         if k not in saved or k not in now or a == b:
                             continue
-                        if isinstance(a, dict) and isinstance(b, dict):   # model/rope: the fields that differ
-                            diff += [f"{k}.{j} saved {a.get(j)!r}, now {b.get(j)!r}"
-                                     for j in sorted(set(a) | set(b)) if a.get(j) != b.get(j)]
+                        if isinstance(a, dict) and isinstance(b, dict):  # model/rope: the fields that differ
+                            diff += [
+                                f"{k}.{j} saved {a.get(j)!r}, now {b.get(j)!r}"
+                                for j in sorted(set(a) | set(b))
+                                if a.get(j) != b.get(j)
+                            ]
                         else:
                             diff.append(f"{k} saved {a!r}, now {b!r}")
                     if diff:
@@ -542,27 +561,42 @@ class CheckpointManager:
         self.check_compatible(m, allow_config_change)
         stage = int(engine.zero_optimization_stage())
         if m["zero_stage"] != stage:
-            raise CheckpointError(f"{root}: saved with ZeRO stage {m['zero_stage']}, this run uses {stage}; "
-                                  f"resume needs the same stage (init_from loads weights for any stage)")
+            raise CheckpointError(
+                f"{root}: saved with ZeRO stage {m['zero_stage']}, this run uses {stage}; "
+                f"resume needs the same stage (init_from loads weights for any stage)"
+            )
         parts = _zero_partitions(engine)
         if m["zero_partitions"] == parts:
-            load_path, _ = engine.load_checkpoint(str(root), tag=DS_TAG, load_module_strict=True,
-                                                  load_optimizer_states=load_optimizer,
-                                                  load_lr_scheduler_states=load_optimizer)
+            load_path, _ = engine.load_checkpoint(
+                str(root),
+                tag=DS_TAG,
+                load_module_strict=True,
+                load_optimizer_states=load_optimizer,
+                load_lr_scheduler_states=load_optimizer,
+            )
         else:
             # another data-parallel world: DeepSpeed's universal checkpoint reshards the
             # optimizer (per-parameter fp32 master, exp_avg, exp_avg_sq, step)
-            log.warning("%s: %d ZeRO partitions saved (world %s, dp %s, sp %s), %d now (world %d): "
-                        "resharding through a universal checkpoint", root, m["zero_partitions"],
-                        m["world_size"], m["dp"], m["sp"], parts, get_world_size())
+            log.warning(
+                "%s: %d ZeRO partitions saved (world %s, dp %s, sp %s), %d now (world %d): "
+                "resharding through a universal checkpoint",
+                root,
+                m["zero_partitions"],
+                m["world_size"],
+                m["dp"],
+                m["sp"],
+                parts,
+                get_world_size(),
+            )
             load_path = self._load_resharded(engine, root, m, load_optimizer)
         if load_path is None:
             raise CheckpointError(f"{root}: DeepSpeed could not load the checkpoint")
         # per-rank trainer state: this rank's file when the world size matches, else rank 0's
         r = get_rank() if m["world_size"] == get_world_size() else 0
         if m["world_size"] != get_world_size():
-            log.warning("world size %d -> %d: per-rank RNG states are taken from rank 0", m["world_size"],
-                        get_world_size())
+            log.warning(
+                "world size %d -> %d: per-rank RNG states are taken from rank 0", m["world_size"], get_world_size()
+            )
         client = torch.load(root / CLIENT_DIR / f"rank_{r:05d}.pt", map_location="cpu", weights_only=False)
         self.loaded_manifest = m
         return client
@@ -580,24 +614,37 @@ class CheckpointManager:
                 from deepspeed.checkpoint import ds_to_universal
 
                 shutil.rmtree(udir, ignore_errors=True)
-                args = argparse.Namespace(input_folder=str(root / DS_TAG), output_folder=str(udir / DS_TAG),
-                                          num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False,
-                                          strict=True, no_strict=False, inject_missing_state=True)
+                args = argparse.Namespace(
+                    input_folder=str(root / DS_TAG),
+                    output_folder=str(udir / DS_TAG),
+                    num_extract_workers=1,
+                    num_merge_workers=1,
+                    keep_temp_folder=False,
+                    strict=True,
+                    no_strict=False,
+                    inject_missing_state=True,
+                )
                 with contextlib.redirect_stdout(sys.stderr):  # it prints progress; stdout is for results
                     ds_to_universal.main(args)
             except BaseException as e:  # SystemExit included: the converter exits on bad input
                 err = f"rank 0: universal conversion of {root / DS_TAG} failed: {type(e).__name__}: {e}"
         errs = [e for e in all_gather_object(err) if e]
         if errs:
-            raise CheckpointError(f"{root}: cannot reshard {m['zero_partitions']} -> {_zero_partitions(engine)} "
-                                  f"ZeRO partitions: {' | '.join(errs)}; resume with the saved world size "
-                                  f"(world {m['world_size']}, dp {m['dp']}, sp {m['sp']}) or use init_from")
+            raise CheckpointError(
+                f"{root}: cannot reshard {m['zero_partitions']} -> {_zero_partitions(engine)} "
+                f"ZeRO partitions: {' | '.join(errs)}; resume with the saved world size "
+                f"(world {m['world_size']}, dp {m['dp']}, sp {m['sp']}) or use init_from"
+            )
         cfg = engine._config
         cfg.load_universal_checkpoint = True
         try:
-            load_path, _ = engine.load_checkpoint(str(udir), tag=DS_TAG, load_module_strict=True,
-                                                  load_optimizer_states=load_optimizer,
-                                                  load_lr_scheduler_states=load_optimizer)
+            load_path, _ = engine.load_checkpoint(
+                str(udir),
+                tag=DS_TAG,
+                load_module_strict=True,
+                load_optimizer_states=load_optimizer,
+                load_lr_scheduler_states=load_optimizer,
+            )
         finally:
             cfg.load_universal_checkpoint = False
         all_gather_object(None)  # every rank has read the universal files

@@ -1,4 +1,5 @@
 """Generator states (python, numpy, torch, cuda) saved per rank for an exact resume."""
+
 from __future__ import annotations
 
 import random

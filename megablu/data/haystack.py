@@ -15,6 +15,7 @@ For the eval harness (megablu.eval.harness.load_haystack), which re-tokenizes te
     src = haystack_source("data_cache/demo_cl100k@b2", tokenizer)   # "DIR" = all buckets
     for doc in src(): ...                                            # val documents as str, stable order
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
@@ -28,6 +29,7 @@ from .shards import MANIFEST, DataError, DocTable, read_manifest, select_shards,
 
 class Codec(Protocol):
     """What a haystack needs of a tokenizer (data.tokenizer.Tokenizer, eval.prompts.TokenizerLike)."""
+
     identity: str
 
     def encode(self, text: str) -> list[int]: ...
@@ -40,8 +42,10 @@ class Haystack:
         root = Path(path)
         m = read_manifest(root)
         if m["tokenizer"]["identity"] != tokenizer.identity:
-            raise DataError(f"{root / MANIFEST}: haystack data tokenized with {m['tokenizer']['identity']!r}, the "
-                            f"model's tokenizer is {tokenizer.identity!r}")
+            raise DataError(
+                f"{root / MANIFEST}: haystack data tokenized with {m['tokenizer']['identity']!r}, the "
+                f"model's tokenizer is {tokenizer.identity!r}"
+            )
         shards = select_shards(m, bucket, split, root)
         errs = [e for s in shards for e in verify_shard(root, s, m["dtype"], check_hash=False)]
         if errs:
@@ -57,8 +61,10 @@ class Haystack:
         """Exactly n_tokens ids of real text (document boundaries become blank lines)."""
         cap = self.n_tokens + len(self.sep) * (len(self.table) - 1)
         if n_tokens > cap:
-            raise DataError(f"haystack {self.root} bucket {self.bucket!r} split {self.split!r} holds {cap:,} tokens, "
-                            f"{n_tokens:,} requested; use a larger bucket (or 'all') for the haystack")
+            raise DataError(
+                f"haystack {self.root} bucket {self.bucket!r} split {self.split!r} holds {cap:,} tokens, "
+                f"{n_tokens:,} requested; use a larger bucket (or 'all') for the haystack"
+            )
         order = np.random.default_rng([seed, 7]).permutation(len(self.table))
         parts, have = [], 0
         for i, d in enumerate(order):
@@ -89,8 +95,9 @@ def split_spec(path: str) -> tuple[str, str]:
     return path, "all"
 
 
-def haystack_source(path: str, tokenizer: Codec, bucket: Optional[str] = None,
-                    split: str = "val") -> Callable[[], Iterable[str]]:
+def haystack_source(
+    path: str, tokenizer: Codec, bucket: Optional[str] = None, split: str = "val"
+) -> Callable[[], Iterable[str]]:
     """A callable yielding the val documents of `path` ('DIR' or 'DIR@b2') as text; checked now
     (tokenizer identity, non-empty bucket, shard sizes), read lazily."""
     root, b = split_spec(path)

@@ -26,6 +26,7 @@ continues exactly (and without repeats or gaps even when dp_size or micro_batch 
 A mixture (data.mix, megablu/data/mix.py) maps each global sequence to one source's own
 sequence space; the state is the same count, so every source keeps its position.
 """
+
 from __future__ import annotations
 
 import functools
@@ -63,11 +64,11 @@ def _make_batch(space, mb: int, dp: int, rank: int, g0: int, k: int, doc_ids: bo
         if n < T + 1:
             buf[j, n:] = space.eot  # a valid id under the padding; labels there are IGNORE
             if doc is not None:
-                doc[j, n:] = doc[j, n - 1]   # padding takes the last id
-        lab[j, :n - 1] = buf[j, 1:n]
+                doc[j, n:] = doc[j, n - 1]  # padding takes the last id
+        lab[j, : n - 1] = buf[j, 1:n]
     out = {"input_ids": torch.from_numpy(buf[:, :T].copy()), "labels": torch.from_numpy(lab)}
     if doc is not None:
-        out["doc_ids"] = torch.from_numpy(doc[:, :T].copy())   # (B, T) int32, aligned with input_ids
+        out["doc_ids"] = torch.from_numpy(doc[:, :T].copy())  # (B, T) int32, aligned with input_ids
     return out
 
 
@@ -91,8 +92,19 @@ def _prefetch(make, k0: int, q: queue.Queue, stop: threading.Event) -> None:
 
 
 class Loader:
-    def __init__(self, space, *, micro_batch: int, dp_rank: int, dp_size: int, prefetch: int,
-                 identity: dict, stats: dict, doc_ids: bool = False, mixture: Optional[dict] = None):
+    def __init__(
+        self,
+        space,
+        *,
+        micro_batch: int,
+        dp_rank: int,
+        dp_size: int,
+        prefetch: int,
+        identity: dict,
+        stats: dict,
+        doc_ids: bool = False,
+        mixture: Optional[dict] = None,
+    ):
         if not 0 <= dp_rank < dp_size:
             raise DataError(f"dp_rank={dp_rank} outside 0..dp_size-1={dp_size - 1}")
         self.space, self.mb, self.rank, self.dp = space, int(micro_batch), int(dp_rank), int(dp_size)
@@ -100,9 +112,9 @@ class Loader:
         self.doc_ids = bool(doc_ids)
         self._identity = identity
         self.stats = stats
-        self.mixture = mixture   # the resolved mixture (megablu.data.mix.resolve), written to mixture.json
-        self._g0 = 0      # global sequences consumed before local batch 0
-        self._k = 0       # local batches handed out since g0
+        self.mixture = mixture  # the resolved mixture (megablu.data.mix.resolve), written to mixture.json
+        self._g0 = 0  # global sequences consumed before local batch 0
+        self._k = 0  # local batches handed out since g0
         self._thread: Optional[threading.Thread] = None
         self._q: Optional[queue.Queue] = None
         self._stop: Optional[threading.Event] = None
@@ -124,10 +136,15 @@ class Loader:
             if self._thread is None:
                 self._q, self._stop = queue.Queue(maxsize=self.prefetch), threading.Event()
                 # the thread holds no reference to self, so a dropped Loader is collected and stops it
-                make = functools.partial(_make_batch, self.space, self.mb, self.dp, self.rank, self._g0,
-                                         doc_ids=self.doc_ids)
-                self._thread = threading.Thread(target=_prefetch, args=(make, self._k, self._q, self._stop),
-                                                name="megablu-data-prefetch", daemon=True)
+                make = functools.partial(
+                    _make_batch, self.space, self.mb, self.dp, self.rank, self._g0, doc_ids=self.doc_ids
+                )
+                self._thread = threading.Thread(
+                    target=_prefetch,
+                    args=(make, self._k, self._q, self._stop),
+                    name="megablu-data-prefetch",
+                    daemon=True,
+                )
                 self._thread.start()
             assert self._q is not None
             b = self._q.get()
@@ -159,7 +176,7 @@ class Loader:
     def state_dict(self) -> dict:
         sd = {"version": 1, "sequences_consumed": self.sequences_consumed, **self._identity}
         positions = getattr(self.space, "positions", None)
-        if positions is not None:   # a mixture: sequences read from each source (informative, checked at load)
+        if positions is not None:  # a mixture: sequences read from each source (informative, checked at load)
             sd["source_positions"] = positions(self.sequences_consumed)
         return sd
 
@@ -168,39 +185,76 @@ class Loader:
             raise DataError(f"loader state version {sd.get('version')!r} is not 1")
         diff = {k: (sd.get(k), v) for k, v in self._identity.items() if sd.get(k) != v}
         if diff:
-            raise DataError("loader state was saved for other data; resuming would change the sequences: "
-                            + ", ".join(f"{k}: saved {a!r} != now {b!r}" for k, (a, b) in diff.items()))
+            raise DataError(
+                "loader state was saved for other data; resuming would change the sequences: "
+                + ", ".join(f"{k}: saved {a!r} != now {b!r}" for k, (a, b) in diff.items())
+            )
         positions = getattr(self.space, "positions", None)
         if positions is not None and sd.get("source_positions") != positions(int(sd["sequences_consumed"])):
-            raise DataError(f"loader state: source positions {sd.get('source_positions')} != "
-                            f"{positions(int(sd['sequences_consumed']))} that this code maps "
-                            f"{sd['sequences_consumed']} sequences to; the mixture's order changed")
+            raise DataError(
+                f"loader state: source positions {sd.get('source_positions')} != "
+                f"{positions(int(sd['sequences_consumed']))} that this code maps "
+                f"{sd['sequences_consumed']} sequences to; the mixture's order changed"
+            )
         self._stop_thread()
         self._g0 = int(sd["sequences_consumed"])
         self._k = 0
 
 
-def build_loader(cfg: DataConfig, tokenizer_identity: str, *, micro_batch: int, dp_rank: int, dp_size: int,
-                 total_sequences: Optional[int] = None) -> Loader:
+def build_loader(
+    cfg: DataConfig,
+    tokenizer_identity: str,
+    *,
+    micro_batch: int,
+    dp_rank: int,
+    dp_size: int,
+    total_sequences: Optional[int] = None,
+) -> Loader:
     """Verify the dataset(s) and build this dp rank's loader (see the module docstring)."""
     if cfg.mix is not None:
         space, mixture, identity = open_mixture(cfg, tokenizer_identity, total_sequences, rank0=dp_rank == 0)
-        return Loader(space, micro_batch=micro_batch, dp_rank=dp_rank, dp_size=dp_size, prefetch=cfg.prefetch,
-                      identity=identity, stats=mixture, doc_ids=cfg.doc_mask, mixture=mixture)
+        return Loader(
+            space,
+            micro_batch=micro_batch,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            prefetch=cfg.prefetch,
+            identity=identity,
+            stats=mixture,
+            doc_ids=cfg.doc_mask,
+            mixture=mixture,
+        )
     if not cfg.path:
-        raise DataError("data.path is not set: point it at a dataset made by `megablu data build`, or list "
-                        "sources under data.mix")
-    src = open_source(cfg.path, bucket=cfg.bucket, split=cfg.split, mode=cfg.mode, window=cfg.window,
-                      seed=cfg.seed, tokenizer_identity=tokenizer_identity)
+        raise DataError(
+            "data.path is not set: point it at a dataset made by `megablu data build`, or list sources under data.mix"
+        )
+    src = open_source(
+        cfg.path,
+        bucket=cfg.bucket,
+        split=cfg.split,
+        mode=cfg.mode,
+        window=cfg.window,
+        seed=cfg.seed,
+        tokenizer_identity=tokenizer_identity,
+    )
     epochs = None if total_sequences is None else total_sequences / src.space.n
-    stats = {**src.stats, "planned_sequences": total_sequences, "planned_epochs": epochs,
-             "max_epochs": cfg.max_epochs}
+    stats = {**src.stats, "planned_sequences": total_sequences, "planned_epochs": epochs, "max_epochs": cfg.max_epochs}
     if total_sequences is not None:
-        err = epochs_problem("data", src, total_sequences, cfg.max_epochs,
-                             "use more data, fewer steps, or raise data.max_epochs")
+        err = epochs_problem(
+            "data", src, total_sequences, cfg.max_epochs, "use more data, fewer steps, or raise data.max_epochs"
+        )
         if err:
             raise DataError(err)
     log_source("data", src, epochs, cfg.max_epochs, dp_rank == 0)
     mixture = resolve_single(cfg, src, total_sequences)
-    return Loader(src.space, micro_batch=micro_batch, dp_rank=dp_rank, dp_size=dp_size, prefetch=cfg.prefetch,
-                  identity=src.identity, stats=stats, doc_ids=cfg.doc_mask, mixture=mixture)
+    return Loader(
+        src.space,
+        micro_batch=micro_batch,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        prefetch=cfg.prefetch,
+        identity=src.identity,
+        stats=stats,
+        doc_ids=cfg.doc_mask,
+        mixture=mixture,
+    )

@@ -22,6 +22,7 @@ Config-time checks (`mix_problems`, called from megablu.train.trainer.preflight 
 rank starts): each path is a dataset, its bucket exists and is not empty, every source has
 the run's tokenizer, and no source would be cycled more than its max_epochs by the run.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,7 +41,7 @@ from .source import OpenedSource, epochs_problem, log_source, open_source
 
 log = logging.getLogger(__name__)
 
-BLOCK = 1024   # sequences per block of the global order; each block holds every source's exact quota
+BLOCK = 1024  # sequences per block of the global order; each block holds every source's exact quota
 WEIGHTS_ARE = "shares of loss tokens (labels that are not padding), per source"
 
 
@@ -71,7 +72,7 @@ def block_quotas(weights: list[float], labels_per_seq: list[float], block: int =
     order = sorted(range(len(w)), key=lambda k: (-(exact[k] - q[k]), k))
     for k in order[:short]:
         q[k] += 1
-    for j in np.nonzero(pos & (q == 0))[0]:   # a few percent of a huge-row source still appears
+    for j in np.nonzero(pos & (q == 0))[0]:  # a few percent of a huge-row source still appears
         q[int(np.argmax(q))] -= 1
         q[j] = 1
     return [int(x) for x in q]
@@ -99,7 +100,7 @@ class MixedSpace:
         sorted by ideal position (ties broken by a seeded draw). Every prefix of a block, so
         every stretch of a short run and every step's batch, then holds each source within
         about one sequence of its quota's proportion."""
-        with self._lock:   # the prefetch thread reads sequences while state_dict counts positions
+        with self._lock:  # the prefetch thread reads sequences while state_dict counts positions
             return self._block_locked(b)
 
     def _block_locked(self, b: int) -> tuple[np.ndarray, np.ndarray]:
@@ -162,19 +163,25 @@ def _open_sources(d, run_identity: Optional[str], verify: bool) -> tuple[list[Op
         names = [b["name"] for b in m["buckets"]]
         bad = [b for b in (names if s.bucket == "all" else s.bucket.split(",")) if b not in names]
         if bad:
-            problems.append(f"{f}.bucket={s.bucket!r}: {bad} not in {s.path} (its buckets: {names}); choose from "
-                            f"those or 'all'")
+            problems.append(
+                f"{f}.bucket={s.bucket!r}: {bad} not in {s.path} (its buckets: {names}); choose from those or 'all'"
+            )
             manifests[-1] = None
     if len(set(idents.values())) > 1:
-        problems.append("data.mix: the sources are tokenized with different tokenizers ("
-                        + ", ".join(f"{f}: {v}" for f, v in idents.items()) + "): one run has one vocabulary; "
-                        "rebuild them with one tokenizer (`megablu data build --tokenizer ...`)")
+        problems.append(
+            "data.mix: the sources are tokenized with different tokenizers ("
+            + ", ".join(f"{f}: {v}" for f, v in idents.items())
+            + "): one run has one vocabulary; "
+            "rebuild them with one tokenizer (`megablu data build --tokenizer ...`)"
+        )
     if run_identity is not None:
         for i, s in enumerate(d.mix):
             f = _field(i, s.name)
             if f in idents and idents[f] != run_identity:
-                problems.append(f"{f}.path: {s.path} is tokenized with {idents[f]!r} but the run's tokenizer is "
-                                f"{run_identity!r}; rebuild it with the run's tokenizer or fix tokenizer:")
+                problems.append(
+                    f"{f}.path: {s.path} is tokenized with {idents[f]!r} but the run's tokenizer is "
+                    f"{run_identity!r}; rebuild it with the run's tokenizer or fix tokenizer:"
+                )
     opened: list[Optional[OpenedSource]] = []
     for i, (s, man) in enumerate(zip(d.mix, manifests, strict=True)):
         if man is None:
@@ -182,17 +189,34 @@ def _open_sources(d, run_identity: Optional[str], verify: bool) -> tuple[list[Op
             continue
         f = _field(i, s.name)
         try:
-            opened.append(open_source(s.path, bucket=s.bucket, split=s.split, mode=s.mode, window=d.window,
-                                      seed=source_seed(d.seed, s.name), tokenizer_identity=None, verify=verify,
-                                      field=f"data.mix[{i}]"))
+            opened.append(
+                open_source(
+                    s.path,
+                    bucket=s.bucket,
+                    split=s.split,
+                    mode=s.mode,
+                    window=d.window,
+                    seed=source_seed(d.seed, s.name),
+                    tokenizer_identity=None,
+                    verify=verify,
+                    field=f"data.mix[{i}]",
+                )
+            )
         except DataError as e:
             problems.append(f"{f}: {e}")
             opened.append(None)
     return opened, problems
 
 
-def _resolve(d, entries: list[dict], opened: list[OpenedSource], quotas: list[int], counts: Optional[list[int]],
-             total: Optional[int], block: int) -> dict:
+def _resolve(
+    d,
+    entries: list[dict],
+    opened: list[OpenedSource],
+    quotas: list[int],
+    counts: Optional[list[int]],
+    total: Optional[int],
+    block: int,
+) -> dict:
     """The resolved mixture: what each source contributes, by design and over the planned run."""
     T = d.window
     rbar = [float(o.space.seq_labels.mean()) for o in opened]
@@ -204,27 +228,55 @@ def _resolve(d, entries: list[dict], opened: list[OpenedSource], quotas: list[in
     sources = []
     for k, (e, o, q) in enumerate(zip(entries, opened, quotas, strict=True)):
         st = o.stats
-        row = {**e, "target_token_share": e["weight"] / wsum, "sequences_per_block": q,
-               "sequence_share": q / block, "token_share_per_block": per_block[k] / max(1e-12, sum(per_block)),
-               "labels_per_sequence": rbar[k], "sequences_per_epoch": st["sequences_per_epoch"],
-               "documents": st["documents"], "tokens": st["tokens"],
-               "truncated_fraction": st["truncated_fraction"], "dropped_fraction": st["dropped_fraction"],
-               "padding_fraction": st["padding_fraction"], "pack_tail_fraction": st["pack_tail_fraction"],
-               "dataset": o.identity["dataset"]}
-        if counts is not None and planned_tok is not None:   # both or neither
-            row.update(planned_sequences=counts[k], planned_tokens=planned_tok[k],
-                       planned_token_share=planned_tok[k] / max(1, sum(planned_tok)),
-                       planned_epochs=counts[k] / st["sequences_per_epoch"])
+        row = {
+            **e,
+            "target_token_share": e["weight"] / wsum,
+            "sequences_per_block": q,
+            "sequence_share": q / block,
+            "token_share_per_block": per_block[k] / max(1e-12, sum(per_block)),
+            "labels_per_sequence": rbar[k],
+            "sequences_per_epoch": st["sequences_per_epoch"],
+            "documents": st["documents"],
+            "tokens": st["tokens"],
+            "truncated_fraction": st["truncated_fraction"],
+            "dropped_fraction": st["dropped_fraction"],
+            "padding_fraction": st["padding_fraction"],
+            "pack_tail_fraction": st["pack_tail_fraction"],
+            "dataset": o.identity["dataset"],
+        }
+        if counts is not None and planned_tok is not None:  # both or neither
+            row.update(
+                planned_sequences=counts[k],
+                planned_tokens=planned_tok[k],
+                planned_token_share=planned_tok[k] / max(1, sum(planned_tok)),
+                planned_epochs=counts[k] / st["sequences_per_epoch"],
+            )
         sources.append(row)
-    return {"window": T, "seed": d.seed, "block": block, "weights_are": WEIGHTS_ARE,
-            "planned_sequences": total, "planned_tokens": None if planned_tok is None else sum(planned_tok),
-            "doc_mask": d.doc_mask, "sources": sources}
+    return {
+        "window": T,
+        "seed": d.seed,
+        "block": block,
+        "weights_are": WEIGHTS_ARE,
+        "planned_sequences": total,
+        "planned_tokens": None if planned_tok is None else sum(planned_tok),
+        "doc_mask": d.doc_mask,
+        "sources": sources,
+    }
 
 
 def _entries(d) -> list[dict]:
-    return [{"name": s.name, "path": s.path, "bucket": s.bucket, "split": s.split, "mode": s.mode,
-             "weight": float(s.weight), "max_epochs": s.max_epochs if s.max_epochs is not None else d.max_epochs}
-            for s in d.mix]
+    return [
+        {
+            "name": s.name,
+            "path": s.path,
+            "bucket": s.bucket,
+            "split": s.split,
+            "mode": s.mode,
+            "weight": float(s.weight),
+            "max_epochs": s.max_epochs if s.max_epochs is not None else d.max_epochs,
+        }
+        for s in d.mix
+    ]
 
 
 def _plan(d, opened: list[OpenedSource], total: Optional[int]):
@@ -243,9 +295,9 @@ def _plan(d, opened: list[OpenedSource], total: Optional[int]):
             f"it ({row['planned_token_share']:.1%} of the run's loss tokens) but {row['path']} bucket "
             f"{row['bucket']!r} split {row['split']!r} (mode {row['mode']}) holds {row['sequences_per_epoch']:,} "
             f"per epoch: {row['planned_epochs']:.2f} epochs > max_epochs={row['max_epochs']:g}; to repeat it set "
-            f"data.mix[{i}].max_epochs >= {need:g}, else lower its weight, add data, or train fewer steps")
+            f"data.mix[{i}].max_epochs >= {need:g}, else lower its weight, add data, or train fewer steps"
+        )
     return space, mixture, problems
-
 
 
 def _all_open(opened: list[Optional[OpenedSource]]) -> list[OpenedSource]:
@@ -255,8 +307,7 @@ def _all_open(opened: list[Optional[OpenedSource]]) -> list[OpenedSource]:
     return out
 
 
-def open_mixture(d, tokenizer_identity: str, total_sequences: Optional[int], rank0: bool = True,
-                 verify: bool = True):
+def open_mixture(d, tokenizer_identity: str, total_sequences: Optional[int], rank0: bool = True, verify: bool = True):
     """(MixedSpace, resolved mixture, state identity) for data.mix; DataError listing every problem."""
     maybe, problems = _open_sources(d, tokenizer_identity, verify=verify)
     if problems:
@@ -269,16 +320,28 @@ def open_mixture(d, tokenizer_identity: str, total_sequences: Optional[int], ran
         log_source(_field(i, row["name"]), o, row.get("planned_epochs"), row["max_epochs"], rank0)
     if rank0:
         log.info("data mixture (weights are %s):\n%s", WEIGHTS_ARE, format_mixture(mixture))
-    identity = {"mixture": [{"name": r["name"], "weight": r["weight"], "sequences_per_block": r["sequences_per_block"],
-                             **o.identity} for r, o in zip(mixture["sources"], opened, strict=True)],
-                "block": space.block, "mix_seed": d.seed}
+    identity = {
+        "mixture": [
+            {"name": r["name"], "weight": r["weight"], "sequences_per_block": r["sequences_per_block"], **o.identity}
+            for r, o in zip(mixture["sources"], opened, strict=True)
+        ],
+        "block": space.block,
+        "mix_seed": d.seed,
+    }
     return space, mixture, identity
 
 
 def resolve_single(d, src: OpenedSource, total: Optional[int]) -> dict:
     """The one-source spelling (data.path) as a mixture of one, for mixture.json."""
-    entry = {"name": "data", "path": str(src.root), "bucket": d.bucket, "split": d.split, "mode": d.mode,
-             "weight": 1.0, "max_epochs": d.max_epochs}
+    entry = {
+        "name": "data",
+        "path": str(src.root),
+        "bucket": d.bucket,
+        "split": d.split,
+        "mode": d.mode,
+        "weight": 1.0,
+        "max_epochs": d.max_epochs,
+    }
     counts = None if total is None else [total]
     return _resolve(d, [entry], [src], [BLOCK], counts, total, BLOCK)
 
@@ -295,21 +358,32 @@ def mix_problems(cfg, tokenizer_identity: Optional[str] = None) -> list[str]:
     held_out = held_out_problems(cfg)
     if d.mix is None:
         if not d.path:
-            return ["data.path: not set and no data.mix: point data.path at a dataset made by `megablu data "
-                    "build`, or list sources under data.mix"]
+            return [
+                "data.path: not set and no data.mix: point data.path at a dataset made by `megablu data "
+                "build`, or list sources under data.mix"
+            ]
         if not Path(d.path, MANIFEST).is_file():
-            return [f"data.path: {d.path} has no manifest.json; build it with `megablu data build` or "
-                    f"`megablu data import`"]
+            return [
+                f"data.path: {d.path} has no manifest.json; build it with `megablu data build` or `megablu data import`"
+            ]
         try:
-            src = open_source(d.path, bucket=d.bucket, split=d.split, mode=d.mode, window=d.window, seed=d.seed,
-                              tokenizer_identity=tokenizer_identity, verify=False)
+            src = open_source(
+                d.path,
+                bucket=d.bucket,
+                split=d.split,
+                mode=d.mode,
+                window=d.window,
+                seed=d.seed,
+                tokenizer_identity=tokenizer_identity,
+                verify=False,
+            )
         except DataError as e:
             return held_out + [f"data: {e}"]
         p = epochs_problem("data", src, total, d.max_epochs, "use more data, fewer steps, or raise data.max_epochs")
         return held_out + ([f"data: {p}"] if p else []) + beyond_original_problems(cfg, [("data", src)])
     from ..config.schema import mix_invariants
 
-    if mix_invariants(d):   # reported by check_invariants; the plan needs valid weights
+    if mix_invariants(d):  # reported by check_invariants; the plan needs valid weights
         return held_out
     maybe, problems = _open_sources(d, tokenizer_identity, verify=False)
     if problems:
@@ -322,7 +396,7 @@ def mix_problems(cfg, tokenizer_identity: Optional[str] = None) -> list[str]:
 def held_out_problems(cfg) -> list[str]:
     """A training source that reads the val split eval.loss scores (the same dataset, split val, a bucket in
     common: a document sits in one bucket): the held-out loss would score text the run trains on."""
-    ev = getattr(cfg, "eval", None)   # a caller may pass only data and train (the sections the plan reads)
+    ev = getattr(cfg, "eval", None)  # a caller may pass only data and train (the sections the plan reads)
     lo = ev.loss.data if ev is not None else None
     if not lo:
         return []
@@ -330,20 +404,36 @@ def held_out_problems(cfg) -> list[str]:
 
     root, bucket = split_spec(lo)
     d = cfg.data
-    srcs = ([("data.split=val", d.path, d.bucket, d.split)] if d.mix is None else
-            [(_field(i, s.name), s.path, s.bucket, s.split) for i, s in enumerate(d.mix) if s.weight > 0])
+    srcs = (
+        [("data.split=val", d.path, d.bucket, d.split)]
+        if d.mix is None
+        else [(_field(i, s.name), s.path, s.bucket, s.split) for i, s in enumerate(d.mix) if s.weight > 0]
+    )
     out = []
     for where, path, b, split in srcs:
-        if split != "val" or not path or os.path.realpath(os.path.expanduser(path)) != \
-                os.path.realpath(os.path.expanduser(root)):
+        if (
+            split != "val"
+            or not path
+            or os.path.realpath(os.path.expanduser(path)) != os.path.realpath(os.path.expanduser(root))
+        ):
             continue
         if "all" in (b, bucket) or set(b.split(",")) & set(bucket.split(",")):
-            common = "every bucket" if b == bucket == "all" else (
-                f"bucket(s) {b}" if bucket == "all" else f"bucket(s) {bucket}" if b == "all" else
-                f"bucket(s) {','.join(sorted(set(b.split(',')) & set(bucket.split(','))))}")
-            out.append(f"{where}: the run trains on the val split of {path} ({common}), the split eval.loss.data="
-                       f"{lo!r} scores as held-out text: the held-out loss would score text the model was trained "
-                       f"on; train on split train, or point eval.loss.data at another dataset")
+            common = (
+                "every bucket"
+                if b == bucket == "all"
+                else (
+                    f"bucket(s) {b}"
+                    if bucket == "all"
+                    else f"bucket(s) {bucket}"
+                    if b == "all"
+                    else f"bucket(s) {','.join(sorted(set(b.split(',')) & set(bucket.split(','))))}"
+                )
+            )
+            out.append(
+                f"{where}: the run trains on the val split of {path} ({common}), the split eval.loss.data="
+                f"{lo!r} scores as held-out text: the held-out loss would score text the model was trained "
+                f"on; train on split train, or point eval.loss.data at another dataset"
+            )
     return out
 
 
@@ -374,10 +464,13 @@ def beyond_original_problems(cfg, sources: list[tuple[str, OpenedSource]]) -> li
         f"{where}: {s.root} bucket {s.stats['bucket']!r} split {s.stats['split']!r} in mode {s.space.mode}"
         + (", with data.doc_mask each document is its own sequence" if mask and s.space.mode == "pack" else "")
         + f": its longest document has {n - 1} tokens, so its longest sequence (the document and its EOT) is {n}"
-        for where, s, n in longest)
-    return [f"rope.yarn.apply=beyond_original: no training sequence is longer than original_max_position {orig}, so "
-            f"every one uses the original RoPE and YaRN is never trained ({how}); train on documents longer than "
-            f"{orig} tokens (a bucket above it), or set rope.yarn.apply=always"]
+        for where, s, n in longest
+    )
+    return [
+        f"rope.yarn.apply=beyond_original: no training sequence is longer than original_max_position {orig}, so "
+        f"every one uses the original RoPE and YaRN is never trained ({how}); train on documents longer than "
+        f"{orig} tokens (a bucket above it), or set rope.yarn.apply=always"
+    ]
 
 
 # --------------------------------------------------------------------------- reporting
@@ -390,11 +483,22 @@ def format_mixture(mixture: dict) -> str:
     head += ["trunc", "drop", "pad"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in mixture["sources"]:
-        cells = [s["name"], s["mode"], s["bucket"], f"{s['weight']:g}", f"{s['target_token_share']:.1%}",
-                 str(s["sequences_per_block"]), f"{s['token_share_per_block']:.1%}"]
+        cells = [
+            s["name"],
+            s["mode"],
+            s["bucket"],
+            f"{s['weight']:g}",
+            f"{s['target_token_share']:.1%}",
+            str(s["sequences_per_block"]),
+            f"{s['token_share_per_block']:.1%}",
+        ]
         if planned:
-            cells += [f"{s['planned_sequences']:,}", f"{s['planned_token_share']:.1%}", f"{s['planned_epochs']:.2f}",
-                      f"{s['max_epochs']:g}"]
+            cells += [
+                f"{s['planned_sequences']:,}",
+                f"{s['planned_token_share']:.1%}",
+                f"{s['planned_epochs']:.2f}",
+                f"{s['max_epochs']:g}",
+            ]
         cells += [f"{s['truncated_fraction']:.1%}", f"{s['dropped_fraction']:.1%}", f"{s['padding_fraction']:.1%}"]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)

@@ -12,6 +12,7 @@ filler. Whether retrieval learnt on these templates transfers to the eval's prom
 to 4x longer contexts after a YaRN extension, is what the evaluation then measures.
 Deterministic: document i depends only on (seed, i) and the train texts.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -24,20 +25,43 @@ from typing import Optional
 from .build import Source, list_inputs, split_of
 from .shards import DataError
 
-THINGS = ("locker", "invoice", "order", "ticket", "room", "account", "vault", "parcel", "batch", "station",
-          "project", "license", "badge", "flight", "table", "cabinet", "server", "printer", "bridge", "garden")
+THINGS = (
+    "locker",
+    "invoice",
+    "order",
+    "ticket",
+    "room",
+    "account",
+    "vault",
+    "parcel",
+    "batch",
+    "station",
+    "project",
+    "license",
+    "badge",
+    "flight",
+    "table",
+    "cabinet",
+    "server",
+    "printer",
+    "bridge",
+    "garden",
+)
 KINDS = ("number", "code", "id", "pin", "reference")
-LABELS = tuple(f"{t} {k}" for t in THINGS for k in KINDS)   # 100 labels, none of them the eval's
+LABELS = tuple(f"{t} {k}" for t in THINGS for k in KINDS)  # 100 labels, none of them the eval's
 
 # (fact, question + answer) per style; {label}, {name} (LABEL_AS_IDENTIFIER), {value}
 STYLES = {
-    "prose": (("The {label} is {value}.", "Note that the {label} is {value}.",
-               "Please keep in mind: the {label} is {value}."),
-              "\n\nQuestion: What is the {label}?\nAnswer: The {label} is {value}.\n"),
-    "code": (("{name} = {value}", "{name} = {value}  # keep this"),
-             "\n\n>>> print({name})\n{value}\n"),
-    "record": (("{label}: {value}", "[{label}] {value}"),
-               "\n\nLookup {label}: {value}\n"),
+    "prose": (
+        (
+            "The {label} is {value}.",
+            "Note that the {label} is {value}.",
+            "Please keep in mind: the {label} is {value}.",
+        ),
+        "\n\nQuestion: What is the {label}?\nAnswer: The {label} is {value}.\n",
+    ),
+    "code": (("{name} = {value}", "{name} = {value}  # keep this"), "\n\n>>> print({name})\n{value}\n"),
+    "record": (("{label}: {value}", "[{label}] {value}"), "\n\nLookup {label}: {value}\n"),
 }
 
 
@@ -63,8 +87,7 @@ def train_texts(sources: list[Source], val_fraction: float, split_seed: int = 0)
     return texts
 
 
-def recall_document(texts: list[str], seed: int, index: int, min_chars: int = 400,
-                    max_chars: int = 4000) -> dict:
+def recall_document(texts: list[str], seed: int, index: int, min_chars: int = 400, max_chars: int = 4000) -> dict:
     """One document: {"text", "style", "n_facts", "asked"}."""
     rng = _rng(seed, "recall", index)
     want = rng.randint(min_chars, max_chars)
@@ -74,7 +97,7 @@ def recall_document(texts: list[str], seed: int, index: int, min_chars: int = 40
         t = texts[rng.randrange(len(texts))]
         start = rng.randrange(len(t))
         start = t.rfind("\n", 0, start) + 1
-        piece = t[start:start + want - have]
+        piece = t[start : start + want - have]
         parts.append(piece)
         have += len(piece) + 2
     lines = "\n\n".join(parts).split("\n")
@@ -82,7 +105,7 @@ def recall_document(texts: list[str], seed: int, index: int, min_chars: int = 40
     facts, question = STYLES[style]
     n_facts = rng.randint(1, 4)
     labels = rng.sample(LABELS, n_facts)
-    values = [str(rng.randint(10 ** (d - 1), 10 ** d - 1)) for d in (rng.randint(3, 8) for _ in labels)]
+    values = [str(rng.randint(10 ** (d - 1), 10**d - 1)) for d in (rng.randint(3, 8) for _ in labels)]
     # insertion points: distinct line breaks, facts in random order along the text
     at = sorted(rng.sample(range(len(lines) + 1), min(n_facts, len(lines) + 1)))
     for j, pos in reversed(list(enumerate(at))):
@@ -90,17 +113,28 @@ def recall_document(texts: list[str], seed: int, index: int, min_chars: int = 40
         fact = rng.choice(facts).format(label=lab, name=lab.upper().replace(" ", "_"), value=values[j])
         lines.insert(pos, fact)
     q = rng.randrange(len(at))
-    text = "\n".join(lines).rstrip() + question.format(label=labels[q], name=labels[q].upper().replace(" ", "_"),
-                                                       value=values[q])
+    text = "\n".join(lines).rstrip() + question.format(
+        label=labels[q], name=labels[q].upper().replace(" ", "_"), value=values[q]
+    )
     return {"text": text, "style": style, "n_facts": len(at), "asked": labels[q]}
 
 
-def write_recall_jsonl(sources: list[Source], out_dir, *, val_fraction: float, split_seed: int = 0,
-                       n_docs: int = 3000, seed: int = 0, min_chars: int = 400, max_chars: int = 4000) -> Path:
+def write_recall_jsonl(
+    sources: list[Source],
+    out_dir,
+    *,
+    val_fraction: float,
+    split_seed: int = 0,
+    n_docs: int = 3000,
+    seed: int = 0,
+    min_chars: int = 400,
+    max_chars: int = 4000,
+) -> Path:
     """out_dir/recall-<hash>.jsonl (cached: the name hashes every input that shapes it)."""
     inputs = [(f.key, f.size) for f in list_inputs(sources)]
-    tag = hashlib.sha256(json.dumps([inputs, val_fraction, split_seed, n_docs, seed, min_chars, max_chars,
-                                     STYLES, LABELS]).encode()).hexdigest()[:12]
+    tag = hashlib.sha256(
+        json.dumps([inputs, val_fraction, split_seed, n_docs, seed, min_chars, max_chars, STYLES, LABELS]).encode()
+    ).hexdigest()[:12]
     out = Path(out_dir) / f"recall-{tag}.jsonl"
     if out.is_file():
         return out
@@ -114,11 +148,16 @@ def write_recall_jsonl(sources: list[Source], out_dir, *, val_fraction: float, s
     return out
 
 
-def recall_source(sources: list[Source], work, val_fraction: float, split_seed: int = 0,
-                  n_docs: Optional[int] = None) -> Source:
-    path = write_recall_jsonl(sources, Path(work) / "recall", val_fraction=val_fraction, split_seed=split_seed,
-                              n_docs=n_docs or 3000)
-    return Source(str(path), name="recall",
-                  license="derived from the other parts' train documents (their licences apply)",
-                  provenance="megablu.data.recall: train-text spans with inserted facts and a question at the end",
-                  meta_keys=["style", "n_facts", "asked"])
+def recall_source(
+    sources: list[Source], work, val_fraction: float, split_seed: int = 0, n_docs: Optional[int] = None
+) -> Source:
+    path = write_recall_jsonl(
+        sources, Path(work) / "recall", val_fraction=val_fraction, split_seed=split_seed, n_docs=n_docs or 3000
+    )
+    return Source(
+        str(path),
+        name="recall",
+        license="derived from the other parts' train documents (their licences apply)",
+        provenance="megablu.data.recall: train-text spans with inserted facts and a question at the end",
+        meta_keys=["style", "n_facts", "asked"],
+    )

@@ -24,6 +24,7 @@ needs a separator. manifest.json (format "megablu-shards", version 1):
 Writes go to a temp directory that is renamed into place only when complete, so a dataset
 directory with a manifest.json is always whole.
 """
+
 from __future__ import annotations
 
 import errno
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 FORMAT = "megablu-shards"
 VERSION = 1
 MANIFEST = "manifest.json"
-VERIFY_CACHE = ".verified.json"   # data/source.py: sha256s checked, by size + mtime + inode
+VERIFY_CACHE = ".verified.json"  # data/source.py: sha256s checked, by size + mtime + inode
 DEFAULT_EDGES = (4096, 8192, 16384, 32768, 65536, 131072)  # b0 <4k, b1 4-8k, ..., b6 >= 128k
 DEFAULT_SHARD_TOKENS = 1 << 28  # 256 Mi tokens: 512 MB at uint16
 
@@ -109,9 +110,14 @@ class _Shard:
         idx = np.asarray(self.offsets, dtype="<u8").tobytes()
         (self.root / f"{self.rel}.idx").write_bytes(idx)
         entry: dict[str, Any] = {
-            "bucket": self.bucket, "split": self.split, "tokens": f"{self.rel}.tok", "index": f"{self.rel}.idx",
-            "documents": len(self.offsets) - 1, "n_tokens": self.offsets[-1],
-            "sha256": {f"{self.rel}.tok": self.h_tok.hexdigest(), f"{self.rel}.idx": hashlib.sha256(idx).hexdigest()}}
+            "bucket": self.bucket,
+            "split": self.split,
+            "tokens": f"{self.rel}.tok",
+            "index": f"{self.rel}.idx",
+            "documents": len(self.offsets) - 1,
+            "n_tokens": self.offsets[-1],
+            "sha256": {f"{self.rel}.tok": self.h_tok.hexdigest(), f"{self.rel}.idx": hashlib.sha256(idx).hexdigest()},
+        }
         if self.f_meta is not None:
             self.f_meta.close()
             entry["meta"] = f"{self.rel}.meta.jsonl"
@@ -124,9 +130,17 @@ class DatasetWriter:
     renames the temp directory to `out`. Use as a context manager: on error the temp dir is removed.
     """
 
-    def __init__(self, out: Path, tokenizer_info: dict, edges=DEFAULT_EDGES, split_info: Optional[dict] = None,
-                 shard_tokens: int = DEFAULT_SHARD_TOKENS, overwrite: bool = False, with_meta: bool = True,
-                 inputs: Iterable = ()):
+    def __init__(
+        self,
+        out: Path,
+        tokenizer_info: dict,
+        edges=DEFAULT_EDGES,
+        split_info: Optional[dict] = None,
+        shard_tokens: int = DEFAULT_SHARD_TOKENS,
+        overwrite: bool = False,
+        with_meta: bool = True,
+        inputs: Iterable = (),
+    ):
         self.out = Path(out)
         self.inputs = [Path(i) for i in inputs]
         self.overwrite = overwrite
@@ -134,16 +148,23 @@ class DatasetWriter:
         self.tmp = self.out.with_name(f".{self.out.name}.tmp-{os.getpid()}")
         if self.tmp.exists():
             shutil.rmtree(self.tmp)
-        stale = (sorted(p.name for p in self.out.parent.glob(f".{self.out.name}.tmp-*"))
-                 if self.out.parent.exists() else [])
+        stale = (
+            sorted(p.name for p in self.out.parent.glob(f".{self.out.name}.tmp-*")) if self.out.parent.exists() else []
+        )
         if stale:
-            log.warning("partial build(s) %s next to %s: an interrupted or concurrent build; delete them if no "
-                        "build is running", stale, self.out)
+            log.warning(
+                "partial build(s) %s next to %s: an interrupted or concurrent build; delete them if no "
+                "build is running",
+                stale,
+                self.out,
+            )
         try:
             self.tmp.mkdir(parents=True)
-        except OSError as e:   # checked above (replace_problem); the filesystem may still refuse
-            raise DataError(f"--out {self.out}: cannot create {self.tmp} ({e.strerror or e}); give --out a place "
-                            f"this user can write") from None
+        except OSError as e:  # checked above (replace_problem); the filesystem may still refuse
+            raise DataError(
+                f"--out {self.out}: cannot create {self.tmp} ({e.strerror or e}); give --out a place "
+                f"this user can write"
+            ) from None
         self.tok_info = dict(tokenizer_info)
         self.dtype = dtype_for_vocab(int(tokenizer_info["vocab_size"]))
         self.edges = list(edges)
@@ -167,11 +188,13 @@ class DatasetWriter:
         if et is None:
             return False
         self.abort()
-        if issubclass(et, OSError):   # a full disk, a quota, a vanished mount: one line, nothing left behind
+        if issubclass(et, OSError):  # a full disk, a quota, a vanished mount: one line, nothing left behind
             fix = "; free space there or give --out on another disk" if ev.errno in (errno.ENOSPC, errno.EDQUOT) else ""
-            raise DataError(f"writing the dataset {self.out} failed: {ev.strerror or ev}"
-                            f"{f' ({ev.filename})' if ev.filename else ''}; nothing was written at {self.out} and the "
-                            f"partial build was removed{fix}") from ev
+            raise DataError(
+                f"writing the dataset {self.out} failed: {ev.strerror or ev}"
+                f"{f' ({ev.filename})' if ev.filename else ''}; nothing was written at {self.out} and the "
+                f"partial build was removed{fix}"
+            ) from ev
         return False
 
     def abort(self):
@@ -194,8 +217,10 @@ class DatasetWriter:
         if n == 0:
             raise DataError("empty document passed to DatasetWriter.add (skip empty documents before)")
         if tokens.max() >= int(self.tok_info["vocab_size"]) or tokens.min() < 0:
-            raise DataError(f"token id {int(tokens.max())} outside the tokenizer's vocab "
-                            f"{self.tok_info['vocab_size']} ({(meta or {}).get('path', 'document')})")
+            raise DataError(
+                f"token id {int(tokens.max())} outside the tokenizer's vocab "
+                f"{self.tok_info['vocab_size']} ({(meta or {}).get('path', 'document')})"
+            )
         b = self.buckets[bucket_of(n, self.edges)]["name"]
         key = (b, split)
         sh = self.open.get(key)
@@ -209,9 +234,16 @@ class DatasetWriter:
         sh.add(tokens, meta)
         self.lengths.append(n)
         if meta and "source" in meta:
-            s = self.sources.setdefault(meta["source"], {"name": meta["source"], "license": meta.get("license"),
-                                                         "provenance": meta.get("provenance"),
-                                                         "documents": 0, "tokens": 0})
+            s = self.sources.setdefault(
+                meta["source"],
+                {
+                    "name": meta["source"],
+                    "license": meta.get("license"),
+                    "provenance": meta.get("provenance"),
+                    "documents": 0,
+                    "tokens": 0,
+                },
+            )
             s["documents"] += 1
             s["tokens"] += n
         return b
@@ -229,14 +261,22 @@ class DatasetWriter:
             c = counts[e["bucket"]].setdefault(e["split"], {"documents": 0, "tokens": 0})
             c["documents"] += e["documents"]
             c["tokens"] += e["n_tokens"]
-        manifest = {"format": FORMAT, "version": VERSION, "tokenizer": self.tok_info, "dtype": self.dtype,
-                    "buckets": self.buckets, "split": self.split_info, "shards": self.entries,
-                    "counts": counts, "histogram": length_histogram(self.lengths),
-                    "sources": sorted(self.sources.values(), key=lambda s: s["name"])}
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "tokenizer": self.tok_info,
+            "dtype": self.dtype,
+            "buckets": self.buckets,
+            "split": self.split_info,
+            "shards": self.entries,
+            "counts": counts,
+            "histogram": length_histogram(self.lengths),
+            "sources": sorted(self.sources.values(), key=lambda s: s["name"]),
+        }
         if extra:
             manifest.update(extra)
         (self.tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=False) + "\n")
-        try:   # again: the folder may have changed while this was building
+        try:  # again: the folder may have changed while this was building
             self._check_out()
         except DataError as e:
             self.abort()
@@ -268,8 +308,9 @@ def dataset_files(root: Path) -> Optional[set[str]]:
 def check_dataset_out(out, overwrite: bool, inputs: Iterable = ()) -> None:
     """DataError unless a dataset may be written at `out` (utils/files.py replace_problem): a new or empty
     folder, or with --overwrite a megablu dataset holding nothing else; never an input of the command."""
-    why = replace_problem(Path(out), what="a megablu dataset", flag="--overwrite", replace=overwrite,
-                          owned=dataset_files, inputs=inputs)
+    why = replace_problem(
+        Path(out), what="a megablu dataset", flag="--overwrite", replace=overwrite, owned=dataset_files, inputs=inputs
+    )
     if why:
         raise DataError(why)
 
@@ -281,15 +322,18 @@ def read_manifest(root) -> dict:
     if not root.is_dir():
         raise DataError(f"dataset directory {root} does not exist (build it with `megablu data build`)")
     if not mf.is_file():
-        raise DataError(f"{mf} is missing: {root} is not a complete megablu dataset (an interrupted build leaves "
-                        f"only a .tmp directory; rebuild it)")
+        raise DataError(
+            f"{mf} is missing: {root} is not a complete megablu dataset (an interrupted build leaves "
+            f"only a .tmp directory; rebuild it)"
+        )
     try:
         m = json.loads(mf.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DataError(f"{mf}: not valid JSON ({e})") from None
     if m.get("format") != FORMAT or m.get("version") != VERSION:
-        raise DataError(f"{mf}: format {m.get('format')!r} version {m.get('version')!r}, expected {FORMAT!r} "
-                        f"version {VERSION}")
+        raise DataError(
+            f"{mf}: format {m.get('format')!r} version {m.get('version')!r}, expected {FORMAT!r} version {VERSION}"
+        )
     for k in ("tokenizer", "dtype", "buckets", "shards"):
         if k not in m:
             raise DataError(f"{mf}: missing key {k!r}")
@@ -323,8 +367,9 @@ def _hash_problems(root: Path, entry: dict, named: list[str]) -> list[str]:
     return errs
 
 
-def verify_shard(root: Path, entry: dict, dtype: str, check_hash: bool = True,
-                 vocab_size: Optional[int] = None) -> list[str]:
+def verify_shard(
+    root: Path, entry: dict, dtype: str, check_hash: bool = True, vocab_size: Optional[int] = None
+) -> list[str]:
     """Problems with one shard, each naming the file; [] if it is sound."""
     errs = []
     item = np.dtype(dtype).itemsize
@@ -345,8 +390,9 @@ def verify_shard(root: Path, entry: dict, dtype: str, check_hash: bool = True,
         errs.append(f"{tok}: {size} bytes, manifest says {n_tok} tokens x {item} B ({dtype}) = {n_tok * item}{hint}")
     isize = idx.stat().st_size
     if isize != (n_doc + 1) * 8:
-        errs.append(f"{idx}: {isize} bytes, manifest says {n_doc} documents -> {(n_doc + 1) * 8} bytes of uint64 "
-                    f"offsets")
+        errs.append(
+            f"{idx}: {isize} bytes, manifest says {n_doc} documents -> {(n_doc + 1) * 8} bytes of uint64 offsets"
+        )
     else:
         off = np.fromfile(idx, dtype="<u8")
         if off[0] != 0 or off[-1] != n_tok:
@@ -355,9 +401,12 @@ def verify_shard(root: Path, entry: dict, dtype: str, check_hash: bool = True,
             errs.append(f"{idx}: offsets are not strictly increasing (an empty or negative-length document)")
     if check_hash:
         errs += _hash_problems(root, entry, errs)
-    else:   # no hashing, but every listed file (the .meta.jsonl provenance too) must be there
-        errs += [f"{root / rel}: missing (listed in {root / MANIFEST})" for rel in entry.get("sha256", {})
-                 if not (root / rel).is_file() and not any(e.startswith(f"{root / rel}: ") for e in errs)]
+    else:  # no hashing, but every listed file (the .meta.jsonl provenance too) must be there
+        errs += [
+            f"{root / rel}: missing (listed in {root / MANIFEST})"
+            for rel in entry.get("sha256", {})
+            if not (root / rel).is_file() and not any(e.startswith(f"{root / rel}: ") for e in errs)
+        ]
     if vocab_size is not None and not errs and n_tok:
         mx = int(np.memmap(tok, dtype=np.dtype(dtype).newbyteorder("<"), mode="r").max())
         if mx >= vocab_size:
@@ -365,8 +414,14 @@ def verify_shard(root: Path, entry: dict, dtype: str, check_hash: bool = True,
     return errs
 
 
-def verify_dataset(root, tokenizer_identity: Optional[str] = None, check_hash: bool = True,
-                   check_ids: bool = False, bucket: str = "all", split: Optional[str] = None) -> list[str]:
+def verify_dataset(
+    root,
+    tokenizer_identity: Optional[str] = None,
+    check_hash: bool = True,
+    check_ids: bool = False,
+    bucket: str = "all",
+    split: Optional[str] = None,
+) -> list[str]:
     """Every problem in the dataset at `root` (restricted to bucket/split when given)."""
     root = Path(root)
     try:
@@ -376,8 +431,10 @@ def verify_dataset(root, tokenizer_identity: Optional[str] = None, check_hash: b
     errs = []
     have = m["tokenizer"].get("identity")
     if tokenizer_identity is not None and have != tokenizer_identity:
-        errs.append(f"{root / MANIFEST}: tokenizer identity {have!r} != {tokenizer_identity!r}: the data was "
-                    f"tokenized with another tokenizer; rebuild it or use the matching tokenizer")
+        errs.append(
+            f"{root / MANIFEST}: tokenizer identity {have!r} != {tokenizer_identity!r}: the data was "
+            f"tokenized with another tokenizer; rebuild it or use the matching tokenizer"
+        )
     splits = ["train", "val"] if split is None else [split]
     vocab = int(m["tokenizer"]["vocab_size"]) if check_ids else None
     try:
@@ -428,4 +485,4 @@ class DocTable:
         n = int(self.doc_len[i])
         stop = n if stop is None else min(stop, n)
         s0 = int(self.doc_start[i])
-        return np.asarray(self.tokens[int(self.doc_shard[i])][s0 + start:s0 + stop])
+        return np.asarray(self.tokens[int(self.doc_shard[i])][s0 + start : s0 + stop])

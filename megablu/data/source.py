@@ -4,6 +4,7 @@ space (fit | truncate | pack, the order per epoch), stats and fingerprint.
 The loader (loader.py) and a mixture (mix.py) both read sources through `open_source`; this
 file imports neither, so the two do not import each other.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -57,8 +58,14 @@ def verify_for_training(root: Path, manifest: dict, shards: list[dict], verify: 
             st = f.stat()
             c = cache.get(rel)
             # a copied file (new inode, even with its mtime kept) or a rewritten one is hashed again
-            if (verify == "cache" and c and c["size"] == st.st_size and c["mtime_ns"] == st.st_mtime_ns
-                    and c.get("ino") == st.st_ino and c["sha256"] == want):
+            if (
+                verify == "cache"
+                and c
+                and c["size"] == st.st_size
+                and c["mtime_ns"] == st.st_mtime_ns
+                and c.get("ino") == st.st_ino
+                and c["sha256"] == want
+            ):
                 continue
             got = sha256_file(f)
             if got != want:
@@ -93,7 +100,7 @@ class SequenceSpace:
             self.dropped_tokens = int(L[L + 1 > window].sum())
             self.n = int(self.docs.shape[0])
             self.pad_fraction = 1 - float((L[self.docs] + 1).sum()) / max(1, self.n * window)
-            self.seq_labels = L[self.docs] + 1   # doc tokens + the closing EOT
+            self.seq_labels = L[self.docs] + 1  # doc tokens + the closing EOT
         elif mode == "truncate":
             self.docs = np.arange(len(table))
             self.truncated_tokens = int(np.maximum(L - window, 0).sum())
@@ -121,8 +128,14 @@ class SequenceSpace:
         return total
 
     def fingerprint(self) -> dict:
-        return {"mode": self.mode, "window": self.T, "seed": self.seed, "sequences_per_epoch": self.n,
-                "documents": len(self.t), "doc_tokens": self.total_doc_tokens}
+        return {
+            "mode": self.mode,
+            "window": self.T,
+            "seed": self.seed,
+            "sequences_per_epoch": self.n,
+            "documents": len(self.t),
+            "doc_tokens": self.total_doc_tokens,
+        }
 
     def _epoch(self, e: int):
         got = self._epochs.get(e)
@@ -153,9 +166,9 @@ class SequenceSpace:
             toks = self.t.doc(d, 0, T)  # at most T doc tokens fit after the opening EOT
             m = len(toks)
             out[0] = self.eot
-            out[1:1 + m] = toks
+            out[1 : 1 + m] = toks
             if doc is not None:
-                doc[:] = 0          # one document per row
+                doc[:] = 0  # one document per row
             if 1 + m <= T:
                 out[1 + m] = self.eot
                 return m + 2
@@ -165,7 +178,7 @@ class SequenceSpace:
         b = a + T + 1
         j = int(np.searchsorted(starts, a, side="right")) - 1
         pos = 0
-        opens = []   # positions > 0 of an EOT: each starts the next document id
+        opens = []  # positions > 0 of an EOT: each starts the next document id
         while pos < T + 1:
             if j >= len(docs):  # the closing EOT after the last document (at most the last target)
                 opens.append(pos)
@@ -182,7 +195,7 @@ class SequenceSpace:
                 lo += 1
             hi = min(b, s0 + 1 + n)
             if hi > lo:
-                out[pos:pos + hi - lo] = self.t.doc(d, lo - s0 - 1, hi - s0 - 1)
+                out[pos : pos + hi - lo] = self.t.doc(d, lo - s0 - 1, hi - s0 - 1)
                 pos += hi - lo
             j += 1
         if doc is not None:
@@ -206,12 +219,22 @@ class OpenedSource:
 
     root: Path
     space: SequenceSpace
-    stats: dict      # documents, tokens, sequences_per_epoch, truncated/dropped/padding/pack_tail fractions
-    identity: dict   # what a saved loader state must match: dataset hash, bucket, split, space fingerprint
+    stats: dict  # documents, tokens, sequences_per_epoch, truncated/dropped/padding/pack_tail fractions
+    identity: dict  # what a saved loader state must match: dataset hash, bucket, split, space fingerprint
 
 
-def open_source(path: str, *, bucket: str, split: str, mode: str, window: int, seed: int,
-                tokenizer_identity: Optional[str], verify: bool = True, field: str = "data") -> OpenedSource:
+def open_source(
+    path: str,
+    *,
+    bucket: str,
+    split: str,
+    mode: str,
+    window: int,
+    seed: int,
+    tokenizer_identity: Optional[str],
+    verify: bool = True,
+    field: str = "data",
+) -> OpenedSource:
     """Read and check one dataset selection (sha256 too when verify); DataError names the problem.
 
     `field` names the config entry in messages ("data", or "data.mix[1] (short)" for a source)."""
@@ -219,33 +242,54 @@ def open_source(path: str, *, bucket: str, split: str, mode: str, window: int, s
     m = read_manifest(root)
     have = m["tokenizer"].get("identity")
     if tokenizer_identity is not None and have != tokenizer_identity:
-        raise DataError(f"{root / MANIFEST}: data tokenized with {have!r} but the run's tokenizer is "
-                        f"{tokenizer_identity!r}; rebuild the data with this tokenizer or fix tokenizer:")
+        raise DataError(
+            f"{root / MANIFEST}: data tokenized with {have!r} but the run's tokenizer is "
+            f"{tokenizer_identity!r}; rebuild the data with this tokenizer or fix tokenizer:"
+        )
     shards = select_shards(m, bucket, split, root)
     docs = sum(int(e["documents"]) for e in shards)
     if not shards or docs == 0:
         counts = {b: {s: c.get("documents", 0) for s, c in v.items()} for b, v in m.get("counts", {}).items()}
-        raise DataError(f"{root}: bucket {bucket!r} split {split!r} is empty (documents per bucket/split: "
-                        f"{counts}); choose another {field}.bucket/{field}.split")
+        raise DataError(
+            f"{root}: bucket {bucket!r} split {split!r} is empty (documents per bucket/split: "
+            f"{counts}); choose another {field}.bucket/{field}.split"
+        )
     if verify:
         verify_for_training(root, m, shards)
-    else:   # sizes and offsets only: a config-time check must not hash gigabytes
+    else:  # sizes and offsets only: a config-time check must not hash gigabytes
         errs = [e for sh in shards for e in verify_shard(root, sh, m["dtype"], check_hash=False)]
         if errs:
             raise DataError(f"dataset {root} failed verification:\n  " + "\n  ".join(errs))
     table = DocTable.open(root, shards, m["dtype"])
     space = SequenceSpace(table, mode, window, int(m["tokenizer"]["eot_id"]), seed)
     if space.n == 0:
-        why = (f"no document is shorter than the window {window} (longest fitting length {window - 1})"
-               if mode == "fit" else f"{space.total_doc_tokens} tokens do not fill one window of {window}")
+        why = (
+            f"no document is shorter than the window {window} (longest fitting length {window - 1})"
+            if mode == "fit"
+            else f"{space.total_doc_tokens} tokens do not fill one window of {window}"
+        )
         raise DataError(f"{root}: bucket {bucket!r} split {split!r} has no sequence in mode {mode}: {why}")
     total = max(1, space.total_doc_tokens)
-    stats = {"path": str(root), "bucket": bucket, "split": split, "mode": mode, "window": window,
-             "documents": len(table), "tokens": space.total_doc_tokens, "sequences_per_epoch": space.n,
-             "truncated_fraction": space.truncated_tokens / total, "dropped_fraction": space.dropped_tokens / total,
-             "pack_tail_fraction": space.tail_tokens / total, "padding_fraction": space.pad_fraction}
-    identity = {"dataset": hashlib.sha256(json.dumps([e["sha256"] for e in shards], sort_keys=True).encode())
-                .hexdigest()[:16], "bucket": bucket, "split": split, **space.fingerprint()}
+    stats = {
+        "path": str(root),
+        "bucket": bucket,
+        "split": split,
+        "mode": mode,
+        "window": window,
+        "documents": len(table),
+        "tokens": space.total_doc_tokens,
+        "sequences_per_epoch": space.n,
+        "truncated_fraction": space.truncated_tokens / total,
+        "dropped_fraction": space.dropped_tokens / total,
+        "pack_tail_fraction": space.tail_tokens / total,
+        "padding_fraction": space.pad_fraction,
+    }
+    identity = {
+        "dataset": hashlib.sha256(json.dumps([e["sha256"] for e in shards], sort_keys=True).encode()).hexdigest()[:16],
+        "bucket": bucket,
+        "split": split,
+        **space.fingerprint(),
+    }
     return OpenedSource(root, space, stats, identity)
 
 
@@ -256,22 +300,46 @@ def epochs_problem(field: str, src: OpenedSource, planned: int, max_epochs: floa
     if epochs <= max_epochs:
         return None
     s = src.stats
-    return (f"{src.root}: the run consumes {planned:,} sequences of T={s['window']} but bucket {s['bucket']!r} "
-            f"split {s['split']!r} (mode {s['mode']}) holds {n:,} per epoch: {epochs:.2f} epochs > "
-            f"{field}.max_epochs={max_epochs:g}; {fix}")
+    return (
+        f"{src.root}: the run consumes {planned:,} sequences of T={s['window']} but bucket {s['bucket']!r} "
+        f"split {s['split']!r} (mode {s['mode']}) holds {n:,} per epoch: {epochs:.2f} epochs > "
+        f"{field}.max_epochs={max_epochs:g}; {fix}"
+    )
 
 
 def log_source(field: str, src: OpenedSource, epochs: Optional[float], max_epochs: float, rank0: bool) -> None:
     s, T = src.stats, src.stats["window"]
     say = log.info if rank0 else log.debug
-    say("%s %s bucket=%s split=%s mode=%s T=%d: %d documents, %d tokens, %d sequences/epoch; truncated %.1f%%, "
-        "dropped %.1f%%, padding %.1f%% of tokens; planned epochs %s (max %g)", field, src.root, s["bucket"],
-        s["split"], s["mode"], T, s["documents"], s["tokens"], s["sequences_per_epoch"],
-        100 * s["truncated_fraction"], 100 * s["dropped_fraction"], 100 * s["padding_fraction"],
-        "unknown" if epochs is None else f"{epochs:.3f}", max_epochs)
+    say(
+        "%s %s bucket=%s split=%s mode=%s T=%d: %d documents, %d tokens, %d sequences/epoch; truncated %.1f%%, "
+        "dropped %.1f%%, padding %.1f%% of tokens; planned epochs %s (max %g)",
+        field,
+        src.root,
+        s["bucket"],
+        s["split"],
+        s["mode"],
+        T,
+        s["documents"],
+        s["tokens"],
+        s["sequences_per_epoch"],
+        100 * s["truncated_fraction"],
+        100 * s["dropped_fraction"],
+        100 * s["padding_fraction"],
+        "unknown" if epochs is None else f"{epochs:.3f}",
+        max_epochs,
+    )
     if s["truncated_fraction"] > 0.01 and rank0:
-        log.warning("%s: %.1f%% of the bucket's tokens are truncated away at T=%d (a truncated "
-                    "document teaches no distance beyond T)", field, 100 * s["truncated_fraction"], T)
+        log.warning(
+            "%s: %.1f%% of the bucket's tokens are truncated away at T=%d (a truncated "
+            "document teaches no distance beyond T)",
+            field,
+            100 * s["truncated_fraction"],
+            T,
+        )
     if s["dropped_fraction"] > 0.01 and rank0:
-        log.warning("%s: mode=fit drops %.1f%% of the bucket's tokens (documents longer than T-1=%d)", field,
-                    100 * s["dropped_fraction"], T - 1)
+        log.warning(
+            "%s: mode=fit drops %.1f%% of the bucket's tokens (documents longer than T-1=%d)",
+            field,
+            100 * s["dropped_fraction"],
+            T - 1,
+        )

@@ -28,6 +28,7 @@ As in the default profile, the text is composed in token space (exact lengths), 
 the document (every token is LM loss), document i depends only on (seed, i, the options, the filler
 dataset), and --distances places a share of the asked records in a band of distances.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -40,12 +41,35 @@ from .synth import Synthesizer, SynthSpec, _Ambiguous, synth_dataset
 DISJOINT_TASKS = ("lookup", "lookups", "collect")
 NAME_KINDS = ("coined", "snake", "title")
 VALUE_KINDS = ("coined", "code", "path")
-MAX_LOOKUPS = 64   # lookups: questions per document at most
+MAX_LOOKUPS = 64  # lookups: questions per document at most
 
 # coined words: CVC-CV-CVC syllables from these inventories (7-10 letters; a real English word of this
 # shape is one draw in millions, and the tests check the draws against the eval's word lists)
-_ONSET = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "gl", "kr", "pl", "st",
-          "tr", "sh", "th")
+_ONSET = (
+    "b",
+    "d",
+    "f",
+    "g",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "z",
+    "br",
+    "dr",
+    "gl",
+    "kr",
+    "pl",
+    "st",
+    "tr",
+    "sh",
+    "th",
+)
 _VOWEL = ("a", "e", "i", "o", "u", "ai", "ou")
 _CODA = ("n", "r", "l", "s", "m", "sk", "rn")
 _CAPS = "BCDFGHJKLMNPQRSTVWXZ"
@@ -57,49 +81,84 @@ class Format:
     {v}: its value; {names}: the collected names joined by `join`; {x}: the value asked for."""
 
     name: str
-    fields: tuple            # the three fields' names
-    record: str              # one record (one or more lines, no final newline)
-    ask: str                 # lookup question (then `answer`)
+    fields: tuple  # the three fields' names
+    record: str  # one record (one or more lines, no final newline)
+    ask: str  # lookup question (then `answer`)
     answer: str
-    ask_all: str             # collect question (then `answer_all`)
+    ask_all: str  # collect question (then `answer_all`)
     answer_all: str
     join: str = ", "
 
 
 FORMATS = (
-    Format("ini", ("upstream", "archive", "steward"),
-           "[{name}]\nupstream = {f0}\narchive = {f1}\nsteward = {f2}",
-           "; audit: section [{name}] sets {a} to", " {v}",
-           "; audit: sections with {a} = {x}, top to bottom:", " {names}"),
-    Format("glossary", ("origin", "variant", "register"),
-           "{name}, noun. Origin: {f0}. Variant spelling: {f1}. Register: {f2}.",
-           "Glossary drill. Headword {name} -- {a}:", " {v}.",
-           "Glossary drill. Headwords whose {a} is {x}, as listed:", " {names}."),
-    Format("signature", ("source", "target", "owner"),
-           'def {name}(source="{f0}", target="{f1}", owner="{f2}"):',
-           "# inspect.signature({name}).parameters['{a}'].default ->", ' "{v}"',
-           '# functions defined with {a}="{x}", in definition order ->', " [{names}]"),
+    Format(
+        "ini",
+        ("upstream", "archive", "steward"),
+        "[{name}]\nupstream = {f0}\narchive = {f1}\nsteward = {f2}",
+        "; audit: section [{name}] sets {a} to",
+        " {v}",
+        "; audit: sections with {a} = {x}, top to bottom:",
+        " {names}",
+    ),
+    Format(
+        "glossary",
+        ("origin", "variant", "register"),
+        "{name}, noun. Origin: {f0}. Variant spelling: {f1}. Register: {f2}.",
+        "Glossary drill. Headword {name} -- {a}:",
+        " {v}.",
+        "Glossary drill. Headwords whose {a} is {x}, as listed:",
+        " {names}.",
+    ),
+    Format(
+        "signature",
+        ("source", "target", "owner"),
+        'def {name}(source="{f0}", target="{f1}", owner="{f2}"):',
+        "# inspect.signature({name}).parameters['{a}'].default ->",
+        ' "{v}"',
+        '# functions defined with {a}="{x}", in definition order ->',
+        " [{names}]",
+    ),
     # one small table per record, fields as rows (a header row repeated before every record would be
     # a repeated line, the filler shape this profile avoids)
-    Format("table", ("depot", "route", "keeper"),
-           "| unit | {name} |\n| --- | --- |\n| depot | {f0} |\n| route | {f1} |\n| keeper | {f2} |",
-           "Cross-reference: unit {name}, {a} cell =", " {v}",
-           "Cross-reference: units whose {a} cell = {x}, in table order =", " {names}"),
-    Format("yaml", ("parent", "mirror", "curator"),
-           "{name}:\n  parent: {f0}\n  mirror: {f1}\n  curator: {f2}",
-           "$ yq '.{name}.{a}' registry.yaml\n", "{v}",
-           "$ yq 'to_entries | map(select(.value.{a} == \"{x}\")) | .[].key' registry.yaml\n", "{names}",
-           join="\n"),
+    Format(
+        "table",
+        ("depot", "route", "keeper"),
+        "| unit | {name} |\n| --- | --- |\n| depot | {f0} |\n| route | {f1} |\n| keeper | {f2} |",
+        "Cross-reference: unit {name}, {a} cell =",
+        " {v}",
+        "Cross-reference: units whose {a} cell = {x}, in table order =",
+        " {names}",
+    ),
+    Format(
+        "yaml",
+        ("parent", "mirror", "curator"),
+        "{name}:\n  parent: {f0}\n  mirror: {f1}\n  curator: {f2}",
+        "$ yq '.{name}.{a}' registry.yaml\n",
+        "{v}",
+        "$ yq 'to_entries | map(select(.value.{a} == \"{x}\")) | .[].key' registry.yaml\n",
+        "{names}",
+        join="\n",
+    ),
 )
 FORMAT_NAMES = tuple(f.name for f in FORMATS)
 
 
 def coined(rng: np.random.Generator) -> str:
     """A pronounceable non-word: CVC-CV-CVC."""
+
     def pick(xs):
         return xs[int(rng.integers(len(xs)))]
-    return (pick(_ONSET) + pick(_VOWEL) + pick(_CODA) + pick(_ONSET) + pick(_VOWEL) + pick(_ONSET) + pick(_VOWEL)
-            + pick(_CODA))
+
+    return (
+        pick(_ONSET)
+        + pick(_VOWEL)
+        + pick(_CODA)
+        + pick(_ONSET)
+        + pick(_VOWEL)
+        + pick(_ONSET)
+        + pick(_VOWEL)
+        + pick(_CODA)
+    )
 
 
 class _Names:
@@ -119,7 +178,7 @@ class _Names:
             return f"{coined(r).title()} {coined(r).title()}"
         if kind == "code":
             return "-".join("".join(_CAPS[int(r.integers(len(_CAPS)))] for _ in range(n)) for n in (3, 4))
-        return f"/srv/{coined(r)}/{coined(r)}"       # path
+        return f"/srv/{coined(r)}/{coined(r)}"  # path
 
     def draw(self, kind: str) -> str:
         for _ in range(1000):
@@ -127,8 +186,10 @@ class _Names:
             if x not in self.seen and not any(p in x or x in p for p in self.protected):
                 self.seen.add(x)
                 return x
-        raise DataError(f"synth --profile disjoint: ran out of distinct {kind} items ({len(self.seen):,} used in one "
-                        f"document); use shorter documents")
+        raise DataError(
+            f"synth --profile disjoint: ran out of distinct {kind} items ({len(self.seen):,} used in one "
+            f"document); use shorter documents"
+        )
 
 
 class DisjointSynthesizer(Synthesizer):
@@ -136,20 +197,35 @@ class DisjointSynthesizer(Synthesizer):
     spec.key_types from NAME_KINDS, spec.value_types from VALUE_KINDS, spec.fillers ("text",) only."""
 
     def __init__(self, tokenizer, spec: SynthSpec, text=None):
-        known = {"tasks": (spec.tasks, DISJOINT_TASKS), "templates": (spec.templates, FORMAT_NAMES),
-                 "key types": (spec.key_types, NAME_KINDS), "value types": (spec.value_types, VALUE_KINDS)}
+        known = {
+            "tasks": (spec.tasks, DISJOINT_TASKS),
+            "templates": (spec.templates, FORMAT_NAMES),
+            "key types": (spec.key_types, NAME_KINDS),
+            "value types": (spec.value_types, VALUE_KINDS),
+        }
         for what, (got, ok) in known.items():
             bad = [t for t in got if t not in ok]
             if bad or not got:
                 raise DataError(f"synth --profile disjoint: {what} {bad or '(none)'} unknown; known: {list(ok)}")
         if tuple(spec.fillers) != ("text",):
-            raise DataError(f"synth --profile disjoint: --filler {','.join(spec.fillers)}: this profile's haystack is "
-                            f"real text only (the kv and repeat fillers are the eval's haystack shapes); use "
-                            f"--filler text with --filler-data DIR")
+            raise DataError(
+                f"synth --profile disjoint: --filler {','.join(spec.fillers)}: this profile's haystack is "
+                f"real text only (the kv and repeat fillers are the eval's haystack shapes); use "
+                f"--filler text with --filler-data DIR"
+            )
         # the base class checks lengths, query_every, distances and that text is given, against its own names
-        super().__init__(tokenizer, SynthSpec(lengths=spec.lengths, fillers=("text",), seed=spec.seed,
-                                              query_every=spec.query_every, distances=spec.distances,
-                                              distance_share=spec.distance_share), text)
+        super().__init__(
+            tokenizer,
+            SynthSpec(
+                lengths=spec.lengths,
+                fillers=("text",),
+                seed=spec.seed,
+                query_every=spec.query_every,
+                distances=spec.distances,
+                distance_share=spec.distance_share,
+            ),
+            text,
+        )
         self.spec = spec
         self.formats = {f.name: f for f in FORMATS}
 
@@ -161,7 +237,7 @@ class DisjointSynthesizer(Synthesizer):
         vt = sp.value_types[int(rng.integers(len(sp.value_types)))]
         names = _Names(rng)
         ask_field = int(rng.integers(3))
-        shared = names.draw(vt) if task == "collect" else None    # collect: the value every asked record holds
+        shared = names.draw(vt) if task == "collect" else None  # collect: the value every asked record holds
         if shared is not None:
             names.protected.append(shared)
 
@@ -183,6 +259,7 @@ class DisjointSynthesizer(Synthesizer):
             def qa_of(order):
                 names_in = fmt.join.join(asked[j][0] for j in order)
                 return fmt.ask_all.format(a=a, x=shared) + fmt.answer_all.format(names=names_in)
+
             qa = qa_of(range(len(asked)))
         else:
             n_ask = min(MAX_LOOKUPS, max(2, length // sp.query_every)) if task == "lookups" else 1
@@ -198,24 +275,52 @@ class DisjointSynthesizer(Synthesizer):
             again = self.tok.encode(qa_of(order) + "\n")
             if len(again) != len(qa_ids):
                 raise _Ambiguous()
-            ids = ids[:len(ids) - len(qa_ids)] + again
+            ids = ids[: len(ids) - len(qa_ids)] + again
             qa_ids = again
         assert len(ids) == length, (len(ids), length)
-        ctx = self.tok.decode(ids[:len(ids) - len(qa_ids)])
+        ctx = self.tok.decode(ids[: len(ids) - len(qa_ids)])
         if any(ctx.count(r[0]) != 1 for r in asked):
             raise _Ambiguous()
-        meta = {"profile": "disjoint", "task": task, "template": fmt.name, "key_type": kt, "value_type": vt,
-                "filler": "text", "field": a, "asked": [r[0] for r in asked], "qa_tokens": len(qa_ids),
-                "answer": ([asked[j][0] for j in order] if task == "collect" else [r[1] for r in asked])}
+        meta = {
+            "profile": "disjoint",
+            "task": task,
+            "template": fmt.name,
+            "key_type": kt,
+            "value_type": vt,
+            "filler": "text",
+            "field": a,
+            "asked": [r[0] for r in asked],
+            "qa_tokens": len(qa_ids),
+            "answer": ([asked[j][0] for j in order] if task == "collect" else [r[1] for r in asked]),
+        }
         if shared is not None:
             meta["value"] = shared
         meta.update(extra)
         return ids, meta
 
 
-def disjoint_dataset(out, tok_cfg, *, tasks=DISJOINT_TASKS, templates=FORMAT_NAMES, key_types=NAME_KINDS,
-                     value_types=VALUE_KINDS, fillers=("text",), **kw) -> dict:
+def disjoint_dataset(
+    out,
+    tok_cfg,
+    *,
+    tasks=DISJOINT_TASKS,
+    templates=FORMAT_NAMES,
+    key_types=NAME_KINDS,
+    value_types=VALUE_KINDS,
+    fillers=("text",),
+    **kw,
+) -> dict:
     """synth.synth_dataset for this profile (the same options; filler text only, --filler-data required)."""
-    return synth_dataset(out, tok_cfg, tasks=tasks, templates=templates, key_types=key_types,
-                         value_types=value_types, fillers=fillers, profile="disjoint", make=DisjointSynthesizer,
-                         wording=[asdict(f) for f in FORMATS], **kw)
+    return synth_dataset(
+        out,
+        tok_cfg,
+        tasks=tasks,
+        templates=templates,
+        key_types=key_types,
+        value_types=value_types,
+        fillers=fillers,
+        profile="disjoint",
+        make=DisjointSynthesizer,
+        wording=[asdict(f) for f in FORMATS],
+        **kw,
+    )

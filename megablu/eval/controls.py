@@ -24,6 +24,7 @@ The pairing rule reads only what results record (eval/cli.py: `weights`, `model`
 - each effect is `compare.difference` of two cells of one model (paired where they hold the same
   prompts); a control cell on other prompts than the arm's is marked.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,9 +64,11 @@ def change_words(res: dict) -> str:
     st = string_setting(res)
     if st:
         s = f"S={st['shift_ratio']:g}L" if st["variant"] == "authors" else f"S={st['shift']}"
-        out.append(f"STRING {st['variant']} {s} W={st['local']}" + (f" af={st['attention_factor']:.4g}"
-                                                                  if st["attention_factor"] != 1 else "")
-                   + (f" beyond {st['beyond']}" if st["beyond"] else ""))
+        out.append(
+            f"STRING {st['variant']} {s} W={st['local']}"
+            + (f" af={st['attention_factor']:.4g}" if st["attention_factor"] != 1 else "")
+            + (f" beyond {st['beyond']}" if st["beyond"] else "")
+        )
     ro = res.get("rope_override")
     if ro:
         out.append("rope " + ("; ".join(ro.get("differences") or []) or "override") + " (checkpoint vs eval)")
@@ -99,6 +102,7 @@ class Control:
     """One changed result of a trained arm: its reference (the same weights without the change) and the
     control's two results (the untrained parent + YaRN without and with the change). problem: why the
     effect cannot be attributed (None: all four are there)."""
+
     arm: dict
     change: str
     reference: Optional[dict] = None
@@ -108,8 +112,9 @@ class Control:
 
     def four(self) -> tuple[dict, dict, dict, dict]:
         """(arm, reference, control, control_reference), for a control without a problem (all four found)."""
-        assert self.reference is not None and self.control is not None and self.control_reference is not None, \
+        assert self.reference is not None and self.control is not None and self.control_reference is not None, (
             self.problem
+        )
         return self.arm, self.reference, self.control, self.control_reference
 
 
@@ -123,19 +128,23 @@ def find_controls(results: Sequence[dict]) -> list[Control]:
         c = Control(a, change_words(a))
         key = _model_key(a)
         if tr is not None and tr.get("yarn") is None:
-            continue   # weights trained without YaRN: the parent (or the untrained parent + YaRN) itself
+            continue  # weights trained without YaRN: the parent (or the untrained parent + YaRN) itself
         out.append(c)
         if key is None:
-            c.problem = (f"{NO_CONTROL} ({_label(a)} records no weights fingerprint, so neither its reference nor "
-                         f"a control can be told apart; evaluate it again with megablu eval)")
+            c.problem = (
+                f"{NO_CONTROL} ({_label(a)} records no weights fingerprint, so neither its reference nor "
+                f"a control can be told apart; evaluate it again with megablu eval)"
+            )
             continue
         if tr is None:
-            c.problem = (f"{NO_CONTROL} ({_label(a)}'s --rope-override could not read the rope its weights were "
-                         f"trained with)")
+            c.problem = (
+                f"{NO_CONTROL} ({_label(a)}'s --rope-override could not read the rope its weights were trained with)"
+            )
             continue
         base = (_rope_key(tr), json.dumps(None))
-        c.reference = next((r for r in results if _model_key(r) == key and not changed(r) and _setting(r) == base),
-                           None)
+        c.reference = next(
+            (r for r in results if _model_key(r) == key and not changed(r) and _setting(r) == base), None
+        )
         cands: dict = {}
         for r in results:
             k = _model_key(r)
@@ -146,19 +155,26 @@ def find_controls(results: Sequence[dict]) -> list[Control]:
                 continue
             if r.get("rope_override") and not string_setting(r) and _setting(r) == base:
                 cands.setdefault(k, r)
-        missing = [] if c.reference is not None else [f"no result of {a['arm']}@{a['step']}'s weights without the "
-                                                      f"change (its trained rope, STRING off)"]
+        missing = (
+            []
+            if c.reference is not None
+            else [f"no result of {a['arm']}@{a['step']}'s weights without the change (its trained rope, STRING off)"]
+        )
         if len(cands) > 1:
             names = ", ".join(f"{_label(r)} (weights {k[0][:8]})" for k, r in cands.items())
-            c.problem = f"{NO_CONTROL} (ambiguous: {len(cands)} untrained parents + YaRN among the inputs: {names}; " \
-                        f"compare one of them at a time)"
+            c.problem = (
+                f"{NO_CONTROL} (ambiguous: {len(cands)} untrained parents + YaRN among the inputs: {names}; "
+                f"compare one of them at a time)"
+            )
             continue
         if not cands:
-            missing.append(f"no untrained parent + YaRN among the inputs: the parent evaluated with "
-                           f"{a['arm']}'s trained rope (megablu eval --rope-override), STRING off, of the same "
-                           f"architecture and tokenizer")
+            missing.append(
+                f"no untrained parent + YaRN among the inputs: the parent evaluated with "
+                f"{a['arm']}'s trained rope (megablu eval --rope-override), STRING off, of the same "
+                f"architecture and tokenizer"
+            )
         else:
-            (k, c0), = cands.items()
+            ((k, c0),) = cands.items()
             c.control_reference = c0
             c.control = next((r for r in results if _model_key(r) == k and _setting(r) == _setting(a)), None)
             if c.control is None:
@@ -176,8 +192,13 @@ def _effect(with_: dict, without: dict, task: str, L: int, prompts: Optional[str
     if a is None or b is None:
         return "-"
     d, paired = difference(with_, a, without, b)
-    how = ("" if paired.kind == "binary" else " paired t") if paired is not None else \
-        " indep." if a["digest"] == b["digest"] else " (prompts differ)"
+    how = (
+        ("" if paired.kind == "binary" else " paired t")
+        if paired is not None
+        else " indep."
+        if a["digest"] == b["digest"]
+        else " (prompts differ)"
+    )
     p = f" p {d.p:.2g}" if d.p is not None else ""
     other = " (other prompts than the arm's)" if prompts is not None and a["digest"] != prompts else ""
     return f"{100 * d.diff:+.1f} [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}]{p}{how}{other}"
@@ -207,13 +228,17 @@ def controls_markdown(controls: Sequence[Control]) -> list[str]:
     """The compare's controls section: per changed result, its effect beside the control's, or its problem."""
     if not controls:
         return []
-    lines = ["### controls: inference-time changes beside the same change on the untrained parent + YaRN", "",
-             "Effect of a change = the result with it minus the same weights without it, in pp, 95% interval: "
-             "paired where both scored the same prompts (Newcombe's paired interval, or 'paired t' for part "
-             "credit), else marked; p = that test's two-sided p, not adjusted (these cells are not in the Holm "
-             "family of the difference tables). An effect as large on the control is not the training's: "
-             "'trained - control' is the per-prompt difference of the two effects (paired t interval), where all "
-             "four results scored the same prompts.", ""]
+    lines = [
+        "### controls: inference-time changes beside the same change on the untrained parent + YaRN",
+        "",
+        "Effect of a change = the result with it minus the same weights without it, in pp, 95% interval: "
+        "paired where both scored the same prompts (Newcombe's paired interval, or 'paired t' for part "
+        "credit), else marked; p = that test's two-sided p, not adjusted (these cells are not in the Holm "
+        "family of the difference tables). An effect as large on the control is not the training's: "
+        "'trained - control' is the per-prompt difference of the two effects (paired t interval), where all "
+        "four results scored the same prompts.",
+        "",
+    ]
     for c in controls:
         title = f"#### {_label(c.arm)}: {c.change}"
         if c.problem:
@@ -224,12 +249,17 @@ def controls_markdown(controls: Sequence[Control]) -> list[str]:
         lines += [title, "", f"trained: {_label(a)} minus {_label(a0)}; control: {_label(k)} minus {_label(k0)}", ""]
         for task in tasks:
             lengths = sorted(cells_by(a, task))
-            lines += [f"{task}:", "", "| effect on | " + " | ".join(map(str, lengths)) + " |",
-                      "|---|" + "---|" * len(lengths)]
+            lines += [
+                f"{task}:",
+                "",
+                "| effect on | " + " | ".join(map(str, lengths)) + " |",
+                "|---|" + "---|" * len(lengths),
+            ]
             mine = cells_by(a, task)
             lines.append("| trained | " + " | ".join(_effect(a, a0, task, L) for L in lengths) + " |")
-            lines.append("| control | " + " | ".join(_effect(k, k0, task, L, mine[L]["digest"]) for L in lengths)
-                         + " |")
+            lines.append(
+                "| control | " + " | ".join(_effect(k, k0, task, L, mine[L]["digest"]) for L in lengths) + " |"
+            )
             lines.append("| trained - control | " + " | ".join(_beyond_control(c, task, L) for L in lengths) + " |")
             lines.append("")
     return lines

@@ -28,6 +28,7 @@ LocalAttention (one rank, no STRING), with no forward hook and no ZeRO-3 partiti
 are at least MIN_STEPS steps to run; eager otherwise. A capture that fails (an op of the model that a graph
 cannot hold) falls back to uncaptured static steps with a warning.
 """
+
 from __future__ import annotations
 
 import logging
@@ -43,9 +44,9 @@ from ..model.string import installed
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "eager", "static", "graph")
-WARM = 2            # real steps run before the capture (cuBLAS/SDPA workspaces and lazy inits happen there)
-CHECK_EVERY = 8     # graph replays between two host reads of `done` (each read waits for the GPU)
-MIN_STEPS = 16      # auto captures a graph only for this many decode steps or more: a capture costs a few steps
+WARM = 2  # real steps run before the capture (cuBLAS/SDPA workspaces and lazy inits happen there)
+CHECK_EVERY = 8  # graph replays between two host reads of `done` (each read waits for the GPU)
+MIN_STEPS = 16  # auto captures a graph only for this many decode steps or more: a capture costs a few steps
 _warned: set = set()
 
 
@@ -58,14 +59,14 @@ def graph_problem(model, cache) -> Optional[str]:
     """Why a static or graph step cannot run this model and cache (None: it can)."""
     if not isinstance(model, BluModel):
         return f"the model is a {type(model).__name__}, not a BluModel"
-    if not hasattr(cache, "begin_steps"):     # generate.StaticKVCache (which imports this module)
+    if not hasattr(cache, "begin_steps"):  # generate.StaticKVCache (which imports this module)
         return f"the cache is a {type(cache).__name__}, not a StaticKVCache with fixed-size buffers"
     if installed(model) is not None:
         return "STRING attention is installed (its shifted keys are indexed by position)"
     if any(hasattr(p, "ds_id") for p in model.parameters()):
         return "ZeRO-3 partitioned parameters (gathered by hooks at each forward)"
     hooked = [n for n, m in model.named_modules() if m._forward_hooks or m._forward_pre_hooks]
-    if hooked:   # a hook's work (or its host-side state) would be recorded once and replayed blindly
+    if hooked:  # a hook's work (or its host-side state) would be recorded once and replayed blindly
         return f"forward hooks on {', '.join(n or 'the model' for n in hooked[:3])}"
     for layer in model.layers:
         core = cast(Any, layer).self_attn.core
@@ -91,8 +92,17 @@ def resolve_mode(mode: str, model, cache, steps: int, one_rank: bool) -> str:
     return mode
 
 
-def decode(model, tok: torch.Tensor, cache, max_new: int, stop_ids: Sequence[int], *, mode: str = "eager",
-           positions: Optional[Callable] = None, agree: Optional[Callable] = None) -> torch.Tensor:
+def decode(
+    model,
+    tok: torch.Tensor,
+    cache,
+    max_new: int,
+    stop_ids: Sequence[int],
+    *,
+    mode: str = "eager",
+    positions: Optional[Callable] = None,
+    agree: Optional[Callable] = None,
+) -> torch.Tensor:
     """tok (B,): each row's first generated token (from the prefill) -> generated ids (B, max_new).
 
     positions(i, b) -> the (b, 1) position_ids of the i-th token fed back (None: the cache's length);
@@ -101,8 +111,7 @@ def decode(model, tok: torch.Tensor, cache, max_new: int, stop_ids: Sequence[int
     stops = torch.tensor(list(stop_ids), dtype=tok.dtype, device=tok.device)
     fill = int(stop_ids[0]) if len(stop_ids) else 0
     if mode == "eager":
-        return _eager(model, tok, cache, max_new, stops, fill, positions or (lambda i, b: None),
-                      agree or (lambda t: t))
+        return _eager(model, tok, cache, max_new, stops, fill, positions or (lambda i, b: None), agree or (lambda t: t))
     step = _Step(model, tok, cache, max_new, stops, fill)
     n = max_new - 1
     try:
@@ -124,14 +133,14 @@ def _eager(model, tok, cache, max_new, stops, fill, positions, agree) -> torch.T
     B = tok.shape[0]
     gen = tok.new_full((B, max_new), fill)
     gen[:, 0] = tok
-    rows = torch.arange(B, device=tok.device)       # the gen row of each row still decoding
+    rows = torch.arange(B, device=tok.device)  # the gen row of each row still decoding
     done = _is_stop(tok, stops)
     for i in range(1, max_new):
         if stops.numel():
             n_done = int(done.sum())
             if n_done == len(rows):
                 break
-            if n_done:                              # drop the done rows: their output is fill from here on
+            if n_done:  # drop the done rows: their output is fill from here on
                 keep = (~done).nonzero().squeeze(1)
                 rows, tok = rows[keep], tok[keep]
                 cache.keep_rows(keep)
@@ -152,7 +161,7 @@ class _Attend(nn.Module):
         self.local, self.step = local, step
 
     def forward(self, q, k, v, cache=None, docs=None):
-        kb, vb = cache.append(self.local.layer_idx, k, v)        # the whole buffers (B, capacity, Hkv, D)
+        kb, vb = cache.append(self.local.layer_idx, k, v)  # the whole buffers (B, capacity, Hkv, D)
         return self.step.attend(self.local, q, kb, vb)
 
 
@@ -172,15 +181,15 @@ class _Step:
     def __init__(self, model, tok, cache, max_new: int, stops: torch.Tensor, fill: int):
         dev, B = tok.device, tok.shape[0]
         self.model, self.cache, self.stops, self.fill = model, cache, stops, fill
-        self.L = cache.length                                         # positions filled by the prefill
-        self.n = self.L + 1                                           # keys the next step attends to
+        self.L = cache.length  # positions filled by the prefill
+        self.n = self.L + 1  # keys the next step attends to
         self.tok = tok.clone()
         self.pos = torch.full((1,), self.L, dtype=torch.long, device=dev)
-        self.col = torch.ones(1, dtype=torch.long, device=dev)        # the gen column the next token goes to
+        self.col = torch.ones(1, dtype=torch.long, device=dev)  # the gen column the next token goes to
         self.gen = tok.new_full((B, max_new), fill)
         self.gen[:, 0] = tok
         self.done = _is_stop(tok, stops)
-        self.capturing: Optional[list] = None                         # during capture: (local, q, kb, vb, out)
+        self.capturing: Optional[list] = None  # during capture: (local, q, kb, vb, out)
         self.graphs: list = []
         self.pieces: list = []
         if cache.rope_len is not None and not isinstance(cache.rope_len, torch.Tensor):
@@ -203,7 +212,7 @@ class _Step:
             return _attend_now(local, q, kb, vb, self.n)
         # capturing: the segment that made q (and wrote k, v) ends here; replay() runs the attention after it
         self.graphs[-1].capture_end()
-        out = q.new_empty(*q.shape[:3], vb.shape[-1])                 # (B, 1, H, D), outside the graphs' pool
+        out = q.new_empty(*q.shape[:3], vb.shape[-1])  # (B, 1, H, D), outside the graphs' pool
         self.capturing.append((local, q, kb, vb, out))
         self._begin()
         return out
@@ -213,7 +222,7 @@ class _Step:
         logits = self.model(self.tok[:, None], position_ids=self.pos.view(1, 1).expand(B, 1), cache=self.cache)
         nxt = logits[:, -1].argmax(-1)
         if self.stops.numel():
-            nxt = torch.where(self.done, self.fill, nxt)             # a done row's output stays fill
+            nxt = torch.where(self.done, self.fill, nxt)  # a done row's output stays fill
             self.done |= _is_stop(nxt, self.stops)
         self.gen.index_copy_(1, self.col, nxt[:, None])
         self.tok.copy_(nxt)
@@ -240,7 +249,7 @@ class _Step:
             self.graphs[-1].capture_end()
         except BaseException:
             try:
-                self.graphs[-1].capture_end()   # close the open capture, if it is still open
+                self.graphs[-1].capture_end()  # close the open capture, if it is still open
             except Exception:
                 pass
             self.graphs = []
@@ -266,14 +275,14 @@ def _graphed(step: _Step, n: int) -> int:
     taken = 0
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):                 # warm-up and capture off the default stream, which cannot capture
+    with torch.cuda.stream(side):  # warm-up and capture off the default stream, which cannot capture
         while taken < min(WARM, n):
             step()
             taken += 1
         if taken < n and not step.all_done():
             try:
                 step.capture()
-            except Exception as e:   # an op the graph cannot hold: the same steps, uncaptured
+            except Exception as e:  # an op the graph cannot hold: the same steps, uncaptured
                 key = (type(e).__name__, str(e)[:200])
                 if key not in _warned:
                     _warned.add(key)
@@ -286,5 +295,5 @@ def _graphed(step: _Step, n: int) -> int:
         taken += 1
         if taken % CHECK_EVERY == 0 and step.all_done():
             break
-    torch.cuda.current_stream().synchronize()     # the last replay done before the graphs and their pool go
+    torch.cuda.current_stream().synchronize()  # the last replay done before the graphs and their pool go
     return taken

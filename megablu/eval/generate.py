@@ -23,6 +23,7 @@ reach, L + max_new, through KVCache.rope_len (and rope_len= on the recompute pat
 prompt that ends short of original_max_position but grows past it while generating keeps
 YaRN from its first token on, and the cache never holds keys of two ropes.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -50,23 +51,23 @@ class StaticKVCache(KVCache):
         # STRING's shifted keys (model/string.py), allocated when first appended
         self._ksb: list[Optional[torch.Tensor]] = [None] * n_layers
         self._nks = [0] * n_layers
-        self._step_pos: Optional[torch.Tensor] = None   # (1,) long on the device: shape-stable steps (begin_steps)
+        self._step_pos: Optional[torch.Tensor] = None  # (1,) long on the device: shape-stable steps (begin_steps)
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         if self._step_pos is not None:
             return self._append_at(layer, k, v)
         kb, vb = self._kb[layer], self._vb[layer]
-        if kb is None or vb is None:   # both or neither
+        if kb is None or vb is None:  # both or neither
             B, _, H, D = k.shape
             kb = self._kb[layer] = k.new_empty(B, self.capacity, H, D)
             vb = self._vb[layer] = v.new_empty(B, self.capacity, v.shape[2], v.shape[3])
         s, t = self._n[layer], k.shape[1]
         if s + t > self.capacity:
             raise RuntimeError(f"StaticKVCache: {s} + {t} tokens > capacity {self.capacity}")
-        kb[:, s:s + t] = k
-        vb[:, s:s + t] = v
+        kb[:, s : s + t] = k
+        vb[:, s : s + t] = v
         self._n[layer] = s + t
-        self.k[layer], self.v[layer] = kb[:, :s + t], vb[:, :s + t]
+        self.k[layer], self.v[layer] = kb[:, : s + t], vb[:, : s + t]
         return self.k[layer], self.v[layer]
 
     def _append_at(self, layer: int, k: torch.Tensor, v: torch.Tensor):
@@ -75,7 +76,7 @@ class StaticKVCache(KVCache):
         if k.shape[1] != 1:
             raise ValueError(f"StaticKVCache: a shape-stable step appends one token per row, got {k.shape[1]}")
         kb, vb, pos = self._kb[layer], self._vb[layer], self._step_pos
-        assert kb is not None and vb is not None and pos is not None   # begin_steps checked both
+        assert kb is not None and vb is not None and pos is not None  # begin_steps checked both
         kb.index_copy_(1, pos, k)
         vb.index_copy_(1, pos, v)
         return kb, vb
@@ -113,7 +114,7 @@ class StaticKVCache(KVCache):
             if kb is not None and vb is not None:
                 self.k[i], self.v[i] = kb[:, :n], vb[:, :n]
             if ksb is not None:
-                self.ks[i] = ksb[:, :self._nks[i]]
+                self.ks[i] = ksb[:, : self._nks[i]]
 
     def append_shifted(self, layer: int, ks: torch.Tensor) -> torch.Tensor:
         if self._step_pos is not None:
@@ -124,9 +125,9 @@ class StaticKVCache(KVCache):
         s, t = self._nks[layer], ks.shape[1]
         if s + t > self.capacity:
             raise RuntimeError(f"StaticKVCache: {s} + {t} shifted keys > capacity {self.capacity}")
-        ksb[:, s:s + t] = ks
+        ksb[:, s : s + t] = ks
         self._nks[layer] = s + t
-        self.ks[layer] = ksb[:, :s + t]
+        self.ks[layer] = ksb[:, : s + t]
         return self.ks[layer]
 
     def truncate(self, length: int) -> None:
@@ -153,8 +154,17 @@ def _device(model) -> torch.device:
 
 
 @torch.no_grad()
-def greedy_generate(model, input_ids: torch.Tensor, max_new: int, *, sp_group=None, prefill_chunk: int = 2048,
-                    use_cache: bool = True, stop_ids: Sequence[int] = (), decode: str = "auto") -> torch.Tensor:
+def greedy_generate(
+    model,
+    input_ids: torch.Tensor,
+    max_new: int,
+    *,
+    sp_group=None,
+    prefill_chunk: int = 2048,
+    use_cache: bool = True,
+    stop_ids: Sequence[int] = (),
+    decode: str = "auto",
+) -> torch.Tensor:
     """input_ids (B, L) -> generated ids (B, max_new), greedy.
 
     With stop_ids (tokenizer.stop_ids: EOT, an end of turn), a row is done once it has produced any of them:
@@ -177,19 +187,19 @@ def greedy_generate(model, input_ids: torch.Tensor, max_new: int, *, sp_group=No
     mode = resolve_mode(decode, model, cache, max_new - 1, one_rank=True)
     chunk = prefill_chunk if prefill_chunk > 0 else L
     for s in range(0, L, chunk):
-        logits = model(input_ids[:, s:s + chunk], cache=cache, logits_index=-1)
-    tok = logits[:, -1].argmax(-1)                           # (B,)
+        logits = model(input_ids[:, s : s + chunk], cache=cache, logits_index=-1)
+    tok = logits[:, -1].argmax(-1)  # (B,)
     return run_decode(model, tok, cache, max_new, stop_ids, mode=mode)
 
 
 @torch.no_grad()
 def _generate_recompute(model, input_ids: torch.Tensor, max_new: int) -> torch.Tensor:
     seq = input_ids
-    total = input_ids.shape[1] + max_new    # the length the sequence will reach picks its RoPE
+    total = input_ids.shape[1] + max_new  # the length the sequence will reach picks its RoPE
     for _ in range(max_new):
         tok = model(seq, rope_len=total)[:, -1].argmax(-1)
         seq = torch.cat([seq, tok[:, None]], 1)
-    return seq[:, input_ids.shape[1]:]
+    return seq[:, input_ids.shape[1] :]
 
 
 @torch.no_grad()
@@ -207,7 +217,7 @@ def _generate_sp(model, input_ids: torch.Tensor, max_new: int, group, stop_ids: 
     owner = (L - 1) // per
     # only the owner of position L-1 needs its logits; the others compute one cheap row
     at = (L - 1) - owner * per if r == owner else -1
-    logits = model(input_ids[:, r * per:(r + 1) * per], position_ids=pos, cache=cache, logits_index=at)  # (B, 1, V)
+    logits = model(input_ids[:, r * per : (r + 1) * per], position_ids=pos, cache=cache, logits_index=at)  # (B, 1, V)
     tok = logits[:, 0].argmax(-1) if r == owner else torch.zeros(B, dtype=torch.long, device=dev)
     tok = tok.contiguous()
     dist.broadcast(tok, src=dist.get_global_rank(group, owner), group=group)
@@ -215,12 +225,20 @@ def _generate_sp(model, input_ids: torch.Tensor, max_new: int, group, stop_ids: 
     cache.seq_sharded = False
     src0 = dist.get_global_rank(group, 0)
 
-    def agree(t):   # group rank 0's argmax on every rank: the ranks cannot drift apart (or stop apart)
+    def agree(t):  # group rank 0's argmax on every rank: the ranks cannot drift apart (or stop apart)
         dist.broadcast(t, src=src0, group=group)
         return t
 
-    return run_decode(model, tok, cache, max_new, stop_ids, mode="eager", agree=agree,
-                      positions=lambda i, b: torch.full((b, 1), L + i, device=dev, dtype=torch.long))
+    return run_decode(
+        model,
+        tok,
+        cache,
+        max_new,
+        stop_ids,
+        mode="eager",
+        agree=agree,
+        positions=lambda i, b: torch.full((b, 1), L + i, device=dev, dtype=torch.long),
+    )
 
 
 def cut_at_stop(ids: list[int], stop_ids: Sequence[int]) -> list[int]:

@@ -6,6 +6,7 @@ writes. Everything that would make the result meaningless -- no tokenizer, no le
 length that breaks the PAD rule, a needle task without a haystack, zero prompts, token ids
 outside the model's vocabulary -- raises EvalError before any generation starts.
 """
+
 from __future__ import annotations
 
 import functools
@@ -52,8 +53,10 @@ def check_lengths(eval_cfg: EvalConfig, window: int) -> None:
             padded = eval_padded_len(eval_cfg.task_prompt_len(task, L), mn, eval_cfg.pad)
             if padded > window:
                 fit = (window // eval_cfg.pad) * eval_cfg.pad - _beyond(eval_cfg, task)
-                bad.append(f"{task}@{L} + max_new {mn} pads to {padded} at pad {eval_cfg.pad} > window {window} "
-                           f"(the longest {task} length that fits is {fit})")
+                bad.append(
+                    f"{task}@{L} + max_new {mn} pads to {padded} at pad {eval_cfg.pad} > window {window} "
+                    f"(the longest {task} length that fits is {fit})"
+                )
     if bad:
         fit = (window // eval_cfg.pad) * eval_cfg.pad - max(_beyond(eval_cfg, t) for t in eval_cfg.tasks)
         raise EvalError("eval lengths do not fit the window: " + "; ".join(bad) + f"; the longest that fits is {fit}")
@@ -64,18 +67,24 @@ def _builders(eval_cfg: EvalConfig, tokenizer: TokenizerLike, haystack: Optional
     if any(needs_text_haystack(eval_cfg.spec(t)) for t in eval_cfg.tasks):
         if haystack is None:
             t = next(t for t in eval_cfg.tasks if needs_text_haystack(eval_cfg.spec(t)))
-            raise EvalError(f"task {t!r} needs a real-text haystack: set eval.haystack (a dataset dir whose val "
-                            f"split is the haystack) or pass haystack=")
+            raise EvalError(
+                f"task {t!r} needs a real-text haystack: set eval.haystack (a dataset dir whose val "
+                f"split is the haystack) or pass haystack="
+            )
         # tokenized once, shared by every real-text task; 2x the longest length leaves room for
         # offsets; read to a fixed size so a job's other lengths never change task@L's prompts
         hay = Haystack(haystack, tokenizer, 2 * max(eval_cfg.lengths), target_tokens=HAYSTACK_TOKENS)
-    return {t: make_builder(t, eval_cfg.spec(t), tokenizer, eval_cfg.seed, eval_cfg.n, hay,
-                            chat_template=eval_cfg.chat_template)
-            for t in dict.fromkeys(eval_cfg.tasks)}
+    return {
+        t: make_builder(
+            t, eval_cfg.spec(t), tokenizer, eval_cfg.seed, eval_cfg.n, hay, chat_template=eval_cfg.chat_template
+        )
+        for t in dict.fromkeys(eval_cfg.tasks)
+    }
 
 
-def preflight_problems(eval_cfg: EvalConfig, tokenizer: TokenizerLike, window: int,
-                       haystack: Optional[HaystackSource] = None) -> list[str]:
+def preflight_problems(
+    eval_cfg: EvalConfig, tokenizer: TokenizerLike, window: int, haystack: Optional[HaystackSource] = None
+) -> list[str]:
     """What would make run_eval fail, found before any training or generation: the PAD rule per
     task, a missing or short haystack, a length shorter than a task's content in this tokenizer
     (exact: the longest fixed content of the task's n prompts), the loss data. [] = ok."""
@@ -99,9 +108,11 @@ def preflight_problems(eval_cfg: EvalConfig, tokenizer: TokenizerLike, window: i
         need = b.min_length()
         short = [L for L in eval_cfg.lengths if L < need]
         if short:
-            out.append(f"eval.lengths {short} cannot hold task {task} (its prompts need at least {need} tokens in "
-                       f"tokenizer {tokenizer.identity}); drop those lengths or the task")
-        else:   # the longest length: a haystack or word list too small for it shows here
+            out.append(
+                f"eval.lengths {short} cannot hold task {task} (its prompts need at least {need} tokens in "
+                f"tokenizer {tokenizer.identity}); drop those lengths or the task"
+            )
+        else:  # the longest length: a haystack or word list too small for it shows here
             try:
                 b.build(max(eval_cfg.lengths), 0)
             except EvalError as e:
@@ -116,8 +127,9 @@ def preflight_problems(eval_cfg: EvalConfig, tokenizer: TokenizerLike, window: i
     return out
 
 
-def answer_budget_problems(eval_cfg: EvalConfig, task: str, builder, tokenizer: TokenizerLike,
-                           length: int) -> list[str]:
+def answer_budget_problems(
+    eval_cfg: EvalConfig, task: str, builder, tokenizer: TokenizerLike, length: int
+) -> list[str]:
     """The task's generation budget (max_new) against its answers in this tokenizer: a budget shorter than an
     answer scores 0 whatever the model knows (a passkey at max_new 4 of a digit-per-token tokenizer: 100% ->
     0%). An answer's tokens are those of ' ' + its expected answers joined by ', ' (the prompt's last line
@@ -128,7 +140,7 @@ def answer_budget_problems(eval_cfg: EvalConfig, task: str, builder, tokenizer: 
     for i in range(eval_cfg.n):
         try:
             p = builder.build(length, i)
-        except EvalError:   # said by the length checks above
+        except EvalError:  # said by the length checks above
             return []
         text = " " + ", ".join(p.expected)
         k = len(tokenizer.encode(text))
@@ -146,20 +158,29 @@ def answer_budget_problems(eval_cfg: EvalConfig, task: str, builder, tokenizer: 
         field = f"the {spec.family} family's budget max_new"
         fix = f"define the task under eval.task_defs with max_new >= {need}"
     what = "it" if len(p.expected) == 1 else "all its answers"
-    return [f"{field}={mn}: task {task}'s answers take up to {need} tokens in tokenizer {tokenizer.identity} "
-            f"({worst[:60]!r}, the space the prompt leaves included): a generation of {mn} tokens cannot hold "
-            f"{what}, so the task scores 0 whatever the model knows; {fix}"]
+    return [
+        f"{field}={mn}: task {task}'s answers take up to {need} tokens in tokenizer {tokenizer.identity} "
+        f"({worst[:60]!r}, the space the prompt leaves included): a generation of {mn} tokens cannot hold "
+        f"{what}, so the task scores 0 whatever the model knows; {fix}"
+    ]
 
 
-def build_prompts(eval_cfg: EvalConfig, tokenizer: TokenizerLike, *, haystack: Optional[HaystackSource] = None,
-                  vocab_size: Optional[int] = None) -> dict[tuple[str, int], list[Prompt]]:
+def build_prompts(
+    eval_cfg: EvalConfig,
+    tokenizer: TokenizerLike,
+    *,
+    haystack: Optional[HaystackSource] = None,
+    vocab_size: Optional[int] = None,
+) -> dict[tuple[str, int], list[Prompt]]:
     """{(task, length): [Prompt] * n}, identical for every arm that shares tokenizer and config.
 
     Every task of eval.tasks, built-in or from eval.task_defs; tasks with a real-text haystack
     need `haystack` (text, documents or a callable; run_eval loads eval.haystack)."""
     if tokenizer is None:
-        raise EvalError("no tokenizer: the eval cannot build prompts (an eval without them would "
-                        "'succeed' on no prompts); configure `tokenizer:` and check it loads")
+        raise EvalError(
+            "no tokenizer: the eval cannot build prompts (an eval without them would "
+            "'succeed' on no prompts); configure `tokenizer:` and check it loads"
+        )
     lengths = sorted(set(eval_cfg.lengths))
     if not lengths:
         raise EvalError("eval.lengths is empty: nothing to evaluate")
@@ -173,8 +194,10 @@ def build_prompts(eval_cfg: EvalConfig, tokenizer: TokenizerLike, *, haystack: O
                     check_ids(p.ids, vocab_size, f"{task}@{L}")
             out[(task, L)] = ps
     if not out or not any(out.values()):
-        raise EvalError(f"zero prompts built (tasks {eval_cfg.tasks}, lengths {eval_cfg.lengths}, n {eval_cfg.n}); "
-                        f"refusing to write an empty report")
+        raise EvalError(
+            f"zero prompts built (tasks {eval_cfg.tasks}, lengths {eval_cfg.lengths}, n {eval_cfg.n}); "
+            f"refusing to write an empty report"
+        )
     return out
 
 
@@ -227,14 +250,29 @@ def _kernels(model) -> dict:
     where attention is auto, whether FlashAttention-4 imports here (auto's choice on an SM90 GPU)."""
     from ..ops.attention import import_problem
 
-    ks = sorted({f"{type(m).__name__}:{getattr(m, 'impl', '')}:{getattr(m, 'kernel', '')}" for m in model.modules()
-                 if hasattr(m, "impl") or hasattr(m, "kernel")})
+    ks = sorted(
+        {
+            f"{type(m).__name__}:{getattr(m, 'impl', '')}:{getattr(m, 'kernel', '')}"
+            for m in model.modules()
+            if hasattr(m, "impl") or hasattr(m, "kernel")
+        }
+    )
     auto = any(getattr(m, "kernel", None) == "auto" for m in model.modules())
     return {"modules": ks, **({"fa4_imports": import_problem() is None} if auto else {})}
 
 
-def _resume_key(model, tokenizer, eval_cfg: EvalConfig, window: int, step: int, arm, batch_tokens: int,
-                prefill_chunk, info, string_kernel) -> str:
+def _resume_key(
+    model,
+    tokenizer,
+    eval_cfg: EvalConfig,
+    window: int,
+    step: int,
+    arm,
+    batch_tokens: int,
+    prefill_chunk,
+    info,
+    string_kernel,
+) -> str:
     """Everything besides the prompts (each cell's digest) that decides a cell's outcome. The lengths and tasks
     asked for are left out, so a rerun with more of them reuses the cells it shares."""
     ev = eval_cfg.model_dump(mode="json")
@@ -242,12 +280,24 @@ def _resume_key(model, tokenizer, eval_cfg: EvalConfig, window: int, step: int, 
         ev.pop(k, None)
     p = next(model.parameters(), None)
     dev = None if p is None else p.device
-    key = {"step": step, "arm": arm, "window": window, "tokenizer": tokenizer.identity,
-           "stop_ids": list(getattr(tokenizer, "stop_ids", ())), "eval": ev, "model": _model_info(model),
-           "weights": weights_fingerprint(model), "info": info or {}, "batch_tokens": batch_tokens,
-           "prefill_chunk": prefill_chunk, "kernels": _kernels(model), "string_kernel": string_kernel,
-           "device": None if dev is None else (torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type),
-           "dtype": None if p is None else str(p.dtype), "code": code_digest()}
+    key = {
+        "step": step,
+        "arm": arm,
+        "window": window,
+        "tokenizer": tokenizer.identity,
+        "stop_ids": list(getattr(tokenizer, "stop_ids", ())),
+        "eval": ev,
+        "model": _model_info(model),
+        "weights": weights_fingerprint(model),
+        "info": info or {},
+        "batch_tokens": batch_tokens,
+        "prefill_chunk": prefill_chunk,
+        "kernels": _kernels(model),
+        "string_kernel": string_kernel,
+        "device": None if dev is None else (torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type),
+        "dtype": None if p is None else str(p.dtype),
+        "code": code_digest(),
+    }
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -261,13 +311,17 @@ def _previous_result(out_dir: Path, step: int, probe: dict) -> Optional[dict]:
     try:
         prev = results.load_result(path)
     except EvalError as e:
-        raise EvalError(f"{path} exists and is not a readable eval result ({e}); this eval would replace it: move "
-                        f"it, or give another --out") from None
+        raise EvalError(
+            f"{path} exists and is not a readable eval result ({e}); this eval would replace it: move "
+            f"it, or give another --out"
+        ) from None
     diff = (["arm"] if prev.get("arm") != probe["arm"] else []) + results.identity_differences(prev, probe, True)
     if diff:
-        raise EvalError(f"{path} holds the result of {prev.get('arm')}@{step}, which differs from this eval in "
-                        f"{', '.join(diff)}: writing this one would lose its cells; give another --out (or --arm), "
-                        f"or move it")
+        raise EvalError(
+            f"{path} holds the result of {prev.get('arm')}@{step}, which differs from this eval in "
+            f"{', '.join(diff)}: writing this one would lose its cells; give another --out (or --arm), "
+            f"or move it"
+        )
     return prev
 
 
@@ -280,8 +334,9 @@ def merge_loss(loss: Optional[dict], old: Optional[dict]) -> Optional[dict]:
     return {**loss, "by_length": sorted(by, key=lambda c: c["length"]), "short": loss.get("short") or old.get("short")}
 
 
-def _merge_previous(prev: dict, cells: list, samples: list, loss: Optional[dict],
-                    sets: Optional[dict] = None) -> tuple[list, list, Optional[dict], dict]:
+def _merge_previous(
+    prev: dict, cells: list, samples: list, loss: Optional[dict], sets: Optional[dict] = None
+) -> tuple[list, list, Optional[dict], dict]:
     """This eval's cells, samples, loss and loss sets, plus the previous result's at the (task, length)s and loss
     lengths this eval did not measure (the same model and prompts: _previous_result checked)."""
     mine = {(c["task"], c["length"]) for c in cells}
@@ -297,8 +352,10 @@ def _load_partial(path: Path) -> dict:
     """{(task, length): (cell, samples)} of a partial file; {} (with a warning) when it is unreadable."""
     others = sorted(p.name for p in path.parent.glob(path.name.split(".", 1)[0] + ".*.json.partial") if p != path)
     if others:
-        log.warning("eval: %s hold cells of another model, setup or megablu version: not used (delete them when "
-                    "done)", ", ".join(others))
+        log.warning(
+            "eval: %s hold cells of another model, setup or megablu version: not used (delete them when done)",
+            ", ".join(others),
+        )
     if not path.exists():
         return {}
     try:
@@ -318,6 +375,7 @@ class _Resume:
     """run_eval's resume state (resume=True; else every field empty): the partial file of this setup (`key`,
     `path`), the cells found in it by (task, length), those this run does not ask for (`others`: they stay in
     the file), and the cells this run took from it (`resumed`)."""
+
     key: Optional[str] = None
     path: Optional[Path] = None
     kept: dict = field(default_factory=dict)
@@ -334,8 +392,14 @@ class _Resume:
     def write(self, cells: list, samples: list) -> None:
         """The partial file: `cells` and `samples` plus the kept ones this run does not ask for."""
         assert self.path is not None, "a resumable eval has a partial file"
-        results.write_result({"key": self.key, "cells": cells + [c for c, _ in self.others],
-                              "samples": samples + [x for _, ss in self.others for x in ss]}, self.path)
+        results.write_result(
+            {
+                "key": self.key,
+                "cells": cells + [c for c, _ in self.others],
+                "samples": samples + [x for _, ss in self.others for x in ss],
+            },
+            self.path,
+        )
 
 
 def _vocab_checked(model, tokenizer) -> Optional[int]:
@@ -352,14 +416,19 @@ def _string_checked(eval_cfg: EvalConfig, sp: int):
     if string is None:
         return None
     if sp > 1:
-        raise EvalError(f"eval.string with sp={sp}: STRING attention runs on one rank (a sequence-parallel "
-                        f"prefill shards the keys it remaps); run the eval with parallel.sp=1")
-    bad = string_problems(eval_cfg)   # S inside each prompt it applies to, and above W
+        raise EvalError(
+            f"eval.string with sp={sp}: STRING attention runs on one rank (a sequence-parallel "
+            f"prefill shards the keys it remaps); run the eval with parallel.sp=1"
+        )
+    bad = string_problems(eval_cfg)  # S inside each prompt it applies to, and above W
     if bad:
         raise EvalError("; ".join(bad))
     if string.beyond and all(L <= string.beyond for L in eval_cfg.lengths):
-        log.warning("eval.string.beyond=%d >= every length (%s): every cell is evaluated plain", string.beyond,
-                    ", ".join(map(str, eval_cfg.lengths)))
+        log.warning(
+            "eval.string.beyond=%d >= every length (%s): every cell is evaluated plain",
+            string.beyond,
+            ", ".join(map(str, eval_cfg.lengths)),
+        )
     return string
 
 
@@ -387,28 +456,46 @@ def _resume_state(resume: bool, sp: int, dp_group, out_dir: Path, step: int, pro
     return _Resume(key, path, kept, [kept[k] for k in kept if k not in prompts])
 
 
-def _generate_cell(model, tokenizer, eval_cfg: EvalConfig, task: str, L: int, ps: list, *, string, sp_group,
-                   dp_group, batch_tokens: int, prefill_chunk: Optional[int], device) -> tuple[dict, list]:
+def _generate_cell(
+    model,
+    tokenizer,
+    eval_cfg: EvalConfig,
+    task: str,
+    L: int,
+    ps: list,
+    *,
+    string,
+    sp_group,
+    dp_group,
+    batch_tokens: int,
+    prefill_chunk: Optional[int],
+    device,
+) -> tuple[dict, list]:
     """One (task, length): its prompts generated in batches of max(1, batch_tokens // L) (each dp group every
     dp-th prompt, gathered back in prompt order), scored, and its cell (with STRING's setting at L)."""
     dp = torch.distributed.get_world_size(dp_group) if dp_group is not None else 1
     dp_rank = torch.distributed.get_rank(dp_group) if dp_group is not None else 0
     t0 = time.perf_counter()
-    on = string is not None and string.applies(L)   # eval.string.beyond: plain up to that length
-    if string is not None:   # S for prompts built to L tokens (variant authors: int(shift_ratio * L))
+    on = string is not None and string.applies(L)  # eval.string.beyond: plain up to that length
+    if string is not None:  # S for prompts built to L tokens (variant authors: int(shift_ratio * L))
         apply_string(model, string if on else None, L)
     bs = max(1, batch_tokens // L)
     max_new = eval_cfg.task_max_new(task)
     mine, done = ps[dp_rank::dp], []
     for s in range(0, len(mine), bs):
-        batch = mine[s:s + bs]
+        batch = mine[s : s + bs]
         ids = torch.tensor([p.ids for p in batch], dtype=torch.long)
-        gen = greedy_generate(model, ids, max_new, sp_group=sp_group,
-                              prefill_chunk=_chunk_for(prefill_chunk, device, on, string.kernel if on else "auto"),
-                              stop_ids=tokenizer.stop_ids).tolist()
+        gen = greedy_generate(
+            model,
+            ids,
+            max_new,
+            sp_group=sp_group,
+            prefill_chunk=_chunk_for(prefill_chunk, device, on, string.kernel if on else "auto"),
+            stop_ids=tokenizer.stop_ids,
+        ).tolist()
         for p, g in zip(batch, gen, strict=True):
             done.append(_sample(task, L, p, tokenizer.decode(cut_at_stop(g, tokenizer.stop_ids))))
-    if dp > 1:   # every dp group's share, back in prompt order
+    if dp > 1:  # every dp group's share, back in prompt order
         parts: list = [None] * dp
         torch.distributed.all_gather_object(parts, done, group=dp_group)
         order = {p.index: i for i, p in enumerate(ps)}
@@ -421,8 +508,9 @@ def _generate_cell(model, tokenizer, eval_cfg: EvalConfig, task: str, L: int, ps
     return c, done
 
 
-def _run_cells(model, tokenizer, eval_cfg: EvalConfig, prompts: dict, state: _Resume, *, step: int, rank: int,
-               **gen) -> tuple[list, list]:
+def _run_cells(
+    model, tokenizer, eval_cfg: EvalConfig, prompts: dict, state: _Resume, *, step: int, rank: int, **gen
+) -> tuple[list, list]:
     """Every (task, length) of `prompts`: kept from the partial file when it holds them (state.keep), else
     generated (_generate_cell, gen = its keywords); with resume, rank 0 writes the partial file after each."""
     samples, cells = [], []
@@ -440,18 +528,26 @@ def _run_cells(model, tokenizer, eval_cfg: EvalConfig, prompts: dict, state: _Re
         cells.append(c)
         if rank == 0:
             dt = c["seconds"]
-            log.info("eval step %d %s@%d: %.1f%% (%d/%d fully correct) in %.1fs, %.2f prompts/s", step, task, L,
-                     c["acc_pp"], c["all_correct"], len(ps), dt, len(ps) / max(dt, 1e-9))
-            if state.key is not None:   # every finished cell on disk: a kill loses at most the cell running
+            log.info(
+                "eval step %d %s@%d: %.1f%% (%d/%d fully correct) in %.1fs, %.2f prompts/s",
+                step,
+                task,
+                L,
+                c["acc_pp"],
+                c["all_correct"],
+                len(ps),
+                dt,
+                len(ps) / max(dt, 1e-9),
+            )
+            if state.key is not None:  # every finished cell on disk: a kill loses at most the cell running
                 try:
                     state.write(cells, samples)
-                except OSError as e:   # a side feature never ends an eval
+                except OSError as e:  # a side feature never ends an eval
                     log.warning("eval: cannot keep the finished cells in %s (%s); going on", state.path, e)
     return cells, samples
 
 
-def _run_losses(model, loss_data: dict, eval_cfg: EvalConfig, *, step: int, rank: int, sp_group,
-                dp_group) -> dict:
+def _run_losses(model, loss_data: dict, eval_cfg: EvalConfig, *, step: int, rank: int, sp_group, dp_group) -> dict:
     """{set name: run_loss's section} for every held-out set (None: eval.loss.data)."""
     from .loss import run_loss
 
@@ -460,9 +556,14 @@ def _run_losses(model, loss_data: dict, eval_cfg: EvalConfig, *, step: int, rank
         t0 = time.perf_counter()
         losses[name] = lo = run_loss(model, data, eval_cfg, sp_group=sp_group, dp_group=dp_group)
         if rank == 0:
-            log.info("eval step %d held-out loss%s: %s%s in %.1fs", step, f" ({name})" if name else "",
-                     ", ".join(f"{c['length']}: {c['loss']:.3f}" for c in lo["by_length"]),
-                     f"; short docs {lo['short']['loss']:.3f}" if lo["short"] else "", time.perf_counter() - t0)
+            log.info(
+                "eval step %d held-out loss%s: %s%s in %.1fs",
+                step,
+                f" ({name})" if name else "",
+                ", ".join(f"{c['length']}: {c['loss']:.3f}" for c in lo["by_length"]),
+                f"; short docs {lo['short']['loss']:.3f}" if lo["short"] else "",
+                time.perf_counter() - t0,
+            )
     return losses
 
 
@@ -471,19 +572,37 @@ def _write(res: dict, out_dir: Path, step: int, plot: bool, state: _Resume) -> N
     removed."""
     path = results.write_result(res, out_dir / f"step_{step}.json")
     plots.write_artifacts(res, out_dir, step, plot=plot)
-    if state.key is not None and state.others:   # the kept cells this run did not ask for stay for a later one
+    if state.key is not None and state.others:  # the kept cells this run did not ask for stay for a later one
         state.write([], [])
     elif state.key is not None and state.path is not None:
         state.path.unlink(missing_ok=True)
-    log.info("eval results written to %s%s", path, f" ({len(state.resumed)} cells kept from an earlier run)"
-             if state.resumed else "")
+    log.info(
+        "eval results written to %s%s",
+        path,
+        f" ({len(state.resumed)} cells kept from an earlier run)" if state.resumed else "",
+    )
 
 
-def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int, *, sp_group=None, step: int,
-             out_dir: Path, rank: int, dp_group=None, haystack: Optional[HaystackSource] = None,
-             arm: Optional[str] = None, parent: Optional[dict] = None, batch_tokens: int = 16384,
-             prefill_chunk: Optional[int] = None, plot: bool = True, info: Optional[dict] = None,
-             resume: bool = False) -> dict:
+def run_eval(
+    model,
+    tokenizer: TokenizerLike,
+    eval_cfg: EvalConfig,
+    window: int,
+    *,
+    sp_group=None,
+    step: int,
+    out_dir: Path,
+    rank: int,
+    dp_group=None,
+    haystack: Optional[HaystackSource] = None,
+    arm: Optional[str] = None,
+    parent: Optional[dict] = None,
+    batch_tokens: int = 16384,
+    prefill_chunk: Optional[int] = None,
+    plot: bool = True,
+    info: Optional[dict] = None,
+    resume: bool = False,
+) -> dict:
     """Evaluate `model` (collective over sp_group when given); rank 0 writes out_dir/step_<step>.json.
 
     Also writes step_<step>.md and, when `plot`, step_<step>.png. Prompts of one length are
@@ -515,12 +634,21 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
         haystack = load_haystack(eval_cfg.haystack, tokenizer)
     gate_parent = parent
     if gate_parent is None and eval_cfg.gate.parent:
-        gate_parent = results.load_result(eval_cfg.gate.parent)   # fail before hours of generation, not after
+        gate_parent = results.load_result(eval_cfg.gate.parent)  # fail before hours of generation, not after
     prompts = build_prompts(eval_cfg, tokenizer, haystack=haystack, vocab_size=vocab)
     # a result already there is added to, never replaced by another model's (checked on every rank: the
     # run dir is shared, and all raise together)
-    prev = _previous_result(out_dir, step, {"arm": arm or out_dir.parent.name, "eval": eval_cfg.model_dump(mode="json"),
-                                            "tokenizer": tokenizer.identity, **_model_info(model), **(info or {})})
+    prev = _previous_result(
+        out_dir,
+        step,
+        {
+            "arm": arm or out_dir.parent.name,
+            "eval": eval_cfg.model_dump(mode="json"),
+            "tokenizer": tokenizer.identity,
+            **_model_info(model),
+            **(info or {}),
+        },
+    )
     from .loss import loss_inputs, loss_sets
 
     # every held-out set (eval.loss.data and eval.loss.sets), read and checked before any generation
@@ -531,37 +659,69 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
     # the STRING kernel asked for at the start (eval.string.kernel, resolved here, before the model is
     # touched); string_kernels_used says what ran (flex can fall back to sdpa)
     string_kernel = string_impl(device, 2, string.kernel) if string is not None else None
-    state = _resume_state(resume, sp, dp_group, out_dir, step, prompts,
-                          lambda: _resume_key(model, tokenizer, eval_cfg, window, step, arm, batch_tokens,
-                                              prefill_chunk, info, string_kernel))
+    state = _resume_state(
+        resume,
+        sp,
+        dp_group,
+        out_dir,
+        step,
+        prompts,
+        lambda: _resume_key(
+            model, tokenizer, eval_cfg, window, step, arm, batch_tokens, prefill_chunk, info, string_kernel
+        ),
+    )
 
     was_training = model.training
     model.eval()
     kernels_used(model, reset=True)
-    prev_string = apply_string(model, None)   # installed per cell below: the authors' S follows the length
+    prev_string = apply_string(model, None)  # installed per cell below: the authors' S follows the length
     try:
-        cells, samples = _run_cells(model, tokenizer, eval_cfg, prompts, state, step=step, rank=rank, string=string,
-                                    sp_group=sp_group, dp_group=dp_group, batch_tokens=batch_tokens,
-                                    prefill_chunk=prefill_chunk, device=device)
+        cells, samples = _run_cells(
+            model,
+            tokenizer,
+            eval_cfg,
+            prompts,
+            state,
+            step=step,
+            rank=rank,
+            string=string,
+            sp_group=sp_group,
+            dp_group=dp_group,
+            batch_tokens=batch_tokens,
+            prefill_chunk=prefill_chunk,
+            device=device,
+        )
         losses = _run_losses(model, loss_data, eval_cfg, step=step, rank=rank, sp_group=sp_group, dp_group=dp_group)
         loss = losses.pop(None, None)
     finally:
-        string_used = kernels_used(model, reset=True)   # attention calls per kernel (plain: no distance reached S)
+        string_used = kernels_used(model, reset=True)  # attention calls per kernel (plain: no distance reached S)
         apply_string(model, prev_string)
         if was_training:
             model.train()
 
     if prev is not None:
         cells, samples, loss, losses = _merge_previous(prev, cells, samples, loss, losses)
-        log.info("eval: %s's cells at other lengths or tasks are kept in %s", prev.get("arm"),
-                 out_dir / f"step_{step}.json")
-    res = results.make_result(cells, samples, arm=arm or out_dir.parent.name, step=step, window=window,
-                              eval_cfg=eval_cfg, tokenizer_identity=tokenizer.identity, sp=sp,
-                              extra={**_model_info(model), **(info or {}), **({"loss": loss} if loss else {}),
-                                     **({"loss_sets": losses} if losses else {}),
-                                     **({"string_kernel": string_kernel, "string_kernels_used": string_used}
-                                        if string is not None else {}),
-                                     **({"resumed": state.resumed} if state.resumed else {})})
+        log.info(
+            "eval: %s's cells at other lengths or tasks are kept in %s", prev.get("arm"), out_dir / f"step_{step}.json"
+        )
+    res = results.make_result(
+        cells,
+        samples,
+        arm=arm or out_dir.parent.name,
+        step=step,
+        window=window,
+        eval_cfg=eval_cfg,
+        tokenizer_identity=tokenizer.identity,
+        sp=sp,
+        extra={
+            **_model_info(model),
+            **(info or {}),
+            **({"loss": loss} if loss else {}),
+            **({"loss_sets": losses} if losses else {}),
+            **({"string_kernel": string_kernel, "string_kernels_used": string_used} if string is not None else {}),
+            **({"resumed": state.resumed} if state.resumed else {}),
+        },
+    )
     if gate_parent is not None:
         from .gate import check_gate
 
@@ -572,12 +732,21 @@ def run_eval(model, tokenizer: TokenizerLike, eval_cfg: EvalConfig, window: int,
         _write(res, out_dir, step, plot, state)
     return res
 
+
 def _sample(task: str, L: int, p: Prompt, text: str) -> dict:
     sc, found = score(text, p)
-    x = {"task": task, "length": L, "index": p.index, "answer": p.answer,
-         "got": extract_answer(text) if p.scoring == "exact" else text.strip()[:200], "output": text,
-         "correct": sc == 1.0, "score": sc, "depth": None if p.depth is None else round(p.depth, 4)}
-    if p.answers:   # several answers: which were found, where each one was
+    x = {
+        "task": task,
+        "length": L,
+        "index": p.index,
+        "answer": p.answer,
+        "got": extract_answer(text) if p.scoring == "exact" else text.strip()[:200],
+        "output": text,
+        "correct": sc == 1.0,
+        "score": sc,
+        "depth": None if p.depth is None else round(p.depth, 4),
+    }
+    if p.answers:  # several answers: which were found, where each one was
         x.update(answers=list(p.expected), found=found, depths=list(p.answer_depths))
     return x
 

@@ -32,6 +32,7 @@ tokenizer; a rope that differs from the checkpoint's needs rope_override=True. M
   backend hands it to lm-eval's RULER code, which otherwise wants an HF tokenizer name).
   `install_ruler_offline` replaces the essay haystack's download with local prose.
 """
+
 from __future__ import annotations
 
 import logging
@@ -54,22 +55,31 @@ try:
     import lm_eval.models  # noqa: F401
     from lm_eval.api.model import TemplateLM
     from lm_eval.api.registry import register_model
+
     LM_EVAL_MISSING: Optional[ImportError] = None
-except ImportError as e:   # lm-eval not installed: the module still imports (tests skip, main() says why)
+except ImportError as e:  # lm-eval not installed: the module still imports (tests skip, main() says why)
     TemplateLM, LM_EVAL_MISSING = object, e
 
 # ChatML, the template of instruct models whose tokenizer has <|im_start|>/<|im_end|> (SmolLM2-Instruct,
 # Qwen2), without a model's default system prompt: pass the model's own with chat_template= to match it
-CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
-          "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 
 
 class AdapterError(ValueError):
     """The backend cannot be built as asked; the message names the argument and the fix."""
 
 
-def load_for_eval(config: str, ckpt: Optional[str] = None, hf: Optional[str] = None, sets=(),
-                  rope_override: bool = False, device: Optional[str] = None):
+def load_for_eval(
+    config: str,
+    ckpt: Optional[str] = None,
+    hf: Optional[str] = None,
+    sets=(),
+    rope_override: bool = False,
+    device: Optional[str] = None,
+):
     """(model on its device in eval mode, tokenizer, config, info) exactly as `megablu eval` builds them:
     the config with overrides, the tokenizer, the rope checked against the checkpoint's, the weights,
     the eval's memory switches, the dtype (bf16 on a GPU when train.dtype=bf16). `device` ('cpu', 'cuda',
@@ -103,8 +113,9 @@ def load_for_eval(config: str, ckpt: Optional[str] = None, hf: Optional[str] = N
     try:
         model, prov = cli._load_model(args, cfg, tok.identity)
     except Exception as e:  # any failure to build the model is reported with its cause
-        raise AdapterError(f"cannot load weights: {type(e).__name__}: {e}".replace("--ckpt", "ckpt=")
-                           .replace("--hf", "hf=")) from None
+        raise AdapterError(
+            f"cannot load weights: {type(e).__name__}: {e}".replace("--ckpt", "ckpt=").replace("--hf", "hf=")
+        ) from None
     model = apply_memory(model, cli._eval_memory(cfg.memory), device=dev.type)
     return model.to(device=dev, dtype=dtype).eval(), tok, cfg, {**info, **prov}
 
@@ -112,38 +123,77 @@ def load_for_eval(config: str, ckpt: Optional[str] = None, hf: Optional[str] = N
 class MegabluLM(TemplateLM):
     """A megablu model behind lm-eval's LM interface (module docstring)."""
 
-    _ARGS = ("config", "ckpt", "hf", "set", "rope_override", "sp", "max_length", "prefill_chunk", "batch_tokens",
-             "chat_template", "device", "batch_size", "max_batch_size")
+    _ARGS = (
+        "config",
+        "ckpt",
+        "hf",
+        "set",
+        "rope_override",
+        "sp",
+        "max_length",
+        "prefill_chunk",
+        "batch_tokens",
+        "chat_template",
+        "device",
+        "batch_size",
+        "max_batch_size",
+    )
 
-    def __init__(self, config: Optional[str] = None, ckpt: Optional[str] = None, hf: Optional[str] = None,
-                 set: Optional[str] = None, rope_override: bool = False, sp: int = 1,  # noqa: A002 (lm-eval's key)
-                 max_length: Optional[int] = None, prefill_chunk: Optional[int] = None,
-                 batch_tokens: Optional[int] = None, chat_template: Optional[str] = None,
-                 device: Optional[str] = None, batch_size=1, max_batch_size=None, *, model=None, tokenizer=None,
-                 window: Optional[int] = None, tokenizer_path: Optional[str] = None, **unknown):
+    def __init__(
+        self,
+        config: Optional[str] = None,
+        ckpt: Optional[str] = None,
+        hf: Optional[str] = None,
+        set: Optional[str] = None,
+        rope_override: bool = False,
+        sp: int = 1,  # noqa: A002 (lm-eval's key)
+        max_length: Optional[int] = None,
+        prefill_chunk: Optional[int] = None,
+        batch_tokens: Optional[int] = None,
+        chat_template: Optional[str] = None,
+        device: Optional[str] = None,
+        batch_size=1,
+        max_batch_size=None,
+        *,
+        model=None,
+        tokenizer=None,
+        window: Optional[int] = None,
+        tokenizer_path: Optional[str] = None,
+        **unknown,
+    ):
         if LM_EVAL_MISSING is not None:
-            raise ImportError(f"the megablu lm-eval backend needs lm-eval: pip install lm-eval==0.4.13 "
-                              f"({LM_EVAL_MISSING})")
+            raise ImportError(
+                f"the megablu lm-eval backend needs lm-eval: pip install lm-eval==0.4.13 ({LM_EVAL_MISSING})"
+            )
         super().__init__()
         if unknown:
-            hint = (" (megablu sizes RULER prompts with the config's own tokenizer: drop it)"
-                    if {"tokenizer", "pretrained"} & unknown.keys() else "")
+            hint = (
+                " (megablu sizes RULER prompts with the config's own tokenizer: drop it)"
+                if {"tokenizer", "pretrained"} & unknown.keys()
+                else ""
+            )
             raise AdapterError(f"unknown megablu model_args {sorted(unknown)}{hint}; known: {', '.join(self._ARGS)}")
         self.sp = int(sp)
         self.sp_group = None
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world != self.sp:
-            raise AdapterError(f"sp={self.sp} but the launcher started {world} ranks: the megablu backend runs one "
-                               f"sequence-parallel group of all ranks; pass sp={world} (or launch {self.sp})")
+            raise AdapterError(
+                f"sp={self.sp} but the launcher started {world} ranks: the megablu backend runs one "
+                f"sequence-parallel group of all ranks; pass sp={world} (or launch {self.sp})"
+            )
         if model is None:
             if tokenizer is not None:
-                raise AdapterError(f"model_args tokenizer={tokenizer!r}: megablu uses the config's tokenizer (and "
-                                   f"sizes lm-eval's RULER prompts with it); drop tokenizer=")
+                raise AdapterError(
+                    f"model_args tokenizer={tokenizer!r}: megablu uses the config's tokenizer (and "
+                    f"sizes lm-eval's RULER prompts with it); drop tokenizer="
+                )
             if not config:
                 raise AdapterError("model_args needs config=<the run's YAML> and ckpt=<checkpoint> (or hf=<dir>)")
             if device is not None and str(device).startswith("cuda") and not torch.cuda.is_available():
-                log.warning("device=%s without CUDA (lm-eval's --device defaults to cuda:0): using the config's "
-                            "train.device", device)
+                log.warning(
+                    "device=%s without CUDA (lm-eval's --device defaults to cuda:0): using the config's train.device",
+                    device,
+                )
                 device = None
             if self.sp > 1:
                 device = self._init_sp(device)
@@ -158,7 +208,7 @@ class MegabluLM(TemplateLM):
                 groups = build_groups(self.sp)
                 self.sp_group = groups.sp_group
                 model = apply_ulysses(model, groups)
-        else:   # an already-built model (tests, bench): one rank
+        else:  # an already-built model (tests, bench): one rank
             self.info = {}
             if tokenizer is None or window is None:
                 raise AdapterError("MegabluLM(model=...) needs tokenizer= and window=")
@@ -173,8 +223,13 @@ class MegabluLM(TemplateLM):
         self.batch_rows = None if bs.startswith("auto") else max(1, int(bs))
         self._chat_template = _read_template(chat_template) if chat_template else None
         install_ruler_tokenizer(self.tok)
-        log.info("megablu lm-eval backend: %s, window %d, sp %d, tokenizer %s", type(model).__name__,
-                 self._max_length, self.sp, self.tok.identity)
+        log.info(
+            "megablu lm-eval backend: %s, window %d, sp %d, tokenizer %s",
+            type(model).__name__,
+            self._max_length,
+            self.sp,
+            self.tok.identity,
+        )
 
     # ------------------------------------------------------------------ setup
     def _init_sp(self, device: Optional[str]) -> Optional[str]:
@@ -226,17 +281,22 @@ class MegabluLM(TemplateLM):
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
         return env.from_string(self._template()).render(
-            messages=chat_history, add_generation_prompt=add_generation_prompt, bos_token="",
-            eos_token=self.tok.decode([self.tok.eot_id]))
+            messages=chat_history,
+            add_generation_prompt=add_generation_prompt,
+            bos_token="",
+            eos_token=self.tok.decode([self.tok.eot_id]),
+        )
 
     def _template(self) -> str:
         if self._chat_template is not None:
             return self._chat_template
         t = _tokenizer_template(self.tok, self.tokenizer_path)
         if t is None:
-            raise AdapterError(f"tokenizer {self.tok.identity} has no chat template (no tokenizer_config.json "
-                               f"chat_template beside its tokenizer.json, no <|im_start|>/<|im_end|> tokens): pass "
-                               f"chat_template=<a Jinja file> in model_args, or drop --apply_chat_template")
+            raise AdapterError(
+                f"tokenizer {self.tok.identity} has no chat template (no tokenizer_config.json "
+                f"chat_template beside its tokenizer.json, no <|im_start|>/<|im_end|> tokens): pass "
+                f"chat_template=<a Jinja file> in model_args, or drop --apply_chat_template"
+            )
         return t
 
     # ------------------------------------------------------------------ generation
@@ -244,14 +304,16 @@ class MegabluLM(TemplateLM):
         from .generate import cut_at_stop, greedy_generate
 
         eos = self.tok.decode([self.tok.eot_id])
-        jobs = []   # (request index, ids, max_new, until)
+        jobs = []  # (request index, ids, max_new, until)
         for i, req in enumerate(requests):
             context, kw = req.args
             kw = dict(kw or {})
             if kw.get("do_sample") or float(kw.get("temperature", 0.0) or 0.0) > 0:
-                raise AdapterError(f"task {getattr(req, 'task_name', '?')} asks for sampling (do_sample="
-                                   f"{kw.get('do_sample')}, temperature={kw.get('temperature')}); megablu generates "
-                                   f"greedily: pass --gen_kwargs do_sample=False,temperature=0")
+                raise AdapterError(
+                    f"task {getattr(req, 'task_name', '?')} asks for sampling (do_sample="
+                    f"{kw.get('do_sample')}, temperature={kw.get('temperature')}); megablu generates "
+                    f"greedily: pass --gen_kwargs do_sample=False,temperature=0"
+                )
             until = kw.get("until")
             until = [until] if isinstance(until, str) else list(until or [])
             if eos not in until:
@@ -261,12 +323,17 @@ class MegabluLM(TemplateLM):
                 raise AdapterError(f"max_gen_toks={max_new} >= max_length {self.max_length}")
             ids = self.tok_encode(context) or [self.tok.eot_id]
             keep = self.max_length - max_new
-            if len(ids) > keep:   # as lm-eval's HF backend: the context's left end goes
-                log.warning("context of %d tokens + max_gen_toks %d > max_length %d: keeping its last %d tokens",
-                            len(ids), max_new, self.max_length, keep)
+            if len(ids) > keep:  # as lm-eval's HF backend: the context's left end goes
+                log.warning(
+                    "context of %d tokens + max_gen_toks %d > max_length %d: keeping its last %d tokens",
+                    len(ids),
+                    max_new,
+                    self.max_length,
+                    keep,
+                )
                 ids = ids[-keep:]
             jobs.append((i, ids, max_new, until))
-        out = [""] * len(requests)   # every request is one job below: each slot is written
+        out = [""] * len(requests)  # every request is one job below: each slot is written
         # equal lengths batch together (no padding mask); longest first, so a memory error comes first
         groups: dict[tuple[int, int], list] = {}
         for j in jobs:
@@ -274,10 +341,16 @@ class MegabluLM(TemplateLM):
         for (L, max_new), js in sorted(groups.items(), key=lambda kv: -kv[0][0]):
             rows = max(1, self.batch_tokens // (L + max_new)) if self.batch_rows is None else self.batch_rows
             for s in range(0, len(js), rows):
-                batch = js[s:s + rows]
+                batch = js[s : s + rows]
                 x = torch.tensor([j[1] for j in batch], dtype=torch.long)
-                gen = greedy_generate(self.model, x, max_new, sp_group=self.sp_group,
-                                      prefill_chunk=self.prefill_chunk, stop_ids=self.tok.stop_ids).tolist()
+                gen = greedy_generate(
+                    self.model,
+                    x,
+                    max_new,
+                    sp_group=self.sp_group,
+                    prefill_chunk=self.prefill_chunk,
+                    stop_ids=self.tok.stop_ids,
+                ).tolist()
                 for (i, _, _, until), g in zip(batch, gen, strict=True):
                     text = self.tok.decode(cut_at_stop(g, self.tok.stop_ids))
                     for u in until:
@@ -294,11 +367,15 @@ class MegabluLM(TemplateLM):
         for n, (_key, ctx, cont) in enumerate(requests):
             if not cont:
                 raise AdapterError("an empty continuation has no likelihood to score")
-            seq = (list(ctx) + list(cont))[-(self.max_length + 1):]
+            seq = (list(ctx) + list(cont))[-(self.max_length + 1) :]
             if len(ctx) + len(cont) > self.max_length + 1:
-                log.warning("context %d + continuation %d tokens > max_length %d + 1: the context's left end goes",
-                            len(ctx), len(cont), self.max_length)
-            rows.append((n, seq[:-1], seq[-len(cont):]))
+                log.warning(
+                    "context %d + continuation %d tokens > max_length %d + 1: the context's left end goes",
+                    len(ctx),
+                    len(cont),
+                    self.max_length,
+                )
+            rows.append((n, seq[:-1], seq[-len(cont) :]))
         res: list = [None] * len(rows)
         rows.sort(key=lambda r: -len(r[1]))
         if self.sp_group is not None and dist.get_world_size(self.sp_group) > 1:
@@ -309,7 +386,7 @@ class MegabluLM(TemplateLM):
             while s < len(rows):
                 L = len(rows[s][1])
                 k = max(1, self.batch_tokens // L) if self.batch_rows is None else self.batch_rows
-                batch = rows[s:s + k]
+                batch = rows[s : s + k]
                 scores = self._score_batch([r[1] for r in batch], [r[2] for r in batch])
                 for (n, _, _), r in zip(batch, scores, strict=True):
                     res[n] = r
@@ -327,7 +404,7 @@ class MegabluLM(TemplateLM):
         T = max(len(i) for i in inps)
         x = torch.full((len(inps), T), self.tok.eot_id, dtype=torch.long)
         for b, i in enumerate(inps):
-            x[b, :len(i)] = torch.tensor(i)
+            x[b, : len(i)] = torch.tensor(i)
         lens = torch.tensor([len(i) for i in inps], device=dev)
         hook = _LastHidden(self.model)
         try:
@@ -338,13 +415,13 @@ class MegabluLM(TemplateLM):
         out = []
         for b, (i, c) in enumerate(zip(inps, conts, strict=True)):
             # positions len(i)-len(c) .. len(i)-1 predict the continuation's tokens
-            hb = h[b:b + 1, len(i) - len(c):len(i)]
+            hb = h[b : b + 1, len(i) - len(c) : len(i)]
             out.append(self._cont_score(hb, c))
         return out
 
     def _cont_score(self, h: torch.Tensor, cont: list[int]) -> tuple[float, bool]:
         """h (1, n, d): the last block's output at the n positions predicting `cont`."""
-        logits = self.model.lm_head(self.model.norm(h))[0]                     # (n, V)
+        logits = self.model.lm_head(self.model.norm(h))[0]  # (n, V)
         logp = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1).double()
         tgt = torch.tensor(cont, device=logp.device)
         return float(logp.gather(1, tgt[:, None]).sum()), bool((logp.argmax(-1) == tgt).all())
@@ -363,15 +440,15 @@ class MegabluLM(TemplateLM):
         pos = torch.arange(r * per, (r + 1) * per, device=dev)[None]
         hook = _LastHidden(self.model)
         try:
-            self.model(x[:, r * per:(r + 1) * per], position_ids=pos, logits_index=-1, rope_len=T)
+            self.model(x[:, r * per : (r + 1) * per], position_ids=pos, logits_index=-1, rope_len=T)
             h = hook.h
         finally:
             hook.close()
-        first = T - len(cont)                                        # global position predicting cont[0]
-        lo, hi = max(first, r * per), min(T, (r + 1) * per)          # the ones this rank holds
+        first = T - len(cont)  # global position predicting cont[0]
+        lo, hi = max(first, r * per), min(T, (r + 1) * per)  # the ones this rank holds
         stats = torch.zeros(2, dtype=torch.float64, device=dev)
         if lo < hi:
-            lp, greedy = self._cont_score(h[:, lo - r * per:hi - r * per], cont[lo - first:hi - first])
+            lp, greedy = self._cont_score(h[:, lo - r * per : hi - r * per], cont[lo - first : hi - first])
             stats += torch.tensor([lp, 0.0 if greedy else 1.0], dtype=torch.float64, device=dev)
         dist.all_reduce(stats, group=g)
         return float(stats[0]), bool(stats[1] == 0)
@@ -383,8 +460,12 @@ class MegabluLM(TemplateLM):
 
         windows, owner = [], []
         for n, (string,) in enumerate(req.args for req in requests):
-            for w in get_rolling_token_windows(token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
-                                               max_seq_len=self.max_length, context_len=1):
+            for w in get_rolling_token_windows(
+                token_list=self.tok_encode(string),
+                prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length,
+                context_len=1,
+            ):
                 ctx, cont = make_disjoint_window(w)
                 windows.append((None, ctx, cont))
                 owner.append(n)
@@ -404,8 +485,10 @@ def _bool(v) -> bool:
 def _read_template(path: str) -> str:
     p = Path(path).expanduser()
     if not p.is_file():
-        raise AdapterError(f"chat_template={path}: no such file (a Jinja chat template, e.g. a model's "
-                           f"tokenizer_config.json 'chat_template' saved as text)")
+        raise AdapterError(
+            f"chat_template={path}: no such file (a Jinja chat template, e.g. a model's "
+            f"tokenizer_config.json 'chat_template' saved as text)"
+        )
     return p.read_text()
 
 
@@ -459,7 +542,7 @@ def install_ruler_tokenizer(tok) -> None:
     given anyway is refused: prompts sized by another tokenizer would not have the asked lengths."""
     try:
         import lm_eval.tasks.ruler.common_utils as cu
-    except ImportError:   # lm-eval without its RULER tasks' imports (transformers): nothing to hook
+    except ImportError:  # lm-eval without its RULER tasks' imports (transformers): nothing to hook
         return
     orig = getattr(cu, "_megablu_orig_get_tokenizer", cu.get_tokenizer)
     wrapped = _RulerTokenizer(tok)
@@ -467,8 +550,10 @@ def install_ruler_tokenizer(tok) -> None:
     def get_tokenizer(tokenizer=None, pretrained=None, **kwargs):
         name = tokenizer or pretrained
         if name:
-            raise AdapterError(f"RULER tokenizer {name!r} given (--metadata or model_args): the megablu backend "
-                               f"sizes RULER prompts with the model's own tokenizer ({tok.identity}); drop it")
+            raise AdapterError(
+                f"RULER tokenizer {name!r} given (--metadata or model_args): the megablu backend "
+                f"sizes RULER prompts with the model's own tokenizer ({tok.identity}); drop it"
+            )
         return wrapped
 
     cu._megablu_orig_get_tokenizer = orig
@@ -507,8 +592,10 @@ def install_ruler_offline(essay_text: str) -> dict:
 
     words = re.sub(r"\s+", " ", essay_text).strip().split(" ")
     if len(words) < 1000:
-        raise AdapterError(f"local essay text has {len(words)} words; the essay haystack needs thousands "
-                           f"(RULER grows it 500 words at a time)")
+        raise AdapterError(
+            f"local essay text has {len(words)} words; the essay haystack needs thousands "
+            f"(RULER grows it 500 words at a time)"
+        )
     orig = getattr(pn, "_megablu_orig_get_haystack", pn.get_haystack)
 
     def get_haystack(type_haystack):
@@ -531,8 +618,10 @@ def install_ruler_offline(essay_text: str) -> dict:
 def main(argv: Optional[list[str]] = None) -> None:
     """lm-eval's CLI with the megablu backend registered (module docstring)."""
     if LM_EVAL_MISSING is not None:
-        print(f"megablu lm-eval backend: lm-eval is not installed ({LM_EVAL_MISSING}); "
-              f"pip install lm-eval==0.4.13", file=sys.stderr)
+        print(
+            f"megablu lm-eval backend: lm-eval is not installed ({LM_EVAL_MISSING}); pip install lm-eval==0.4.13",
+            file=sys.stderr,
+        )
         raise SystemExit(2)
     from lm_eval.__main__ import cli_evaluate
 

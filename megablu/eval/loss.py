@@ -21,6 +21,7 @@ run without labels: a forward hook on the last block keeps its hidden states, so
 projection runs in chunks here ((chunk, V) logits at a time, never (L, V)). Under sequence
 parallelism each rank scores its slice (end padding ignored) and the sums are all-reduced.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -34,10 +35,10 @@ import torch.nn.functional as F
 from ..model.string import apply_string, installed
 from .prompts import EvalError, TokenizerLike
 
-HEAD_CHUNK = 4096     # positions per vocab projection
+HEAD_CHUNK = 4096  # positions per vocab projection
 
 
-ESSAYS = "megablu:essays"   # the shipped prose (megablu/eval/ruler/assets.py): outside every training corpus here
+ESSAYS = "megablu:essays"  # the shipped prose (megablu/eval/ruler/assets.py): outside every training corpus here
 
 
 class _Docs:
@@ -68,9 +69,14 @@ def _essays(tokenizer):
 
     with gzip.open(DIR / "essays.txt.gz", "rt", encoding="utf-8") as f:
         texts = [t.strip() for t in f.read().split("\n\n\n") if t.strip()]
-    hs = Haystack.__new__(Haystack)   # the same reader over documents held in memory, not a dataset's shards
-    hs.table, hs.tokenizer, hs.bucket, hs.split, hs.root = _Docs([tokenizer.encode(t) for t in texts]), tokenizer, \
-        "all", "val", ESSAYS
+    hs = Haystack.__new__(Haystack)  # the same reader over documents held in memory, not a dataset's shards
+    hs.table, hs.tokenizer, hs.bucket, hs.split, hs.root = (
+        _Docs([tokenizer.encode(t) for t in texts]),
+        tokenizer,
+        "all",
+        "val",
+        ESSAYS,
+    )
     hs.sep = np.asarray(tokenizer.encode("\n\n"), dtype=np.int64)
     hs.n_tokens = int(hs.table.doc_len.sum())
     return hs
@@ -122,11 +128,15 @@ def loss_problems(eval_cfg, tokenizer: TokenizerLike, name=None, spec=None) -> l
     out = []
     cap = hs.n_tokens + len(hs.sep) * (len(hs.table) - 1)
     if eval_cfg.lengths and max(eval_cfg.lengths) > cap:
-        out.append(f"{f}={spec!r}: its val split holds {cap:,} tokens < the longest eval length "
-                   f"{max(eval_cfg.lengths)}; use a dataset with more val text (or 'DIR' for all buckets)")
+        out.append(
+            f"{f}={spec!r}: its val split holds {cap:,} tokens < the longest eval length "
+            f"{max(eval_cfg.lengths)}; use a dataset with more val text (or 'DIR' for all buckets)"
+        )
     if lo.short_docs and not _short_docs(hs, lo.short_min, lo.short_max, 1, eval_cfg.seed):
-        out.append(f"{f}={spec!r}: no val document of {lo.short_min}..{lo.short_max} tokens for the "
-                   f"short-document loss; use 'DIR' (all buckets) or set eval.loss.short_docs=0")
+        out.append(
+            f"{f}={spec!r}: no val document of {lo.short_min}..{lo.short_max} tokens for the "
+            f"short-document loss; use 'DIR' (all buckets) or set eval.loss.short_docs=0"
+        )
     return out
 
 
@@ -175,8 +185,9 @@ class _LastHidden:
 
 
 @torch.no_grad()
-def sequence_nll(model, ids: list[int], *, sp_group=None,
-                 tail_from: Optional[int] = None) -> tuple[float, int, float, int]:
+def sequence_nll(
+    model, ids: list[int], *, sp_group=None, tail_from: Optional[int] = None
+) -> tuple[float, int, float, int]:
     """(sum of next-token NLL in nats, tokens scored, tail sum, tail tokens) of one sequence.
 
     Positions 0..T-2 predict tokens 1..T-1; the tail is the predictions at positions >= tail_from."""
@@ -194,7 +205,7 @@ def sequence_nll(model, ids: list[int], *, sp_group=None,
             xp = torch.cat([x, x[:, -1:].expand(1, Tp - T)], 1) if Tp != T else x
             pos = torch.arange(r * per, (r + 1) * per, device=dev)[None]
             # rope_len: the whole sequence's length picks the rope (rope.yarn.apply=beyond_original), not the slice's
-            model(xp[:, r * per:(r + 1) * per], position_ids=pos, logits_index=-1, rope_len=T)
+            model(xp[:, r * per : (r + 1) * per], position_ids=pos, logits_index=-1, rope_len=T)
             first = r * per
         else:
             model(x, logits_index=-1)
@@ -204,17 +215,23 @@ def sequence_nll(model, ids: list[int], *, sp_group=None,
         hook.close()
     stats = torch.zeros(4, dtype=torch.float64, device=dev)
     for s in range(0, h.shape[1], HEAD_CHUNK):
-        g = torch.arange(first + s, first + min(s + HEAD_CHUNK, h.shape[1]), device=dev)   # global positions
-        keep = g < T - 1                                                # a next token exists (not end padding)
+        g = torch.arange(first + s, first + min(s + HEAD_CHUNK, h.shape[1]), device=dev)  # global positions
+        keep = g < T - 1  # a next token exists (not end padding)
         if not bool(keep.any()):
             continue
         g = g[keep]
-        logits = model.lm_head(model.norm(h[:, s:s + HEAD_CHUNK][:, keep]))            # (1, c, V)
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))            # bf16 -> fp32
+        logits = model.lm_head(model.norm(h[:, s : s + HEAD_CHUNK][:, keep]))  # (1, c, V)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32
         nll = F.cross_entropy(logits[0], x[0, g + 1], reduction="none").double()
         tail = g >= tail_from
-        stats += torch.stack([nll.sum(), torch.tensor(float(nll.numel()), device=dev, dtype=torch.float64),
-                              nll[tail].sum(), tail.sum().double()])
+        stats += torch.stack(
+            [
+                nll.sum(),
+                torch.tensor(float(nll.numel()), device=dev, dtype=torch.float64),
+                nll[tail].sum(),
+                tail.sum().double(),
+            ]
+        )
     if sp > 1:
         dist.all_reduce(stats, group=sp_group)
     a, n, b, m = stats.tolist()
@@ -229,7 +246,7 @@ def run_loss(model, data: dict, eval_cfg, *, sp_group=None, dp_group=None) -> di
     string = getattr(eval_cfg, "string", None)
 
     def nll(s, tail: bool):
-        if string is not None:   # STRING for the sequences longer than eval.string.beyond only, S for its length
+        if string is not None:  # STRING for the sequences longer than eval.string.beyond only, S for its length
             apply_string(model, string if string.applies(len(s)) else None, len(s))
         return sequence_nll(model, s, sp_group=sp_group, tail_from=len(s) // 2 if tail else None)
 
@@ -246,7 +263,7 @@ def run_loss(model, data: dict, eval_cfg, *, sp_group=None, dp_group=None) -> di
         return _run_loss(data, eval_cfg, score)
     finally:
         if string is not None:
-            apply_string(model, prev)   # as it came in (nll switched it per sequence)
+            apply_string(model, prev)  # as it came in (nll switched it per sequence)
 
 
 def _run_loss(data: dict, eval_cfg, score) -> dict:
@@ -257,14 +274,30 @@ def _run_loss(data: dict, eval_cfg, score) -> dict:
         a, n = sum(s[0] for s in st), sum(s[1] for s in st)
         b, m = sum(s[2] for s in st), sum(s[3] for s in st)
         per = [s[0] / max(s[1], 1) for s in st]
-        by_length.append({"length": L, "n": len(seqs), "tokens": n, "loss": a / n, "ppl": math.exp(a / n),
-                          "tail_loss": b / max(m, 1), "per_seq": per, "digest": _digest(seqs)})
+        by_length.append(
+            {
+                "length": L,
+                "n": len(seqs),
+                "tokens": n,
+                "loss": a / n,
+                "ppl": math.exp(a / n),
+                "tail_loss": b / max(m, 1),
+                "per_seq": per,
+                "digest": _digest(seqs),
+            }
+        )
     out = {"data": data.get("source", eval_cfg.loss.data), "by_length": by_length, "short": None}
     if data["short"]:
         st = score(data["short"], tail=False)
         a, n = sum(s[0] for s in st), sum(s[1] for s in st)
         lo = eval_cfg.loss
-        out["short"] = {"range": [lo.short_min, lo.short_max], "n_docs": len(st), "tokens": n, "loss": a / n,
-                        "ppl": math.exp(a / n), "per_doc": [[s[1], s[0] / max(s[1], 1)] for s in st],
-                        "digest": _digest(data["short"])}
+        out["short"] = {
+            "range": [lo.short_min, lo.short_max],
+            "n_docs": len(st),
+            "tokens": n,
+            "loss": a / n,
+            "ppl": math.exp(a / n),
+            "per_doc": [[s[1], s[0] / max(s[1], 1)] for s in st],
+            "digest": _digest(data["short"]),
+        }
     return out

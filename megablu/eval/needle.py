@@ -12,6 +12,7 @@ stream at a seeded offset and inserts its needles after the sentence-ending toke
 each target depth. So another seed is another draw of windows from the same text, not the
 same windows again.
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,18 +35,68 @@ from .prompts import (
 
 log = logging.getLogger(__name__)
 
-INSTRUCTION = ("Some special magic numbers are hidden within the following text. Make sure to memorize it. "
-               "I will quiz you about the numbers afterwards.\n")
+INSTRUCTION = (
+    "Some special magic numbers are hidden within the following text. Make sure to memorize it. "
+    "I will quiz you about the numbers afterwards.\n"
+)
 NEEDLE = " One of the special magic numbers for {key} is: {value}. "
-QUESTION = ("\nWhat is the special magic number for {key} mentioned in the provided text? "
-            "The special magic number for {key} mentioned in the provided text is")
+QUESTION = (
+    "\nWhat is the special magic number for {key} mentioned in the provided text? "
+    "The special magic number for {key} mentioned in the provided text is"
+)
 
-_ADJ = ("amber", "brave", "calm", "dusty", "eager", "fancy", "gentle", "hollow", "icy", "jolly", "keen",
-        "lively", "mellow", "nimble", "odd", "proud", "quiet", "rusty", "silent", "tidy", "upbeat", "vast",
-        "witty", "young")
-_NOUN = ("anchor", "badger", "candle", "dolphin", "engine", "falcon", "garden", "harbor", "island", "jacket",
-         "kettle", "lantern", "meadow", "needle", "orchid", "pepper", "quarry", "river", "saddle", "tunnel",
-         "umbrella", "violin", "walrus", "yarn")
+_ADJ = (
+    "amber",
+    "brave",
+    "calm",
+    "dusty",
+    "eager",
+    "fancy",
+    "gentle",
+    "hollow",
+    "icy",
+    "jolly",
+    "keen",
+    "lively",
+    "mellow",
+    "nimble",
+    "odd",
+    "proud",
+    "quiet",
+    "rusty",
+    "silent",
+    "tidy",
+    "upbeat",
+    "vast",
+    "witty",
+    "young",
+)
+_NOUN = (
+    "anchor",
+    "badger",
+    "candle",
+    "dolphin",
+    "engine",
+    "falcon",
+    "garden",
+    "harbor",
+    "island",
+    "jacket",
+    "kettle",
+    "lantern",
+    "meadow",
+    "needle",
+    "orchid",
+    "pepper",
+    "quarry",
+    "river",
+    "saddle",
+    "tunnel",
+    "umbrella",
+    "violin",
+    "walrus",
+    "yarn",
+)
 KEYS = tuple(f"{a}-{b}" for a in _ADJ for b in _NOUN)  # 576 distinct keys
 
 SNAP_RADIUS = 64  # tokens searched either side of the target for a sentence end
@@ -82,8 +133,10 @@ class HaystackStream:
         """The seeded offset of prompt `index`'s n_ctx-token window (an error when the text is shorter)."""
         span = len(self.ids) - n_ctx
         if span < 0:
-            raise EvalError(f"{task}: the haystack holds {len(self.ids)} tokens < {n_ctx} needed at length {length}; "
-                            f"point eval.haystack at a larger val split")
+            raise EvalError(
+                f"{task}: the haystack holds {len(self.ids)} tokens < {n_ctx} needed at length {length}; "
+                f"point eval.haystack at a larger val split"
+            )
         return rng_for(seed, task, "offset", length, index).randrange(span + 1)
 
 
@@ -91,8 +144,7 @@ class Haystack(HaystackStream):
     """The source's documents, tokenized once. As a stream itself: the documents in the source's
     order; `stream(seed)`: the same documents in a seeded order, what the builders read."""
 
-    def __init__(self, source: HaystackSource, tokenizer: TokenizerLike, min_tokens: int,
-                 target_tokens: int = 0):
+    def __init__(self, source: HaystackSource, tokenizer: TokenizerLike, min_tokens: int, target_tokens: int = 0):
         """Text up to max(min_tokens, target_tokens) tokens (all of it when there is less); an error
         below min_tokens. Prompts take their offsets from the stream's length, so a fixed target
         (HAYSTACK_TOKENS) makes task@L's prompts the same whatever other lengths a job holds."""
@@ -108,8 +160,10 @@ class Haystack(HaystackStream):
             if total >= want:
                 break
         if total < min_tokens:
-            raise EvalError(f"haystack: only {total} tokens of text, need {min_tokens} (the longest length "
-                            f"plus room for distinct offsets); point eval.haystack at a larger val split")
+            raise EvalError(
+                f"haystack: only {total} tokens of text, need {min_tokens} (the longest length "
+                f"plus room for distinct offsets); point eval.haystack at a larger val split"
+            )
         self.docs = docs
         ends: dict[int, bool] = {}
         for t in {t for d in docs for t in d}:
@@ -136,8 +190,9 @@ class Haystack(HaystackStream):
 class NeedleBuilder:
     """task 'needle' (one needle) or 'multikey' (the target plus n_distractors other keys)."""
 
-    def __init__(self, task: str, tokenizer: TokenizerLike, seed: int, n: int, haystack: Haystack,
-                 n_distractors: int = 3):
+    def __init__(
+        self, task: str, tokenizer: TokenizerLike, seed: int, n: int, haystack: Haystack, n_distractors: int = 3
+    ):
         if task not in ("needle", "multikey"):
             raise ValueError(task)
         self.task, self.tok, self.seed, self.n, self.hay = task, tokenizer, check_seed(seed), n, haystack
@@ -156,11 +211,15 @@ class NeedleBuilder:
     def min_length(self) -> int:
         """The longest fixed content (instruction, needles, question) over this task's n prompts: the
         shortest length every prompt can be built at (harness.preflight_problems asks every builder)."""
+
         def bare(i: int) -> int:
             keys, values, _ = self._draw(i)
-            return (len(self.head) + sum(len(self.tok.encode(NEEDLE.format(key=k, value=v)))
-                                         for k, v in zip(keys, values, strict=True))
-                    + len(self.tok.encode(QUESTION.format(key=keys[0]))))
+            return (
+                len(self.head)
+                + sum(len(self.tok.encode(NEEDLE.format(key=k, value=v))) for k, v in zip(keys, values, strict=True))
+                + len(self.tok.encode(QUESTION.format(key=keys[0])))
+            )
+
         return max(bare(i) for i in range(self.n))
 
     def build(self, length: int, index: int) -> Prompt:
@@ -169,28 +228,40 @@ class NeedleBuilder:
         question = self.tok.encode(QUESTION.format(key=keys[0]))
         n_ctx = length - len(self.head) - sum(map(len, needles)) - len(question)
         if n_ctx < 0:
-            raise EvalError(f"{self.task}: length {length} is shorter than the prompt without haystack "
-                            f"({length - n_ctx} tokens)")
+            raise EvalError(
+                f"{self.task}: length {length} is shorter than the prompt without haystack ({length - n_ctx} tokens)"
+            )
         hay = self.stream
         off = hay.window(self.task, length, index, n_ctx, self.seed)
         # insertion points (relative to the window), snapped to sentence ends
         cuts = [hay.snap(off + round(d * n_ctx), off, off + n_ctx) - off for d in depths]
-        ctx = insert_at(hay.ids[off:off + n_ctx], needles, cuts)
+        ctx = insert_at(hay.ids[off : off + n_ctx], needles, cuts)
         ids = self.head + ctx + question
         assert len(ids) == length, (len(ids), length)
-        return Prompt(self.task, length, index, tuple(ids), values[0], cuts[0] / max(n_ctx, 1),
-                      {"key": keys[0], "offset": off, "distractors": list(zip(keys[1:], values[1:], strict=True))})
+        return Prompt(
+            self.task,
+            length,
+            index,
+            tuple(ids),
+            values[0],
+            cuts[0] / max(n_ctx, 1),
+            {"key": keys[0], "offset": off, "distractors": list(zip(keys[1:], values[1:], strict=True))},
+        )
 
 
 # ---------------------------------------------------------------- RULER's NIAH family
 _TYPE_V = {"numbers": "numbers", "words": "words", "uuids": "uuids"}
 _KEY_KIND = {"words": "pairs", "numbers": "numbers", "uuids": "uuids"}
-R_INSTRUCTION = ("Some special magic {tv} are hidden within the following text. Make sure to memorize it. "
-                 "I will quiz you about the {tv} afterwards.\n")
+R_INSTRUCTION = (
+    "Some special magic {tv} are hidden within the following text. Make sure to memorize it. "
+    "I will quiz you about the {tv} afterwards.\n"
+)
 R_NEEDLE = " One of the special magic {tv} for {key} is: {value}. "
 R_KV_LINE = "One of the special magic {tv} for {key} is: {value}.\n"
-R_QUESTION = ("\nWhat are all the special magic {tv} for {query} mentioned in the provided text? "
-              "The special magic {tv} for {query} mentioned in the provided text are")
+R_QUESTION = (
+    "\nWhat are all the special magic {tv} for {query} mentioned in the provided text? "
+    "The special magic {tv} for {query} mentioned in the provided text are"
+)
 
 
 def _join_query(keys: list[str]) -> str:
@@ -213,11 +284,14 @@ class NiahBuilder:
     depth; every other needle at a uniform random depth. Answers: every value of every asked
     key (scored RULER's string_match_all)."""
 
-    def __init__(self, task: str, spec, tokenizer: TokenizerLike, seed: int, n: int,
-                 haystack: Optional[Haystack] = None):
+    def __init__(
+        self, task: str, spec, tokenizer: TokenizerLike, seed: int, n: int, haystack: Optional[Haystack] = None
+    ):
         if spec.haystack == "text" and haystack is None:
-            raise EvalError(f"task {task!r} needs a real-text haystack: set eval.haystack (a dataset dir whose val "
-                            f"split is the haystack) or pass haystack=")
+            raise EvalError(
+                f"task {task!r} needs a real-text haystack: set eval.haystack (a dataset dir whose val "
+                f"split is the haystack) or pass haystack="
+            )
         self.task, self.spec, self.tok, self.n, self.hay = task, spec, tokenizer, n, haystack
         self.seed = check_seed(seed)
         self.stream = haystack.stream(self.seed) if spec.haystack == "text" and haystack is not None else None
@@ -233,7 +307,7 @@ class NiahBuilder:
         rng = rng_for(self.seed, self.task, "needles", index)
         keys = draw_items(rng, _KEY_KIND[s.key], s.keys)
         flat = draw_items(rng, s.value, s.values * s.keys, exclude=keys)
-        values = [flat[j * s.values:(j + 1) * s.values] for j in range(s.keys)]
+        values = [flat[j * s.values : (j + 1) * s.values] for j in range(s.keys)]
         # depth of each (key j, value m): the first asked needle stratified, the others uniform
         depths = [[rng.random() for _ in range(s.values)] for _ in keys]
         depths[0][0] = stratified_depth(self.seed, self.task, index, self.n)
@@ -244,9 +318,11 @@ class NiahBuilder:
         rng, keys, values, depths = self._draw(index)
         # in a kv haystack a needle is one more line, indistinguishable from the others
         tmpl = R_KV_LINE if self.spec.haystack == "kv" else R_NEEDLE
-        needles = [[self.tok.encode(tmpl.format(tv=self.tv, key=k, value=v)) for v in vs]
-                   for k, vs in zip(keys, values, strict=True)]
-        question = self.tok.encode(R_QUESTION.format(tv=self.tv, query=_join_query(keys[:self.spec.queries])))
+        needles = [
+            [self.tok.encode(tmpl.format(tv=self.tv, key=k, value=v)) for v in vs]
+            for k, vs in zip(keys, values, strict=True)
+        ]
+        question = self.tok.encode(R_QUESTION.format(tv=self.tv, query=_join_query(keys[: self.spec.queries])))
         return rng, keys, values, depths, needles, question
 
     def min_length(self) -> int:
@@ -264,17 +340,28 @@ class NiahBuilder:
         flat_d = [d for ds in depths for d in ds]
         n_ctx = length - len(self.head) - sum(map(len, flat_n)) - len(question)
         if n_ctx < 0:
-            raise EvalError(f"{self.task}: length {length} is shorter than the prompt without haystack "
-                            f"({length - n_ctx} tokens); use lengths >= {self.min_length()}")
+            raise EvalError(
+                f"{self.task}: length {length} is shorter than the prompt without haystack "
+                f"({length - n_ctx} tokens); use lengths >= {self.min_length()}"
+            )
         ctx, snap = self._haystack(length, index, n_ctx, rng, keys, values)
         cuts = [snap(round(d * n_ctx)) for d in flat_d]
         ids = self.head + insert_at(ctx, flat_n, cuts) + question
         assert len(ids) == length, (len(ids), length)
-        asked = [v for vs in values[:s.queries] for v in vs]
+        asked = [v for vs in values[: s.queries] for v in vs]
         asked_depths = [cuts[j * s.values + m] / max(n_ctx, 1) for j in range(s.queries) for m in range(s.values)]
-        return Prompt(self.task, length, index, tuple(ids), ", ".join(asked), asked_depths[0],
-                      {"keys": keys[:s.queries], "distractor_keys": keys[s.queries:]},
-                      answers=tuple(asked), depths=tuple(round(d, 4) for d in asked_depths), scoring="all")
+        return Prompt(
+            self.task,
+            length,
+            index,
+            tuple(ids),
+            ", ".join(asked),
+            asked_depths[0],
+            {"keys": keys[: s.queries], "distractor_keys": keys[s.queries :]},
+            answers=tuple(asked),
+            depths=tuple(round(d, 4) for d in asked_depths),
+            scoring="all",
+        )
 
     def _haystack(self, length, index, n_ctx, rng, keys, values):
         """(n_ctx haystack ids, snap: position -> the allowed insertion point nearest it)."""
@@ -286,7 +373,7 @@ class NiahBuilder:
         if kind == "text":
             hay = self.stream
             off = hay.window(self.task, length, index, n_ctx, self.seed)
-            return hay.ids[off:off + n_ctx], lambda p: hay.snap(off + p, off, off + n_ctx) - off
+            return hay.ids[off : off + n_ctx], lambda p: hay.snap(off + p, off, off + n_ctx) - off
         # kv: lines of other keys with values of the same kinds, as many whole lines as fit
         lrng = rng_for(self.seed, self.task, "kv", length, index)
         taken = keys + [v for vs in values for v in vs]

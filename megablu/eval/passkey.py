@@ -16,12 +16,15 @@ attention, llama/run_test.py) the prefix and the suffix around the needle both s
 grass is green.", and only the key and the needle position are random. Starting the filler at a
 seeded sentence would be another task (and not what quickstart.passkey_docs trains on).
 """
+
 from __future__ import annotations
 
 from .prompts import EvalError, Prompt, TokenizerLike, check_seed, repeat_to, rng_for, stratified_depth
 
-INSTRUCTION = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
-               "I will quiz you about the important information there.\n")
+INSTRUCTION = (
+    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
+    "I will quiz you about the important information there.\n"
+)
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 NEEDLE = "\nThe pass key is {key}. Remember it. {key} is the pass key.\n"
 QUESTION = "\nWhat is the pass key? The pass key is"
@@ -30,8 +33,9 @@ QUESTION = "\nWhat is the pass key? The pass key is"
 class PasskeyBuilder:
     task = "passkey"
 
-    def __init__(self, tokenizer: TokenizerLike, seed: int, n: int, digits: int = 5,
-                 depth: tuple[float, float] = (0.0, 1.0)):
+    def __init__(
+        self, tokenizer: TokenizerLike, seed: int, n: int, digits: int = 5, depth: tuple[float, float] = (0.0, 1.0)
+    ):
         self.tok, self.seed, self.n, self.digits = tokenizer, check_seed(seed), n, digits
         self.depth = depth
         self.head = tokenizer.encode(INSTRUCTION)
@@ -42,7 +46,7 @@ class PasskeyBuilder:
 
     def key(self, index: int) -> str:
         lo = 10 ** (self.digits - 1) if self.digits > 1 else 0
-        return str(rng_for(self.seed, self.task, "key", index).randint(lo, 10 ** self.digits - 1))
+        return str(rng_for(self.seed, self.task, "key", index).randint(lo, 10**self.digits - 1))
 
     def min_length(self) -> int:
         return len(self.head) + len(self.tok.encode(NEEDLE.format(key="9" * self.digits))) + len(self.question)
@@ -54,13 +58,20 @@ class PasskeyBuilder:
         needle = self.tok.encode(NEEDLE.format(key=key))
         n_fill = length - len(self.head) - len(needle) - len(self.question)
         if n_fill < 0:
-            raise EvalError(f"passkey: length {length} is shorter than the prompt without filler "
-                            f"({length - n_fill} tokens)")
+            raise EvalError(
+                f"passkey: length {length} is shorter than the prompt without filler ({length - n_fill} tokens)"
+            )
         # snap the needle to the filler-unit boundary nearest depth * n_fill
         u = len(self.unit)
         before = min(round(depth * n_fill / u) * u, (n_fill // u) * u)
-        ids = self.head + repeat_to(self.unit, before) + needle + repeat_to(self.unit, n_fill - before, before) \
+        ids = (
+            self.head
+            + repeat_to(self.unit, before)
+            + needle
+            + repeat_to(self.unit, n_fill - before, before)
             + self.question
+        )
         assert len(ids) == length, (len(ids), length)
-        return Prompt(self.task, length, index, tuple(ids), key, before / max(n_fill, 1),
-                      {"needle_pos": len(self.head) + before})
+        return Prompt(
+            self.task, length, index, tuple(ids), key, before / max(n_fill, 1), {"needle_pos": len(self.head) + before}
+        )

@@ -2,6 +2,7 @@
 length heatmap of a task with needles (heatmap), and the files an eval writes beside its json
 (write_artifacts). matplotlib is imported when a picture is drawn, never before.
 """
+
 from __future__ import annotations
 
 import math
@@ -64,21 +65,28 @@ def plot(results: Sequence[dict], path: Path, task: Optional[str] = None) -> Pat
     have = [(t, s) for _, t, s in AVERAGES if any(ruler_average(r["cells"], suite=s) for r in results)]
     avg_title, avg_suite = have[0] if have else AVERAGES[0][1:]
     avgs = [ruler_average(r["cells"], suite=avg_suite) for r in results] if not task else [None] * len(results)
-    panels = [("task", t) for t in tasks] + ([("ruler", None)] if any(avgs) else []) \
+    panels = (
+        [("task", t) for t in tasks]
+        + ([("ruler", None)] if any(avgs) else [])
         + ([("loss", None)] if not task and any(r.get("loss") for r in results) else [])
+    )
     cols = min(4, len(panels))
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4.2 * rows), squeeze=False)
     for ax, (kind, t) in zip(axes.flat, panels, strict=False):
-        series = {}                       # arm index -> its points in this panel
+        series = {}  # arm index -> its points in this panel
         for j, r in enumerate(results):
             if kind == "task":
-                pts = [(c["length"], c["acc_pp"], c["ci_pp"][0], c["ci_pp"][1], c["n"])
-                       for c in sorted(cells_by(r, t).values(), key=lambda c: c["length"])]
+                pts = [
+                    (c["length"], c["acc_pp"], c["ci_pp"][0], c["ci_pp"][1], c["n"])
+                    for c in sorted(cells_by(r, t).values(), key=lambda c: c["length"])
+                ]
             elif kind == "ruler":
                 a = avgs[j]
-                pts = [(x["length"], x["acc_pp"], x["ci_pp"][0], x["ci_pp"][1], None)
-                       for x in (a["by_length"] if a else [])]
+                pts = [
+                    (x["length"], x["acc_pp"], x["ci_pp"][0], x["ci_pp"][1], None)
+                    for x in (a["by_length"] if a else [])
+                ]
             else:
                 lo = r.get("loss") or {}
                 pts = [(c["length"], c["loss"], c["loss"], c["loss"], c["n"]) for c in lo.get("by_length", [])]
@@ -89,7 +97,7 @@ def plot(results: Sequence[dict], path: Path, task: Optional[str] = None) -> Pat
         for j, pts in series.items():
             r, x = results[j], xs[j]
             sty = dict(marker=_MARKERS[j % len(_MARKERS)], ls=_STYLES[j % len(_STYLES)], label=_label(r), ms=5)
-            line, = ax.plot(x, [p[1] for p in pts], **sty)
+            (line,) = ax.plot(x, [p[1] for p in pts], **sty)
             if kind != "loss":
                 ax.fill_between(x, [p[2] for p in pts], [p[3] for p in pts], alpha=0.15, color=line.get_color())
             if kind == "task" and _n_note([cells_by(r, t)[p[0]] for p in pts]) is None:
@@ -105,15 +113,22 @@ def plot(results: Sequence[dict], path: Path, task: Optional[str] = None) -> Pat
             ax.set_title("held-out loss per length")
         else:
             ax.axhline(RULER_THRESHOLD, ls="--", lw=0.8, color="grey")
-            ax.annotate(f"RULER threshold {RULER_THRESHOLD:g}%", (0.01, RULER_THRESHOLD), xycoords=("axes fraction",
-                        "data"), fontsize=7, color="grey", xytext=(0, 2), textcoords="offset points")
+            ax.annotate(
+                f"RULER threshold {RULER_THRESHOLD:g}%",
+                (0.01, RULER_THRESHOLD),
+                xycoords=("axes fraction", "data"),
+                fontsize=7,
+                color="grey",
+                xytext=(0, 2),
+                textcoords="offset points",
+            )
             ax.set_ylim(-2, 102)
             ax.set_ylabel("accuracy (%), 95% band")
             cs = [c for r in results for c in r["cells"] if kind == "task" and c["task"] == t]
             note = _n_note(cs) if kind == "task" else "mean over tasks"
             ax.set_title(f"{t if kind == 'task' else avg_title.split(' (')[0]}" + (f" ({note})" if note else ""))
         ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     fig.tight_layout()
     path = Path(path)
@@ -149,7 +164,7 @@ def heatmap(results: Sequence[dict], path: Path, task: str) -> Optional[Path]:
                 if hi - lo >= 0.05:
                     ax.text(xi + 0.5, (lo + hi) / 2, f"{acc:.0f}\n({b['n']})", ha="center", va="center", fontsize=6)
         ax.set_xlim(0, len(cs))
-        ax.set_ylim(1, 0)   # depth 0 (start of the context) at the top
+        ax.set_ylim(1, 0)  # depth 0 (start of the context) at the top
         ax.set_xticks([i + 0.5 for i in range(len(cs))], [str(c["length"]) for c in cs], rotation=30)
         ax.set_xlabel("prompt length (tokens)")
         if ax is axes[0][0]:

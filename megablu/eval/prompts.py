@@ -21,6 +21,7 @@ arrangement of the real-text haystack's documents and each window's offset
 templates and the passkey's repeated filler sentences (Mohtashami & Jaggi's, whose prefix and
 suffix both start at the first sentence; RULER's noise haystack is the same text).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -43,7 +44,7 @@ class TokenizerLike(Protocol):
     identity: str
 
     @property
-    def stop_ids(self) -> tuple[int, ...]: ...   # eot_id first: generation stops at any of them
+    def stop_ids(self) -> tuple[int, ...]: ...  # eot_id first: generation stops at any of them
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -61,12 +62,12 @@ class Prompt:
     length: int
     index: int
     ids: tuple[int, ...]
-    answer: str                   # what counts as correct (exact digits), or the answers joined by ", "
-    depth: Optional[float]        # relative position of the (target) needle in the context, 0..1; None: no needle
+    answer: str  # what counts as correct (exact digits), or the answers joined by ", "
+    depth: Optional[float]  # relative position of the (target) needle in the context, 0..1; None: no needle
     meta: dict = field(default_factory=dict, compare=False)
-    answers: tuple[str, ...] = ()            # every expected answer (RULER scoring); () = (answer,)
+    answers: tuple[str, ...] = ()  # every expected answer (RULER scoring); () = (answer,)
     depths: tuple[Optional[float], ...] = ()  # each answer's depth in the context; () = (depth,)
-    scoring: str = "exact"                   # "exact" (first digit run), "all" or "part" (RULER)
+    scoring: str = "exact"  # "exact" (first digit run), "all" or "part" (RULER)
 
     @property
     def expected(self) -> tuple[str, ...]:
@@ -128,14 +129,16 @@ def repeat_to(ids: Sequence[int], count: int, start: int = 0) -> list[int]:
     if not ids:
         raise EvalError("filler encodes to zero tokens")
     reps = (start + count) // len(ids) + 1
-    return (list(ids) * reps)[start:start + count]
+    return (list(ids) * reps)[start : start + count]
 
 
 def check_ids(ids: Sequence[int], vocab_size: int, what: str) -> None:
     bad = [i for i in ids if not 0 <= i < vocab_size]
     if bad:
-        raise EvalError(f"{what}: token ids {bad[:5]} outside the model vocabulary 0..{vocab_size - 1}; the "
-                        f"tokenizer does not belong to this model")
+        raise EvalError(
+            f"{what}: token ids {bad[:5]} outside the model vocabulary 0..{vocab_size - 1}; the "
+            f"tokenizer does not belong to this model"
+        )
 
 
 _DIGITS = re.compile(r"\d+")
@@ -201,8 +204,9 @@ def words() -> tuple[str, ...]:
     return _WORDS
 
 
-def draw_items(rng: random.Random, kind: str, count: int, exclude: Iterable[str] = (),
-               nested_ok: bool = False) -> list[str]:
+def draw_items(
+    rng: random.Random, kind: str, count: int, exclude: Iterable[str] = (), nested_ok: bool = False
+) -> list[str]:
     """`count` distinct items of a kind: 'numbers' (7 digits, RULER's), 'words' (one word),
     'pairs' (two words 'w1-w2', RULER's word keys) or 'uuids' (UUID4-shaped hex).
 
@@ -236,7 +240,7 @@ def insert_at(ctx: Sequence[int], pieces: Sequence[Sequence[int]], cuts: Sequenc
     order = sorted(range(len(pieces)), key=lambda j: (cuts[j], j))
     out, prev = [], 0
     for j in order:
-        out += list(ctx[prev:cuts[j]]) + list(pieces[j])
+        out += list(ctx[prev : cuts[j]]) + list(pieces[j])
         prev = cuts[j]
     return out + list(ctx[prev:])
 

@@ -21,6 +21,7 @@ One result (one arm at one step) is a dict:
 Results written before the suite (cells without all_correct, 5 depth bins) load and merge
 unchanged. The tables are compare.py's, the plots plots.py's; megablu.eval.report re-exports all three.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -64,14 +65,27 @@ def cell(task: str, length: int, samples: list[dict], eval_cfg, prompts: Sequenc
             b[0] += 1
             b[1] += bool(ok)
     max_new = eval_cfg.task_max_new(task) if task in eval_cfg.tasks else eval_cfg.max_new
-    return {"task": task, "length": length, "n": n, "correct": k, "acc_pp": 100 * p, "ci_pp": [100 * lo, 100 * hi],
-            "all_correct": sum(bool(s["correct"]) for s in samples), "max_new": max_new,
-            "padded_len": eval_padded_len(eval_cfg.task_prompt_len(task, length) if task in eval_cfg.tasks else length,
-                                          max_new, eval_cfg.pad),
-            "digest": prompt_digest(prompts), "seconds": round(seconds, 3),
-            "prompts_per_s": round(n / seconds, 3) if seconds > 0 else None,
-            "by_depth": [{"depth": [i / DEPTH_BINS, (i + 1) / DEPTH_BINS], "n": b[0], "correct": b[1]}
-                         for i, b in enumerate(bins)] if any(b[0] for b in bins) else []}
+    return {
+        "task": task,
+        "length": length,
+        "n": n,
+        "correct": k,
+        "acc_pp": 100 * p,
+        "ci_pp": [100 * lo, 100 * hi],
+        "all_correct": sum(bool(s["correct"]) for s in samples),
+        "max_new": max_new,
+        "padded_len": eval_padded_len(
+            eval_cfg.task_prompt_len(task, length) if task in eval_cfg.tasks else length, max_new, eval_cfg.pad
+        ),
+        "digest": prompt_digest(prompts),
+        "seconds": round(seconds, 3),
+        "prompts_per_s": round(n / seconds, 3) if seconds > 0 else None,
+        "by_depth": [
+            {"depth": [i / DEPTH_BINS, (i + 1) / DEPTH_BINS], "n": b[0], "correct": b[1]} for i, b in enumerate(bins)
+        ]
+        if any(b[0] for b in bins)
+        else [],
+    }
 
 
 def summarize(cells: list[dict], threshold: float = RULER_THRESHOLD) -> dict:
@@ -81,20 +95,28 @@ def summarize(cells: list[dict], threshold: float = RULER_THRESHOLD) -> dict:
         acc = {c["length"]: c["acc_pp"] for c in cs}
         s = None
         if len(cs) >= 2:
-            s = slope_per_doubling([c["length"] for c in cs], [c["correct"] for c in cs],
-                                   [c["n"] for c in cs]).as_dict()
-        out[task] = {"slope": s, "threshold": threshold, "effective_length": effective_length(acc, threshold),
-                     "effective_length_contiguous": effective_length_contiguous(acc, threshold)}
+            s = slope_per_doubling(
+                [c["length"] for c in cs], [c["correct"] for c in cs], [c["n"] for c in cs]
+            ).as_dict()
+        out[task] = {
+            "slope": s,
+            "threshold": threshold,
+            "effective_length": effective_length(acc, threshold),
+            "effective_length_contiguous": effective_length_contiguous(acc, threshold),
+        }
     return out
 
 
 # the averages a report shows: (result key, title, tasks); RULER's only over RULER's own tasks (ruler_*)
-AVERAGES = (("ruler", "RULER average", RULER_SUITE),
-            ("megablu_suite", "megablu suite average (RULER-like tasks, not comparable to RULER)", MEGABLU_SUITE))
+AVERAGES = (
+    ("ruler", "RULER average", RULER_SUITE),
+    ("megablu_suite", "megablu suite average (RULER-like tasks, not comparable to RULER)", MEGABLU_SUITE),
+)
 
 
-def ruler_average(cells: list[dict], threshold: float = RULER_THRESHOLD,
-                  suite: Sequence[str] = RULER_SUITE) -> Optional[dict]:
+def ruler_average(
+    cells: list[dict], threshold: float = RULER_THRESHOLD, suite: Sequence[str] = RULER_SUITE
+) -> Optional[dict]:
     """RULER's headline: the mean accuracy over the suite's tasks at each length, and the
     effective length on that mean (the threshold applies to the average, never per task). Only
     tasks present at every length of the result count (an average over different task sets would
@@ -116,22 +138,47 @@ def ruler_average(cells: list[dict], threshold: float = RULER_THRESHOLD,
         m, lo, hi = mean_interval([(by[t][L]["correct"], by[t][L]["n"]) for t in tasks])
         rows.append({"length": L, "acc_pp": 100 * m, "ci_pp": [100 * lo, 100 * hi]})
     acc: dict[int, float] = {r["length"]: r["acc_pp"] for r in rows}
-    return {"tasks": tasks, "lengths": lengths, "by_length": rows, "threshold": threshold,
-            "effective_length": effective_length(acc, threshold),
-            "effective_length_contiguous": effective_length_contiguous(acc, threshold),
-            "left_out": sorted(set(by) - set(tasks))}
+    return {
+        "tasks": tasks,
+        "lengths": lengths,
+        "by_length": rows,
+        "threshold": threshold,
+        "effective_length": effective_length(acc, threshold),
+        "effective_length_contiguous": effective_length_contiguous(acc, threshold),
+        "left_out": sorted(set(by) - set(tasks)),
+    }
 
 
-def make_result(cells, samples, *, arm: str, step: int, window: int, eval_cfg, tokenizer_identity: str, sp: int,
-                extra: Optional[dict] = None, threshold: float = RULER_THRESHOLD) -> dict:
+def make_result(
+    cells,
+    samples,
+    *,
+    arm: str,
+    step: int,
+    window: int,
+    eval_cfg,
+    tokenizer_identity: str,
+    sp: int,
+    extra: Optional[dict] = None,
+    threshold: float = RULER_THRESHOLD,
+) -> dict:
     if not cells or not samples:
         raise EvalError("no scored prompts: refusing to make an empty eval result")
-    res = {"schema": SCHEMA, "arm": arm, "step": step, "window": window,
-           "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-           "tokenizer": tokenizer_identity, "sp": sp, "eval": eval_cfg.model_dump(mode="json"),
-           "cells": cells, "summary": summarize(cells, threshold),
-           **{key: ruler_average(cells, threshold, suite) for key, _, suite in AVERAGES},
-           "samples": samples, "gate": None}
+    res = {
+        "schema": SCHEMA,
+        "arm": arm,
+        "step": step,
+        "window": window,
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "tokenizer": tokenizer_identity,
+        "sp": sp,
+        "eval": eval_cfg.model_dump(mode="json"),
+        "cells": cells,
+        "summary": summarize(cells, threshold),
+        **{key: ruler_average(cells, threshold, suite) for key, _, suite in AVERAGES},
+        "samples": samples,
+        "gate": None,
+    }
     res.update(extra or {})
     return res
 
@@ -201,8 +248,13 @@ _EVAL_NOT_IDENTITY = ("lengths", "tasks", "suite", "at_steps", "final", "gate", 
 def identity(res: dict) -> dict:
     """The model a result scored (IDENTITY); None = not recorded (results of older versions, or an eval that
     could not fingerprint its weights), which matches any value."""
-    return {"weights": res.get("weights"), "model": res.get("model"), "rope": res.get("rope"),
-            "string": string_setting(res) or ("off" if "eval" in res else None), "tokenizer": res.get("tokenizer")}
+    return {
+        "weights": res.get("weights"),
+        "model": res.get("model"),
+        "rope": res.get("rope"),
+        "string": string_setting(res) or ("off" if "eval" in res else None),
+        "tokenizer": res.get("tokenizer"),
+    }
 
 
 def identity_differences(a: dict, b: dict, with_eval: bool = False) -> list[str]:
@@ -222,11 +274,12 @@ def _identity_note(res: dict, fields: list[str]) -> str:
     if "rope" in fields:
         r = res.get("rope") or {}
         y = r.get("yarn")
-        parts.append(f"rope theta {r.get('theta'):g}" + (f" yarn x{y['factor']:g}" if y else " plain")
-                     if r else "rope ?")
+        parts.append(
+            f"rope theta {r.get('theta'):g}" + (f" yarn x{y['factor']:g}" if y else " plain") if r else "rope ?"
+        )
     if "weights" in fields:
         parts.append(f"weights {res['weights'][:8]}")
-    parts += [f for f in fields if f not in ("rope", "weights", "string")]   # string: _label shows it already
+    parts += [f for f in fields if f not in ("rope", "weights", "string")]  # string: _label shows it already
     return ", ".join(parts)
 
 
@@ -238,8 +291,9 @@ def merge_results(results: Sequence[dict]) -> list[dict]:
     The same (task, length) twice for one arm@step and identity is an error unless identical."""
     merged: dict[tuple, dict] = {}
     for r in results:
-        key = next((k for k in merged if k[:2] == (r["arm"], r["step"])
-                    and not identity_differences(merged[k], r)), None)
+        key = next(
+            (k for k in merged if k[:2] == (r["arm"], r["step"]) and not identity_differences(merged[k], r)), None
+        )
         if key is None:
             key = (r["arm"], r["step"], len(merged))
             merged[key] = {**r, "cells": list(r["cells"]), "samples": list(r.get("samples", []))}
@@ -249,12 +303,14 @@ def merge_results(results: Sequence[dict]) -> list[dict]:
         for c in r["cells"]:
             old = have.get((c["task"], c["length"]))
             if old is not None and old != c:
-                raise EvalError(f"{r['arm']}@{r['step']}: two different results for {c['task']}@{c['length']} "
-                                f"({m.get('_path')} and {r.get('_path')})")
+                raise EvalError(
+                    f"{r['arm']}@{r['step']}: two different results for {c['task']}@{c['length']} "
+                    f"({m.get('_path')} and {r.get('_path')})"
+                )
             if old is None:
                 m["cells"].append(c)
         m["samples"] += r.get("samples", [])
-        if r.get("loss"):   # held-out loss measured per length in separate runs: join its lengths too
+        if r.get("loss"):  # held-out loss measured per length in separate runs: join its lengths too
             m["loss"] = _join_loss(m.get("loss"), r["loss"])
         for name, sec in (r.get("loss_sets") or {}).items():
             m["loss_sets"] = {**(m.get("loss_sets") or {}), name: _join_loss((m.get("loss_sets") or {}).get(name), sec)}
@@ -310,8 +366,11 @@ def _label(res: dict) -> str:
         return base
     # the authors' S follows the length (S=0.33L); megablu's fixed shift keeps its label (S in tokens)
     s = f"authors,S={st['shift_ratio']:g}L" if st["variant"] == "authors" else f"S={st['shift']}"
-    s += f",W={st['local']}" + (f",af={st['attention_factor']:.4g}" if st["attention_factor"] != 1 else "") \
+    s += (
+        f",W={st['local']}"
+        + (f",af={st['attention_factor']:.4g}" if st["attention_factor"] != 1 else "")
         + (f",>{st['beyond']}" if st["beyond"] else "")
+    )
     return f"{base} +string({s})"
 
 

@@ -59,6 +59,7 @@ All accuracies are fractions in [0, 1] inside the functions; reports show percen
   n = (z_{1-a/2} + z_{power})^2 (p1 q1 + p2 q2) / (p1 - p2)^2; for paired 0/1 outcomes McNemar's
   (Connor 1987); for paired part-credit means n = ((z_{1-a/2} + z_{power}) sd(d) / diff)^2.
 """
+
 from __future__ import annotations
 
 import math
@@ -68,7 +69,7 @@ from statistics import NormalDist
 from typing import Optional
 
 RULER_THRESHOLD = 85.6
-_TIE = 1e-9     # per-prompt differences closer than this are equal (2/3 - 1/3 and 1 - 2/3 differ in the last bit)
+_TIE = 1e-9  # per-prompt differences closer than this are equal (2/3 - 1/3 and 1 - 2/3 differ in the last bit)
 
 
 def z_of(conf: float = 0.95) -> float:
@@ -91,10 +92,10 @@ def wilson(k: float, n: int, conf: float = 0.95) -> tuple[float, float, float]:
 
 @dataclass(frozen=True)
 class Difference:
-    diff: float          # p1 - p2
+    diff: float  # p1 - p2
     lo: float
     hi: float
-    p: Optional[float] = None    # two-sided p of the paired test (exact McNemar, paired t); None: no test
+    p: Optional[float] = None  # two-sided p of the paired test (exact McNemar, paired t); None: no test
 
     @property
     def resolvable(self) -> bool:
@@ -102,8 +103,12 @@ class Difference:
         return self.lo > 0 or self.hi < 0
 
     def as_dict(self) -> dict:
-        return {"diff_pp": 100 * self.diff, "ci_pp": [100 * self.lo, 100 * self.hi],
-                "resolvable": self.resolvable, **({"p": self.p} if self.p is not None else {})}
+        return {
+            "diff_pp": 100 * self.diff,
+            "ci_pp": [100 * self.lo, 100 * self.hi],
+            "resolvable": self.resolvable,
+            **({"p": self.p} if self.p is not None else {}),
+        }
 
 
 def newcombe(k1: int, n1: int, k2: int, n2: int, conf: float = 0.95) -> Difference:
@@ -120,8 +125,8 @@ def newcombe_phi(both: int, only1: int, only2: int, neither: int) -> float:
     """Newcombe's corrected phi of a paired 2x2 table (1998, method 10; module docstring): the numerator
     A = ad - bc shrunk towards 0 by n/2 when positive, kept when negative, 0 when a margin is 0."""
     n = both + only1 + only2 + neither
-    margins = (both + only1) * (only2 + neither) * (both + only2) * (only1 + neither)   # e f g h, exact int
-    if margins == 0:          # a margin of 0 empties two cells, one in each product: A = 0
+    margins = (both + only1) * (only2 + neither) * (both + only2) * (only1 + neither)  # e f g h, exact int
+    if margins == 0:  # a margin of 0 empties two cells, one in each product: A = 0
         return 0.0
     a = both * neither - only1 * only2
     if a > n / 2:
@@ -141,8 +146,7 @@ def newcombe_paired(both: int, only1: int, only2: int, neither: int, conf: float
     # delta^2 and epsilon^2 of the paper: the Wilson distances combined with -2 phi (|phi| <= 1: >= 0)
     lo = (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2
     hi = (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2
-    return Difference(d, d - math.sqrt(max(lo, 0.0)), d + math.sqrt(max(hi, 0.0)),
-                      mcnemar_exact_p(only1, only2))
+    return Difference(d, d - math.sqrt(max(lo, 0.0)), d + math.sqrt(max(hi, 0.0)), mcnemar_exact_p(only1, only2))
 
 
 def mcnemar_exact_p(only1: int, only2: int) -> float:
@@ -151,8 +155,8 @@ def mcnemar_exact_p(only1: int, only2: int) -> float:
     if only1 < 0 or only2 < 0:
         raise ValueError(f"mcnemar_exact_p: counts must be >= 0, got only1={only1}, only2={only2}")
     m = only1 + only2
-    tail = sum(math.comb(m, i) for i in range(min(only1, only2) + 1))   # exact integers: no underflow
-    return min(1.0, 2 * tail / 2 ** m)
+    tail = sum(math.comb(m, i) for i in range(min(only1, only2) + 1))  # exact integers: no underflow
+    return min(1.0, 2 * tail / 2**m)
 
 
 def fisher_exact_p(k1: int, n1: int, k2: int, n2: int) -> float:
@@ -187,7 +191,7 @@ def holm(pvalues: Sequence[float]) -> list[float]:
             raise ValueError(f"holm: p value {q} outside [0, 1]")
     out, running = [0.0] * m, 0.0
     for rank, i in enumerate(sorted(range(m), key=lambda k: pvalues[k])):
-        running = max(running, min(1.0, (m - rank) * pvalues[i]))    # monotone: never below a smaller p's
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))  # monotone: never below a smaller p's
         out[i] = running
     return out
 
@@ -200,7 +204,7 @@ def paired_mean_diff(diffs: Sequence[float], conf: float = 0.95) -> Difference:
     if n == 0:
         raise ValueError("paired_mean_diff: no differences")
     m = sum(diffs) / n
-    if max(diffs) - min(diffs) <= _TIE:     # sd 0 (or one prompt): the t interval would be the point m
+    if max(diffs) - min(diffs) <= _TIE:  # sd 0 (or one prompt): the t interval would be the point m
         q = 1 - (1 - conf) ** (1 / n)
         lo, hi = m - q * (m + 1), m + q * (1 - m)
         # the level at which this bound just excludes 0: q = |m| / (1 + |m|) <=> 1 - conf = (1 + |m|)^-n
@@ -216,17 +220,19 @@ def paired_mean_diff(diffs: Sequence[float], conf: float = 0.95) -> Difference:
 @dataclass(frozen=True)
 class Slope:
     pp_per_doubling: float
-    ci_pp: tuple[float, float]                       # binomial sampling interval
-    fit_ci_pp: Optional[tuple[float, float]]         # t-interval from residuals (>= 3 lengths)
-    intercept_pp: float                              # accuracy (pp) at log2(length) = 0
+    ci_pp: tuple[float, float]  # binomial sampling interval
+    fit_ci_pp: Optional[tuple[float, float]]  # t-interval from residuals (>= 3 lengths)
+    intercept_pp: float  # accuracy (pp) at log2(length) = 0
 
     def as_dict(self) -> dict:
-        return {"pp_per_doubling": self.pp_per_doubling, "ci_pp": list(self.ci_pp),
-                "fit_ci_pp": list(self.fit_ci_pp) if self.fit_ci_pp else None}
+        return {
+            "pp_per_doubling": self.pp_per_doubling,
+            "ci_pp": list(self.ci_pp),
+            "fit_ci_pp": list(self.fit_ci_pp) if self.fit_ci_pp else None,
+        }
 
 
-def slope_per_doubling(lengths: Sequence[int], correct: Sequence[int], n: Sequence[int],
-                       conf: float = 0.95) -> Slope:
+def slope_per_doubling(lengths: Sequence[int], correct: Sequence[int], n: Sequence[int], conf: float = 0.95) -> Slope:
     """OLS slope of accuracy (pp) on log2(length), with intervals (see module docstring)."""
     if len(lengths) < 2 or len(set(lengths)) < 2:
         raise ValueError(f"slope needs >= 2 distinct lengths, got {list(lengths)}")
@@ -234,12 +240,14 @@ def slope_per_doubling(lengths: Sequence[int], correct: Sequence[int], n: Sequen
     y = [100 * k / m for k, m in zip(correct, n, strict=True)]
     xb, yb = sum(x) / len(x), sum(y) / len(y)
     sxx = sum((xi - xb) ** 2 for xi in x)
-    c = [(xi - xb) / sxx for xi in x]                 # slope = sum(c_i * y_i)
+    c = [(xi - xb) / sxx for xi in x]  # slope = sum(c_i * y_i)
     b = sum(ci * yi for ci, yi in zip(c, y, strict=True))
     a = yb - b * xb
     # Var(y_i) in pp^2 from the binomial, with Agresti-Coull p~ so extremes keep a variance
-    var = sum(ci * ci * 1e4 * ((k + 2) / (m + 4)) * (1 - (k + 2) / (m + 4)) / m
-              for ci, k, m in zip(c, correct, n, strict=True))
+    var = sum(
+        ci * ci * 1e4 * ((k + 2) / (m + 4)) * (1 - (k + 2) / (m + 4)) / m
+        for ci, k, m in zip(c, correct, n, strict=True)
+    )
     z = z_of(conf)
     ci = (b - z * math.sqrt(var), b + z * math.sqrt(var))
     fit = None
@@ -292,8 +300,9 @@ def effective_length(acc_pp_by_length: dict[int, float], threshold: float = RULE
     return max(ok) if ok else None
 
 
-def effective_length_contiguous(acc_pp_by_length: dict[int, float],
-                                threshold: float = RULER_THRESHOLD) -> Optional[int]:
+def effective_length_contiguous(
+    acc_pp_by_length: dict[int, float], threshold: float = RULER_THRESHOLD
+) -> Optional[int]:
     """The longest length L such that every length <= L reaches the threshold (stricter)."""
     best = None
     for L in sorted(acc_pp_by_length):
@@ -309,7 +318,7 @@ def mean_interval(cells: Sequence[tuple[float, int]], conf: float = 0.95) -> tup
         raise ValueError("mean_interval: no cells")
     T = len(cells)
     m = sum(k / n for k, n in cells) / T
-    var = sum(((k + 2) / (n + 4)) * (1 - (k + 2) / (n + 4)) / n for k, n in cells) / T ** 2
+    var = sum(((k + 2) / (n + 4)) * (1 - (k + 2) / (n + 4)) / n for k, n in cells) / T**2
     half = z_of(conf) * math.sqrt(var)
     return m, max(0.0, m - half), min(1.0, m + half)
 
@@ -325,7 +334,7 @@ def n_to_resolve_paired(discordant: float, diff: float, conf: float = 0.95, powe
     if not abs(diff) <= discordant <= 1:
         raise ValueError(f"n_to_resolve_paired: need |diff| <= discordant <= 1, got {diff}, {discordant}")
     za, zb = z_of(conf), NormalDist().inv_cdf(power)
-    n = (za * math.sqrt(discordant) + zb * math.sqrt(discordant - diff * diff)) ** 2 / diff ** 2
+    n = (za * math.sqrt(discordant) + zb * math.sqrt(discordant - diff * diff)) ** 2 / diff**2
     return max(1, math.ceil(n - 1e-9))
 
 

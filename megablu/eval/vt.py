@@ -14,6 +14,7 @@ the statements sit at sorted uniform depths at filler-sentence boundaries, each 
 own order, interleaved. Chain 0's value is asked; its hops + 1 variables are the answers
 (string_match_all). Variables are 5 uppercase letters, values 5 digits, all distinct.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -23,10 +24,12 @@ from .passkey import FILLER
 from .prompts import EvalError, Prompt, TokenizerLike, check_seed, insert_at, repeat_to, rng_for
 
 INSTRUCTION = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"
-QUESTION = ("\nQuestion: Find all variables that are assigned the value {value} in the text above. "
-            "Answer: According to the chain(s) of variable assignment in the text above, {n} variables are "
-            "assigned the value {value}, they are:")
-EXAMPLE_UNITS = 2    # filler sentences groups around the worked example's chain
+QUESTION = (
+    "\nQuestion: Find all variables that are assigned the value {value} in the text above. "
+    "Answer: According to the chain(s) of variable assignment in the text above, {n} variables are "
+    "assigned the value {value}, they are:"
+)
+EXAMPLE_UNITS = 2  # filler sentences groups around the worked example's chain
 
 
 class VTBuilder:
@@ -51,7 +54,7 @@ class VTBuilder:
                 taken.add(x)
                 values.append(x)
         h = self.spec.hops + 1
-        return [names[c * h:(c + 1) * h] for c in range(self.spec.chains)], values
+        return [names[c * h : (c + 1) * h] for c in range(self.spec.chains)], values
 
     def _statements(self, chain: list[str], value: str) -> list[str]:
         return [f" VAR {chain[0]} = {value}. "] + [f" VAR {b} = VAR {a}. " for a, b in itertools.pairwise(chain)]
@@ -86,8 +89,10 @@ class VTBuilder:
         flat = [x for st in stmts for x in st]
         n_ctx = length - len(self.head) - len(example) - sum(map(len, flat)) - len(question)
         if n_ctx < 0:
-            raise EvalError(f"{self.task}: length {length} is shorter than the prompt without filler "
-                            f"({length - n_ctx} tokens); use lengths >= {self.min_length()}")
+            raise EvalError(
+                f"{self.task}: length {length} is shorter than the prompt without filler "
+                f"({length - n_ctx} tokens); use lengths >= {self.min_length()}"
+            )
         u = len(self.unit)
         # sorted depths, dealt to the statements in an interleaving that keeps each chain in order
         depths = sorted(rng.random() for _ in flat)
@@ -103,9 +108,18 @@ class VTBuilder:
         ids = self.head + example + insert_at(ctx, flat, cuts) + question
         assert len(ids) == length, (len(ids), length)
         ds = tuple(round(cuts[j] / max(n_ctx, 1), 4) for j in range(len(chains[0])))
-        return Prompt(self.task, length, index, tuple(ids), ", ".join(chains[0]), ds[0],
-                      {"chains": chains},
-                      answers=tuple(chains[0]), depths=ds, scoring="all")
+        return Prompt(
+            self.task,
+            length,
+            index,
+            tuple(ids),
+            ", ".join(chains[0]),
+            ds[0],
+            {"chains": chains},
+            answers=tuple(chains[0]),
+            depths=ds,
+            scoring="all",
+        )
 
 
 def _one(pair):

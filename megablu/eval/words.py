@@ -33,6 +33,7 @@ needle depth (depth None). Lists and texts are composed in token space, item by 
 length is exact; what whole items cannot fill (fewer tokens than one item) is blank lines
 before the question.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,15 +41,23 @@ import string
 
 from .prompts import EvalError, Prompt, TokenizerLike, check_seed, pad_ids, rng_for, words
 
-CWE_HEAD = ("Below is a numbered list of words. In these words, some appear more often than others. "
-            "Memorize the ones that appear most often.\n")
-CWE_Q = ("\nQuestion: What are the {k} most common words in the above list? Answer: The top {k} words that "
-         "appear most often in the list are:")
-FWE_HEAD = ("Read the following coded text and track the frequency of each coded word. Find the {k} most "
-            "frequently appeared coded words.\n")
-FWE_Q = ("\nQuestion: Do not provide any explanation. Please ignore the dots '....'. What are the {k} most "
-         "frequently appeared words in the above coded text? Answer: According to the coded text above, the "
-         "{k} most frequently appeared words are:")
+CWE_HEAD = (
+    "Below is a numbered list of words. In these words, some appear more often than others. "
+    "Memorize the ones that appear most often.\n"
+)
+CWE_Q = (
+    "\nQuestion: What are the {k} most common words in the above list? Answer: The top {k} words that "
+    "appear most often in the list are:"
+)
+FWE_HEAD = (
+    "Read the following coded text and track the frequency of each coded word. Find the {k} most "
+    "frequently appeared coded words.\n"
+)
+FWE_Q = (
+    "\nQuestion: Do not provide any explanation. Please ignore the dots '....'. What are the {k} most "
+    "frequently appeared words in the above coded text? Answer: According to the coded text above, the "
+    "{k} most frequently appeared words are:"
+)
 _NUM = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
 
 
@@ -90,9 +99,9 @@ class CWEBuilder:
         order = list(self.words)
         rng.shuffle(order)
         c = self.spec.common
-        common, ex_common = order[:c], order[c:2 * c]
-        ex_unc = order[2 * c:2 * c + self.EXAMPLE_UNCOMMON]
-        uncommon = order[2 * c + self.EXAMPLE_UNCOMMON:]
+        common, ex_common = order[:c], order[c : 2 * c]
+        ex_unc = order[2 * c : 2 * c + self.EXAMPLE_UNCOMMON]
+        uncommon = order[2 * c + self.EXAMPLE_UNCOMMON :]
         ex = ex_common * self.EXAMPLE_COMMON_FREQ + ex_unc
         rng.shuffle(ex)
         example = self._list(ex) + self.question + self.tok.encode(" " + ", ".join(ex_common) + "\n\n")
@@ -114,8 +123,10 @@ class CWEBuilder:
                     return seq
                 seq += [w] * times
                 used += cost
-        raise EvalError(f"{self.task}: {budget} tokens is more than the word list can fill with the common words "
-                        f"still the most common; use shorter lengths or a larger freq_common")
+        raise EvalError(
+            f"{self.task}: {budget} tokens is more than the word list can fill with the common words "
+            f"still the most common; use shorter lengths or a larger freq_common"
+        )
 
     def min_length(self) -> int:
         worst = 0
@@ -133,14 +144,25 @@ class CWEBuilder:
             raise EvalError(f"{self.task}: length {length} is shorter than its instruction, example and question")
         seq = self._occurrences(common, uncommon, budget)
         if len(seq) == self.spec.common * self.spec.freq_common:
-            raise EvalError(f"{self.task}: length {length} holds the common words but no uncommon one; use lengths "
-                            f">= {self.min_length()}")
+            raise EvalError(
+                f"{self.task}: length {length} holds the common words but no uncommon one; use lengths "
+                f">= {self.min_length()}"
+            )
         rng.shuffle(seq)
         body = self._list(seq)
         ids = self.head + example + body + pad_ids(self.tok, budget - len(body)) + self.question
         assert len(ids) == length, (len(ids), length)
-        return Prompt(self.task, length, index, tuple(ids), ", ".join(common), None,
-                      {"entries": len(seq), "distinct": len(set(seq))}, answers=tuple(common), scoring="all")
+        return Prompt(
+            self.task,
+            length,
+            index,
+            tuple(ids),
+            ", ".join(common),
+            None,
+            {"entries": len(seq), "distinct": len(set(seq))},
+            answers=tuple(common),
+            scoring="all",
+        )
 
 
 class _Costs:
@@ -158,11 +180,11 @@ class _Costs:
 
 def _zeta(a: float, terms: int = 100000) -> float:
     """Riemann zeta(a), a > 1: the partial sum plus the integral tail (error < 1e-10 for a >= 2)."""
-    return sum(k ** -a for k in range(1, terms)) + terms ** (1 - a) / (a - 1)
+    return sum(k**-a for k in range(1, terms)) + terms ** (1 - a) / (a - 1)
 
 
 class FWEBuilder:
-    VOCAB = 2000        # coded words per prompt (RULER's vocab_size)
+    VOCAB = 2000  # coded words per prompt (RULER's vocab_size)
 
     def __init__(self, task: str, spec, tokenizer: TokenizerLike, seed: int, n: int):
         self.task, self.spec, self.tok, self.seed, self.n = task, spec, tokenizer, check_seed(seed), n
@@ -173,7 +195,7 @@ class FWEBuilder:
 
     def _vocab(self, index: int):
         rng = rng_for(self.seed, self.task, "codes", index)
-        seen, vocab = {"...."}, ["...."]          # rank 1 is the noise (RULER)
+        seen, vocab = {"...."}, ["...."]  # rank 1 is the noise (RULER)
         while len(vocab) < self.VOCAB:
             w = "".join(rng.choice(string.ascii_lowercase) for _ in range(6))
             if w not in seen:
@@ -185,7 +207,7 @@ class FWEBuilder:
         a = self.spec.alpha
         out = []
         for k in range(1, self.VOCAB + 1):
-            c = int(N * k ** -a / self.z)
+            c = int(N * k**-a / self.z)
             if c == 0:
                 break
             out.append(c)
@@ -221,17 +243,28 @@ class FWEBuilder:
         budget = length - len(self.head) - len(self.question)
         counts = self._fit(costs, budget) if budget > 0 else []
         if not self._separated(counts):
-            raise EvalError(f"{self.task}: length {length} is too short for the top {self.spec.top} coded words to "
-                            f"be strictly the most frequent; use lengths >= {self.min_length()}")
+            raise EvalError(
+                f"{self.task}: length {length} is too short for the top {self.spec.top} coded words to "
+                f"be strictly the most frequent; use lengths >= {self.min_length()}"
+            )
         # counts: the first words of vocab, as many as fit the length
         seq = [w for w, c in zip(vocab, counts, strict=False) for _ in range(c)]
         rng.shuffle(seq)
         ids: list[int] = []
-        enc = {w: self.tok.encode(" " + w) for w in vocab[:len(counts)]}
+        enc = {w: self.tok.encode(" " + w) for w in vocab[: len(counts)]}
         for w in seq:
             ids += enc[w]
         ids = self.head + ids + pad_ids(self.tok, budget - len(ids)) + self.question
         assert len(ids) == length, (len(ids), length)
-        top = tuple(vocab[1:self.spec.top + 1])
-        return Prompt(self.task, length, index, tuple(ids), ", ".join(top), None,
-                      {"counts": counts[:self.spec.top + 2]}, answers=top, scoring="all")
+        top = tuple(vocab[1 : self.spec.top + 1])
+        return Prompt(
+            self.task,
+            length,
+            index,
+            tuple(ids),
+            ", ".join(top),
+            None,
+            {"counts": counts[: self.spec.top + 2]},
+            answers=top,
+            scoring="all",
+        )

@@ -25,6 +25,7 @@ Only training forwards (grad enabled, no KV cache) recompute or offload; inferen
 plain forward (tiled when tiles > 1). Parameter names are unchanged: nothing is wrapped in a
 new module, the switches are the forwards of the existing ones.
 """
+
 from __future__ import annotations
 
 import functools
@@ -46,7 +47,7 @@ class _TiledForward:
 
     def __init__(self, mlp: nn.Module, tiles: int):
         self.mlp, self.tiles = mlp, tiles
-        self.dense = functools.partial(type(mlp).forward, mlp)   # the untiled forward
+        self.dense = functools.partial(type(mlp).forward, mlp)  # the untiled forward
 
     def __call__(self, x):
         return tiled(self.dense, x, self.tiles, self.mlp.parameters())
@@ -61,7 +62,7 @@ class _BlockForward:
         block = cast(Block, model.layers[index])
         self.block = block
         self.plain = functools.partial(type(block).forward, block)
-        self.dense = functools.partial(type(block.mlp).forward, block.mlp)   # the untiled MLP
+        self.dense = functools.partial(type(block.mlp).forward, block.mlp)  # the untiled MLP
 
     def __call__(self, x, cos, sin, cache=None, docs=None):
         # read at call time: tests swap model.offload for one that copies on CPU
@@ -111,8 +112,12 @@ class _BlockForward:
 _Model = TypeVar("_Model", bound=nn.Module)
 
 
-def apply_memory(model: _Model, memory: Optional[MemoryConfig] = None,
-                 offload: Optional[ActivationOffload] = None, device: Optional[str] = None) -> _Model:
+def apply_memory(
+    model: _Model,
+    memory: Optional[MemoryConfig] = None,
+    offload: Optional[ActivationOffload] = None,
+    device: Optional[str] = None,
+) -> _Model:
     """Install `memory` (a MemoryConfig; None = the defaults) on a BluModel, in place; returns it.
 
     offload: the ActivationOffload to use when memory.offload_activations (default: a new one);
@@ -122,11 +127,11 @@ def apply_memory(model: _Model, memory: Optional[MemoryConfig] = None,
     `model.lm_head.loss` is the loss implementation that runs (auto resolved).
     """
     memory = memory or MemoryConfig()
-    blu: Any = model   # a BluModel: what this installs on it (memory, offload, forwards) is not in its class
+    blu: Any = model  # a BluModel: what this installs on it (memory, offload, forwards) is not in its class
     if getattr(model, "memory", None) is not None:
         raise RuntimeError("apply_memory called twice on the same model")
     for m in model.modules():
-        if hasattr(m, "impl"):   # auto: fused CUDA ops on GPU when built, pure torch otherwise
+        if hasattr(m, "impl"):  # auto: fused CUDA ops on GPU when built, pure torch otherwise
             cast(Any, m).impl = memory.ops
     blu.lm_head.chunk = memory.loss_chunk
     blu.lm_head.loss = resolve_loss(memory.loss, device or next(model.parameters()).device.type)

@@ -50,6 +50,7 @@ copies so gradient equality is checked without a GPU. torch's own
 `torch.autograd.graph.save_on_cpu` copies on the compute stream, does not deduplicate
 storages, copies weights' views and fetches at use time (no prefetch).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -68,9 +69,9 @@ class _Stored:
     __slots__ = ("host", "device", "dev_copy")
 
     def __init__(self, host: torch.Tensor, device: torch.device):
-        self.host = host             # uint8 (nbytes,), pinned when the source was on a GPU
+        self.host = host  # uint8 (nbytes,), pinned when the source was on a GPU
         self.device = device
-        self.dev_copy: Optional[torch.Tensor] = None   # uint8 on `device` while restored
+        self.dev_copy: Optional[torch.Tensor] = None  # uint8 on `device` while restored
 
 
 class _Packed:
@@ -90,13 +91,13 @@ class _BlockState:
         self.owner, self.module, self.prev = owner, module, prev
         self.keep = keep
         self.stored: list[_Stored] = []
-        self.by_ptr: dict[int, _Stored] = {}    # dedup, during this block's forward only
-        self.sources: list[torch.Tensor] = []   # device sources, alive until the forward ends
-        self.pending = 0                        # saved tensors not yet unpacked
+        self.by_ptr: dict[int, _Stored] = {}  # dedup, during this block's forward only
+        self.sources: list[torch.Tensor] = []  # device sources, alive until the forward ends
+        self.pending = 0  # saved tensors not yet unpacked
         self.d2h_done: Optional[torch.cuda.Event] = None
         self.h2d_done: Optional[torch.cuda.Event] = None
-        self.restored = False                   # device copies issued
-        self.waited = False                     # compute stream ordered after them
+        self.restored = False  # device copies issued
+        self.waited = False  # compute stream ordered after them
 
     # ---- forward
     def _shares_param(self, ptr: int) -> bool:
@@ -133,10 +134,10 @@ class _BlockState:
             return _Stored(src.clone(), device)
         side = self.owner.side_stream(device)
         host = torch.empty(src.numel(), dtype=torch.uint8, pin_memory=True)
-        side.wait_stream(torch.cuda.current_stream(device))     # the producer has finished
+        side.wait_stream(torch.cuda.current_stream(device))  # the producer has finished
         with torch.cuda.stream(side):
             host.copy_(src, non_blocking=True)
-        src.record_stream(side)                                 # no reuse before the copy read it
+        src.record_stream(side)  # no reuse before the copy read it
         return _Stored(host, device)
 
     def forward_done(self) -> None:
@@ -153,10 +154,10 @@ class _BlockState:
         self.restored, self.waited = True, False
         for s in self.stored:
             if s.device.type != "cuda":
-                s.dev_copy = s.host                      # CPU: the copy is the restored storage
+                s.dev_copy = s.host  # CPU: the copy is the restored storage
                 continue
             side = self.owner.side_stream(s.device)
-            with torch.cuda.stream(side):                # allocated on, and ordered by, the side stream
+            with torch.cuda.stream(side):  # allocated on, and ordered by, the side stream
                 s.dev_copy = torch.empty(s.host.numel(), dtype=torch.uint8, device=s.device)
                 s.dev_copy.copy_(s.host, non_blocking=True)
         if self.stored and self.stored[0].device.type == "cuda":
@@ -169,20 +170,19 @@ class _BlockState:
             if self.h2d_done is not None:
                 cur = torch.cuda.current_stream(self.stored[0].device)
                 cur.wait_event(self.h2d_done)
-                for s in self.stored:                    # freed later only after the compute using it
-                    assert s.dev_copy is not None        # prefetch() made it
+                for s in self.stored:  # freed later only after the compute using it
+                    assert s.dev_copy is not None  # prefetch() made it
                     s.dev_copy.record_stream(cur)
 
     def unpack(self, p: _Packed) -> torch.Tensor:
         self.ensure()
         if self.prev is not None and self.prev.pending > 0:
-            self.prev.prefetch()                         # the block the backward needs next
+            self.prev.prefetch()  # the block the backward needs next
         buf = p.stored.dev_copy
-        assert buf is not None                           # ensure() prefetched it
-        out = torch.empty(0, dtype=p.dtype, device=buf.device).set_(buf.untyped_storage(), p.offset, p.size,
-                                                                     p.stride)
+        assert buf is not None  # ensure() prefetched it
+        out = torch.empty(0, dtype=p.dtype, device=buf.device).set_(buf.untyped_storage(), p.offset, p.size, p.stride)
         self.pending -= 1
-        if self.pending == 0:                            # this block's backward has everything it needs
+        if self.pending == 0:  # this block's backward has everything it needs
             for s in self.stored:
                 s.dev_copy = None
             self.restored = False
@@ -196,20 +196,26 @@ def _unpack(p):
 class ActivationOffload:
     """Offloads each block's saved activations; one instance per model.
 
-        off.begin()                               # once per forward
-        for i, layer in enumerate(layers):
-            with off.block(layer, keep=(cos, sin)) if off.offloads(i, len(layers)) else nullcontext():
-                h = layer(h, ...)
-        off.end()
+    off.begin()                               # once per forward
+    for i, layer in enumerate(layers):
+        with off.block(layer, keep=(cos, sin)) if off.offloads(i, len(layers)) else nullcontext():
+            h = layer(h, ...)
+    off.end()
     """
 
-    def __init__(self, min_bytes: int = MIN_BYTES, copy_cpu: bool = False, max_inflight: int = MAX_INFLIGHT,
-                 keep_last: int = KEEP_LAST, fraction: float = 1.0):
+    def __init__(
+        self,
+        min_bytes: int = MIN_BYTES,
+        copy_cpu: bool = False,
+        max_inflight: int = MAX_INFLIGHT,
+        keep_last: int = KEEP_LAST,
+        fraction: float = 1.0,
+    ):
         self.min_bytes, self.copy_cpu, self.max_inflight = min_bytes, copy_cpu, max_inflight
         self.keep_last, self.fraction = keep_last, fraction
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
         self._last: Optional[_BlockState] = None
-        self.host_bytes = 0          # bytes copied to host by the current (or last) forward
+        self.host_bytes = 0  # bytes copied to host by the current (or last) forward
 
     def side_stream(self, device: torch.device) -> torch.cuda.Stream:
         if device not in self._streams:

@@ -24,6 +24,7 @@ used instead (`_backward_zero3`).
 Which ops f runs (the fused CUDA SwiGLU or the torch reference) is f's business: the
 MLP's own forward is tiled (apply.py), so the `memory.ops` dispatch applies inside every tile.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
@@ -58,7 +59,7 @@ class _TiledFn(torch.autograd.Function):
         ctx.fn, ctx.tiles = fn, tiles
         ctx.params, ctx.zero3 = (zero3, True) if zero3 else (params, False)
         ctx.save_for_backward(x)
-        rows = x.reshape(-1, x.shape[-1])                  # (B, T, d) -> (B*T, d)
+        rows = x.reshape(-1, x.shape[-1])  # (B, T, d) -> (B*T, d)
         out = _run_tiles(fn, rows, tiles)
         return out.view(*x.shape[:-1], out.shape[-1])
 
@@ -74,15 +75,17 @@ class _TiledFn(torch.autograd.Function):
             return _backward_zero3(ctx, rows, g_rows, dx, bounds, x.shape)
         want = [i for i, p in enumerate(ctx.params) if ctx.needs_input_grad[4 + i]]
         # fp32 accumulators for low-precision weights: n tile partial sums, rounded once
-        acc = {i: torch.zeros_like(ctx.params[i], dtype=torch.promote_types(ctx.params[i].dtype, torch.float32))
-               for i in want}
+        acc = {
+            i: torch.zeros_like(ctx.params[i], dtype=torch.promote_types(ctx.params[i].dtype, torch.float32))
+            for i in want
+        }
         for s, e in bounds:
             xt = rows[s:e].detach().requires_grad_(want_x)
             with torch.enable_grad():
-                yt = ctx.fn(xt)                            # this tile's (rows, ffn) intermediates live here
+                yt = ctx.fn(xt)  # this tile's (rows, ffn) intermediates live here
             inputs = ([xt] if want_x else []) + [ctx.params[i] for i in want]
             grads = torch.autograd.grad(yt, inputs, g_rows[s:e], allow_unused=True)
-            del yt                                         # the tile's intermediates go before the next tile
+            del yt  # the tile's intermediates go before the next tile
             if want_x:
                 dx[s:e] = grads[0]
                 grads = grads[1:]
@@ -119,8 +122,9 @@ def _backward_zero3(ctx, rows, g_rows, dx, bounds, shape):
     return None, None, None, (dx.view(shape) if dx is not None else None)
 
 
-def tiled(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, tiles: int,
-          params: Iterable[torch.Tensor]) -> torch.Tensor:
+def tiled(
+    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, tiles: int, params: Iterable[torch.Tensor]
+) -> torch.Tensor:
     """fn(x) computed over `tiles` row tiles of x (..., d); fn must be row-wise.
 
     `params` are the tensors fn reads that need gradients (its module's parameters): their
@@ -134,7 +138,7 @@ def tiled(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, tiles: in
         rows = x.reshape(-1, x.shape[-1])
         out = _run_tiles(fn, rows, tiles)
         return out.view(*x.shape[:-1], out.shape[-1])
-    if any(hasattr(p, "ds_id") for p in params):      # ZeRO-3 (deepspeed.runtime.zero.utils.is_zero_param)
+    if any(hasattr(p, "ds_id") for p in params):  # ZeRO-3 (deepspeed.runtime.zero.utils.is_zero_param)
         if not x.requires_grad:
             # the Function's only input is x: it would not be recorded and the weights would get no gradient
             raise ValueError("tiled: under ZeRO-3 the tiled input must require grad (it is the Function's only input)")

@@ -24,6 +24,7 @@ loss, attention, ops) are applied from outside, like Ulysses: megablu/memory/app
 `apply_memory(model, cfg.memory)` installs them on the blocks, the MLPs, the attention kernels
 and the head of a built model.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -86,7 +87,7 @@ class KVCache:
 
     n_layers: int
     seq_sharded: bool = False
-    rope_len: Optional[object] = None     # int | torch.Tensor (B,)
+    rope_len: Optional[object] = None  # int | torch.Tensor (B,)
     k: list = field(default_factory=list)
     v: list = field(default_factory=list)
     ks: list = field(default_factory=list)
@@ -151,8 +152,10 @@ class LocalAttention(nn.Module):
     def forward(self, q, k, v, cache: Optional[KVCache] = None, docs: Optional[DocMask] = None):
         if self.window is not None:
             if docs is not None:
-                raise ValueError("a sliding-window layer (model.sliding_layers) with document masking "
-                                 "(data.doc_mask): no kernel here applies both; set data.doc_mask=false")
+                raise ValueError(
+                    "a sliding-window layer (model.sliding_layers) with document masking "
+                    "(data.doc_mask): no kernel here applies both; set data.doc_mask=false"
+                )
             if cache is not None:
                 k, v = cache.append(self.layer_idx, k, v)
             return self._windowed(q, k, v)
@@ -160,8 +163,10 @@ class LocalAttention(nn.Module):
             if cache is not None:
                 raise ValueError("document masking with a KV cache is not supported (generation runs one sequence)")
             if self.kernel == "fa4":
-                raise ValueError("memory.attention=fa4 runs plain causal attention; document masking (data.doc_mask) "
-                                 "runs on FlexAttention: set memory.attention=sdpa")
+                raise ValueError(
+                    "memory.attention=fa4 runs plain causal attention; document masking (data.doc_mask) "
+                    "runs on FlexAttention: set memory.attention=sdpa"
+                )
             return doc_attention(q, k, v, docs)
         if cache is not None:
             k, v = cache.append(self.layer_idx, k, v)
@@ -173,8 +178,8 @@ class LocalAttention(nn.Module):
         tq, tk = q.shape[1], k.shape[1]
         i = torch.arange(tq, device=q.device)[:, None] + (tk - tq)
         j = torch.arange(tk, device=q.device)[None, :]
-        mask = (j <= i) & (j > i - self.window)                      # (tq, tk)
-        q, k, v = (x.transpose(1, 2) for x in (q, k, v))              # (B, T, H, D) -> (B, H, T, D)
+        mask = (j <= i) & (j > i - self.window)  # (tq, tk)
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))  # (B, T, H, D) -> (B, H, T, D)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
         return out.transpose(1, 2)
 
@@ -338,8 +343,7 @@ class LMHead(nn.Module):
     def forward(self, h: torch.Tensor, labels: Optional[torch.Tensor] = None):
         if labels is None:
             return F.linear(h, self.weight)
-        return linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.weight, labels.reshape(-1), self.chunk,
-                                    self.loss)
+        return linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.weight, labels.reshape(-1), self.chunk, self.loss)
 
 
 @contextlib.contextmanager
@@ -370,14 +374,17 @@ class BluModel(nn.Module):
 
     def _build(self, cfg: ModelConfig, rope: RopeConfig):
         self.cfg, self.rope_cfg = cfg, rope
-        self.max_position: Optional[int] = None   # max_position_embeddings an HF import recorded (model/hf.py)
+        self.max_position: Optional[int] = None  # max_position_embeddings an HF import recorded (model/hf.py)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps, offset=cfg.norm_offset)
         self.rotary = RotaryEmbedding(cfg.resolved_head_dim, rope)
         # Gemma 3's sliding layers: plain RoPE at their own base, never scaled (their distances stay < the window)
-        self.rotary_local = (RotaryEmbedding(cfg.resolved_head_dim, RopeConfig(theta=rope.local_theta))
-                             if rope.local_theta is not None and cfg.sliding_layers else None)
+        self.rotary_local = (
+            RotaryEmbedding(cfg.resolved_head_dim, RopeConfig(theta=rope.local_theta))
+            if rope.local_theta is not None and cfg.sliding_layers
+            else None
+        )
         self.lm_head = LMHead(cfg.d_model, cfg.vocab_size)
         if cfg.tie_embeddings:
             # torch's stubs type Embedding.weight as Tensor; it is the Parameter LMHead.weight is declared as
@@ -389,7 +396,7 @@ class BluModel(nn.Module):
         std = self.cfg.init_std
         for name, p in self.named_parameters():
             if name.endswith("norm.weight") or "layernorm" in name:
-                p.fill_(0.0 if self.cfg.norm_offset else 1.0)   # a scale of 1 either way
+                p.fill_(0.0 if self.cfg.norm_offset else 1.0)  # a scale of 1 either way
             elif name.endswith(".bias"):
                 p.zero_()
             elif name.endswith(("o_proj.weight", "down_proj.weight")):
@@ -398,10 +405,16 @@ class BluModel(nn.Module):
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * std)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
-                labels: Optional[torch.Tensor] = None, cache: Optional[KVCache] = None,
-                logits_index: Optional[int] = None, doc_ids: Optional[torch.Tensor] = None,
-                rope_len=None):
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: Optional[torch.Tensor] = None,
+        labels: Optional[torch.Tensor] = None,
+        cache: Optional[KVCache] = None,
+        logits_index: Optional[int] = None,
+        doc_ids: Optional[torch.Tensor] = None,
+        rope_len=None,
+    ):
         """Logits (B, T, V) without labels; with labels, (sum of CE, labelled-token count).
 
         position_ids (B, T) are global positions: under sequence parallelism each rank
@@ -427,16 +440,16 @@ class BluModel(nn.Module):
         h = self.embed_tokens(input_ids)
         if self.cfg.embed_scale:
             # Gemma: * sqrt(d_model), the factor rounded to the embedding's dtype as transformers does
-            h = h * torch.tensor(self.cfg.d_model ** 0.5, dtype=h.dtype)
+            h = h * torch.tensor(self.cfg.d_model**0.5, dtype=h.dtype)
         rl = self._rope_len(B, T, cache, doc_ids, rope_len, input_ids.device) if self.rotary.length_aware else None
         cos, sin = self.rotary(position_ids, h.dtype, rl)
         local = self.rotary_local(position_ids, h.dtype) if self.rotary_local is not None else (cos, sin)
-        for layer in cast("Iterable[Block]", self.layers):   # nn.ModuleList iterates as nn.Module
+        for layer in cast("Iterable[Block]", self.layers):  # nn.ModuleList iterates as nn.Module
             c, s = local if layer.self_attn.sliding else (cos, sin)
             h = layer(h, c, s, cache, docs=docs)
         if labels is None and logits_index is not None:
             i = logits_index % T
-            h = h[:, i:i + 1]
+            h = h[:, i : i + 1]
         h = self.norm(h)
         if labels is None:
             return self.lm_head(h)
@@ -447,13 +460,17 @@ class BluModel(nn.Module):
         """Each token's sequence length as a (B, T) or (B, 1) tensor (see forward)."""
         if rope_len is None and cache is not None:
             if cache.rope_len is None:
-                raise ValueError("rope.yarn.apply=beyond_original picks one RoPE per generated sequence from its "
-                                 "total length: set KVCache.rope_len = prompt length + max_new before the prefill")
+                raise ValueError(
+                    "rope.yarn.apply=beyond_original picks one RoPE per generated sequence from its "
+                    "total length: set KVCache.rope_len = prompt length + max_new before the prefill"
+                )
             rope_len = cache.rope_len
         if rope_len is None and doc_ids is not None:
             if doc_ids.shape[1] != T:
-                raise ValueError(f"doc_ids cover {doc_ids.shape[1]} tokens but input_ids {T}: a sharded input must "
-                                 f"pass rope_len (each token's document length; parallel.sequence.shard_batch)")
+                raise ValueError(
+                    f"doc_ids cover {doc_ids.shape[1]} tokens but input_ids {T}: a sharded input must "
+                    f"pass rope_len (each token's document length; parallel.sequence.shard_batch)"
+                )
             return document_lengths(doc_ids.to(device))
         if rope_len is None:
             return torch.full((B, 1), T, device=device)

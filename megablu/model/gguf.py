@@ -21,6 +21,7 @@ Where a key is absent, llama.cpp's loader (llama-model.cpp) decides, and so does
 rope.freq_base 10000, head_count_kv = head_count, Gemma 3's sliding layers every layer but each
 sixth (its set_swa_pattern(6)) with a local rope base of 10000 (rope_freq_base_train_swa).
 """
+
 from __future__ import annotations
 
 import json
@@ -46,10 +47,19 @@ DEFAULT_THETA = 10000.0
 
 # llama.cpp tensor name (without blk.N. and .weight/.bias) -> BluModel module; ffn_norm is the
 # pre-MLP norm: BluModel's post_attention_layernorm (Llama layout) or pre_feedforward_layernorm (Gemma 3)
-_BLOCK = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-          "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
-          "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-          "ffn_down": "mlp.down_proj", "post_ffw_norm": "post_feedforward_layernorm"}
+_BLOCK = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 _GLOBAL = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
 
 
@@ -60,25 +70,27 @@ class GGUFError(ValueError):
 @dataclass
 class GGUFModel:
     """What one GGUF file holds, in megablu's terms."""
+
     model: ModelConfig
     rope: RopeConfig
-    max_position: int                         # {arch}.context_length: the window it was trained at
-    state: dict[str, torch.Tensor]            # BluModel names, fp32, dequantized (no lm_head when tied)
-    hf_config: dict[str, Any]                 # the transformers-style dict the configs came from
-    meta: dict[str, Any] = field(default_factory=dict)   # architecture, name, licence, file_type
+    max_position: int  # {arch}.context_length: the window it was trained at
+    state: dict[str, torch.Tensor]  # BluModel names, fp32, dequantized (no lm_head when tied)
+    hf_config: dict[str, Any]  # the transformers-style dict the configs came from
+    meta: dict[str, Any] = field(default_factory=dict)  # architecture, name, licence, file_type
 
 
 def _reader(path: Path):
     try:
         import gguf
     except ImportError:
-        raise GGUFError(f"{path}: reading GGUF needs the `gguf` package: pip install 'megablu[gguf]' "
-                        f"(requirements.txt pins it)") from None
+        raise GGUFError(
+            f"{path}: reading GGUF needs the `gguf` package: pip install 'megablu[gguf]' (requirements.txt pins it)"
+        ) from None
     if not path.is_file():
         raise GGUFError(f"{path}: no such GGUF file")
     try:
         return gguf.GGUFReader(str(path))
-    except Exception as e:   # gguf raises ValueError / struct errors on a file that is not GGUF
+    except Exception as e:  # gguf raises ValueError / struct errors on a file that is not GGUF
         raise GGUFError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
 
 
@@ -104,8 +116,10 @@ def _fields(reader) -> dict[str, Any]:
 def _need(meta: dict, path: Path, key: str, kind=int):
     v = meta.get(key)
     if v is None:
-        raise GGUFError(f"{path}: metadata key {key!r} is missing; it is the model's shape and has no default: "
-                        f"re-convert the model with llama.cpp's convert_hf_to_gguf.py")
+        raise GGUFError(
+            f"{path}: metadata key {key!r} is missing; it is the model's shape and has no default: "
+            f"re-convert the model with llama.cpp's convert_hf_to_gguf.py"
+        )
     if isinstance(v, list):
         raise GGUFError(f"{path}: {key}={v} varies per layer; BluModel has one value for every layer")
     return kind(v)
@@ -115,9 +129,11 @@ def _hf_config(meta: dict, path: Path, tensors: dict) -> dict:
     """The transformers config dict (as model/hf.py reads it) that the file's metadata describes."""
     arch = meta.get("general.architecture")
     if arch not in ARCH_FAMILY:
-        raise GGUFError(f"{path}: general.architecture={arch!r} is not imported; megablu reads GGUF of "
-                        f"{', '.join(sorted(ARCH_FAMILY))} (docs/MODELS.md). Convert the model to a transformers "
-                        f"folder and import that, if model/hf.py supports its model_type")
+        raise GGUFError(
+            f"{path}: general.architecture={arch!r} is not imported; megablu reads GGUF of "
+            f"{', '.join(sorted(ARCH_FAMILY))} (docs/MODELS.md). Convert the model to a transformers "
+            f"folder and import that, if model/hf.py supports its model_type"
+        )
     a = arch + "."
     d_model = _need(meta, path, a + "embedding_length")
     n_heads = _need(meta, path, a + "attention.head_count")
@@ -127,26 +143,38 @@ def _hf_config(meta: dict, path: Path, tensors: dict) -> dict:
     head_dim = int(meta.get(a + "attention.key_length", d_model // n_heads))
     v_dim = int(meta.get(a + "attention.value_length", head_dim))
     if v_dim != head_dim:
-        raise GGUFError(f"{path}: {a}attention.value_length={v_dim} != key_length {head_dim}; BluModel's value "
-                        f"heads are as wide as its key heads")
+        raise GGUFError(
+            f"{path}: {a}attention.value_length={v_dim} != key_length {head_dim}; BluModel's value "
+            f"heads are as wide as its key heads"
+        )
     rot = int(meta.get(a + "rope.dimension_count", head_dim))
     if rot != head_dim:
-        raise GGUFError(f"{path}: {a}rope.dimension_count={rot} < head dim {head_dim} (RoPE on part of each head); "
-                        f"BluModel rotates the whole head")
+        raise GGUFError(
+            f"{path}: {a}rope.dimension_count={rot} < head dim {head_dim} (RoPE on part of each head); "
+            f"BluModel rotates the whole head"
+        )
     n_layers = _need(meta, path, a + "block_count")
     embd = tensors.get("token_embd.weight")
     if embd is None:
         raise GGUFError(f"{path}: tensor 'token_embd.weight' is missing: the file holds no embedding")
     rope = _rope(meta, path, a, tensors)
-    cfg = dict(model_type=ARCH_FAMILY[arch], architectures=None, num_hidden_layers=n_layers, hidden_size=d_model,
-               num_attention_heads=n_heads, num_key_value_heads=int(kv), head_dim=head_dim,
-               intermediate_size=_need(meta, path, a + "feed_forward_length"),
-               vocab_size=int(embd.shape[0]), rms_norm_eps=_need(meta, path, a + "attention.layer_norm_rms_epsilon",
-                                                               float),
-               max_position_embeddings=_need(meta, path, a + "context_length"),
-               tie_word_embeddings="output.weight" not in tensors, rope_parameters=rope)
+    cfg = dict(
+        model_type=ARCH_FAMILY[arch],
+        architectures=None,
+        num_hidden_layers=n_layers,
+        hidden_size=d_model,
+        num_attention_heads=n_heads,
+        num_key_value_heads=int(kv),
+        head_dim=head_dim,
+        intermediate_size=_need(meta, path, a + "feed_forward_length"),
+        vocab_size=int(embd.shape[0]),
+        rms_norm_eps=_need(meta, path, a + "attention.layer_norm_rms_epsilon", float),
+        max_position_embeddings=_need(meta, path, a + "context_length"),
+        tie_word_embeddings="output.weight" not in tensors,
+        rope_parameters=rope,
+    )
     if arch == "qwen2":
-        cfg["attention_bias"] = True   # Qwen2's q/k/v biases: BluModel's qkv_bias (checked against the tensors)
+        cfg["attention_bias"] = True  # Qwen2's q/k/v biases: BluModel's qkv_bias (checked against the tensors)
     if arch == "gemma3":
         cfg.update(_gemma3(meta, path, a, n_layers, d_model, n_heads, head_dim, rope))
     return cfg
@@ -154,10 +182,12 @@ def _hf_config(meta: dict, path: Path, tensors: dict) -> dict:
 
 def _rope(meta: dict, path: Path, a: str, tensors: dict) -> dict:
     if "rope_freqs.weight" in tensors:
-        raise GGUFError(f"{path}: tensor 'rope_freqs.weight' holds per-frequency rope factors (Llama 3.1+'s llama3 "
-                        f"rope); the file does not record the llama3 parameters (factor, low/high_freq_factor, "
-                        f"original window) that BluModel computes them from: import the model's transformers "
-                        f"folder instead")
+        raise GGUFError(
+            f"{path}: tensor 'rope_freqs.weight' holds per-frequency rope factors (Llama 3.1+'s llama3 "
+            f"rope); the file does not record the llama3 parameters (factor, low/high_freq_factor, "
+            f"original window) that BluModel computes them from: import the model's transformers "
+            f"folder instead"
+        )
     theta = float(meta.get(a + "rope.freq_base", DEFAULT_THETA))
     kind = meta.get(a + "rope.scaling.type", "none")
     # llama.cpp applies the factor (or the older key rope.scale_linear) as a linear frequency scale
@@ -167,13 +197,16 @@ def _rope(meta: dict, path: Path, a: str, tensors: dict) -> dict:
         return {"rope_type": "default", "rope_theta": theta}
     if kind in ("none", "linear"):
         return {"rope_type": "linear", "rope_theta": theta, "factor": factor}
-    raise GGUFError(f"{path}: {a}rope.scaling.type={kind!r} is not imported from GGUF (none or linear): the file "
-                    f"does not record every parameter transformers' and BluModel's {kind} need; import the "
-                    f"model's transformers folder instead")
+    raise GGUFError(
+        f"{path}: {a}rope.scaling.type={kind!r} is not imported from GGUF (none or linear): the file "
+        f"does not record every parameter transformers' and BluModel's {kind} need; import the "
+        f"model's transformers folder instead"
+    )
 
 
-def _gemma3(meta: dict, path: Path, a: str, n_layers: int, d_model: int, n_heads: int, head_dim: int,
-            rope: dict) -> dict:
+def _gemma3(
+    meta: dict, path: Path, a: str, n_layers: int, d_model: int, n_heads: int, head_dim: int, rope: dict
+) -> dict:
     """Gemma 3's layer kinds, window and second rope, as llama.cpp runs them."""
     for cap in ("attn_logit_softcapping", "final_logit_softcapping"):
         if meta.get(a + cap) is not None:
@@ -181,23 +214,29 @@ def _gemma3(meta: dict, path: Path, a: str, n_layers: int, d_model: int, n_heads
     # llama.cpp scales queries by 1/sqrt(d_model / n_heads) for the 62-layer (27B) model, 1/sqrt(head_dim) else
     scalar = d_model // n_heads if n_layers == 62 else head_dim
     if scalar != head_dim:
-        raise GGUFError(f"{path}: {n_layers} layers is Gemma 3 27B, whose queries llama.cpp scales by "
-                        f"1/sqrt({scalar}) (d_model/heads), not 1/sqrt(head_dim {head_dim}); BluModel scales by "
-                        f"head_dim only")
+        raise GGUFError(
+            f"{path}: {n_layers} layers is Gemma 3 27B, whose queries llama.cpp scales by "
+            f"1/sqrt({scalar}) (d_model/heads), not 1/sqrt(head_dim {head_dim}); BluModel scales by "
+            f"head_dim only"
+        )
     window = _need(meta, path, a + "attention.sliding_window")
     pattern = meta.get(a + "attention.sliding_window_pattern", GEMMA3_SWA_PATTERN)
-    if isinstance(pattern, list):   # one flag per layer, true = sliding (llama.cpp's swa_layers)
+    if isinstance(pattern, list):  # one flag per layer, true = sliding (llama.cpp's swa_layers)
         if len(pattern) != n_layers:
-            raise GGUFError(f"{path}: {a}attention.sliding_window_pattern has {len(pattern)} flags for "
-                            f"{n_layers} layers")
+            raise GGUFError(
+                f"{path}: {a}attention.sliding_window_pattern has {len(pattern)} flags for {n_layers} layers"
+            )
         sliding = [bool(p) for p in pattern]
-    else:   # every n-th layer global: llama.cpp's set_swa_pattern(n)
+    else:  # every n-th layer global: llama.cpp's set_swa_pattern(n)
         sliding = [(i % int(pattern)) < int(pattern) - 1 for i in range(n_layers)]
     local = float(meta.get(a + "rope.freq_base_swa", GEMMA3_LOCAL_THETA))
-    return dict(sliding_window=window, query_pre_attn_scalar=head_dim, hidden_activation="gelu_pytorch_tanh",
-                layer_types=["sliding_attention" if s else "full_attention" for s in sliding],
-                rope_parameters={"full_attention": rope,
-                                 "sliding_attention": {"rope_type": "default", "rope_theta": local}})
+    return dict(
+        sliding_window=window,
+        query_pre_attn_scalar=head_dim,
+        hidden_activation="gelu_pytorch_tanh",
+        layer_types=["sliding_attention" if s else "full_attention" for s in sliding],
+        rope_parameters={"full_attention": rope, "sliding_attention": {"rope_type": "default", "rope_theta": local}},
+    )
 
 
 def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -216,8 +255,11 @@ def _blu_name(name: str, gemma: bool) -> Optional[str]:
     parts = stem.split(".")
     if len(parts) != 3 or parts[0] != "blk" or not parts[1].isdigit():
         return None
-    block = {**_BLOCK, "ffn_norm": "pre_feedforward_layernorm" if gemma else "post_attention_layernorm",
-             **({"post_attention_norm": "post_attention_layernorm"} if gemma else {})}
+    block = {
+        **_BLOCK,
+        "ffn_norm": "pre_feedforward_layernorm" if gemma else "post_attention_layernorm",
+        **({"post_attention_norm": "post_attention_layernorm"} if gemma else {}),
+    }
     mod = block.get(parts[2])
     return f"layers.{parts[1]}.{mod}.{suffix}" if mod else None
 
@@ -228,9 +270,11 @@ def _dequantize(path: Path, t) -> torch.Tensor:
     try:
         arr = quants.dequantize(t.data, t.tensor_type)
     except NotImplementedError:
-        raise GGUFError(f"{path}: tensor {t.name!r} is stored as {t.tensor_type.name}, which the gguf package "
-                        f"cannot dequantize; re-quantize the file with llama.cpp's llama-quantize to a type it "
-                        f"reads (F32, F16, BF16, Q8_0, Q4_K_M, ...)") from None
+        raise GGUFError(
+            f"{path}: tensor {t.name!r} is stored as {t.tensor_type.name}, which the gguf package "
+            f"cannot dequantize; re-quantize the file with llama.cpp's llama-quantize to a type it "
+            f"reads (F32, F16, BF16, Q8_0, Q4_K_M, ...)"
+        ) from None
     return torch.from_numpy(arr.astype("float32", copy=False).copy())
 
 
@@ -252,20 +296,31 @@ def read_gguf(path: PathLike) -> GGUFModel:
     for name, t in tensors.items():
         blu = _blu_name(name, gemma)
         if blu is None:
-            raise GGUFError(f"{path}: tensor {name!r} has no place in BluModel ({arch} as megablu imports it); "
-                            f"this file's model computes something BluModel does not")
+            raise GGUFError(
+                f"{path}: tensor {name!r} has no place in BluModel ({arch} as megablu imports it); "
+                f"this file's model computes something BluModel does not"
+            )
         w = _dequantize(path, t)
         if arch == "llama" and (".attn_q." in name or ".attn_k." in name):
             w = unpermute_qk(w, model_cfg.n_heads if ".attn_q." in name else kv)
         if gemma and name.endswith("norm.weight"):
-            w = w - 1.0   # stored as 1 + w (convert_hf_to_gguf.py Gemma3Model: norm_shift)
+            w = w - 1.0  # stored as 1 + w (convert_hf_to_gguf.py Gemma3Model: norm_shift)
         state[blu] = w
     _check_tensors(path, model_cfg, rope_cfg, state)
-    return GGUFModel(model=model_cfg, rope=rope_cfg, max_position=int(hf_config["max_position_embeddings"]),
-                     state=state, hf_config=hf_config,
-                     meta={"architecture": arch, "name": meta.get("general.name"),
-                           "license": meta.get("general.license"), "file_type": meta.get("general.file_type"),
-                           "tensor_types": sorted({t.tensor_type.name for t in reader.tensors})})
+    return GGUFModel(
+        model=model_cfg,
+        rope=rope_cfg,
+        max_position=int(hf_config["max_position_embeddings"]),
+        state=state,
+        hf_config=hf_config,
+        meta={
+            "architecture": arch,
+            "name": meta.get("general.name"),
+            "license": meta.get("general.license"),
+            "file_type": meta.get("general.file_type"),
+            "tensor_types": sorted({t.tensor_type.name for t in reader.tensors}),
+        },
+    )
 
 
 def _check_tensors(path: Path, model_cfg: ModelConfig, rope_cfg: RopeConfig, state: dict) -> None:
@@ -279,15 +334,20 @@ def _check_tensors(path: Path, model_cfg: ModelConfig, rope_cfg: RopeConfig, sta
     gg = {v: k for k, v in _reverse_names(model_cfg).items()}
     missing = [gg.get(k, k) for k in want if k not in state]
     if missing:
-        raise GGUFError(f"{path}: tensor(s) {missing[:6]}{' ...' if len(missing) > 6 else ''} missing for the model "
-                        f"its metadata describes ({model_cfg.n_layers} layers); the file is truncated or its "
-                        f"metadata does not match its tensors: re-convert it")
+        raise GGUFError(
+            f"{path}: tensor(s) {missing[:6]}{' ...' if len(missing) > 6 else ''} missing for the model "
+            f"its metadata describes ({model_cfg.n_layers} layers); the file is truncated or its "
+            f"metadata does not match its tensors: re-convert it"
+        )
     extra = [gg.get(k, k) for k in state if k not in want]
     if extra:
-        raise GGUFError(f"{path}: tensor(s) {extra[:6]} have no place in BluModel's {model_cfg.resolved_family} "
-                        f"(e.g. biases it does not compute); this file's model computes something BluModel does not")
-    bad = [f"{gg.get(k, k)}: {tuple(v.shape)}, expected {want[k]}" for k, v in state.items()
-           if tuple(v.shape) != want[k]]
+        raise GGUFError(
+            f"{path}: tensor(s) {extra[:6]} have no place in BluModel's {model_cfg.resolved_family} "
+            f"(e.g. biases it does not compute); this file's model computes something BluModel does not"
+        )
+    bad = [
+        f"{gg.get(k, k)}: {tuple(v.shape)}, expected {want[k]}" for k, v in state.items() if tuple(v.shape) != want[k]
+    ]
     if bad:
         raise GGUFError(f"{path}: tensor shapes disagree with the metadata: {'; '.join(bad[:4])}")
 
@@ -310,7 +370,7 @@ def load_gguf(path: PathLike, dtype: torch.dtype = torch.float32):
     model = BluModel(g.model, g.rope)
     missing, unexpected = model.load_state_dict(g.state, strict=False)
     if unexpected or [m for m in missing if not (g.model.tie_embeddings and m == "lm_head.weight")]:
-        raise GGUFError(f"{path}: missing {missing}, unexpected {unexpected}")   # _check_tensors covers this
+        raise GGUFError(f"{path}: missing {missing}, unexpected {unexpected}")  # _check_tensors covers this
     model.max_position = g.max_position
     return model.to(dtype)
 
@@ -343,8 +403,9 @@ def gguf_to_dir(path: PathLike, out: PathLike, force: bool = False) -> Path:
     from .hf import hf_config_dict
 
     path, out = Path(path), Path(out)
-    why = replace_problem(out, what="a megablu GGUF import", flag="--force", replace=force, owned=import_files,
-                          inputs=[path])
+    why = replace_problem(
+        out, what="a megablu GGUF import", flag="--force", replace=force, owned=import_files, inputs=[path]
+    )
     if why:
         raise GGUFError(why)
     g = read_gguf(path)
@@ -356,10 +417,15 @@ def gguf_to_dir(path: PathLike, out: PathLike, force: bool = False) -> Path:
     tmp.mkdir(parents=True)
     save_file(sd, str(tmp / "model.safetensors"))
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    rec = {"source": str(path.resolve()), "source_sha256": sha256_file(path), **g.meta,
-           "dequantized_to": "float32",
-           "files": {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)}
-                     for p in sorted(tmp.iterdir()) if p.is_file()}}
+    rec = {
+        "source": str(path.resolve()),
+        "source_sha256": sha256_file(path),
+        **g.meta,
+        "dequantized_to": "float32",
+        "files": {
+            p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(tmp.iterdir()) if p.is_file()
+        },
+    }
     (tmp / IMPORT_RECORD).write_text(json.dumps(rec, indent=1) + "\n")
     out.parent.mkdir(parents=True, exist_ok=True)
     swap_in(tmp, out)

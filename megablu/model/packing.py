@@ -14,6 +14,7 @@ original_max_position -- is, per token:
 RoPE is relative, so under doc_mask a document's length decides what the attention of its
 tokens sees whatever its absolute positions (doc_positions=continue too).
 """
+
 from __future__ import annotations
 
 import torch

@@ -13,6 +13,7 @@ the same ramp of dim indices transformers' YaRN computes from theta. With no sca
 transformers' YaRN exactly; with one, transformers has no rope_type for it (model/hf.py refuses
 to export it).
 """
+
 from __future__ import annotations
 
 import math
@@ -39,7 +40,7 @@ def scaled_inv_freq(dim: int, theta: float, s: Optional[RopeScalingConfig]) -> t
     if s.type == "linear":
         return inv / s.factor
     orig, lo, hi = s.original_max_position, s.low_freq_factor, s.high_freq_factor
-    assert orig is not None and lo is not None and hi is not None   # llama3: RopeScalingConfig requires them
+    assert orig is not None and lo is not None and hi is not None  # llama3: RopeScalingConfig requires them
     low_wl = orig / lo
     high_wl = orig / hi
     wavelen = 2 * math.pi / inv
@@ -50,10 +51,17 @@ def scaled_inv_freq(dim: int, theta: float, s: Optional[RopeScalingConfig]) -> t
     return torch.where(medium, smoothed, out)
 
 
-def yarn_inv_freq(dim: int, theta: float, factor: float, original_max_position: int,
-                  beta_fast: float = 32.0, beta_slow: float = 1.0, truncate: bool = True,
-                  attention_factor: Optional[float] = None,
-                  base: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, float]:
+def yarn_inv_freq(
+    dim: int,
+    theta: float,
+    factor: float,
+    original_max_position: int,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    truncate: bool = True,
+    attention_factor: Optional[float] = None,
+    base: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, float]:
     """(inv_freq (dim/2,), attention_factor), equal to transformers' YaRN parameters.
 
     base: the parent's frequencies when it was trained with a scaled rope (scaled_inv_freq);
@@ -74,8 +82,8 @@ def yarn_inv_freq(dim: int, theta: float, factor: float, original_max_position: 
 
     if base is None:
         pos_freqs = theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
-        inv_extra = 1.0 / pos_freqs              # high frequencies: keep (extrapolate)
-        inv_inter = 1.0 / (factor * pos_freqs)   # low frequencies: interpolate
+        inv_extra = 1.0 / pos_freqs  # high frequencies: keep (extrapolate)
+        inv_inter = 1.0 / (factor * pos_freqs)  # low frequencies: interpolate
     else:
         inv_extra, inv_inter = base, base / factor
     ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
@@ -101,9 +109,17 @@ class RotaryEmbedding(nn.Module):
             inv_freq, scale = native, 1.0
         else:
             y = rope.yarn
-            inv_freq, scale = yarn_inv_freq(head_dim, rope.theta, y.factor, y.original_max_position,
-                                            y.beta_fast, y.beta_slow, y.truncate, y.attention_factor,
-                                            base=native if rope.scaling is not None else None)
+            inv_freq, scale = yarn_inv_freq(
+                head_dim,
+                rope.theta,
+                y.factor,
+                y.original_max_position,
+                y.beta_fast,
+                y.beta_slow,
+                y.truncate,
+                y.attention_factor,
+                base=native if rope.scaling is not None else None,
+            )
         # A plain attribute, not a buffer: module.bfloat16() (DeepSpeed does it) must not round
         # the frequencies, and a checkpoint must never carry a stale table.
         self.inv_freq = inv_freq
@@ -118,8 +134,9 @@ class RotaryEmbedding(nn.Module):
         return self.short_inv_freq is not None
 
     @torch.no_grad()
-    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype,
-                rope_len: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, position_ids: torch.Tensor, dtype: torch.dtype, rope_len: Optional[torch.Tensor] = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """rope_len: (B, T) or (B, 1) sequence length per token; read only when length_aware."""
         if self.inv_freq.device != position_ids.device:
             self.inv_freq = self.inv_freq.to(position_ids.device)
@@ -129,18 +146,23 @@ class RotaryEmbedding(nn.Module):
             emb = torch.cat((freqs, freqs), dim=-1)
             return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
         if rope_len is None:
-            raise ValueError("rope.yarn.apply=beyond_original: the RoPE needs each token's sequence length "
-                             "(rope_len); BluModel.forward derives it or takes it from its caller")
+            raise ValueError(
+                "rope.yarn.apply=beyond_original: the RoPE needs each token's sequence length "
+                "(rope_len); BluModel.forward derives it or takes it from its caller"
+            )
         short, orig = self.short_inv_freq, self.original_max_position
-        assert short is not None and orig is not None                             # length_aware
+        assert short is not None and orig is not None  # length_aware
         if short.device != position_ids.device:
             self.short_inv_freq = short = short.to(position_ids.device)
-        long = (rope_len > orig)[..., None]                                       # (B, T|1, 1)
-        inv = torch.where(long, self.inv_freq, short)                             # (B, T|1, D/2)
-        freqs = position_ids[..., None].float() * inv                             # (B, T, D/2)
+        long = (rope_len > orig)[..., None]  # (B, T|1, 1)
+        inv = torch.where(long, self.inv_freq, short)  # (B, T|1, D/2)
+        freqs = position_ids[..., None].float() * inv  # (B, T, D/2)
         emb = torch.cat((freqs, freqs), dim=-1)
         # the attention factor only where YaRN applies; the same fp32 products as the scalar path
         # (torch.full, not torch.tensor: no host-to-device copy, so a CUDA graph can capture the step)
-        scale = torch.where(long, torch.full((), self.attention_scaling, dtype=torch.float32, device=long.device),
-                            torch.full((), 1.0, dtype=torch.float32, device=long.device))
+        scale = torch.where(
+            long,
+            torch.full((), self.attention_scaling, dtype=torch.float32, device=long.device),
+            torch.full((), 1.0, dtype=torch.float32, device=long.device),
+        )
         return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)

@@ -43,6 +43,7 @@ It lives in model/ (not eval/): it changes the model's attention for any caller 
 generation and held-out loss, a test, an export check), and it needs only model/ and ops/ (the layering of
 tests/test_imports.py: eval/ imports it, it imports nothing above model/).
 """
+
 from __future__ import annotations
 
 import collections
@@ -64,8 +65,8 @@ QUERY_BLOCK = 4096
 
 
 IMPLS = ("auto", "sdpa", "flex")
-TILE = 128   # FlexAttention's sparse block (as ops/doc_attention.py)
-RECOMPILE_LIMIT = 64   # compiled shapes of the flex kernel per process
+TILE = 128  # FlexAttention's sparse block (as ops/doc_attention.py)
+RECOMPILE_LIMIT = 64  # compiled shapes of the flex kernel per process
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ class StringStats:
     the LocalAttention's own attention, STRING being the identity there), and why flex went off for the rest
     of this model's evals (None while on). apply_string keeps it on the model across installs, so an eval
     that installs STRING per cell counts all its cells (kernels_used)."""
+
     used: collections.Counter = field(default_factory=collections.Counter)
     flex_off: Optional[str] = None
 
@@ -91,16 +93,25 @@ def string_impl(device: torch.device, rows: int = 2, kernel: str = "auto", flex_
     """The kernel STRING attention takes for `rows` query rows on `device`: `kernel` (eval.string.kernel)
     unless auto, which is flex on CUDA for a prefill (unless flex went off) and sdpa otherwise."""
     if kernel not in IMPLS:
-        raise ValueError(f"eval.string.kernel={kernel!r}: must be one of {', '.join(IMPLS)} (auto: flex on CUDA "
-                         f"for a prefill, sdpa otherwise)")
+        raise ValueError(
+            f"eval.string.kernel={kernel!r}: must be one of {', '.join(IMPLS)} (auto: flex on CUDA "
+            f"for a prefill, sdpa otherwise)"
+        )
     if kernel == "auto":
         return "flex" if torch.device(device).type == "cuda" and rows > 1 and not flex_off else "sdpa"
     return kernel
 
 
-def string_attention(q: torch.Tensor, k: torch.Tensor, ks: torch.Tensor, v: torch.Tensor, shift: int,
-                     block: int = QUERY_BLOCK, impl: str = "auto",
-                     stats: Optional[StringStats] = None) -> torch.Tensor:
+def string_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    ks: torch.Tensor,
+    v: torch.Tensor,
+    shift: int,
+    block: int = QUERY_BLOCK,
+    impl: str = "auto",
+    stats: Optional[StringStats] = None,
+) -> torch.Tensor:
     """Causal GQA attention with STRING's remapped distances.
 
     q (B, T, H, D) rotated at the positions tk - T .. tk - 1 (bottom-right aligned: a whole sequence,
@@ -119,7 +130,7 @@ def string_attention(q: torch.Tensor, k: torch.Tensor, ks: torch.Tensor, v: torc
     if tk < T:
         raise ValueError(f"string attention: {T} query rows but only {tk} keys (the keys include the queries' own)")
     impl = string_impl(q.device, T, impl, stats.flex_off is not None)
-    if impl == "flex" and stats.flex_off:   # this model's flex met its recompile limit (below): sdpa from then on
+    if impl == "flex" and stats.flex_off:  # this model's flex met its recompile limit (below): sdpa from then on
         impl = "sdpa"
     if impl == "flex":
         try:
@@ -128,9 +139,12 @@ def string_attention(q: torch.Tensor, k: torch.Tensor, ks: torch.Tensor, v: torc
             return out
         except flex_recompile_error() as e:
             stats.flex_off = f"dynamo's recompile limit ({RECOMPILE_LIMIT} shapes) at T={T}, keys={tk}"
-            log.warning("STRING: the flex kernel hit dynamo's recompile limit (%d shapes in this process; %s); the "
-                        "rest of this model's STRING attention runs the sdpa kernel (the same attention, slower)",
-                        RECOMPILE_LIMIT, type(e).__name__)
+            log.warning(
+                "STRING: the flex kernel hit dynamo's recompile limit (%d shapes in this process; %s); the "
+                "rest of this model's STRING attention runs the sdpa kernel (the same attention, slower)",
+                RECOMPILE_LIMIT,
+                type(e).__name__,
+            )
             impl = "sdpa"
     off = tk - T
     # GQA: each kv head repeated for its query heads. SDPA's enable_gqa runs only the flash and math
@@ -142,14 +156,14 @@ def string_attention(q: torch.Tensor, k: torch.Tensor, ks: torch.Tensor, v: torc
     outs = []
     for r0 in range(0, T, block):
         r1 = min(r0 + block, T)
-        a, b = off + r0, off + r1                        # absolute positions of these query rows
+        a, b = off + r0, off + r1  # absolute positions of these query rows
         lo, hi = max(0, a - shift + 1), max(0, b - shift)
         i = torch.arange(a, b, device=q.device)[:, None]
         d = i - torch.arange(lo, b, device=q.device)[None, :]
-        near = (d >= 0) & (d < shift)                    # (rows, b - lo): plain keys
-        far = (i - torch.arange(0, hi, device=q.device)[None, :]) >= shift   # (rows, hi): shifted keys
+        near = (d >= 0) & (d < shift)  # (rows, b - lo): plain keys
+        far = (i - torch.arange(0, hi, device=q.device)[None, :]) >= shift  # (rows, hi): shifted keys
         mask = torch.cat([near, far], dim=1)
-        keys = torch.cat([kh[:, :, lo:b], ksh[:, :, :hi]], dim=2)       # (B, Hkv, b - lo + hi, D)
+        keys = torch.cat([kh[:, :, lo:b], ksh[:, :, :hi]], dim=2)  # (B, Hkv, b - lo + hi, D)
         vals = torch.cat([vh[:, :, lo:b], vh[:, :, :hi]], dim=2)
         if rep > 1:
             keys, vals = keys.repeat_interleave(rep, dim=1), vals.repeat_interleave(rep, dim=1)
@@ -159,8 +173,9 @@ def string_attention(q: torch.Tensor, k: torch.Tensor, ks: torch.Tensor, v: torc
     return out.transpose(1, 2)
 
 
-def tile_classes(T: int, tk: int, shift: int, tile: int = TILE,
-                 device: Optional[torch.device] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def tile_classes(
+    T: int, tk: int, shift: int, tile: int = TILE, device: Optional[torch.device] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(partial, full) booleans (n_q, n_kv) over the tiles of `tile` query rows x `tile` keys of
     [k_r ; k_s] (2 tk keys): full when every pair in the tile is visible (and the tile is whole, not cut
     by a length), partial when some are; neither: skipped.
@@ -176,8 +191,8 @@ def tile_classes(T: int, tk: int, shift: int, tile: int = TILE,
     qa, qb = (r0 + off)[:, None], (r1 + off)[:, None]
     c0 = torch.arange(nk, device=device) * tile
     c1 = torch.clamp(c0 + tile, max=2 * tk) - 1
-    has_p, pa, pb = c0 < tk, c0, torch.clamp(c1, max=tk - 1)          # the plain keys' positions
-    has_s, sa, sb = c1 >= tk, torch.clamp(c0, min=tk) - tk, c1 - tk    # the shifted keys' positions
+    has_p, pa, pb = c0 < tk, c0, torch.clamp(c1, max=tk - 1)  # the plain keys' positions
+    has_s, sa, sb = c1 >= tk, torch.clamp(c0, min=tk) - tk, c1 - tk  # the shifted keys' positions
     p_any = has_p & (qb - pa >= 0) & (qa - pb <= shift - 1)
     p_all = ~has_p | ((qa - pb >= 0) & (qb - pa <= shift - 1))
     s_any = has_s & (qb - sa >= shift)
@@ -206,12 +221,14 @@ def _block_mask(T: int, tk: int, shift: int, device: str, tile: int):
     # one (1, 1, n_q, n_kv) map: broadcast over the batch and the heads
     kv_num, kv_idx = tile_lists(partial[None, None])
     full_num, full_idx = tile_lists(full[None, None])
-    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=tile, mask_mod=mask_mod,
-                                    seq_lengths=(T, 2 * tk))
+    return BlockMask.from_kv_blocks(
+        kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=tile, mask_mod=mask_mod, seq_lengths=(T, 2 * tk)
+    )
 
 
-def string_attention_flex(q: torch.Tensor, k: torch.Tensor, ks: torch.Tensor, v: torch.Tensor, shift: int,
-                          tile: int = TILE) -> torch.Tensor:
+def string_attention_flex(
+    q: torch.Tensor, k: torch.Tensor, ks: torch.Tensor, v: torch.Tensor, shift: int, tile: int = TILE
+) -> torch.Tensor:
     """string_attention's flex kernel: q (B, T, H, D), k/ks/v (B, tk, Hkv, D) -> (B, T, H, D)."""
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -219,11 +236,11 @@ def string_attention_flex(q: torch.Tensor, k: torch.Tensor, ks: torch.Tensor, v:
 
     T, tk = q.shape[1], k.shape[1]
     bm = _block_mask(T, tk, int(shift), str(q.device), tile)
-    qh = q.transpose(1, 2)                                           # (B, H, T, D)
-    keys = torch.cat([k, ks], dim=1).transpose(1, 2)                 # (B, Hkv, 2 tk, D)
+    qh = q.transpose(1, 2)  # (B, H, T, D)
+    keys = torch.cat([k, ks], dim=1).transpose(1, 2)  # (B, Hkv, 2 tk, D)
     vals = torch.cat([v, v], dim=1).transpose(1, 2)
     gqa = q.shape[2] != k.shape[2]
-    if not q.is_cuda:   # eager (the tests): materialises the (T, 2 tk) scores, so short sequences only
+    if not q.is_cuda:  # eager (the tests): materialises the (T, 2 tk) scores, so short sequences only
         return flex_attention(qh, keys, vals, block_mask=bm, enable_gqa=gqa).transpose(1, 2)
     # one compile per shape (an eval has a few: each length, the last batch); past the recompile limit dynamo
     # would run flex eagerly, whose (B, H, T, 2 tk) fp32 scores at 32k are tens of GB: fail loudly instead
@@ -237,6 +254,7 @@ class StringSetting:
     """STRING as one input runs it: distances d >= shift are attended as d - shift + local, and the logits are
     multiplied by attention_factor**2 (q and k each by the factor, as the authors' rotary tables do); `kernel`
     (eval.string.kernel) picks the attention's kernel (string_impl)."""
+
     shift: int
     local: int
     attention_factor: float = 1.0
@@ -245,7 +263,7 @@ class StringSetting:
     def __post_init__(self):
         if not 0 <= self.local < self.shift:
             raise ValueError(f"STRING: local={self.local}, shift={self.shift}: need 0 <= local < shift")
-        string_impl("cpu", kernel=self.kernel)   # a kernel name it does not know is refused here, before a forward
+        string_impl("cpu", kernel=self.kernel)  # a kernel name it does not know is refused here, before a forward
 
 
 def string_setting(string, length: Optional[int] = None) -> Optional[StringSetting]:
@@ -255,18 +273,31 @@ def string_setting(string, length: Optional[int] = None) -> Optional[StringSetti
     if string is None or isinstance(string, StringSetting):
         return string
     if string.variant != "fixed_shift" and length is None:
-        raise ValueError(f"eval.string variant {string.variant}: S = int(shift_ratio {string.shift_ratio} x the "
-                         f"input's length); pass the length the input was built to (apply_string(model, cfg, length))")
+        raise ValueError(
+            f"eval.string variant {string.variant}: S = int(shift_ratio {string.shift_ratio} x the "
+            f"input's length); pass the length the input was built to (apply_string(model, cfg, length))"
+        )
     S = string.shift if string.variant == "fixed_shift" else string.shift_for(length)
     if S <= string.local:
-        raise ValueError(f"eval.string ({string.variant}) at {length} tokens: S = {S} <= local={string.local}; STRING "
-                         f"moves distances d >= S to d - S + local, closer only when local < S (config check: "
-                         f"megablu.config.schema.string_problems)")
+        raise ValueError(
+            f"eval.string ({string.variant}) at {length} tokens: S = {S} <= local={string.local}; STRING "
+            f"moves distances d >= S to d - S + local, closer only when local < S (config check: "
+            f"megablu.config.schema.string_problems)"
+        )
     return StringSetting(S, string.local, string.attention_factor, string.kernel)
 
 
-def string_attend(local: LocalAttention, q, k, ks, v, setting: StringSetting, cache: Optional[KVCache] = None,
-                  docs=None, stats: Optional[StringStats] = None) -> torch.Tensor:
+def string_attend(
+    local: LocalAttention,
+    q,
+    k,
+    ks,
+    v,
+    setting: StringSetting,
+    cache: Optional[KVCache] = None,
+    docs=None,
+    stats: Optional[StringStats] = None,
+) -> torch.Tensor:
     """One layer's STRING attention after the rotary: q (B, T, H, D), k/ks/v (B, T, Hkv, D) of the new tokens
     (ks: the raw keys rotated at position + shift - local); the cache keeps ks beside k. `local` is the layer's
     LocalAttention: its index in the cache and, where the keys are at most S, its plain attention (the same
@@ -274,18 +305,22 @@ def string_attend(local: LocalAttention, q, k, ks, v, setting: StringSetting, ca
     sequence, prefill chunk or decode step."""
     stats = stats if stats is not None else StringStats()
     if docs is not None:
-        raise ValueError("eval.string (STRING) with document masking (data.doc_mask): document masking is for "
-                         "training on packed rows and STRING for evaluation; run the eval without doc_ids")
+        raise ValueError(
+            "eval.string (STRING) with document masking (data.doc_mask): document masking is for "
+            "training on packed rows and STRING for evaluation; run the eval without doc_ids"
+        )
     if cache is not None:
         k, v = cache.append(local.layer_idx, k, v)
         ks = cache.append_shifted(local.layer_idx, ks)
         if ks.shape[1] != k.shape[1]:
-            raise RuntimeError(f"KV cache layer {local.layer_idx}: {ks.shape[1]} shifted keys but {k.shape[1]} "
-                               f"keys (STRING switched on or off mid-sequence?)")
-    scale = setting.attention_factor ** 2
-    if scale != 1.0:   # the authors' factor on q and k: the logits times its square, every distance
+            raise RuntimeError(
+                f"KV cache layer {local.layer_idx}: {ks.shape[1]} shifted keys but {k.shape[1]} "
+                f"keys (STRING switched on or off mid-sequence?)"
+            )
+    scale = setting.attention_factor**2
+    if scale != 1.0:  # the authors' factor on q and k: the logits times its square, every distance
         q = q * scale
-    if k.shape[1] <= setting.shift:   # no distance d = m - n <= tk - 1 reaches S: STRING is the identity
+    if k.shape[1] <= setting.shift:  # no distance d = m - n <= tk - 1 reaches S: STRING is the identity
         stats.used["plain"] += 1
         return local._plain(q, k, v)
     return string_attention(q, k, ks, v, setting.shift, impl=setting.kernel, stats=stats)
@@ -298,7 +333,7 @@ class _State:
     def __init__(self, setting: StringSetting, stats: StringStats):
         self.setting, self.stats = setting, stats
         self.tables: Optional[tuple] = None
-        self.positions: Optional[torch.Tensor] = None   # set by the rotary hook, checked once per forward
+        self.positions: Optional[torch.Tensor] = None  # set by the rotary hook, checked once per forward
 
     def rotary_hook(self, rotary, args, kwargs, out):
         """After the model's rotary (position_ids, dtype, rope_len): the same tables at position + S - W."""
@@ -320,8 +355,10 @@ class _State:
         start = cache.length if cache is not None else 0
         want = torch.arange(start, start + T, device=pos.device).expand(B, T)
         if not torch.equal(pos, want):
-            raise ValueError(f"eval.string (STRING) needs position_ids {start}..{start + T - 1} in order (a "
-                             f"key's index is its position); got others")
+            raise ValueError(
+                f"eval.string (STRING) needs position_ids {start}..{start + T - 1} in order (a "
+                f"key's index is its position); got others"
+            )
 
 
 class StringAttention:
@@ -336,15 +373,17 @@ class StringAttention:
         a, st = self.attn, self.state
         st.check_positions(cache)
         if not isinstance(a.core, LocalAttention):
-            raise ValueError(f"eval.string (STRING) runs on one rank's attention, not {type(a.core).__name__} "
-                             f"(sequence parallelism shards the keys it remaps): run the eval with parallel.sp=1")
+            raise ValueError(
+                f"eval.string (STRING) runs on one rank's attention, not {type(a.core).__name__} "
+                f"(sequence parallelism shards the keys it remaps): run the eval with parallel.sp=1"
+            )
         B, T, _ = x.shape
         q = a.q_proj(x).view(B, T, a.n_heads, a.head_dim)
         k = a.k_proj(x).view(B, T, a.n_kv_heads, a.head_dim)
         v = a.v_proj(x).view(B, T, a.n_kv_heads, a.head_dim)
         # the raw keys rotated at position + shift - local, by the same op and tables as the plain ones
         tables = st.tables
-        assert tables is not None   # the rotary hook made them for this forward
+        assert tables is not None  # the rotary hook made them for this forward
         _, ks = ops.apply_rotary(k, k, tables[0], tables[1], impl=a.impl)
         q, k = ops.apply_rotary(q, k, cos, sin, impl=a.impl)
         out = string_attend(a.core, q, k, ks, v, st.setting, cache, docs, st.stats)
@@ -385,7 +424,7 @@ def kernels_used(model, reset: bool = False) -> dict:
 def _remove(model) -> None:
     model._string.handle.remove()
     for layer in model.layers:
-        layer.self_attn.__dict__.pop("forward", None)   # the class's forward again
+        layer.self_attn.__dict__.pop("forward", None)  # the class's forward again
     model._string = None
 
 
@@ -397,16 +436,18 @@ def apply_string(model, string, length: Optional[int] = None) -> Optional[String
     Installing puts a forward hook on model.rotary (the shifted tables) and a StringAttention as every
     Attention's forward; installing again only changes the setting; None removes the hook and the forwards."""
     setting: Optional[StringSetting] = string_setting(string, length)
-    if not isinstance(model, BluModel):   # not a BluModel (a test's oracle): nothing to install or remove
+    if not isinstance(model, BluModel):  # not a BluModel (a test's oracle): nothing to install or remove
         if setting is not None:
             raise ValueError(f"eval.string (STRING) needs a BluModel; {type(model).__name__} has no STRING path")
         return None
     c = model.cfg
     if setting is not None and (c.qk_norm != "none" or c.nope_layers or c.sliding_layers):
-        raise ValueError(f"eval.string (STRING) remaps RoPE positions of a plain q/k projection in full attention; "
-                         f"this model has model.qk_norm={c.qk_norm!r}, model.nope_layers={c.nope_layers}, "
-                         f"model.sliding_layers={c.sliding_layers} (family {c.resolved_family}), which STRING's "
-                         f"attention does not compute: remove eval.string")
+        raise ValueError(
+            f"eval.string (STRING) remaps RoPE positions of a plain q/k projection in full attention; "
+            f"this model has model.qk_norm={c.qk_norm!r}, model.nope_layers={c.nope_layers}, "
+            f"model.sliding_layers={c.sliding_layers} (family {c.resolved_family}), which STRING's "
+            f"attention does not compute: remove eval.string"
+        )
     prev = installed(model)
     if setting is None:
         if prev is not None:

@@ -24,6 +24,7 @@ The library is imported at the first fa4 call, never at import of megablu: liger
 flash-attn-4 are optional (not in requirements.txt); `import_problem()` says why fa4 cannot
 be imported (the preflight reports it before any rank starts: train/preflight.py kernel_problems).
 """
+
 from __future__ import annotations
 
 import functools
@@ -36,7 +37,7 @@ from ..config.schema import FA4_HEAD_DIM  # (min, max, multiple) on SM90; the co
 
 KERNELS = ("sdpa", "fa4")
 MODES = ("auto",) + KERNELS
-AUTO_CHOICE: dict = {}    # {"kernel": ..., "why": ...}: what memory.attention=auto ran last (probe.json)
+AUTO_CHOICE: dict = {}  # {"kernel": ..., "why": ...}: what memory.attention=auto ran last (probe.json)
 FA4_DTYPES = (torch.bfloat16, torch.float16)
 FA4_FIX = "set memory.attention=sdpa"
 
@@ -71,8 +72,15 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
-def fa4_unsupported(capability: tuple[int, int], dtype: torch.dtype, k_dtype: torch.dtype, head_dim: int,
-                    k_head_dim: int, heads: int, kv_heads: int) -> Optional[str]:
+def fa4_unsupported(
+    capability: tuple[int, int],
+    dtype: torch.dtype,
+    k_dtype: torch.dtype,
+    head_dim: int,
+    k_head_dim: int,
+    heads: int,
+    kv_heads: int,
+) -> Optional[str]:
     """Why FA4 cannot take inputs of this kind on a GPU of this capability, or None: the
     conditions its interface asserts, checked first so that the error names the field and the fix."""
     major, minor = capability
@@ -110,7 +118,7 @@ def fa4_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tenso
 
 @functools.cache
 def _import_problem_once() -> Optional[str]:
-    return import_problem()   # auto asks at every call: a failed import is tried once per process
+    return import_problem()  # auto asks at every call: a failed import is tried once per process
 
 
 def auto_kernel(q: torch.Tensor, k: torch.Tensor) -> tuple[str, str]:
@@ -132,8 +140,9 @@ def auto_for_config(cfg, device: str = "cuda") -> tuple[str, str]:
 
     if device != "cuda":
         return "sdpa", f"a {device} run: FlashAttention-4 runs on SM90 GPUs only"
-    errs = kernel_invariants(cfg.model_copy(update={"memory": cfg.memory.model_copy(update={"attention": "fa4"})}),
-                             device)
+    errs = kernel_invariants(
+        cfg.model_copy(update={"memory": cfg.memory.model_copy(update={"attention": "fa4"})}), device
+    )
     why = errs[0].split(": ", 1)[-1] if errs else _import_problem_once()
     return ("sdpa", why) if why else ("fa4", "a CUDA run, the config allows it and flash_attn.cute imports")
 

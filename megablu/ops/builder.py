@@ -15,6 +15,7 @@
 The arch list is torch's: TORCH_CUDA_ARCH_LIST if set (e.g. "9.0" for Hopper, where
 the build machine sees no GPU), else the visible GPUs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,17 +40,23 @@ AOT_NAME = "megablu.ops._megablu_ops"
 # No -std here: torch's build adds the standard its headers need (C++17 or C++20 by version).
 CXX_FLAGS = ["-O3"]
 NVCC_FLAGS = ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
-TORCH_NVCC_DEFINES = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
-                      "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"]
+TORCH_NVCC_DEFINES = [
+    "-D__CUDA_NO_HALF_OPERATORS__",
+    "-D__CUDA_NO_HALF_CONVERSIONS__",
+    "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
+    "-D__CUDA_NO_HALF2_OPERATORS__",
+]
 
-_loaded = None          # the module, once built/loaded in this process
+_loaded = None  # the module, once built/loaded in this process
 _load_error: Optional[BaseException] = None
 
 
 def csrc_dir() -> Path:
     if not (CSRC / "megablu_ops.cpp").is_file():
-        raise FileNotFoundError(f"megablu ops: sources not found at {CSRC} (csrc/ travels with the repo; "
-                                "an installed wheel without it needs MEGABLU_BUILD_OPS=1 at install time)")
+        raise FileNotFoundError(
+            f"megablu ops: sources not found at {CSRC} (csrc/ travels with the repo; "
+            "an installed wheel without it needs MEGABLU_BUILD_OPS=1 at install time)"
+        )
     return CSRC
 
 
@@ -103,8 +110,9 @@ def _try_aot(digest: str):
     except ImportError:
         return None
     if mod.source_hash() != digest:
-        log.info("megablu ops: ahead-of-time build is stale (hash %s != sources %s); JIT-building",
-                 mod.source_hash(), digest)
+        log.info(
+            "megablu ops: ahead-of-time build is stale (hash %s != sources %s); JIT-building", mod.source_hash(), digest
+        )
         return None
     return mod
 
@@ -145,6 +153,7 @@ def load(verbose: bool = False):
 # compile-only check (CI without a GPU)
 # ---------------------------------------------------------------------------------------
 
+
 def find_nvcc() -> Optional[str]:
     cand = shutil.which("nvcc")
     if cand:
@@ -163,8 +172,19 @@ def _run(cmd: list[str]) -> tuple[int, str]:
 def nvcc_cmd(nvcc: str, src: Path, out: Path, arch: str = "90") -> list[str]:
     # the kernels need no torch header: C++17 suffices, and proves they do not rely on C++20;
     # torch's build defines the __CUDA_NO_*__ macros, so the check does too
-    return [nvcc, "-c", "-std=c++17", *TORCH_NVCC_DEFINES, *NVCC_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}",
-            "-Xptxas=-v", f"-I{csrc_dir() / 'includes'}", str(src), "-o", str(out)]
+    return [
+        nvcc,
+        "-c",
+        "-std=c++17",
+        *TORCH_NVCC_DEFINES,
+        *NVCC_FLAGS,
+        f"-gencode=arch=compute_{arch},code=sm_{arch}",
+        "-Xptxas=-v",
+        f"-I{csrc_dir() / 'includes'}",
+        str(src),
+        "-o",
+        str(out),
+    ]
 
 
 def _torch_wants_cxx20() -> bool:
@@ -188,11 +208,15 @@ def _binding_cmd(src: Path, stub: Path, nvcc: str) -> Optional[list[str]]:
     cuda_inc = next((Path(h) / "include" for h in homes if h and (Path(h) / "include/cuda_runtime.h").is_file()), None)
     if cuda_inc is None:
         return None
-    incs = [csrc_dir() / "includes", stub, *map(Path, include_paths()), cuda_inc,
-            Path(sysconfig.get_paths()["include"])]
+    incs = [
+        csrc_dir() / "includes",
+        stub,
+        *map(Path, include_paths()),
+        cuda_inc,
+        Path(sysconfig.get_paths()["include"]),
+    ]
     std = "-std=c++20" if _torch_wants_cxx20() else "-std=c++17"
-    return [cxx, "-fsyntax-only", std, f"-DTORCH_EXTENSION_NAME={EXT_PREFIX}", *[f"-I{p}" for p in incs],
-            str(src)]
+    return [cxx, "-fsyntax-only", std, f"-DTORCH_EXTENSION_NAME={EXT_PREFIX}", *[f"-I{p}" for p in incs], str(src)]
 
 
 def compile_only(arch: str = "90", bindings: bool = False, jobs: Optional[int] = None) -> int:
@@ -216,8 +240,10 @@ def compile_only(arch: str = "90", bindings: bool = False, jobs: Optional[int] =
         for p in cpps:
             cmd = _binding_cmd(p, stub, nvcc)
             if cmd is None:
-                print(f"compile-only: skip {p.relative_to(root.parent)} (torch headers, CUDA headers or c++ missing)",
-                      file=sys.stderr)
+                print(
+                    f"compile-only: skip {p.relative_to(root.parent)} (torch headers, CUDA headers or c++ missing)",
+                    file=sys.stderr,
+                )
             else:
                 jobs_list.append((p, cmd))
         with cf.ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 2) as ex:

@@ -30,6 +30,7 @@ resolves to one of them once per model, resolve_loss below):
            bf16, whose error grows with the number of chunks (experiments/speed/LOG.md has both errors
            against an fp32 reference and the time the fp32 sum costs).
 """
+
 from __future__ import annotations
 
 import functools
@@ -41,8 +42,8 @@ import torch.nn.functional as F
 from ..utils.liger import liger_mem_const
 
 IGNORE_INDEX = -100
-LOSSES = ("chunked", "liger")           # the implementations (LMHead.loss)
-LOSS_MODES = ("auto", *LOSSES)          # memory.loss: auto picks one of LOSSES per run (resolve_loss)
+LOSSES = ("chunked", "liger")  # the implementations (LMHead.loss)
+LOSS_MODES = ("auto", *LOSSES)  # memory.loss: auto picks one of LOSSES per run (resolve_loss)
 LIGER_ACCUM_DTYPE = torch.float32
 
 
@@ -62,11 +63,11 @@ class _ChunkedLinearCE(torch.autograd.Function):
         grad_h = torch.empty_like(h) if need_grad else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_grad else None
         for s in range(0, n, chunk):
-            hc, yc = h[s:s + chunk], labels[s:s + chunk]
-            logits = (hc @ weight.t()).float()                     # (c, V) fp32
+            hc, yc = h[s : s + chunk], labels[s : s + chunk]
+            logits = (hc @ weight.t()).float()  # (c, V) fp32
             valid = yc != IGNORE_INDEX
             safe_y = torch.where(valid, yc, torch.zeros_like(yc))
-            lse = torch.logsumexp(logits, dim=-1)                  # (c,)
+            lse = torch.logsumexp(logits, dim=-1)  # (c,)
             picked = logits.gather(1, safe_y[:, None]).squeeze(1)
             loss += ((lse - picked) * valid).sum()
             if need_grad:
@@ -75,7 +76,7 @@ class _ChunkedLinearCE(torch.autograd.Function):
                 g.scatter_add_(1, safe_y[:, None], torch.full_like(picked[:, None], -1.0))
                 g.mul_(valid[:, None])
                 g = g.to(h.dtype)
-                grad_h[s:s + chunk] = g @ weight
+                grad_h[s : s + chunk] = g @ weight
                 # fp32 accumulation across chunks (each chunk's GEMM accumulates in fp32 too)
                 grad_w.add_((g.t() @ hc).float())
             del logits
@@ -162,28 +163,34 @@ def liger_linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: to
     # config asks for liger on CUDA alone (config/schema/checks.py kernel_invariants refuses it on a CPU run)
     why = liger_import_problem()
     if why is not None:
-        raise RuntimeError(f"memory.loss=liger: {why}; install liger-kernel (pip install "
-                           f"liger-kernel==0.8.5, the version tested) or set memory.loss=chunked")
+        raise RuntimeError(
+            f"memory.loss=liger: {why}; install liger-kernel (pip install "
+            f"liger-kernel==0.8.5, the version tested) or set memory.loss=chunked"
+        )
     mem_const = liger_mem_const(h.shape[0], weight.shape[1], weight.shape[0], chunk)
     # the constant is passed only where it widens the chunks: loss_chunk 0 (or below Liger's own chunk) calls
     # Liger exactly as before it existed
     wider = {}
     if mem_const > 1:
         if not _liger_takes_chunk_mem_const():
-            raise RuntimeError(f"memory.loss=liger with memory.loss_chunk={chunk}: this liger_kernel does not take "
-                               f"chunk_mem_const or drops it (its LigerFusedLinearCrossEntropyFunction does not set "
-                               f"supports_inner_impl_dispatch: an older version, or a LIGER_KERNEL_IMPL backend other "
-                               f"than the default Triton one), so its chunks would silently stay its own; install "
-                               f"liger-kernel==0.8.5 (the version tested) with its default backend, or set "
-                               f"memory.loss_chunk=0")
+            raise RuntimeError(
+                f"memory.loss=liger with memory.loss_chunk={chunk}: this liger_kernel does not take "
+                f"chunk_mem_const or drops it (its LigerFusedLinearCrossEntropyFunction does not set "
+                f"supports_inner_impl_dispatch: an older version, or a LIGER_KERNEL_IMPL backend other "
+                f"than the default Triton one), so its chunks would silently stay its own; install "
+                f"liger-kernel==0.8.5 (the version tested) with its default backend, or set "
+                f"memory.loss_chunk=0"
+            )
         wider["chunk_mem_const"] = mem_const
-    loss = _liger_func()(h, weight, labels, ignore_index=IGNORE_INDEX, reduction="sum",
-                         accum_dtype=LIGER_ACCUM_DTYPE, **wider)
+    loss = _liger_func()(
+        h, weight, labels, ignore_index=IGNORE_INDEX, reduction="sum", accum_dtype=LIGER_ACCUM_DTYPE, **wider
+    )
     return loss, valid_count(labels)
 
 
-def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int = 0,
-                         impl: str = "chunked"):
+def linear_cross_entropy(
+    h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int = 0, impl: str = "chunked"
+):
     """(sum of CE over labelled tokens, number of labelled tokens). h (N, d), labels (N,).
 
     impl: "chunked" (megablu's; chunk <= 0 = the unchunked reference) or "liger" (chunk <= 0: Liger's own); never
@@ -191,8 +198,7 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Te
     if impl == "liger":
         return liger_linear_cross_entropy(h, weight, labels, chunk)
     if impl != "chunked":
-        raise ValueError(f"memory.loss must be one of {LOSSES} here (auto resolves before: resolve_loss), got "
-                         f"{impl!r}")
+        raise ValueError(f"memory.loss must be one of {LOSSES} here (auto resolves before: resolve_loss), got {impl!r}")
     if chunk <= 0:
         return linear_cross_entropy_reference(h, weight, labels)
     return _ChunkedLinearCE.apply(h, weight, labels, chunk)

@@ -12,6 +12,7 @@ would replace the final norm alone (every block norm is megablu's one-kernel res
 RMSNorm) and rounds in another order than HF (scale in fp32 before the cast). apex stays
 optional and is never required.
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,7 +43,7 @@ def _log_once(key: str, msg: str) -> None:
 
 
 def resolve(op: str, tensors: tuple, unsupported: Optional[str] = None, impl: Optional[str] = None) -> str:
-    """"cuda" or "torch" for this call of `op`.
+    """ "cuda" or "torch" for this call of `op`.
 
     `unsupported` is the op's reason why the CUDA kernel cannot take these inputs (shape,
     dtype, grad of a table ...) or None when it can.
@@ -65,8 +66,11 @@ def resolve(op: str, tensors: tuple, unsupported: Optional[str] = None, impl: Op
     except Exception as e:  # noqa: BLE001 - build failures of any kind mean "no kernels"
         if mode == "cuda":
             raise RuntimeError(f"megablu {op}: impl='cuda' but the extension did not build: {e}") from e
-        _log_once("torch", f"megablu ops: using the torch reference ops (extension build failed: "
-                           f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+        _log_once(
+            "torch",
+            f"megablu ops: using the torch reference ops (extension build failed: "
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})",
+        )
         return "torch"
     if unsupported is not None:
         if mode == "cuda":
@@ -75,6 +79,9 @@ def resolve(op: str, tensors: tuple, unsupported: Optional[str] = None, impl: Op
         return "torch"
     if ("cuda", "") not in _logged:
         _logged.add(("cuda", ""))
-        log.info("megablu ops: using CUDA kernels (extension %s_%s, tensors on cuda)", builder.EXT_PREFIX,
-                 builder.source_hash())
+        log.info(
+            "megablu ops: using CUDA kernels (extension %s_%s, tensors on cuda)",
+            builder.EXT_PREFIX,
+            builder.source_hash(),
+        )
     return "cuda"

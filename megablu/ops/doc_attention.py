@@ -24,6 +24,7 @@ those rows run the fastest causal kernel with no mask at all.
 Layout: q (B, S, H, D), k/v (B, S, Hkv, D) in and (B, S, H, D) out, like LocalAttention; GQA
 without materialising repeated kv heads (enable_gqa) in every implementation.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 IMPLS = ("auto", "flex", "varlen", "dense", "causal")
-BLOCK = 128            # FlexAttention's sparse block (its default _DEFAULT_SPARSE_BLOCK_SIZE)
+BLOCK = 128  # FlexAttention's sparse block (its default _DEFAULT_SPARSE_BLOCK_SIZE)
 _override: Optional[str] = None
 
 
@@ -58,8 +59,10 @@ def check_doc_ids(doc_ids: torch.Tensor) -> None:
     if doc_ids.dim() != 2 or doc_ids.dtype.is_floating_point or doc_ids.dtype == torch.bool:
         raise ValueError(f"doc_ids must be an integer (B, S) tensor, got {doc_ids.dtype} {tuple(doc_ids.shape)}")
     if doc_ids.shape[1] > 1 and not bool((doc_ids[:, 1:] >= doc_ids[:, :-1]).all()):
-        raise ValueError("doc_ids must be non-decreasing along the sequence (documents are contiguous, the "
-                         "document index of each token within its row)")
+        raise ValueError(
+            "doc_ids must be non-decreasing along the sequence (documents are contiguous, the "
+            "document index of each token within its row)"
+        )
 
 
 def _varlen_fn():
@@ -104,8 +107,10 @@ class DocMask:
             single = doc_ids.shape[1] == 0 or bool((doc_ids[:, 0] == doc_ids[:, -1]).all())
             impl = "causal" if single else "flex" if doc_ids.is_cuda else "dense"
         if impl == "varlen" and (not doc_ids.is_cuda or _varlen_fn() is None):
-            raise ValueError(f"doc attention: impl='varlen' needs CUDA tensors and torch.nn.attention.varlen "
-                             f"(torch >= 2.10; this is {torch.__version__}, tensors on {doc_ids.device})")
+            raise ValueError(
+                f"doc attention: impl='varlen' needs CUDA tensors and torch.nn.attention.varlen "
+                f"(torch >= 2.10; this is {torch.__version__}, tensors on {doc_ids.device})"
+            )
         self.impl, self.block = impl, block
         self.doc_ids = doc_ids.to(torch.int32).contiguous()
         self.B, self.S = doc_ids.shape
@@ -120,9 +125,20 @@ class DocMask:
         out = [self.doc_ids]
         if self.block_mask is not None:
             bm = self.block_mask
-            out += [t for t in (bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices,
-                                bm.q_num_blocks, bm.q_indices, bm.full_q_num_blocks, bm.full_q_indices)
-                    if t is not None]
+            out += [
+                t
+                for t in (
+                    bm.kv_num_blocks,
+                    bm.kv_indices,
+                    bm.full_kv_num_blocks,
+                    bm.full_kv_indices,
+                    bm.q_num_blocks,
+                    bm.q_indices,
+                    bm.full_q_num_blocks,
+                    bm.full_q_indices,
+                )
+                if t is not None
+            ]
         if self.cu_seqlens is not None:
             out.append(self.cu_seqlens)
         if self.dense is not None:
@@ -143,13 +159,13 @@ class DocMask:
         n = -(-self.S // bs)
         pad = n * bs - self.S
         if pad:
-            d = torch.cat([d, d[:, -1:].expand(self.B, pad)], 1)            # repeat the last id
+            d = torch.cat([d, d[:, -1:].expand(self.B, pad)], 1)  # repeat the last id
         t = d.view(self.B, n, bs)
-        lo, hi = t[:, :, 0], t[:, :, -1]                                   # (B, n): non-decreasing ids
+        lo, hi = t[:, :, 0], t[:, :, -1]  # (B, n): non-decreasing ids
         i = torch.arange(n, device=d.device)
-        lower = i[:, None] >= i[None, :]                                   # causal tiles j <= i
-        overlap = hi[:, None, :] >= lo[:, :, None]                         # kv_max[j] >= q_min[i]
-        one_doc = lo == hi                                                 # (B, n)
+        lower = i[:, None] >= i[None, :]  # causal tiles j <= i
+        overlap = hi[:, None, :] >= lo[:, :, None]  # kv_max[j] >= q_min[i]
+        one_doc = lo == hi  # (B, n)
         same = one_doc[:, :, None] & one_doc[:, None, :] & (lo[:, :, None] == lo[:, None, :])
         full = same & (i[:, None] > i[None, :])
         if pad:
@@ -168,14 +184,15 @@ class DocMask:
 
         kv_num, kv_idx = tile_lists(partial)
         full_num, full_idx = tile_lists(full)
-        return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=self.block,
-                                        mask_mod=mask_mod, seq_lengths=(self.S, self.S))
+        return BlockMask.from_kv_blocks(
+            kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=self.block, mask_mod=mask_mod, seq_lengths=(self.S, self.S)
+        )
 
     def _cu_seqlens(self) -> tuple[torch.Tensor, int]:
         """Document boundaries of the flattened (B*S) batch: cu_seqlens (n_docs + 1,) int32."""
         d = self.doc_ids
         start = torch.ones_like(d, dtype=torch.bool)
-        start[:, 1:] = d[:, 1:] != d[:, :-1]                                # a row start is a doc start
+        start[:, 1:] = d[:, 1:] != d[:, :-1]  # a row start is a doc start
         starts = start.reshape(-1).nonzero().squeeze(1)
         cu = torch.cat([starts, starts.new_tensor([d.numel()])]).to(torch.int32)
         return cu, int((cu[1:] - cu[:-1]).max())
@@ -183,7 +200,7 @@ class DocMask:
     def _dense(self) -> torch.Tensor:
         d = self.doc_ids
         causal = torch.ones(self.S, self.S, dtype=torch.bool, device=d.device).tril()
-        return ((d[:, :, None] == d[:, None, :]) & causal)[:, None]        # (B, 1, S, S)
+        return ((d[:, :, None] == d[:, None, :]) & causal)[:, None]  # (B, 1, S, S)
 
 
 def doc_attention_reference(q, k, v, doc_ids: torch.Tensor) -> torch.Tensor:
@@ -192,7 +209,7 @@ def doc_attention_reference(q, k, v, doc_ids: torch.Tensor) -> torch.Tensor:
 
 
 def _dense(q, k, v, m: DocMask):
-    q, k, v = (x.transpose(1, 2) for x in (q, k, v))                       # (B, H, S, D)
+    q, k, v = (x.transpose(1, 2) for x in (q, k, v))  # (B, H, S, D)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=m.dense, enable_gqa=q.shape[1] != k.shape[1])
     return out.transpose(1, 2)
 
@@ -201,7 +218,7 @@ def _flex(q, k, v, m: DocMask):
     from torch.nn.attention.flex_attention import flex_attention
 
     fn = _compiled_flex() if q.is_cuda else flex_attention
-    q, k, v = (x.transpose(1, 2) for x in (q, k, v))                       # (B, H, S, D)
+    q, k, v = (x.transpose(1, 2) for x in (q, k, v))  # (B, H, S, D)
     out = fn(q, k, v, block_mask=m.block_mask, enable_gqa=q.shape[1] != k.shape[1])
     return out.transpose(1, 2)
 
@@ -216,7 +233,7 @@ def _varlen_kwargs() -> tuple[bool, bool]:
 def _varlen(q, k, v, m: DocMask):
     B, S, H, D = q.shape
     has_causal, has_gqa = _varlen_kwargs()
-    kw = {"is_causal": True} if has_causal else {"window_size": (-1, 0)}    # (-1, 0) = causal
+    kw = {"is_causal": True} if has_causal else {"window_size": (-1, 0)}  # (-1, 0) = causal
     if has_gqa:
         kw["enable_gqa"] = H != k.shape[2]
     # (B, S, H, D) -> (B*S, H, D): one packed stream, each document its own cu_seqlens segment
@@ -228,14 +245,16 @@ def _varlen(q, k, v, m: DocMask):
 def doc_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: DocMask) -> torch.Tensor:
     """Document-causal attention: q (B, S, H, D), k/v (B, S, Hkv, D) -> (B, S, H, D)."""
     if q.shape[1] != mask.S or k.shape[1] != mask.S:
-        raise ValueError(f"doc attention: q/k cover {q.shape[1]}/{k.shape[1]} tokens but doc_ids {mask.S}; under "
-                         f"sequence parallelism doc_ids must be the full (padded) sequence on every rank")
+        raise ValueError(
+            f"doc attention: q/k cover {q.shape[1]}/{k.shape[1]} tokens but doc_ids {mask.S}; under "
+            f"sequence parallelism doc_ids must be the full (padded) sequence on every rank"
+        )
     if mask.impl == "flex":
         return _flex(q, k, v, mask)
     if mask.impl == "varlen":
         return _varlen(q, k, v, mask)
     if mask.impl == "causal":
-        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))                # (B, H, S, D)
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # (B, H, S, D)
         out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=qt.shape[1] != kt.shape[1])
         return out.transpose(1, 2)
     return _dense(q, k, v, mask)

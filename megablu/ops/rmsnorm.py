@@ -14,6 +14,7 @@ Calls:
     y, r = add_rms_norm(x, residual, weight, eps)     # r = x + residual, y = norm(r)
 x/residual (..., d); weight (d,) of x's dtype for the kernel (else the torch path runs).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -26,8 +27,9 @@ from .dispatch import KERNEL_DTYPES, ext, resolve
 _MAX_VECS = 256
 
 
-def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                       residual: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm_reference(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: Optional[torch.Tensor] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, r): the model's RMSNorm (decoder.RMSNorm) of r = x + residual (r = x without one)."""
     r = x if residual is None else x + residual
     r32 = r.float()
@@ -35,13 +37,14 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float,
     return y, r
 
 
-def rms_norm_backward_reference(grad_y: torch.Tensor, grad_r: Optional[torch.Tensor], r: torch.Tensor,
-                                weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm_backward_reference(
+    grad_y: torch.Tensor, grad_r: Optional[torch.Tensor], r: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The closed form the CUDA backward implements, in fp32 torch: (dr, dw).
 
     Tested against autograd of rms_norm_reference on CPU; documents the kernel's math.
     """
-    acc = torch.promote_types(r.dtype, torch.float32)   # fp32, or fp64 for fp64 inputs
+    acc = torch.promote_types(r.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
     r32, gy = r.to(acc), grad_y.to(acc)
     rstd = torch.rsqrt(r32.pow(2).mean(-1, keepdim=True) + eps)
     xhat = r32 * rstd
@@ -106,11 +109,19 @@ def _unsupported(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torc
     return None
 
 
-def add_rms_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor, eps: float,
-                 impl: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor, eps: float, impl: Optional[str] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, r) with r = x + residual (x when residual is None) and y = RMSNorm(r) * weight."""
-    if resolve("rmsnorm", (x, weight) if residual is None else (x, residual, weight),
-               _unsupported(x, residual, weight), impl) == "torch":
+    if (
+        resolve(
+            "rmsnorm",
+            (x, weight) if residual is None else (x, residual, weight),
+            _unsupported(x, residual, weight),
+            impl,
+        )
+        == "torch"
+    ):
         return rms_norm_reference(x, weight, eps, residual)
     if residual is None:
         return _AddRmsNormFn.apply(x, None, weight, eps), x

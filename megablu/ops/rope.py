@@ -10,6 +10,7 @@ Call: `q, k = apply_rotary(q, k, cos, sin)`, q (B, T, H, D), k (B, T, Hkv, D); q
 strided views (e.g. slices of a fused qkv projection) as long as D is contiguous. Outputs
 are new contiguous tensors of q's dtype.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -36,14 +37,16 @@ def rope_backward_reference(gq, gk, cos, sin):
     With halves g1|g2, c1|c2, s1|s2:  d1 = g1*c1 + g2*s2,  d2 = g2*c2 - g1*s1.
     Tested against autograd of rope_reference on CPU; documents the kernel's math.
     """
+
     def one(g):
-        acc = torch.promote_types(g.dtype, torch.float32)   # fp32, or fp64 for fp64 inputs
+        acc = torch.promote_types(g.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
         c, s = _table(cos).unsqueeze(2).to(acc), _table(sin).unsqueeze(2).to(acc)
         h = g.shape[-1] // 2
         g1, g2 = g.to(acc)[..., :h], g.to(acc)[..., h:]
         d1 = g1 * c[..., :h] + g2 * s[..., h:]
         d2 = g2 * c[..., h:] - g1 * s[..., :h]
         return torch.cat((d1, d2), dim=-1).to(g.dtype)
+
     return one(gq), one(gk)
 
 
@@ -98,8 +101,9 @@ def _unsupported(q, k, cos, sin) -> Optional[str]:
     return None
 
 
-def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 impl: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_rotary(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, impl: Optional[str] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """q (B, T, H, D), k (B, T, Hkv, D), cos/sin (B|1, T, D) -> rotated (q, k)."""
     cos3, sin3 = _table(cos), _table(sin)
     if resolve("rope", (q, k, cos3, sin3), _unsupported(q, k, cos3, sin3), impl) == "torch":

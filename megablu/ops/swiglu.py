@@ -8,6 +8,7 @@ Calls:
     h = swiglu(gate, up)            # gate, up (..., F)
     h = swiglu_packed(gate_up)      # gate_up (..., 2F) from one fused projection: [gate | up]
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -27,7 +28,7 @@ def swiglu_backward_reference(grad: torch.Tensor, gate: torch.Tensor, up: torch.
 
     s = sigmoid(g): d_up = grad * g*s,  d_gate = grad * up * s * (1 + g*(1 - s)).
     """
-    acc = torch.promote_types(gate.dtype, torch.float32)   # fp32, or fp64 for fp64 inputs
+    acc = torch.promote_types(gate.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
     g, u, go = gate.to(acc), up.to(acc), grad.to(acc)
     s = torch.sigmoid(g)
     return (go * u * s * (1 + g * (1 - s))).to(gate.dtype), (go * g * s).to(up.dtype)

@@ -6,6 +6,7 @@ data parallel across nodes). `Groups` also implements the slice of Megatron's `m
 interface DeepSpeed reads (deepspeed.initialize(mpu=groups)): with it DeepSpeed reduces
 gradients and shards ZeRO state over all dp*sp ranks and averages over dp only.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -20,9 +21,9 @@ class Groups:
     dp: int
     sp_rank: int
     dp_rank: int
-    sp_group: Any = None          # the sp ranks sharing this rank's sequences
-    dp_group: Any = None          # ranks with the same sp_rank (one per dp replica); megablu's own use
-    world_group: Any = None       # every rank: ZeRO partitioning and gradient reduction
+    sp_group: Any = None  # the sp ranks sharing this rank's sequences
+    dp_group: Any = None  # ranks with the same sp_rank (one per dp replica); megablu's own use
+    world_group: Any = None  # every rank: ZeRO partitioning and gradient reduction
     ranks_per_node: Optional[int] = None
     sp_ranks: list = field(default_factory=list)
 
@@ -62,8 +63,10 @@ class Groups:
 
     def describe(self) -> str:
         node = f", {self.ranks_per_node} ranks/node" if self.ranks_per_node else ""
-        return (f"world {self.world_size} = dp {self.dp} x sp {self.sp}{node}; rank {self.rank}: "
-                f"dp_rank {self.dp_rank}, sp_rank {self.sp_rank}, sp group ranks {self.sp_ranks}")
+        return (
+            f"world {self.world_size} = dp {self.dp} x sp {self.sp}{node}; rank {self.rank}: "
+            f"dp_rank {self.dp_rank}, sp_rank {self.sp_rank}, sp group ranks {self.sp_ranks}"
+        )
 
 
 def layout(world_size: int, sp: int) -> list[list[int]]:
@@ -82,8 +85,9 @@ def build_groups(sp: int, ranks_per_node: Optional[int] = None) -> Groups:
     world, rank = dist.get_world_size(), dist.get_rank()
     sp_layout = layout(world, sp)
     dp = world // sp
-    g = Groups(world_size=world, rank=rank, sp=sp, dp=dp, sp_rank=rank % sp, dp_rank=rank // sp,
-               ranks_per_node=ranks_per_node)
+    g = Groups(
+        world_size=world, rank=rank, sp=sp, dp=dp, sp_rank=rank % sp, dp_rank=rank // sp, ranks_per_node=ranks_per_node
+    )
     # every rank must create every group, in the same order
     for ranks in sp_layout:
         pg = dist.new_group(ranks)

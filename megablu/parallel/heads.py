@@ -2,6 +2,7 @@
 
 No torch here: the planner reads it without loading torch.
 """
+
 from __future__ import annotations
 
 import math

@@ -12,6 +12,7 @@ stage3.__avg_scatter_grads averages over the whole partition group). The result 
 gradient of the token-mean loss of a one-rank run over the same sequences; the tests
 check it against that reference with gradient clipping off.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,8 +26,9 @@ from ..ops.doc_attention import check_doc_ids
 from .groups import Groups
 
 
-def shard_batch(batch: dict, groups: Groups, pad_id: int = 0, *, doc_mask: bool = False,
-                doc_positions: str = "restart") -> dict:
+def shard_batch(
+    batch: dict, groups: Groups, pad_id: int = 0, *, doc_mask: bool = False, doc_positions: str = "restart"
+) -> dict:
     """Full sequences (B, T) -> this rank's slice (B, ceil(T/sp)) with global position ids.
 
     T not divisible by sp is padded at the END with pad_id and IGNORE labels: attention is
@@ -48,8 +50,10 @@ def shard_batch(batch: dict, groups: Groups, pad_id: int = 0, *, doc_mask: bool 
     out = {}
     if doc_mask:
         if batch.get("doc_ids") is None:
-            raise ValueError("data.doc_mask=true but the batch has no doc_ids (B, T): the loader must emit each "
-                             "input token's document index within its row")
+            raise ValueError(
+                "data.doc_mask=true but the batch has no doc_ids (B, T): the loader must emit each "
+                "input token's document index within its row"
+            )
         doc = batch["doc_ids"]
         if tuple(doc.shape) != (B, T):
             raise ValueError(f"doc_ids {tuple(doc.shape)} must match input_ids {(B, T)}")
@@ -71,8 +75,13 @@ def shard_batch(batch: dict, groups: Groups, pad_id: int = 0, *, doc_mask: bool 
         rope_len = torch.nn.functional.pad(rope_len, (0, Tp - T), value=0)
     n = Tp // sp
     sl = slice(r * n, (r + 1) * n)
-    return {"input_ids": ids[:, sl].contiguous(), "labels": labels[:, sl].contiguous(),
-            "position_ids": pos[:, sl].contiguous(), "rope_len": rope_len[:, sl].contiguous(), **out}
+    return {
+        "input_ids": ids[:, sl].contiguous(),
+        "labels": labels[:, sl].contiguous(),
+        "position_ids": pos[:, sl].contiguous(),
+        "rope_len": rope_len[:, sl].contiguous(),
+        **out,
+    }
 
 
 def global_token_count(local_counts: list[int], groups: Groups, device) -> int:

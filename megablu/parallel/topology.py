@@ -10,6 +10,7 @@ every layer's activations through the inter-node network (tens of GB/s per GPU i
 NVLink's hundreds): legal, and the user is told. An sp that does not divide the world
 size is an error.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,7 +26,7 @@ class Topology:
     world: int
     sp: int
     dp: int
-    node_ranks: list[list[int]]                    # global ranks on each node, node by node
+    node_ranks: list[list[int]]  # global ranks on each node, node by node
     sp_groups: list[list[int]] = field(default_factory=list)
     dp_groups: list[list[int]] = field(default_factory=list)
     crossing: list[tuple[list[int], list[int]]] = field(default_factory=list)  # (sp group, nodes it spans)
@@ -58,11 +59,16 @@ class Topology:
         for n, ranks in enumerate(self.node_ranks):
             lines.append(f"  node {n}: ranks {_span(ranks)}")
         if self.ok:
-            lines.append("  sp groups (Ulysses all-to-all, every layer): " + "  ".join(
-                f"{_span(g)}@node{'+'.join(str(n) for n in sorted({self.node_of(r) for r in g}))}"
-                for g in self.sp_groups))
-            lines.append("  dp groups (gradient reduction, once per step): " + "  ".join(
-                _span(g) for g in self.dp_groups))
+            lines.append(
+                "  sp groups (Ulysses all-to-all, every layer): "
+                + "  ".join(
+                    f"{_span(g)}@node{'+'.join(str(n) for n in sorted({self.node_of(r) for r in g}))}"
+                    for g in self.sp_groups
+                )
+            )
+            lines.append(
+                "  dp groups (gradient reduction, once per step): " + "  ".join(_span(g) for g in self.dp_groups)
+            )
             lines.append(f"  every sp group inside one node: {'yes' if self.sp_within_node else 'NO'}")
         lines += [f"  warning: {w}" for w in self.warnings]
         lines += [f"  error: {e}" for e in self.errors]
@@ -128,16 +134,29 @@ def resolve(world: int, ranks_per_node: Union[int, Sequence[int], None], sp: int
         fits = [d for d in _divisors(world) if all(s % d == 0 for s in slots)]
         what = "; ".join(f"sp group {_span(g)} spans nodes {ns}" for g, ns in crossing[:4])
         more = f" (and {len(crossing) - 4} more)" if len(crossing) > 4 else ""
-        why = (f"sp={sp} > {per} ranks on a node, so no sp group fits in one node" if sp > per else
-               f"sp={sp} does not divide the ranks per node {slots}, so groups of {sp} consecutive ranks "
-               f"straddle node boundaries")
+        why = (
+            f"sp={sp} > {per} ranks on a node, so no sp group fits in one node"
+            if sp > per
+            else f"sp={sp} does not divide the ranks per node {slots}, so groups of {sp} consecutive ranks "
+            f"straddle node boundaries"
+        )
         warnings.append(
             f"{why}: {what}{more}. Each of these runs Ulysses' all-to-all (4 forward + 4 backward per "
             f"attention layer, every layer) over the inter-node network instead of NVLink, typically a "
             f"5-20x slower link; expect it to dominate the step. An sp in {fits} keeps every group inside "
-            f"a node (data parallel then crosses nodes, once per step)")
-    return Topology(world=world, sp=sp, dp=dp, node_ranks=node_ranks, sp_groups=sp_groups,
-                    dp_groups=dp_groups, crossing=crossing, errors=errors, warnings=warnings)
+            f"a node (data parallel then crosses nodes, once per step)"
+        )
+    return Topology(
+        world=world,
+        sp=sp,
+        dp=dp,
+        node_ranks=node_ranks,
+        sp_groups=sp_groups,
+        dp_groups=dp_groups,
+        crossing=crossing,
+        errors=errors,
+        warnings=warnings,
+    )
 
 
 def ranks_per_node_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[int]:

@@ -19,6 +19,7 @@ Document masking (data.doc_mask) needs nothing else here: the DocMask over the f
 after the all-to-all are the full sequence on H'/sp heads; zero pad heads attend within
 their documents to zero values and output zeros, as before.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -45,8 +46,9 @@ class UlyssesAttention(nn.Module):
         self.kv_rep, self.padded_heads = head_plan(n_heads, n_kv_heads, groups.sp)
         kv_heads = self.padded_heads if self.padded_heads != n_heads else n_kv_heads * self.kv_rep
         # kv head count after our expansion is a multiple of sp, so DeepSpeed takes its even path
-        self.dist_attn = DistributedAttention(local, groups.sp_group, scatter_idx=2, gather_idx=1,
-                                              num_kv_heads=kv_heads)
+        self.dist_attn = DistributedAttention(
+            local, groups.sp_group, scatter_idx=2, gather_idx=1, num_kv_heads=kv_heads
+        )
         self.local = local
 
     def _even_heads(self, q, k, v):
@@ -79,8 +81,9 @@ class UlyssesAttention(nn.Module):
     def _decode(self, q, k, v, cache: KVCache):
         """Same new tokens on every rank: attend with this rank's head shard and its cache, gather heads."""
         r, hq, hk = self.groups.sp_rank, q.shape[2] // self.sp, k.shape[2] // self.sp
-        out = self.local(q[:, :, r * hq:(r + 1) * hq], k[:, :, r * hk:(r + 1) * hk],
-                         v[:, :, r * hk:(r + 1) * hk], cache).contiguous()
+        out = self.local(
+            q[:, :, r * hq : (r + 1) * hq], k[:, :, r * hk : (r + 1) * hk], v[:, :, r * hk : (r + 1) * hk], cache
+        ).contiguous()
         parts = [torch.empty_like(out) for _ in range(self.sp)]
         dist.all_gather(parts, out, group=self.groups.sp_group)
         return torch.cat(parts, dim=2)
@@ -91,7 +94,7 @@ def apply_ulysses(model: BluModel, groups: Groups) -> BluModel:
     if groups.sp == 1:
         return model
     cfg = model.cfg
-    for layer in cast("Iterable[Block]", model.layers):   # nn.ModuleList iterates as nn.Module
+    for layer in cast("Iterable[Block]", model.layers):  # nn.ModuleList iterates as nn.Module
         attn = layer.self_attn
         if isinstance(attn.core, UlyssesAttention):
             raise RuntimeError("apply_ulysses called twice on the same model")

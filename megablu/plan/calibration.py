@@ -1,4 +1,5 @@
 """Calibration of the memory model by probes: activations x act_scale, static + offset."""
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,6 @@ def load_calibration(path: Union[str, Path]) -> Calibration:
     if "act_scale" in data:
         return Calibration(**data)
     return calibrate(data)
-
 
 
 def calibrate(probes: Union[dict, Iterable[dict]]) -> Calibration:

@@ -1,4 +1,5 @@
 """What to change when a setup does not fit: the cost of each switch and the cheapest fit."""
+
 from __future__ import annotations
 
 import itertools
@@ -8,15 +9,15 @@ from typing import Optional
 from .memory import COMFORTABLE, PEAK_TFLOPS_H200, Calibration, Setup, estimate, flops_per_token
 
 _COSTS = {  # rough relative step time, from experiments/speed/LOG.md where measured (32k)
-    "recompute=selective": 1.04,   # 1.074 / 1.030 s
-    "recompute=full": 1.26,        # 1.294 / 1.030 s
+    "recompute=selective": 1.04,  # 1.074 / 1.030 s
+    "recompute=full": 1.26,  # 1.294 / 1.030 s
     "loss_chunk=4096": 1.0,
-    "zero_stage=2": 1.02,          # estimate
-    "zero_stage=3": 1.15,          # estimate
-    "offload_optimizer": None,     # a fixed time per step: _cost()
-    "offload_params": None,        # a fixed time per step: _cost()
+    "zero_stage=2": 1.02,  # estimate
+    "zero_stage=3": 1.15,  # estimate
+    "offload_optimizer": None,  # a fixed time per step: _cost()
+    "offload_params": None,  # a fixed time per step: _cost()
     # tiles add no forward to selective (the tiles ARE its MLP recompute), only smaller GEMMs
-    "mlp_tiles=8": 1.02,           # estimate
+    "mlp_tiles=8": 1.02,  # estimate
     # H200, blu-0.5b, selective: 0.959 / 0.939 s at 32k (the last block kept), 11.48 / 11.41 s
     # at 128k: the copies hide behind the layers' compute (experiments/speed/LOG.md)
     "offload_activations": 1.02,
@@ -35,7 +36,7 @@ _COSTS = {  # rough relative step time, from experiments/speed/LOG.md where meas
 #     optimizer offload alone (-0.6 to +1.1 s): nothing added
 _OFFLOAD_S_PER_BPARAM = {"offload_optimizer": 0.6, "offload_params": 3.4}
 _ZERO3_OFFLOAD_S_PER_LAYER = 0.035
-ASSUMED_MFU = 0.36   # megablu, selective recompute, H200, 32k and 128k (experiments/speed/LOG.md)
+ASSUMED_MFU = 0.36  # megablu, selective recompute, H200, 32k and 128k (experiments/speed/LOG.md)
 
 
 def step_seconds(s: Setup) -> float:
@@ -76,8 +77,7 @@ def apply_change(s: Setup, change: str) -> Optional[Setup]:
         z = int(change.split("=")[1])
         return replace(s, zero_stage=z) if z > s.zero_stage else None
     if change == "offload_optimizer":
-        return replace(s, offload_optimizer=True, zero_stage=max(1, s.zero_stage)) \
-            if not s.offload_optimizer else None
+        return replace(s, offload_optimizer=True, zero_stage=max(1, s.zero_stage)) if not s.offload_optimizer else None
     if change == "offload_params":
         return replace(s, offload_params=True, zero_stage=3) if not s.offload_params else None
     if change == "mlp_tiles=8":
@@ -89,15 +89,16 @@ def apply_change(s: Setup, change: str) -> Optional[Setup]:
     raise ValueError(change)
 
 
-def suggest(s: Setup, gpu_gb: float, calib: Optional[Calibration] = None,
-            max_gpus: int = 64, host_gb: Optional[float] = None) -> Optional[str]:
+def suggest(
+    s: Setup, gpu_gb: float, calib: Optional[Calibration] = None, max_gpus: int = 64, host_gb: Optional[float] = None
+) -> Optional[str]:
     """The cheapest change (product of relative step costs) that makes `s` comfortable,
     or failing that, fit; more GPUs (sp x2, x4 ...) only when no switch on these GPUs does.
     host_gb: pinned host memory per GPU that offloaded activations may take (None: no limit);
     a change that offloads activations says how much it needs."""
     changes = list(_COSTS)
     best: dict[str, tuple] = {}
-    gpu_options = [s.gpus * 2 ** k for k in range(0, 7) if s.gpus * 2 ** k <= max_gpus]
+    gpu_options = [s.gpus * 2**k for k in range(0, 7) if s.gpus * 2**k <= max_gpus]
     for gi, g in enumerate(gpu_options):
         base = replace(s, gpus=g, sp=min(g, s.sp * g // s.gpus))
         for r in range(0, 4):
@@ -116,9 +117,15 @@ def suggest(s: Setup, gpu_gb: float, calib: Optional[Calibration] = None,
                 if host_gb is not None and e.host_gb > host_gb:
                     continue
                 frac = e.gpu_gb / gpu_gb
-                desc = ", ".join([f"{g} GPUs (sp={cur.sp})"] * (gi > 0) + [
-                    f"parallel.{c}" if c in ("offload_optimizer", "offload_params") or c.startswith("zero")
-                    else f"memory.{c}" for c in combo])
+                desc = ", ".join(
+                    [f"{g} GPUs (sp={cur.sp})"] * (gi > 0)
+                    + [
+                        f"parallel.{c}"
+                        if c in ("offload_optimizer", "offload_params") or c.startswith("zero")
+                        else f"memory.{c}"
+                        for c in combo
+                    ]
+                )
                 if e.host:
                     desc += f" [{e.host_gb:.0f} GB pinned host per GPU]"
                 for kind, lim in (("comfortable", COMFORTABLE), ("fits", 1.0)):

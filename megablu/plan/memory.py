@@ -44,6 +44,7 @@ is outside the blocks (final norm, RoPE tables, ids). Storages under 1 MiB stay 
 ZeRO shards over every rank that holds the same parameters (dp*sp = world; DeepSpeed
 partitions over its sequence-data-parallel group).
 """
+
 from __future__ import annotations
 
 import json
@@ -61,16 +62,15 @@ from ..utils.liger import liger_chunk_tokens, liger_mem_const
 GB = 1e9
 BF16 = 2
 FP32 = 4
-_H200 = peak_bf16_tflops("NVIDIA H200")   # dense bf16: the one table, utils/device.py
+_H200 = peak_bf16_tflops("NVIDIA H200")  # dense bf16: the one table, utils/device.py
 assert _H200 is not None, "utils/device.PEAK_BF16_TFLOPS must list the NVIDIA H200 (the planner's reference)"
 PEAK_TFLOPS_H200: float = _H200
-COMFORTABLE = 0.80                  # <= 80% of the GPU: comfortable
+COMFORTABLE = 0.80  # <= 80% of the GPU: comfortable
 # DeepSpeed defaults the trainer does not override (runtime/zero/config.py)
-ZERO_REDUCE_BUCKET = 5e8            # elements, stage 2/3 contiguous gradient bucket
-ZERO3_PREFETCH_BUCKET = 5e7         # elements, stage 3 parameter prefetch
-ALLOC_SLACK = 0.05                  # caching-allocator fragmentation over max_memory_allocated
-CUDA_CONTEXT_GB = 0.8               # CUDA context + library handles, outside the allocator
-
+ZERO_REDUCE_BUCKET = 5e8  # elements, stage 2/3 contiguous gradient bucket
+ZERO3_PREFETCH_BUCKET = 5e7  # elements, stage 3 parameter prefetch
+ALLOC_SLACK = 0.05  # caching-allocator fragmentation over max_memory_allocated
+CUDA_CONTEXT_GB = 0.8  # CUDA context + library handles, outside the allocator
 
 
 @dataclass(frozen=True)
@@ -87,18 +87,26 @@ class Setup:
     recompute: str = "none"
     loss_chunk: int = 0
     micro_batch: int = 1
-    ops: str = "cuda"               # cuda: fused kernels (GPU default); torch: reference ops
-    optimizer: bool = True          # False: fwd+bwd only (the bench rows), grads kept bf16
-    mlp_tiles: int = 1              # memory.mlp_tiles
-    offload_activations: bool = False   # memory.offload_activations
-    offload_keep: int = 1           # memory.offload_keep: the last blocks whose saved sets stay on the GPU
-    offload_fraction: float = 1.0   # memory.offload_fraction: the share of the others that offload
-    loss: str = "chunked"           # the loss that runs: chunked | liger (memory.loss=auto resolved)
-    attention: str = "sdpa"         # the kernel that runs: sdpa | fa4 (memory.attention=auto resolved)
+    ops: str = "cuda"  # cuda: fused kernels (GPU default); torch: reference ops
+    optimizer: bool = True  # False: fwd+bwd only (the bench rows), grads kept bf16
+    mlp_tiles: int = 1  # memory.mlp_tiles
+    offload_activations: bool = False  # memory.offload_activations
+    offload_keep: int = 1  # memory.offload_keep: the last blocks whose saved sets stay on the GPU
+    offload_fraction: float = 1.0  # memory.offload_fraction: the share of the others that offload
+    loss: str = "chunked"  # the loss that runs: chunked | liger (memory.loss=auto resolved)
+    attention: str = "sdpa"  # the kernel that runs: sdpa | fa4 (memory.attention=auto resolved)
 
     @classmethod
-    def from_config(cls, cfg: Config, *, gpus: Optional[int] = None, window: Optional[int] = None,
-                    sp: Optional[int] = None, ops: Optional[str] = None, loss: Optional[str] = None) -> Setup:
+    def from_config(
+        cls,
+        cfg: Config,
+        *,
+        gpus: Optional[int] = None,
+        window: Optional[int] = None,
+        sp: Optional[int] = None,
+        ops: Optional[str] = None,
+        loss: Optional[str] = None,
+    ) -> Setup:
         """loss: the implementation that runs (a probe's); default memory.loss, where auto is what it picks
         for a GPU run in this environment (liger when liger_kernel imports here, else chunked); the same for
         attention (memory.attention=auto: fa4 when the config allows it and flash_attn.cute imports here)."""
@@ -113,15 +121,25 @@ class Setup:
 
             attention = auto_for_config(cfg, "cuda")[0]
         g = gpus if gpus is not None else p.sp
-        return cls(model=cfg.model, window=window or cfg.data.window, gpus=g,
-                   sp=sp if sp is not None else (g if gpus is not None else p.sp),
-                   zero_stage=p.zero_stage, offload_optimizer=p.offload_optimizer,
-                   offload_params=p.offload_params, recompute=cfg.memory.recompute,
-                   loss_chunk=cfg.memory.loss_chunk, micro_batch=cfg.train.micro_batch,
-                   ops=ops or ("torch" if cfg.memory.ops == "torch" else "cuda"),
-                   mlp_tiles=cfg.memory.mlp_tiles, offload_activations=cfg.memory.offload_activations,
-                   offload_keep=cfg.memory.offload_keep, offload_fraction=cfg.memory.offload_fraction,
-                   loss=loss or cfg.memory.loss, attention=attention)
+        return cls(
+            model=cfg.model,
+            window=window or cfg.data.window,
+            gpus=g,
+            sp=sp if sp is not None else (g if gpus is not None else p.sp),
+            zero_stage=p.zero_stage,
+            offload_optimizer=p.offload_optimizer,
+            offload_params=p.offload_params,
+            recompute=cfg.memory.recompute,
+            loss_chunk=cfg.memory.loss_chunk,
+            micro_batch=cfg.train.micro_batch,
+            ops=ops or ("torch" if cfg.memory.ops == "torch" else "cuda"),
+            mlp_tiles=cfg.memory.mlp_tiles,
+            offload_activations=cfg.memory.offload_activations,
+            offload_keep=cfg.memory.offload_keep,
+            offload_fraction=cfg.memory.offload_fraction,
+            loss=loss or cfg.memory.loss,
+            attention=attention,
+        )
 
     def to_json(self) -> dict:
         """Plain JSON (probe.json's "setup"; from_json reads it back)."""
@@ -148,13 +166,16 @@ class Setup:
         mem += " +act-offload" if self.offload_activations else ""
         mem += f" keep={self.offload_keep}" if self.offload_activations and self.offload_keep != 1 else ""
         mem += f" fraction={self.offload_fraction:g}" if self.offload_activations and self.offload_fraction != 1 else ""
-        loss = ("loss=liger" + (f" loss_chunk={self.loss_chunk}" if self.loss_chunk > 0 else "")
-                if self.loss == "liger" else f"loss_chunk={self.loss_chunk}")
+        loss = (
+            "loss=liger" + (f" loss_chunk={self.loss_chunk}" if self.loss_chunk > 0 else "")
+            if self.loss == "liger"
+            else f"loss_chunk={self.loss_chunk}"
+        )
         attn = f" attention={self.attention}" if self.attention != "sdpa" else ""
-        return (f"gpus={self.gpus} sp={self.sp} zero={self.zero_stage}{off} recompute={self.recompute}{mem} "
-                f"{loss} ops={self.ops}{attn}")
-
-
+        return (
+            f"gpus={self.gpus} sp={self.sp} zero={self.zero_stage}{off} recompute={self.recompute}{mem} "
+            f"{loss} ops={self.ops}{attn}"
+        )
 
 
 @dataclass
@@ -172,11 +193,11 @@ class Calibration:
 @dataclass
 class Estimate:
     setup: Setup
-    terms: dict            # name -> bytes (the peak's composition)
-    phase: str             # which phase is the peak
-    static: float          # bytes before the first step (params + optimizer states)
-    per_token: float       # bytes per token per rank of saved activations on the GPU (after calibration)
-    host: float = 0.0      # pinned host bytes per rank for offloaded activations
+    terms: dict  # name -> bytes (the peak's composition)
+    phase: str  # which phase is the peak
+    static: float  # bytes before the first step (params + optimizer states)
+    per_token: float  # bytes per token per rank of saved activations on the GPU (after calibration)
+    host: float = 0.0  # pinned host bytes per rank for offloaded activations
 
     @property
     def host_gb(self) -> float:
@@ -201,8 +222,6 @@ class Estimate:
         return max(self.terms.items(), key=lambda kv: kv[1])[0]
 
 
-
-
 # --------------------------------------------------------------------------- activations
 def _kv_rep(m: ModelConfig, sp: int) -> int:
     """kv replication of Ulysses (parallel/heads.py; its padded-heads branch expands to MHA)."""
@@ -216,13 +235,20 @@ def layer_bytes_per_token(m: ModelConfig, ops: str, sp: int = 1, attention: str 
     q, kv = m.n_heads * hd, m.n_kv_heads * hd * _kv_rep(m, sp)
     # norm: torch keeps r.float() (4d) + the normalised bf16 (2d); cuda keeps r (2d); + rstd
     norm = (FP32 * d + BF16 * d + FP32) if ops == "torch" else (BF16 * d + FP32)
-    attn = (norm + BF16 * d                         # norm + its output y (q/k/v proj input)
-            + BF16 * (q + 2 * kv)                   # post-RoPE q, k, v (SDPA)
-            + BF16 * q + FP32 * m.n_heads)          # attention output + LSE
+    attn = (
+        norm
+        + BF16 * d  # norm + its output y (q/k/v proj input)
+        + BF16 * (q + 2 * kv)  # post-RoPE q, k, v (SDPA)
+        + BF16 * q
+        + FP32 * m.n_heads
+    )  # attention output + LSE
     if sp > 1:
-        attn += BF16 * q                            # output saved again after the all-to-all back
-    mlp = (norm + BF16 * d                          # second norm + its output (gate/up input)
-           + BF16 * F * (4 if ops == "torch" else 3))  # gate, up, (silu(gate)), down input
+        attn += BF16 * q  # output saved again after the all-to-all back
+    mlp = (
+        norm
+        + BF16 * d  # second norm + its output (gate/up input)
+        + BF16 * F * (4 if ops == "torch" else 3)
+    )  # gate, up, (silu(gate)), down input
     # the attention backward (SDPA's flash kernel, FA2): an fp32 dq accumulator; with GQA
     # (fewer kv heads than q heads on the rank) dk and dv at q's head count before their sum
     # over the group; dq, dk, dv; the fp32 softmax row sums. Beside it: the output's grad from
@@ -234,13 +260,18 @@ def layer_bytes_per_token(m: ModelConfig, ops: str, sp: int = 1, attention: str 
         # FA4: fp32 dk/dv accumulators at the kv head count, and two fp32 row scratches per head
         gqa_expand = 2 * FP32 * kv if kv < q else 0
         scratch = 2 * FP32 * m.n_heads
-    return {"attn": attn, "mlp": mlp, "input": BF16 * d, "h": BF16 * d,
-            "mlp_ffn": BF16 * F * (4 if ops == "torch" else 3),   # the (T, ffn) part of "mlp"
-            # grads in flight at the MLP backward: d(down input) and d(gate), d(up) (3F) while
-            # the down input is already freed (-F), + the residual grad
-            "bwd_extra": BF16 * (2 * F + d),
-            "attn_bwd": BF16 * d + BF16 * q + FP32 * q + gqa_expand + BF16 * (q + 2 * kv) + scratch,
-            "a2a": 3 * BF16 * (2 * q + 2 * kv) if sp > 1 else 0}
+    return {
+        "attn": attn,
+        "mlp": mlp,
+        "input": BF16 * d,
+        "h": BF16 * d,
+        "mlp_ffn": BF16 * F * (4 if ops == "torch" else 3),  # the (T, ffn) part of "mlp"
+        # grads in flight at the MLP backward: d(down input) and d(gate), d(up) (3F) while
+        # the down input is already freed (-F), + the residual grad
+        "bwd_extra": BF16 * (2 * F + d),
+        "attn_bwd": BF16 * d + BF16 * q + FP32 * q + gqa_expand + BF16 * (q + 2 * kv) + scratch,
+        "a2a": 3 * BF16 * (2 * q + 2 * kv) if sp > 1 else 0,
+    }
 
 
 def saved_per_layer(lb: dict, recompute: str, mlp_tiles: int = 1) -> float:
@@ -250,7 +281,7 @@ def saved_per_layer(lb: dict, recompute: str, mlp_tiles: int = 1) -> float:
         # tiled, the MLP saves its input y only (in lb["mlp"] as the norm's output), not the ffn part
         return lb["attn"] + lb["mlp"] - (lb["mlp_ffn"] if mlp_tiles > 1 else 0)
     if recompute == "selective":
-        return lb["attn"] + lb["h"]      # tiled or not: the checkpoint / the tiled norm+MLP keeps h
+        return lb["attn"] + lb["h"]  # tiled or not: the checkpoint / the tiled norm+MLP keeps h
     if recompute == "full":
         return lb["input"]
     raise ValueError(f"memory.recompute must be none|selective|full, got {recompute!r}")
@@ -260,13 +291,13 @@ def outside_layers_per_token(m: ModelConfig, ops: str) -> float:
     """Saved bytes per token outside the blocks: final norm, RoPE tables, ids."""
     d, hd = m.d_model, m.resolved_head_dim
     final_norm = (FP32 * d + BF16 * d) if ops == "torch" else BF16 * d
-    rope = 2 * BF16 * hd                            # cos, sin (B, T, D), shared by all layers
-    ids = 3 * 8                                     # input ids, labels, positions (int64)
+    rope = 2 * BF16 * hd  # cos, sin (B, T, D), shared by all layers
+    ids = 3 * 8  # input ids, labels, positions (int64)
     return final_norm + rope + ids
 
 
-OFFLOAD_RESIDENT_LAYERS = MAX_INFLIGHT   # memory/offload.py: the block running + one in flight / prefetched
-OFFLOAD_KEPT_LAYERS = KEEP_LAST          # memory/offload.py: the final blocks never leave the GPU
+OFFLOAD_RESIDENT_LAYERS = MAX_INFLIGHT  # memory/offload.py: the block running + one in flight / prefetched
+OFFLOAD_KEPT_LAYERS = KEEP_LAST  # memory/offload.py: the final blocks never leave the GPU
 
 
 def resident_layers(n_layers: int, keep: int = OFFLOAD_KEPT_LAYERS, fraction: float = 1.0) -> int:
@@ -277,21 +308,37 @@ def resident_layers(n_layers: int, keep: int = OFFLOAD_KEPT_LAYERS, fraction: fl
     return min(n_layers, max(OFFLOAD_RESIDENT_LAYERS, kept + OFFLOAD_RESIDENT_LAYERS - OFFLOAD_KEPT_LAYERS))
 
 
-def saved_per_token(m: ModelConfig, recompute: str, ops: str, sp: int = 1, mlp_tiles: int = 1,
-                    offload: bool = False, keep: int = OFFLOAD_KEPT_LAYERS, fraction: float = 1.0) -> float:
+def saved_per_token(
+    m: ModelConfig,
+    recompute: str,
+    ops: str,
+    sp: int = 1,
+    mlp_tiles: int = 1,
+    offload: bool = False,
+    keep: int = OFFLOAD_KEPT_LAYERS,
+    fraction: float = 1.0,
+) -> float:
     """Bytes per token per rank saved for backward on the GPU over all layers + head + RoPE tables."""
     per_layer = saved_per_layer(layer_bytes_per_token(m, ops, sp), recompute, mlp_tiles)
     layers = resident_layers(m.n_layers, keep, fraction) if offload else m.n_layers
     return layers * per_layer + outside_layers_per_token(m, ops)
 
 
-def host_per_token(m: ModelConfig, recompute: str, ops: str, sp: int = 1, mlp_tiles: int = 1,
-                   keep: int = OFFLOAD_KEPT_LAYERS, fraction: float = 1.0) -> float:
+def host_per_token(
+    m: ModelConfig,
+    recompute: str,
+    ops: str,
+    sp: int = 1,
+    mlp_tiles: int = 1,
+    keep: int = OFFLOAD_KEPT_LAYERS,
+    fraction: float = 1.0,
+) -> float:
     """Pinned host bytes per token per rank with memory.offload_activations: the saved sets of the
     blocks that offload (all but the last `keep`, memory.offload_keep, or `fraction` of them spread
     evenly, memory.offload_fraction: memory/constants.py offloaded)."""
-    return offloaded_count(m.n_layers, keep, fraction) * saved_per_layer(layer_bytes_per_token(m, ops, sp),
-                                                                         recompute, mlp_tiles)
+    return offloaded_count(m.n_layers, keep, fraction) * saved_per_layer(
+        layer_bytes_per_token(m, ops, sp), recompute, mlp_tiles
+    )
 
 
 def layer_working_set(lb: dict, recompute: str, mlp_tiles: int = 1) -> float:
@@ -305,11 +352,13 @@ def layer_working_set(lb: dict, recompute: str, mlp_tiles: int = 1) -> float:
     if n == 1:
         rebuilt = {"none": 0.0, "selective": lb["mlp"], "full": lb["attn"] + lb["mlp"]}[recompute]
         return max(rebuilt + lb["bwd_extra"] + lb["a2a"], attn_point)
-    rebuilt = {"none": ffn / n,                        # the tiles' ffn tensors
-               "selective": (rest + ffn) / n,          # norm + MLP rebuilt per tile
-               "full": lb["attn"] + rest + ffn / n}[recompute]
-    d2 = lb["h"]                                        # BF16 * d
-    grads = (lb["bwd_extra"] - d2) / n + d2 + d2        # ffn grads per tile + residual grad + tiled dx
+    rebuilt = {
+        "none": ffn / n,  # the tiles' ffn tensors
+        "selective": (rest + ffn) / n,  # norm + MLP rebuilt per tile
+        "full": lb["attn"] + rest + ffn / n,
+    }[recompute]
+    d2 = lb["h"]  # BF16 * d
+    grads = (lb["bwd_extra"] - d2) / n + d2 + d2  # ffn grads per tile + residual grad + tiled dx
     return max(rebuilt + grads + lb["a2a"], attn_point)
 
 
@@ -326,7 +375,7 @@ def loss_bytes(m: ModelConfig, tokens: int, chunk: int, loss: str = "chunked") -
     if loss == "liger":
         # its loop: fp32 dW + one chunk's bf16 logits; its end: fp32 dW + the bf16 dW cast
         const = max(FP32 * V * d + BF16 * liger_chunk(m, tokens, chunk) * V, (FP32 + BF16) * V * d)
-        return const, BF16 * d + FP32 + 1                 # dh, the fp32 per-token loss, the label mask
+        return const, BF16 * d + FP32 + 1  # dh, the fp32 per-token loss, the label mask
     if chunk <= 0:
         return 0.0, 12.0 * V + BF16 * d
     c = min(chunk, tokens)
@@ -366,8 +415,12 @@ def estimate(s: Setup, calib: Optional[Calibration] = None) -> Estimate:
 
     # --- phases (activations scale with act_scale)
     a = calib.act_scale
-    per_tok = saved_per_token(m, s.recompute, s.ops, s.sp, s.mlp_tiles, s.offload_activations, s.offload_keep,
-                              s.offload_fraction) * a
+    per_tok = (
+        saved_per_token(
+            m, s.recompute, s.ops, s.sp, s.mlp_tiles, s.offload_activations, s.offload_keep, s.offload_fraction
+        )
+        * a
+    )
     lb = layer_bytes_per_token(m, s.ops, s.sp, s.attention)
     loss_const, loss_tok = loss_bytes(m, t, s.loss_chunk, s.loss)
     fwd_end = per_tok * t + (loss_const + loss_tok * t) * a
@@ -375,26 +428,34 @@ def estimate(s: Setup, calib: Optional[Calibration] = None) -> Estimate:
     # tiled: fp32 sums of the MLP weights' grads over tiles (memory/tiled.py), one layer at a time
     tile_acc = FP32 * 3 * m.d_model * m.ffn_dim if s.mlp_tiles > 1 else 0.0
     bwd = per_tok * t + layer_ws * t + tile_acc
-    host = (host_per_token(m, s.recompute, s.ops, s.sp, s.mlp_tiles, s.offload_keep, s.offload_fraction) * a * t
-            if s.offload_activations else 0.0)
+    host = (
+        host_per_token(m, s.recompute, s.ops, s.sp, s.mlp_tiles, s.offload_keep, s.offload_fraction) * a * t
+        if s.offload_activations
+        else 0.0
+    )
     step = FP32 * N / K if (s.optimizer and not s.offload_optimizer) else 0.0
     phases = {"forward end": fwd_end, "backward": bwd, "optimizer step": step}
     phase = max(phases, key=lambda k: phases[k])
-    act = f"activations ({s.recompute}, " + (f"{resident_layers(m.n_layers, s.offload_keep, s.offload_fraction)} of "
-                                             f"{m.n_layers} layers "
-                                             f"on the GPU, rest on host)" if s.offload_activations
-                                             else f"{m.n_layers} layers)")
+    act = f"activations ({s.recompute}, " + (
+        f"{resident_layers(m.n_layers, s.offload_keep, s.offload_fraction)} of "
+        f"{m.n_layers} layers "
+        f"on the GPU, rest on host)"
+        if s.offload_activations
+        else f"{m.n_layers} layers)"
+    )
     if phase == "forward end":
         terms[act] = per_tok * t
-        what = (f" (liger, chunk {liger_chunk(m, t, s.loss_chunk)})" if s.loss == "liger"
-                else f" (chunk {s.loss_chunk})" if s.loss_chunk
-                else " (unchunked fp32 [T, V])")
-        terms["loss" + what] = \
-            (loss_const + loss_tok * t) * a
+        what = (
+            f" (liger, chunk {liger_chunk(m, t, s.loss_chunk)})"
+            if s.loss == "liger"
+            else f" (chunk {s.loss_chunk})"
+            if s.loss_chunk
+            else " (unchunked fp32 [T, V])"
+        )
+        terms["loss" + what] = (loss_const + loss_tok * t) * a
     elif phase == "backward":
         terms[act] = per_tok * t
-        terms["backward working set (one layer" + (" + all-to-all" if s.sp > 1 else "") + ")"] = \
-            bwd - per_tok * t
+        terms["backward working set (one layer" + (" + all-to-all" if s.sp > 1 else "") + ")"] = bwd - per_tok * t
     else:
         terms["optimizer step (fp32 grad partition)"] = step
     return Estimate(setup=s, terms=terms, phase=phase, static=static, per_token=per_tok, host=host)

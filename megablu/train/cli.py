@@ -17,6 +17,7 @@ cannot fit 3 steps), no eval, no checkpoint, runs_dir = a fresh folder under
 <runs_dir>/_probe/. Neither imports torch's training stack or deepspeed itself (DeepSpeed
 prints on stdout).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,9 +43,19 @@ def _train(args) -> int:
         return 2
 
 
-PROBE_SETS = ["train.max_steps={n}", "train.probe_steps={n}", "train.stop_after=null", "schedule.kind=cosine",
-              "schedule.decay_start=null", "schedule.warmup_steps=0", "eval.at_steps=[]", "eval.final=false",
-              "eval.gate.parent=null", "checkpoint.every_steps=0", "checkpoint.save_final=false"]
+PROBE_SETS = [
+    "train.max_steps={n}",
+    "train.probe_steps={n}",
+    "train.stop_after=null",
+    "schedule.kind=cosine",
+    "schedule.decay_start=null",
+    "schedule.warmup_steps=0",
+    "eval.at_steps=[]",
+    "eval.final=false",
+    "eval.gate.parent=null",
+    "checkpoint.every_steps=0",
+    "checkpoint.save_final=false",
+]
 
 
 def probe_command(args, cfg, runs_dir: str) -> tuple[list[str], dict]:
@@ -55,8 +66,15 @@ def probe_command(args, cfg, runs_dir: str) -> tuple[list[str], dict]:
 
     n = args.steps
     sets = [s.format(n=n) for s in PROBE_SETS] + [f"runs_dir={runs_dir}", f"name={cfg.name}_probe"]
-    a = argparse.Namespace(config=args.config, set=list(args.set) + sets, resume=None, launcher="deepspeed",
-                           hostfile=None, master_port=args.master_port, device=resolve_device(cfg.train.device))
+    a = argparse.Namespace(
+        config=args.config,
+        set=list(args.set) + sets,
+        resume=None,
+        launcher="deepspeed",
+        hostfile=None,
+        master_port=args.master_port,
+        device=resolve_device(cfg.train.device),
+    )
     return build_command(a, [args.gpus or cfg.parallel.sp])
 
 
@@ -71,7 +89,7 @@ def _probe(args) -> int:
     runs_dir = str(Path(cfg.runs_dir, "_probe", stamp))
     cmd, env = probe_command(args, cfg, runs_dir)
     # the probe's config must be valid for its world size before anything is launched
-    sets = cmd[cmd.index("--config") + 2:][1::2]
+    sets = cmd[cmd.index("--config") + 2 :][1::2]
     if load_for_command(args.config, sets, world_size=args.gpus or cfg.parallel.sp) is None:
         return 2
     shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
@@ -85,14 +103,13 @@ def _probe(args) -> int:
     # rank 0 writes probe.json; a rank that ran out of memory writes probe.rank<r>.json
     found = sorted(Path(runs_dir).glob("*/probe*.json"))
     if not found:
-        print(f"probe: the run exited {proc.returncode} without writing probe.json under {runs_dir}",
-              file=sys.stderr)
+        print(f"probe: the run exited {proc.returncode} without writing probe.json under {runs_dir}", file=sys.stderr)
         return 1
     probes = [(json.loads(f.read_text()), f) for f in found]
     probe, path = next(((p, f) for p, f in probes if p.get("oom")), probes[0])
     found = [path]
     if probe.get("setup"):
-        setup = plan.Setup.from_json(probe["setup"])   # what the run actually was (world, sp, ops used)
+        setup = plan.Setup.from_json(probe["setup"])  # what the run actually was (world, sp, ops used)
     else:
         setup = plan.Setup.from_config(cfg, gpus=args.gpus or cfg.parallel.sp, sp=cfg.parallel.sp)
     est = plan.estimate(setup)
@@ -105,8 +122,11 @@ def _probe(args) -> int:
 
 
 def register(sub) -> None:
-    t = sub.add_parser("train", help="resolve the launch (GPUs, nodes, sp), check the config for it, print the "
-                                     "launcher command and run it (--dry-run: print and check only)")
+    t = sub.add_parser(
+        "train",
+        help="resolve the launch (GPUs, nodes, sp), check the config for it, print the "
+        "launcher command and run it (--dry-run: print and check only)",
+    )
     from .launch import add_arguments, port, positive_int
 
     add_arguments(t)
@@ -116,9 +136,14 @@ def register(sub) -> None:
     q.add_argument("--config", required=True, help="configs/<arm>.yaml to measure")
     q.add_argument("--set", action="append", default=[], metavar="a.b=v", help="config override (repeatable)")
     q.add_argument("--gpus", type=positive_int, default=None, help="processes to launch; default parallel.sp")
-    q.add_argument("--steps", type=positive_int, default=3, help="real training steps to measure (the first pays "
-                   "warm-up)")
-    q.add_argument("--master-port", type=port, default=29611, help="rendezvous port of the launch (change it when "
-                   "two probes run at once)")
+    q.add_argument(
+        "--steps", type=positive_int, default=3, help="real training steps to measure (the first pays warm-up)"
+    )
+    q.add_argument(
+        "--master-port",
+        type=port,
+        default=29611,
+        help="rendezvous port of the launch (change it when two probes run at once)",
+    )
     q.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
     q.set_defaults(func=_probe)

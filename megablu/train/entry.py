@@ -12,6 +12,7 @@ run summary) go to stdout on rank 0 as one JSON line, and with `--json FILE` to 
 stderr. A rank that fails prints one line (its traceback goes to runs/<id>/logs/) and, last,
 the command that resumes the run; a rank whose launcher dies stops within a second.
 """
+
 import argparse
 import contextlib
 import json
@@ -30,17 +31,30 @@ def main(argv=None) -> int:
     p.add_argument("--config", required=True, help="configs/<arm>.yaml")
     p.add_argument("--set", action="append", default=[], metavar="a.b=v", help="override (repeatable)")
     p.add_argument("--resume", default=None, help="run id or run dir to resume from its newest verified checkpoint")
-    p.add_argument("--json", default=None, metavar="FILE", help="also write the run's summary (the JSON line of "
-                   "stdout) to FILE, atomically: what a script reads, since the `deepspeed` launcher prints its own "
-                   "INFO lines on stdout too")
-    p.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)),
-                   help="set by the launcher")
+    p.add_argument(
+        "--json",
+        default=None,
+        metavar="FILE",
+        help="also write the run's summary (the JSON line of "
+        "stdout) to FILE, atomically: what a script reads, since the `deepspeed` launcher prints its own "
+        "INFO lines on stdout too",
+    )
+    p.add_argument(
+        "--local_rank",
+        "--local-rank",
+        type=int,
+        default=int(os.environ.get("LOCAL_RANK", 0)),
+        help="set by the launcher",
+    )
     args = p.parse_args(argv)
 
-    launched = "RANK" in os.environ   # by deepspeed / torchrun: a launcher whose death must end this rank
+    launched = "RANK" in os.environ  # by deepspeed / torchrun: a launcher whose death must end this rank
     rank = int(os.environ.get("RANK", 0))
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO if rank == 0 else logging.WARNING,
-                        format=f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format=f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s",
+    )
 
     from ..config import ConfigError
 
@@ -49,8 +63,8 @@ def main(argv=None) -> int:
     if ok is None:
         return 2
     cfg, topo = ok.cfg, ok.topology
-    assert ok.ctx is not None and topo is not None   # check() with files=True resolves both
-    if rank == 0:   # nodes, dp x sp, which ranks share a node; the config's warnings
+    assert ok.ctx is not None and topo is not None  # check() with files=True resolves both
+    if rank == 0:  # nodes, dp x sp, which ranks share a node; the config's warnings
         _report_setup(topo, ok.warnings)
     if ok.ctx.complete:
         return _already_complete(ok.ctx, rank, args.json)
@@ -60,18 +74,21 @@ def main(argv=None) -> int:
     from .resume import how_to_continue
     from .trainer import GateFailed, Trainer
 
-    try:   # the Trainer re-applies the rope lineage rule (it guards the Python API too)
+    try:  # the Trainer re-applies the rope lineage rule (it guards the Python API too)
         trainer = Trainer(cfg, resume=args.resume, local_rank=args.local_rank)
     except ConfigError as e:
         if rank == 0:
             print(str(e), file=sys.stderr)
         return 2
-    except KeyboardInterrupt as e:   # Ctrl-C while the run is being set up (the handlers below come after)
+    except KeyboardInterrupt as e:  # Ctrl-C while the run is being set up (the handlers below come after)
         return _failed(e, None, rank, lambda: "no step was trained: start the same command again")
 
     def next_step() -> str:
-        return (how_to_continue(trainer.run_dir, world, topo.nodes) if trainer.run_dir is not None
-                else "no run dir was allocated yet: start the same command again")
+        return (
+            how_to_continue(trainer.run_dir, world, topo.nodes)
+            if trainer.run_dir is not None
+            else "no run dir was allocated yet: start the same command again"
+        )
 
     if launched:
         from .watchdog import exit_with_launcher
@@ -84,25 +101,25 @@ def main(argv=None) -> int:
         # libraries print chatter on stdout (DeepSpeed's op builds); stdout is for the result only
         with contextlib.redirect_stdout(sys.stderr):
             summary = trainer.train()
-    except ProbeOOM as e:   # the numbers measured so far and the planner's way out
+    except ProbeOOM as e:  # the numbers measured so far and the planner's way out
         print(str(e), file=sys.stderr)
         return 1
-    except GateFailed as e:   # trained and saved, but worse at short context than the parent
+    except GateFailed as e:  # trained and saved, but worse at short context than the parent
         if rank == 0:
             _emit(e.summary, args.json)
             print(f"eval gate FAILED: {e}", file=sys.stderr)
-        _FAILING.set()   # every rank exits 1: the launcher's SIGTERM to the slower ones is not a new failure
+        _FAILING.set()  # every rank exits 1: the launcher's SIGTERM to the slower ones is not a new failure
         _leave(rank)
         return 1
     except (Exception, KeyboardInterrupt, Terminated) as e:  # noqa: BLE001 - one line per rank, then the way on
         _FAILING.set()
         return _failed(e, trainer.run_dir, rank, next_step)
     finally:
-        for s, h in handlers.items():   # this process may go on (an in-process caller): its own handlers back
+        for s, h in handlers.items():  # this process may go on (an in-process caller): its own handlers back
             signal.signal(s, h)
         _FAILING.clear()
     written = _emit(summary, args.json) if rank == 0 else True
-    return _leave(rank) or (0 if written else 1)   # every rank leaves the process group together
+    return _leave(rank) or (0 if written else 1)  # every rank leaves the process group together
 
 
 def _deepspeed_env(device, launched: bool) -> None:
@@ -117,8 +134,14 @@ def _deepspeed_env(device, launched: bool) -> None:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("MASTER_PORT", str(port)))
+        os.environ.update(
+            RANK="0",
+            LOCAL_RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_SIZE="1",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=os.environ.get("MASTER_PORT", str(port)),
+        )
 
 
 def _report_setup(topo, warnings: list[str]) -> None:
@@ -135,15 +158,22 @@ def _checked(args, rank: int, world: int):
     from .preflight import check
 
     why = output_file_problem(args.json, "--json") if args.json and rank == 0 else None
-    if why:   # the summary is written once the run is over: a path that cannot take it is refused now
+    if why:  # the summary is written once the run is over: a path that cannot take it is refused now
         print(f"megablu train: {why} (nothing was started)", file=sys.stderr)
         return None
     try:
         # sha256 of data and checkpoints on rank 0 only; if it fails, the launcher ends the others
-        return check(args.config, args.set, world_size=world, device="auto", resume=args.resume, hash=rank == 0,
-                     ranks_per_node=ranks_per_node_from_env())
+        return check(
+            args.config,
+            args.set,
+            world_size=world,
+            device="auto",
+            resume=args.resume,
+            hash=rank == 0,
+            ranks_per_node=ranks_per_node_from_env(),
+        )
     except ConfigError as e:
-        if rank == 0 or int(os.environ.get("LOCAL_RANK", 0)) == 0:   # the first rank of every node says it
+        if rank == 0 or int(os.environ.get("LOCAL_RANK", 0)) == 0:  # the first rank of every node says it
             print(str(e), file=sys.stderr)
         return None
 
@@ -157,8 +187,11 @@ def _leave(rank: int) -> int:
         finish()
     except Exception as e:  # noqa: BLE001 - one line, not a traceback
         first = (str(e).splitlines() or [repr(e)])[0]
-        print(f"rank {rank}: finished its work, but leaving the process group failed ({type(e).__name__}: "
-              f"{first}); a peer that exited first reports its own error", file=sys.stderr)
+        print(
+            f"rank {rank}: finished its work, but leaving the process group failed ({type(e).__name__}: "
+            f"{first}); a peer that exited first reports its own error",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -193,8 +226,10 @@ def _emit(summary: dict, path) -> bool:
         except OSError as e:
             with contextlib.suppress(OSError):
                 tmp.unlink()
-            print(f"--json {path}: cannot write the summary ({e.strerror or e}); it is the JSON line on stdout",
-                  file=sys.stderr)
+            print(
+                f"--json {path}: cannot write the summary ({e.strerror or e}); it is the JSON line on stdout",
+                file=sys.stderr,
+            )
             return False
     return True
 
@@ -209,19 +244,22 @@ class Terminated(BaseException):
         super().__init__(f"stopped by {sig.name} ({_SIGNAL_WHY.get(sig, 'from outside')})")
 
 
-_SIGNAL_WHY = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "DeepSpeed's launcher stops every rank when one fails or "
-               "when it is interrupted; a job scheduler sends it too"}
+_SIGNAL_WHY = {
+    signal.SIGINT: "Ctrl-C",
+    signal.SIGTERM: "DeepSpeed's launcher stops every rank when one fails or "
+    "when it is interrupted; a job scheduler sends it too",
+}
 
 
 class LauncherGone(RuntimeError):
     """A rank's error that followed its launcher's death (a peer ended by its watchdog first)."""
 
 
-_FAILING = threading.Event()   # set once a failure is being reported: a SIGTERM then lets it finish
+_FAILING = threading.Event()  # set once a failure is being reported: a SIGTERM then lets it finish
 
 
 def _terminated(signum, frame):
-    if not _FAILING.is_set():   # the first signal names the stop; a second one (the launcher's) lets it finish
+    if not _FAILING.is_set():  # the first signal names the stop; a second one (the launcher's) lets it finish
         _FAILING.set()
         raise Terminated(signum)
 
@@ -236,12 +274,15 @@ def _already_complete(ctx, rank: int, json_path=None) -> int:
     except (OSError, ValueError):
         summary = None
     if rank == 0:
-        if summary is None:   # killed after its last step and eval, before the summary
+        if summary is None:  # killed after its last step and eval, before the summary
             step = int(ctx.resume_step.name.split("_")[-1])
             summary = run_summary(ctx.run_dir, {"from_step": step, "to_step": step, "world": None})
         _emit(summary, json_path)
-        print(f"run {ctx.run_dir.name} is already complete ({ctx.resume_step.name}, train.max_steps="
-              f"{ctx.cfg.train.max_steps}): nothing to train; {path} left as it was", file=sys.stderr)
+        print(
+            f"run {ctx.run_dir.name} is already complete ({ctx.resume_step.name}, train.max_steps="
+            f"{ctx.cfg.train.max_steps}): nothing to train; {path} left as it was",
+            file=sys.stderr,
+        )
     return 1 if (summary or {}).get("gate") else 0
 
 
@@ -265,13 +306,15 @@ def _failed(e: BaseException, run_dir, rank: int, next_step) -> int:
     from .runs import RunError
     from .watchdog import launcher_gone
 
-    if isinstance(e, KeyboardInterrupt):   # Ctrl-C before the handler was installed: the same stop
+    if isinstance(e, KeyboardInterrupt):  # Ctrl-C before the handler was installed: the same stop
         e = Terminated(signal.SIGINT)
     gone = None if isinstance(e, Terminated) else launcher_gone()
-    if gone:   # the launcher died first: that is the cause, the error (often gloo's) its echo
+    if gone:  # the launcher died first: that is the cause, the error (often gloo's) its echo
         try:
-            raise LauncherGone(f"{gone}; this rank's error followed it: {type(e).__name__}: "
-                               + "; ".join(ln.strip() for ln in str(e).splitlines() if ln.strip())[:300]) from e
+            raise LauncherGone(
+                f"{gone}; this rank's error followed it: {type(e).__name__}: "
+                + "; ".join(ln.strip() for ln in str(e).splitlines() if ln.strip())[:300]
+            ) from e
         except LauncherGone as wrapped:
             e = wrapped
     text = "; ".join(ln.strip() for ln in str(e).splitlines() if ln.strip()) or repr(e)
@@ -284,7 +327,7 @@ def _failed(e: BaseException, run_dir, rank: int, next_step) -> int:
             where = f" (traceback: {logs / f'rank{rank}.error.txt'})"
         except OSError:
             pass
-    if not where and rank == 0 and not isinstance(e, Terminated):   # a stop signal needs no traceback
+    if not where and rank == 0 and not isinstance(e, Terminated):  # a stop signal needs no traceback
         traceback.print_exception(e, file=sys.stderr)
     print(f"rank {rank}: {type(e).__name__}: {text}{where}", file=sys.stderr)
     print(next_step(), file=sys.stderr)

@@ -26,6 +26,7 @@ and the offload paths check their gradients elsewhere. The replacements follow D
 (requirements.txt pins it): with another version, or where the class or a helper is not as expected, nothing
 is replaced and the reason is returned.
 """
+
 from __future__ import annotations
 
 import types
@@ -39,10 +40,16 @@ def _ds_helpers() -> Optional[dict]:
     """The stage-1/2 module's names the replacements call, or None if one is missing."""
     try:
         from deepspeed.runtime.zero import stage_1_and_2 as s12
-    except Exception:   # pragma: no cover - deepspeed is a dependency
+    except Exception:  # pragma: no cover - deepspeed is a dependency
         return None
-    names = ("dist", "get_accelerator", "is_model_parallel_parameter", "PIPE_REPLICATED",
-             "mask_nan_or_inf_with_val_inplace", "DeepSpeedZeroOptimizer")
+    names = (
+        "dist",
+        "get_accelerator",
+        "is_model_parallel_parameter",
+        "PIPE_REPLICATED",
+        "mask_nan_or_inf_with_val_inplace",
+        "DeepSpeedZeroOptimizer",
+    )
     if not all(hasattr(s12, n) for n in names):
         return None
     return {n: getattr(s12, n) for n in names}
@@ -62,20 +69,25 @@ def _by_kind(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
 
 def nonfinite_any(tensors: list[torch.Tensor], device) -> torch.Tensor:
     """A bool tensor of shape [1] on `device`: whether any element of any tensor is NaN or infinite."""
-    tensors = [t for t in tensors if t.numel()]   # an empty tensor holds no bad value (and has no max)
+    tensors = [t for t in tensors if t.numel()]  # an empty tensor holds no bad value (and has no max)
     if not tensors:
         return torch.zeros([1], dtype=torch.bool, device=device)
     # the max-abs is one of the tensor's own values: exact in its dtype (no float32 copy on the CPU's path)
-    amax = torch.cat([torch.stack(torch._foreach_norm(ts, float("inf"))).double().to(device)
-                      for ts in _by_kind(tensors)])
+    amax = torch.cat(
+        [torch.stack(torch._foreach_norm(ts, float("inf"))).double().to(device) for ts in _by_kind(tensors)]
+    )
     return (~torch.isfinite(amax).all()).reshape(1)
 
 
 def sum_of_squares(tensors: list[torch.Tensor]) -> torch.Tensor:
     """sum ||t||_2^2 over the tensors as a float32 scalar (per-tensor norms in float32, or float64 for float64
     tensors; the sum in float64)."""
-    norms = [torch.stack(torch._foreach_norm(ts, 2.0, dtype=None if ts[0].dtype == torch.float64 else torch.float32))
-             .double().to(tensors[0].device) for ts in _by_kind(tensors)]
+    norms = [
+        torch.stack(torch._foreach_norm(ts, 2.0, dtype=None if ts[0].dtype == torch.float64 else torch.float32))
+        .double()
+        .to(tensors[0].device)
+        for ts in _by_kind(tensors)
+    ]
     return torch.cat(norms).pow(2).sum().float()
 
 
@@ -84,16 +96,30 @@ def install(optimizer) -> Optional[str]:
     import deepspeed
 
     if deepspeed.__version__ not in TESTED_DEEPSPEED:
-        return (f"DeepSpeed {deepspeed.__version__}: the fused check follows {', '.join(TESTED_DEEPSPEED)}'s methods "
-                f"(requirements.txt); pin it, or set train.fused_grad_check=false to silence this")
+        return (
+            f"DeepSpeed {deepspeed.__version__}: the fused check follows {', '.join(TESTED_DEEPSPEED)}'s methods "
+            f"(requirements.txt); pin it, or set train.fused_grad_check=false to silence this"
+        )
     h = _ds_helpers()
     if h is None:
         return "this DeepSpeed's stage_1_and_2 lacks a helper the fused check calls"
     if not isinstance(optimizer, h["DeepSpeedZeroOptimizer"]):
         return f"the optimizer is {type(optimizer).__name__}, not ZeRO-1/2's DeepSpeedZeroOptimizer"
-    missing = [a for a in ("has_overflow_partitioned_grads_serial", "get_grad_norm_direct", "averaged_gradients",
-                           "bit16_groups", "model_parallel_rank", "dp_process_group", "_model_parallel_all_reduce",
-                           "cpu_offload", "device") if not hasattr(optimizer, a)]
+    missing = [
+        a
+        for a in (
+            "has_overflow_partitioned_grads_serial",
+            "get_grad_norm_direct",
+            "averaged_gradients",
+            "bit16_groups",
+            "model_parallel_rank",
+            "dp_process_group",
+            "_model_parallel_all_reduce",
+            "cpu_offload",
+            "device",
+        )
+        if not hasattr(optimizer, a)
+    ]
     if missing:
         return f"DeepSpeedZeroOptimizer lacks {', '.join(missing)}"
     if optimizer.cpu_offload:
@@ -124,8 +150,7 @@ def install(optimizer) -> Optional[str]:
         h["mask_nan_or_inf_with_val_inplace"](total, device=self.device)
         return total
 
-    optimizer.has_overflow_partitioned_grads_serial = types.MethodType(has_overflow_partitioned_grads_serial,
-                                                                        optimizer)
+    optimizer.has_overflow_partitioned_grads_serial = types.MethodType(has_overflow_partitioned_grads_serial, optimizer)
     optimizer.get_grad_norm_direct = types.MethodType(get_grad_norm_direct, optimizer)
     optimizer._megablu_fused_grad_check = True
     return None

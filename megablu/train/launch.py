@@ -15,6 +15,7 @@ works from any directory.
   megablu train --config tests/configs/tiny_cpu_ext.yaml --launcher torchrun --nodes 2 \\
       --gpus 2 --node-rank 0 --master-addr 127.0.0.1 --master-port 29500 --device cpu
 """
+
 from __future__ import annotations
 
 import os
@@ -63,9 +64,21 @@ def build_command(a, slots: list[int]) -> tuple[list[str], dict]:
         env["DS_ACCELERATOR"] = "cpu"
     if a.launcher == "torchrun":
         # static rendezvous: node_rank fixes which global ranks a node gets (node by node)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(slots)),
-               "--node_rank", str(a.node_rank), "--nproc-per-node", str(slots[0]),
-               "--master_addr", a.master_addr, "--master_port", str(a.master_port)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            str(len(slots)),
+            "--node_rank",
+            str(a.node_rank),
+            "--nproc-per-node",
+            str(slots[0]),
+            "--master_addr",
+            a.master_addr,
+            "--master_port",
+            str(a.master_port),
+        ]
         return cmd + entry, env
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner"]
     if a.hostfile:
@@ -109,19 +122,40 @@ def add_arguments(p) -> None:
     p.add_argument("--config", required=True, help="configs/<arm>.yaml to train")
     p.add_argument("--set", action="append", default=[], metavar="a.b=v", help="override (repeatable)")
     p.add_argument("--resume", default=None, help="run id or run dir to resume from its newest verified checkpoint")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="auto: the config's train.device, cuda when a GPU is visible")
-    p.add_argument("--gpus", "--num-gpus", dest="gpus", type=positive_int, default=None,
-                   help="ranks per node (processes on CPU); default: parallel.sp")
-    p.add_argument("--nodes", "--num-nodes", dest="nodes", type=positive_int, default=1,
-                   help="nodes in the job (with --hostfile: taken from it)")
+    p.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="auto: the config's train.device, cuda when a GPU is visible",
+    )
+    p.add_argument(
+        "--gpus",
+        "--num-gpus",
+        dest="gpus",
+        type=positive_int,
+        default=None,
+        help="ranks per node (processes on CPU); default: parallel.sp",
+    )
+    p.add_argument(
+        "--nodes",
+        "--num-nodes",
+        dest="nodes",
+        type=positive_int,
+        default=1,
+        help="nodes in the job (with --hostfile: taken from it)",
+    )
     p.add_argument("--hostfile", default=None, help="DeepSpeed hostfile ('<host> slots=<n>' per node)")
-    p.add_argument("--launcher", choices=["deepspeed", "torchrun"], default="deepspeed",
-                   help="which launcher starts the ranks (torchrun: run the same command on every node)")
+    p.add_argument(
+        "--launcher",
+        choices=["deepspeed", "torchrun"],
+        default="deepspeed",
+        help="which launcher starts the ranks (torchrun: run the same command on every node)",
+    )
     p.add_argument("--node-rank", type=int, default=0, help="torchrun: this node's index (0 runs the store)")
     p.add_argument("--master-addr", default="127.0.0.1", help="address of rank 0's node (the rendezvous)")
-    p.add_argument("--master-port", type=port, default=29500, help="rendezvous port (change it when two "
-                   "jobs share a node)")
+    p.add_argument(
+        "--master-port", type=port, default=29500, help="rendezvous port (change it when two jobs share a node)"
+    )
     p.add_argument("--dry-run", action="store_true", help="print topology + command, check the config, exit")
 
 
@@ -135,8 +169,9 @@ def launch(a) -> int:
     nodes = len(read_hostfile(a.hostfile)) if a.hostfile else a.nodes
     if not 0 <= a.node_rank < nodes:
         given = f"{a.hostfile}'s {nodes} hosts" if a.hostfile else f"--nodes {nodes}"
-        raise LaunchError(f"--node-rank {a.node_rank} with {given}: a node's index is 0..{nodes - 1} (0 runs the "
-                          f"rendezvous store)")
+        raise LaunchError(
+            f"--node-rank {a.node_rank} with {given}: a node's index is 0..{nodes - 1} (0 runs the rendezvous store)"
+        )
     if a.device == "auto":
         a.device = resolve_device(config_value(a.config, a.set, "train", "device", "auto"))
     if a.gpus is None:
@@ -178,8 +213,11 @@ def launch(a) -> int:
         print(f"nccl: {nccl}", file=out)
     print(f"command: {shown + ' ' if shown else ''}{shlex.join(cmd)}", file=out)
     if a.launcher == "torchrun" and len(slots) > 1:
-        print(f"  (run on every node with its own --node_rank 0..{len(slots) - 1}; node 0 is "
-              f"{a.master_addr}:{a.master_port})", file=out)
+        print(
+            f"  (run on every node with its own --node_rank 0..{len(slots) - 1}; node 0 is "
+            f"{a.master_addr}:{a.master_port})",
+            file=out,
+        )
     if not topo.ok or not valid:
         return 2
     if a.dry_run:

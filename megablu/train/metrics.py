@@ -1,5 +1,6 @@
 """Per-step metrics: runs/<id>/metrics.csv (appended, resume-safe), TensorBoard events and the
 optional experiment tracker (train.tracker, train/tracker.py)."""
+
 from __future__ import annotations
 
 import csv
@@ -77,20 +78,26 @@ def run_summary(run_dir: Path, session: dict, gate: Optional[str] = None, stoppe
         prev = json.loads(path.read_text()) if path.exists() else {}
     except (OSError, ValueError):
         prev = {}
-    sessions = [s for s in prev.get("sessions", []) if isinstance(s, dict)
-                and s.get("to_step", 0) <= session["from_step"]] + [session]
+    sessions = [
+        s for s in prev.get("sessions", []) if isinstance(s, dict) and s.get("to_step", 0) <= session["from_step"]
+    ] + [session]
     rows = read_rows(run_dir)
     firsts = {int(s["from_step"]) + 1 for s in sessions}
-    tps = [float(r["tokens_per_s"]) for r in rows if int(r["step"]) not in firsts] or \
-        [float(r["tokens_per_s"]) for r in rows]
+    tps = [float(r["tokens_per_s"]) for r in rows if int(r["step"]) not in firsts] or [
+        float(r["tokens_per_s"]) for r in rows
+    ]
     last = rows[-1] if rows else {}
-    summary = {"run_dir": str(run_dir), "steps": int(last.get("step", session["to_step"])),
-               "tokens_seen": int(last.get("tokens_seen", 0)),
-               "first_loss": float(rows[0]["loss"]) if rows else None,
-               "last_loss": float(last["loss"]) if rows else None,
-               "mean_tokens_per_s": sum(tps) / len(tps) if tps else 0.0,
-               "world": session.get("world"), "sessions": sessions}
-    if stopped:   # this session ended on its time budget (train.stop_after_s)
+    summary = {
+        "run_dir": str(run_dir),
+        "steps": int(last.get("step", session["to_step"])),
+        "tokens_seen": int(last.get("tokens_seen", 0)),
+        "first_loss": float(rows[0]["loss"]) if rows else None,
+        "last_loss": float(last["loss"]) if rows else None,
+        "mean_tokens_per_s": sum(tps) / len(tps) if tps else 0.0,
+        "world": session.get("world"),
+        "sessions": sessions,
+    }
+    if stopped:  # this session ended on its time budget (train.stop_after_s)
         summary["stopped"] = stopped
     if gate:
         summary["gate"] = gate

@@ -14,6 +14,7 @@ rank 0 of the entry and `config check`; the other ranks check presence, sizes an
 then wait in init_distributed while rank 0 hashes (DeepSpeed's launcher ends them when
 rank 0 exits 2).
 """
+
 from __future__ import annotations
 
 import logging
@@ -38,12 +39,12 @@ class Context:
     cfg: Config
     resume: Optional[str] = None
     world_size: Optional[int] = None
-    device: Optional[str] = None        # "cuda" | "cpu" the run will use; None: not known (no device checks)
-    hash: bool = True                   # this process hashes data and checkpoints
-    tokenizer: Optional[Tokenizer] = None   # set by the tokenizer check (None when it failed)
-    run_dir: Optional[Path] = None      # resume: the run found
+    device: Optional[str] = None  # "cuda" | "cpu" the run will use; None: not known (no device checks)
+    hash: bool = True  # this process hashes data and checkpoints
+    tokenizer: Optional[Tokenizer] = None  # set by the tokenizer check (None when it failed)
+    run_dir: Optional[Path] = None  # resume: the run found
     resume_step: Optional[Path] = None  # resume: the checkpoint it continues from
-    complete: bool = False              # resume: the run has nothing left to do
+    complete: bool = False  # resume: the run has nothing left to do
 
 
 # --------------------------------------------------------------------------- checks
@@ -64,14 +65,16 @@ def tokenizer_problems(ctx: Context) -> list[str]:
     from ..data.tokenizer import TokenizerError, load_tokenizer
 
     cfg = ctx.cfg
-    try:   # every rank needs it, and the eval would build zero prompts without it
+    try:  # every rank needs it, and the eval would build zero prompts without it
         ctx.tokenizer = tok = load_tokenizer(cfg.tokenizer)
     except (TokenizerError, OSError) as e:
         return [f"tokenizer: {e}"]
     if tok.vocab_size > cfg.model.vocab_size:
-        return [f"model.vocab_size={cfg.model.vocab_size} < the tokenizer's vocabulary {tok.vocab_size} "
-                f"({tok.identity}): ids >= {cfg.model.vocab_size} have no embedding; set model.vocab_size >= "
-                f"{tok.vocab_size}"]
+        return [
+            f"model.vocab_size={cfg.model.vocab_size} < the tokenizer's vocabulary {tok.vocab_size} "
+            f"({tok.identity}): ids >= {cfg.model.vocab_size} have no embedding; set model.vocab_size >= "
+            f"{tok.vocab_size}"
+        ]
     return []
 
 
@@ -88,11 +91,13 @@ def data_problems(ctx: Context) -> list[str]:
     if problems or not ctx.hash or ctx.tokenizer is None:
         return problems
     d = cfg.data
-    selections = ([("data", d.path, d.bucket, d.split)] if d.mix is None else
-                  [(f"data.mix[{i}] ({s.name})", s.path, s.bucket, s.split) for i, s in enumerate(d.mix)
-                   if s.weight > 0])
+    selections = (
+        [("data", d.path, d.bucket, d.split)]
+        if d.mix is None
+        else [(f"data.mix[{i}] ({s.name})", s.path, s.bucket, s.split) for i, s in enumerate(d.mix) if s.weight > 0]
+    )
     for where, path, bucket, split in selections:
-        assert path is not None, where   # the schema requires data.path without data.mix
+        assert path is not None, where  # the schema requires data.path without data.mix
         try:
             verify_selection(path, bucket, split, d.verify)
         except (DataError, OSError) as e:
@@ -110,27 +115,34 @@ def init_from_problems(ctx: Context) -> list[str]:
     cfg = ctx.cfg
     if ctx.resume:
         if not cfg.init_from or not Path(cfg.init_from).exists():
-            return []   # from scratch (checked when it started), or a parent since moved: nothing to compare
-        problems = init_from_rope_problems(cfg, deep=False)   # its record only: nothing is loaded from it
-        return [f"--resume {ctx.resume}: the run started from init_from {cfg.init_from}, and its rope contradicts "
-                f"that parent's record: {p}; every step of the run inherits this, so resuming it trains on a wrong "
-                f"rope: start a new run from the parent with the rope fixed (nothing was written)"
-                for p in problems]
+            return []  # from scratch (checked when it started), or a parent since moved: nothing to compare
+        problems = init_from_rope_problems(cfg, deep=False)  # its record only: nothing is loaded from it
+        return [
+            f"--resume {ctx.resume}: the run started from init_from {cfg.init_from}, and its rope contradicts "
+            f"that parent's record: {p}; every step of the run inherits this, so resuming it trains on a wrong "
+            f"rope: start a new run from the parent with the rope fixed (nothing was written)"
+            for p in problems
+        ]
     if not cfg.init_from:
         return init_from_rope_problems(cfg)
     if not Path(cfg.init_from).exists():
-        return [f"init_from: parent checkpoint {cfg.init_from} does not exist; give a run dir, a checkpoint step "
-                f"dir or an exported model dir"]
+        return [
+            f"init_from: parent checkpoint {cfg.init_from} does not exist; give a run dir, a checkpoint step "
+            f"dir or an exported model dir"
+        ]
     from ..checkpoint import CheckpointError, parent_record, resolve_parent
 
-    try:   # a run dir: its newest verified step, as the trainer will load it (hashed where ctx.hash)
+    try:  # a run dir: its newest verified step, as the trainer will load it (hashed where ctx.hash)
         src = resolve_parent(cfg.init_from, deep=ctx.hash)
         rec = parent_record(src)
-    except CheckpointError as e:   # not a checkpoint (a dataset, a damaged manifest): nothing else to check
+    except CheckpointError as e:  # not a checkpoint (a dataset, a damaged manifest): nothing else to check
         return [f"init_from: {e}"]
     if rec.rope is None and cfg.rope.yarn is None:
-        log.warning("init_from %s records no rope or window: rope.theta=%g cannot be checked against the parent's",
-                    cfg.init_from, cfg.rope.theta)
+        log.warning(
+            "init_from %s records no rope or window: rope.theta=%g cannot be checked against the parent's",
+            cfg.init_from,
+            cfg.rope.theta,
+        )
     # a step found by the scan above was hashed by it: the weights check then needs sizes only
     deep = ctx.hash and src == Path(cfg.init_from)
     return init_from_rope_problems(cfg, src) + init_from_weight_problems(ctx, src, deep)
@@ -171,19 +183,23 @@ def init_from_weight_problems(ctx: Context, src=None, deep: Optional[bool] = Non
         return [f"init_from: {e}"]
     except Exception as e:  # noqa: BLE001 - a weights file that is not safetensors (SafetensorError et al.)
         return [f"init_from: {cfg.init_from}: cannot read the weights: {type(e).__name__}: {e}"]
-    with torch.device("meta"):   # shapes only: no memory, no init
+    with torch.device("meta"):  # shapes only: no memory, no init
         own = BluModel(cfg.model, cfg.rope).state_dict(keep_vars=True)
-    problems = [f"init_from: {cfg.init_from}: {p}" for p in
-                weights_mismatch({k: tuple(t.shape) for k, t in own.items()}, shapes, tied_keys(own))]
-    try:   # the files were verified by the shapes read above: sizes suffice here
+    problems = [
+        f"init_from: {cfg.init_from}: {p}"
+        for p in weights_mismatch({k: tuple(t.shape) for k, t in own.items()}, shapes, tied_keys(own))
+    ]
+    try:  # the files were verified by the shapes read above: sizes suffice here
         problems += [f"init_from: {p}" for p in architecture_check(cfg.model, src, deep=False)]
     except CheckpointError as e:
         problems.append(f"init_from: {e}")
     tok = ctx.tokenizer
     if tok is not None and prov.get("tokenizer") not in (None, tok.identity):
-        problems.append(f"init_from: {cfg.init_from} was trained with tokenizer {prov['tokenizer']!r}, this config's "
-                        f"is {tok.identity!r}: embeddings of another tokenizer have the right shape and mean nothing; "
-                        f"configure the parent's tokenizer")
+        problems.append(
+            f"init_from: {cfg.init_from} was trained with tokenizer {prov['tokenizer']!r}, this config's "
+            f"is {tok.identity!r}: embeddings of another tokenizer have the right shape and mean nothing; "
+            f"configure the parent's tokenizer"
+        )
     return problems
 
 
@@ -194,12 +210,19 @@ def eval_problems(ctx: Context) -> list[str]:
         from ..eval.prompts import EvalError
         from ..eval.report import load_result
 
-        try:   # a gate that cannot be checked is found after hours of training otherwise
+        try:  # a gate that cannot be checked is found after hours of training otherwise
             parent = load_result(cfg.eval.gate.parent)
-            problems += [f"eval.gate.parent: {p}" for p in parent_problems(parent, cfg.eval.gate, cfg.eval.tasks,
-                                                                           loss=bool(cfg.eval.loss.data),
-                                                                           lengths=cfg.eval.lengths,
-                                                                           loss_sets=list(cfg.eval.loss.sets))]
+            problems += [
+                f"eval.gate.parent: {p}"
+                for p in parent_problems(
+                    parent,
+                    cfg.eval.gate,
+                    cfg.eval.tasks,
+                    loss=bool(cfg.eval.loss.data),
+                    lengths=cfg.eval.lengths,
+                    loss_sets=list(cfg.eval.loss.sets),
+                )
+            ]
         except EvalError as e:
             problems.append(f"eval.gate.parent: {e}")
     if cfg.eval.haystack:
@@ -207,8 +230,10 @@ def eval_problems(ctx: Context) -> list[str]:
 
         hay = split_spec(cfg.eval.haystack)[0]
         if not Path(hay, "manifest.json").is_file():
-            problems.append(f"eval.haystack: {hay} has no manifest.json; give a dataset dir built with "
-                            f"`megablu data build` (optionally DIR@bucket)")
+            problems.append(
+                f"eval.haystack: {hay} has no manifest.json; give a dataset dir built with "
+                f"`megablu data build` (optionally DIR@bucket)"
+            )
     tok = ctx.tokenizer
     if tok is not None and (cfg.eval.at_steps or cfg.eval.final) and not any("eval.haystack" in p for p in problems):
         from ..eval.harness import preflight_problems
@@ -234,15 +259,19 @@ def kernel_problems(ctx: Context) -> list[str]:
 
         why = liger_import_problem()
         if why:
-            problems.append(f"memory.loss=liger: {why}; install liger-kernel (pip install "
-                            f"liger-kernel==0.8.5, the version tested) or set memory.loss=chunked")
+            problems.append(
+                f"memory.loss=liger: {why}; install liger-kernel (pip install "
+                f"liger-kernel==0.8.5, the version tested) or set memory.loss=chunked"
+            )
     if mem.attention == "fa4":
         from ..ops.attention import import_problem
 
         why = import_problem()
         if why:
-            problems.append(f"memory.attention=fa4: {why}; install flash-attn-4 (pip install "
-                            f"flash-attn-4==4.0.0b40, the version tested) or set memory.attention=sdpa")
+            problems.append(
+                f"memory.attention=fa4: {why}; install flash-attn-4 (pip install "
+                f"flash-attn-4==4.0.0b40, the version tested) or set memory.attention=sdpa"
+            )
     return problems
 
 
@@ -272,23 +301,33 @@ def resume_problems(ctx: Context) -> list[str]:
         own = (saved_config(newest, read_manifest(newest)) or {}).get("train", {}).get("max_steps", s)
         due = s in cfg.eval.at_steps or cfg.eval.final
         if own == s and (not due or (run / "eval" / f"step_{s}.json").exists()):
-            ctx.complete, ctx.resume_step = True, newest   # it reached its own max_steps: nothing to do
+            ctx.complete, ctx.resume_step = True, newest  # it reached its own max_steps: nothing to do
             bad = step_problems(newest, deep=True) if ctx.hash else []
-            if bad:   # nothing to train either way; the damage is worth a line
-                log.warning("run %s is complete, but its final checkpoint %s does not verify: %s (megablu ckpt "
-                            "verify %s)", run.name, newest.name, "; ".join(bad), run)
+            if bad:  # nothing to train either way; the damage is worth a line
+                log.warning(
+                    "run %s is complete, but its final checkpoint %s does not verify: %s (megablu ckpt verify %s)",
+                    run.name,
+                    newest.name,
+                    "; ".join(bad),
+                    run,
+                )
             return []
     step_dir, skipped = scan_steps(run, deep=ctx.hash)
     if step_dir is None:
-        why = ("no checkpoint was saved yet (stopped before its first save)" if not skipped else
-               "every checkpoint is damaged: " + "; ".join(f"{p.name}: {'; '.join(ps)}" for p, ps in skipped))
-        return [f"--resume {resume}: nothing to resume in {run}/checkpoints: {why}; start without --resume: "
-                + run_command(run, resume=False, world=ctx.world_size)]
+        why = (
+            "no checkpoint was saved yet (stopped before its first save)"
+            if not skipped
+            else "every checkpoint is damaged: " + "; ".join(f"{p.name}: {'; '.join(ps)}" for p, ps in skipped)
+        )
+        return [
+            f"--resume {resume}: nothing to resume in {run}/checkpoints: {why}; start without --resume: "
+            + run_command(run, resume=False, world=ctx.world_size)
+        ]
     for p, ps in skipped:
         log.warning("resume: %s is not usable, an older step is used: %s", p, "; ".join(ps))
     ctx.resume_step = step_dir
     step = step_of(step_dir)
-    assert step is not None, step_dir   # scan_steps returns step dirs only
+    assert step is not None, step_dir  # scan_steps returns step dirs only
     m = read_manifest(step_dir)
     saved = saved_config(step_dir, m)
     how = "resume with: " + run_command(run, resume=True, world=ctx.world_size)
@@ -296,18 +335,28 @@ def resume_problems(ctx: Context) -> list[str]:
         from ..config import config_hash
 
         if m.get("config_hash") not in (None, config_hash(cfg)):
-            return [f"--resume {resume}: the config differs from the one {step_dir.name} was saved with (config hash "
-                    f"{m.get('config_hash')} vs {config_hash(cfg)}) and the run records no config to name the fields; "
-                    f"{how}"]
+            return [
+                f"--resume {resume}: the config differs from the one {step_dir.name} was saved with (config hash "
+                f"{m.get('config_hash')} vs {config_hash(cfg)}) and the run records no config to name the fields; "
+                f"{how}"
+            ]
         problems = []
     else:
         problems = change_problems(saved, cfg, step)
     if problems:
-        return ([f"--resume {resume}: the config differs from the one {step_dir.name} was saved with (nothing was "
-                 f"written); every difference:"] + problems + [how])
+        return (
+            [
+                f"--resume {resume}: the config differs from the one {step_dir.name} was saved with (nothing was "
+                f"written); every difference:"
+            ]
+            + problems
+            + [how]
+        )
     if cfg.train.stop_after is not None and cfg.train.stop_after <= step:
-        problems.append(f"train.stop_after={cfg.train.stop_after} <= step {step} of the checkpoint: this session "
-                        f"would train nothing; raise train.stop_after or drop it")
+        problems.append(
+            f"train.stop_after={cfg.train.stop_after} <= step {step} of the checkpoint: this session "
+            f"would train nothing; raise train.stop_after or drop it"
+        )
     return problems
 
 
@@ -316,7 +365,7 @@ def resume_problems(ctx: Context) -> list[str]:
 #     ("mix", lambda ctx: mix_problems(ctx.cfg)),
 CHECKS: list[tuple[str, Callable[[Context], list[str]]]] = [
     ("runs_dir", runs_dir_problems),
-    ("tokenizer", tokenizer_problems),    # before data/init_from/eval: they use ctx.tokenizer
+    ("tokenizer", tokenizer_problems),  # before data/init_from/eval: they use ctx.tokenizer
     ("data", data_problems),
     ("init_from", init_from_problems),
     ("eval", eval_problems),
@@ -337,8 +386,9 @@ def run_checks(ctx: Context) -> list[str]:
     return problems
 
 
-def preflight(cfg: Config, resume: Optional[str] = None, *, world_size: Optional[int] = None,
-              hash: bool = True) -> list[str]:
+def preflight(
+    cfg: Config, resume: Optional[str] = None, *, world_size: Optional[int] = None, hash: bool = True
+) -> list[str]:
     """Every problem the filesystem can show before training (empty list = ready)."""
     return run_checks(Context(cfg, resume=resume, world_size=world_size, hash=hash))
 
@@ -353,9 +403,17 @@ class Checked:
     topology: Optional[Topology] = None
 
 
-def check(path, sets: Iterable[str] = (), *, world_size: Optional[int] = None, device: Optional[str] = None,
-          resume: Optional[str] = None, files: bool = True, hash: bool = True,
-          ranks_per_node=None) -> Checked:
+def check(
+    path,
+    sets: Iterable[str] = (),
+    *,
+    world_size: Optional[int] = None,
+    device: Optional[str] = None,
+    resume: Optional[str] = None,
+    files: bool = True,
+    hash: bool = True,
+    ranks_per_node=None,
+) -> Checked:
     """Load + validate + topology + preflight; raises ConfigError listing every problem.
 
     device="auto" resolves the config's train.device here (cuda when available); files=False

@@ -18,6 +18,7 @@ On torch.cuda.OutOfMemoryError the probe raises ProbeOOM, carrying what was meas
 far and the planner's suggestion for the same setup, and writes probe.json with oom=true.
 On CPU there is no memory accounting: memory fields are None, timings are real.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,15 +45,20 @@ class ProbeOOM(RuntimeError):
     def __init__(self, measured: dict, suggestion: Optional[str], cause: str):
         self.measured, self.suggestion = measured, suggestion
         m = measured
-        lines = [f"probe: CUDA out of memory in step {m['steps_done'] + 1} of {m['steps']} "
-                 f"({m['tokens_per_rank']:,} tokens per rank)",
-                 f"  static before the first step: {_gb(m.get('static_gb'))}; "
-                 f"peak reached before the failure: {_gb(m.get('peak_gb'))}"
-                 + (f" of {m['gpu_total_gb']:.1f} GB" if m.get("gpu_total_gb") else ""),
-                 f"  planner predicted: {_gb(m.get('planned_gb'))}",
-                 f"  cause: {cause}"]
-        lines.append(f"  suggestion: {suggestion}" if suggestion else
-                     "  suggestion: none from the planner (no setup switch fits); use more GPUs")
+        lines = [
+            f"probe: CUDA out of memory in step {m['steps_done'] + 1} of {m['steps']} "
+            f"({m['tokens_per_rank']:,} tokens per rank)",
+            f"  static before the first step: {_gb(m.get('static_gb'))}; "
+            f"peak reached before the failure: {_gb(m.get('peak_gb'))}"
+            + (f" of {m['gpu_total_gb']:.1f} GB" if m.get("gpu_total_gb") else ""),
+            f"  planner predicted: {_gb(m.get('planned_gb'))}",
+            f"  cause: {cause}",
+        ]
+        lines.append(
+            f"  suggestion: {suggestion}"
+            if suggestion
+            else "  suggestion: none from the planner (no setup switch fits); use more GPUs"
+        )
         super().__init__("\n".join(lines))
 
 
@@ -68,8 +74,12 @@ def setup_dict(cfg, world_size: int, ops_used: Optional[str] = None, loss_used: 
     from ..plan import Setup
 
     setup = Setup.from_config(cfg, gpus=world_size, sp=cfg.parallel.sp, ops=ops_used, loss=loss_used)
-    return {**setup.to_json(), "ops_config": cfg.memory.ops, "loss_config": cfg.memory.loss,
-            "attention_config": cfg.memory.attention}
+    return {
+        **setup.to_json(),
+        "ops_config": cfg.memory.ops,
+        "loss_config": cfg.memory.loss,
+        "attention_config": cfg.memory.attention,
+    }
 
 
 def _ops_used(device: str) -> str:
@@ -113,10 +123,19 @@ def _write(out: Optional[Union[str, Path]], result: dict) -> None:
         Path(out).write_text(json.dumps(result, indent=2) + "\n")
 
 
-def run_probe(step_fn: Callable[[int], object], *, steps: int, tokens_per_rank: int, device: str,
-              tokens_per_step: Optional[int] = None, flops_per_token: Optional[float] = None,
-              peak_tflops: Optional[float] = None, setup: Optional[dict] = None,
-              out: Optional[Union[str, Path]] = None, world_size: int = 1) -> dict:
+def run_probe(
+    step_fn: Callable[[int], object],
+    *,
+    steps: int,
+    tokens_per_rank: int,
+    device: str,
+    tokens_per_step: Optional[int] = None,
+    flops_per_token: Optional[float] = None,
+    peak_tflops: Optional[float] = None,
+    setup: Optional[dict] = None,
+    out: Optional[Union[str, Path]] = None,
+    world_size: int = 1,
+) -> dict:
     """Run step_fn(0..steps-1), measure, write `out` (probe.json) and return the result dict.
 
     tokens_per_rank: tokens of one micro-batch on this rank (micro_batch * T / sp), the unit
@@ -128,7 +147,7 @@ def run_probe(step_fn: Callable[[int], object], *, steps: int, tokens_per_rank: 
     cuda = device == "cuda" and torch.cuda.is_available()
     tokens_per_step = tokens_per_step or tokens_per_rank
     if peak_tflops is None and cuda:
-        peak_tflops = peak_bf16_tflops()   # this GPU's dense bf16 peak; None (no MFU) when not in the table
+        peak_tflops = peak_bf16_tflops()  # this GPU's dense bf16 peak; None (no MFU) when not in the table
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -137,10 +156,18 @@ def run_probe(step_fn: Callable[[int], object], *, steps: int, tokens_per_rank: 
     planned, _ = _planner(setup, gpu_total)
     times: list[float] = []
     result: dict[str, Any] = {
-        "steps": steps, "steps_done": 0, "device": device, "tokens_per_rank": tokens_per_rank,
-        "tokens_per_step": tokens_per_step, "world_size": world_size,
+        "steps": steps,
+        "steps_done": 0,
+        "device": device,
+        "tokens_per_rank": tokens_per_rank,
+        "tokens_per_step": tokens_per_step,
+        "world_size": world_size,
         "static_gb": static / GB if static is not None else None,
-        "gpu_total_gb": gpu_total, "planned_gb": planned, "setup": setup, "oom": False}
+        "gpu_total_gb": gpu_total,
+        "planned_gb": planned,
+        "setup": setup,
+        "oom": False,
+    }
 
     def summarise():
         # the running max since the reset: every finished step and, after an OOM, the failed one
@@ -150,8 +177,11 @@ def run_probe(step_fn: Callable[[int], object], *, steps: int, tokens_per_rank: 
             result["per_token_mb"] = (peak - static) / tokens_per_rank / 1e6
         if times:
             dt = statistics.median(times[1:] or times)
-            result.update(step_time_s=dt, tokens_per_s=tokens_per_step / dt,
-                          tokens_per_s_all_ranks=tokens_per_step * world_size / dt)
+            result.update(
+                step_time_s=dt,
+                tokens_per_s=tokens_per_step / dt,
+                tokens_per_s_all_ranks=tokens_per_step * world_size / dt,
+            )
             u = mfu(flops_per_token, tokens_per_step, dt, peak_tflops) if flops_per_token else None
             if u is not None:
                 result["mfu"] = u
@@ -177,12 +207,16 @@ def run_probe(step_fn: Callable[[int], object], *, steps: int, tokens_per_rank: 
         if i == 0 and setup is not None and setup.get("attention_config") == "auto":
             from ..ops.attention import AUTO_CHOICE
 
-            setup["attention"] = AUTO_CHOICE.get("kernel", setup.get("attention"))   # what the first step ran
+            setup["attention"] = AUTO_CHOICE.get("kernel", setup.get("attention"))  # what the first step ran
     summarise()
     _write(out, result)
-    log.info("probe: peak %s (static %s, %s MB/token/rank), %.3f s/step, %.0f tokens/s%s",
-             _gb(result["peak_gb"]), _gb(result["static_gb"]),
-             f"{result['per_token_mb']:.3f}" if "per_token_mb" in result else "n/a",
-             result["step_time_s"], result["tokens_per_s"],
-             f", MFU {result['mfu']:.0%}" if "mfu" in result else "")
+    log.info(
+        "probe: peak %s (static %s, %s MB/token/rank), %.3f s/step, %.0f tokens/s%s",
+        _gb(result["peak_gb"]),
+        _gb(result["static_gb"]),
+        f"{result['per_token_mb']:.3f}" if "per_token_mb" in result else "n/a",
+        result["step_time_s"],
+        result["tokens_per_s"],
+        f", MFU {result['mfu']:.0%}" if "mfu" in result else "",
+    )
     return result

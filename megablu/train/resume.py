@@ -23,6 +23,7 @@ exceptions, checked here once for the preflight and the trainer:
 Anything else differing is refused with every field named, saved vs now, and the command
 that resumes the run with its own config.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,9 +39,18 @@ from .schedule import lr_at
 
 RESOLVED = "config.resolved.yaml"
 # fields a resume may change (besides the session fields), each with its own rule below
-RESUMABLE = {"parallel.sp", "memory.loss", "memory.attention", "memory.offload_keep",
-             "memory.offload_fraction", "train.max_steps", "schedule.decay_start", "checkpoint.every_steps",
-             "checkpoint.keep", "checkpoint.keep_every"}
+RESUMABLE = {
+    "parallel.sp",
+    "memory.loss",
+    "memory.attention",
+    "memory.offload_keep",
+    "memory.offload_fraction",
+    "train.max_steps",
+    "schedule.decay_start",
+    "checkpoint.every_steps",
+    "checkpoint.keep",
+    "checkpoint.keep_every",
+}
 _SESSION = {".".join(p) for p in _SESSION_FIELDS}
 
 
@@ -81,32 +91,43 @@ def schedule_problem(saved: Config, now: Config, step: int) -> Optional[str]:
     """Why the new schedule (max_steps, decay_start) cannot continue a run at `step`, or None."""
     s0, m0, s1, m1 = saved.schedule, saved.train.max_steps, now.schedule, now.train.max_steps
     if m1 < step:
-        return (f"train.max_steps={m1} < the checkpoint's step {step}: a resume continues forward; keep "
-                f"train.max_steps >= {step}")
-    for s in range(step):   # 0-based optimizer steps already trained
+        return (
+            f"train.max_steps={m1} < the checkpoint's step {step}: a resume continues forward; keep "
+            f"train.max_steps >= {step}"
+        )
+    for s in range(step):  # 0-based optimizer steps already trained
         a, b = lr_at(s, s0, m0), lr_at(s, s1, m1)
         if a != b:
             if s1.kind == "cosine":
-                why = (f"schedule.kind=cosine decays over all of train.max_steps, so max_steps {m0} -> {m1} re-draws "
-                       f"the LR of steps already trained")
+                why = (
+                    f"schedule.kind=cosine decays over all of train.max_steps, so max_steps {m0} -> {m1} re-draws "
+                    f"the LR of steps already trained"
+                )
             elif s0.decay_start is not None and step > s0.decay_start:
-                why = (f"the run is in its decay tail (step {step} > schedule.decay_start={s0.decay_start}): "
-                       f"max_steps {m0} -> {m1} / decay_start {s0.decay_start} -> {s1.decay_start} re-draws the LR "
-                       f"of steps already trained")
+                why = (
+                    f"the run is in its decay tail (step {step} > schedule.decay_start={s0.decay_start}): "
+                    f"max_steps {m0} -> {m1} / decay_start {s0.decay_start} -> {s1.decay_start} re-draws the LR "
+                    f"of steps already trained"
+                )
             else:
-                why = (f"schedule.decay_start {s0.decay_start} -> {s1.decay_start} with max_steps {m0} -> {m1} "
-                       f"re-draws the LR of steps already trained")
-            fix = ("a cosine run cannot be extended: start a new run from this checkpoint with init_from (its own "
-                   "warmup and decay); schedule.kind=wsd runs can be lengthened in their stable phase" if s1.kind ==
-                   "cosine" else f"extend a WSD run before its decay tail (keep schedule.decay_start >= {step}), or "
-                   f"start a new run from this checkpoint with init_from (its own warmup and decay)")
+                why = (
+                    f"schedule.decay_start {s0.decay_start} -> {s1.decay_start} with max_steps {m0} -> {m1} "
+                    f"re-draws the LR of steps already trained"
+                )
+            fix = (
+                "a cosine run cannot be extended: start a new run from this checkpoint with init_from (its own "
+                "warmup and decay); schedule.kind=wsd runs can be lengthened in their stable phase"
+                if s1.kind == "cosine"
+                else f"extend a WSD run before its decay tail (keep schedule.decay_start >= {step}), or "
+                f"start a new run from this checkpoint with init_from (its own warmup and decay)"
+            )
             return f"train.max_steps: {why} (step {s + 1} trained at lr {a:.6g}, the new schedule gives {b:.6g}); {fix}"
     return None
 
 
 def resume_problems(saved: dict, now: Config, step: int) -> list[str]:
     """Every reason the config `now` cannot continue a checkpoint saved with `saved` at `step`."""
-    try:   # the saved dict with the defaults of fields added since it was written
+    try:  # the saved dict with the defaults of fields added since it was written
         saved = build_config(saved).model_dump(mode="json")
     except ConfigError:
         pass
@@ -119,8 +140,9 @@ def resume_problems(saved: dict, now: Config, step: int) -> list[str]:
         except ConfigError as e:
             return problems + [f"the checkpoint's own config no longer validates: {'; '.join(e.errors)}"]
         # judged on max_steps / decay_start alone (another schedule field is named above)
-        probe = now.model_copy(update={"schedule": old.schedule.model_copy(
-            update={"decay_start": now.schedule.decay_start})})
+        probe = now.model_copy(
+            update={"schedule": old.schedule.model_copy(update={"decay_start": now.schedule.decay_start})}
+        )
         why = schedule_problem(old, probe, step)
         if why:
             problems.append(why)
@@ -137,8 +159,8 @@ def loss_change(run_dir: PathLike, step: int, loss_now: str) -> Optional[str]:
 
     before = []
     for f in Path(run_dir).glob("probe*.json"):
-        at = "0" if f.name == "probe.json" else f.name[len("probe.step"):-len(".json")]
-        if not at.isdigit() or int(at) > step:   # probe.rank<N>.json, or a later session
+        at = "0" if f.name == "probe.json" else f.name[len("probe.step") : -len(".json")]
+        if not at.isdigit() or int(at) > step:  # probe.rank<N>.json, or a later session
             continue
         try:
             ran = json.loads(f.read_text()).get("setup", {}).get("loss")
@@ -151,8 +173,10 @@ def loss_change(run_dir: PathLike, step: int, loss_now: str) -> Optional[str]:
     at_step, ran = max(before)
     if ran == loss_now:
         return None
-    return (f"resume: the vocab loss runs {loss_now} now; the session from step {at_step} ran {ran} (memory.loss=auto "
-            f"picks by what imports on this machine): the same summed loss by another kernel, its rounding differs")
+    return (
+        f"resume: the vocab loss runs {loss_now} now; the session from step {at_step} ran {ran} (memory.loss=auto "
+        f"picks by what imports on this machine): the same summed loss by another kernel, its rounding differs"
+    )
 
 
 def entry_path() -> str:
@@ -197,5 +221,4 @@ def how_to_continue(run_dir: PathLike, world: Optional[int] = None, nodes: int =
     has = ck.is_dir() and any(step_of(p) is not None for p in ck.iterdir())
     if has:
         return "resume with: " + run_command(run_dir, resume=True, world=world, nodes=nodes)
-    return ("no checkpoint was saved; start again with: "
-            + run_command(run_dir, resume=False, world=world, nodes=nodes))
+    return "no checkpoint was saved; start again with: " + run_command(run_dir, resume=False, world=world, nodes=nodes)

@@ -16,6 +16,7 @@ so two runs cannot share a prefix.
 
 Only global rank 0 allocates; the trainer broadcasts the path to the other ranks.
 """
+
 from __future__ import annotations
 
 import json
@@ -87,8 +88,13 @@ def allocate_run(runs_dir: Union[str, Path], name: str, max_tries: int = 10000) 
             log.warning("run dir %s exists without an id claim; skipping that id", run_dir)
             n += 1
             continue
-        meta = {"run_id": run_id, "name": name, "host": socket.gethostname(), "pid": os.getpid(),
-                "created_unix": time.time()}
+        meta = {
+            "run_id": run_id,
+            "name": name,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "created_unix": time.time(),
+        }
         tmp = run_dir / f".{RUN_META}.tmp"
         tmp.write_text(json.dumps(meta, indent=1) + "\n")
         os.replace(tmp, run_dir / RUN_META)
@@ -109,10 +115,15 @@ def find_run(runs_dir: Union[str, Path], run_id_or_path: Union[str, Path]) -> Pa
     q = Path(runs_dir) / str(run_id_or_path)
     if q.is_dir():
         return q
-    known = sorted(d.name for d in Path(runs_dir).iterdir() if d.is_dir() and not d.name.startswith(".")) \
-        if Path(runs_dir).is_dir() else []
-    raise RunError(f"no run {str(run_id_or_path)!r}: not a run directory and not in {runs_dir} "
-                   f"(runs there: {', '.join(known[-10:]) or 'none'})")
+    known = (
+        sorted(d.name for d in Path(runs_dir).iterdir() if d.is_dir() and not d.name.startswith("."))
+        if Path(runs_dir).is_dir()
+        else []
+    )
+    raise RunError(
+        f"no run {str(run_id_or_path)!r}: not a run directory and not in {runs_dir} "
+        f"(runs there: {', '.join(known[-10:]) or 'none'})"
+    )
 
 
 def list_runs(runs_dir: Union[str, Path]) -> list[Path]:
@@ -149,7 +160,7 @@ def pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:   # alive, another user's
+    except PermissionError:  # alive, another user's
         pass
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
@@ -192,8 +203,9 @@ def describe_holder(info: Optional[dict], why: str) -> str:
     if info is None:
         return f"a job whose lock file cannot be read ({why})"
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(info.get("started_unix", 0))))
-    return (f"host {info.get('host')}, pid {info.get('pid')}, started {started}, {why}"
-            + (f", command: {info['command']}" if info.get("command") else ""))
+    return f"host {info.get('host')}, pid {info.get('pid')}, started {started}, {why}" + (
+        f", command: {info['command']}" if info.get("command") else ""
+    )
 
 
 def live_holder(run_dir: Union[str, Path]) -> Optional[str]:
@@ -207,9 +219,11 @@ def live_holder(run_dir: Union[str, Path]) -> Optional[str]:
 
 
 def in_use_message(run_dir: Union[str, Path], holder: str) -> str:
-    return (f"run {run_id_of(run_dir)} is in use by a live job ({holder}); a second job writing the same run "
-            f"duplicates its metrics and checkpoints: wait for it to finish, or stop it first "
-            f"(its lock: {Path(run_dir) / LOCK})")
+    return (
+        f"run {run_id_of(run_dir)} is in use by a live job ({holder}); a second job writing the same run "
+        f"duplicates its metrics and checkpoints: wait for it to finish, or stop it first "
+        f"(its lock: {Path(run_dir) / LOCK})"
+    )
 
 
 class RunLock:
@@ -228,9 +242,15 @@ class RunLock:
 
         path = Path(run_dir) / LOCK
         now = time.time()
-        info: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), "proc_start": proc_start(os.getpid()),
-                "started_unix": now, "heartbeat_unix": now, "token": uuid.uuid4().hex,
-                "command": " ".join(sys.argv)[:300]}
+        info: dict[str, Any] = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "proc_start": proc_start(os.getpid()),
+            "started_unix": now,
+            "heartbeat_unix": now,
+            "token": uuid.uuid4().hex,
+            "command": " ".join(sys.argv)[:300],
+        }
         for _ in range(5):
             try:
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -248,7 +268,7 @@ class RunLock:
                     continue
                 moved = _read_lock(aside)
                 if (moved or {}).get("token") != (old or {}).get("token") or (moved is None) != (old is None):
-                    try:   # a fresh lock taken meanwhile: put it back, it wins
+                    try:  # a fresh lock taken meanwhile: put it back, it wins
                         os.link(aside, path)
                     except FileExistsError:
                         pass
@@ -265,8 +285,9 @@ class RunLock:
             lock = cls(path, info, heartbeat_s)
             lock._start()
             return lock
-        raise RunError(f"run {run_id_of(run_dir)}: could not take {path} (it keeps changing); is another job "
-                       f"starting on this run?")
+        raise RunError(
+            f"run {run_id_of(run_dir)}: could not take {path} (it keeps changing); is another job starting on this run?"
+        )
 
     def _start(self) -> None:
         self._thread = threading.Thread(target=self._heartbeat, name="megablu-run-lock", daemon=True)
@@ -276,15 +297,18 @@ class RunLock:
         while not self._stop.wait(self._beat):
             cur = _read_lock(self.path)
             if (cur or {}).get("token") != self.info["token"]:
-                log.error("run lock %s is no longer this job's (now: %s); heartbeat stopped", self.path,
-                          describe_holder(cur, "") if cur else "gone")
+                log.error(
+                    "run lock %s is no longer this job's (now: %s); heartbeat stopped",
+                    self.path,
+                    describe_holder(cur, "") if cur else "gone",
+                )
                 return
             self.info["heartbeat_unix"] = time.time()
             tmp = self.path.with_name(f".{LOCK}.{os.getpid()}.tmp")
             try:
                 tmp.write_text(json.dumps(self.info) + "\n")
                 os.replace(tmp, self.path)
-            except OSError as e:   # a full disk must not stop training; the lock ages instead
+            except OSError as e:  # a full disk must not stop training; the lock ages instead
                 log.warning("run lock heartbeat failed: %s", e)
 
     def release(self) -> None:

@@ -23,6 +23,7 @@ first step of each session left out (as summary.json); the checkpoint is the new
 eval/step_<N>.json. Exit 0, or 2 when the runs dir or the run does not exist (or `show` is given a
 folder that is no run: a runs dir is named as such).
 """
+
 from __future__ import annotations
 
 import csv
@@ -35,8 +36,8 @@ from typing import Optional
 
 log = logging.getLogger(__name__)
 
-SMOOTH = 10            # steps in the "last loss" mean
-SIGNALS = ("Terminated", "KeyboardInterrupt", "LauncherGone")   # errors that say the job was stopped from outside
+SMOOTH = 10  # steps in the "last loss" mean
+SIGNALS = ("Terminated", "KeyboardInterrupt", "LauncherGone")  # errors that say the job was stopped from outside
 
 
 def _rows(run: Path) -> list[dict]:
@@ -49,7 +50,7 @@ def _rows(run: Path) -> list[dict]:
         for r in csv.DictReader(f):
             try:
                 out.append({k: float(v) for k, v in r.items() if v not in ("", None)})
-            except ValueError:   # a row cut by a kill mid-write: ignore it, keep the rest
+            except ValueError:  # a row cut by a kill mid-write: ignore it, keep the rest
                 continue
     return [r for r in out if "step" in r and "loss" in r]
 
@@ -176,27 +177,47 @@ def describe(run: Path, deep: bool = False) -> dict:
     newest, skipped = scan_steps(run, deep=deep)
     last = [r["loss"] for r in rows[-SMOOTH:]]
     res = _last_eval(run)
-    return {"run": run.name, "path": str(run), "state": state, "why": why,
-            "steps": int(rows[-1]["step"]) if rows else 0, "max_steps": _max_steps(run),
-            "loss": sum(last) / len(last) if last else None, "loss_steps": len(last),
-            "tokens_per_s": _tokens_per_s(rows, summary),
-            "checkpoint": newest.name if newest else None,
-            "checkpoints_unusable": [p.name for p, _ in skipped],
-            "eval": _eval_brief(res) if res else None, "eval_json": res.get("_path") if res else None}
+    return {
+        "run": run.name,
+        "path": str(run),
+        "state": state,
+        "why": why,
+        "steps": int(rows[-1]["step"]) if rows else 0,
+        "max_steps": _max_steps(run),
+        "loss": sum(last) / len(last) if last else None,
+        "loss_steps": len(last),
+        "tokens_per_s": _tokens_per_s(rows, summary),
+        "checkpoint": newest.name if newest else None,
+        "checkpoints_unusable": [p.name for p, _ in skipped],
+        "eval": _eval_brief(res) if res else None,
+        "eval_json": res.get("_path") if res else None,
+    }
 
 
 def unreadable(run: Path, e: Exception) -> dict:
     """The row of a run whose files cannot be read (a binary metrics.csv): listed as such, the others still are."""
     why = f"{type(e).__name__}: {e}"[:200]
-    return {"run": run.name, "path": str(run), "state": "unreadable", "why": f"its files cannot be read ({why}); "
-            f"look at {run}", "steps": 0, "max_steps": _max_steps(run), "loss": None, "loss_steps": 0,
-            "tokens_per_s": None, "checkpoint": None, "checkpoints_unusable": [], "eval": None, "eval_json": None}
+    return {
+        "run": run.name,
+        "path": str(run),
+        "state": "unreadable",
+        "why": f"its files cannot be read ({why}); look at {run}",
+        "steps": 0,
+        "max_steps": _max_steps(run),
+        "loss": None,
+        "loss_steps": 0,
+        "tokens_per_s": None,
+        "checkpoint": None,
+        "checkpoints_unusable": [],
+        "eval": None,
+        "eval_json": None,
+    }
 
 
 def describe_or_unreadable(run: Path, deep: bool = False) -> dict:
     try:
         return describe(run, deep=deep)
-    except (OSError, ValueError, csv.Error) as e:   # UnicodeDecodeError is a ValueError
+    except (OSError, ValueError, csv.Error) as e:  # UnicodeDecodeError is a ValueError
         return unreadable(run, e)
 
 
@@ -206,22 +227,37 @@ def _is_run(d: Path) -> bool:
 
 def _not_a_run(d: Path) -> str:
     """What `runs show` says of a folder that is no run: a runs dir (runs inside it), or something else."""
-    runs = sorted(x.name for x in d.iterdir() if x.is_dir() and not x.name.startswith(".") and _is_run(x)) \
-        if d.is_dir() else []
+    runs = (
+        sorted(x.name for x in d.iterdir() if x.is_dir() and not x.name.startswith(".") and _is_run(x))
+        if d.is_dir()
+        else []
+    )
     if runs or (d / ".ids").is_dir():
         shown = ", ".join(runs[-5:]) + (f" and {len(runs) - 5} more" if len(runs) > 5 else "")
-        return (f"{d} is a runs dir, not a run (it holds {len(runs)} run(s){': ' + shown if runs else ''}): list them "
-                f"with `megablu runs {d}`" + (f", or show one with `megablu runs show {d / runs[-1]}`" if runs else ""))
-    return (f"{d} is not a run (no run.json, metrics.csv or checkpoints/ in it): give a run id in --runs-dir or a run "
-            f"directory (`megablu runs RUNS_DIR` lists them)")
+        return (
+            f"{d} is a runs dir, not a run (it holds {len(runs)} run(s){': ' + shown if runs else ''}): list them "
+            f"with `megablu runs {d}`" + (f", or show one with `megablu runs show {d / runs[-1]}`" if runs else "")
+        )
+    return (
+        f"{d} is not a run (no run.json, metrics.csv or checkpoints/ in it): give a run id in --runs-dir or a run "
+        f"directory (`megablu runs RUNS_DIR` lists them)"
+    )
 
 
 def _table(rows: list[dict]) -> str:
     head = ["run", "state", "steps", "loss", "tokens/s", "checkpoint", "last eval"]
-    body = [[r["run"], r["state"], f"{r['steps']}/{r['max_steps'] if r['max_steps'] is not None else '?'}",
-             "-" if r["loss"] is None else f"{r['loss']:.3f}",
-             "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}",
-             r["checkpoint"] or "none", r["eval"] or "-"] for r in rows]
+    body = [
+        [
+            r["run"],
+            r["state"],
+            f"{r['steps']}/{r['max_steps'] if r['max_steps'] is not None else '?'}",
+            "-" if r["loss"] is None else f"{r['loss']:.3f}",
+            "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}",
+            r["checkpoint"] or "none",
+            r["eval"] or "-",
+        ]
+        for r in rows
+    ]
     w = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
     fmt = lambda xs: "  ".join(x.ljust(w[i]) for i, x in enumerate(xs)).rstrip()  # noqa: E731
     return "\n".join([fmt(head)] + [fmt(b) for b in body])
@@ -230,8 +266,10 @@ def _table(rows: list[dict]) -> str:
 def _list(args) -> int:
     root = Path(args.runs_dir)
     if not root.is_dir():
-        print(f"megablu runs: {root} is not a directory (the runs dir: a config's runs_dir, default 'runs')",
-              file=sys.stderr)
+        print(
+            f"megablu runs: {root} is not a directory (the runs dir: a config's runs_dir, default 'runs')",
+            file=sys.stderr,
+        )
         return 2
     runs = [d for d in sorted(root.iterdir()) if d.is_dir() and not d.name.startswith(".") and _is_run(d)]
     rows = [describe_or_unreadable(d, deep=args.verify) for d in runs]
@@ -261,8 +299,9 @@ def plot_training(run: Path, path: Path) -> Path:
     starts = [int(s["from_step"]) for s in summary.get("sessions", [])[1:] if isinstance(s, dict)]
     x = [r["step"] for r in rows]
     loss = [r["loss"] for r in rows]
-    mean = [sum(loss[max(0, i - SMOOTH + 1):i + 1]) / len(loss[max(0, i - SMOOTH + 1):i + 1])
-            for i in range(len(loss))]
+    mean = [
+        sum(loss[max(0, i - SMOOTH + 1) : i + 1]) / len(loss[max(0, i - SMOOTH + 1) : i + 1]) for i in range(len(loss))
+    ]
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
     axes[0].plot(x, loss, lw=0.7, alpha=0.5, label="loss per step")
     axes[0].plot(x, mean, lw=1.5, label=f"mean of the last {SMOOTH}")
@@ -298,14 +337,16 @@ def _show(args) -> int:
         return 2
     d = describe_or_unreadable(run, deep=args.verify)
     summary = _json(run / "summary.json") or {}
-    out = [f"# {d['run']}  ({d['path']})", "",
-           f"state       {d['state']}: {d['why']}",
-           f"steps       {d['steps']} of {d['max_steps'] if d['max_steps'] is not None else '?'}",
-           "loss        " + ("-" if d["loss"] is None else f"{d['loss']:.4f} (mean of the last {d['loss_steps']} "
-                                                                 f"steps)"),
-           "tokens/s    " + ("-" if d["tokens_per_s"] is None else f"{d['tokens_per_s']:,.0f}"),
-           f"checkpoint  {d['checkpoint'] or 'none'}"
-           + (f" (unusable: {', '.join(d['checkpoints_unusable'])})" if d["checkpoints_unusable"] else "")]
+    out = [
+        f"# {d['run']}  ({d['path']})",
+        "",
+        f"state       {d['state']}: {d['why']}",
+        f"steps       {d['steps']} of {d['max_steps'] if d['max_steps'] is not None else '?'}",
+        "loss        " + ("-" if d["loss"] is None else f"{d['loss']:.4f} (mean of the last {d['loss_steps']} steps)"),
+        "tokens/s    " + ("-" if d["tokens_per_s"] is None else f"{d['tokens_per_s']:,.0f}"),
+        f"checkpoint  {d['checkpoint'] or 'none'}"
+        + (f" (unusable: {', '.join(d['checkpoints_unusable'])})" if d["checkpoints_unusable"] else ""),
+    ]
     for i, s in enumerate(summary.get("sessions", [])):
         if isinstance(s, dict):
             out.append(f"session {i + 1}   steps {s.get('from_step')}..{s.get('to_step')}  {s.get('world') or ''}")
@@ -313,7 +354,7 @@ def _show(args) -> int:
         target = Path(args.plot) if args.plot else run / "train.png"
         try:
             out.append(f"plot        {plot_training(run, target)}")
-        except Exception as e:   # noqa: BLE001 - no metrics or no matplotlib: the text still stands
+        except Exception as e:  # noqa: BLE001 - no metrics or no matplotlib: the text still stands
             out.append(f"plot        none ({e})")
     res = _last_eval(run)
     if res is not None:
@@ -343,19 +384,30 @@ def _runs(args) -> int:
 
 
 def register(sub) -> None:
-    r = sub.add_parser("runs", help="every run and its state (running, finished, stopped, failed, killed); "
-                       "'runs show RUN' for one run with a training plot and its eval tables",
-                       description=__doc__.split("\n\n")[0],
-                       usage="megablu runs [RUNS_DIR] [--json] [--verify]\n       "
-                             "megablu runs show RUN [--runs-dir DIR] [--plot PNG | --no-plot] [--verify]")
-    r.add_argument("args", nargs="*", metavar="RUNS_DIR | show RUN",
-                   help="a runs dir to list (default: runs), or 'show' and a run id (looked up in --runs-dir) or "
-                        "a run directory")
+    r = sub.add_parser(
+        "runs",
+        help="every run and its state (running, finished, stopped, failed, killed); "
+        "'runs show RUN' for one run with a training plot and its eval tables",
+        description=__doc__.split("\n\n")[0],
+        usage="megablu runs [RUNS_DIR] [--json] [--verify]\n       "
+        "megablu runs show RUN [--runs-dir DIR] [--plot PNG | --no-plot] [--verify]",
+    )
+    r.add_argument(
+        "args",
+        nargs="*",
+        metavar="RUNS_DIR | show RUN",
+        help="a runs dir to list (default: runs), or 'show' and a run id (looked up in --runs-dir) or a run directory",
+    )
     r.add_argument("--runs-dir", default="runs", help="where 'show RUN' looks up a run id (default: runs)")
     r.add_argument("--json", action="store_true", help="the list as one JSON line (a list of rows) on stdout")
-    r.add_argument("--verify", action="store_true", help="hash every checkpoint file (sha256) to find the newest "
-                   "usable step; default: manifest, presence and sizes")
-    r.add_argument("--plot", metavar="PNG", help="show: where the loss / lr / tokens-per-s plot goes "
-                   "(default: <run>/train.png)")
+    r.add_argument(
+        "--verify",
+        action="store_true",
+        help="hash every checkpoint file (sha256) to find the newest "
+        "usable step; default: manifest, presence and sizes",
+    )
+    r.add_argument(
+        "--plot", metavar="PNG", help="show: where the loss / lr / tokens-per-s plot goes (default: <run>/train.png)"
+    )
     r.add_argument("--no-plot", action="store_true", help="show: no plot")
     r.set_defaults(func=_runs)

@@ -4,6 +4,7 @@ The LR at step s depends on s and the config only, so a resumed run continues th
 curve: there is one warmup, anchored at step 0, never re-anchored on resume (a sawtooth of
 re-anchored warmups cannot happen).
 """
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """One optimizer step over grad_accum micro-batches with SP-correct loss normalisation."""
+
 from __future__ import annotations
 
 import torch
@@ -10,9 +11,17 @@ from ..parallel.sequence import global_token_count, loss_scale, shard_batch
 from .step_profile import no_timer
 
 
-def forward_backward(engine, micro_batches: list[dict], groups: Groups, zero_stage: int,
-                     reduce_scatter: bool, apply_step: bool = True, doc_mask: bool = False,
-                     doc_positions: str = "restart", timer=no_timer) -> float:
+def forward_backward(
+    engine,
+    micro_batches: list[dict],
+    groups: Groups,
+    zero_stage: int,
+    reduce_scatter: bool,
+    apply_step: bool = True,
+    doc_mask: bool = False,
+    doc_positions: str = "restart",
+    timer=no_timer,
+) -> float:
     """Run fwd+bwd on each FULL micro-batch (sharded here along T); return the token-mean loss.
 
     All ranks of one sp group must pass the same micro-batches. With apply_step=False the
@@ -31,8 +40,13 @@ def forward_backward(engine, micro_batches: list[dict], groups: Groups, zero_sta
     for i, m in enumerate(micro):
         with timer("forward"):
             docs = m["doc_ids"].to(dev) if "doc_ids" in m else None
-            loss_sum, _ = engine(m["input_ids"].to(dev), position_ids=m["position_ids"].to(dev),
-                                 labels=m["labels"].to(dev), doc_ids=docs, rope_len=m["rope_len"].to(dev))
+            loss_sum, _ = engine(
+                m["input_ids"].to(dev),
+                position_ids=m["position_ids"].to(dev),
+                labels=m["labels"].to(dev),
+                doc_ids=docs,
+                rope_len=m["rope_len"].to(dev),
+            )
         with timer("backward"):
             engine.backward(loss_sum / total * scale)
         if apply_step or i < len(micro) - 1:

@@ -12,6 +12,7 @@ Written to the run dir (rank 0): profile/step_<N>.md (the phase table and torch'
 by self device time) and profile/step_<N>.trace.json.gz (a chrome trace: chrome://tracing or
 Perfetto; dropped above train.profile_trace_mib). Every other step runs without any of this.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -24,7 +25,7 @@ from typing import Optional
 
 import torch
 
-STEP_RANGE = "megablu::step"   # bench/profile_step.py imports it: one name for the step range
+STEP_RANGE = "megablu::step"  # bench/profile_step.py imports it: one name for the step range
 
 
 def _sync(device: str) -> None:
@@ -65,8 +66,13 @@ def no_timer(_name: str):
 
 def profiler_table(prof, rows: int = 30) -> str:
     """torch's key_averages table, by self device time where this build has it."""
-    for key in ("self_device_time_total", "self_cuda_time_total", "device_time_total", "cuda_time_total",
-                "self_cpu_time_total"):
+    for key in (
+        "self_device_time_total",
+        "self_cuda_time_total",
+        "device_time_total",
+        "cuda_time_total",
+        "self_cpu_time_total",
+    ):
         try:
             return prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=90)
         except Exception:  # noqa: BLE001 - the key this torch build does not know
@@ -76,19 +82,28 @@ def profiler_table(prof, rows: int = 30) -> str:
 
 def phase_markdown(step: int, wall_s: float, totals: dict, others_median_s: Optional[float], device: str) -> str:
     """The phase table of one profiled step (ms and % of the step's wall time)."""
-    lines = [f"# step {step} under the profiler ({device})", "",
-             f"Step wall time {wall_s * 1e3:.1f} ms (device-synchronised phases)"
-             + (f"; the unprofiled steps' median so far {others_median_s * 1e3:.1f} ms" if others_median_s else "")
-             + ".", "", "| phase | calls | ms | % of step |", "|---|---|---|---|"]
+    lines = [
+        f"# step {step} under the profiler ({device})",
+        "",
+        f"Step wall time {wall_s * 1e3:.1f} ms (device-synchronised phases)"
+        + (f"; the unprofiled steps' median so far {others_median_s * 1e3:.1f} ms" if others_median_s else "")
+        + ".",
+        "",
+        "| phase | calls | ms | % of step |",
+        "|---|---|---|---|",
+    ]
     attributed = 0.0
     for name, (n, s) in totals.items():
         attributed += s
         lines.append(f"| {name} | {n} | {s * 1e3:.1f} | {100 * s / wall_s:.1f} |")
     rest = wall_s - attributed
     lines.append(f"| (between phases) | - | {rest * 1e3:.1f} | {100 * rest / wall_s:.1f} |")
-    lines += ["", "optimizer_step is the engine step at the accumulation boundary (DeepSpeed's optimizer step, "
-              "gradient clipping and, under ZeRO, the reduction and the parameter update); engine_step the ones "
-              "before it (bookkeeping only)."]
+    lines += [
+        "",
+        "optimizer_step is the engine step at the accumulation boundary (DeepSpeed's optimizer step, "
+        "gradient clipping and, under ZeRO, the reduction and the parameter update); engine_step the ones "
+        "before it (bookkeeping only).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -102,8 +117,9 @@ def cupti_teardown(device: str) -> None:
         os.environ.setdefault("TEARDOWN_CUPTI", "1")
 
 
-def run_profiled(fn, *, device: str, step: int, run_dir: Path, others_median_s: Optional[float],
-                 trace_max_mib: float, write: bool):
+def run_profiled(
+    fn, *, device: str, step: int, run_dir: Path, others_median_s: Optional[float], trace_max_mib: float, write: bool
+):
     """fn(timer) under torch.profiler inside STEP_RANGE; writes profile/step_<step>.{md,trace.json.gz} when
     `write` (rank 0). Returns fn's result."""
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -124,15 +140,18 @@ def run_profiled(fn, *, device: str, step: int, run_dir: Path, others_median_s: 
         md = phase_markdown(step, wall, timer.totals(), others_median_s, device)
         trace = out / f"step_{step}.trace.json.gz"
         md += "\n" + export_trace(prof, trace, int(trace_max_mib * 2**20)) + " (train.profile_trace_mib)\n"
-        md += ("\n## top ops (torch.profiler key_averages, by self device time; on CPU by self CPU time)\n\n```\n"
-               + profiler_table(prof) + "\n```\n")
+        md += (
+            "\n## top ops (torch.profiler key_averages, by self device time; on CPU by self CPU time)\n\n```\n"
+            + profiler_table(prof)
+            + "\n```\n"
+        )
         (out / f"step_{step}.md").write_text(md)
     return result
 
 
 def export_trace(prof, path: Path, max_bytes: int) -> str:
     """gzip'd chrome trace of the profiled step, dropped when over max_bytes."""
-    tmp = path.with_suffix("")   # .json
+    tmp = path.with_suffix("")  # .json
     prof.export_chrome_trace(str(tmp))
     with open(tmp, "rb") as f, gzip.open(path, "wb", compresslevel=6) as g:
         shutil.copyfileobj(f, g)

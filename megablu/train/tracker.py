@@ -11,6 +11,7 @@ and a config that asks for one that does not import here is refused by the prefl
 (`tracker_problem`), before any rank starts. Rank 0 writes, as for metrics.csv. The tracker's
 run is named after the run dir and resumed with it (`--resume RUN` continues the same run).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -30,8 +31,10 @@ def tracker_problem(name: str) -> Optional[str]:
     module = MODULES.get(name)
     if module is None or importlib.util.find_spec(module) is not None:
         return None
-    return (f"train.tracker={name}: the {module} package is not installed; pip install 'megablu[{name}]' "
-            f"(or pip install {module}), or set train.tracker=none (metrics.csv and TensorBoard are always written)")
+    return (
+        f"train.tracker={name}: the {module} package is not installed; pip install 'megablu[{name}]' "
+        f"(or pip install {module}), or set train.tracker=none (metrics.csv and TensorBoard are always written)"
+    )
 
 
 class Tracker:
@@ -47,14 +50,24 @@ class Tracker:
         with contextlib.redirect_stdout(sys.stderr):
             if name == "wandb":
                 # offline: written under the run dir, never sent; id = run name, so a resume continues it
-                self.run = self.lib.init(project=PROJECT, name=run_dir.name, id=run_dir.name, resume="allow",
-                                         dir=str(run_dir), config=config, mode="offline")
+                self.run = self.lib.init(
+                    project=PROJECT,
+                    name=run_dir.name,
+                    id=run_dir.name,
+                    resume="allow",
+                    dir=str(run_dir),
+                    config=config,
+                    mode="offline",
+                )
             else:
                 self.run = self.lib.init(project=PROJECT, name=run_dir.name, resume="allow", config=config)
 
     def log(self, row: dict, step: int) -> None:
-        scalars = {f"train/{k}": v for k, v in row.items()
-                   if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        scalars = {
+            f"train/{k}": v
+            for k, v in row.items()
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
         with contextlib.redirect_stdout(sys.stderr):
             self.run.log(scalars, step=step)
 

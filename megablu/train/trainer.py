@@ -7,6 +7,7 @@ final checkpoint/eval -> summary.json of the whole run (from metrics.csv).
 The config was validated and every input checked before this point (train/preflight.py,
 called by launch/ext32k.py and `megablu config check`).
 """
+
 from __future__ import annotations
 
 import json
@@ -55,16 +56,22 @@ def deepspeed_config(cfg: Config, grad_accum: int, dp: int, device: str) -> dict
         "train_batch_size": cfg.train.micro_batch * grad_accum * dp,
         "gradient_clipping": cfg.train.grad_clip,
         "zero_optimization": zero,
-        "steps_per_print": 10 ** 9,
+        "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
     if cfg.train.dtype == "bf16":
         ds["bf16"] = {"enabled": True}
     if z.offload_optimizer:
         # ZeRO-Offload steps the optimizer on the CPU with DeepSpeed's CPU Adam
-        ds["optimizer"] = {"type": "AdamW", "params": {
-            "lr": cfg.schedule.lr, "betas": list(cfg.train.betas), "eps": cfg.train.eps,
-            "weight_decay": cfg.train.weight_decay}}
+        ds["optimizer"] = {
+            "type": "AdamW",
+            "params": {
+                "lr": cfg.schedule.lr,
+                "betas": list(cfg.train.betas),
+                "eps": cfg.train.eps,
+                "weight_decay": cfg.train.weight_decay,
+            },
+        }
     return ds
 
 
@@ -102,12 +109,12 @@ class Trainer:
         self._flops_per_token = flops_per_token(cfg.model, cfg.data.window)
         self._peak_tflops = peak_bf16_tflops(index=self.local_rank) if self.device == "cuda" else None
         self._gate_failure: Optional[str] = None
-        self.run_dir: Optional[Path] = None   # known once setup allocated or found it
-        self.lock: Optional[RunLock] = None   # rank 0: the run's liveness lock
+        self.run_dir: Optional[Path] = None  # known once setup allocated or found it
+        self.lock: Optional[RunLock] = None  # rank 0: the run's liveness lock
         # train.stop_after_s: this session's wall-clock budget, counted from the Trainer's start
         self._t_start = time.monotonic()
         self._timed, self._out_of_time, self._slowest_extra = False, False, 0.0
-        self._step_s: list[float] = []   # unprofiled step times, for train.profile_step's report
+        self._step_s: list[float] = []  # unprofiled step times, for train.profile_step's report
         if not resume:
             # the parent-RoPE trap (config/lineage.py), also for a Trainer built without the
             # entry's preflight (the Python API): refused before any rank or run dir exists
@@ -137,7 +144,7 @@ class Trainer:
         else:
             # CPU ranks share the cores: one rank per core-share, no oversubscription
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // (ranks_per_node or 1)))
-            skip_cpu_shm_op()   # an inference-only op DeepSpeed would JIT-build in init_distributed
+            skip_cpu_shm_op()  # an inference-only op DeepSpeed would JIT-build in init_distributed
         deepspeed.init_distributed(dist_backend="nccl" if self.device == "cuda" else "gloo")
         return build_groups(self.cfg.parallel.sp, ranks_per_node)
 
@@ -156,7 +163,7 @@ class Trainer:
             except Exception as e:  # noqa: BLE001 - re-raised on every rank below
                 err = str(e) if isinstance(e, RunError) else f"{type(e).__name__}: {e}"
         path, err = broadcast_object((path, err))
-        if err:   # every rank raises, none waits on a collective rank 0 left
+        if err:  # every rank raises, none waits on a collective rank 0 left
             raise RunError(f"run dir: {err}")
         return Path(path)
 
@@ -195,20 +202,27 @@ class Trainer:
         self.run_dir = self._run_dir()
         if is_rank0():
             log.info("topology: %s", g.describe())
-            log.info("run dir: %s; grad_accum %d; tokens/step %d", self.run_dir, self.grad_accum,
-                     cfg.train.tokens_per_step)
+            log.info(
+                "run dir: %s; grad_accum %d; tokens/step %d", self.run_dir, self.grad_accum, cfg.train.tokens_per_step
+            )
             if not self.resume:
                 self._write_resolved()
 
         from ..data.tokenizer import load_tokenizer
 
-        self.tokenizer = load_tokenizer(cfg.tokenizer)   # its vocab against the model: preflight
+        self.tokenizer = load_tokenizer(cfg.tokenizer)  # its vocab against the model: preflight
 
         from ..data.loader import build_loader
         from ..data.mix import planned_sequences, write_mixture
 
-        self.loader = build_loader(cfg.data, self.tokenizer.identity, micro_batch=cfg.train.micro_batch,
-                                   dp_rank=g.dp_rank, dp_size=g.dp, total_sequences=planned_sequences(cfg))
+        self.loader = build_loader(
+            cfg.data,
+            self.tokenizer.identity,
+            micro_batch=cfg.train.micro_batch,
+            dp_rank=g.dp_rank,
+            dp_size=g.dp,
+            total_sequences=planned_sequences(cfg),
+        )
 
         # built on the CPU, moved by DeepSpeed: memory.loss=auto is resolved for the run's device
         model = apply_memory(self._build_model(), cfg.memory, device=self.device)
@@ -218,40 +232,69 @@ class Trainer:
         opt = None
         if "optimizer" not in ds_cfg:
             fused = {"fused": True} if self.device == "cuda" else {}
-            opt = torch.optim.AdamW(param_groups(model, cfg.train.weight_decay), lr=cfg.schedule.lr,
-                                    betas=cfg.train.betas, eps=cfg.train.eps, **fused)
+            opt = torch.optim.AdamW(
+                param_groups(model, cfg.train.weight_decay),
+                lr=cfg.schedule.lr,
+                betas=cfg.train.betas,
+                eps=cfg.train.eps,
+                **fused,
+            )
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, optimizer=opt, model_parameters=None if opt is not None else param_groups(
-                model, cfg.train.weight_decay), config=ds_cfg, mpu=g if g.sp > 1 else None)
+            model=model,
+            optimizer=opt,
+            model_parameters=None if opt is not None else param_groups(model, cfg.train.weight_decay),
+            config=ds_cfg,
+            mpu=g if g.sp > 1 else None,
+        )
         if cfg.train.fused_grad_check:
             from .grad_check import install
 
             why = install(self.engine.optimizer)
             if is_rank0():
-                log.info("train.fused_grad_check: %s", "on (ZeRO-1/2's gradient checks as multi-tensor passes)"
-                         if why is None else f"DeepSpeed's own gradient checks run ({why})")
+                log.info(
+                    "train.fused_grad_check: %s",
+                    "on (ZeRO-1/2's gradient checks as multi-tensor passes)"
+                    if why is None
+                    else f"DeepSpeed's own gradient checks run ({why})",
+                )
 
         from ..checkpoint import CheckpointManager
 
-        self.ckpt = CheckpointManager(self.run_dir, cfg.checkpoint.keep, keep_every=cfg.checkpoint.keep_every, meta={
-            "config_hash": config_hash(cfg), "tokenizer": self.tokenizer.identity, "world_size": g.world_size,
-            "dp": g.dp, "sp": g.sp, "zero_stage": cfg.parallel.zero_stage,
-            # enough to export or evaluate a checkpoint without the YAML it came from
-            "model": cfg.model.model_dump(mode="json"), "rope": cfg.rope.model_dump(mode="json"),
-            "window": cfg.data.window,
-            # the whole config: a resume that differs names the fields (train/resume.py)
-            "config": cfg.model_dump(mode="json")})
+        self.ckpt = CheckpointManager(
+            self.run_dir,
+            cfg.checkpoint.keep,
+            keep_every=cfg.checkpoint.keep_every,
+            meta={
+                "config_hash": config_hash(cfg),
+                "tokenizer": self.tokenizer.identity,
+                "world_size": g.world_size,
+                "dp": g.dp,
+                "sp": g.sp,
+                "zero_stage": cfg.parallel.zero_stage,
+                # enough to export or evaluate a checkpoint without the YAML it came from
+                "model": cfg.model.model_dump(mode="json"),
+                "rope": cfg.rope.model_dump(mode="json"),
+                "window": cfg.data.window,
+                # the whole config: a resume that differs names the fields (train/resume.py)
+                "config": cfg.model_dump(mode="json"),
+            },
+        )
         self.step, self.tokens_seen = 0, 0
         self._session_start = 0
         if self.resume:
             self._load_resume()
-            if is_rank0():   # written only now that the resume is accepted
+            if is_rank0():  # written only now that the resume is accepted
                 self._write_resolved()
             self._session_start = self.step
-        if is_rank0():   # what each source contributes (token shares, epochs, truncation, padding)
+        if is_rank0():  # what each source contributes (token shares, epochs, truncation, padding)
             write_mixture(self.run_path, self.loader.mixture)
-        self.metrics = MetricsWriter(self.run_path, self.step, open_tracker(
-            cfg.train.tracker, self.run_path, cfg.model_dump(mode="json"))) if is_rank0() else None
+        self.metrics = (
+            MetricsWriter(
+                self.run_path, self.step, open_tracker(cfg.train.tracker, self.run_path, cfg.model_dump(mode="json"))
+            )
+            if is_rank0()
+            else None
+        )
         if self.resume and self.step > 0 and self._eval_due(self.step):
             # killed between the save of an eval step and its result: evaluate that step now
             done = broadcast_object((self.run_path / "eval" / f"step_{self.step}.json").exists())
@@ -267,8 +310,9 @@ class Trainer:
         path = broadcast_object(str(path) if path else None)
         path = Path(path) if path else None
         if path is None:
-            raise CheckpointError(f"resume: no verified checkpoint in {self.run_dir}/checkpoints; start without "
-                                  f"--resume")
+            raise CheckpointError(
+                f"resume: no verified checkpoint in {self.run_dir}/checkpoints; start without --resume"
+            )
         state = self.ckpt.load(self.engine, path, allow_config_change=self._allowed_change(path))
         self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
         self.loader.load_state_dict(state["loader"])
@@ -308,11 +352,15 @@ class Trainer:
             same = self.cfg.model_copy(update={"parallel": self.cfg.parallel.model_copy(update={"sp": saved_sp})})
             return config_hash(same) == m.get("config_hash")
         if resume_problems(saved, self.cfg, step_number(path)):
-            return False   # check_compatible refuses and names the fields
+            return False  # check_compatible refuses and names the fields
         if is_rank0():
             changes = config_changes(saved, self.cfg.model_dump(mode="json"))
-            log.warning("resume: %s (dp %s -> %s); weights, optimizer and data position carry over unchanged",
-                        ", ".join(f"{k} {a} -> {b}" for k, a, b in changes), m.get("dp"), self.groups.dp)
+            log.warning(
+                "resume: %s (dp %s -> %s); weights, optimizer and data position carry over unchanged",
+                ", ".join(f"{k} {a} -> {b}" for k, a, b in changes),
+                m.get("dp"),
+                self.groups.dp,
+            )
         return True
 
     def _write_resolved(self) -> None:
@@ -322,7 +370,7 @@ class Trainer:
         left out. A resume that changed the run (max_steps, sp) keeps the previous file as
         config.before.<unix>.yaml."""
         resolved = self.run_path / "config.resolved.yaml"
-        session = {"stop_after": None, "profile_step": None}   # an invocation's, not the run's
+        session = {"stop_after": None, "profile_step": None}  # an invocation's, not the run's
         text = to_yaml(self.cfg.model_copy(update={"train": self.cfg.train.model_copy(update=session)}))
         if resolved.exists():
             if resolved.read_text() == text:
@@ -335,17 +383,29 @@ class Trainer:
     def _client_state(self) -> dict:
         from ..checkpoint import get_rng_state
 
-        return {"step": self.step, "tokens_seen": self.tokens_seen, "loader": self.loader.state_dict(),
-                "rng": get_rng_state(), "schedule": {"kind": self.cfg.schedule.kind, "lr": self._lr}}
+        return {
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "loader": self.loader.state_dict(),
+            "rng": get_rng_state(),
+            "schedule": {"kind": self.cfg.schedule.kind, "lr": self._lr},
+        }
 
     # ------------------------------------------------------------------ loop
     def _train_step(self, timer=no_timer) -> tuple[float, Optional[float]]:
         """One optimizer step over grad_accum micro-batches; returns (token-mean loss, grad norm)."""
         with timer("data"):
             micro = [self.loader.next_batch() for _ in range(self.grad_accum)]
-        loss = forward_backward(self.engine, micro, self.groups, self.cfg.parallel.zero_stage,
-                                self.cfg.parallel.reduce_scatter, doc_mask=self.cfg.data.doc_mask,
-                                doc_positions=self.cfg.data.doc_positions, timer=timer)
+        loss = forward_backward(
+            self.engine,
+            micro,
+            self.groups,
+            self.cfg.parallel.zero_stage,
+            self.cfg.parallel.reduce_scatter,
+            doc_mask=self.cfg.data.doc_mask,
+            doc_positions=self.cfg.data.doc_positions,
+            timer=timer,
+        )
         with timer("grad_norm"):
             gn = self.engine.get_global_grad_norm()
             gn = float(gn) if gn is not None else None
@@ -357,9 +417,15 @@ class Trainer:
 
         n = self.step + 1
         others = statistics.median(self._step_s) if self._step_s else None
-        out = run_profiled(self._train_step, device=self.device, step=n, run_dir=self.run_path,
-                           others_median_s=others, trace_max_mib=self.cfg.train.profile_trace_mib,
-                           write=is_rank0())
+        out = run_profiled(
+            self._train_step,
+            device=self.device,
+            step=n,
+            run_dir=self.run_path,
+            others_median_s=others,
+            trace_max_mib=self.cfg.train.profile_trace_mib,
+            write=is_rank0(),
+        )
         if is_rank0():
             log.info("step %d profiled: %s", n, self.run_path / "profile" / f"step_{n}.md")
         return out
@@ -382,15 +448,21 @@ class Trainer:
         cfg, g = self.cfg, self.groups
         losses: list[float] = []
         tok_s: list[float] = []
-        bar = tqdm(total=cfg.train.max_steps, initial=self.step, disable=not is_rank0(), file=sys.stderr,
-                   desc=cfg.name, dynamic_ncols=True)
+        bar = tqdm(
+            total=cfg.train.max_steps,
+            initial=self.step,
+            disable=not is_rank0(),
+            file=sys.stderr,
+            desc=cfg.name,
+            dynamic_ncols=True,
+        )
         if self.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         stop = min(cfg.train.max_steps, cfg.train.stop_after or cfg.train.max_steps)
         self._losses, self._tok_s = losses, tok_s
 
         def one_step(_i: int = 0) -> float:
-            if self._out_of_time:   # the probe asks for a step after the budget ran out
+            if self._out_of_time:  # the probe asks for a step after the budget ran out
                 raise _OutOfTime
             return self._one_step(bar, stop)
 
@@ -400,16 +472,21 @@ class Trainer:
             if n_probe > 0:
                 try:
                     self._probe(one_step, n_probe)
-                except _OutOfTime:   # a resumed session's probe cut by train.stop_after_s: no probe file
+                except _OutOfTime:  # a resumed session's probe cut by train.stop_after_s: no probe file
                     pass
             while self.step < stop and not self._out_of_time:
                 one_step()
-        finally:   # closed before any error is reported, so the bar is not the last line on stderr
+        finally:  # closed before any error is reported, so the bar is not the last line on stderr
             bar.close()
         if self._out_of_time and is_rank0():
-            log.warning("stopped at step %d of %d: train.stop_after_s=%g would be exceeded by the next step; "
-                        "checkpoint saved; continue with --resume %s", self.step, cfg.train.max_steps,
-                        cfg.train.stop_after_s, self.run_dir)
+            log.warning(
+                "stopped at step %d of %d: train.stop_after_s=%g would be exceeded by the next step; "
+                "checkpoint saved; continue with --resume %s",
+                self.step,
+                cfg.train.max_steps,
+                cfg.train.stop_after_s,
+                self.run_dir,
+            )
         if self.metrics is not None:
             self.metrics.close()
         from .metrics import run_summary
@@ -433,15 +510,20 @@ class Trainer:
         rank0 = g.rank == 0
         name = "probe.json" if self.step == 0 else f"probe.step{self.step}.json"
         try:
-            run_probe(one_step, steps=n, device=self.device,
-                      tokens_per_rank=cfg.train.micro_batch * cfg.data.window // g.sp,
-                      tokens_per_step=cfg.train.tokens_per_step // g.world_size,
-                      flops_per_token=self._flops_per_token, peak_tflops=self._peak_tflops,
-                      setup=setup_dict(cfg, g.world_size, loss_used=self.model.lm_head.loss),
-                      world_size=g.world_size,
-                      out=self.run_path / name if rank0 else None)
+            run_probe(
+                one_step,
+                steps=n,
+                device=self.device,
+                tokens_per_rank=cfg.train.micro_batch * cfg.data.window // g.sp,
+                tokens_per_step=cfg.train.tokens_per_step // g.world_size,
+                flops_per_token=self._flops_per_token,
+                peak_tflops=self._peak_tflops,
+                setup=setup_dict(cfg, g.world_size, loss_used=self.model.lm_head.loss),
+                world_size=g.world_size,
+                out=self.run_path / name if rank0 else None,
+            )
         except ProbeOOM as e:
-            if not rank0:   # rank 0 wrote probe.json; the rank that ran out writes its own
+            if not rank0:  # rank 0 wrote probe.json; the rank that ran out writes its own
                 (self.run_path / f"probe.rank{g.rank}.json").write_text(json.dumps(e.measured, indent=2) + "\n")
             raise
 
@@ -465,9 +547,17 @@ class Trainer:
             raise FloatingPointError(f"loss is {loss} at step {self.step}; stopping (no checkpoint written)")
         mem = torch.cuda.max_memory_allocated() / 1e9 if self.device == "cuda" else 0.0
         u = mfu(self._flops_per_token, cfg.train.tokens_per_step / self.groups.world_size, dt, self._peak_tflops)
-        row: dict[str, Any] = {"step": self.step, "loss": loss, "lr": self._lr, "tokens_seen": self.tokens_seen,
-               "step_time_s": dt, "tokens_per_s": cfg.train.tokens_per_step / dt, "max_mem_gb": mem,
-               "grad_norm": gnorm if gnorm is not None else "", "mfu": round(u, 4) if u is not None else ""}
+        row: dict[str, Any] = {
+            "step": self.step,
+            "loss": loss,
+            "lr": self._lr,
+            "tokens_seen": self.tokens_seen,
+            "step_time_s": dt,
+            "tokens_per_s": cfg.train.tokens_per_step / dt,
+            "max_mem_gb": mem,
+            "grad_norm": gnorm if gnorm is not None else "",
+            "mfu": round(u, 4) if u is not None else "",
+        }
         losses.append(loss)
         tok_s.append(row["tokens_per_s"])
         if self.metrics is not None:
@@ -491,7 +581,7 @@ class Trainer:
             # assume it costs a step)
             save_s = self._slowest_extra or step_s
             budget = self.cfg.train.stop_after_s
-            assert budget is not None   # asked only when train.stop_after_s is set (self._timed)
+            assert budget is not None  # asked only when train.stop_after_s is set (self._timed)
             up = elapsed + 1.2 * step_s + save_s > budget
         else:
             up = None
@@ -521,10 +611,17 @@ class Trainer:
 
         self.engine.eval()
         try:
-            res = run_eval(self.engine.module, self.tokenizer, self.cfg.eval, self.cfg.data.window,
-                           sp_group=self.groups.sp_group if self.groups.sp > 1 else None, step=self.step,
-                           dp_group=self.groups.dp_group if self.groups.dp > 1 else None,
-                           out_dir=self.run_path / "eval", rank=self.groups.rank)
+            res = run_eval(
+                self.engine.module,
+                self.tokenizer,
+                self.cfg.eval,
+                self.cfg.data.window,
+                sp_group=self.groups.sp_group if self.groups.sp > 1 else None,
+                step=self.step,
+                dp_group=self.groups.dp_group if self.groups.dp > 1 else None,
+                out_dir=self.run_path / "eval",
+                rank=self.groups.rank,
+            )
         finally:
             self.engine.train()
         gate = res.get("gate")

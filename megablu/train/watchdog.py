@@ -15,6 +15,7 @@ watchdog ended the peer first and the collective in flight says "Connection clos
 `launcher_gone()` lets the failing rank see that, so the run is recorded as stopped from
 outside (LauncherGone), not as failed with a misleading gloo error.
 """
+
 from __future__ import annotations
 
 import logging
@@ -58,7 +59,7 @@ def launcher_pids() -> list[int]:
     return pids
 
 
-_DEAD: Optional[Callable[[], Optional[str]]] = None   # set by exit_with_launcher
+_DEAD: Optional[Callable[[], Optional[str]]] = None  # set by exit_with_launcher
 
 
 def launcher_gone() -> Optional[str]:
@@ -66,8 +67,9 @@ def launcher_gone() -> Optional[str]:
     return _DEAD() if _DEAD is not None else None
 
 
-def exit_with_launcher(message: Callable[[], str], interval: float = 1.0,
-                       record: Optional[Callable[[str], None]] = None) -> threading.Thread:
+def exit_with_launcher(
+    message: Callable[[], str], interval: float = 1.0, record: Optional[Callable[[str], None]] = None
+) -> threading.Thread:
     """Start a daemon thread that ends this process when a launcher pid dies; `message()` is
     printed first (its last line: how to resume) and `record(why)` is called before that, so the
     run says why it stopped even when the exit cuts a failing rank's own report short."""
@@ -98,8 +100,11 @@ def exit_with_launcher(message: Callable[[], str], interval: float = 1.0,
                             record(why)
                         except Exception:  # noqa: BLE001 - the exit must happen; stderr still says why
                             pass
-                    sys.stderr.write(f"rank {rank}: {why}; stopping so that no rank trains unattended\n"
-                                     + message().rstrip("\n") + "\n")
+                    sys.stderr.write(
+                        f"rank {rank}: {why}; stopping so that no rank trains unattended\n"
+                        + message().rstrip("\n")
+                        + "\n"
+                    )
                     sys.stderr.flush()
                 finally:
                     os._exit(EXIT_CODE)

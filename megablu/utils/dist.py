@@ -2,6 +2,7 @@
 
 The pattern they serve: rank 0 decides (reads the filesystem, allocates, verifies) and every
 rank receives the same answer, so no two ranks act on two different views."""
+
 from __future__ import annotations
 
 import logging
@@ -12,6 +13,7 @@ CLOSED = "process group closed on every rank"
 
 def _dist():
     import torch.distributed as dist
+
     return dist if dist.is_available() and dist.is_initialized() else None
 
 

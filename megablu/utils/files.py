@@ -1,5 +1,6 @@
 """File helpers: checksums, fsync, atomic writes, and the rule for replacing an output (checkpoints,
 datasets, exports and the hub use these)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -54,7 +55,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 # filesystem cannot be asked (a folder not created yet).
 NAME_MAX = 255
 # bytes a temp name adds to an output's name: '.<name>.tmp-<pid>' / '.<name>.old-<pid>', pid <= 2**22 (Linux pid_max)
-TEMP_NAME_EXTRA = len("..old-") + len(str(2 ** 22))
+TEMP_NAME_EXTRA = len("..old-") + len(str(2**22))
 
 
 def _exists(p: Path) -> bool:
@@ -81,9 +82,11 @@ def _resolved(path: Path, flag: str) -> tuple[Optional[Path], Optional[str]]:
     """(the resolved path, None) or (None, why it cannot be resolved: a symlink loop)."""
     try:
         return path.resolve(), None
-    except (OSError, RuntimeError) as e:   # ELOOP: RuntimeError before Python 3.13, OSError after
-        return None, (f"{flag} {path} cannot be resolved ({getattr(e, 'strerror', None) or e}): a symlink loop "
-                      f"on its path? give {flag} another path")
+    except (OSError, RuntimeError) as e:  # ELOOP: RuntimeError before Python 3.13, OSError after
+        return None, (
+            f"{flag} {path} cannot be resolved ({getattr(e, 'strerror', None) or e}): a symlink loop "
+            f"on its path? give {flag} another path"
+        )
 
 
 def writable_problem(target: PathLike, flag: str, given: Optional[PathLike] = None) -> Optional[str]:
@@ -111,8 +114,9 @@ def writable_problem(target: PathLike, flag: str, given: Optional[PathLike] = No
         os.close(fd)
         os.unlink(tmp)
     except OSError as e:
-        return (f"{flag} {given}: cannot write there ({probe}: {e.strerror or e}); give {flag} a place this user "
-                f"can write")
+        return (
+            f"{flag} {given}: cannot write there ({probe}: {e.strerror or e}); give {flag} a place this user can write"
+        )
     return None
 
 
@@ -121,13 +125,17 @@ def new_name_problem(out: PathLike, flag: str, extra: int = 0) -> Optional[str]:
     name longer than the filesystem takes once `extra` bytes are added (a temp name built from it)."""
     out = Path(out)
     if out.name in ("", ".", ".."):
-        return (f"{flag} {out} names no new folder (it is {out.resolve()} itself); give {flag} a new name inside "
-                f"it, e.g. {flag} {out / 'out'}")
+        return (
+            f"{flag} {out} names no new folder (it is {out.resolve()} itself); give {flag} a new name inside "
+            f"it, e.g. {flag} {out / 'out'}"
+        )
     n, top = len(os.fsencode(out.name)), name_max(out.parent)
     if n + extra > top:
-        return (f"{flag} {out.name[:40]}...: the name is {n} bytes long, the filesystem takes {top} per name"
-                + (f" ({extra} more are needed for the temp name it is written under)" if extra else "")
-                + f"; give {flag} a name of at most {top - extra} bytes")
+        return (
+            f"{flag} {out.name[:40]}...: the name is {n} bytes long, the filesystem takes {top} per name"
+            + (f" ({extra} more are needed for the temp name it is written under)" if extra else "")
+            + f"; give {flag} a name of at most {top - extra} bytes"
+        )
     return None
 
 
@@ -146,8 +154,15 @@ def _overlap(a: Path, b: Path) -> bool:
     return a == b or a in b.parents or b in a.parents
 
 
-def replace_problem(out: PathLike, *, what: str, flag: str, replace: bool,
-                    owned: Callable[[Path], Optional[set[str]]], inputs: Iterable[PathLike] = ()) -> Optional[str]:
+def replace_problem(
+    out: PathLike,
+    *,
+    what: str,
+    flag: str,
+    replace: bool,
+    owned: Callable[[Path], Optional[set[str]]],
+    inputs: Iterable[PathLike] = (),
+) -> Optional[str]:
     """Why a command that writes `what` may not write `out` (None: it may).
 
     The one rule for every destructive flag: megablu replaces only what it wrote itself. `owned(out)`
@@ -162,41 +177,60 @@ def replace_problem(out: PathLike, *, what: str, flag: str, replace: bool,
     if why or ro is None:
         return why
     why = new_name_problem(out, "--out", extra=TEMP_NAME_EXTRA) or _content_problem(
-        out, ro, what=what, flag=flag, replace=replace, owned=owned, inputs=inputs)
+        out, ro, what=what, flag=flag, replace=replace, owned=owned, inputs=inputs
+    )
     # last (it creates and removes a file): the new output is written beside `out` under a temp name and
     # renamed into place (swap_in), so the folder holding it must take files
     return why or writable_problem(ro.parent, "--out", out)
 
 
-def _content_problem(out: Path, ro: Path, *, what: str, flag: str, replace: bool,
-                     owned: Callable[[Path], Optional[set[str]]], inputs: Iterable[PathLike]) -> Optional[str]:
+def _content_problem(
+    out: Path,
+    ro: Path,
+    *,
+    what: str,
+    flag: str,
+    replace: bool,
+    owned: Callable[[Path], Optional[set[str]]],
+    inputs: Iterable[PathLike],
+) -> Optional[str]:
     """replace_problem's rule on what `out` is and holds (no filesystem writes)."""
     for i in inputs:
         ri = Path(i).resolve()
         if _overlap(ro, ri):
             rel = "is" if ro == ri else ("holds" if ro in ri.parents else "lies inside")
-            return (f"{out} {rel} an input of this command ({i}); a command never writes over its own input: "
-                    f"give --out a new path outside it")
+            return (
+                f"{out} {rel} an input of this command ({i}); a command never writes over its own input: "
+                f"give --out a new path outside it"
+            )
     if not out.exists() and not out.is_symlink():
         return None
     if out.is_symlink() or not out.is_dir():
-        return (f"{out} exists and is not a directory; megablu writes {what} only into a new or empty directory, "
-                f"or with {flag} over {what} it wrote itself: give another --out")
+        return (
+            f"{out} exists and is not a directory; megablu writes {what} only into a new or empty directory, "
+            f"or with {flag} over {what} it wrote itself: give another --out"
+        )
     entries = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
     if not entries:
         return None
     mine = owned(out)
     if mine is None:
         top = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir())
-        return (f"{out} exists and is not {what} (it holds {_few(top)}); {flag} replaces only {what} megablu "
-                f"wrote, never another folder: give --out a new path")
+        return (
+            f"{out} exists and is not {what} (it holds {_few(top)}); {flag} replaces only {what} megablu "
+            f"wrote, never another folder: give --out a new path"
+        )
     foreign = [e for e in entries if e not in mine]
     if foreign:
-        return (f"{out} is {what} megablu wrote, but it also holds {_few(foreign)}, which megablu did not write; "
-                f"{flag} would delete them: move them out, or give --out a new path")
+        return (
+            f"{out} is {what} megablu wrote, but it also holds {_few(foreign)}, which megablu did not write; "
+            f"{flag} would delete them: move them out, or give --out a new path"
+        )
     if not replace:
-        return (f"{out} already holds {what}; pass {flag} to replace it (the old one is removed only once the new "
-                f"one is complete)")
+        return (
+            f"{out} already holds {what}; pass {flag} to replace it (the old one is removed only once the new "
+            f"one is complete)"
+        )
     return None
 
 

@@ -1,5 +1,6 @@
 """Liger's chunk sizing, written out without torch: the loss (ops/cross_entropy.py) passes Liger the
 chunk_mem_const for memory.loss_chunk, and the planner (plan/memory.py) counts the same chunk's logits."""
+
 import functools
 
 
@@ -19,7 +20,7 @@ def liger_mem_const(tokens: int, d: int, vocab: int, chunk: int) -> int:
     best = 1
     if chunk <= 0:
         return best
-    for c in range(2, -(-vocab // d) + 1):    # from ceil(V/d) on, one chunk holds all the tokens
+    for c in range(2, -(-vocab // d) + 1):  # from ceil(V/d) on, one chunk holds all the tokens
         if liger_chunk_tokens(tokens, d, vocab, c) > chunk:
             break
         best = c

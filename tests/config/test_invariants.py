@@ -1,4 +1,5 @@
 """One test per config invariant: rejected with the field, the values and the fix."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -53,10 +54,10 @@ def test_yarn_original_length_has_no_default():
 
 
 def test_wsd_needs_two_step_tail():
-    assert errors(["schedule.decay_start=748"]) == []         # 750 - 2: allowed
+    assert errors(["schedule.decay_start=748"]) == []  # 750 - 2: allowed
     errs = errors(["schedule.decay_start=749"])
     assert any("decay_start=749 > train.max_steps-2 = 748" in e for e in errs)
-    errs = errors(["schedule.decay_start=750"])                # the seed's CP_STABLE == CP_MAX_STEPS
+    errs = errors(["schedule.decay_start=750"])  # the seed's CP_STABLE == CP_MAX_STEPS
     assert any("leaves no decay tail" in e for e in errs)
 
 
@@ -92,16 +93,19 @@ def test_keep_every_must_land_on_saved_steps():
     """ext32k saves every 50 steps: keep_every must be one of its multiples, and needs periodic saves."""
     assert errors(["checkpoint.keep_every=250"]) == []
     errs = errors(["checkpoint.keep_every=260"])
-    assert len(errs) == 1 and errs[0].startswith("checkpoint.keep_every=260 is not a multiple of "
-                                                 "checkpoint.every_steps=50")
+    assert len(errs) == 1 and errs[0].startswith(
+        "checkpoint.keep_every=260 is not a multiple of checkpoint.every_steps=50"
+    )
     assert "step 260 is never saved (only multiples of 1300 would be kept)" in errs[0]
     assert errs[0].endswith("set checkpoint.keep_every=250 (the nearest multiple of 50)")
-    for k, near in ((280, 300), (20, 50), (275, 250)):     # up, up from below the first multiple, a tie goes down
-        assert errors([f"checkpoint.keep_every={k}"])[0].endswith(f"set checkpoint.keep_every={near} (the nearest "
-                                                                  f"multiple of 50)")
+    for k, near in ((280, 300), (20, 50), (275, 250)):  # up, up from below the first multiple, a tie goes down
+        assert errors([f"checkpoint.keep_every={k}"])[0].endswith(
+            f"set checkpoint.keep_every={near} (the nearest multiple of 50)"
+        )
     errs = errors(["checkpoint.every_steps=0", "checkpoint.keep_every=100"])
-    assert len(errs) == 1 and errs[0].startswith("checkpoint.keep_every=100 with checkpoint.every_steps=0: only the "
-                                                 "final checkpoint is saved")
+    assert len(errs) == 1 and errs[0].startswith(
+        "checkpoint.keep_every=100 with checkpoint.every_steps=0: only the final checkpoint is saved"
+    )
     assert "set checkpoint.every_steps=100 (or a divisor of it), or checkpoint.keep_every=0" in errs[0]
     errs = errors(["checkpoint.keep_every=-50"])
     assert len(errs) == 1 and errs[0].startswith("checkpoint.keep_every: Input should be greater than or equal to 0")
@@ -129,12 +133,17 @@ def test_keep_every_at_its_default_leaves_the_config_hash_alone():
     assert config_hash(cfg(old + string + ["eval.string.attention_factor=1.0"])) == "70e138f0084275f1"
     assert config_hash(cfg(old + string + ["eval.string.attention_factor=1.07"])) != "70e138f0084275f1"
     assert config_hash(cfg(old + ["eval.string.shift_ratio=0.33", "eval.string.local=8"])) != "70e138f0084275f1"
-    assert config_hash(cfg(old + string)) == config_hash(cfg(old + string + ["eval.string.beyond=0"])) \
+    assert (
+        config_hash(cfg(old + string))
+        == config_hash(cfg(old + string + ["eval.string.beyond=0"]))
         == "70e138f0084275f1"
+    )
     assert config_hash(cfg(old + string + ["eval.string.beyond=16360"])) != "70e138f0084275f1"
     steps = cfg([]).train.max_steps
-    assert any(w.startswith(f"checkpoint.keep_every={steps + 20} > train.max_steps")
-               for w in config_warnings(cfg([f"checkpoint.keep_every={steps + 20}"])))
+    assert any(
+        w.startswith(f"checkpoint.keep_every={steps + 20} > train.max_steps")
+        for w in config_warnings(cfg([f"checkpoint.keep_every={steps + 20}"]))
+    )
 
 
 def test_bf16_on_cpu_rejected():
@@ -150,8 +159,15 @@ def test_unknown_key_and_missing_field():
 
 
 def test_every_violation_listed_at_once():
-    errs = errors(["rope.yarn.original_max_position=1024", "schedule.decay_start=750",
-                   "eval.lengths=[1024, 4096, 32745]", "train.tokens_per_step=1000000"], device="cpu")
+    errs = errors(
+        [
+            "rope.yarn.original_max_position=1024",
+            "schedule.decay_start=750",
+            "eval.lengths=[1024, 4096, 32745]",
+            "train.tokens_per_step=1000000",
+        ],
+        device="cpu",
+    )
     assert len(errs) == 5
 
 
@@ -165,17 +181,38 @@ def test_inherit_one_level(tmp_path):
 
 def test_cli_check_exit_codes():
     # --no-files: the config alone (ext32k's data and parent live on the GPU box, not here)
-    ok = subprocess.run([sys.executable, "-m", "megablu.cli", "config", "check", str(EXT), "--world-size", "2",
-                         "--no-files"], capture_output=True, text=True)
+    ok = subprocess.run(
+        [sys.executable, "-m", "megablu.cli", "config", "check", str(EXT), "--world-size", "2", "--no-files"],
+        capture_output=True,
+        text=True,
+    )
     assert ok.returncode == 0 and "original_max_position: 16384" in ok.stdout
     # without it, the entry's preflight: the inputs this machine does not have are listed
-    here = subprocess.run([sys.executable, "-m", "megablu.cli", "config", "check", str(EXT), "--world-size", "2"],
-                          capture_output=True, text=True)
+    here = subprocess.run(
+        [sys.executable, "-m", "megablu.cli", "config", "check", str(EXT), "--world-size", "2"],
+        capture_output=True,
+        text=True,
+    )
     assert here.returncode == 2 and here.stdout == ""
     assert "data.path: data/blu has no manifest.json" in here.stderr and "init_from:" in here.stderr
-    bad = subprocess.run([sys.executable, "-m", "megablu.cli", "config", "check", str(EXT), "--world-size", "2",
-                          "--set", "rope.yarn.original_max_position=1024", "--set", "eval.lengths=[32745]"],
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "megablu.cli",
+            "config",
+            "check",
+            str(EXT),
+            "--world-size",
+            "2",
+            "--set",
+            "rope.yarn.original_max_position=1024",
+            "--set",
+            "eval.lengths=[32745]",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and bad.stdout == ""
     assert "rope.yarn" in bad.stderr and "eval.lengths" in bad.stderr
 
@@ -183,8 +220,19 @@ def test_cli_check_exit_codes():
 def test_entry_rejects_before_any_rank_works(tmp_path):
     """launch/ext32k.py validates against WORLD_SIZE before init_distributed: exit 2, no run dir."""
     env = {"WORLD_SIZE": "1", "RANK": "0", "PATH": "/usr/bin:/bin"}
-    r = subprocess.run([sys.executable, str(ROOT / "launch" / "ext32k.py"), "--config", str(EXT),
-                        "--set", f"runs_dir={tmp_path}/runs"], capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "launch" / "ext32k.py"),
+            "--config",
+            str(EXT),
+            "--set",
+            f"runs_dir={tmp_path}/runs",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert r.returncode == 2
     assert "parallel.sp=2 > world size 1" in r.stderr
     assert not (tmp_path / "runs").exists()
@@ -197,13 +245,37 @@ def test_entry_preflight_lists_every_missing_input(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "notes.json").write_text("{}")
     env = {"WORLD_SIZE": "2", "RANK": "0", "PATH": "/usr/bin:/bin"}
-    r = subprocess.run([sys.executable, str(ROOT / "launch" / "ext32k.py"), "--config", str(EXT),
-                        "--set", f"runs_dir={tmp_path}/runs", "--set", f"init_from={tmp_path}/no_parent",
-                        "--set", f"data.path={tmp_path}/data", "--set", f"eval.gate.parent={tmp_path}/notes.json",
-                        "--set", f"eval.haystack={tmp_path}/nowhere@b2", "--set", "train.device=cpu",
-                        "--set", "tokenizer.kind=sentencepiece", "--set", "tokenizer.name=null",
-                        "--set", f"tokenizer.path={tmp_path}/gone.model",
-                        "--set", "train.dtype=fp32"], capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "launch" / "ext32k.py"),
+            "--config",
+            str(EXT),
+            "--set",
+            f"runs_dir={tmp_path}/runs",
+            "--set",
+            f"init_from={tmp_path}/no_parent",
+            "--set",
+            f"data.path={tmp_path}/data",
+            "--set",
+            f"eval.gate.parent={tmp_path}/notes.json",
+            "--set",
+            f"eval.haystack={tmp_path}/nowhere@b2",
+            "--set",
+            "train.device=cpu",
+            "--set",
+            "tokenizer.kind=sentencepiece",
+            "--set",
+            "tokenizer.name=null",
+            "--set",
+            f"tokenizer.path={tmp_path}/gone.model",
+            "--set",
+            "train.dtype=fp32",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert r.returncode == 2, r.stderr
     for field in ("init_from:", "data.path:", "eval.gate.parent:", "eval.haystack:", "tokenizer:"):
         assert field in r.stderr, (field, r.stderr)
@@ -217,17 +289,35 @@ def test_extension_without_a_gate_is_warned():
     tiny = ROOT / "tests" / "configs" / "tiny_cpu_ext.yaml"
     cfg = load_config(tiny, ["init_from=runs/x"], world_size=2, device="cpu")
     assert any("eval.gate.parent" in w for w in config_warnings(cfg))
-    gated = load_config(tiny, ["init_from=runs/x", "eval.final=true", "eval.gate.parent=runs/x",
-                               "eval.lengths=[232]", "eval.gate.short_lengths=[232]"], world_size=2, device="cpu")
+    gated = load_config(
+        tiny,
+        [
+            "init_from=runs/x",
+            "eval.final=true",
+            "eval.gate.parent=runs/x",
+            "eval.lengths=[232]",
+            "eval.gate.short_lengths=[232]",
+        ],
+        world_size=2,
+        device="cpu",
+    )
     assert not any("eval.gate.parent" in w for w in config_warnings(gated))
 
 
 # world size, device each shipped arm is meant for (tiny arms run on CPU ranks)
-SHIPPED = {"tiny_cpu.yaml": (1, "cpu"), "tiny_cpu_ext.yaml": (2, "cpu"), "ext64k_4gpu.yaml": (4, "cuda"),
-           "zero3_offload_params.yaml": (1, "cuda"), "zero2_offload_opt.yaml": (1, "cuda"),
-           "zero3_offload_opt.yaml": (1, "cuda"), "frugal_1m_1gpu.yaml": (1, "cuda"),
-           "quickstart_cpu.yaml": (1, "cpu"), "quickstart_cpu_ext.yaml": (2, "cpu"),
-           "quickstart_gpu.yaml": (1, "cuda"), "quickstart_gpu_ext.yaml": (1, "cuda")}
+SHIPPED = {
+    "tiny_cpu.yaml": (1, "cpu"),
+    "tiny_cpu_ext.yaml": (2, "cpu"),
+    "ext64k_4gpu.yaml": (4, "cuda"),
+    "zero3_offload_params.yaml": (1, "cuda"),
+    "zero2_offload_opt.yaml": (1, "cuda"),
+    "zero3_offload_opt.yaml": (1, "cuda"),
+    "frugal_1m_1gpu.yaml": (1, "cuda"),
+    "quickstart_cpu.yaml": (1, "cpu"),
+    "quickstart_cpu_ext.yaml": (2, "cpu"),
+    "quickstart_gpu.yaml": (1, "cuda"),
+    "quickstart_gpu_ext.yaml": (1, "cuda"),
+}
 
 
 SHIPPED_DIRS = ("configs", "tests/configs", "examples/quickstart", "experiments/*")
@@ -245,7 +335,7 @@ def test_every_shipped_arm_is_valid_for_its_launch(path):
     world, device = SHIPPED.get(path.name, (yaml.safe_load(path.read_text()).get("parallel", {}).get("sp", 2), "cuda"))
     if path.name.startswith("rep_"):
         world = 1
-    load_config(path, world_size=world, device=device)   # raises ConfigError listing every violation
+    load_config(path, world_size=world, device=device)  # raises ConfigError listing every violation
 
 
 def test_sp_above_the_head_count_warns_with_the_cost():
@@ -253,8 +343,12 @@ def test_sp_above_the_head_count_warns_with_the_cost():
     from megablu.config import config_warnings
 
     tiny = ROOT / "tests" / "configs" / "tiny_cpu_ext.yaml"
-    cfg = load_config(tiny, ["parallel.sp=4", "model.n_heads=2", "model.n_kv_heads=1", "train.tokens_per_step=4096",
-                             "train.micro_batch=2"], world_size=4, device="cpu")
+    cfg = load_config(
+        tiny,
+        ["parallel.sp=4", "model.n_heads=2", "model.n_kv_heads=1", "train.tokens_per_step=4096", "train.micro_batch=2"],
+        world_size=4,
+        device="cpu",
+    )
     w = [x for x in config_warnings(cfg) if x.startswith("parallel.sp=4 > model.n_heads=2")]
     assert len(w) == 1 and "2 of the 4 ranks" in w[0] and "2x the work" in w[0] and "sp=2" in w[0]
     assert not any("model.n_heads" in x for x in config_warnings(load_config(tiny, world_size=2, device="cpu")))
@@ -272,4 +366,5 @@ def test_a_resume_may_change_when_checkpoints_are_saved_and_kept():
     now = cfg(["checkpoint.every_steps=2", "checkpoint.keep=1", "checkpoint.keep_every=4"])
     assert resume_problems(saved, now, 3) == []
     assert resume_problems(saved, cfg(["checkpoint.every_steps=3", "checkpoint.save_final=false"]), 3) == [
-        "checkpoint.save_final: saved True, now False"]
+        "checkpoint.save_final: saved True, now False"
+    ]

@@ -1,4 +1,5 @@
 """Small generated datasets for the data tests (no network, all under tmp_path)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,11 +18,13 @@ def unique_docs(lengths, seed=0):
     return [np.arange(n, dtype=np.int64) + 1 + i * 1000 for i, n in enumerate(lengths)]
 
 
-def write_dataset(root, docs, edges=(64, 128, 256), splits=None, vocab=VOCAB, eot=EOT, ident=IDENT,
-                  shard_tokens=1 << 20):
+def write_dataset(
+    root, docs, edges=(64, 128, 256), splits=None, vocab=VOCAB, eot=EOT, ident=IDENT, shard_tokens=1 << 20
+):
     splits = splits or ["train"] * len(docs)
-    with DatasetWriter(root, {"identity": ident, "vocab_size": vocab, "eot_id": eot}, edges=edges,
-                       shard_tokens=shard_tokens) as w:
+    with DatasetWriter(
+        root, {"identity": ident, "vocab_size": vocab, "eot_id": eot}, edges=edges, shard_tokens=shard_tokens
+    ) as w:
         for i, (d, s) in enumerate(zip(docs, splits)):
             w.add(d, s, {"source": "gen", "license": "CC0", "key": f"gen/{i}"})
         return w.finish()

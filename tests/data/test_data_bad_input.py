@@ -1,4 +1,5 @@
 """Each bad input is a clear error naming the file, exit 2 from the CLI, and nothing half-written."""
+
 import json
 import os
 
@@ -137,15 +138,30 @@ def test_include_matches_nothing(tmp_path, capsys):
     src = tmp_path / "src"
     src.mkdir()
     (src / "a.py").write_text("x = 1\n")
-    rc = main(["data", "build", "--input", str(src), "--include", "*.py", "--include", "*.rst", "--tokenizer", "byte",
-               "--out", str(tmp_path / "ds")])
+    rc = main(
+        [
+            "data",
+            "build",
+            "--input",
+            str(src),
+            "--include",
+            "*.py",
+            "--include",
+            "*.rst",
+            "--tokenizer",
+            "byte",
+            "--out",
+            str(tmp_path / "ds"),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "'*.rst'" in err and str(src) in err and not (tmp_path / "ds").exists()
 
 
 def test_missing_input(tmp_path, capsys):
-    rc = main(["data", "build", "--input", str(tmp_path / "nope"), "--tokenizer", "byte", "--out",
-               str(tmp_path / "ds")])
+    rc = main(
+        ["data", "build", "--input", str(tmp_path / "nope"), "--tokenizer", "byte", "--out", str(tmp_path / "ds")]
+    )
     assert rc == 2 and "nope does not exist" in capsys.readouterr().err
 
 

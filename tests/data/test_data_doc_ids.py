@@ -1,5 +1,6 @@
 """batch["doc_ids"] under data.doc_mask: the rule (each EOT after the row's first token starts the next
 document), and that no label is predicted from another document's tokens."""
+
 import numpy as np
 import pytest
 import torch
@@ -33,8 +34,13 @@ def _check_row(x, y, d):
 @pytest.mark.parametrize("T", [96, 300])
 def test_pack_doc_ids_follow_documents(dataset, T):
     root, _ = dataset
-    L = build_loader(DataConfig(path=str(root), window=T, mode="pack", doc_mask=True, max_epochs=10), IDENT,
-                     micro_batch=2, dp_rank=0, dp_size=1)
+    L = build_loader(
+        DataConfig(path=str(root), window=T, mode="pack", doc_mask=True, max_epochs=10),
+        IDENT,
+        micro_batch=2,
+        dp_rank=0,
+        dp_size=1,
+    )
     multi = 0
     for _ in range(L.stats["sequences_per_epoch"] // 2):
         b = L.next_batch()
@@ -42,26 +48,33 @@ def test_pack_doc_ids_follow_documents(dataset, T):
         for x, y, d in zip(b["input_ids"].numpy(), b["labels"].numpy(), b["doc_ids"].numpy()):
             _check_row(x, y, d)
             multi += d[-1] > 0
-    assert multi > 5     # rows that hold several documents were checked
+    assert multi > 5  # rows that hold several documents were checked
 
 
 def test_the_token_before_an_eot_predicts_it_within_its_document(dataset):
     root, _ = dataset
-    L = build_loader(DataConfig(path=str(root), window=300, mode="pack", doc_mask=True), IDENT, micro_batch=1,
-                     dp_rank=0, dp_size=1)
+    L = build_loader(
+        DataConfig(path=str(root), window=300, mode="pack", doc_mask=True), IDENT, micro_batch=1, dp_rank=0, dp_size=1
+    )
     b = L.next_batch()
     x, y, d = (b[k][0].numpy() for k in ("input_ids", "labels", "doc_ids"))
     t = next(t for t in range(1, 299) if x[t] == EOT)
-    assert y[t - 1] == EOT and d[t - 1] == d[t] - 1       # the closing EOT is the last target of the document
-    assert d[t + 1] == d[t] and _doc_of(y[t]) != _doc_of(x[t - 1])   # the EOT predicts the next document
+    assert y[t - 1] == EOT and d[t - 1] == d[t] - 1  # the closing EOT is the last target of the document
+    assert d[t + 1] == d[t] and _doc_of(y[t]) != _doc_of(x[t - 1])  # the EOT predicts the next document
 
 
 @pytest.mark.parametrize("mode", ["fit", "truncate"])
 def test_one_document_rows_are_all_zero(dataset, mode):
     root, _ = dataset
-    cfg = DataConfig(window=100, doc_mask=True, mix=[
-        dict(name="one", path=str(root), mode=mode, weight=1.0),
-        dict(name="packed", path=str(root), mode="pack", weight=1.0)], max_epochs=100)
+    cfg = DataConfig(
+        window=100,
+        doc_mask=True,
+        mix=[
+            dict(name="one", path=str(root), mode=mode, weight=1.0),
+            dict(name="packed", path=str(root), mode="pack", weight=1.0),
+        ],
+        max_epochs=100,
+    )
     L = build_loader(cfg, IDENT, micro_batch=1, dp_rank=0, dp_size=1)
     seen = {0: 0, 1: 0}
     for g in range(80):
@@ -69,7 +82,7 @@ def test_one_document_rows_are_all_zero(dataset, mode):
         b = L.next_batch()
         x, y, d = (b[k][0].numpy() for k in ("input_ids", "labels", "doc_ids"))
         if src == 0:
-            assert (d == 0).all()       # padding included
+            assert (d == 0).all()  # padding included
         else:
             _check_row(x, y, d)
         seen[src] += 1

@@ -32,9 +32,28 @@ def test_import_seed_format(tmp_path, capsys):
     tr = flat_file(seed / "train_shard_00000.bin", docs[:3], lead_eot=True)
     va = flat_file(seed / "val_shard_00000.bin", docs[3:])
     out = tmp_path / "ds"
-    rc = main(["data", "import", "--input", str(tr), "--input", str(va), "--dtype", "uint16", "--eot", str(EOT),
-               "--identity", "tiktoken:gpt2:seed", "--vocab-size", "50257", "--bucket-edges", "64,128,256",
-               "--out", str(out)])
+    rc = main(
+        [
+            "data",
+            "import",
+            "--input",
+            str(tr),
+            "--input",
+            str(va),
+            "--dtype",
+            "uint16",
+            "--eot",
+            str(EOT),
+            "--identity",
+            "tiktoken:gpt2:seed",
+            "--vocab-size",
+            "50257",
+            "--bucket-edges",
+            "64,128,256",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     assert "| b3 | >= 256 | 1 | 300 |" in capsys.readouterr().out
     assert verify_dataset(out) == []
@@ -43,8 +62,13 @@ def test_import_seed_format(tmp_path, capsys):
     assert m["counts"]["b0"] == {"train": {"documents": 1, "tokens": 10}, "val": {"documents": 1, "tokens": 5}}
     assert m["counts"]["b2"]["val"] == {"documents": 1, "tokens": 130}
     # the imported documents read back through the loader are the originals
-    L = build_loader(DataConfig(path=str(out), window=400, mode="fit", bucket="b3"), "tiktoken:gpt2:seed",
-                     micro_batch=1, dp_rank=0, dp_size=1)
+    L = build_loader(
+        DataConfig(path=str(out), window=400, mode="fit", bucket="b3"),
+        "tiktoken:gpt2:seed",
+        micro_batch=1,
+        dp_rank=0,
+        dp_size=1,
+    )
     x = L.next_batch()["input_ids"][0].numpy()
     assert x[0] == EOT and (x[1:301] == docs[2]).all() and x[301] == EOT
 
@@ -63,8 +87,14 @@ def test_import_wrong_dtype_and_eot(tmp_path):
     with pytest.raises(DataError, match="train_2.bin: token id 60000 >= vocab size 50257"):
         import_flat([str(h)], tmp_path / "o3", dtype="uint16", eot=EOT, identity="x", vocab_size=50257)
     with pytest.raises(DataError, match="cannot tell train from val"):
-        import_flat([str(flat_file(tmp_path / "shard.bin", docs))], tmp_path / "o4", dtype="uint16", eot=EOT,
-                    identity="x", vocab_size=50257)
+        import_flat(
+            [str(flat_file(tmp_path / "shard.bin", docs))],
+            tmp_path / "o4",
+            dtype="uint16",
+            eot=EOT,
+            identity="x",
+            vocab_size=50257,
+        )
     with pytest.raises(DataError, match="--eot 50256 but tokenizer byte"):
         import_flat([str(h)], tmp_path / "o5", dtype="uint16", eot=EOT, tokenizer="byte")
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == []  # nothing half-written
@@ -75,8 +105,15 @@ def _haystack_ds(tmp_path):
     src.mkdir()
     for i in range(12):
         (src / f"d{i:02d}.txt").write_text(f"Document {i}. " + "lorem ipsum dolor sit amet " * (10 + 7 * i))
-    build_dataset([Source(str(src))], TokenizerConfig(kind="byte"), tmp_path / "ds", workers=1, progress=False,
-                  val_fraction=0.5, edges=[1000])
+    build_dataset(
+        [Source(str(src))],
+        TokenizerConfig(kind="byte"),
+        tmp_path / "ds",
+        workers=1,
+        progress=False,
+        val_fraction=0.5,
+        edges=[1000],
+    )
     return tmp_path / "ds"
 
 
@@ -91,7 +128,7 @@ def test_haystack(tmp_path):
     txt = hs.text(500, seed=1)
     assert txt.startswith("Document ") and "lorem ipsum" in txt
     with pytest.raises(DataError, match="requested"):
-        hs.tokens(10 ** 6)
+        hs.tokens(10**6)
 
 
 def test_haystack_source_for_eval_harness(tmp_path):

@@ -67,8 +67,9 @@ def test_fit_mode(dataset):
     L = build_loader(_cfg(root, window=T, mode="fit", prefetch=0), IDENT, micro_batch=2, dp_rank=0, dp_size=1)
     fits = [i for i, d in enumerate(docs) if len(d) + 1 <= T]
     assert L.stats["sequences_per_epoch"] == len(fits)
-    assert L.stats["dropped_fraction"] == pytest.approx(sum(len(d) for d in docs if len(d) + 1 > T) /
-                                                        sum(len(d) for d in docs))
+    assert L.stats["dropped_fraction"] == pytest.approx(
+        sum(len(d) for d in docs if len(d) + 1 > T) / sum(len(d) for d in docs)
+    )
     got = []
     for _ in range(len(fits) // 2):
         b = L.next_batch()
@@ -77,8 +78,8 @@ def test_fit_mode(dataset):
             assert x[0] == EOT
             d, _ = _doc_of(x[1])
             n = len(docs[d])
-            assert (x[1:1 + n] == docs[d]).all()
-            assert y[n] == EOT and (y[n + 1:] == IGNORE).all() and (y[:n] == docs[d]).all()
+            assert (x[1 : 1 + n] == docs[d]).all()
+            assert y[n] == EOT and (y[n + 1 :] == IGNORE).all() and (y[:n] == docs[d]).all()
             got.append(d)
     assert set(got) <= set(fits) and len(set(got)) == len(got)
 
@@ -86,8 +87,9 @@ def test_fit_mode(dataset):
 def test_fit_edge_len_T_minus_1(tmp_path):
     docs = unique_docs([99, 100])
     write_dataset(tmp_path / "d", docs)
-    L = build_loader(_cfg(tmp_path / "d", window=100, mode="fit", bucket="b1"), IDENT, micro_batch=1,
-                     dp_rank=0, dp_size=1)
+    L = build_loader(
+        _cfg(tmp_path / "d", window=100, mode="fit", bucket="b1"), IDENT, micro_batch=1, dp_rank=0, dp_size=1
+    )
     assert L.stats["sequences_per_epoch"] == 1  # 99 + EOT fits in 100, 100 + EOT does not
     y = L.next_batch()["labels"][0]
     assert y[-1].item() == EOT and (y != IGNORE).all()
@@ -114,14 +116,14 @@ def test_truncate_mode(dataset):
 
 def test_bucket_selection_and_edges(dataset):
     root, docs = dataset
-    L = build_loader(_cfg(root, bucket="b1", mode="truncate", window=200), IDENT, micro_batch=1, dp_rank=0,
-                     dp_size=1)
+    L = build_loader(_cfg(root, bucket="b1", mode="truncate", window=200), IDENT, micro_batch=1, dp_rank=0, dp_size=1)
     want = sorted(i for i, d in enumerate(docs) if 64 <= len(d) < 128)
     assert L.stats["documents"] == len(want)
     got = sorted(_doc_of(L.next_batch()["input_ids"][0, 1].item())[0] for _ in range(len(want)))
     assert got == want
-    L2 = build_loader(_cfg(root, bucket="b0,b1", mode="truncate", window=200), IDENT, micro_batch=1, dp_rank=0,
-                      dp_size=1)
+    L2 = build_loader(
+        _cfg(root, bucket="b0,b1", mode="truncate", window=200), IDENT, micro_batch=1, dp_rank=0, dp_size=1
+    )
     assert L2.stats["documents"] == sum(1 for d in docs if len(d) < 128)
 
 
@@ -133,7 +135,7 @@ def test_dp_ranks_disjoint_and_interleaved(dataset):
     for k in range(2):
         for r, L in enumerate(ranks):
             g = (k * 3 + r) * 2
-            assert torch.equal(L.next_batch()["input_ids"], ref[g:g + 2])
+            assert torch.equal(L.next_batch()["input_ids"], ref[g : g + 2])
 
 
 def test_sp_ranks_identical_and_slices_recompose(dataset):
@@ -145,7 +147,7 @@ def test_sp_ranks_identical_and_slices_recompose(dataset):
         for b in bs[1:]:
             assert torch.equal(b["input_ids"], bs[0]["input_ids"]) and torch.equal(b["labels"], bs[0]["labels"])
         # each sp rank keeps its T/sp slice; together they are the unsharded batch
-        parts = [b["input_ids"][:, r * 24:(r + 1) * 24] for r, b in enumerate(bs)]
+        parts = [b["input_ids"][:, r * 24 : (r + 1) * 24] for r, b in enumerate(bs)]
         assert torch.equal(torch.cat(parts, dim=1), bs[0]["input_ids"])
 
 
@@ -194,10 +196,12 @@ def test_max_epochs(dataset):
     n = L.stats["sequences_per_epoch"]
     ok = build_loader(_cfg(root, mode="truncate"), IDENT, micro_batch=1, dp_rank=0, dp_size=1, total_sequences=2 * n)
     assert ok.stats["planned_epochs"] == pytest.approx(2.0)
-    with pytest.raises(DataError, match=rf"consumes {2 * n + 1} sequences .* holds {n} per epoch: 2.02 epochs > "
-                                        r"data.max_epochs=2"):
-        build_loader(_cfg(root, mode="truncate"), IDENT, micro_batch=1, dp_rank=0, dp_size=1,
-                     total_sequences=2 * n + 1)
+    with pytest.raises(
+        DataError,
+        match=rf"consumes {2 * n + 1} sequences .* holds {n} per epoch: 2.02 epochs > "
+        r"data.max_epochs=2",
+    ):
+        build_loader(_cfg(root, mode="truncate"), IDENT, micro_batch=1, dp_rank=0, dp_size=1, total_sequences=2 * n + 1)
 
 
 def test_tokenizer_mismatch(dataset):

@@ -1,4 +1,5 @@
 """data.mix: token shares, disjoint dp ranks, exact resume, config-time problems (megablu/data/mix.py)."""
+
 import json
 import math
 import re
@@ -23,7 +24,8 @@ def _mix(root, other=None, **kw):
     srcs = kw.pop("sources", None) or [
         dict(name="long", path=str(root), bucket="b3", mode="pack", weight=0.5),
         dict(name="short", path=str(other or root), bucket="b0", mode="fit", weight=0.3),
-        dict(name="mid", path=str(root), bucket="b1,b2", mode="truncate", weight=0.2)]
+        dict(name="mid", path=str(root), bucket="b1,b2", mode="truncate", weight=0.2),
+    ]
     return DataConfig(mix=srcs, **kw)
 
 
@@ -35,11 +37,13 @@ def test_token_shares_follow_the_weights_not_the_sequence_counts(dataset):
     """Weights are shares of loss tokens: the fit source (37.5 labels per row of 96) gets more rows
     than its weight, and the labels counted batch by batch match the weights and the reported shares."""
     root, docs = dataset
-    n = 3 * BLOCK + 300    # three whole blocks and a partial one
+    n = 3 * BLOCK + 300  # three whole blocks and a partial one
     L = build_loader(_mix(root, prefetch=0), IDENT, micro_batch=4, dp_rank=0, dp_size=1, total_sequences=n)
-    bucket_docs = {"long": {i for i, d in enumerate(docs) if len(d) >= 256},
-                   "short": {i for i, d in enumerate(docs) if len(d) < 64},
-                   "mid": {i for i, d in enumerate(docs) if 64 <= len(d) < 256}}
+    bucket_docs = {
+        "long": {i for i, d in enumerate(docs) if len(d) >= 256},
+        "short": {i for i, d in enumerate(docs) if len(d) < 64},
+        "mid": {i for i, d in enumerate(docs) if 64 <= len(d) < 256},
+    }
     names = [s["name"] for s in L.mixture["sources"]]
     labels = np.zeros(3)
     for k in range(n // 4):
@@ -49,12 +53,12 @@ def test_token_shares_follow_the_weights_not_the_sequence_counts(dataset):
             y = b["labels"][j].numpy()
             labels[src] += (y != IGNORE).sum()
             body = y[(y != IGNORE) & (y != EOT)]
-            assert set(_doc_of(body)) <= bucket_docs[names[src]]   # the row is that source's data
+            assert set(_doc_of(body)) <= bucket_docs[names[src]]  # the row is that source's data
     got = labels / labels.sum()
     assert got == pytest.approx([0.5, 0.3, 0.2], abs=0.01)
     assert got == pytest.approx([s["planned_token_share"] for s in L.mixture["sources"]], abs=1e-12)
     q = [s["sequences_per_block"] for s in L.mixture["sources"]]
-    assert sum(q) == BLOCK and q[1] > 0.5 * BLOCK     # by rows the fit source dominates
+    assert sum(q) == BLOCK and q[1] > 0.5 * BLOCK  # by rows the fit source dominates
     # every block holds exactly its quota of each source
     assert L.space.counts(3 * BLOCK) == [3 * x for x in q]
 
@@ -78,9 +82,9 @@ def test_every_stretch_of_the_order_holds_the_shares(dataset):
 
 def test_quotas_round_to_the_block_and_keep_small_weights():
     assert block_quotas([0.6, 0.4], [100, 100]) == [614, 410]
-    assert block_quotas([0.6, 0.4], [100, 50]) == [439, 585]       # half the labels per row: twice the rows
+    assert block_quotas([0.6, 0.4], [100, 50]) == [439, 585]  # half the labels per row: twice the rows
     q = block_quotas([1.0, 1e-6, 0.0], [10, 10, 10])
-    assert q == [1023, 1, 0]          # a positive weight is never rounded away; weight 0 is never read
+    assert q == [1023, 1, 0]  # a positive weight is never rounded away; weight 0 is never read
 
 
 def test_dp_ranks_disjoint_and_the_global_order(dataset):
@@ -91,7 +95,7 @@ def test_dp_ranks_disjoint_and_the_global_order(dataset):
     for k in range(2):
         for r, L in enumerate(ranks):
             g = (k * 3 + r) * 2
-            assert torch.equal(L.next_batch()["input_ids"], ref[g:g + 2])
+            assert torch.equal(L.next_batch()["input_ids"], ref[g : g + 2])
 
 
 @pytest.mark.parametrize("prefetch", [0, 3])
@@ -100,7 +104,7 @@ def test_split_by_resume_equals_straight(dataset, prefetch):
     state keeps each source's position; resuming with another dp/micro-batch continues the same order."""
     root, _ = dataset
     cfg = _mix(root, prefetch=prefetch, doc_mask=True)
-    stop, end = 200, 260                   # 1200 and 1560 global sequences: past the first block of 1024
+    stop, end = 200, 260  # 1200 and 1560 global sequences: past the first block of 1024
     a = build_loader(cfg, IDENT, micro_batch=3, dp_rank=1, dp_size=2)
     full = [a.next_batch() for _ in range(end)]
     a.close()
@@ -121,19 +125,22 @@ def test_split_by_resume_equals_straight(dataset, prefetch):
     c.close()
     one = build_loader(cfg, IDENT, micro_batch=1, dp_rank=0, dp_size=1, total_sequences=g + 4)
     ref = [one.next_batch()["input_ids"][0] for _ in range(g + 4)]
-    assert one.mixture["sources"][1]["planned_sequences"] == sd["source_positions"]["short"] + \
-        sum(one.space.locate(x)[0] == 1 for x in range(g, g + 4))
+    assert one.mixture["sources"][1]["planned_sequences"] == sd["source_positions"]["short"] + sum(
+        one.space.locate(x)[0] == 1 for x in range(g, g + 4)
+    )
     d = build_loader(cfg, IDENT, micro_batch=4, dp_rank=0, dp_size=1)
     d.load_state_dict(sd)
-    assert torch.equal(d.next_batch()["input_ids"], torch.stack(ref[g:g + 4]))
+    assert torch.equal(d.next_batch()["input_ids"], torch.stack(ref[g : g + 4]))
 
 
 def test_resume_refuses_another_mixture(dataset):
     root, _ = dataset
     a = build_loader(_mix(root), IDENT, micro_batch=1, dp_rank=0, dp_size=1)
     a.next_batch()
-    srcs = [dict(name="long", path=str(root), bucket="b3", mode="pack", weight=0.4),
-            dict(name="short", path=str(root), bucket="b0", mode="fit", weight=0.6)]
+    srcs = [
+        dict(name="long", path=str(root), bucket="b3", mode="pack", weight=0.4),
+        dict(name="short", path=str(root), bucket="b0", mode="fit", weight=0.6),
+    ]
     b = build_loader(_mix(root, sources=srcs), IDENT, micro_batch=1, dp_rank=0, dp_size=1)
     with pytest.raises(DataError, match="mixture: saved"):
         b.load_state_dict(a.state_dict())
@@ -144,8 +151,10 @@ def test_resume_refuses_another_mixture(dataset):
 
 def test_same_dataset_twice_is_read_in_two_orders(dataset):
     root, _ = dataset
-    srcs = [dict(name="a", path=str(root), bucket="b3", mode="pack", weight=1),
-            dict(name="b", path=str(root), bucket="b3", mode="pack", weight=1)]
+    srcs = [
+        dict(name="a", path=str(root), bucket="b3", mode="pack", weight=1),
+        dict(name="b", path=str(root), bucket="b3", mode="pack", weight=1),
+    ]
     L = build_loader(_mix(root, sources=srcs, prefetch=0), IDENT, micro_batch=1, dp_rank=0, dp_size=1)
     rows = {0: [], 1: []}
     for g in range(60):
@@ -155,7 +164,7 @@ def test_same_dataset_twice_is_read_in_two_orders(dataset):
 
 
 # --------------------------------------------------------------------------- config-time problems
-class _Cfg:   # the two sections mix_problems reads
+class _Cfg:  # the two sections mix_problems reads
     def __init__(self, data, max_steps=10, tokens_per_step=96 * 8):
         self.data = data
         self.train = type("T", (), {"max_steps": max_steps, "tokens_per_step": tokens_per_step})()
@@ -165,10 +174,12 @@ def test_mix_problems_lists_every_bad_source(tmp_path, dataset):
     root, _ = dataset
     write_dataset(tmp_path / "other_tok", unique_docs([300, 20]), ident="other:v100000:fedcba9876543210")
     (tmp_path / "empty_dir").mkdir()
-    srcs = [dict(name="long", path=str(root), bucket="b3", mode="pack", weight=0.5),
-            dict(name="nodata", path=str(tmp_path / "empty_dir"), mode="pack", weight=0.1),
-            dict(name="nobucket", path=str(root), bucket="b7", mode="fit", weight=0.1),
-            dict(name="othertok", path=str(tmp_path / "other_tok"), mode="pack", weight=0.3)]
+    srcs = [
+        dict(name="long", path=str(root), bucket="b3", mode="pack", weight=0.5),
+        dict(name="nodata", path=str(tmp_path / "empty_dir"), mode="pack", weight=0.1),
+        dict(name="nobucket", path=str(root), bucket="b7", mode="fit", weight=0.1),
+        dict(name="othertok", path=str(tmp_path / "other_tok"), mode="pack", weight=0.3),
+    ]
     probs = mix_problems(_Cfg(_mix(root, sources=srcs)), IDENT)
     text = "\n".join(probs)
     assert len(probs) == 4, text
@@ -176,24 +187,31 @@ def test_mix_problems_lists_every_bad_source(tmp_path, dataset):
     assert "manifest.json is missing" in text
     assert "data.mix[2] (nobucket).bucket='b7': ['b7'] not in" in text and "'b0', 'b1', 'b2', 'b3'" in text
     assert "different tokenizers" in text and "other:v100000:fedcba9876543210" in text and IDENT in text
-    assert (f"data.mix[3] (othertok).path: {tmp_path / 'other_tok'} is tokenized with "
-            f"'other:v100000:fedcba9876543210' but the run's tokenizer is {IDENT!r}") in text
+    assert (
+        f"data.mix[3] (othertok).path: {tmp_path / 'other_tok'} is tokenized with "
+        f"'other:v100000:fedcba9876543210' but the run's tokenizer is {IDENT!r}"
+    ) in text
 
 
 def test_exhausted_source_says_the_epochs_it_needs(dataset):
     root, _ = dataset
-    cfg = _Cfg(_mix(root, max_epochs=2.0), max_steps=10, tokens_per_step=96 * 32)   # 320 sequences
+    cfg = _Cfg(_mix(root, max_epochs=2.0), max_steps=10, tokens_per_step=96 * 32)  # 320 sequences
     probs = mix_problems(cfg, IDENT)
     short = [p for p in probs if p.startswith("data.mix[1] (short)")]
     assert len(short) == 1, probs
-    m = re.search(r"draws (\d+) sequences .* holds (\d+) per epoch: ([\d.]+) epochs > max_epochs=2; to repeat it "
-                  r"set data.mix\[1\].max_epochs >= ([\d.]+),", short[0])
+    m = re.search(
+        r"draws (\d+) sequences .* holds (\d+) per epoch: ([\d.]+) epochs > max_epochs=2; to repeat it "
+        r"set data.mix\[1\].max_epochs >= ([\d.]+),",
+        short[0],
+    )
     assert m, short[0]
     draws, per_epoch, epochs, need = int(m[1]), int(m[2]), float(m[3]), float(m[4])
     assert epochs == pytest.approx(draws / per_epoch, abs=0.005) and need == math.ceil(draws / per_epoch * 100) / 100
-    srcs = [dict(name="long", path=str(root), bucket="b3", mode="pack", weight=0.5, max_epochs=1000),
-            dict(name="short", path=str(root), bucket="b0", mode="fit", weight=0.3, max_epochs=need),
-            dict(name="mid", path=str(root), bucket="b1,b2", mode="truncate", weight=0.2, max_epochs=1000)]
+    srcs = [
+        dict(name="long", path=str(root), bucket="b3", mode="pack", weight=0.5, max_epochs=1000),
+        dict(name="short", path=str(root), bucket="b0", mode="fit", weight=0.3, max_epochs=need),
+        dict(name="mid", path=str(root), bucket="b1,b2", mode="truncate", weight=0.2, max_epochs=1000),
+    ]
     assert mix_problems(_Cfg(_mix(root, sources=srcs, max_epochs=2.0), 10, 96 * 32), IDENT) == []
     srcs[1]["max_epochs"] = need - 0.02
     assert len(mix_problems(_Cfg(_mix(root, sources=srcs, max_epochs=2.0), 10, 96 * 32), IDENT)) == 1
@@ -217,11 +235,13 @@ def test_one_source_spelling_is_checked_at_config_time_too(dataset, tmp_path):
 def test_cli_prints_the_resolved_mixture(tmp_path, doc_lengths, capsys):
     from megablu.cli import main
 
-    root = tmp_path / "ds"   # the tiny arm's tokenizer identity, so the config check passes
+    root = tmp_path / "ds"  # the tiny arm's tokenizer identity, so the config check passes
     write_dataset(root, unique_docs(doc_lengths), ident="tiktoken_file:v4096:33b169a4741adc73")
     tiny = str(Path(__file__).resolve().parents[2] / "tests" / "configs" / "tiny_cpu.yaml")
-    mix = ("data.mix=[{name: long, path: %s, bucket: b3, mode: pack, weight: 0.7}, "
-           "{name: short, path: %s, bucket: b0, mode: fit, weight: 0.3}]" % (root, root))
+    mix = (
+        "data.mix=[{name: long, path: %s, bucket: b3, mode: pack, weight: 0.7}, "
+        "{name: short, path: %s, bucket: b0, mode: fit, weight: 0.3}]" % (root, root)
+    )
     sets = ["--set", "data.path=null", "--set", mix, "--set", "data.max_epochs=1000", "--set", "train.max_steps=8"]
     assert main(["data", "mix", tiny, *sets]) == 0
     out = capsys.readouterr().out

@@ -1,5 +1,6 @@
 """Synthetic recall documents (demo-corpus part `recall`): deterministic, answerable from
 their own text, never in the eval's wording, filler only from train documents."""
+
 import json
 
 from megablu.data.build import Source, split_of
@@ -15,7 +16,7 @@ def test_deterministic_and_answerable():
         body, _, qa = d["text"].rpartition("\n\n")
         value = qa.strip().split()[-1].rstrip(".")
         assert value.isdigit() and 3 <= len(value) <= 8
-        assert value in body                      # the answer was stated earlier in the document
+        assert value in body  # the answer was stated earlier in the document
         assert d["asked"] in LABELS and 1 <= d["n_facts"] <= 4
     assert recall_document(TEXTS, 3, 0) != recall_document(TEXTS, 4, 0)
 
@@ -37,8 +38,9 @@ def test_filler_comes_from_train_documents_only(tmp_path):
     assert val  # the fixture has val documents at all
     assert not any(f"TEXT-{k} " in t for t in train_texts(sources, 0.3) for k in val)
     out = write_recall_jsonl(sources, tmp_path / "r", val_fraction=0.3, n_docs=30, min_chars=100, max_chars=400)
-    assert write_recall_jsonl(sources, tmp_path / "r", val_fraction=0.3, n_docs=30, min_chars=100,
-                              max_chars=400) == out   # cached by its inputs
+    assert (
+        write_recall_jsonl(sources, tmp_path / "r", val_fraction=0.3, n_docs=30, min_chars=100, max_chars=400) == out
+    )  # cached by its inputs
     docs = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(docs) == 30
     assert not any(f"TEXT-{k} " in d["text"] for d in docs for k in val)
@@ -60,12 +62,19 @@ def test_demo_corpus_recall_part_and_min_tokens(tmp_path, monkeypatch):
         return [Source(str(src), name="fake")], {"stdlib": "fake"}
 
     monkeypatch.setattr(demo, "demo_sources", fake_sources)
-    m = demo.build_demo_corpus(tmp_path / "out", TokenizerConfig(kind="byte"), work=tmp_path / "w",
-                               parts="stdlib,recall", val_fraction=0.2, progress=False, min_tokens=500)
-    assert seen["parts"] == ["stdlib"]                      # recall is not a download part
+    m = demo.build_demo_corpus(
+        tmp_path / "out",
+        TokenizerConfig(kind="byte"),
+        work=tmp_path / "w",
+        parts="stdlib,recall",
+        val_fraction=0.2,
+        progress=False,
+        min_tokens=500,
+    )
+    assert seen["parts"] == ["stdlib"]  # recall is not a download part
     names = {s["name"]: s["documents"] for s in m["sources"]}
     assert set(names) == {"fake", "recall"} and names["recall"] > 0
-    assert m["build"]["skipped_short"] > 0                    # the short fake documents and recall ones
+    assert m["build"]["skipped_short"] > 0  # the short fake documents and recall ones
     for e in m["shards"]:
         lines = (tmp_path / "out" / e["meta"]).read_text().splitlines()
         assert all(json.loads(line)["n_tokens"] >= 500 for line in lines)

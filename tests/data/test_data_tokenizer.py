@@ -92,9 +92,16 @@ def test_sentencepiece(tmp_path):
     spm = pytest.importorskip("sentencepiece")
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n".join(f"line {i} of the quick brown fox jumps over {i * 7} lazy dogs" for i in range(400)))
-    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "m"), vocab_size=320,
-                                   model_type="bpe", byte_fallback=True, split_digits=True, eos_id=2,
-                                   minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        input=str(corpus),
+        model_prefix=str(tmp_path / "m"),
+        vocab_size=320,
+        model_type="bpe",
+        byte_fallback=True,
+        split_digits=True,
+        eos_id=2,
+        minloglevel=2,
+    )
     t = load_tokenizer(TokenizerConfig(kind="sentencepiece", path=str(tmp_path / "m.model")))
     assert t.eot_id == 2 and t.vocab_size == 320 and t.stop_ids == (2,)
     s = "the quick fox 12345"

@@ -7,6 +7,7 @@ The GGUF is dequantised by transformers (+ gguf) into a LlamaForCausalLM without
 (load_gguf_checkpoint with model_to_load), imported with megablu.model.hf.from_hf; its
 tokenizer is saved once as tokenizer.json and loaded through megablu.data.tokenizer ("hf").
 """
+
 from __future__ import annotations
 
 import os
@@ -59,8 +60,7 @@ def load_models(yarn_factor: float = 2.0):
     from megablu.model.hf import from_hf
 
     base = from_hf(load_hf()).eval()
-    rope = RopeConfig(theta=base.rope_cfg.theta,
-                      yarn=YarnConfig(factor=yarn_factor, original_max_position=8192))
+    rope = RopeConfig(theta=base.rope_cfg.theta, yarn=YarnConfig(factor=yarn_factor, original_max_position=8192))
     yarn = BluModel(base.cfg, rope)
     yarn.load_state_dict(base.state_dict(), strict=True)
     return base, yarn.eval()
@@ -93,8 +93,19 @@ def main(argv=None) -> int:
     model = yarn if a.arm == "yarn2" else base
     for L in a.lengths:
         cfg = EvalConfig(lengths=[L], tasks=["passkey"], n=a.n, max_new=24, pad=256, seed=0)
-        run_eval(model, tok, cfg, 16384, step=0, out_dir=Path(a.out) / f"smollm2-{a.arm}-{L}" / "eval", rank=0,
-                 arm=f"smollm2-{a.arm}", batch_tokens=4608, prefill_chunk=1024, plot=False)
+        run_eval(
+            model,
+            tok,
+            cfg,
+            16384,
+            step=0,
+            out_dir=Path(a.out) / f"smollm2-{a.arm}-{L}" / "eval",
+            rank=0,
+            arm=f"smollm2-{a.arm}",
+            batch_tokens=4608,
+            prefill_chunk=1024,
+            plot=False,
+        )
     return 0
 
 

@@ -1,5 +1,6 @@
 """Shared fixtures for the eval tests: real tokenizers (offline), a real-text haystack, tiny models,
 and an oracle model that answers a prompt correctly up to a given length."""
+
 from __future__ import annotations
 
 import re
@@ -32,8 +33,11 @@ def chat_tok(tmp_path_factory):
     <|im_start|> and <|im_end|> (the end of an instruct model's turn, a stop id)."""
     from tests.hf_tok import write_chat_tokenizer
 
-    d = write_chat_tokenizer(tmp_path_factory.mktemp("chat_tok"),
-                             "What are the most frequently appeared words in the coded text? the quick fox", 400)
+    d = write_chat_tokenizer(
+        tmp_path_factory.mktemp("chat_tok"),
+        "What are the most frequently appeared words in the coded text? the quick fox",
+        400,
+    )
     return load_tokenizer(TokenizerConfig(kind="hf", path=str(d)))
 
 
@@ -64,8 +68,11 @@ def ruler_oracle(text: str):
     q = re.search(r"What are all the special magic \w+ for (.+?) mentioned in the provided text\? The special", text)
     if q:
         keys = re.split(r", and |, ", q.group(1))
-        vals = [v for k in keys for v in re.findall(r"One of the special magic \w+ for " + re.escape(k)
-                                                      + r" is: ([\w-]+)\.", text)]
+        vals = [
+            v
+            for k in keys
+            for v in re.findall(r"One of the special magic \w+ for " + re.escape(k) + r" is: ([\w-]+)\.", text)
+        ]
         return ", ".join(vals)
     qs = list(re.finditer(r"Find all variables that are assigned the value (\d+) in the text above", text))
     if qs and text.rstrip().endswith("they are:"):
@@ -82,7 +89,7 @@ def ruler_oracle(text: str):
     if "Below is a numbered list of words" in text and text.rstrip().endswith("appear most often in the list are:"):
         parts = text.split("\nQuestion: What are the ")
         k = int(parts[-1].split(" ")[0])
-        body = parts[-2].split("\n\n", 1)[1]          # after the worked example's answer
+        body = parts[-2].split("\n\n", 1)[1]  # after the worked example's answer
         counts = Counter(re.findall(r"^\d+\. (\w+)$", body, flags=re.M))
         return ", ".join(w for w, _ in counts.most_common(k))
     if "track the frequency of each coded word" in text and text.rstrip().endswith("appeared words are:"):
@@ -99,7 +106,7 @@ class OracleModel(torch.nn.Module):
     generate.py uses (cfg.n_layers, forward(input_ids, position_ids=None, cache=None)), and keeps
     what it has seen on the cache object, so chunked prefill and batching are exercised."""
 
-    def __init__(self, tok, max_ok_len=10 ** 9):
+    def __init__(self, tok, max_ok_len=10**9):
         super().__init__()
         self.tok, self.max_ok_len = tok, max_ok_len
         self.cfg = ModelConfig(n_layers=1, d_model=8, n_heads=1, n_kv_heads=1, ffn_dim=8, vocab_size=tok.vocab_size)

@@ -1,5 +1,6 @@
 """`megablu compare` and `megablu eval` as a user runs them: stdout is the table, logs on stderr,
 exit 1 on a failed gate, 2 on invalid input; a real --ckpt and an HF --hf directory."""
+
 import json
 import re
 
@@ -17,11 +18,31 @@ def _res(arm, step, acc, n=50):
     cells = []
     for L, a in acc.items():
         k = round(a * n / 100)
-        cells.append({"task": "passkey", "length": L, "n": n, "correct": k, "acc_pp": 100 * k / n,
-                      "ci_pp": [0, 100], "padded_len": L, "digest": "d", "seconds": 0, "by_depth": []})
+        cells.append(
+            {
+                "task": "passkey",
+                "length": L,
+                "n": n,
+                "correct": k,
+                "acc_pp": 100 * k / n,
+                "ci_pp": [0, 100],
+                "padded_len": L,
+                "digest": "d",
+                "seconds": 0,
+                "by_depth": [],
+            }
+        )
     samples = [{"task": "passkey", "length": L, "correct": True} for L in acc]
-    return make_result(cells, samples, arm=arm, step=step, window=32768, eval_cfg=EvalConfig(lengths=list(acc)),
-                       tokenizer_identity="t", sp=1)
+    return make_result(
+        cells,
+        samples,
+        arm=arm,
+        step=step,
+        window=32768,
+        eval_cfg=EvalConfig(lengths=list(acc)),
+        tokenizer_identity="t",
+        sp=1,
+    )
 
 
 def test_compare_table_plot_and_gate(tmp_path, capsys):
@@ -29,11 +50,20 @@ def test_compare_table_plot_and_gate(tmp_path, capsys):
     write_result(_res("l2", 100, {1024: 10, 4096: 10, 16360: 10}), tmp_path / "l2" / "eval" / "step_100.json")
     write_result(_res("ext", 750, {1024: 90, 4096: 20, 16360: 60}), tmp_path / "ext.json")
     png = tmp_path / "cmp.png"
-    rc = main(["compare", str(tmp_path / "l2"), str(tmp_path / "ext.json"), "--plot", str(png),
-               "--gate-parent", str(tmp_path / "l2@400")])
+    rc = main(
+        [
+            "compare",
+            str(tmp_path / "l2"),
+            str(tmp_path / "ext.json"),
+            "--plot",
+            str(png),
+            "--gate-parent",
+            str(tmp_path / "l2@400"),
+        ]
+    )
     out, err = capsys.readouterr()
-    assert rc == 1                                            # ext collapsed at 4096
-    assert "| l2@400 | 90.0 | 80.0 | 36.0 |" in out            # a run dir means its latest step
+    assert rc == 1  # ext collapsed at 4096
+    assert "| l2@400 | 90.0 | 80.0 | 36.0 |" in out  # a run dir means its latest step
     assert "| ext@750 | 90.0 | 20.0 | 60.0 |" in out
     # the samples carry no per-prompt index, so the cells are unpaired ('indep.'): Fisher's exact p, Holm over 3.
     # -60 (10/50 vs 40/50, p 2.2e-09) is starred; +24 (30/50 vs 18/50) has an interval that excludes 0 but
@@ -46,12 +76,17 @@ def test_compare_table_plot_and_gate(tmp_path, capsys):
 
 
 def _config(tmp_path, extra_eval=None):
-    cfg = {"name": "tiny", "runs_dir": str(tmp_path / "runs"),
-           "model": {"n_layers": 2, "d_model": 32, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 64, "vocab_size": 257},
-           "rope": {"theta": 10000.0}, "tokenizer": {"kind": "byte"}, "data": {"window": 512},
-           "train": {"max_steps": 10, "tokens_per_step": 512, "dtype": "fp32", "device": "cpu"},
-           "schedule": {"kind": "cosine", "lr": 1e-3, "warmup_steps": 1},
-           "eval": {"lengths": [300, 480], "n": 2, "max_new": 6, "pad": 32, **(extra_eval or {})}}
+    cfg = {
+        "name": "tiny",
+        "runs_dir": str(tmp_path / "runs"),
+        "model": {"n_layers": 2, "d_model": 32, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 64, "vocab_size": 257},
+        "rope": {"theta": 10000.0},
+        "tokenizer": {"kind": "byte"},
+        "data": {"window": 512},
+        "train": {"max_steps": 10, "tokens_per_step": 512, "dtype": "fp32", "device": "cpu"},
+        "schedule": {"kind": "cosine", "lr": 1e-3, "warmup_steps": 1},
+        "eval": {"lengths": [300, 480], "n": 2, "max_new": 6, "pad": 32, **(extra_eval or {})},
+    }
     p = tmp_path / "tiny.yaml"
     p.write_text(yaml.safe_dump(cfg))
     return p
@@ -82,13 +117,48 @@ def test_eval_hf_dir_and_invalid_inputs(tmp_path, capsys):
     hf_dir = tmp_path / "hf"
     to_hf(tiny_model(seed=4), max_position=512).save_pretrained(str(hf_dir))
     cfg = _config(tmp_path)
-    assert main(["eval", "--config", str(cfg), "--hf", str(hf_dir), "--step", "0", "--arm", "parent",
-                 "--out", str(tmp_path / "o"), "--no-plot"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--config",
+                str(cfg),
+                "--hf",
+                str(hf_dir),
+                "--step",
+                "0",
+                "--arm",
+                "parent",
+                "--out",
+                str(tmp_path / "o"),
+                "--no-plot",
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "o" / "step_0.json").exists()
     # gate against a parent that collapsed nothing: the arm (same weights) passes
-    assert main(["eval", "--config", str(cfg), "--hf", str(hf_dir), "--step", "1", "--out", str(tmp_path / "o"),
-                 "--gate-parent", str(tmp_path / "o" / "step_0.json"), "--set", "eval.gate.short_lengths=[300]",
-                 "--no-plot"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--config",
+                str(cfg),
+                "--hf",
+                str(hf_dir),
+                "--step",
+                "1",
+                "--out",
+                str(tmp_path / "o"),
+                "--gate-parent",
+                str(tmp_path / "o" / "step_0.json"),
+                "--set",
+                "eval.gate.short_lengths=[300]",
+                "--no-plot",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["eval", "--config", str(cfg), "--ckpt", str(tmp_path / "nope.safetensors"), "--step", "1"]) == 2
     assert "cannot load weights" in capsys.readouterr().err
@@ -130,8 +200,22 @@ def test_eval_applies_the_configs_memory_switches(tmp_path, capsys, monkeypatch)
 
     monkeypatch.setattr(cli_module, "_eval_memory", spy)
     monkeypatch.setattr(apply_module, "apply_memory", spy_apply)
-    assert main(run + ["--set", "memory.ops=torch", "--set", "memory.recompute=full", "--set", "memory.mlp_tiles=2",
-                       "--set", "memory.offload_activations=true"]) == 0, capsys.readouterr().err
+    assert (
+        main(
+            run
+            + [
+                "--set",
+                "memory.ops=torch",
+                "--set",
+                "memory.recompute=full",
+                "--set",
+                "memory.mlp_tiles=2",
+                "--set",
+                "memory.offload_activations=true",
+            ]
+        )
+        == 0
+    ), capsys.readouterr().err
     m = seen["memory"]
     assert (m.ops, m.recompute, m.mlp_tiles, m.offload_activations) == ("torch", "none", 1, False)
     assert seen["impls"] == {"torch"}
@@ -157,9 +241,15 @@ def _ckpt_step(run, step, tokenizer):
     d.mkdir(parents=True)
     save_weights({k: v.contiguous() for k, v in tiny_model(seed=3).state_dict().items()}, d / "model.safetensors")
     f = d / "model.safetensors"
-    m = {"format": 1, "run_id": run.name, "step": step, "tokenizer": tokenizer, "zero_partitions": 0,
-         "meta": {"rope": {"theta": 10000.0, "yarn": None}, "window": 512},
-         "files": {"model.safetensors": {"size": f.stat().st_size, "sha256": sha256_file(f)}}}
+    m = {
+        "format": 1,
+        "run_id": run.name,
+        "step": step,
+        "tokenizer": tokenizer,
+        "zero_partitions": 0,
+        "meta": {"rope": {"theta": 10000.0, "yarn": None}, "window": 512},
+        "files": {"model.safetensors": {"size": f.stat().st_size, "sha256": sha256_file(f)}},
+    }
     m["manifest_sha256"] = _manifest_digest(m)
     (d / "manifest.json").write_text(json.dumps(m))
     return d
@@ -178,7 +268,7 @@ def test_eval_of_a_run_checkpoint_checks_tokenizer_and_writes_into_the_run(tmp_p
     assert "| tiny-0003@5 |" in capsys.readouterr().out
     assert json.loads((run / "eval" / "step_5.json").read_text())["arm"] == "tiny-0003"
     other = _ckpt_step(tmp_path / "runs" / "tiny-0004", 7, "tiktoken:cl100k_base:223921b76ee99bde")
-    for path in (other, other / "model.safetensors", other.parents[1]):   # step dir, its file, the run dir
+    for path in (other, other / "model.safetensors", other.parents[1]):  # step dir, its file, the run dir
         assert main(["eval", "--config", str(cfg), "--ckpt", str(path), "--no-plot"]) == 2
         err = capsys.readouterr().err
         assert "weights trained with tokenizer 'tiktoken:cl100k_base:223921b76ee99bde'" in err
@@ -192,10 +282,11 @@ def test_eval_refuses_a_gate_parent_without_the_short_lengths(tmp_path, capsys):
     ck = tmp_path / "step_5" / "model.safetensors"
     ck.parent.mkdir()
     from safetensors.torch import save_file
+
     save_file({k: v.contiguous() for k, v in tiny_model(seed=3).state_dict().items()}, str(ck))
     assert main(["eval", "--config", str(cfg), "--ckpt", str(ck), "--no-plot", "--rope-override"]) == 2
     assert "has no result for passkey@300" in capsys.readouterr().err
-    assert not (tmp_path / "runs" / "tiny" / "eval" / "step_5.json").exists()   # nothing was generated
+    assert not (tmp_path / "runs" / "tiny" / "eval" / "step_5.json").exists()  # nothing was generated
 
 
 def test_eval_suite_per_length_runs_merge_in_compare_and_bad_input_exits_2(tmp_path, capsys, haystack_docs):
@@ -214,16 +305,44 @@ def test_eval_suite_per_length_runs_merge_in_compare_and_bad_input_exits_2(tmp_p
     text = "\n".join(haystack_docs)
     with DatasetWriter(ds, meta, edges=(1024, 1 << 20)) as w:
         for i in range(6):
-            w.add(np.asarray(tok.encode(text[i * 9000:i * 9000 + (8000 if i < 3 else 700)]), dtype=np.int64), "val",
-                  {"source": "stdlib", "license": "PSF", "key": f"s/{i}"})
+            w.add(
+                np.asarray(tok.encode(text[i * 9000 : i * 9000 + (8000 if i < 3 else 700)]), dtype=np.int64),
+                "val",
+                {"source": "stdlib", "license": "PSF", "key": f"s/{i}"},
+            )
         w.finish()
     hf_dir = tmp_path / "hf"
     to_hf(tiny_model(seed=4), max_position=512).save_pretrained(str(hf_dir))
     cfg = _config(tmp_path)
-    base = ["eval", "--config", str(cfg), "--hf", str(hf_dir), "--step", "0", "--arm", "a", "--no-plot",
-            "--set", "data.window=2048", "--set", f"eval.loss.data={ds}", "--set", "eval.loss.n=1",
-            "--set", "eval.loss.short_min=500", "--set", "eval.loss.short_max=900", "--set", f"eval.haystack={ds}",
-            "--tasks", "niah_single_1", "niah_single_2", "--n", "2"]
+    base = [
+        "eval",
+        "--config",
+        str(cfg),
+        "--hf",
+        str(hf_dir),
+        "--step",
+        "0",
+        "--arm",
+        "a",
+        "--no-plot",
+        "--set",
+        "data.window=2048",
+        "--set",
+        f"eval.loss.data={ds}",
+        "--set",
+        "eval.loss.n=1",
+        "--set",
+        "eval.loss.short_min=500",
+        "--set",
+        "eval.loss.short_max=900",
+        "--set",
+        f"eval.haystack={ds}",
+        "--tasks",
+        "niah_single_1",
+        "niah_single_2",
+        "--n",
+        "2",
+    ]
     for L in (1100, 1500):
         assert main(base + ["--lengths", str(L), "--out", str(tmp_path / f"a_{L}")]) == 0, capsys.readouterr().err
     capsys.readouterr()
@@ -233,8 +352,17 @@ def test_eval_suite_per_length_runs_merge_in_compare_and_bad_input_exits_2(tmp_p
     assert "### held-out loss" in out
     assert re.search(r"\| a@0 \| [\d.]+ \([\d.]+\) \| [\d.]+ \([\d.]+\) \| [\d.]+ \(3 docs\) \|", out), out
     # bad input: exit 2 naming the task and the fix, before the (missing) weights are touched
-    bad = ["eval", "--config", str(cfg), "--ckpt", str(tmp_path / "none.safetensors"), "--step", "1",
-           "--set", "data.window=2048"]
+    bad = [
+        "eval",
+        "--config",
+        str(cfg),
+        "--ckpt",
+        str(tmp_path / "none.safetensors"),
+        "--step",
+        "1",
+        "--set",
+        "data.window=2048",
+    ]
     assert main(bad + ["--tasks", "niah_single_7"]) == 2
     assert "unknown task(s) ['niah_single_7']; known tasks:" in capsys.readouterr().err
     assert main(bad + ["--tasks", "cwe", "--lengths", "900"]) == 2
@@ -255,8 +383,18 @@ def test_eval_cut_short_goes_on_where_it_stopped_unless_no_resume(tmp_path, monk
     hf_dir = tmp_path / "hf"
     to_hf(tiny_model(seed=4), max_position=512).save_pretrained(str(hf_dir))
     out = tmp_path / "o"
-    run = ["eval", "--config", str(_config(tmp_path)), "--hf", str(hf_dir), "--step", "0", "--out", str(out),
-           "--no-plot"]
+    run = [
+        "eval",
+        "--config",
+        str(_config(tmp_path)),
+        "--hf",
+        str(hf_dir),
+        "--step",
+        "0",
+        "--out",
+        str(out),
+        "--no-plot",
+    ]
     real, calls = harness.greedy_generate, []
 
     def gen(*a, **kw):
@@ -275,6 +413,6 @@ def test_eval_cut_short_goes_on_where_it_stopped_unless_no_resume(tmp_path, monk
         assert main(run + flags) == 0
         res = json.loads((out / "step_0.json").read_text())
         assert res.get("resumed") == kept and calls == ([480] if kept else [300, 480])
-        assert bool(list(out.glob("step_0.*.json.partial"))) == (kept is None)   # --no-resume leaves it be
+        assert bool(list(out.glob("step_0.*.json.partial"))) == (kept is None)  # --no-resume leaves it be
         (out / "step_0.json").unlink()
         calls[:] = []

@@ -3,6 +3,7 @@ sequence gives, up to each row's first stop (stop_ids[0] after it): eager steps 
 shape-stable static steps over the whole cache with a mask, and (on a GPU) their CUDA graph. Several prompt
 lengths and batch sizes, rows stopping at different steps, GQA, YaRN (always and beyond_original), a RULER
 prompt in a chat template end to end."""
+
 import functools
 
 import pytest
@@ -15,8 +16,7 @@ from megablu.eval.generate import _generate_recompute, greedy_generate, new_cach
 from .conftest import tiny_model
 
 YARN = RopeConfig(theta=10000.0, yarn=YarnConfig(factor=4.0, original_max_position=64))
-YARN_BEYOND = RopeConfig(theta=10000.0, yarn=YarnConfig(factor=4.0, original_max_position=64,
-                                                        apply="beyond_original"))
+YARN_BEYOND = RopeConfig(theta=10000.0, yarn=YarnConfig(factor=4.0, original_max_position=64, apply="beyond_original"))
 MAX_NEW = 10
 
 
@@ -43,14 +43,14 @@ def _expected(ref: torch.Tensor, stops: tuple) -> torch.Tensor:
     for r in range(ref.shape[0]):
         hit = [i for i, t in enumerate(ref[r].tolist()) if t in stops]
         if hit:
-            out[r, hit[0] + 1:] = stops[0]
+            out[r, hit[0] + 1 :] = stops[0]
     return out
 
 
 def _stops_at_different_steps(ref: torch.Tensor) -> tuple:
     """Stop ids that end rows at different steps: the token some row emits first at the earliest step >= 1
     (no row has it sooner), and one another row emits first at a later step, if any."""
-    first = {}                                   # token -> its earliest (step, row)
+    first = {}  # token -> its earliest (step, row)
     for r in range(ref.shape[0]):
         for i, t in enumerate(ref[r].tolist()):
             first[t] = min(first.get(t, (i, r)), (i, r))
@@ -74,7 +74,7 @@ def test_every_mode_equals_recompute(rope, B, L):
     assert stops, "no row emits a new token after its first for this seed"
     want = _expected(ref, stops)
     ends = {next((i for i, t in enumerate(r) if t in stops), MAX_NEW) for r in want.tolist()}
-    assert min(ends) < MAX_NEW - 1 and (B == 1 or len(ends) > 1), ends   # rows end at different steps (or never)
+    assert min(ends) < MAX_NEW - 1 and (B == 1 or len(ends) > 1), ends  # rows end at different steps (or never)
     for mode in ("eager", "static"):
         got = greedy_generate(m, ids, MAX_NEW, prefill_chunk=0, stop_ids=stops, decode=mode)
         assert torch.equal(got, want), (mode, got, want)
@@ -102,22 +102,28 @@ def test_early_exit_drops_only_done_rows(monkeypatch):
         def keep_rows(rows, _real=cache.keep_rows):
             kept.append(rows.tolist())
             _real(rows)
+
         cache.keep_rows = keep_rows
         return real(model, tok, cache, *a)
 
     monkeypatch.setattr(dec, "_eager", spy_rows)
     got = greedy_generate(m, ids, MAX_NEW, stop_ids=stops, decode="eager")
     assert torch.equal(got, _expected(ref, stops))
-    assert kept and len(kept[0]) < 4        # a row left the batch
+    assert kept and len(kept[0]) < 4  # a row left the batch
     for b in range(4):
-        alone = greedy_generate(m, ids[b:b + 1], MAX_NEW, stop_ids=stops, decode="eager")
-        assert torch.equal(alone, got[b:b + 1]), b
+        alone = greedy_generate(m, ids[b : b + 1], MAX_NEW, stop_ids=stops, decode="eager")
+        assert torch.equal(alone, got[b : b + 1]), b
     # the growing KVCache (torch.cat per token; bench/eval_bench.py's before-the-change path) drops rows alike
     from megablu.eval import generate
     from megablu.model.decoder import KVCache
 
-    monkeypatch.setattr(generate, "new_cache", lambda model, capacity, rope_len, seq_sharded=False: KVCache(
-        model.cfg.n_layers, seq_sharded=seq_sharded, rope_len=rope_len))
+    monkeypatch.setattr(
+        generate,
+        "new_cache",
+        lambda model, capacity, rope_len, seq_sharded=False: KVCache(
+            model.cfg.n_layers, seq_sharded=seq_sharded, rope_len=rope_len
+        ),
+    )
     n = len(kept)
     assert torch.equal(greedy_generate(m, ids, MAX_NEW, stop_ids=stops), got) and len(kept) > n
 
@@ -131,9 +137,10 @@ def test_modes_are_checked():
         greedy_generate(m, ids, 4, decode="graph")
     assert dec.resolve_mode("auto", m, None, 8, one_rank=False) == "eager"
     cache = new_cache(m, 20, 20)
-    assert dec.resolve_mode("auto", m, cache, 8, one_rank=True) == "eager"    # a CPU model
+    assert dec.resolve_mode("auto", m, cache, 8, one_rank=True) == "eager"  # a CPU model
     from megablu.config.schema import StringConfig
     from megablu.model.string import apply_string
+
     apply_string(m, StringConfig(variant="fixed_shift", shift=6, local=2))
     with pytest.raises(ValueError, match="STRING attention"):
         greedy_generate(m, ids, 4, decode="static")
@@ -142,7 +149,7 @@ def test_modes_are_checked():
     with pytest.raises(ValueError, match="forward hooks on layers.1.mlp"):
         greedy_generate(m, ids, 4, decode="static")
     m = tiny_model(vocab=97, seed=1)
-    m.norm.weight.ds_id = 3      # what DeepSpeed's ZeRO-3 puts on a partitioned parameter
+    m.norm.weight.ds_id = 3  # what DeepSpeed's ZeRO-3 puts on a partitioned parameter
     assert "ZeRO-3" in dec.graph_problem(m, cache)
 
 
@@ -166,8 +173,11 @@ def chat_tok(tmp_path_factory):
     from tests.eval.test_ruler import CHATML
     from tests.hf_tok import write_chat_tokenizer
 
-    d = write_chat_tokenizer(tmp_path_factory.mktemp("chat"), "The grass is green. What are the special magic "
-                             "numbers for the text? 0123456789", 300)
+    d = write_chat_tokenizer(
+        tmp_path_factory.mktemp("chat"),
+        "The grass is green. What are the special magic numbers for the text? 0123456789",
+        300,
+    )
     (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML, "eos_token": "<|im_end|>"}))
     return load_tokenizer(TokenizerConfig(kind="hf", path=str(d)))
 
@@ -191,7 +201,7 @@ def test_ruler_prompt_in_chat_template_same_samples(tmp_path, chat_tok, monkeypa
         outs[mode] = [s["output"] for s in res["samples"]]
     assert outs["eager"] == outs["static"]
     raw = greedy_generate(m, ids, 16, stop_ids=chat_tok.stop_ids)
-    assert (raw[:, 5] == im_end).all() and (raw[:, 6:] == chat_tok.stop_ids[0]).all()   # the turn ends at 6
+    assert (raw[:, 5] == im_end).all() and (raw[:, 6:] == chat_tok.stop_ids[0]).all()  # the turn ends at 6
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

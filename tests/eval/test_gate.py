@@ -1,13 +1,19 @@
 """The short-context gate on synthetic results: the seed's cache bug (16k up, 4k collapsed) fails
 even though long context improved; a within-margin drop passes; an unchecked length fails."""
+
 from megablu.config.schema import GateConfig
 from megablu.eval.gate import check_gate
 
 
 def result(arm, acc_by_len, n=100, task="passkey"):
-    return {"arm": arm, "step": 0, "cells": [
-        {"task": task, "length": L, "n": n, "correct": round(a * n / 100), "acc_pp": a, "digest": "x"}
-        for L, a in acc_by_len.items()]}
+    return {
+        "arm": arm,
+        "step": 0,
+        "cells": [
+            {"task": task, "length": L, "n": n, "correct": round(a * n / 100), "acc_pp": a, "digest": "x"}
+            for L, a in acc_by_len.items()
+        ],
+    }
 
 
 PARENT = result("l2", {1024: 90.0, 4096: 74.0, 16360: 0.0})
@@ -24,10 +30,10 @@ def test_cache_bug_fails_despite_long_context_gain():
 
 
 def test_within_margin_passes_and_margin_is_inclusive():
-    ok = result("ok", {1024: 85.0, 4096: 72.0, 16360: 30.0})      # drops 5.0 and 2.0 pp
+    ok = result("ok", {1024: 85.0, 4096: 72.0, 16360: 30.0})  # drops 5.0 and 2.0 pp
     g = check_gate(ok, PARENT, GATE)
     assert g.passed and "passed" in g.message
-    assert not check_gate(result("x", {1024: 84.0, 4096: 74.0}), PARENT, GATE).passed   # 6 pp > 5
+    assert not check_gate(result("x", {1024: 84.0, 4096: 74.0}), PARENT, GATE).passed  # 6 pp > 5
 
 
 def test_unchecked_short_length_fails():

@@ -1,6 +1,7 @@
 """Greedy generation: the KV cache path equals recomputing the whole sequence each step (the seed
 once shipped a cache bug that looked like a long-context gain), for any prefill chunking, batched
 or not, with GQA and YaRN."""
+
 import pytest
 import torch
 
@@ -19,14 +20,14 @@ def _prompts(B, L, vocab, seed=0):
 @pytest.mark.parametrize("rope", [None, YARN], ids=["rope", "yarn"])
 def test_cache_equals_recompute(rope):
     torch.manual_seed(0)
-    m = tiny_model(vocab=97, h=4, kv=2, rope=rope, seed=1).double()   # fp64: no argmax near-ties
+    m = tiny_model(vocab=97, h=4, kv=2, rope=rope, seed=1).double()  # fp64: no argmax near-ties
     ids = _prompts(3, 137, 97)
     ref = greedy_generate(m, ids, 12, use_cache=False)
     for chunk in (0, 1000, 64, 50, 7):
         assert torch.equal(greedy_generate(m, ids, 12, prefill_chunk=chunk), ref), chunk
     # a batch of prompts decodes exactly like each prompt alone
     for b in range(3):
-        assert torch.equal(greedy_generate(m, ids[b:b + 1], 12, prefill_chunk=64), ref[b:b + 1])
+        assert torch.equal(greedy_generate(m, ids[b : b + 1], 12, prefill_chunk=64), ref[b : b + 1])
 
 
 def test_generation_uses_the_whole_prompt():
@@ -40,7 +41,7 @@ def test_generation_uses_the_whole_prompt():
     def last_logits(x):
         cache = KVCache(m.cfg.n_layers)
         for s in range(0, 90, 32):
-            out = m(x[:, s:s + 32], cache=cache)
+            out = m(x[:, s : s + 32], cache=cache)
         return out[:, -1]
 
     assert not torch.allclose(last_logits(ids), last_logits(other))
@@ -63,7 +64,7 @@ def test_eot_early_stop_equals_decoding_on():
     m = tiny_model(vocab=97, seed=1).double()
     ids = _prompts(3, 40, 97, seed=3)
     ref = greedy_generate(m, ids, 16)
-    eot = int(ref[0, 2])                                   # a token row 0 emits early
+    eot = int(ref[0, 2])  # a token row 0 emits early
     got = greedy_generate(m, ids, 16, stop_ids=(eot,))
     assert got.shape == ref.shape
     for r, g in zip(ref.tolist(), got.tolist()):
@@ -77,8 +78,8 @@ def test_eot_early_stop_equals_decoding_on():
 
     m.forward = counting
     every = int(ref[0, 0])
-    greedy_generate(m, ids[:1], 16, stop_ids=(every,), prefill_chunk=0)   # row 0's first token is its EOT
-    assert len(calls) == 1                                            # the prefill only: nothing decoded
+    greedy_generate(m, ids[:1], 16, stop_ids=(every,), prefill_chunk=0)  # row 0's first token is its EOT
+    assert len(calls) == 1  # the prefill only: nothing decoded
 
 
 class ScriptModel(torch.nn.Module):
@@ -140,7 +141,7 @@ def test_static_cache_is_preallocated_and_sets_rope_len(monkeypatch):
     ids = _prompts(2, 50, 97)
     greedy_generate(m, ids, 7, prefill_chunk=16)
     (c,) = seen
-    assert c.rope_len == 57 and c.capacity == 57 and c.length == 56      # the last token is never fed back
-    assert c.k[0].data_ptr() == c._kb[0].data_ptr()                      # a view of the preallocated buffer
+    assert c.rope_len == 57 and c.capacity == 57 and c.length == 56  # the last token is never fed back
+    assert c.k[0].data_ptr() == c._kb[0].data_ptr()  # a view of the preallocated buffer
     with pytest.raises(RuntimeError, match="capacity"):
         c.append(0, c.k[0][:, :2], c.v[0][:, :2])

@@ -2,6 +2,7 @@
 documents equals a plain full-sequence cross-entropy, is the same data for every arm, lands in
 the JSON / table / plot, and the gate fails an arm whose short-document loss rose beyond the
 relative margin even when its retrieval is intact."""
+
 import json
 import math
 
@@ -26,11 +27,14 @@ def val_data(tmp_path_factory, byte_tok, haystack_docs):
     root = tmp_path_factory.mktemp("lossdata") / "ds"
     meta = {"identity": byte_tok.identity, "vocab_size": byte_tok.vocab_size, "eot_id": byte_tok.eot_id}
     text = "\n".join(haystack_docs)
-    docs = [text[:6000], text[6000:13000]] + [text[20000 + 900 * i:20000 + 900 * i + 300 + 97 * i] for i in range(9)]
+    docs = [text[:6000], text[6000:13000]] + [text[20000 + 900 * i : 20000 + 900 * i + 300 + 97 * i] for i in range(9)]
     with DatasetWriter(root, meta, edges=(1024, 1 << 20)) as w:
         for i, d in enumerate(docs):
-            w.add(np.asarray(byte_tok.encode(d), dtype=np.int64), "val", {"source": "stdlib", "license": "PSF",
-                                                                          "key": f"s/{i}"})
+            w.add(
+                np.asarray(byte_tok.encode(d), dtype=np.int64),
+                "val",
+                {"source": "stdlib", "license": "PSF", "key": f"s/{i}"},
+            )
         w.finish()
     return str(root)
 
@@ -47,7 +51,7 @@ def test_sequence_nll_equals_full_cross_entropy():
     ref = F.cross_entropy(logits[0, :-1], ids[0, 1:], reduction="none")
     import megablu.eval.loss as L
 
-    L.HEAD_CHUNK, old = 100, L.HEAD_CHUNK                      # several vocab chunks, one ragged
+    L.HEAD_CHUNK, old = 100, L.HEAD_CHUNK  # several vocab chunks, one ragged
     try:
         a, n, b, k = sequence_nll(m, ids[0].tolist(), tail_from=166)
     finally:
@@ -66,7 +70,7 @@ def test_loss_in_result_table_plot_and_same_data(tmp_path, byte_tok, val_data):
     assert [c["length"] for c in lo["by_length"]] == [300, 700]
     c = lo["by_length"][1]
     assert c["tokens"] == 2 * 699 and math.isclose(c["ppl"], math.exp(c["loss"]))
-    assert 4.5 < c["loss"] < 6.5                                   # an untrained model: ~ln(257) = 5.55 nats
+    assert 4.5 < c["loss"] < 6.5  # an untrained model: ~ln(257) = 5.55 nats
     assert lo["short"]["n_docs"] == 5 and lo["short"]["tokens"] == sum(len(s) - 1 for s in d1["short"])
     on_disk = json.loads((tmp_path / "a" / "eval" / "step_4.json").read_text())
     assert on_disk["loss"] == lo
@@ -78,26 +82,39 @@ def test_loss_in_result_table_plot_and_same_data(tmp_path, byte_tok, val_data):
 def test_gate_fails_a_short_document_loss_rise(tmp_path, byte_tok, val_data):
     """Same retrieval, worse language modelling: the arm fails on the loss alone."""
     cfg = _cfg(val_data, gate=GateConfig(short_lengths=[300], margin_pp=100))
-    parent = run_eval(tiny_model(seed=2), byte_tok, cfg, 1024, step=0, out_dir=tmp_path / "p" / "eval", rank=0,
-                      plot=False)
-    same = run_eval(tiny_model(seed=2), byte_tok, cfg, 1024, step=1, out_dir=tmp_path / "s" / "eval", rank=0,
-                    plot=False, parent=parent)
+    parent = run_eval(
+        tiny_model(seed=2), byte_tok, cfg, 1024, step=0, out_dir=tmp_path / "p" / "eval", rank=0, plot=False
+    )
+    same = run_eval(
+        tiny_model(seed=2),
+        byte_tok,
+        cfg,
+        1024,
+        step=1,
+        out_dir=tmp_path / "s" / "eval",
+        rank=0,
+        plot=False,
+        parent=parent,
+    )
     assert same["gate"]["passed"], same["gate"]["message"]
     worse = tiny_model(seed=2)
     with torch.no_grad():
-        worse.lm_head.weight.mul_(40.0)              # confident and wrong: the loss rises, retrieval stays 0 = 0
-    bad = run_eval(worse, byte_tok, cfg, 1024, step=1, out_dir=tmp_path / "b" / "eval", rank=0, plot=False,
-                   parent=parent)
+        worse.lm_head.weight.mul_(40.0)  # confident and wrong: the loss rises, retrieval stays 0 = 0
+    bad = run_eval(
+        worse, byte_tok, cfg, 1024, step=1, out_dir=tmp_path / "b" / "eval", rank=0, plot=False, parent=parent
+    )
     g = bad["gate"]
     assert not g["passed"] and "short-document loss" in g["message"] and "> margin 2%" in g["message"]
     assert "paired 95%" in g["message"]
     loss_check = [c for c in g["checks"] if c["task"] == "loss:short_docs"][0]
-    assert loss_check["rel"] > 0.02 and loss_check["ci_rel"][0] > 0      # resolved: every document got worse
+    assert loss_check["rel"] > 0.02 and loss_check["ci_rel"][0] > 0  # resolved: every document got worse
     # a parent without the loss cannot gate an arm that measures it (found before any work)
     old = {k: v for k, v in parent.items() if k != "loss"}
     assert parent_problems(old, cfg.gate, cfg.tasks, loss=True)
-    assert not check_gate(bad, old, cfg.gate).passed and "cannot check the short-document loss" in \
-        check_gate(bad, old, cfg.gate).message
+    assert (
+        not check_gate(bad, old, cfg.gate).passed
+        and "cannot check the short-document loss" in check_gate(bad, old, cfg.gate).message
+    )
 
 
 def test_loss_data_problems_before_any_work(byte_tok, val_data, tmp_path):
@@ -116,13 +133,13 @@ def test_loss_sets_scored_apart_reported_merged_and_gated(tmp_path, byte_tok, va
     from megablu.eval.report import markdown, merge_results
 
     sets = {"essays": ESSAYS}
-    cfg = _cfg(val_data).model_copy(update={"loss": LossEvalConfig(data=val_data, n=2, short_docs=5, short_min=300,
-                                                                   short_max=4000, sets=sets)})
+    cfg = _cfg(val_data).model_copy(
+        update={"loss": LossEvalConfig(data=val_data, n=2, short_docs=5, short_min=300, short_max=4000, sets=sets)}
+    )
     d = loss_inputs(cfg, byte_tok, "essays")
     assert d["source"] == ESSAYS and [len(s) for s in d["by_length"][700]] == [700, 700] and d["short"]
-    assert d["by_length"] != loss_inputs(cfg, byte_tok)["by_length"]                 # other text than the data's
-    res = run_eval(tiny_model(seed=2), byte_tok, cfg, 1024, step=4, out_dir=tmp_path / "a" / "eval", rank=0,
-                   plot=False)
+    assert d["by_length"] != loss_inputs(cfg, byte_tok)["by_length"]  # other text than the data's
+    res = run_eval(tiny_model(seed=2), byte_tok, cfg, 1024, step=4, out_dir=tmp_path / "a" / "eval", rank=0, plot=False)
     es = res["loss_sets"]["essays"]
     assert es["data"] == ESSAYS and [c["length"] for c in es["by_length"]] == [300, 700] and es["short"]["n_docs"]
     assert res["loss"]["data"] == val_data and res["loss"]["short"]["loss"] != es["short"]["loss"]
@@ -130,8 +147,9 @@ def test_loss_sets_scored_apart_reported_merged_and_gated(tmp_path, byte_tok, va
     assert "### held-out loss: essays (eval.loss.sets)" in md and f"on {ESSAYS} (val split)" in md
     # a second eval at another length in the same folder: the set's lengths are joined
     more = cfg.model_copy(update={"lengths": [500]})
-    res2 = run_eval(tiny_model(seed=2), byte_tok, more, 1024, step=4, out_dir=tmp_path / "a" / "eval", rank=0,
-                    plot=False)
+    res2 = run_eval(
+        tiny_model(seed=2), byte_tok, more, 1024, step=4, out_dir=tmp_path / "a" / "eval", rank=0, plot=False
+    )
     assert [c["length"] for c in res2["loss_sets"]["essays"]["by_length"]] == [300, 500, 700]
     assert [c["length"] for c in merge_results([res, res2])[0]["loss_sets"]["essays"]["by_length"]] == [300, 500, 700]
     # gated on the set: a parent with the set passes the same model, one without cannot check it

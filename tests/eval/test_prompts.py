@@ -1,5 +1,6 @@
 """Prompts: exact lengths in the model's tokenizer, seeded determinism, keys paired across lengths,
 needles where they should be, and the errors that replace an empty report."""
+
 import re
 
 import pytest
@@ -44,7 +45,7 @@ def test_passkey_depth_is_where_the_needle_is(bpe_tok):
     for p in ps:
         needle = bpe_tok.encode(NEEDLE.format(key=p.answer))
         pos = p.meta["needle_pos"]
-        assert list(p.ids[pos:pos + len(needle)]) == needle
+        assert list(p.ids[pos : pos + len(needle)]) == needle
 
 
 def test_passkey_depth_range_keeps_every_key_far_from_the_question(bpe_tok):
@@ -52,18 +53,20 @@ def test_passkey_depth_range_keeps_every_key_far_from_the_question(bpe_tok):
     stratified inside it; a variant seeded by its own name; a range that is no range is refused."""
     from pydantic import ValidationError
 
-    cfg = EvalConfig(lengths=[992], tasks=["passkey", "far"], n=20,
-                     task_defs={"far": {"family": "passkey", "depth": [0.0, 0.3]}})
+    cfg = EvalConfig(
+        lengths=[992], tasks=["passkey", "far"], n=20, task_defs={"far": {"family": "passkey", "depth": [0.0, 0.3]}}
+    )
     by = {task: ps for (task, _), ps in build_prompts(cfg, bpe_tok).items()}
-    unit = len(bpe_tok.encode("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back "
-                              "again. "))
+    unit = len(
+        bpe_tok.encode("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ")
+    )
     slack = unit / 900
     far = sorted(p.depth for p in by["far"])
-    assert max(far) <= 0.3 + slack and far[-1] - far[0] > 0.2             # spread over the range, not bunched
-    assert max(p.depth for p in by["passkey"]) > 0.6                        # the default still spans it all
-    for k, p in enumerate(sorted(by["far"], key=lambda p: p.depth)):       # stratified inside [0, 0.3]
+    assert max(far) <= 0.3 + slack and far[-1] - far[0] > 0.2  # spread over the range, not bunched
+    assert max(p.depth for p in by["passkey"]) > 0.6  # the default still spans it all
+    for k, p in enumerate(sorted(by["far"], key=lambda p: p.depth)):  # stratified inside [0, 0.3]
         assert 0.3 * k / 20 - slack <= p.depth <= 0.3 * (k + 1) / 20 + slack
-    assert [p.answer for p in by["far"]] != [p.answer for p in by["passkey"]]   # its own keys
+    assert [p.answer for p in by["far"]] != [p.answer for p in by["passkey"]]  # its own keys
     for bad in ([0.5, 0.2], [0.0, 1.5], [0.3, 0.3]):
         with pytest.raises(ValidationError, match="needs 0 <= lo < hi <= 1"):
             EvalConfig(lengths=[992], tasks=["far"], task_defs={"far": {"family": "passkey", "depth": bad}})
@@ -72,7 +75,7 @@ def test_passkey_depth_range_keeps_every_key_far_from_the_question(bpe_tok):
 def test_prompts_are_deterministic_and_seeded(bpe_tok, haystack_docs):
     cfg = EvalConfig(lengths=[512, 1500], tasks=["passkey", "needle", "multikey"], n=6, seed=7)
     a = build_prompts(cfg, bpe_tok, haystack=haystack_docs)
-    b = build_prompts(cfg, bpe_tok, haystack=lambda: iter(haystack_docs))   # a callable source, same text
+    b = build_prompts(cfg, bpe_tok, haystack=lambda: iter(haystack_docs))  # a callable source, same text
     assert a == b
     assert {k: prompt_digest(v) for k, v in a.items()} == {k: prompt_digest(v) for k, v in b.items()}
     c = build_prompts(cfg.model_copy(update={"seed": 8}), bpe_tok, haystack=haystack_docs)
@@ -116,7 +119,7 @@ def test_scoring_is_exact_digits():
 
 def test_pad_rule_is_the_seeds():
     ok = EvalConfig(lengths=[1024, 4096, 16360, 32744], max_new=24, pad=256)
-    check_lengths(ok, 32768)                       # 32744 + 24 = 32768 exactly
+    check_lengths(ok, 32768)  # 32744 + 24 = 32768 exactly
     bad = ok.model_copy(update={"lengths": [32745]})
     with pytest.raises(EvalError, match=r"32745 \+ max_new 24 pads to 33024 .*longest that fits is 32744"):
         check_lengths(bad, 32768)

@@ -2,6 +2,7 @@
 STRING, tokenizer), never a name; the gate never takes a parent scored with an inference-time
 change; an eval never replaces another model's result or writes one step's weights under another
 step's name; a hub card shows the evals of the weights it uploads."""
+
 import json
 
 from megablu.cli import main
@@ -19,12 +20,33 @@ YARN4 = {"theta": 10000.0, "yarn": {"factor": 4.0, "original_max_position": 256}
 def _res(arm, acc, rope=PLAIN, string=None, weights="w0", n=100, override=None):
     cells = []
     for L, a in acc.items():
-        cells.append({"task": "passkey", "length": L, "n": n, "correct": a, "acc_pp": float(a), "ci_pp": [0, 100],
-                      "padded_len": L, "digest": "d", "seconds": 0, "by_depth": []})
+        cells.append(
+            {
+                "task": "passkey",
+                "length": L,
+                "n": n,
+                "correct": a,
+                "acc_pp": float(a),
+                "ci_pp": [0, 100],
+                "padded_len": L,
+                "digest": "d",
+                "seconds": 0,
+                "by_depth": [],
+            }
+        )
     ev = EvalConfig(lengths=list(acc), **({"string": string} if string else {}))
     extra = {"rope": rope, "weights": weights, **({"rope_override": override} if override else {})}
-    return make_result(cells, [{"task": "passkey", "length": L, "correct": True} for L in acc], arm=arm, step=800,
-                       window=1024, eval_cfg=ev, tokenizer_identity="t", sp=1, extra=extra)
+    return make_result(
+        cells,
+        [{"task": "passkey", "length": L, "correct": True} for L in acc],
+        arm=arm,
+        step=800,
+        window=1024,
+        eval_cfg=ev,
+        tokenizer_identity="t",
+        sp=1,
+        extra=extra,
+    )
 
 
 def test_compare_never_merges_a_rope_override_into_the_plain_row():
@@ -40,7 +62,7 @@ def test_compare_never_merges_a_rope_override_into_the_plain_row():
     # other weights under the same name: two rows too; the same model measured in two jobs: one row
     assert len(merge_results([plain, _res("parent", {480: 50}, weights="w1")])) == 2
     assert len(merge_results([plain, _res("parent", {480: 50})])) == 1
-    assert len(merge_results([plain, _res("parent", {480: 50}, weights=None)])) == 1   # not recorded: unknown
+    assert len(merge_results([plain, _res("parent", {480: 50}, weights=None)])) == 1  # not recorded: unknown
 
 
 def test_compare_keeps_a_string_eval_apart_from_the_plain_one():
@@ -53,8 +75,10 @@ def test_compare_keeps_a_string_eval_apart_from_the_plain_one():
 def test_the_gate_refuses_a_parent_scored_with_an_inference_change():
     gate = GateConfig(short_lengths=[128])
     arm = _res("ext", {128: 100})
-    for parent in (_res("parent", {128: 100}, string={"variant": "fixed_shift", "shift": 64, "local": 8}),
-                   _res("parent", {128: 100}, rope=YARN4, override={"differences": ["rope.yarn"]})):
+    for parent in (
+        _res("parent", {128: 100}, string={"variant": "fixed_shift", "shift": 64, "local": 8}),
+        _res("parent", {128: 100}, rope=YARN4, override={"differences": ["rope.yarn"]}),
+    ):
         assert any("inference-time change" in p for p in parent_problems(parent, gate, ["passkey"]))
         g = check_gate(arm, parent, gate)
         assert not g.passed and "cannot check against a parent evaluated with" in g.message
@@ -70,15 +94,17 @@ def test_an_eval_adds_to_its_own_result_and_never_replaces_another_models(tmp_pa
         to_hf(tiny_model(seed=seed), max_position=512).save_pretrained(str(tmp_path / f"hf{seed}"))
     base = ["eval", "--config", str(cfg), "--step", "0", "--arm", "a", "--out", str(out), "--no-plot"]
     assert main(base + ["--hf", str(tmp_path / "hf4"), "--lengths", "300"]) == 0
-    assert main(base + ["--hf", str(tmp_path / "hf4"), "--lengths", "480"]) == 0   # the same model: cells join
+    assert main(base + ["--hf", str(tmp_path / "hf4"), "--lengths", "480"]) == 0  # the same model: cells join
     res = json.loads((out / "step_0.json").read_text())
     assert sorted(c["length"] for c in res["cells"]) == [300, 480]
     assert sorted({s["length"] for s in res["samples"]}) == [300, 480]
     before = (out / "step_0.json").read_bytes()
     capsys.readouterr()
-    for other in (["--hf", str(tmp_path / "hf5")],                              # other weights, same name
-                  ["--hf", str(tmp_path / "hf4"), "--set", "eval.seed=1"],        # other prompts at 300
-                  ["--hf", str(tmp_path / "hf4"), "--arm", "b"]):                 # another arm's name
+    for other in (
+        ["--hf", str(tmp_path / "hf5")],  # other weights, same name
+        ["--hf", str(tmp_path / "hf4"), "--set", "eval.seed=1"],  # other prompts at 300
+        ["--hf", str(tmp_path / "hf4"), "--arm", "b"],
+    ):  # another arm's name
         assert main(base + other + ["--lengths", "300"]) == 2
         err = capsys.readouterr().err
         assert "writing this one would lose its cells" in err, err

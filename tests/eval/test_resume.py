@@ -1,6 +1,7 @@
 """run_eval(resume=True), what `megablu eval` does: an eval cut short keeps its finished cells in
 step_<N>.json.partial and a rerun goes on where it stopped, with the same result as one uninterrupted run;
 a partial of another model, setup or prompt set is never reused."""
+
 import json
 import logging
 
@@ -52,7 +53,7 @@ def _run(model, tok, out, cfg=CFG, **kw):
 def test_a_cut_eval_goes_on_where_it_stopped(tmp_path, byte_tok, monkeypatch):
     whole = run_eval(tiny_model(), byte_tok, CFG, 1024, step=3, out_dir=tmp_path / "whole", rank=0, plot=False)
     out = tmp_path / "cut"
-    _counting(monkeypatch, die_at_call=3)           # passkey@400, passkey@600, then death in niah_single_1@400
+    _counting(monkeypatch, die_at_call=3)  # passkey@400, passkey@600, then death in niah_single_1@400
     with pytest.raises(Cut):
         _run(tiny_model(), byte_tok, out)
     assert not (out / "step_3.json").exists()
@@ -63,11 +64,11 @@ def test_a_cut_eval_goes_on_where_it_stopped(tmp_path, byte_tok, monkeypatch):
 
     seen = _counting(monkeypatch)
     res = _run(tiny_model(), byte_tok, out)
-    assert seen == [400, 600]                                      # only niah_single_1's cells ran
+    assert seen == [400, 600]  # only niah_single_1's cells ran
     assert res["resumed"] == ["passkey@400", "passkey@600"]
     assert _untimed(res["cells"]) == _untimed(whole["cells"]) and res["samples"] == whole["samples"]
     assert json.loads((out / "step_3.json").read_text())["cells"] == res["cells"]
-    assert not _partials(out)                                      # removed once the result is written
+    assert not _partials(out)  # removed once the result is written
     # a finished eval leaves no partial: a third run does every cell again
     seen = _counting(monkeypatch)
     assert "resumed" not in _run(tiny_model(), byte_tok, out) and len(seen) == 4
@@ -78,7 +79,7 @@ def test_a_partial_of_another_model_setup_or_prompts_is_not_reused(tmp_path, byt
     """Another setup is another key, hence another file: the old cells are neither used nor overwritten (the
     likeliest rerun after an OOM changes --batch-tokens), and a warning names the file."""
     out = tmp_path / "e"
-    _counting(monkeypatch, die_at_call=2)           # passkey@400 kept
+    _counting(monkeypatch, die_at_call=2)  # passkey@400 kept
     with pytest.raises(Cut):
         _run(tiny_model(), byte_tok, out)
     (old,) = _partials(out)
@@ -124,26 +125,46 @@ def test_the_same_setup_on_other_prompts_is_not_reused(tmp_path, bpe_tok, haysta
 
     cfg = EvalConfig(lengths=[600], tasks=["niah_single_2", "passkey"], n=3, max_new=12, pad=64)
     out = tmp_path / "h"
-    _counting(monkeypatch, die_at_call=2)           # niah_single_2@600 kept
+    _counting(monkeypatch, die_at_call=2)  # niah_single_2@600 kept
     with pytest.raises(Cut):
-        run_eval(OracleModel(bpe_tok), bpe_tok, cfg, 1024, step=3, out_dir=out, rank=0, plot=False, resume=True,
-                 haystack=haystack_docs)
+        run_eval(
+            OracleModel(bpe_tok),
+            bpe_tok,
+            cfg,
+            1024,
+            step=3,
+            out_dir=out,
+            rank=0,
+            plot=False,
+            resume=True,
+            haystack=haystack_docs,
+        )
     seen = _counting(monkeypatch)
-    res = run_eval(OracleModel(bpe_tok), bpe_tok, cfg, 1024, step=3, out_dir=out, rank=0, plot=False, resume=True,
-                   haystack=haystack_docs[::-1])
+    res = run_eval(
+        OracleModel(bpe_tok),
+        bpe_tok,
+        cfg,
+        1024,
+        step=3,
+        out_dir=out,
+        rank=0,
+        plot=False,
+        resume=True,
+        haystack=haystack_docs[::-1],
+    )
     assert len(seen) == 2 and "resumed" not in res
     assert [c["acc_pp"] for c in res["cells"]] == [100.0, 100.0]
 
 
 def test_a_rerun_with_fewer_lengths_keeps_the_other_cells(tmp_path, byte_tok, monkeypatch):
     out = tmp_path / "f"
-    _counting(monkeypatch, die_at_call=3)           # passkey@400 and @600 kept
+    _counting(monkeypatch, die_at_call=3)  # passkey@400 and @600 kept
     with pytest.raises(Cut):
         _run(tiny_model(), byte_tok, out)
     seen = _counting(monkeypatch)
     res = _run(tiny_model(), byte_tok, out, cfg=CFG.model_copy(update={"lengths": [400]}))
     assert res["resumed"] == ["passkey@400"] and seen == [400]
-    (path,) = _partials(out)                         # passkey@600 waits for a run that asks for it
+    (path,) = _partials(out)  # passkey@600 waits for a run that asks for it
     assert [(c["task"], c["length"]) for c in json.loads(path.read_text())["cells"]] == [("passkey", 600)]
     seen = _counting(monkeypatch)
     res = _run(tiny_model(), byte_tok, out)
@@ -185,8 +206,10 @@ def test_the_key_holds_the_kernels_and_the_code(byte_tok):
     from megablu.eval.harness import _kernels, _resume_key, code_digest
     from megablu.memory.apply import apply_memory
 
-    models = {att: apply_memory(tiny_model(), MemoryConfig(attention=att, ops="torch"), device="cpu")
-              for att in ("sdpa", "auto")}
+    models = {
+        att: apply_memory(tiny_model(), MemoryConfig(attention=att, ops="torch"), device="cpu")
+        for att in ("sdpa", "auto")
+    }
     keys = {att: _resume_key(m, byte_tok, CFG, 1024, 3, "a", 16384, None, None, None) for att, m in models.items()}
     assert keys["sdpa"] != keys["auto"]
     assert keys["sdpa"] == _resume_key(models["sdpa"], byte_tok, CFG, 1024, 3, "a", 16384, None, None, None)

@@ -2,6 +2,7 @@
 RULER's own (NVIDIA/RULER at c3f5e3b, transcribed here with file and line), its scoring against RULER's
 string_match_all, exact lengths, cwe's distinct words up to 128k, the chat template against
 transformers' apply_chat_template, the average and its threshold, bad input."""
+
 from __future__ import annotations
 
 import re
@@ -20,42 +21,132 @@ from megablu.eval.ruler import make_ruler_builder
 # NVIDIA/RULER scripts/synthetic.yaml lines 15-112 (qa_1, qa_2 left out) with tokens_to_generate from
 # scripts/data/synthetic/constants.py lines 26, 32, 38, 44
 SYNTHETIC_YAML = {
-    "niah_single_1": ("niah", 128, dict(type_haystack="noise", type_needle_k="words", type_needle_v="numbers",
-                                        num_needle_k=1, num_needle_v=1, num_needle_q=1)),
-    "niah_single_2": ("niah", 128, dict(type_haystack="essay", type_needle_k="words", type_needle_v="numbers",
-                                        num_needle_k=1, num_needle_v=1, num_needle_q=1)),
-    "niah_single_3": ("niah", 128, dict(type_haystack="essay", type_needle_k="words", type_needle_v="uuids",
-                                        num_needle_k=1, num_needle_v=1, num_needle_q=1)),
-    "niah_multikey_1": ("niah", 128, dict(type_haystack="essay", type_needle_k="words", type_needle_v="numbers",
-                                          num_needle_k=4, num_needle_v=1, num_needle_q=1)),
-    "niah_multikey_2": ("niah", 128, dict(type_haystack="needle", type_needle_k="words", type_needle_v="numbers",
-                                          num_needle_k=1, num_needle_v=1, num_needle_q=1)),
-    "niah_multikey_3": ("niah", 128, dict(type_haystack="needle", type_needle_k="uuids", type_needle_v="uuids",
-                                          num_needle_k=1, num_needle_v=1, num_needle_q=1)),
-    "niah_multivalue": ("niah", 128, dict(type_haystack="essay", type_needle_k="words", type_needle_v="numbers",
-                                          num_needle_k=1, num_needle_v=4, num_needle_q=1)),
-    "niah_multiquery": ("niah", 128, dict(type_haystack="essay", type_needle_k="words", type_needle_v="numbers",
-                                          num_needle_k=1, num_needle_v=1, num_needle_q=4)),
+    "niah_single_1": (
+        "niah",
+        128,
+        dict(
+            type_haystack="noise",
+            type_needle_k="words",
+            type_needle_v="numbers",
+            num_needle_k=1,
+            num_needle_v=1,
+            num_needle_q=1,
+        ),
+    ),
+    "niah_single_2": (
+        "niah",
+        128,
+        dict(
+            type_haystack="essay",
+            type_needle_k="words",
+            type_needle_v="numbers",
+            num_needle_k=1,
+            num_needle_v=1,
+            num_needle_q=1,
+        ),
+    ),
+    "niah_single_3": (
+        "niah",
+        128,
+        dict(
+            type_haystack="essay",
+            type_needle_k="words",
+            type_needle_v="uuids",
+            num_needle_k=1,
+            num_needle_v=1,
+            num_needle_q=1,
+        ),
+    ),
+    "niah_multikey_1": (
+        "niah",
+        128,
+        dict(
+            type_haystack="essay",
+            type_needle_k="words",
+            type_needle_v="numbers",
+            num_needle_k=4,
+            num_needle_v=1,
+            num_needle_q=1,
+        ),
+    ),
+    "niah_multikey_2": (
+        "niah",
+        128,
+        dict(
+            type_haystack="needle",
+            type_needle_k="words",
+            type_needle_v="numbers",
+            num_needle_k=1,
+            num_needle_v=1,
+            num_needle_q=1,
+        ),
+    ),
+    "niah_multikey_3": (
+        "niah",
+        128,
+        dict(
+            type_haystack="needle",
+            type_needle_k="uuids",
+            type_needle_v="uuids",
+            num_needle_k=1,
+            num_needle_v=1,
+            num_needle_q=1,
+        ),
+    ),
+    "niah_multivalue": (
+        "niah",
+        128,
+        dict(
+            type_haystack="essay",
+            type_needle_k="words",
+            type_needle_v="numbers",
+            num_needle_k=1,
+            num_needle_v=4,
+            num_needle_q=1,
+        ),
+    ),
+    "niah_multiquery": (
+        "niah",
+        128,
+        dict(
+            type_haystack="essay",
+            type_needle_k="words",
+            type_needle_v="numbers",
+            num_needle_k=1,
+            num_needle_v=1,
+            num_needle_q=4,
+        ),
+    ),
     "vt": ("variable_tracking", 30, dict(type_haystack="noise", num_chains=1, num_hops=4)),
     "cwe": ("common_words_extraction", 120, dict(freq_cw=30, freq_ucw=3, num_cw=10)),
     "fwe": ("freq_words_extraction", 50, dict(alpha=2.0)),
 }
 
 # scripts/data/synthetic/constants.py lines 27-28 (niah), 33-34 (vt), 39-40 (cwe), 45-46 (fwe), verbatim
-R_NIAH = ("Some special magic {type_needle_v} are hidden within the following text. Make sure to memorize it. I will "
-          "quiz you about the {type_needle_v} afterwards.\n{context}\nWhat are all the special magic {type_needle_v} "
-          "for {query} mentioned in the provided text?")
+R_NIAH = (
+    "Some special magic {type_needle_v} are hidden within the following text. Make sure to memorize it. I will "
+    "quiz you about the {type_needle_v} afterwards.\n{context}\nWhat are all the special magic {type_needle_v} "
+    "for {query} mentioned in the provided text?"
+)
 R_NIAH_A = " The special magic {type_needle_v} for {query} mentioned in the provided text are"
-R_VT = ("Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\nQuestion: "
-        "Find all variables that are assigned the value {query} in the text above.")
-R_VT_A = (" Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables are "
-          "assigned the value {query}, they are: ")
-R_CWE = ("Below is a numbered list of words. In these words, some appear more often than others. Memorize the ones "
-         "that appear most often.\n{context}\nQuestion: What are the 10 most common words in the above list?")
+R_VT = (
+    "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\nQuestion: "
+    "Find all variables that are assigned the value {query} in the text above."
+)
+R_VT_A = (
+    " Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables are "
+    "assigned the value {query}, they are: "
+)
+R_CWE = (
+    "Below is a numbered list of words. In these words, some appear more often than others. Memorize the ones "
+    "that appear most often.\n{context}\nQuestion: What are the 10 most common words in the above list?"
+)
 R_CWE_A = " Answer: The top 10 words that appear most often in the list are:"
-R_FWE = ("Read the following coded text and track the frequency of each coded word. Find the three most frequently "
-         "appeared coded words. {context}\nQuestion: Do not provide any explanation. Please ignore the dots '....'. "
-         "What are the three most frequently appeared words in the above coded text?")
+R_FWE = (
+    "Read the following coded text and track the frequency of each coded word. Find the three most frequently "
+    "appeared coded words. {context}\nQuestion: Do not provide any explanation. Please ignore the dots '....'. "
+    "What are the three most frequently appeared words in the above coded text?"
+)
 R_FWE_A = " Answer: According to the coded text above, the three most frequently appeared words are:"
 # niah.py line 83 (needle), line 89 (noise); variable_tracking.py lines 108-112 (chain lines)
 R_NEEDLE = "One of the special magic {type_needle_v} for {key} is: {value}."
@@ -65,20 +156,25 @@ R_NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. T
 def r_niah_text(context: str, query: str, tv: str, singular: bool) -> str:
     """niah.py lines 189-204 with prepare.py line 101 (template + answer prefix, base model)."""
     template = R_NIAH + R_NIAH_A
-    if singular:   # niah.py lines 193-198
-        template = template.replace('Some', 'A')
-        template = template.replace('are all', 'is')
-        template = template.replace('are', 'is')
-        template = template.replace('answers', 'answer')
+    if singular:  # niah.py lines 193-198
+        template = template.replace("Some", "A")
+        template = template.replace("are all", "is")
+        template = template.replace("are", "is")
+        template = template.replace("answers", "answer")
         tv = tv[:-1]
     return template.format(type_needle_v=tv, context=context, query=query)
 
 
 def r_string_match_all(preds, refs):
     """scripts/eval/synthetic/constants.py lines 28-30, after evaluate.py's postprocess_pred (lines 51-58)."""
-    preds = [re.compile(r'[\x00-\x1f]').sub('\n', p.strip()).strip() for p in preds]
-    score = sum([sum([1.0 if r.lower() in pred.lower() else 0.0 for r in ref]) / len(ref)
-                 for pred, ref in zip(preds, refs)]) / len(preds) * 100
+    preds = [re.compile(r"[\x00-\x1f]").sub("\n", p.strip()).strip() for p in preds]
+    score = (
+        sum(
+            [sum([1.0 if r.lower() in pred.lower() else 0.0 for r in ref]) / len(ref) for pred, ref in zip(preds, refs)]
+        )
+        / len(preds)
+        * 100
+    )
     return round(score, 2)
 
 
@@ -114,36 +210,50 @@ def test_niah_noise_and_needle_texts_are_rulers(byte_tok):
         key = p.meta["keys"][0]
         needle = R_NEEDLE.format(type_needle_v=spec.type_needle_v, key=key, value=p.answer)
         head, rest = text.split("\n", 1)
-        ctx = rest[:rest.rindex("\nWhat is")]
+        ctx = rest[: rest.rindex("\nWhat is")]
         lines = ctx.split("\n")
-        assert needle in lines                         # a line of its own
+        assert needle in lines  # a line of its own
         others = [x for x in lines[:-1] if x != needle]
         if spec.type_haystack == "noise":
-            assert set(others) == {R_NOISE} and R_NOISE.startswith(lines[-1])   # the last line cut
-        else:   # the needle haystack: other keys' needles, same kinds (lines 171-176)
-            kv = re.compile(re.escape(R_NEEDLE).replace(r"\{type_needle_v\}", spec.type_needle_v)
-                            .replace(r"\{key\}", "(.+)").replace(r"\{value\}", "(.+)"))
+            assert set(others) == {R_NOISE} and R_NOISE.startswith(lines[-1])  # the last line cut
+        else:  # the needle haystack: other keys' needles, same kinds (lines 171-176)
+            kv = re.compile(
+                re.escape(R_NEEDLE)
+                .replace(r"\{type_needle_v\}", spec.type_needle_v)
+                .replace(r"\{key\}", "(.+)")
+                .replace(r"\{value\}", "(.+)")
+            )
             assert all(kv.fullmatch(x) and kv.fullmatch(x).group(1) != key for x in others) and len(others) > 5
         assert text == r_niah_text(ctx, key, spec.type_needle_v, singular=True)
 
 
 def test_niah_essay_multi_and_singular_texts(byte_tok):
-    essay = ("It was the best of times. It was the worst of times! Was it the age of wisdom? " * 400)
-    for task, sing in (("ruler_niah_single_2", True), ("ruler_niah_multivalue", False),
-                       ("ruler_niah_multiquery", False), ("ruler_niah_multikey_1", True)):
+    essay = "It was the best of times. It was the worst of times! Was it the age of wisdom? " * 400
+    for task, sing in (
+        ("ruler_niah_single_2", True),
+        ("ruler_niah_multivalue", False),
+        ("ruler_niah_multiquery", False),
+        ("ruler_niah_multikey_1", True),
+    ):
         spec = RULER_PRESETS[task]
         p = _b(task, byte_tok, essay=essay).build(3000, 2)
         text = byte_tok.decode(list(p.ids))
-        q = ", ".join(p.meta["keys"][:-1]) + ", and " + p.meta["keys"][-1] if len(p.meta["keys"]) > 1 \
+        q = (
+            ", ".join(p.meta["keys"][:-1]) + ", and " + p.meta["keys"][-1]
+            if len(p.meta["keys"]) > 1
             else p.meta["keys"][0]
+        )
         start = text.index("afterwards.\n") + len("afterwards.\n")
-        ctx = text[start:text.rindex("\nWhat ")]
+        ctx = text[start : text.rindex("\nWhat ")]
         assert text == r_niah_text(ctx, q, "numbers", singular=sing), task
         # every needle between sentences of the essay (niah.py lines 155-166), answers in order
         found = re.findall(r"(?:^|[.!?]) One of the special magic numbers for ([\w-]+) is: (\d+)\.(?= |$)", ctx)
         asked = [v for k, v in found if k in p.meta["keys"]]
-        assert sorted(asked) == sorted(p.expected) and len(found) == spec.num_needle_k * spec.num_needle_v \
-            or len(found) == max(spec.num_needle_k, spec.num_needle_q) * spec.num_needle_v, (task, found)
+        assert (
+            sorted(asked) == sorted(p.expected)
+            and len(found) == spec.num_needle_k * spec.num_needle_v
+            or len(found) == max(spec.num_needle_k, spec.num_needle_q) * spec.num_needle_v
+        ), (task, found)
 
 
 def test_vt_text_is_rulers(byte_tok):
@@ -153,11 +263,17 @@ def test_vt_text_is_rulers(byte_tok):
     value = p.meta["value"]
     ex, task = text.split("\n\n" + R_VT[:20], 1)
     # the worked example: RULER's template + answer prefix, a space, its 3-letter names, a newline (lines 216-218)
-    m = re.fullmatch(re.escape(R_VT + R_VT_A).replace(r"\{context\}", "(?P<ctx>.*)").replace(r"\{query\}", r"(\d{5})")
-                     .replace(r"\{num_v\}", "5") + r" ([A-Z]{3}) ([A-Z]{3}) ([A-Z]{3}) ([A-Z]{3}) ([A-Z]{3})", ex,
-                     flags=re.S)
+    m = re.fullmatch(
+        re.escape(R_VT + R_VT_A)
+        .replace(r"\{context\}", "(?P<ctx>.*)")
+        .replace(r"\{query\}", r"(\d{5})")
+        .replace(r"\{num_v\}", "5")
+        + r" ([A-Z]{3}) ([A-Z]{3}) ([A-Z]{3}) ([A-Z]{3}) ([A-Z]{3})",
+        ex,
+        flags=re.S,
+    )
     assert m, ex[-300:]
-    ctx = (R_VT[:20] + task)[len(R_VT.split("{context}")[0]):task.rindex("\nQuestion:") + 20]
+    ctx = (R_VT[:20] + task)[len(R_VT.split("{context}")[0]) : task.rindex("\nQuestion:") + 20]
     assert (R_VT[:20] + task) == (R_VT + R_VT_A).format(context=ctx, query=value, num_v=5)
     lines = ctx.split("\n")
     chain = [x for x in lines if x.startswith("VAR")]
@@ -171,7 +287,7 @@ def test_vt_example_within_500_tokens(bpe_tok):
     """main() line 304: the example is sized to max_seq_length=500 (its answer after that)."""
     p = _b("ruler_vt", bpe_tok).build(4096, 0)
     ex = bpe_tok.decode(list(p.ids)).split("\n\n" + R_VT[:20], 1)[0]
-    assert 400 < len(bpe_tok.encode(ex[:ex.rindex("they are: ") + 10])) <= 500
+    assert 400 < len(bpe_tok.encode(ex[: ex.rindex("they are: ") + 10])) <= 500
 
 
 def test_cwe_and_fwe_texts_are_rulers(byte_tok):
@@ -182,22 +298,23 @@ def test_cwe_and_fwe_texts_are_rulers(byte_tok):
     # the example: template + answer prefix + ' ' + the numbered answer (common_words_extraction.py line 120)
     ans = " ".join(f"{i + 1}. \\w[\\w -]*" for i in range(10))
     assert re.fullmatch(re.escape(R_CWE + R_CWE_A).replace(r"\{context\}", ".*") + " " + ans, ex, flags=re.S)
-    body = main[main.index("often.\n") + 7:main.index("\nQuestion:")].rstrip("\n")
-    assert main == R_CWE.format(context=main[main.index("often.\n") + 7:main.index("\nQuestion:")]) + R_CWE_A
+    body = main[main.index("often.\n") + 7 : main.index("\nQuestion:")].rstrip("\n")
+    assert main == R_CWE.format(context=main[main.index("often.\n") + 7 : main.index("\nQuestion:")]) + R_CWE_A
     nums = [int(x) for x in re.findall(r"(?:^| )(\d+)\. ", body)]
-    assert nums == list(range(1, len(nums) + 1))                                    # "1. w 2. w ..." (line 96)
+    assert nums == list(range(1, len(nums) + 1))  # "1. w 2. w ..." (line 96)
     c = Counter(re.split(r"(?:^| )\d+\. ", body)[1:])
-    assert sorted(w for w, k in c.items() if k == 30) == sorted(p.expected)         # >= 4096: 30 and 3 times
+    assert sorted(w for w, k in c.items() if k == 30) == sorted(p.expected)  # >= 4096: 30 and 3 times
     assert set(c.values()) == {30, 3}
     f = _b("ruler_fwe", byte_tok).build(4096, 0)
     text = byte_tok.decode(list(f.ids))
-    ctx = text[len(R_FWE.split(" {context}")[0]) + 1:text.index("\nQuestion:")].rstrip("\n")
-    assert text == R_FWE.format(context=text[len(R_FWE.split(" {context}")[0]) + 1:text.index("\nQuestion:")]) \
-        + R_FWE_A
+    ctx = text[len(R_FWE.split(" {context}")[0]) + 1 : text.index("\nQuestion:")].rstrip("\n")
+    assert (
+        text == R_FWE.format(context=text[len(R_FWE.split(" {context}")[0]) + 1 : text.index("\nQuestion:")]) + R_FWE_A
+    )
     c = Counter(ctx.split(" "))
     top = [w for w, _ in c.most_common(4)]
-    assert top[0] == "..." and top[1:] == list(f.expected)             # rank 1 is the noise (line 81)
-    assert len(c) <= (4096 - 50) // 50                                  # vocab_size (lines 113-114)
+    assert top[0] == "..." and top[1:] == list(f.expected)  # rank 1 is the noise (line 81)
+    assert len(c) <= (4096 - 50) // 50  # vocab_size (lines 113-114)
 
 
 @pytest.mark.parametrize("task", RULER_TASKS)
@@ -209,7 +326,7 @@ def test_exact_lengths_paired_and_seeded(task, bpe_tok):
         assert all(len(p.ids) == L - ttg and p.length == L for p in ps), task
         assert len({p.ids for p in ps}) == 3
         assert all(x.lower() in bpe_tok.decode(list(p.ids)).lower() for p in ps for x in p.expected)
-    assert [p.expected for p in at[4096]] == [p.expected for p in at[6000]]      # lengths paired
+    assert [p.expected for p in at[4096]] == [p.expected for p in at[6000]]  # lengths paired
     other = _b(task, bpe_tok, n=3, seed=1)
     assert all(other.build(4096, i).expected != at[4096][i].expected for i in range(3))
     m = b.min_length()
@@ -236,9 +353,9 @@ def test_stratified_depths_seed_permuted(bpe_tok):
 
 def _cwe_counts(tok, p):
     body = tok.decode(list(p.ids)).split("\n" + R_CWE[:30], 1)[1]
-    body = body[body.index("often.\n") + 7:]
+    body = body[body.index("often.\n") + 7 :]
     # entries "12. word" (wonderwords has a few two-word entries: 'ad hoc')
-    return Counter(re.split(r"(?:^| )\d+\. ", body[:body.index("\nQuestion:")].rstrip("\n"))[1:])
+    return Counter(re.split(r"(?:^| )\d+\. ", body[: body.index("\nQuestion:")].rstrip("\n"))[1:])
 
 
 def test_cwe_words_distinct_up_to_128k(bpe_tok, monkeypatch):
@@ -267,17 +384,18 @@ def test_cwe_words_distinct_up_to_128k(bpe_tok, monkeypatch):
 
 
 def test_scoring_is_rulers_string_match_all():
-    p = Prompt("ruler_niah_multivalue", 4096, 0, (1,), "", None, answers=("1234567", "Apple-Pie", "abc"),
-               scoring="all")
+    p = Prompt("ruler_niah_multivalue", 4096, 0, (1,), "", None, answers=("1234567", "Apple-Pie", "abc"), scoring="all")
     outs = [" 1234567, apple-pie and ABC.", "1234567", "\x00 APPLE-PIE\t1234567", "", "12345678 abcd", "none"]
     for o in outs:
         assert round(100 * score(o, p)[0], 2) == r_string_match_all([o], [list(p.expected)]), o
 
 
-CHATML = ("{% for message in messages %}{% if loop.first and message['role'] != 'system' %}{{ '<|im_start|>system\n"
-          "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}"
-          "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
-          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")   # SmolLM2-Instruct's
+CHATML = (
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}{{ '<|im_start|>system\n"
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)  # SmolLM2-Instruct's
 
 
 @pytest.fixture(scope="module")
@@ -286,8 +404,12 @@ def chat_dir(tmp_path_factory):
 
     from tests.hf_tok import write_chat_tokenizer
 
-    d = write_chat_tokenizer(tmp_path_factory.mktemp("chat"), "The grass is green. What are the special magic "
-                             "numbers for the text? Below is a numbered list of words. 0123456789", 400)
+    d = write_chat_tokenizer(
+        tmp_path_factory.mktemp("chat"),
+        "The grass is green. What are the special magic "
+        "numbers for the text? Below is a numbered list of words. 0123456789",
+        400,
+    )
     (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML, "eos_token": "<|im_end|>"}))
     return d
 
@@ -299,7 +421,7 @@ def test_chat_template_against_transformers(chat_dir):
     ref = PreTrainedTokenizerFast(tokenizer_file=str(chat_dir / "tokenizer.json"), chat_template=CHATML)
     p = _b("ruler_niah_single_1", tok, chat="auto").build(2048, 0)
     text = tok.decode(list(p.ids))
-    user = text[text.index("<|im_start|>user\n") + 17:text.index("<|im_end|>\n<|im_start|>assistant")]
+    user = text[text.index("<|im_start|>user\n") + 17 : text.index("<|im_end|>\n<|im_start|>assistant")]
     answer = " The special magic number for {k} mentioned in the provided text is".format(k=p.meta["keys"][0])
     want = ref.apply_chat_template([{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True)
     assert text == want + answer and p.meta["chat"] and len(p.ids) == 2048 - 128
@@ -315,8 +437,11 @@ def test_chat_template_against_transformers(chat_dir):
     # off: plain text; on without a template: an error naming the field and the fix
     assert not _b("ruler_niah_single_1", tok, chat="off").build(2048, 0).meta["chat"]
     plain = load_tokenizer(TokenizerConfig(kind="tiktoken", name="cl100k_base"))
-    with pytest.raises(EvalError, match=r"eval.chat_template=on but tokenizer tiktoken:cl100k_base\S* has no "
-                                        r"chat template .*eval.chat_template: auto"):
+    with pytest.raises(
+        EvalError,
+        match=r"eval.chat_template=on but tokenizer tiktoken:cl100k_base\S* has no "
+        r"chat template .*eval.chat_template: auto",
+    ):
         _b("ruler_vt", plain, chat="on")
     cfg = EvalConfig(suite="ruler", lengths=[4096], n=1, chat_template="on")
     assert any("eval.chat_template=on" in x for x in preflight_problems(cfg, plain, 4096))
@@ -344,8 +469,10 @@ def test_lengths_count_the_budget_and_bad_input():
 def test_average_and_threshold_are_rulers():
     """RULER's effective length: the largest length whose AVERAGE over the tasks is >= 85.6 -- a task
     under the threshold does not stop it, an average under it does."""
+
     def cell(t, L, k):
         return {"task": t, "length": L, "correct": k, "n": 100, "acc_pp": float(k)}
+
     acc = {4096: [100] * 10 + [50], 8192: [95] * 10 + [40], 16384: [85] * 11}
     cells = [cell(t, L, a[i]) for L, a in acc.items() for i, t in enumerate(RULER_TASKS)]
     avg = ruler_average(cells)
@@ -367,8 +494,17 @@ def test_run_eval_scores_and_averages_ruler_tasks(tmp_path, bpe_tok):
     from .conftest import OracleModel
 
     cfg = EvalConfig(tasks=["ruler_niah_single_1", "ruler_niah_multikey_2"], lengths=[2048, 4096], n=2, pad=64)
-    res = run_eval(OracleModel(bpe_tok, max_ok_len=3000), bpe_tok, cfg, 4096, step=0, out_dir=tmp_path / "eval",
-                   rank=0, plot=False, batch_tokens=8192)
+    res = run_eval(
+        OracleModel(bpe_tok, max_ok_len=3000),
+        bpe_tok,
+        cfg,
+        4096,
+        step=0,
+        out_dir=tmp_path / "eval",
+        rank=0,
+        plot=False,
+        batch_tokens=8192,
+    )
     acc = {(c["task"], c["length"]): c["acc_pp"] for c in res["cells"]}
     assert acc == {(t, L): 100.0 * (L == 2048) for t in cfg.tasks for L in (2048, 4096)}
     assert all(c["max_new"] == 128 and c["padded_len"] == c["length"] for c in res["cells"])

@@ -12,6 +12,7 @@ with each index tied to its stratum at every seed, as before issue 40, C was 18-
 against 0-4 now), shared keys, values and distractors, shared 16-token shingles of haystack
 text. Everything is seeded, so a result never changes from run to run.
 """
+
 import random
 
 import pytest
@@ -24,7 +25,7 @@ from megablu.eval.needle import Haystack
 from megablu.eval.prompts import EvalError, score
 from megablu.eval.tasks import make_builder
 
-N, L = 40, 5500            # cwe needs ~4.7k tokens in the tiny tokenizer
+N, L = 40, 5500  # cwe needs ~4.7k tokens in the tiny tokenizer
 # every built-in task but ruler_cwe, whose 10 common words x 30 leave no room for an uncommon one at 5500 tokens of
 # this tokenizer (its seeds: tests/eval/test_ruler.py)
 PRESETS = {t: s for t, s in ALL_PRESETS.items() if t != "ruler_cwe"}
@@ -40,8 +41,10 @@ def _cfg(**kw):
 @pytest.fixture(scope="module")
 def seeds(chat_tok, haystack_docs):
     """{seed: {task: [Prompt] * N}} for seeds 0 and 1, every built-in task, one length."""
-    return {s: {t: ps for (t, _), ps in build_prompts(_cfg(seed=s), chat_tok, haystack=haystack_docs).items()}
-            for s in (0, 1)}
+    return {
+        s: {t: ps for (t, _), ps in build_prompts(_cfg(seed=s), chat_tok, haystack=haystack_docs).items()}
+        for s in (0, 1)
+    }
 
 
 def perm_pvalue(sim, n: int, reps: int = 5000) -> tuple[int, float]:
@@ -71,9 +74,9 @@ def test_needle_depths_are_independent_across_seeds(seeds, task):
     d1 = [p.depth for p in seeds[1][task]]
     c, p = perm_pvalue(lambda i, j: abs(d0[i] - d1[j]) <= 1 / (2 * N), N)
     assert p >= ALPHA, (task, c, p)
-    if task not in ("vt", "ruler_vt"):   # vt's statements sit at uniform depths (RULER's), the others are stratified:
-        for d in (d0, d1):   # the k-th shallowest in stratum k, up to snapping (a filler unit, a kv
-            for k, x in enumerate(sorted(d)):   # line, SNAP_RADIUS: < 0.03 of the context here)
+    if task not in ("vt", "ruler_vt"):  # vt's statements sit at uniform depths (RULER's), the others are stratified:
+        for d in (d0, d1):  # the k-th shallowest in stratum k, up to snapping (a filler unit, a kv
+            for k, x in enumerate(sorted(d)):  # line, SNAP_RADIUS: < 0.03 of the context here)
                 assert k / N - 0.03 <= x <= (k + 1) / N + 0.03, (task, k, x)
 
 
@@ -81,10 +84,16 @@ def test_needle_depths_are_independent_across_seeds(seeds, task):
 def test_keys_values_and_distractors_are_independent_across_seeds(seeds, task):
     """Answers, asked keys and distractor keys (needle, niah) of prompt i shared with seed 0's prompt
     i no more than with a random seed-0 prompt, and no prompt index keeps its answers."""
+
     def items(p):
         m = p.meta
-        return (set(p.expected) | set(m.get("keys", [])) | ({m["key"]} if "key" in m else set())
-                | {x for kv in m.get("distractors", []) for x in kv} | set(m.get("distractor_keys", [])))
+        return (
+            set(p.expected)
+            | set(m.get("keys", []))
+            | ({m["key"]} if "key" in m else set())
+            | {x for kv in m.get("distractors", []) for x in kv}
+            | set(m.get("distractor_keys", []))
+        )
 
     a, b = [items(p) for p in seeds[0][task]], [items(p) for p in seeds[1][task]]
     c, p = perm_pvalue(lambda i, j: len(a[i] & b[j]), N)
@@ -93,7 +102,7 @@ def test_keys_values_and_distractors_are_independent_across_seeds(seeds, task):
 
 
 def _shingles(ids, k=16):
-    return {tuple(ids[i:i + k]) for i in range(0, len(ids) - k, 4)}
+    return {tuple(ids[i : i + k]) for i in range(0, len(ids) - k, 4)}
 
 
 @pytest.mark.parametrize("task", TEXT_TASKS)
@@ -106,22 +115,22 @@ def test_haystack_windows_are_independent_across_seeds(seeds, task):
 
 
 def test_each_seed_arranges_the_haystack_documents_its_own_way(chat_tok, haystack_docs):
-    hay = Haystack(haystack_docs, chat_tok, 1000, target_tokens=10 ** 9)
+    hay = Haystack(haystack_docs, chat_tok, 1000, target_tokens=10**9)
     assert len(hay.docs) == len(haystack_docs)
     streams = [hay.stream(s).ids for s in range(4)]
-    assert len({tuple(x) for x in streams}) == 4                 # four orders
-    for x in streams:                                           # each one all the documents, once
+    assert len({tuple(x) for x in streams}) == 4  # four orders
+    for x in streams:  # each one all the documents, once
         assert sorted(x) == sorted(hay.ids)
         assert len(x) == sum(map(len, hay.docs))
     # the source order stays available (megablu.data's tests read it)
     assert hay.ids == [t for d in hay.docs for t in d]
-    assert hay.stream(2) is hay.stream(2)                       # arranged once per seed
+    assert hay.stream(2) is hay.stream(2)  # arranged once per seed
 
 
 def _first_half_reader(p, tok) -> float:
     """A deterministic toy model: it reads only the first half of the prompt and answers every
     expected item it finds there (so it finds a needle exactly when the needle sits early)."""
-    seen = tok.decode(list(p.ids[:len(p.ids) // 2]))
+    seen = tok.decode(list(p.ids[: len(p.ids) // 2]))
     return score(" " + ", ".join(a for a in p.expected if a in seen), p)[0]
 
 
@@ -133,8 +142,10 @@ def test_a_toy_model_scores_seeds_as_independent_samples(seeds, chat_tok, task):
     tied to the index they were nearly identical, p ~ 1e-11); overall, two accuracies that differ
     only as sampling allows (Fisher on the 2x2 table of successes and failures per seed)."""
     o = {s: [_first_half_reader(p, chat_tok) == 1.0 for p in seeds[s][task]] for s in (0, 1)}
-    table = [[sum(x and y for x, y in zip(o[0], o[1])), sum(x and not y for x, y in zip(o[0], o[1]))],
-             [sum(y and not x for x, y in zip(o[0], o[1])), sum(not x and not y for x, y in zip(o[0], o[1]))]]
+    table = [
+        [sum(x and y for x, y in zip(o[0], o[1])), sum(x and not y for x, y in zip(o[0], o[1]))],
+        [sum(y and not x for x, y in zip(o[0], o[1])), sum(not x and not y for x, y in zip(o[0], o[1]))],
+    ]
     if min(sum(o[0]), sum(o[1])) in (0, N) or max(sum(o[0]), sum(o[1])) == N:
         pytest.fail(f"{task}: the toy model is right on all or none of one seed's prompts {table}; no test")
     assert fisher_exact(table)[1] >= ALPHA, (task, table)
@@ -149,7 +160,7 @@ def test_within_a_seed_lengths_stay_paired(chat_tok, haystack_docs):
     for t in DEPTH_TASKS:
         for x, y in zip(ps[(t, 5500)], ps[(t, 7000)]):
             assert x.expected == y.expected, t
-            if t not in ("vt", "ruler_vt"):   # vt: the statements' depths are drawn per prompt (RULER's per
+            if t not in ("vt", "ruler_vt"):  # vt: the statements' depths are drawn per prompt (RULER's per
                 # length too), snapped to filler units
                 assert abs(x.depth - y.depth) < 0.03, (t, x.index, x.depth, y.depth)
 

@@ -7,6 +7,7 @@ MEGABLU_SMOLLM2_N (default 3) prompts per length; MEGABLU_EVAL_OUT keeps the res
 Measured numbers are recorded in experiments/ruler_baselines/LOG.md. With n this small the assertions are
 majority votes (>= 60% / <= 40%), not resolved differences; RESULTS.md gives the intervals.
 """
+
 import os
 import tempfile
 from pathlib import Path
@@ -18,13 +19,17 @@ from . import _smollm2
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(os.environ.get("MEGABLU_SLOW") != "1",
-                       reason="slow real-model check (~30 min on 2 CPU cores); set MEGABLU_SLOW=1 to run"),
-    pytest.mark.skipif(not _smollm2.available(),
-                       reason=f"SmolLM2 GGUF not at {_smollm2.GGUF_DIR / _smollm2.GGUF} (see tests/eval/_smollm2.py)"),
+    pytest.mark.skipif(
+        os.environ.get("MEGABLU_SLOW") != "1",
+        reason="slow real-model check (~30 min on 2 CPU cores); set MEGABLU_SLOW=1 to run",
+    ),
+    pytest.mark.skipif(
+        not _smollm2.available(),
+        reason=f"SmolLM2 GGUF not at {_smollm2.GGUF_DIR / _smollm2.GGUF} (see tests/eval/_smollm2.py)",
+    ),
 ]
 
-LENGTHS = [4584, 13800]     # + max_new 24 = 4608 and 13824, multiples of 256 inside a 16384 window
+LENGTHS = [4584, 13800]  # + max_new 24 = 4608 and 13824, multiples of 256 inside a 16384 window
 
 
 def test_smollm2_passkey_yarn():
@@ -40,10 +45,20 @@ def test_smollm2_passkey_yarn():
     out = Path(os.environ.get("MEGABLU_EVAL_OUT") or tempfile.mkdtemp())
     res = {}
     for name, model in (("smollm2-yarn2", yarn), ("smollm2-native", base)):
-        res[name] = run_eval(model, tok, cfg, 16384, step=0, out_dir=out / name / "eval", rank=0, arm=name,
-                             batch_tokens=4608, prefill_chunk=1024)
+        res[name] = run_eval(
+            model,
+            tok,
+            cfg,
+            16384,
+            step=0,
+            out_dir=out / name / "eval",
+            rank=0,
+            arm=name,
+            batch_tokens=4608,
+            prefill_chunk=1024,
+        )
     print("\n" + markdown([res["smollm2-native"], res["smollm2-yarn2"]]))
     acc = {k: {c["length"]: c["acc_pp"] for c in r["cells"]} for k, r in res.items()}
-    assert acc["smollm2-native"][4584] >= 60, acc     # inside the 8192 training length: retrieves
-    assert acc["smollm2-native"][13800] <= 40, acc    # 1.7x beyond it without YaRN: collapses
-    assert acc["smollm2-yarn2"][13800] >= 60, acc     # YaRN x2, no fine-tuning: retrieves again
+    assert acc["smollm2-native"][4584] >= 60, acc  # inside the 8192 training length: retrieves
+    assert acc["smollm2-native"][13800] <= 40, acc  # 1.7x beyond it without YaRN: collapses
+    assert acc["smollm2-yarn2"][13800] >= 60, acc  # YaRN x2, no fine-tuning: retrieves again

@@ -1,5 +1,6 @@
 """Statistics against independent references: scipy, Newcombe (1998) Table II, hand computation,
 and the seed's own numbers (handoff: l3 - l2 not resolvable at +-11.5..13.1 pp, slopes -18..-29)."""
+
 import math
 
 import pytest
@@ -75,7 +76,7 @@ def test_slope_binomial_interval_by_hand():
     p1, p2 = 62 / 104, 42 / 104
     half = 1.959963984540054 * 100 * math.sqrt(p1 * (1 - p1) / 100 + p2 * (1 - p2) / 100)
     assert s.ci_pp == pytest.approx((-20.0 - half, -20.0 + half))
-    assert s.fit_ci_pp is None                      # no residual degrees of freedom
+    assert s.fit_ci_pp is None  # no residual degrees of freedom
 
 
 def test_slope_on_the_seeds_arms():
@@ -83,15 +84,15 @@ def test_slope_on_the_seeds_arms():
     for ys in [(73, 53, 33), (75, 48, 30), (80, 62, 35), (74, 64, 35)]:
         s = slope_per_doubling([4096, 8192, 16360], list(ys), [100] * 3)
         assert -29 <= s.pp_per_doubling <= -18
-        assert s.ci_pp[1] < 0                       # the decline itself is resolved
+        assert s.ci_pp[1] < 0  # the decline itself is resolved
 
 
 def test_effective_length():
     acc = {1024: 97.0, 4096: 85.6, 16360: 60.0, 32744: 90.0}
-    assert effective_length(acc) == 32744            # the issue's definition: longest length >= threshold
+    assert effective_length(acc) == 32744  # the issue's definition: longest length >= threshold
     assert effective_length_contiguous(acc) == 4096  # every shorter length passes too
     assert effective_length(acc, threshold=98) is None
-    assert effective_length({4096: 85.59}) is None   # 85.6 is inclusive, 85.59 is not
+    assert effective_length({4096: 85.59}) is None  # 85.6 is inclusive, 85.59 is not
 
 
 def test_n_to_resolve_by_hand():

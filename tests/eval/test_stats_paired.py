@@ -1,6 +1,7 @@
 """The paired intervals (stats.newcombe_paired for 0/1 scores, stats.paired_mean_diff for part credit) and
 compare's choice of them (report.difference): arms scored on the same seeded prompts are paired data, and a
 paired interval is both valid (coverage) and narrower when the arms agree on most prompts."""
+
 import math
 import random
 import statistics
@@ -69,8 +70,10 @@ def test_newcombe_paired_matches_reference_code(table, ci):
 # A margin of 0 (an arm right on every prompt or on none): phi = 0, so the paired interval is Newcombe's
 # independent one, whose values Newcombe (1998, Stat Med 17:873-890) Table II prints: 0/10 vs 0/10 and
 # 10/10 vs 0/10 (also the reference code's output for these tables).
-@pytest.mark.parametrize("table,ci", [((0, 0, 0, 10), (-0.2775, 0.2775)), ((10, 0, 0, 0), (-0.2775, 0.2775)),
-                                      ((0, 10, 0, 0), (0.6075, 1.0000))])
+@pytest.mark.parametrize(
+    "table,ci",
+    [((0, 0, 0, 10), (-0.2775, 0.2775)), ((10, 0, 0, 0), (-0.2775, 0.2775)), ((0, 10, 0, 0), (0.6075, 1.0000))],
+)
 def test_newcombe_paired_degenerate_margins(table, ci):
     d = newcombe_paired(*table)
     assert d.lo == pytest.approx(ci[0], abs=5e-5) and d.hi == pytest.approx(ci[1], abs=5e-5)
@@ -105,7 +108,7 @@ def test_coverage_and_width_by_simulation():
         for _ in range(100):
             u = rng.random()
             a = u < 0.8
-            b = (u < 0.7) if rng.random() < 0.8 else (rng.random() < 0.7)   # mostly the same prompts fail
+            b = (u < 0.7) if rng.random() < 0.8 else (rng.random() < 0.7)  # mostly the same prompts fail
             t[(0 if a else 2) + (0 if b else 1)] += 1
         both, only1, only2, neither = t[0], t[1], t[2], t[3]
         d = newcombe_paired(both, only1, only2, neither)
@@ -115,7 +118,7 @@ def test_coverage_and_width_by_simulation():
         width += d.hi - d.lo
         width_i += i.hi - i.lo
     assert 0.93 <= cover / sims <= 0.975, cover / sims
-    assert cover_i / sims > 0.975                      # independent: too wide for paired data
+    assert cover_i / sims > 0.975  # independent: too wide for paired data
     assert width / width_i < 0.75, (width / sims, width_i / sims)
 
 
@@ -152,7 +155,7 @@ def test_paired_sample_size():
     (within rounding); the more the arms agree (fewer discordant prompts), the fewer prompts; and a
     simulated paired study of that size resolves the difference about `power` of the time."""
     p1, p2 = 0.8, 0.7
-    indep_psi = p1 * (1 - p2) + p2 * (1 - p1)                # discordant share of independent arms
+    indep_psi = p1 * (1 - p2) + p2 * (1 - p1)  # discordant share of independent arms
     assert abs(n_to_resolve_paired(indep_psi, p1 - p2) - n_to_resolve(p1, p2)) <= 0.03 * n_to_resolve(p1, p2)
     assert n_to_resolve_paired(0.14, 0.10) < n_to_resolve(p1, p2) / 2
     n = n_to_resolve_paired(0.14, 0.10)
@@ -162,7 +165,7 @@ def test_paired_sample_size():
         t = [0, 0, 0, 0]
         for _ in range(n):
             u = rng.random()
-            t[0 if u < 0.68 else 1 if u < 0.80 else 2 if u < 0.82 else 3] += 1    # only1 0.12, only2 0.02
+            t[0 if u < 0.68 else 1 if u < 0.80 else 2 if u < 0.82 else 3] += 1  # only1 0.12, only2 0.02
         hits += newcombe_paired(*t).resolvable
     assert 0.7 < hits / 1000 < 0.9, (n, hits)
     with pytest.raises(ValueError):
@@ -213,9 +216,9 @@ def test_paired_mean_ties_and_sample_size():
     difference of 0.5 on 2 prompts is unresolved, on 100 resolved); n_to_resolve_mean(0, c) is the smallest n
     that resolves such ties; with sd > 0 a simulated study of n_to_resolve_mean prompts resolves ~80%."""
     d = paired_mean_diff([0.0] * 100)
-    assert (d.lo, d.hi) == pytest.approx((-(1 - 0.05 ** 0.01), 1 - 0.05 ** 0.01)) and not d.resolvable
+    assert (d.lo, d.hi) == pytest.approx((-(1 - 0.05**0.01), 1 - 0.05**0.01)) and not d.resolvable
     assert not paired_mean_diff([0.5] * 2).resolvable and paired_mean_diff([0.5] * 100).resolvable
-    assert paired_mean_diff([2 / 3 - 1 / 3] * 50 + [1 - 2 / 3] * 50).lo < 1 / 3 - 0.01   # equal up to rounding
+    assert paired_mean_diff([2 / 3 - 1 / 3] * 50 + [1 - 2 / 3] * 50).lo < 1 / 3 - 0.01  # equal up to rounding
     for c in (0.5, 0.1, -0.3):
         n = n_to_resolve_mean(0.0, c)
         assert paired_mean_diff([c] * n).resolvable and not paired_mean_diff([c] * (n - 1)).resolvable
@@ -232,11 +235,19 @@ def test_paired_mean_ties_and_sample_size():
 
 def _part(arm, scores, task="fwe", length=4096, digest="d1"):
     """A result of one part-credit cell: sample i scored scores[i]."""
-    samples = [{"task": task, "length": length, "index": i, "score": s, "correct": s == 1.0}
-               for i, s in enumerate(scores)]
+    samples = [
+        {"task": task, "length": length, "index": i, "score": s, "correct": s == 1.0} for i, s in enumerate(scores)
+    ]
     k = sum(scores)
-    cell = {"task": task, "length": length, "n": len(scores), "correct": k, "acc_pp": 100 * k / len(scores),
-            "all_correct": sum(s == 1.0 for s in scores), "digest": digest}
+    cell = {
+        "task": task,
+        "length": length,
+        "n": len(scores),
+        "correct": k,
+        "acc_pp": 100 * k / len(scores),
+        "all_correct": sum(s == 1.0 for s in scores),
+        "digest": digest,
+    }
     return {"arm": arm, "step": 0, "cells": [cell], "samples": samples}, cell
 
 
@@ -273,5 +284,5 @@ def test_compare_pairs_part_credit_on_the_same_prompts():
     d2, paired2 = difference(rc, cc, rb, cb)
     assert paired2 is None and (d2.lo, d2.hi) == pytest.approx((i.lo, i.hi))
     assert "(prompts differ)" in markdown([rb, rc])
-    g = check_gate(rb, ra, GateConfig(short_lengths=[4096], margin_pp=2.0))     # base fell 10 pp below "new"
+    g = check_gate(rb, ra, GateConfig(short_lengths=[4096], margin_pp=2.0))  # base fell 10 pp below "new"
     assert not g.passed and g.checks[0]["paired"] and g.message.endswith(", paired)"), g.message

@@ -1,6 +1,7 @@
 """The tests behind compare's stars (stats.mcnemar_exact_p, stats.paired_mean_diff's p, stats.fisher_exact_p,
 stats.holm) against scipy and R, and report.starred / markdown: a star is a difference whose Holm-adjusted
 p < 0.05 over every tested difference of one compare."""
+
 import random
 
 import pytest
@@ -18,8 +19,26 @@ from megablu.eval.stats import (
 )
 
 
-@pytest.mark.parametrize("b,c", [(0, 1), (1, 0), (0, 5), (2, 12), (12, 2), (7, 0), (5, 5), (6, 5), (14, 0),
-                                 (1, 7), (6, 16), (40, 62), (300, 260), (1000, 1100), (3, 9)])
+@pytest.mark.parametrize(
+    "b,c",
+    [
+        (0, 1),
+        (1, 0),
+        (0, 5),
+        (2, 12),
+        (12, 2),
+        (7, 0),
+        (5, 5),
+        (6, 5),
+        (14, 0),
+        (1, 7),
+        (6, 16),
+        (40, 62),
+        (300, 260),
+        (1000, 1100),
+        (3, 9),
+    ],
+)
 def test_mcnemar_exact_matches_scipy_binomtest(b, c):
     """Two-sided exact McNemar = the binomial test of b successes in b + c trials at 1/2."""
     assert mcnemar_exact_p(b, c) == pytest.approx(sps.binomtest(b, b + c, 0.5).pvalue, rel=1e-12, abs=1e-300)
@@ -43,13 +62,26 @@ def test_interval_and_exact_test_can_disagree():
         assert d.resolvable and d.p == pytest.approx(p, rel=1e-12) and d.p > 0.05
 
 
-@pytest.mark.parametrize("k1,n1,k2,n2", [(30, 50, 18, 50), (10, 50, 40, 50), (45, 50, 45, 50), (0, 10, 0, 20),
-                                         (10, 10, 0, 10), (3, 7, 1, 9), (100, 100, 81, 100), (0, 1, 1, 1),
-                                         (56, 70, 48, 80), (5, 56, 0, 29), (250, 400, 700, 1000)])
+@pytest.mark.parametrize(
+    "k1,n1,k2,n2",
+    [
+        (30, 50, 18, 50),
+        (10, 50, 40, 50),
+        (45, 50, 45, 50),
+        (0, 10, 0, 20),
+        (10, 10, 0, 10),
+        (3, 7, 1, 9),
+        (100, 100, 81, 100),
+        (0, 1, 1, 1),
+        (56, 70, 48, 80),
+        (5, 56, 0, 29),
+        (250, 400, 700, 1000),
+    ],
+)
 def test_fisher_exact_matches_scipy(k1, n1, k2, n2):
     ref = sps.fisher_exact([[k1, n1 - k1], [k2, n2 - k2]]).pvalue
     assert fisher_exact_p(k1, n1, k2, n2) == pytest.approx(ref, rel=1e-9, abs=1e-300)
-    assert fisher_exact_p(k2, n2, k1, n1) == pytest.approx(ref, rel=1e-9, abs=1e-300)    # symmetric
+    assert fisher_exact_p(k2, n2, k1, n1) == pytest.approx(ref, rel=1e-9, abs=1e-300)  # symmetric
 
 
 def test_fisher_exact_refuses_part_credit():
@@ -64,38 +96,40 @@ def test_paired_t_p_matches_scipy_ttest_rel(n, seed):
         a = [rng.randint(0, 3) / 3 for _ in range(n)]
         b = [min(1.0, max(0.0, x - shift + rng.choice((-1, 0, 0, 1)) / 3)) for x in a]
         if max(x - y for x, y in zip(a, b)) - min(x - y for x, y in zip(a, b)) < 1e-9:
-            continue                                            # all equal: the exact bound's p (below)
+            continue  # all equal: the exact bound's p (below)
         d = paired_mean_diff([x - y for x, y in zip(a, b)])
         ref = sps.ttest_rel(a, b).pvalue
         assert d.p == pytest.approx(ref, rel=1e-9, abs=1e-14), (n, shift)
-        assert (d.p < 0.05) == d.resolvable                     # the same statistic as the interval
+        assert (d.p < 0.05) == d.resolvable  # the same statistic as the interval
 
 
 def test_t_test_p_matches_scipy():
     for t, v in ((0.5, 1), (2.0, 3), (2.6, 10), (4.0, 23), (1.96, 1000)):
         assert t_test_p(t, 1.0, v) == pytest.approx(2 * sps.t.sf(t, v), rel=1e-9)
-    assert t_test_p(0.0, 0.0, 5) == 1.0 and t_test_p(-0.2, 0.0, 5) == 0.0    # a point interval
+    assert t_test_p(0.0, 0.0, 5) == 1.0 and t_test_p(-0.2, 0.0, 5) == 0.0  # a point interval
 
 
 def test_paired_ties_p_agrees_with_the_exact_bound():
     """Every difference equal to c: p = (1 + |c|)^-n, and p < alpha exactly when the 1 - alpha exact bound
     excludes 0 (c = 0.5: 2 prompts p = 0.44, 8 prompts p = 0.039)."""
     assert paired_mean_diff([0.0] * 50).p == 1.0
-    assert paired_mean_diff([0.5] * 2).p == pytest.approx(1.5 ** -2)
-    assert paired_mean_diff([0.5] * 8).p == pytest.approx(1.5 ** -8)
+    assert paired_mean_diff([0.5] * 2).p == pytest.approx(1.5**-2)
+    assert paired_mean_diff([0.5] * 8).p == pytest.approx(1.5**-8)
     for c in (0.5, -0.5, 0.1, 1.0, -1 / 3):
         for n in range(1, 40):
             d = paired_mean_diff([c] * n)
             for conf in (0.9, 0.95, 0.99):
-                if abs(d.p - (1 - conf)) > 1e-9:                # away from the boundary itself
+                if abs(d.p - (1 - conf)) > 1e-9:  # away from the boundary itself
                     assert (d.p < 1 - conf) == paired_mean_diff([c] * n, conf).resolvable, (c, n, conf)
 
 
 # R 4.2.2 p.adjust(p, "holm") on the same vectors
 HOLM_R = [
     ([0.01, 0.04, 0.03, 0.005], [0.03, 0.06, 0.06, 0.02]),
-    ([0.0131, 0.0703, 0.625, 5.6e-06, 0.0525, 1, 0.0002, 0.0002, 0.9, 0.049],
-     [0.0917, 0.294, 1.0, 0.000056, 0.294, 1.0, 0.0018, 0.0018, 1.0, 0.294]),
+    (
+        [0.0131, 0.0703, 0.625, 5.6e-06, 0.0525, 1, 0.0002, 0.0002, 0.9, 0.049],
+        [0.0917, 0.294, 1.0, 0.000056, 0.294, 1.0, 0.0018, 0.0018, 1.0, 0.294],
+    ),
 ]
 
 
@@ -125,8 +159,16 @@ def _res(arm, outcomes_by_cell, digest="d"):
     """A result with 0/1 cells {(task, length): outcomes}: every prompt's outcome kept, so arms pair."""
     cells, samples = [], []
     for (task, L), out in outcomes_by_cell.items():
-        cells.append({"task": task, "length": L, "n": len(out), "correct": sum(out),
-                      "acc_pp": 100 * sum(out) / len(out), "digest": f"{digest}{task}{L}"})
+        cells.append(
+            {
+                "task": task,
+                "length": L,
+                "n": len(out),
+                "correct": sum(out),
+                "acc_pp": 100 * sum(out) / len(out),
+                "digest": f"{digest}{task}{L}",
+            }
+        )
         samples += [{"task": task, "length": L, "index": i, "correct": bool(x)} for i, x in enumerate(out)]
     return {"arm": arm, "step": 0, "cells": cells, "samples": samples}
 
@@ -145,8 +187,14 @@ def test_compare_stars_only_what_survives_holm():
     cells at p = 0.0078-0.012 keep theirs (adj 0.047); (1, 1, 7, 12) has an interval that excludes 0 and
     p = 0.070, never a star; the table prints raw and adjusted p. Unpaired 0/1 cells (other prompts) join the
     family with Fisher's exact p; unpaired part-credit cells have no test: no p, no star, not in the family."""
-    tables = {("t1", 100): (80, 10, 1, 9), ("t1", 200): (70, 8, 0, 22), ("t1", 300): (60, 9, 1, 30),
-              ("t2", 100): (1, 1, 7, 12), ("t2", 200): (50, 3, 3, 44), ("t2", 300): (40, 8, 0, 52)}
+    tables = {
+        ("t1", 100): (80, 10, 1, 9),
+        ("t1", 200): (70, 8, 0, 22),
+        ("t1", 300): (60, 9, 1, 30),
+        ("t2", 100): (1, 1, 7, 12),
+        ("t2", 200): (50, 3, 3, 44),
+        ("t2", 300): (40, 8, 0, 52),
+    }
     ab = {k: _outcomes(*t) for k, t in tables.items()}
     ra, rb = _res("new", {k: v[0] for k, v in ab.items()}), _res("base", {k: v[1] for k, v in ab.items()})
     got = starred([rb, ra], 0)
@@ -161,9 +209,9 @@ def test_compare_stars_only_what_survives_holm():
         c = got[(task, 1, L)]
         assert c.d.p == pytest.approx(p, rel=1e-12) and c.p_adj == pytest.approx(want[(task, L)], rel=1e-12)
         assert c.star == (want[(task, L)] < 0.05)
-    assert got[("t2", 1, 100)].d.resolvable and not got[("t2", 1, 100)].star       # interval says yes, test no
-    assert got[("t1", 1, 300)].d.resolvable and got[("t1", 1, 300)].d.p < 0.05     # raw p < 0.05 ...
-    assert not got[("t1", 1, 300)].star and got[("t1", 1, 300)].p_adj > 0.05       # ... adjusted not
+    assert got[("t2", 1, 100)].d.resolvable and not got[("t2", 1, 100)].star  # interval says yes, test no
+    assert got[("t1", 1, 300)].d.resolvable and got[("t1", 1, 300)].d.p < 0.05  # raw p < 0.05 ...
+    assert not got[("t1", 1, 300)].star and got[("t1", 1, 300)].p_adj > 0.05  # ... adjusted not
     assert all(got[(t, 1, L)].star for t, L in (("t1", 100), ("t1", 200), ("t2", 300)))
     md = markdown([rb, ra])
     k = ("t2", 300)
@@ -191,13 +239,20 @@ def test_compare_stars_only_what_survives_holm():
     assert "Holm-adjusted over the 12 tested differences of this compare" in md3
     rows = [ln for ln in md3.splitlines() if ln.startswith("| other@0 | ") and "(prompts differ)" in ln]
     k = ("t1", 100)
-    assert len(rows) == 2 and rows[0].startswith(f"| other@0 | +9.0 [-0.9, +18.9] p {fisher[k]:.2g} adj "
-                                                 f"{want12[('t1', 2, 100)]:.2g} n/arm 237 (prompts differ) |")
+    assert len(rows) == 2 and rows[0].startswith(
+        f"| other@0 | +9.0 [-0.9, +18.9] p {fisher[k]:.2g} adj "
+        f"{want12[('t1', 2, 100)]:.2g} n/arm 237 (prompts differ) |"
+    )
     # part credit on other prompts: no test (Newcombe's interval with the summed scores is only conservative),
     # no star even where the interval excludes 0, and not in the family
-    part = {"arm": "part", "step": 0, "samples": [],
-            "cells": [{"task": "t1", "length": 100, "n": 100, "correct": 97.5, "all_correct": 95, "acc_pp": 97.5,
-                       "digest": "y"}]}
+    part = {
+        "arm": "part",
+        "step": 0,
+        "samples": [],
+        "cells": [
+            {"task": "t1", "length": 100, "n": 100, "correct": 97.5, "all_correct": 95, "acc_pp": 97.5, "digest": "y"}
+        ],
+    }
     got4 = starred([rb, part], 0)
     c4 = got4[("t1", 1, 100)]
     assert c4.d.resolvable and c4.d.p is None and c4.p_adj is None and not c4.star

@@ -4,6 +4,7 @@ attention factor; fixed_shift: S in tokens), `megablu eval --set eval.string...`
 (the result records the variant, the tables label it), a shift outside the prompt refused, refused under
 sp > 1, applied for the eval only (run_eval restores the model), and never merged with a result of another
 setting or variant."""
+
 import json
 import math
 
@@ -28,7 +29,7 @@ AF = 0.1 * math.log(2) + 1
 
 
 def test_string_config_validation():
-    assert EvalConfig().string is None                       # off by default
+    assert EvalConfig().string is None  # off by default
     s = EvalConfig(string={**FIXED, "shift": 10922, "local": 128}).string
     assert (s.shift, s.local, s.attention_factor, s.shift_ratio) == (10922, 128, 1.0, None)
     with pytest.raises(ValidationError, match=r"local=128 >= shift=128.*set local < shift"):
@@ -38,7 +39,7 @@ def test_string_config_validation():
     with pytest.raises(ValidationError, match="local"):
         StringConfig(**FIXED, shift=10, local=-1)
     with pytest.raises(ValidationError, match="shift"):
-        StringConfig(**FIXED, shift=10.5, local=1)           # an integer, not a float
+        StringConfig(**FIXED, shift=10.5, local=1)  # an integer, not a float
     with pytest.raises(ValidationError, match=r"fixed_shift needs shift and local \(no default"):
         StringConfig(**FIXED)
     with pytest.raises(ValidationError, match=r"shift_ratio=0.3 with variant fixed_shift.*variant=authors"):
@@ -51,10 +52,10 @@ def test_the_authors_variant_is_the_default_with_their_values():
     that takes it; shift_ratio must lie in (0, 1)."""
     s = EvalConfig(string={}).string
     assert (s.variant, s.shift_ratio, s.local, s.shift, s.attention_factor) == ("authors", 0.33, 128, None, AF)
-    assert StringConfig.model_validate(s.model_dump()) == s                  # a dumped setting reads back the same
+    assert StringConfig.model_validate(s.model_dump()) == s  # a dumped setting reads back the same
     assert StringConfig(shift_ratio=0.25, local=256, attention_factor=1.0).attention_factor == 1.0
     with pytest.raises(ValidationError, match=r"shift=10922 .* fixed_shift's field.*variant=fixed_shift to keep"):
-        StringConfig(shift=10922, local=128)                 # an old {shift, local} setting
+        StringConfig(shift=10922, local=128)  # an old {shift, local} setting
     for bad in (0, 1, 1.5, -0.1):
         with pytest.raises(ValidationError, match="shift_ratio"):
             StringConfig(shift_ratio=bad)
@@ -62,8 +63,9 @@ def test_the_authors_variant_is_the_default_with_their_values():
         StringConfig(variant="paper")
 
 
-@pytest.mark.parametrize("ratio,length,S", [(0.33, 300, 99), (0.33, 481, 158), (0.33, 32744, 10805),
-                                            (0.29, 100, 28), (0.5, 16360, 8180)])
+@pytest.mark.parametrize(
+    "ratio,length,S", [(0.33, 300, 99), (0.33, 481, 158), (0.33, 32744, 10805), (0.29, 100, 28), (0.5, 16360, 8180)]
+)
 def test_the_authors_shift_follows_the_length(ratio, length, S):
     """S = int(shifted_ratio * test_max_length), as ruler/test_ruler_llama.py computes shifted_offset: a
     truncated float product (0.29 * 100 is 28.999999999999996 in binary: 28, not 29), worked out by hand."""
@@ -89,16 +91,20 @@ def test_a_shift_outside_the_prompt_is_a_config_error(tmp_path):
     from megablu.config import ConfigError
 
     fixed = ["eval.string.variant=fixed_shift", "eval.string.local=8"]
-    with pytest.raises(ConfigError, match=r"eval.string.shift=300 >= eval length 300 \(variant fixed_shift, "
-                                          r"beyond=0\).*eval.string.beyond >= 300"):
-        load_config(_config(tmp_path), fixed + ["eval.string.shift=300"])      # lengths 300 and 480
+    with pytest.raises(
+        ConfigError,
+        match=r"eval.string.shift=300 >= eval length 300 \(variant fixed_shift, "
+        r"beyond=0\).*eval.string.beyond >= 300",
+    ):
+        load_config(_config(tmp_path), fixed + ["eval.string.shift=300"])  # lengths 300 and 480
     assert load_config(_config(tmp_path), fixed + ["eval.string.shift=299"]).eval.string.shift == 299
     assert load_config(_config(tmp_path), fixed + ["eval.string.shift=400", "eval.string.beyond=300"])
     with pytest.raises(ConfigError, match=r"at length 300: S = int\(shift_ratio 0.33 x 300\) = 99 <= local=128"):
-        load_config(_config(tmp_path), ["eval.string.variant=authors"])       # the default local 128
+        load_config(_config(tmp_path), ["eval.string.variant=authors"])  # the default local 128
     with pytest.raises(ConfigError, match=r"short documents: at 200 tokens S = int\(shift_ratio 0.33 x 200\) = 66"):
-        load_config(_config(tmp_path, {"loss": {"data": "x", "short_min": 200, "short_max": 400}}),
-                    ["eval.string.local=80"])
+        load_config(
+            _config(tmp_path, {"loss": {"data": "x", "short_min": 200, "short_max": 400}}), ["eval.string.local=80"]
+        )
 
 
 def test_eval_cli_with_string(tmp_path, capsys):
@@ -109,19 +115,28 @@ def test_eval_cli_with_string(tmp_path, capsys):
     cfg = _config(tmp_path)
     run = ["eval", "--config", str(cfg), "--hf", str(hf_dir), "--step", "0", "--no-plot"]
     fixed = ["--set", "eval.string.variant=fixed_shift"]
-    rc = main(run + ["--out", str(tmp_path / "s"), *fixed, "--set", "eval.string.shift=64",
-                     "--set", "eval.string.local=8"])
+    rc = main(
+        run + ["--out", str(tmp_path / "s"), *fixed, "--set", "eval.string.shift=64", "--set", "eval.string.local=8"]
+    )
     out, err = capsys.readouterr()
     assert rc == 0, err
     res = json.loads((tmp_path / "s" / "step_0.json").read_text())
-    want = {"variant": "fixed_shift", "shift_ratio": None, "shift": 64, "local": 8, "attention_factor": 1.0,
-            "beyond": 0}
+    want = {
+        "variant": "fixed_shift",
+        "shift_ratio": None,
+        "shift": 64,
+        "local": 8,
+        "attention_factor": 1.0,
+        "beyond": 0,
+    }
     assert res["eval"]["string"] == want
     assert "tiny@0 +string(S=64,W=8)" in out
     assert {c["length"]: c["string_shift"] for c in res["cells"]} == {300: 64, 480: 64}
     # the mapping form of --set works too
-    assert main(run + ["--out", str(tmp_path / "s2"), "--set",
-                       "eval.string={variant: fixed_shift, shift: 64, local: 8}"]) == 0
+    assert (
+        main(run + ["--out", str(tmp_path / "s2"), "--set", "eval.string={variant: fixed_shift, shift: 64, local: 8}"])
+        == 0
+    )
     s2 = json.loads((tmp_path / "s2" / "step_0.json").read_text())
     assert s2["eval"]["string"] == want
     # the authors' variant (the default): S per length, their factor; another arm than the fixed shift's
@@ -129,22 +144,39 @@ def test_eval_cli_with_string(tmp_path, capsys):
     assert main(run + ["--out", str(tmp_path / "a"), "--set", "eval.string.local=8"]) == 0
     out = capsys.readouterr().out
     ra = json.loads((tmp_path / "a" / "step_0.json").read_text())
-    assert ra["eval"]["string"] == {"variant": "authors", "shift_ratio": 0.33, "shift": None, "local": 8,
-                                    "attention_factor": AF, "beyond": 0}
-    assert {c["length"]: c["string_shift"] for c in ra["cells"]} == {300: 99, 480: 158}   # int(0.33 L)
+    assert ra["eval"]["string"] == {
+        "variant": "authors",
+        "shift_ratio": 0.33,
+        "shift": None,
+        "local": 8,
+        "attention_factor": AF,
+        "beyond": 0,
+    }
+    assert {c["length"]: c["string_shift"] for c in ra["cells"]} == {300: 99, 480: 158}  # int(0.33 L)
     assert "tiny@0 +string(authors,S=0.33L,W=8,af=1.069)" in out
     assert main(["compare", str(tmp_path / "a" / "step_0.json"), str(tmp_path / "s" / "step_0.json")]) == 0
-    out = capsys.readouterr().out   # one row each, never merged
+    out = capsys.readouterr().out  # one row each, never merged
     assert "| tiny@0 +string(authors,S=0.33L,W=8,af=1.069) |" in out and "| tiny@0 +string(S=64,W=8) |" in out
-    assert main(run + ["--out", str(tmp_path / "p"), *fixed, "--set", "eval.string.shift=64",
-                       "--set", "eval.string.local=64"]) == 2
+    assert (
+        main(
+            run
+            + ["--out", str(tmp_path / "p"), *fixed, "--set", "eval.string.shift=64", "--set", "eval.string.local=64"]
+        )
+        == 2
+    )
     assert "eval.string: local=64 >= shift=64" in capsys.readouterr().err
     # an old {shift, local} setting without its variant: the error says how to keep it
-    assert main(run + ["--out", str(tmp_path / "p"), "--set", "eval.string.shift=64",
-                       "--set", "eval.string.local=8"]) == 2
+    assert (
+        main(run + ["--out", str(tmp_path / "p"), "--set", "eval.string.shift=64", "--set", "eval.string.local=8"]) == 2
+    )
     assert "eval.string.variant=fixed_shift to keep S=64" in capsys.readouterr().err
-    assert main(run + ["--out", str(tmp_path / "p"), *fixed, "--set", "eval.string.shift=300",
-                       "--set", "eval.string.local=8"]) == 2
+    assert (
+        main(
+            run
+            + ["--out", str(tmp_path / "p"), *fixed, "--set", "eval.string.shift=300", "--set", "eval.string.local=8"]
+        )
+        == 2
+    )
     assert "eval.string.shift=300 >= eval length 300" in capsys.readouterr().err
     assert main(run + ["--out", str(tmp_path / "p"), "--set", "eval.string.local=8", "--set", "parallel.sp=2"]) == 2
     err = capsys.readouterr().err
@@ -184,11 +216,31 @@ def test_run_eval_applies_string_for_the_eval_only(tmp_path, byte_tok, monkeypat
 
 
 def _res(arm, string=None, length=1024):
-    cells = [{"task": "passkey", "length": length, "n": 2, "correct": 1, "acc_pp": 50.0, "ci_pp": [0, 100],
-              "padded_len": length, "digest": "d", "seconds": 0, "by_depth": []}]
+    cells = [
+        {
+            "task": "passkey",
+            "length": length,
+            "n": 2,
+            "correct": 1,
+            "acc_pp": 50.0,
+            "ci_pp": [0, 100],
+            "padded_len": length,
+            "digest": "d",
+            "seconds": 0,
+            "by_depth": [],
+        }
+    ]
     samples = [{"task": "passkey", "length": length, "index": i, "correct": i == 0} for i in range(2)]
-    return make_result(cells, samples, arm=arm, step=5, window=32768, tokenizer_identity="t", sp=1,
-                       eval_cfg=EvalConfig(lengths=[length], string=string))
+    return make_result(
+        cells,
+        samples,
+        arm=arm,
+        step=5,
+        window=32768,
+        tokenizer_identity="t",
+        sp=1,
+        eval_cfg=EvalConfig(lengths=[length], string=string),
+    )
 
 
 def test_results_of_another_string_setting_are_another_arm():
@@ -213,24 +265,34 @@ def test_results_of_another_string_setting_are_another_arm():
     assert "| a-authors@5 +string(authors,S=0.33L,W=64,af=1.069) |" in md
 
 
-def test_run_eval_with_either_string_kernel_gives_the_same_answers_and_records_which_ran(tmp_path, byte_tok,
-                                                                                     monkeypatch):
+def test_run_eval_with_either_string_kernel_gives_the_same_answers_and_records_which_ran(
+    tmp_path, byte_tok, monkeypatch
+):
     """eval.string.kernel=flex (eager on the CPU) and sdpa: the same generated text for every prompt, and the
     result says which kernel ran (string_kernel); the kernel is how, not what: it is not in the result's
     eval.string (its identity). Without STRING there is no such field."""
     outs = {}
     for impl in ("sdpa", "flex"):
-        cfg = EvalConfig(lengths=[300], n=3, max_new=4, pad=32,
-                         string={**FIXED, "shift": 64, "local": 8, "kernel": impl})
+        cfg = EvalConfig(
+            lengths=[300], n=3, max_new=4, pad=32, string={**FIXED, "shift": 64, "local": 8, "kernel": impl}
+        )
         m = tiny_model(seed=5).double()
         res = harness.run_eval(m, byte_tok, cfg, 512, step=1, out_dir=tmp_path / impl, rank=0, plot=False)
         assert res["string_kernel"] == impl and "kernel" not in res["eval"]["string"]
-        used = res["string_kernels_used"]   # every forward here has more keys than S = 64: no plain call
+        used = res["string_kernels_used"]  # every forward here has more keys than S = 64: no plain call
         assert set(used) == {impl} and used[impl] > 0, used
         outs[impl] = [s["output"] for s in res["samples"]]
     assert outs["sdpa"] == outs["flex"] and len(outs["sdpa"]) == 3
-    res = harness.run_eval(tiny_model(seed=5), byte_tok, EvalConfig(lengths=[300], n=1, max_new=4, pad=32), 512,
-                           step=1, out_dir=tmp_path / "plain", rank=0, plot=False)
+    res = harness.run_eval(
+        tiny_model(seed=5),
+        byte_tok,
+        EvalConfig(lengths=[300], n=1, max_new=4, pad=32),
+        512,
+        step=1,
+        out_dir=tmp_path / "plain",
+        rank=0,
+        plot=False,
+    )
     assert "string_kernel" not in res
 
 
@@ -275,8 +337,9 @@ def test_the_resume_key_tells_the_variants_apart(byte_tok):
     m = tiny_model(seed=5)
 
     def key(string):
-        return harness._resume_key(m, byte_tok, EvalConfig(lengths=[300], string=string), 512, 1, "a", 16384, None,
-                                   None, "sdpa")
+        return harness._resume_key(
+            m, byte_tok, EvalConfig(lengths=[300], string=string), 512, 1, "a", 16384, None, None, "sdpa"
+        )
 
     fixed = {**FIXED, "shift": 99, "local": 8}
     keys = {key(fixed), key({"shift_ratio": 0.33, "local": 8}), key({**fixed, "attention_factor": AF}), key(None)}
@@ -297,8 +360,9 @@ def test_beyond_evaluates_the_short_cells_plain(tmp_path, byte_tok, monkeypatch)
 
     monkeypatch.setattr(harness, "greedy_generate", spy)
     m = tiny_model(seed=5)
-    cfg = EvalConfig(lengths=[300, 700], n=2, max_new=4, pad=32,
-                     string={**FIXED, "shift": 16, "local": 1, "beyond": 300})
+    cfg = EvalConfig(
+        lengths=[300, 700], n=2, max_new=4, pad=32, string={**FIXED, "shift": 16, "local": 1, "beyond": 300}
+    )
     res = harness.run_eval(m, byte_tok, cfg, 1024, step=1, out_dir=tmp_path, rank=0, plot=False)
     assert sorted({(n <= 300, st is None) for n, st in seen}) == [(False, False), (True, True)], seen
     assert all(st == StringSetting(16, 1) for _, st in seen if st is not None)
@@ -318,18 +382,22 @@ def test_beyond_in_the_held_out_loss_is_per_sequence(monkeypatch):
 
     m = tiny_model(seed=5)
     seen = []
-    monkeypatch.setattr(loss_mod, "sequence_nll", lambda model, s, **k: seen.append((len(s), installed(model)))
-                        or (1.0, len(s), 0.5, len(s) // 2))
+    monkeypatch.setattr(
+        loss_mod,
+        "sequence_nll",
+        lambda model, s, **k: seen.append((len(s), installed(model))) or (1.0, len(s), 0.5, len(s) // 2),
+    )
     data = {"by_length": {300: [[1] * 300, [2] * 300]}, "short": [[3] * 80, [4] * 150, [5] * 90]}
-    for string, at300, at150 in (({**FIXED, "shift": 64, "local": 8, "beyond": 100}, StringSetting(64, 8),
-                                  StringSetting(64, 8)),
-                                 ({"local": 8, "beyond": 100}, StringSetting(99, 8, AF), StringSetting(49, 8, AF))):
+    for string, at300, at150 in (
+        ({**FIXED, "shift": 64, "local": 8, "beyond": 100}, StringSetting(64, 8), StringSetting(64, 8)),
+        ({"local": 8, "beyond": 100}, StringSetting(99, 8, AF), StringSetting(49, 8, AF)),
+    ):
         seen.clear()
         cfg = EvalConfig(lengths=[300], string=string, loss={"data": "x"})
-        apply_string(m, StringSetting(5, 1))          # whatever was installed before
+        apply_string(m, StringSetting(5, 1))  # whatever was installed before
         loss_mod.run_loss(m, data, cfg)
         assert seen == [(300, at300), (300, at300), (80, None), (150, at150), (90, None)]
-        assert installed(m) == StringSetting(5, 1)    # left as it came in, not as the last sequence had it
+        assert installed(m) == StringSetting(5, 1)  # left as it came in, not as the last sequence had it
 
 
 def test_a_bad_string_kernel_is_a_config_error():

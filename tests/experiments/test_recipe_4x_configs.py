@@ -2,6 +2,7 @@
 training entry's preflight once the data paths it names point at stand-ins (they are overridable), the
 budgets are equal and >= 40M positions, the arms differ only as the README says, and the README's commands
 parse with megablu's CLI."""
+
 import re
 import shlex
 import sysconfig
@@ -52,24 +53,43 @@ def stand_ins(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("r4x")
     corpus = root / "corpus"
-    build_dataset([Source(str(STDLIB / p), include=["*.py"]) for p in ("json", "email", "asyncio")], TOK, corpus,
-                  val_fraction=0.2, workers=1, progress=False)
-    disjoint_dataset(root / "synth_disjoint", TOK, lengths=[(1000, 3000)], docs=6, filler_data=str(corpus),
-                     progress=False)
-    synth_dataset(root / "synth_evallike", TOK, lengths=[(1000, 3000)], docs=6, fillers=("kv", "text", "repeat"),
-                  filler_data=str(corpus), progress=False)
+    build_dataset(
+        [Source(str(STDLIB / p), include=["*.py"]) for p in ("json", "email", "asyncio")],
+        TOK,
+        corpus,
+        val_fraction=0.2,
+        workers=1,
+        progress=False,
+    )
+    disjoint_dataset(
+        root / "synth_disjoint", TOK, lengths=[(1000, 3000)], docs=6, filler_data=str(corpus), progress=False
+    )
+    synth_dataset(
+        root / "synth_evallike",
+        TOK,
+        lengths=[(1000, 3000)],
+        docs=6,
+        fillers=("kv", "text", "repeat"),
+        filler_data=str(corpus),
+        progress=False,
+    )
     return root
 
 
 def _overrides(arm, root) -> list[str]:
     """Every data_cache/ path the arm names, pointed at the stand-ins (the parent: none, YaRN allowed then)."""
-    sets = ["tokenizer={kind: tiktoken_file, path: 'megablu:stdlib4k'}", f"eval.haystack={root / 'corpus'}",
-            f"eval.loss.data={root / 'corpus'}", "init_from=null", "rope.allow_yarn_from_scratch=true",
-            "data.max_epochs=.inf"]
+    sets = [
+        "tokenizer={kind: tiktoken_file, path: 'megablu:stdlib4k'}",
+        f"eval.haystack={root / 'corpus'}",
+        f"eval.loss.data={root / 'corpus'}",
+        "init_from=null",
+        "rope.allow_yarn_from_scratch=true",
+        "data.max_epochs=.inf",
+    ]
     data = load_raw(DIR / f"{arm}.yaml")["data"]
     if data.get("mix"):
         mix = [{**m, "path": str(root / Path(m["path"]).name), "max_epochs": float("inf")} for m in data["mix"]]
-        sets.append("data.mix=" + yaml.safe_dump(mix, default_flow_style=True, width=10 ** 6).strip())
+        sets.append("data.mix=" + yaml.safe_dump(mix, default_flow_style=True, width=10**6).strip())
     else:
         sets.append(f"data.path={root / 'corpus'}")
     return sets
@@ -116,7 +136,8 @@ def test_the_arms_differ_only_as_the_readme_says():
     # recipe vs long_only: the rope's apply, the data, the lr (the package), nothing else
     d = _diff(lo, rc)
     assert d - {"name", "rope.yarn.apply", "schedule.lr", "schedule.min_lr"} == {
-        x for x in d if x.startswith("data.")}, d
+        x for x in d if x.startswith("data.")
+    }, d
     assert lo["rope"]["yarn"]["apply"] == "always" and rc["rope"]["yarn"]["apply"] == "beyond_original"
     # the untrained floor is long_only's config, evaluated (its own name only)
     assert _diff(lo, yu) == {"name"}
@@ -124,8 +145,14 @@ def test_the_arms_differ_only_as_the_readme_says():
     assert lo["eval"] == rc["eval"] == ev["eval"] == yu["eval"]
 
 
-VARS = {"K": "0", "ARM": "recipe", "a": "recipe", "TOKZ": "hf:data_cache/r4x/hf_tokenizer/tokenizer.json",
-        "CK": "data_cache/r4x/runs/x/checkpoints/step_160", "REMAINING": "500"}
+VARS = {
+    "K": "0",
+    "ARM": "recipe",
+    "a": "recipe",
+    "TOKZ": "hf:data_cache/r4x/hf_tokenizer/tokenizer.json",
+    "CK": "data_cache/r4x/runs/x/checkpoints/step_160",
+    "REMAINING": "500",
+}
 
 
 def _commands(text: str, head: str) -> list[list[str]]:

@@ -4,6 +4,7 @@ the same per-step losses as one node of 4 ranks (launch/cpu.sh, the deepspeed la
 
 One test, ~1 min on 2 shared cores (two 4-rank runs of 4 steps, ~30 s each). It runs in CI.
 """
+
 import csv
 import json
 import math
@@ -37,24 +38,65 @@ def _check(r: subprocess.CompletedProcess, what: str) -> None:
 def test_two_simulated_nodes_equal_one_node(tmp_path, stdlib_data):
     data = stdlib_data
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHON": sys.executable}
-    common = ["--config", "tests/configs/tiny_cpu_ext.yaml", "--device", "cpu",
-              "--set", f"runs_dir={tmp_path}/runs", "--set", f"data.path={data}", "--set", "train.max_steps=4",
-              "--set", "schedule.warmup_steps=1", "--set", "schedule.decay_start=2",
-              "--set", "checkpoint.every_steps=0", "--set", "checkpoint.save_final=false",
-              "--set", "data.max_epochs=100", "--set", "rope.allow_yarn_from_scratch=true"]
+    common = [
+        "--config",
+        "tests/configs/tiny_cpu_ext.yaml",
+        "--device",
+        "cpu",
+        "--set",
+        f"runs_dir={tmp_path}/runs",
+        "--set",
+        f"data.path={data}",
+        "--set",
+        "train.max_steps=4",
+        "--set",
+        "schedule.warmup_steps=1",
+        "--set",
+        "schedule.decay_start=2",
+        "--set",
+        "checkpoint.every_steps=0",
+        "--set",
+        "checkpoint.save_final=false",
+        "--set",
+        "data.max_epochs=100",
+        "--set",
+        "rope.allow_yarn_from_scratch=true",
+    ]
 
     # one node, 4 ranks, deepspeed launcher
-    one = subprocess.run(["bash", "launch/cpu.sh", "--num-gpus", "4", "--master-port", str(free_port()), *common],
-                         capture_output=True, text=True, env=env, cwd=ROOT)
+    one = subprocess.run(
+        ["bash", "launch/cpu.sh", "--num-gpus", "4", "--master-port", str(free_port()), *common],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     _check(one, "single node")
     assert "1 node(s) x 4 ranks = world 4 -> dp 2 x sp 2" in one.stderr
 
     # two nodes x 2 ranks: one torchrun per node, node 0 hosts the rendezvous store
     port = str(free_port())
-    node = ["bash", "launch/multinode.sh", "--launcher", "torchrun", "--num-nodes", "2", "--num-gpus", "2",
-            "--master-addr", "127.0.0.1", "--master-port", port, *common]
-    procs = [subprocess.Popen(node + ["--node-rank", str(i)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env, cwd=ROOT) for i in (1, 0)]
+    node = [
+        "bash",
+        "launch/multinode.sh",
+        "--launcher",
+        "torchrun",
+        "--num-nodes",
+        "2",
+        "--num-gpus",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        port,
+        *common,
+    ]
+    procs = [
+        subprocess.Popen(
+            node + ["--node-rank", str(i)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
+        )
+        for i in (1, 0)
+    ]
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (out, err), i in zip(procs, outs, (1, 0)):
         _check(subprocess.CompletedProcess(p.args, p.returncode, out, err), f"node {i}")
@@ -74,4 +116,4 @@ def test_two_simulated_nodes_equal_one_node(tmp_path, stdlib_data):
         assert la == lb
     else:
         assert all(math.isclose(float(x), float(y), rel_tol=1e-5) for (_, x), (_, y) in zip(la, lb)), (la, lb)
-    assert float(la[-1][1]) < float(la[0][1])      # it trained
+    assert float(la[-1][1]) < float(la[0][1])  # it trained

@@ -7,6 +7,7 @@ the training test drives the Trainer directly for that one, and takes the real e
 (launch/cpu.sh) for ZeRO-3 + parameter offload. Both apply the yaml's own `parallel`
 section to the tiny model. Cost: ~35 s, plus ~50 s the first time CPU Adam is JIT-built.
 """
+
 import csv
 import os
 import subprocess
@@ -37,7 +38,7 @@ def parallel_sets(name: str) -> list[str]:
 @pytest.mark.parametrize("name", sorted(OFFLOAD))
 def test_offload_config_resolves_to_deepspeed_sections(name):
     stage, opt, params = OFFLOAD[name]
-    cfg = load_config(CFG / name, world_size=1, device="cuda")      # blu-0.5b on one GPU
+    cfg = load_config(CFG / name, world_size=1, device="cuda")  # blu-0.5b on one GPU
     ds = deepspeed_config(cfg, grad_accum=32, dp=1, device="cuda")
     z = ds["zero_optimization"]
     assert z["stage"] == stage
@@ -45,7 +46,7 @@ def test_offload_config_resolves_to_deepspeed_sections(name):
     for key in ("offload_optimizer", "offload_param"):
         if key in z:
             assert z[key] == {"device": "cpu", "pin_memory": True}
-    assert ("optimizer" in ds) == opt          # CPU Adam comes from DeepSpeed's optimizer section
+    assert ("optimizer" in ds) == opt  # CPU Adam comes from DeepSpeed's optimizer section
     if opt:
         with pytest.raises(ConfigError, match="offload_optimizer on a CPU run has no effect"):
             load_config(CFG / name, world_size=1, device="cpu")
@@ -56,26 +57,36 @@ def _train_in_process(rank, world, sets):
     from megablu.train.trainer import Trainer
 
     tiny = ROOT / "tests" / "configs" / "tiny_cpu.yaml"
-    cfg = load_config(tiny, sets, world_size=world)   # no device: skips the CPU refusal
+    cfg = load_config(tiny, sets, world_size=world)  # no device: skips the CPU refusal
     t = Trainer(cfg)
     summary = t.train()
     with open(Path(summary["run_dir"]) / "metrics.csv") as f:
         losses = [float(r["loss"]) for r in csv.DictReader(f)]
-    return {"losses": losses, "cpu_offload": bool(t.engine.zero_cpu_offload()),
-            "optimizer": type(getattr(t.engine.optimizer, "optimizer", t.engine.optimizer)).__name__,
-            "fused_grad_check": getattr(t.engine.optimizer, "_megablu_fused_grad_check", False)}
+    return {
+        "losses": losses,
+        "cpu_offload": bool(t.engine.zero_cpu_offload()),
+        "optimizer": type(getattr(t.engine.optimizer, "optimizer", t.engine.optimizer)).__name__,
+        "fused_grad_check": getattr(t.engine.optimizer, "_megablu_fused_grad_check", False),
+    }
 
 
 @pytest.mark.e2e
 def test_offload_configs_train_on_cpu(tmp_path, stdlib_data):
     data = stdlib_data
-    common = [f"runs_dir={tmp_path}/runs", f"data.path={data}", "train.max_steps=3", "schedule.warmup_steps=1",
-              "checkpoint.every_steps=0", "checkpoint.save_final=false", "data.max_epochs=100"]
+    common = [
+        f"runs_dir={tmp_path}/runs",
+        f"data.path={data}",
+        "train.max_steps=3",
+        "schedule.warmup_steps=1",
+        "checkpoint.every_steps=0",
+        "checkpoint.save_final=false",
+        "data.max_epochs=100",
+    ]
 
     # ZeRO-2 + optimizer offload: DeepSpeed's CPU Adam steps the fp32 partition
     opt = run_distributed(_train_in_process, 1, parallel_sets("zero2_offload_opt.yaml") + common)
     assert opt["cpu_offload"] and opt["optimizer"] == "DeepSpeedCPUAdam", opt
-    assert not opt["fused_grad_check"]   # offload: DeepSpeed checks the gradients on their way to the CPU
+    assert not opt["fused_grad_check"]  # offload: DeepSpeed checks the gradients on their way to the CPU
 
     # the default ZeRO-1 without offload: train.fused_grad_check replaced DeepSpeed's per-tensor checks
     z1 = run_distributed(_train_in_process, 1, common)
@@ -83,9 +94,23 @@ def test_offload_configs_train_on_cpu(tmp_path, stdlib_data):
 
     # ZeRO-3 + parameter offload through the real entry (launch/cpu.sh -> deepspeed launcher)
     sets = [x for s in parallel_sets("zero3_offload_params.yaml") + common for x in ("--set", s)]
-    r = subprocess.run(["bash", "launch/cpu.sh", "--num-gpus", "1", "--config", "tests/configs/tiny_cpu.yaml",
-                        "--master-port", str(free_port()), *sets], capture_output=True, text=True, cwd=ROOT,
-                       env={**os.environ, "PYTHON": sys.executable})
+    r = subprocess.run(
+        [
+            "bash",
+            "launch/cpu.sh",
+            "--num-gpus",
+            "1",
+            "--config",
+            "tests/configs/tiny_cpu.yaml",
+            "--master-port",
+            str(free_port()),
+            *sets,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
     assert r.returncode == 0, "\n".join((r.stderr + r.stdout).splitlines()[-25:])
     run_dir = max((tmp_path / "runs").glob("tiny_cpu-*"))
     resolved = yaml.safe_load((run_dir / "config.resolved.yaml").read_text())["parallel"]

@@ -8,6 +8,7 @@ ops="cuda" runs the CUDA ops' autograd Functions (which save other tensors: r/rs
 row views, cos/sin) with a torch stand-in for the compiled extension, so that path composes
 with tiles and offload on a GPU-less machine too. The streams are checked on a GPU (below).
 """
+
 import collections
 import importlib
 import itertools
@@ -27,7 +28,7 @@ from megablu.ops.swiglu import swiglu_backward_reference
 
 CFG = ModelConfig(n_layers=3, d_model=64, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=97)
 ROPE = RopeConfig(theta=10000.0)
-B, T = 2, 37                       # B*T = 74 rows: 3 tiles of 25, 25, 24
+B, T = 2, 37  # B*T = 74 rows: 3 tiles of 25, 25, 24
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -74,8 +75,11 @@ def torch_ext_as_cuda(monkeypatch):
     for name in ("rope", "rmsnorm", "swiglu"):
         mod = importlib.import_module(f"megablu.ops.{name}")
         monkeypatch.setattr(mod, "ext", lambda: fake)
-        monkeypatch.setattr(mod, "resolve", lambda op, tensors, unsupported=None, impl=None:
-                            "torch" if impl == "torch" or unsupported else "cuda")
+        monkeypatch.setattr(
+            mod,
+            "resolve",
+            lambda op, tensors, unsupported=None, impl=None: "torch" if impl == "torch" or unsupported else "cuda",
+        )
     return fake
 
 
@@ -118,17 +122,19 @@ def assert_same(got, ref, what):
 # --------------------------------------------------------------------------- gradient equality
 @pytest.mark.parametrize("ops", ["torch", "cuda"])
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
-@pytest.mark.parametrize("tiles,offload,keep_last", [(3, False, 0), (1, True, KEEP_LAST), (3, True, KEEP_LAST),
-                                                    (1, True, 0)])
+@pytest.mark.parametrize(
+    "tiles,offload,keep_last", [(3, False, 0), (1, True, KEEP_LAST), (3, True, KEEP_LAST), (1, True, 0)]
+)
 def test_switches_match_plain_path(request, ops, recompute, tiles, offload, keep_last):
     fake = request.getfixturevalue("torch_ext_as_cuda") if ops == "cuda" else None
     ids, labels = batch()
     ref = step(build(MemoryConfig(ops=ops)), ids, labels)
-    m = build(MemoryConfig(ops=ops, recompute=recompute, mlp_tiles=tiles, offload_activations=offload),
-              keep_last=keep_last)
+    m = build(
+        MemoryConfig(ops=ops, recompute=recompute, mlp_tiles=tiles, offload_activations=offload), keep_last=keep_last
+    )
     got = step(m, ids, labels)
     assert_same(got, ref, f"ops={ops} recompute={recompute} tiles={tiles} offload={offload}")
-    if fake is not None:   # every kernel of the block ran, forward and backward
+    if fake is not None:  # every kernel of the block ran, forward and backward
         assert set(fake.calls) == {"rmsnorm_fwd", "rmsnorm_bwd", "rope_apply", "swiglu_fwd", "swiglu_bwd"}
     if offload:
         assert m.offload.host_bytes > 0
@@ -139,11 +145,12 @@ def _offload_host_bytes(model_cfg, **memory) -> dict:
     against the plain path's; apply_memory installs the offload (CPU copies stand in for pinned ones)."""
     ids, labels = batch()
     ref = step(apply_memory(_seeded(model_cfg), MemoryConfig()), ids, labels)
-    (field, values), = memory.items()
+    ((field, values),) = memory.items()
     host = {}
     for v in values:
-        m = apply_memory(_seeded(model_cfg),
-                         MemoryConfig(recompute="selective", offload_activations=True, **{field: v}))
+        m = apply_memory(
+            _seeded(model_cfg), MemoryConfig(recompute="selective", offload_activations=True, **{field: v})
+        )
         assert (m.offload.keep_last, m.offload.fraction) == ((v, 1.0) if field == "offload_keep" else (1, v))
         m.offload.copy_cpu, m.offload.min_bytes = True, 0
         assert_same(step(m, ids, labels), ref, f"{field}={v}")
@@ -155,7 +162,7 @@ def test_offload_keep_is_installed_and_keeps_that_many_blocks_on_the_device():
     """memory.offload_keep = K: the last K blocks' saved sets stay on the device, the others go to host,
     the same bytes per block; grads equal the plain path's."""
     host, n = _offload_host_bytes(CFG, offload_keep=(1, 2)), CFG.n_layers
-    assert host[2] > 0 and host[1] * (n - 2) == host[2] * (n - 1)     # n-1 blocks moved vs n-2, the same each
+    assert host[2] > 0 and host[1] * (n - 2) == host[2] * (n - 1)  # n-1 blocks moved vs n-2, the same each
 
 
 def test_offload_fraction_spreads_the_offloaded_blocks_and_keeps_the_grads():
@@ -168,12 +175,12 @@ def test_offload_fraction_spreads_the_offloaded_blocks_and_keeps_the_grads():
     assert offloaded_count(36, 1, 0.75) == 26 and offloaded_count(36, 1, 1.0) == 35
     assert offloaded_count(36, 4, 0.5) == 16 and offloaded_count(36, 1, 0.01) == 0
     for n, k, f in itertools.product(range(1, 20), range(1, 5), (1.0, 0.75, 2 / 3, 0.5, 0.3, 0.01)):
-        assert offloaded_count(n, k, f) == sum(offloaded(i, n, k, f) for i in range(n)), (n, k, f)   # closed form
+        assert offloaded_count(n, k, f) == sum(offloaded(i, n, k, f) for i in range(n)), (n, k, f)  # closed form
     host = _offload_host_bytes(CFG.model_copy(update={"n_layers": 5}), offload_fraction=(1.0, 0.5))
     assert offloaded_count(5, 1, 0.5) == 2 and host[0.5] > 0 and host[1.0] * 2 == host[0.5] * 4
 
 
-@pytest.mark.parametrize("tiles", [2, 74, 200])      # 200 > B*T rows: one row per tile
+@pytest.mark.parametrize("tiles", [2, 74, 200])  # 200 > B*T rows: one row per tile
 def test_tile_counts_match_plain_path(tiles):
     ids, labels = batch(1)
     ref = step(build(MemoryConfig()), ids, labels)
@@ -196,7 +203,7 @@ def test_no_grad_forward_tiled_equals_plain_and_offload_idle():
         m = build(MemoryConfig(mlp_tiles=4, offload_activations=True))
         got = m(ids)
     torch.testing.assert_close(got, ref)
-    assert m.offload.host_bytes == 0          # inference saves nothing: nothing offloaded
+    assert m.offload.host_bytes == 0  # inference saves nothing: nothing offloaded
 
 
 def _saved_bytes(memory: MemoryConfig) -> int:
@@ -230,7 +237,7 @@ def test_apply_memory_installs_each_switch():
         apply_memory(m, MemoryConfig())
     bare = BluModel(CFG, ROPE)
     assert bare.lm_head.chunk == 0 and not hasattr(bare, "offload")
-    assert {type(mod).forward for mod in bare.layers} == {type(bare.layers[0]).forward}   # nothing installed
+    assert {type(mod).forward for mod in bare.layers} == {type(bare.layers[0]).forward}  # nothing installed
 
 
 # --------------------------------------------------------------------------- what goes to host
@@ -247,12 +254,17 @@ def test_full_recompute_offloads_the_layer_inputs_only():
     # one (B, T, d) fp32 input per offloaded layer; weights, cos/sin and nothing else; the
     # last KEEP_LAST layers stay on the device (the backward needs them first)
     layer_input = B * T * 64 * 4
-    assert _host_bytes(MemoryConfig(recompute="full", offload_activations=True)) == \
-        (CFG.n_layers - KEEP_LAST) * layer_input
-    assert _host_bytes(MemoryConfig(recompute="full", mlp_tiles=3, offload_activations=True)) == \
-        (CFG.n_layers - KEEP_LAST) * layer_input
-    assert _host_bytes(MemoryConfig(recompute="full", offload_activations=True), keep_last=0) == \
-        CFG.n_layers * layer_input
+    assert (
+        _host_bytes(MemoryConfig(recompute="full", offload_activations=True))
+        == (CFG.n_layers - KEEP_LAST) * layer_input
+    )
+    assert (
+        _host_bytes(MemoryConfig(recompute="full", mlp_tiles=3, offload_activations=True))
+        == (CFG.n_layers - KEEP_LAST) * layer_input
+    )
+    assert (
+        _host_bytes(MemoryConfig(recompute="full", offload_activations=True), keep_last=0) == CFG.n_layers * layer_input
+    )
 
 
 def test_host_bytes_follow_the_recompute_mode():
@@ -277,10 +289,10 @@ def test_offload_copies_a_storage_once_and_never_a_weight():
     off = ActivationOffload(min_bytes=0, copy_cpu=True)
     off.begin()
     with off.block(torch.nn.ModuleList([lin1, lin2])):
-        y = torch.tanh(x)                          # saves its output y
-        out = lin1(y) + lin2(y.view(5, 16))        # both linears save y (or a view of it) and a weight
+        y = torch.tanh(x)  # saves its output y
+        out = lin1(y) + lin2(y.view(5, 16))  # both linears save y (or a view of it) and a weight
     off.end()
-    assert off.host_bytes == y.numel() * 4         # y once; x is not saved; weights by reference
+    assert off.host_bytes == y.numel() * 4  # y once; x is not saved; weights by reference
     out.square().sum().backward()
     gx, g1 = x.grad.clone(), lin1.weight.grad.clone()
     x.grad = None
@@ -308,7 +320,7 @@ def test_one_tile_of_intermediates_alive_forward_and_backward():
 
     def fn(t):
         assert all(r() is None for r in alive), "a previous tile's intermediate is still alive"
-        h = F.silu(t @ w1.t())                     # (rows, ffn)
+        h = F.silu(t @ w1.t())  # (rows, ffn)
         alive.append(weakref.ref(h))
         rows_seen.append(t.shape[0])
         return h @ w2.t()
@@ -317,10 +329,10 @@ def test_one_tile_of_intermediates_alive_forward_and_backward():
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
         y = tiled(fn, x, 3, (w1, w2))
-    assert saved == [x.shape]                      # only the tiled input is saved for backward
+    assert saved == [x.shape]  # only the tiled input is saved for backward
     alive.clear()
     y.backward(torch.ones_like(y))
-    assert rows_seen == [25, 25, 24] * 2           # forward, then the backward's recompute
+    assert rows_seen == [25, 25, 24] * 2  # forward, then the backward's recompute
     gx, g1, g2 = x.grad, w1.grad, w2.grad
     x.grad = w1.grad = w2.grad = None
     alive.clear()
@@ -332,8 +344,7 @@ def test_one_tile_of_intermediates_alive_forward_and_backward():
 # --------------------------------------------------------------------------- GPU: the streams
 @cuda
 @pytest.mark.parametrize("ops", ["torch", "cuda"])
-@pytest.mark.parametrize("recompute,tiles", [("none", 4), ("selective", 1), ("selective", 4), ("full", 1),
-                                             ("full", 4)])
+@pytest.mark.parametrize("recompute,tiles", [("none", 4), ("selective", 1), ("selective", 4), ("full", 1), ("full", 4)])
 def test_cuda_streams_match_plain_path(ops, recompute, tiles):
     """Real side-stream copies and pinned memory (min_bytes=0: everything moves), fp32;
     ops="cuda" runs the compiled kernels inside the tiles."""
@@ -355,11 +366,12 @@ def test_cuda_offload_and_tiles_lower_the_peak():
     cfg = ModelConfig(n_layers=8, d_model=256, n_heads=4, n_kv_heads=2, ffn_dim=2048, vocab_size=1000)
     ids = torch.randint(0, 1000, (1, 8192), device="cuda")
     peaks = {}
-    for name, mem in (("full", MemoryConfig(recompute="full", loss_chunk=1024)),
-                      ("full+tiles", MemoryConfig(recompute="full", loss_chunk=1024, mlp_tiles=8)),
-                      ("selective", MemoryConfig(recompute="selective", loss_chunk=1024)),
-                      ("selective+offload", MemoryConfig(recompute="selective", loss_chunk=1024,
-                                                         offload_activations=True))):
+    for name, mem in (
+        ("full", MemoryConfig(recompute="full", loss_chunk=1024)),
+        ("full+tiles", MemoryConfig(recompute="full", loss_chunk=1024, mlp_tiles=8)),
+        ("selective", MemoryConfig(recompute="selective", loss_chunk=1024)),
+        ("selective+offload", MemoryConfig(recompute="selective", loss_chunk=1024, offload_activations=True)),
+    ):
         m = apply_memory(BluModel(cfg, ROPE), mem).to("cuda", torch.bfloat16)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()

@@ -5,6 +5,7 @@ ZeRO-3 is the case that needs its own code: a partitioned weight has shape [0] o
 module's call, so the tiled MLP accumulates into .grad with `ds_grad_is_ready` there
 (memory/tiled.py `_backward_zero3`) instead of returning the weights' gradients.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -28,7 +29,7 @@ def _worker(rank, world, cases):
         model = BluModel(_model_cfg(4, 2), ROPE)
         model.reset_parameters(seed=0)
         apply_memory(model, MemoryConfig(**c["memory"]))
-        if model.offload is not None:   # CPU: the copy path (every saved tensor through pack/unpack)
+        if model.offload is not None:  # CPU: the copy path (every saved tensor through pack/unpack)
             model.offload = ActivationOffload(min_bytes=0, copy_cpu=True)
         apply_ulysses(model, g)
         results.append(engine_grads(model, g, c["stage"], c["T"]))

@@ -5,6 +5,7 @@ Reference: every document of the row through the same model on its own, position
 and for the gradient of every parameter of the summed loss, fp32 on CPU (the dense
 doc-mask kernel; the GPU kernels are tested against SDPA in tests/ops/test_doc_attention.py).
 """
+
 import pytest
 import torch
 
@@ -17,7 +18,7 @@ from megablu.ops.cross_entropy import IGNORE_INDEX
 
 VOCAB = 61
 ROPE = RopeConfig(theta=10000.0, yarn=YarnConfig(factor=2.0, original_max_position=32))
-TOL = dict(rtol=2e-5, atol=2e-6)   # fp32: the packed and per-document sums run in other orders
+TOL = dict(rtol=2e-5, atol=2e-6)  # fp32: the packed and per-document sums run in other orders
 
 
 def cfg(h=9, kv=3):
@@ -61,7 +62,7 @@ def alone(model, ids, labels, lengths):
     return logits, loss
 
 
-LENGTHS = [7, 1, 20, 12]   # T=40 > original 32: one-token document included
+LENGTHS = [7, 1, 20, 12]  # T=40 > original 32: one-token document included
 
 
 @pytest.mark.parametrize("h,kv", [(9, 3), (4, 4), (8, 2)])
@@ -85,7 +86,7 @@ def test_continue_positions_equal_documents_alone_at_their_row_positions():
     m = build()
     ids, labels, doc = packed(LENGTHS, seed=1)
     T = ids.shape[1]
-    logits = m(ids, doc_ids=doc)                       # default positions 0..T-1: continue
+    logits = m(ids, doc_ids=doc)  # default positions 0..T-1: continue
     pos = torch.arange(T)[None]
     ref = torch.cat([m(ids[:, s:e], position_ids=pos[:, s:e]) for s, e in bounds(LENGTHS)], 1)
     torch.testing.assert_close(logits, ref, **TOL)
@@ -104,19 +105,24 @@ def test_one_document_equals_plain_causal():
         torch.testing.assert_close(g[k], ref_g[k], rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("memory", [
-    MemoryConfig(recompute="selective"), MemoryConfig(recompute="full"),
-    MemoryConfig(recompute="selective", mlp_tiles=3, loss_chunk=16),
-    MemoryConfig(recompute="full", mlp_tiles=3, offload_activations=True),
-    MemoryConfig(offload_activations=True, mlp_tiles=2),
-], ids=["selective", "full", "selective+tiles+chunk", "full+tiles+offload", "none+offload"])
+@pytest.mark.parametrize(
+    "memory",
+    [
+        MemoryConfig(recompute="selective"),
+        MemoryConfig(recompute="full"),
+        MemoryConfig(recompute="selective", mlp_tiles=3, loss_chunk=16),
+        MemoryConfig(recompute="full", mlp_tiles=3, offload_activations=True),
+        MemoryConfig(offload_activations=True, mlp_tiles=2),
+    ],
+    ids=["selective", "full", "selective+tiles+chunk", "full+tiles+offload", "none+offload"],
+)
 def test_doc_mask_composes_with_memory_switches(memory):
     ids, labels, doc = packed(LENGTHS, seed=3)
     pos = document_positions(doc)
     ref_m = build()
     ref = grads_of(ref_m, ref_m(ids, position_ids=pos, labels=labels, doc_ids=doc)[0])
     m = build(memory=memory)
-    if m.offload is not None:   # every saved tensor through the pack/unpack path, on CPU
+    if m.offload is not None:  # every saved tensor through the pack/unpack path, on CPU
         m.offload = ActivationOffload(min_bytes=0, copy_cpu=True)
     got = grads_of(m, m(ids, position_ids=pos, labels=labels, doc_ids=doc)[0])
     for k in ref:
@@ -126,16 +132,18 @@ def test_doc_mask_composes_with_memory_switches(memory):
 def test_doc_ids_with_a_cache_are_refused():
     m = build()
     with pytest.raises(ValueError, match="KV cache"):
-        m(torch.zeros(1, 4, dtype=torch.long), doc_ids=torch.zeros(1, 4, dtype=torch.long),
-          cache=KVCache(m.cfg.n_layers))
+        m(
+            torch.zeros(1, 4, dtype=torch.long),
+            doc_ids=torch.zeros(1, 4, dtype=torch.long),
+            cache=KVCache(m.cfg.n_layers),
+        )
 
 
 def test_packing_layout():
     doc = torch.tensor([[0, 0, 0, 1, 2, 2, 2, 2], [0, 0, 0, 0, 0, 0, 0, 0]])
     assert document_positions(doc).tolist() == [[0, 1, 2, 0, 0, 1, 2, 3], list(range(8))]
     assert document_lengths(doc).tolist() == [[3, 3, 3, 1, 4, 4, 4, 4], [8] * 8]
-    labels = torch.tensor([[5, 5, IGNORE_INDEX, 5, IGNORE_INDEX, IGNORE_INDEX],
-                           [IGNORE_INDEX] * 6, [5] * 6])
+    labels = torch.tensor([[5, 5, IGNORE_INDEX, 5, IGNORE_INDEX, IGNORE_INDEX], [IGNORE_INDEX] * 6, [5] * 6])
     assert row_lengths(labels).tolist() == [4, 0, 6]
 
 
@@ -145,9 +153,15 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 
 @cuda
 @pytest.mark.parametrize("impl", ["flex", "varlen"])
-@pytest.mark.parametrize("memory", [MemoryConfig(), MemoryConfig(recompute="full", offload_activations=True),
-                                    MemoryConfig(recompute="selective", mlp_tiles=2, offload_activations=True)],
-                         ids=["plain", "full+offload", "selective+tiles+offload"])
+@pytest.mark.parametrize(
+    "memory",
+    [
+        MemoryConfig(),
+        MemoryConfig(recompute="full", offload_activations=True),
+        MemoryConfig(recompute="selective", mlp_tiles=2, offload_activations=True),
+    ],
+    ids=["plain", "full+offload", "selective+tiles+offload"],
+)
 def test_cuda_model_fast_kernel_equals_dense(impl, memory):
     """The whole model on CUDA with the GPU kernel (compiled FlexAttention or varlen) == the dense
     reference kernel: loss and every gradient, bf16, under recompute and the offload streams

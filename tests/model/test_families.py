@@ -7,6 +7,7 @@ Qwen3 (per-head q/k norms), OLMo 2 (q/k norms over the projection, post-norms), 
 layers), Gemma 3 (1 + w norms, sqrt(d) embedding, GeGLU, sandwich norms, sliding and global layers
 with their own rope bases; YaRN and linear on the global layers only, as transformers does).
 """
+
 import pytest
 import torch
 import transformers
@@ -18,17 +19,37 @@ from megablu.model.rope import default_inv_freq, scaled_inv_freq, yarn_inv_freq
 from .test_hf_parity import randomised
 
 VOCAB = 97
-SMALL = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-             intermediate_size=80, vocab_size=VOCAB, max_position_embeddings=256, pad_token_id=None,
-             bos_token_id=None, eos_token_id=None)
-LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+SMALL = dict(
+    hidden_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    intermediate_size=80,
+    vocab_size=VOCAB,
+    max_position_embeddings=256,
+    pad_token_id=None,
+    bos_token_id=None,
+    eos_token_id=None,
+)
+LLAMA3 = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
 LINEAR = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0, "original_max_position_embeddings": 96}
 
 # Gemma 3: a 24-token window on layers 0 and 1, a global layer 2, each kind its own rope base
-GEMMA = dict(sliding_window=24, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-             query_pre_attn_scalar=16, tie_word_embeddings=True)
+GEMMA = dict(
+    sliding_window=24,
+    layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+    query_pre_attn_scalar=16,
+    tie_word_embeddings=True,
+)
 LOCAL = {"rope_type": "default", "rope_theta": 10000.0}
 
 # (name, transformers config class, its keyword arguments)
@@ -44,12 +65,21 @@ FAMILIES = {
     "smollm3": (transformers.SmolLM3Config, dict(no_rope_layers=[1, 0, 1], rope_theta=10000.0)),
     "smollm3-yarn": (transformers.SmolLM3Config, dict(no_rope_layers=[0, 1, 1], rope_parameters=YARN)),
     "mistral-window": (transformers.MistralConfig, dict(sliding_window=24)),
-    "gemma3": (transformers.Gemma3TextConfig, dict(GEMMA, rope_parameters={
-        "full_attention": {"rope_type": "default", "rope_theta": 1e6}, "sliding_attention": LOCAL})),
-    "gemma3-linear": (transformers.Gemma3TextConfig, dict(GEMMA, rope_parameters={
-        "full_attention": {**LINEAR, "rope_theta": 1e6}, "sliding_attention": LOCAL})),
-    "gemma3-yarn": (transformers.Gemma3TextConfig, dict(GEMMA, rope_parameters={
-        "full_attention": YARN, "sliding_attention": LOCAL})),
+    "gemma3": (
+        transformers.Gemma3TextConfig,
+        dict(
+            GEMMA,
+            rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6}, "sliding_attention": LOCAL},
+        ),
+    ),
+    "gemma3-linear": (
+        transformers.Gemma3TextConfig,
+        dict(GEMMA, rope_parameters={"full_attention": {**LINEAR, "rope_theta": 1e6}, "sliding_attention": LOCAL}),
+    ),
+    "gemma3-yarn": (
+        transformers.Gemma3TextConfig,
+        dict(GEMMA, rope_parameters={"full_attention": YARN, "sliding_attention": LOCAL}),
+    ),
 }
 
 
@@ -86,23 +116,30 @@ def test_export_round_trip_same_class_same_logits(name):
 
 
 def test_family_switches_are_imported():
-    expect = {"qwen3": ("head", "pre", []), "olmo2": ("proj", "post", []), "smollm3": ("none", "pre", [1]),
-              "mistral": ("none", "pre", []), "llama-llama3": ("none", "pre", []),
-              "gemma3": ("head", "sandwich", [])}
+    expect = {
+        "qwen3": ("head", "pre", []),
+        "olmo2": ("proj", "post", []),
+        "smollm3": ("none", "pre", [1]),
+        "mistral": ("none", "pre", []),
+        "llama-llama3": ("none", "pre", []),
+        "gemma3": ("head", "sandwich", []),
+    }
     for name, (qk, layout, nope) in expect.items():
         m, r = configs_from_hf(hf_family(name).config)
         assert (m.qk_norm, m.norm_layout, m.nope_layers) == (qk, layout, nope), name
     _, r = configs_from_hf(hf_family("llama-llama3").config)
-    assert r.scaling == RopeScalingConfig(type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                                          original_max_position=64)
+    assert r.scaling == RopeScalingConfig(
+        type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=64
+    )
 
 
 def test_yarn_on_llama3_blends_the_parents_frequencies():
     """YaRN on a llama3 parent: extrapolated dims keep the parent's (llama3) frequencies, interpolated
     ones take them / factor, over transformers' ramp (which, with no scaling, IS transformers' YaRN)."""
     dim, theta, factor, orig = 32, 10000.0, 4.0, 256
-    sc = RopeScalingConfig(type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                           original_max_position=64)
+    sc = RopeScalingConfig(
+        type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=64
+    )
     parent = scaled_inv_freq(dim, theta, sc)
     assert not torch.equal(parent, default_inv_freq(dim, theta))
     plain, _ = yarn_inv_freq(dim, theta, factor, orig)
@@ -119,8 +156,11 @@ def test_yarn_on_a_scaled_parent_is_not_exported():
     from megablu.config.schema import ModelConfig
 
     m = ModelConfig(n_layers=1, d_model=32, n_heads=2, n_kv_heads=2, ffn_dim=40, vocab_size=VOCAB)
-    rope = RopeConfig(theta=1e4, scaling=RopeScalingConfig(type="linear", factor=2.0),
-                      yarn=YarnConfig(factor=2.0, original_max_position=128))
+    rope = RopeConfig(
+        theta=1e4,
+        scaling=RopeScalingConfig(type="linear", factor=2.0),
+        yarn=YarnConfig(factor=2.0, original_max_position=128),
+    )
     with pytest.raises(RopeExportError, match="rope.scaling.type=linear.*one rope_type"):
         hf_config_dict(m, rope, 256)
 
@@ -133,11 +173,15 @@ def test_qwen3_with_sliding_layers_is_refused():
 
 def test_unknown_model_type_and_partial_rope_are_refused():
     g = transformers.GemmaConfig(**{k: v for k, v in SMALL.items()})
-    with pytest.raises(ValueError, match=r"model_type='gemma'.*imports gemma3_text, llama, mistral, olmo2, qwen2, "
-                                         r"qwen3, smollm3"):
+    with pytest.raises(
+        ValueError,
+        match=r"model_type='gemma'.*imports gemma3_text, llama, mistral, olmo2, qwen2, "
+        r"qwen3, smollm3",
+    ):
         configs_from_hf(g)
-    p = transformers.LlamaConfig(**SMALL, rope_parameters={"rope_type": "default", "rope_theta": 1e4,
-                                                           "partial_rotary_factor": 0.5})
+    p = transformers.LlamaConfig(
+        **SMALL, rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}
+    )
     with pytest.raises(ValueError, match="partial_rotary_factor=0.5"):
         configs_from_hf(p)
 
@@ -158,9 +202,12 @@ def test_memory_switches_same_loss_and_grads(name):
     hf = hf_family(name)
     ids = torch.randint(0, VOCAB, (2, 64), generator=torch.Generator().manual_seed(3))
     out = {}
-    for key, mem in {"none": MemoryConfig(), "selective": MemoryConfig(recompute="selective"),
-                     "selective+tiles": MemoryConfig(recompute="selective", mlp_tiles=3),
-                     "full": MemoryConfig(recompute="full")}.items():
+    for key, mem in {
+        "none": MemoryConfig(),
+        "selective": MemoryConfig(recompute="selective"),
+        "selective+tiles": MemoryConfig(recompute="selective", mlp_tiles=3),
+        "full": MemoryConfig(recompute="full"),
+    }.items():
         m = apply_memory(from_hf(hf), mem)
         s, n = m(ids, labels=ids)
         (s / n).backward()
@@ -230,15 +277,17 @@ def test_sliding_window_kv_cache_decode_equals_full_forward(name):
         full = model(ids)
         cache = KVCache(model.cfg.n_layers)
         pre = model(ids[:, :30], cache=cache)
-        steps = [model(ids[:, t:t + 1], cache=cache) for t in range(30, 60)]
+        steps = [model(ids[:, t : t + 1], cache=cache) for t in range(30, 60)]
     torch.testing.assert_close(pre, full[:, :30], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(torch.cat(steps, 1), full[:, 30:], rtol=1e-5, atol=1e-5)
 
 
 def test_gemma3_refusals():
-    for kw, msg in [(dict(final_logit_softcapping=30.0), "final_logit_softcapping=30.0"),
-                    (dict(attn_logit_softcapping=50.0), "attn_logit_softcapping=50.0"),
-                    (dict(query_pre_attn_scalar=32), "query_pre_attn_scalar=32 != head_dim 16")]:
+    for kw, msg in [
+        (dict(final_logit_softcapping=30.0), "final_logit_softcapping=30.0"),
+        (dict(attn_logit_softcapping=50.0), "attn_logit_softcapping=50.0"),
+        (dict(query_pre_attn_scalar=32), "query_pre_attn_scalar=32 != head_dim 16"),
+    ]:
         cls, base = FAMILIES["gemma3"]
         with pytest.raises(ValueError, match=msg):
             configs_from_hf(cls(**{**SMALL, **base, **kw}))

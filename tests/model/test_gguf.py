@@ -10,6 +10,7 @@ gemma3 (sliding and global layers, sandwich norms, GeGLU). Two model-specific ch
 transformers' GGUF loader leaves at its config defaults: qwen3's head_dim 128 (it does not read
 attention.key_length for qwen3) and gemma3's query_pre_attn_scalar 256 (so head_dim 256 here).
 """
+
 from __future__ import annotations
 
 import json
@@ -25,9 +26,19 @@ from megablu.model.gguf import GGUFError, load_gguf, read_gguf
 from .test_hf_parity import randomised
 
 VOCAB = 96
-BASE = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-            intermediate_size=96, vocab_size=VOCAB, max_position_embeddings=256, rms_norm_eps=1e-6,
-            pad_token_id=None, bos_token_id=None, eos_token_id=None)
+BASE = dict(
+    hidden_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=96,
+    vocab_size=VOCAB,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    pad_token_id=None,
+    bos_token_id=None,
+    eos_token_id=None,
+)
 # arch -> (transformers config class, its arguments, gguf arch name)
 ARCHS = {
     "llama": (transformers.LlamaConfig, dict(head_dim=16, rope_theta=50000.0, tie_word_embeddings=False)),
@@ -35,11 +46,22 @@ ARCHS = {
     "qwen2": (transformers.Qwen2Config, dict(rope_theta=1e6, tie_word_embeddings=False)),
     "qwen3": (transformers.Qwen3Config, dict(head_dim=128, rope_theta=1e6, tie_word_embeddings=True)),
     # 6 layers: llama.cpp's and transformers' Gemma 3 pattern (layers 0-4 slide, 5 is global)
-    "gemma3": (transformers.Gemma3TextConfig, dict(
-        num_hidden_layers=6, num_attention_heads=2, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
-        sliding_window=24, tie_word_embeddings=True,
-        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
+    "gemma3": (
+        transformers.Gemma3TextConfig,
+        dict(
+            num_hidden_layers=6,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=256,
+            query_pre_attn_scalar=256,
+            sliding_window=24,
+            tie_word_embeddings=True,
+            rope_parameters={
+                "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+        ),
+    ),
 }
 GGUF_ARCH = {"llama": "llama", "smollm2": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3"}
 
@@ -82,8 +104,9 @@ def write_gguf(hf, arch: str, path, qtype=None, skip=(), extra=None, meta=None):
         w.add_sliding_window(c.sliding_window)
     for k, v in (meta or {}).items():
         w.add_key_value(k, *v)
-    names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch),
-                                     c.num_hidden_layers)
+    names = gguf.get_tensor_name_map(
+        next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch), c.num_hidden_layers
+    )
     for hf_name, t in hf.state_dict().items():
         if c.tie_word_embeddings and hf_name == "lm_head.weight":
             continue
@@ -119,13 +142,15 @@ def transformers_gguf(path):
     hf = transformers.AutoModelForCausalLM.from_config(cfg)
     sd = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=hf)["tensors"]
     missing, unexpected = hf.load_state_dict(sd, strict=False)
-    assert not unexpected and set(missing) <= ({"lm_head.weight"} if cfg.tie_word_embeddings else set()), \
-        (missing, unexpected)
+    assert not unexpected and set(missing) <= ({"lm_head.weight"} if cfg.tie_word_embeddings else set()), (
+        missing,
+        unexpected,
+    )
     hf.tie_weights()
     return hf.float().eval()
 
 
-IDS = torch.randint(0, VOCAB, (2, 150), generator=torch.Generator().manual_seed(1))   # 150 > gemma3's window 24
+IDS = torch.randint(0, VOCAB, (2, 150), generator=torch.Generator().manual_seed(1))  # 150 > gemma3's window 24
 
 
 @pytest.mark.parametrize("qtype", [None, gguf.GGMLQuantizationType.Q8_0], ids=["F32", "Q8_0"])
@@ -139,9 +164,9 @@ def test_logits_match_transformers_gguf_loader(tmp_path, name, qtype):
     with torch.no_grad():
         out, ref = mine(IDS), theirs(IDS).logits
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
-        if qtype is None:   # F32 holds the source's weights exactly
+        if qtype is None:  # F32 holds the source's weights exactly
             torch.testing.assert_close(out, hf(IDS).logits, rtol=1e-4, atol=1e-4)
-        else:               # quantized: a different model than the source (the test above is not vacuous)
+        else:  # quantized: a different model than the source (the test above is not vacuous)
             assert (out - hf(IDS).logits).abs().max() > 1e-4
 
 
@@ -159,13 +184,20 @@ def test_linear_rope_from_metadata(tmp_path):
     oracle is the source model itself, a transformers Llama with rope_type linear."""
     cls, kw = ARCHS["llama"]
     torch.manual_seed(0)
-    hf = transformers.AutoModelForCausalLM.from_config(cls(**{**BASE, **kw, "rope_parameters": {
-        "rope_type": "linear", "rope_theta": 50000.0, "factor": 4.0}}))
+    hf = transformers.AutoModelForCausalLM.from_config(
+        cls(**{**BASE, **kw, "rope_parameters": {"rope_type": "linear", "rope_theta": 50000.0, "factor": 4.0}})
+    )
     with torch.no_grad():
         hf = randomised(hf.eval(), 0)
-    path = write_gguf(hf, "llama", tmp_path / "m.gguf", meta={
-        "llama.rope.scaling.type": ("linear", gguf.GGUFValueType.STRING),
-        "llama.rope.scaling.factor": (4.0, gguf.GGUFValueType.FLOAT32)})
+    path = write_gguf(
+        hf,
+        "llama",
+        tmp_path / "m.gguf",
+        meta={
+            "llama.rope.scaling.type": ("linear", gguf.GGUFValueType.STRING),
+            "llama.rope.scaling.factor": (4.0, gguf.GGUFValueType.FLOAT32),
+        },
+    )
     mine = load_gguf(path).eval()
     with torch.no_grad():
         torch.testing.assert_close(mine(IDS), hf(IDS).logits, rtol=1e-4, atol=1e-4)
@@ -210,8 +242,11 @@ def test_unknown_architecture(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(GGUFError, match=r"g\.gguf: general\.architecture='gpt2' is not imported.*gemma3, llama, "
-                                        r"qwen2, qwen3.*transformers folder"):
+    with pytest.raises(
+        GGUFError,
+        match=r"g\.gguf: general\.architecture='gpt2' is not imported.*gemma3, llama, "
+        r"qwen2, qwen3.*transformers folder",
+    ):
         read_gguf(tmp_path / "g.gguf")
 
 
@@ -224,31 +259,45 @@ def test_missing_tensor(tmp_path):
 def test_quant_type_gguf_cannot_dequantize(tmp_path):
     q81 = gguf.GGMLQuantizationType.Q8_1
     block, nbytes = gguf.GGML_QUANT_SIZES[q81]
-    raw = np.zeros((4, 64 // block * nbytes), np.uint8)     # a (4, 64) tensor in Q8_1 blocks
-    path = write_gguf(source_model("llama"), "llama", tmp_path / "m.gguf", skip={"blk.0.attn_v.weight"},
-                      extra={"blk.0.attn_v.weight": (raw, None, q81)})
-    with pytest.raises(GGUFError, match=r"m\.gguf: tensor 'blk\.0\.attn_v\.weight' is stored as Q8_1.*cannot "
-                                        r"dequantize.*llama-quantize"):
+    raw = np.zeros((4, 64 // block * nbytes), np.uint8)  # a (4, 64) tensor in Q8_1 blocks
+    path = write_gguf(
+        source_model("llama"),
+        "llama",
+        tmp_path / "m.gguf",
+        skip={"blk.0.attn_v.weight"},
+        extra={"blk.0.attn_v.weight": (raw, None, q81)},
+    )
+    with pytest.raises(
+        GGUFError,
+        match=r"m\.gguf: tensor 'blk\.0\.attn_v\.weight' is stored as Q8_1.*cannot "
+        r"dequantize.*llama-quantize",
+    ):
         read_gguf(path)
 
 
 def test_llama3_rope_freqs_refused(tmp_path):
-    path = write_gguf(source_model("llama"), "llama", tmp_path / "m.gguf",
-                      extra={"rope_freqs.weight": np.ones(8, np.float32)})
+    path = write_gguf(
+        source_model("llama"), "llama", tmp_path / "m.gguf", extra={"rope_freqs.weight": np.ones(8, np.float32)}
+    )
     with pytest.raises(GGUFError, match=r"rope_freqs\.weight.*llama3.*transformers folder"):
         read_gguf(path)
 
 
 def test_tensor_without_a_place_refused(tmp_path):
-    path = write_gguf(source_model("llama"), "llama", tmp_path / "m.gguf",
-                      extra={"blk.0.attn_output.bias": np.zeros(64, np.float32)})
+    path = write_gguf(
+        source_model("llama"), "llama", tmp_path / "m.gguf", extra={"blk.0.attn_output.bias": np.zeros(64, np.float32)}
+    )
     with pytest.raises(GGUFError, match=r"blk\.0\.attn_output\.bias.*no place in BluModel"):
         read_gguf(path)
 
 
 def test_yarn_metadata_refused(tmp_path):
-    path = write_gguf(source_model("qwen2"), "qwen2", tmp_path / "m.gguf",
-                      meta={"qwen2.rope.scaling.type": ("yarn", gguf.GGUFValueType.STRING)})
+    path = write_gguf(
+        source_model("qwen2"),
+        "qwen2",
+        tmp_path / "m.gguf",
+        meta={"qwen2.rope.scaling.type": ("yarn", gguf.GGUFValueType.STRING)},
+    )
     with pytest.raises(GGUFError, match=r"qwen2\.rope\.scaling\.type='yarn' is not imported"):
         read_gguf(path)
 

@@ -2,6 +2,7 @@
 a sliding-window Qwen2 is refused (its logits differ beyond the window), max_position_embeddings
 survives a round trip, a YaRN factor of 1.0 imports as the plain RoPE it equals, and an
 unsupported rope names the model when the config lists no architecture."""
+
 import pytest
 import torch
 import transformers
@@ -10,8 +11,14 @@ from megablu.model.hf import configs_from_hf, from_hf, rope_record_from_hf, to_h
 
 from .test_hf_parity import randomised
 
-SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-             intermediate_size=80, vocab_size=97)
+SMALL = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=80,
+    vocab_size=97,
+)
 
 
 def _qwen2(**kw):
@@ -40,8 +47,10 @@ def test_to_hf_keeps_max_position_embeddings():
     back = to_hf(from_hf(transformers.LlamaForCausalLM(cfg).eval()))
     assert back.config.max_position_embeddings == 8192
     # an explicit max_position still wins
-    assert to_hf(from_hf(transformers.LlamaForCausalLM(cfg).eval()), max_position=2048) \
-        .config.max_position_embeddings == 2048
+    assert (
+        to_hf(from_hf(transformers.LlamaForCausalLM(cfg).eval()), max_position=2048).config.max_position_embeddings
+        == 2048
+    )
 
 
 def test_yarn_factor_one_imports_as_the_plain_rope_it_equals():
@@ -59,8 +68,13 @@ def test_yarn_factor_one_imports_as_the_plain_rope_it_equals():
 
 
 def test_yarn_factor_one_with_an_attention_factor_is_refused_clearly():
-    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 1.0, "original_max_position_embeddings": 128,
-            "attention_factor": 1.3}
+    rope = {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 1.0,
+        "original_max_position_embeddings": 128,
+        "attention_factor": 1.3,
+    }
     cfg = transformers.LlamaConfig(**SMALL, max_position_embeddings=128, rope_parameters=rope)
     with pytest.raises(ValueError, match=r"factor 1\.0.*attention_factor 1\.3") as e:
         configs_from_hf(cfg)

@@ -4,6 +4,7 @@ transformers' own init sets every RMSNorm weight to 1 and every bias to 0, so a 
 it cannot tell the two norms of a block apart or see a dropped q/k/v bias: `randomised` gives
 every parameter (norms and biases included) its own random values before any comparison.
 """
+
 import pytest
 import torch
 import transformers
@@ -18,9 +19,17 @@ def _llama(yarn: bool, tie: bool, kv: int = 2, heads: int = 4):
     rope = {"rope_type": "default", "rope_theta": 10000.0}
     if yarn:
         rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0, "original_max_position_embeddings": 96}
-    cfg = transformers.LlamaConfig(hidden_size=16 * heads, num_hidden_layers=3, num_attention_heads=heads,
-                                   num_key_value_heads=kv, intermediate_size=88, vocab_size=113,
-                                   max_position_embeddings=192, rope_parameters=rope, tie_word_embeddings=tie)
+    cfg = transformers.LlamaConfig(
+        hidden_size=16 * heads,
+        num_hidden_layers=3,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        intermediate_size=88,
+        vocab_size=113,
+        max_position_embeddings=192,
+        rope_parameters=rope,
+        tie_word_embeddings=tie,
+    )
     torch.manual_seed(0)
     return randomised(transformers.LlamaForCausalLM(cfg).eval())
 
@@ -57,9 +66,16 @@ def test_round_trip_to_hf_and_qwen2():
     assert back.config.rope_parameters["rope_type"] == "yarn"
     assert back.config.rope_parameters["original_max_position_embeddings"] == 96
 
-    qcfg = transformers.Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                    num_key_value_heads=2, intermediate_size=80, vocab_size=97,
-                                    max_position_embeddings=128, tie_word_embeddings=True)
+    qcfg = transformers.Qwen2Config(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=80,
+        vocab_size=97,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(1)
     q = randomised(transformers.Qwen2ForCausalLM(qcfg).eval(), seed=1)
     m = from_hf(q).eval()
@@ -108,7 +124,7 @@ def test_kv_cache_decode_equals_full_forward():
         full = model(ids)
         cache = KVCache(model.cfg.n_layers)
         pre = model(ids[:, :30], cache=cache)
-        steps = [model(ids[:, t:t + 1], cache=cache) for t in range(30, 40)]
+        steps = [model(ids[:, t : t + 1], cache=cache) for t in range(30, 40)]
     torch.testing.assert_close(pre, full[:, :30], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(torch.cat(steps, 1), full[:, 30:], rtol=1e-5, atol=1e-5)
 
@@ -120,21 +136,33 @@ def test_model_does_not_import_deepspeed():
     import pathlib
 
     import megablu.model as pkg
+
     for f in pathlib.Path(pkg.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
                 assert not any(n.startswith("deepspeed") for n in names), f"{f.name} imports deepspeed"
-                assert not any(n.startswith(("memory", "megablu.memory", "torch.utils.checkpoint")) for n in names), \
+                assert not any(n.startswith(("memory", "megablu.memory", "torch.utils.checkpoint")) for n in names), (
                     f"{f.name} imports a memory switch"
+                )
 
 
 def test_parity_models_have_no_default_norms_or_biases():
     """The guard on the guard: every norm weight differs from 1 and every bias from 0, and no
     two norms of a block are equal (a swap of the two would then change the logits)."""
-    q = randomised(transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=80,
-        vocab_size=97)).eval(), seed=1)
+    q = randomised(
+        transformers.Qwen2ForCausalLM(
+            transformers.Qwen2Config(
+                hidden_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                intermediate_size=80,
+                vocab_size=97,
+            )
+        ).eval(),
+        seed=1,
+    )
     for h in (_llama(True, False), q):
         named = dict(h.named_parameters())
         norms = [p for n, p in named.items() if n.endswith("norm.weight")]

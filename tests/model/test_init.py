@@ -1,5 +1,6 @@
 """BluModel's init: the seeded constructor writes every parameter itself (the skipped nn default
 init leaves nothing behind), equals reset_parameters(seed), and puts nn.init back."""
+
 import math
 
 import pytest
@@ -26,7 +27,7 @@ def test_seeded_constructor_equals_reset(tie):
     for n in pa:
         torch.testing.assert_close(pa[n], pb[n], rtol=0, atol=0, msg=n)
     std = a.cfg.init_std
-    for n, p in pa.items():          # each parameter holds what reset_parameters writes, none left empty
+    for n, p in pa.items():  # each parameter holds what reset_parameters writes, none left empty
         if n.endswith("norm.weight"):
             assert torch.all(p == 1.0), n
         else:
@@ -38,14 +39,14 @@ def test_nn_init_restored_even_when_the_build_fails(monkeypatch):
     before = (nn.init.kaiming_uniform_, nn.init.uniform_, nn.init.normal_)
 
     def boom(*a, **k):
-        assert nn.init.normal_ is not before[2]      # patched while building
+        assert nn.init.normal_ is not before[2]  # patched while building
         raise RuntimeError("build failed")
 
     monkeypatch.setattr(BluModel, "_build", boom)
     with pytest.raises(RuntimeError, match="build failed"):
         BluModel(ModelConfig(**CFG), RopeConfig(theta=10000.0))
     assert (nn.init.kaiming_uniform_, nn.init.uniform_, nn.init.normal_) == before
-    lin = nn.Linear(4, 4, bias=False)                # the default init works again
+    lin = nn.Linear(4, 4, bias=False)  # the default init works again
     with torch.no_grad():
         lin.weight.zero_()
     lin.reset_parameters()

@@ -19,6 +19,7 @@ Tolerances (bf16; both paths see the same bf16 weights and inputs):
         difference then passes through 4 layers' bf16 backward); fa4 vs sdpa the same bound.
 In fp32 (the interpreter): loss 1e-5 relative, grads 1e-4 relative Frobenius.
 """
+
 import os
 from pathlib import Path
 
@@ -36,8 +37,8 @@ from tests.ops.test_attention import _fa4_ready
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ModelConfig(**yaml.safe_load((ROOT / "tests" / "configs" / "tiny_cpu.yaml").read_text())["model"])
 ROPE = RopeConfig(theta=10000.0)
-B, T = 2, 300                                   # T not a multiple of 128
-TOL = {torch.bfloat16: (1e-3, 2e-2), torch.float32: (1e-5, 1e-4)}   # (loss rel, grad rel Frobenius)
+B, T = 2, 300  # T not a multiple of 128
+TOL = {torch.bfloat16: (1e-3, 2e-2), torch.float32: (1e-5, 1e-4)}  # (loss rel, grad rel Frobenius)
 
 
 def _where_liger_runs():
@@ -56,7 +57,7 @@ def _batch(device, seed=0):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, TINY.vocab_size, (B, T + 1), generator=g)
     labels = ids[:, 1:].clone()
-    labels[0, :17] = IGNORE_INDEX            # ignored targets, unevenly placed
+    labels[0, :17] = IGNORE_INDEX  # ignored targets, unevenly placed
     labels[1, -5:] = IGNORE_INDEX
     return ids[:, :-1].to(device), labels.to(device)
 
@@ -73,9 +74,8 @@ def run_model(memory: MemoryConfig, device, dtype, model_cfg=TINY):
 
     model.norm.register_forward_hook(keep)
     s, n = model(ids, labels=labels)
-    (s / n).backward()                       # megablu's reduction: sum / labelled-token count
-    return (float(s.detach()), int(n), seen["h"].grad.float(),
-            {k: p.grad.float() for k, p in model.named_parameters()})
+    (s / n).backward()  # megablu's reduction: sum / labelled-token count
+    return (float(s.detach()), int(n), seen["h"].grad.float(), {k: p.grad.float() for k, p in model.named_parameters()})
 
 
 def rel(a, b):
@@ -111,8 +111,6 @@ def test_liger_loss_matches_chunked(tied, liger_chunk):
     errs = assert_same(got, ref, dtype, f"liger (loss_chunk {liger_chunk}) vs chunked (tied={tied})")
     # dW: the head weight's grad; tied, the same parameter as the embedding (its grad sums both uses)
     assert ("embed_tokens.weight" in errs) and (("lm_head.weight" in errs) is not tied)
-
-
 
 
 @pytest.mark.skipif(bool(_fa4_ready()), reason=_fa4_ready() or "ready")

@@ -4,6 +4,7 @@ at m, k rotated at m - P), in fp64 at 1e-10; the switch is live (a small S chang
 when S exceeds every distance, and the KV-cache path (chunked prefill, decode) equals one full forward,
 also under YaRN with apply=beyond_original. Plus the refusals (document masking, a sequence-parallel
 core or slice, positions out of order) and the plain path's kernel being untouched."""
+
 import math
 
 import pytest
@@ -26,7 +27,7 @@ from megablu.model.string import (
 )
 from megablu.ops.rope import rope_reference
 
-TOL = 1e-10   # fp64 throughout: the remapped and the explicit computation differ by rounding only
+TOL = 1e-10  # fp64 throughout: the remapped and the explicit computation differ by rounding only
 YARN_BO = RopeConfig(theta=10000.0, yarn=YarnConfig(factor=4.0, original_max_position=16, apply="beyond_original"))
 
 
@@ -50,10 +51,10 @@ def reference_attention(q, k, v, rot, S, W, positions, rope_len=None):
     k, v = k.repeat_interleave(rep, 2), v.repeat_interleave(rep, 2)
     out = torch.zeros_like(q)
     for t, m in enumerate(positions):
-        qm = _rot(q[:, t:t + 1], rot, [m], rope_len)                              # (B, 1, H, D)
-        kp = _rot(k[:, :m + 1], rot, [m - P(m - n, S, W) for n in range(m + 1)], rope_len)   # (B, m+1, H, D)
+        qm = _rot(q[:, t : t + 1], rot, [m], rope_len)  # (B, 1, H, D)
+        kp = _rot(k[:, : m + 1], rot, [m - P(m - n, S, W) for n in range(m + 1)], rope_len)  # (B, m+1, H, D)
         p = torch.softmax(torch.einsum("bhd,bnhd->bhn", qm[:, 0], kp) / math.sqrt(D), -1)
-        out[:, t] = torch.einsum("bhn,bnhd->bhd", p, v[:, :m + 1])
+        out[:, t] = torch.einsum("bhn,bnhd->bhd", p, v[:, : m + 1])
     return out
 
 
@@ -65,7 +66,7 @@ KERNELS = [("sdpa", 4096), ("sdpa", 7), ("flex", 8), ("flex", 16), ("flex", 128)
 def _attend(kind, size, q, k, ks, v, S):
     if kind == "sdpa":
         return string_attention(q, k, ks, v, S, block=size, impl="sdpa")
-    return string_attention_flex(q, k, ks, v, S, tile=size)   # eager on the CPU: full tiles skip mask_mod
+    return string_attention_flex(q, k, ks, v, S, tile=size)  # eager on the CPU: full tiles skip mask_mod
 
 
 @pytest.mark.parametrize("S,W", [(12, 3), (5, 0), (1, 0), (30, 29), (60, 5), (23, 4), (18, 1)])
@@ -95,8 +96,9 @@ def test_attention_bottom_right_aligned(T, kind, size):
     q = torch.randn(1, T, H, D, generator=g, dtype=torch.float64)
     k, v = (torch.randn(1, tk, Hk, D, generator=g, dtype=torch.float64) for _ in range(2))
     pos = list(range(tk - T, tk))
-    got = _attend(kind, size, _rot(q, rot, pos), _rot(k, rot, range(tk)),
-                  _rot(k, rot, [n + S - W for n in range(tk)]), v, S)
+    got = _attend(
+        kind, size, _rot(q, rot, pos), _rot(k, rot, range(tk)), _rot(k, rot, [n + S - W for n in range(tk)]), v, S
+    )
     assert (got - reference_attention(q, k, v, rot, S, W, pos)).abs().max() < TOL
 
 
@@ -149,7 +151,7 @@ def test_switch_is_live_and_inert_beyond_every_distance():
     ids = torch.randint(0, 61, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         plain = m(ids)
-        apply_string(m, StringConfig(variant="fixed_shift", shift=40, local=3))   # every distance < 40: none remapped
+        apply_string(m, StringConfig(variant="fixed_shift", shift=40, local=3))  # every distance < 40: none remapped
         inert = m(ids)
         apply_string(m, StringConfig(variant="fixed_shift", shift=8, local=3))
         live = m(ids)
@@ -157,14 +159,17 @@ def test_switch_is_live_and_inert_beyond_every_distance():
         back = m(ids)
     assert prev == StringSetting(8, 3) and installed(m) is None
     assert (inert - plain).abs().max() < TOL
-    assert (live - plain).abs().max() > 1e-6   # 1e-6: 1e9 x the rounding the equalities allow
+    assert (live - plain).abs().max() > 1e-6  # 1e-6: 1e9 x the rounding the equalities allow
     # rows before the first remapped distance (position < S) are untouched
     assert (live[:, :8] - plain[:, :8]).abs().max() < TOL
     assert torch.equal(back, plain)
 
 
-@pytest.mark.parametrize("rope,total", [(None, 36), (YARN_BO, 36), (YARN_BO, 14)],
-                         ids=["rope", "yarn-beyond-original", "beyond-original-short"])
+@pytest.mark.parametrize(
+    "rope,total",
+    [(None, 36), (YARN_BO, 36), (YARN_BO, 14)],
+    ids=["rope", "yarn-beyond-original", "beyond-original-short"],
+)
 @pytest.mark.parametrize("static", [True, False], ids=["static-cache", "cat-cache"])
 def test_cache_path_equals_full_forward(rope, total, static):
     """Prefill in chunks of 7 through the cache (k and the shifted keys), then decode one token at a
@@ -180,19 +185,19 @@ def test_cache_path_equals_full_forward(rope, total, static):
             cache = new_cache(m, total, rope_len=total)
         else:
             cache = KVCache(m.cfg.n_layers, rope_len=total)
-        logits = [m(ids[:, s:s + 7], cache=cache) for s in range(0, L, 7)]
+        logits = [m(ids[:, s : s + 7], cache=cache) for s in range(0, L, 7)]
         seq = ids
         for _ in range(new):
             tok = logits[-1][:, -1].argmax(-1, keepdim=True)
             seq = torch.cat([seq, tok], 1)
             logits.append(m(tok, cache=cache))
-        got = torch.cat(logits, 1)[:, :total - 1]
-        full = m(seq, rope_len=total)[:, :total - 1]
+        got = torch.cat(logits, 1)[:, : total - 1]
+        full = m(seq, rope_len=total)[:, : total - 1]
         assert cache.ks[0].shape[1] == cache.k[0].shape[1] == total
         assert (got - full).abs().max() < TOL
-        if total > S + 1:   # the remapping is exercised: the plain model differs
+        if total > S + 1:  # the remapping is exercised: the plain model differs
             apply_string(m, None)
-            assert (m(seq, rope_len=total)[:, :total - 1] - full).abs().max() > 1e-6
+            assert (m(seq, rope_len=total)[:, : total - 1] - full).abs().max() > 1e-6
             apply_string(m, StringConfig(variant="fixed_shift", shift=S, local=W))
         # greedy_generate through the cache equals its recompute path with STRING on
         ref = greedy_generate(m, ids, new, use_cache=False)
@@ -250,20 +255,21 @@ def test_at_most_s_keys_run_the_plain_attention(monkeypatch):
         string_mod.kernels_used(m, reset=True)
         same = m(ids[:, :40])
         assert torch.equal(same, plain)
-        assert string_mod.kernels_used(m, reset=True) == {"plain": 2}   # one call per layer
+        assert string_mod.kernels_used(m, reset=True) == {"plain": 2}  # one call per layer
         real = string_mod.string_attention
-        monkeypatch.setattr(string_mod, "string_attention",
-                            lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran")))
+        monkeypatch.setattr(
+            string_mod, "string_attention", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran"))
+        )
         m(ids[:, :40])
         with pytest.raises(AssertionError, match="ran"):
-            m(ids)                                                   # 41 keys: distance 40 = S is remapped
+            m(ids)  # 41 keys: distance 40 = S is remapped
         monkeypatch.setattr(string_mod, "string_attention", real)
         # a prefill chunk after a cached past: the keys, not the chunk's rows, decide
         string_mod.kernels_used(m, reset=True)
         cache = KVCache(m.cfg.n_layers, rope_len=41)
         got = torch.cat([m(ids[:, :30], cache=cache), m(ids[:, 30:], cache=cache)], 1)
     assert string_mod.kernels_used(m, reset=True) == {"plain": 2, "sdpa": 2}
-    assert string_mod.kernels_used(tiny(seed=2)) == {}              # counted per model
+    assert string_mod.kernels_used(tiny(seed=2)) == {}  # counted per model
     assert (got - m(ids, rope_len=41)).abs().max() < TOL
 
 
@@ -306,8 +312,9 @@ def test_plain_path_unchanged(monkeypatch):
     m = tiny(seed=5)
     seen = []
     real = decoder.causal_attention
-    monkeypatch.setattr(decoder, "causal_attention",
-                        lambda q, k, v, kernel: seen.append(kernel) or real(q, k, v, kernel))
+    monkeypatch.setattr(
+        decoder, "causal_attention", lambda q, k, v, kernel: seen.append(kernel) or real(q, k, v, kernel)
+    )
     with torch.no_grad():
         m(torch.zeros(1, 8, dtype=torch.long))
     assert seen == ["sdpa", "sdpa"]
@@ -323,9 +330,9 @@ def test_refusals():
         m(ids, cache=KVCache(m.cfg.n_layers, seq_sharded=True))
     with pytest.raises(ValueError, match="in order"):
         m(ids, position_ids=torch.arange(12)[None] + 3)
-    m(ids, position_ids=torch.arange(12)[None])              # the eval's own positions pass
+    m(ids, position_ids=torch.arange(12)[None])  # the eval's own positions pass
 
-    class Sharded(nn.Module):   # stands in for parallel/ulysses.py's UlyssesAttention
+    class Sharded(nn.Module):  # stands in for parallel/ulysses.py's UlyssesAttention
         def forward(self, q, k, v, cache=None, docs=None):
             return q
 
@@ -355,16 +362,15 @@ def test_removed_string_leaves_the_model_as_built(monkeypatch):
         plain = twin(ids)
         apply_string(m, StringConfig(variant="fixed_shift", shift=5, local=1))
         assert len(m.rotary._forward_hooks) == 1 and all(attention_forwards(m))
-        assert not torch.equal(m(ids), plain)                       # on: the logits move
+        assert not torch.equal(m(ids), plain)  # on: the logits move
         apply_string(m, None)
         assert installed(m) is None and not m.rotary._forward_hooks and not any(attention_forwards(m))
         for name in ("string_attend", "string_attention", "string_attention_flex"):
             monkeypatch.setattr(string_mod, name, lambda *a, **k: (_ for _ in ()).throw(AssertionError("STRING ran")))
-        assert torch.equal(m(ids), plain)                           # off again: the model as built
+        assert torch.equal(m(ids), plain)  # off again: the model as built
         assert torch.equal(twin(ids), plain)
     imported = {n.module for n in ast.walk(ast.parse(inspect.getsource(decoder))) if isinstance(n, ast.ImportFrom)}
     assert "string" not in imported and not any((mod or "").endswith(".string") for mod in imported), imported
-
 
 
 # ---------------------------------------------------------------- the flex kernel (string_attention_flex)
@@ -379,9 +385,23 @@ def _explicit_mask(T: int, tk: int, S: int) -> torch.Tensor:
     return m
 
 
-@pytest.mark.parametrize("T,tk,S,tile", [(41, 41, 12, 8), (41, 41, 1, 8), (64, 64, 16, 16), (9, 41, 10, 4),
-                                         (1, 41, 10, 8), (37, 37, 60, 8), (33, 50, 7, 16), (128, 128, 40, 128),
-                                         (64, 64, 23, 8), (64, 64, 18, 8), (60, 100, 41, 16), (50, 64, 41, 16)])
+@pytest.mark.parametrize(
+    "T,tk,S,tile",
+    [
+        (41, 41, 12, 8),
+        (41, 41, 1, 8),
+        (64, 64, 16, 16),
+        (9, 41, 10, 4),
+        (1, 41, 10, 8),
+        (37, 37, 60, 8),
+        (33, 50, 7, 16),
+        (128, 128, 40, 128),
+        (64, 64, 23, 8),
+        (64, 64, 18, 8),
+        (60, 100, 41, 16),
+        (50, 64, 41, 16),
+    ],
+)
 def test_tile_classes_against_every_pair(T, tk, S, tile):
     """A skipped tile holds no visible pair, a full one only visible pairs (and is whole), and every tile
     with a visible pair is kept: checked against the explicit mask, pair by pair."""
@@ -391,7 +411,7 @@ def test_tile_classes_against_every_pair(T, tk, S, tile):
     m = _explicit_mask(T, tk, S)
     for a in range(partial.shape[0]):
         for b in range(partial.shape[1]):
-            t = m[a * tile:(a + 1) * tile, b * tile:(b + 1) * tile]
+            t = m[a * tile : (a + 1) * tile, b * tile : (b + 1) * tile]
             whole = t.shape == (tile, tile)
             assert bool(full[a, b]) == (whole and bool(t.all())), (a, b)
             assert bool(partial[a, b]) == (bool(t.any()) and not bool(full[a, b])), (a, b)
@@ -405,7 +425,7 @@ def test_tile_classes_against_every_pair(T, tk, S, tile):
     def listed(num, idx):
         got = torch.zeros_like(partial)
         for a in range(got.shape[0]):
-            got[a, idx[0, 0, a, :num[0, 0, a]].long()] = True
+            got[a, idx[0, 0, a, : num[0, 0, a]].long()] = True
         return got
 
     assert torch.equal(listed(bm.kv_num_blocks, bm.kv_indices), partial)
@@ -420,16 +440,17 @@ def test_model_and_cache_with_the_flex_kernel(rope, monkeypatch):
 
     seen = []
     real = string_mod.string_attention_flex
-    monkeypatch.setattr(string_mod, "string_attention_flex",
-                        lambda *a, **kw: seen.append(a[0].shape[1]) or real(*a, **kw))
+    monkeypatch.setattr(
+        string_mod, "string_attention_flex", lambda *a, **kw: seen.append(a[0].shape[1]) or real(*a, **kw)
+    )
     m, ids, ref = string_model(rope, kernel="flex")
     with torch.no_grad():
         full = m(ids)
         assert (full - ref).abs().max() < TOL
         cache = KVCache(m.cfg.n_layers, rope_len=30)
-        got = torch.cat([m(ids[:, s:s + 7], cache=cache) for s in range(0, 30, 7)], 1)
+        got = torch.cat([m(ids[:, s : s + 7], cache=cache) for s in range(0, 30, 7)], 1)
     assert (got - full).abs().max() < TOL
-    assert seen and set(seen) >= {30, 7, 2}, seen   # forced: whole forward, chunks, and the last chunk of 2
+    assert seen and set(seen) >= {30, 7, 2}, seen  # forced: whole forward, chunks, and the last chunk of 2
 
 
 def test_impl_choice():
@@ -456,7 +477,7 @@ def test_flex_matches_sdpa_on_cuda_bf16(T, tk):
     q = torch.randn(1, T, 9, 64, device="cuda", generator=g)
     k, ks, v = (torch.randn(1, tk, 3, 64, device="cuda", generator=g) for _ in range(3))
     S = 1500
-    ref = string_attention(q, k, ks, v, S, impl="sdpa")                     # fp32
+    ref = string_attention(q, k, ks, v, S, impl="sdpa")  # fp32
     b = [x.bfloat16() for x in (q, k, ks, v)]
     got_flex = string_attention_flex(*b, S).float()
     got_sdpa = string_attention(*b, S, impl="sdpa").float()
@@ -502,11 +523,11 @@ def dense_string(q, k, v, S, W, af, theta, positions):
     rep = H // k.shape[2]
     k, v = k.repeat_interleave(rep, 2), v.repeat_interleave(rep, 2)
     i = torch.as_tensor(positions)[:, None]
-    d = i - torch.arange(tk)[None, :]                                     # (T, tk)
-    P = torch.where(d < S, d, d - S + W).clamp(min=0)                     # (T, tk); d < 0 is masked below
-    qp = torch.stack([authors_rot(q, D, theta, [p] * T, af) for p in range(int(P.max()) + 1)])   # (npos, B, T, H, D)
-    q_at = qp[P, :, torch.arange(T)[:, None]]                             # (T, tk, B, H, D): q_i rotated at P[i, j]
-    k0 = authors_rot(k, D, theta, [0] * tk, af)                           # (B, tk, H, D)
+    d = i - torch.arange(tk)[None, :]  # (T, tk)
+    P = torch.where(d < S, d, d - S + W).clamp(min=0)  # (T, tk); d < 0 is masked below
+    qp = torch.stack([authors_rot(q, D, theta, [p] * T, af) for p in range(int(P.max()) + 1)])  # (npos, B, T, H, D)
+    q_at = qp[P, :, torch.arange(T)[:, None]]  # (T, tk, B, H, D): q_i rotated at P[i, j]
+    k0 = authors_rot(k, D, theta, [0] * tk, af)  # (B, tk, H, D)
     logits = torch.einsum("ijbhd,bjhd->bhij", q_at, k0) / math.sqrt(D)
     logits = logits.masked_fill((d < 0)[None, None], float("-inf"))
     return torch.einsum("bhij,bjhd->bihd", torch.softmax(logits, -1), v)
@@ -531,14 +552,14 @@ def authors_two_part(q, k, v, S, W, af, theta, prefill: bool):
     def part(qq, mask):
         lg = torch.einsum("bihd,bjhd->bhij", qq, kr) / math.sqrt(D)
         lg = lg.masked_fill(~mask[None, None], float("-inf"))
-        lse = torch.logsumexp(lg, -1)                                     # (B, H, T)
+        lse = torch.logsumexp(lg, -1)  # (B, H, T)
         return torch.einsum("bhij,bjhd->bihd", torch.softmax(lg, -1).nan_to_num(), v), lse
 
     o1, l1 = part(q1, near)
     o2, l2 = part(q2, far)
     out = o1.clone()
-    t = slice(S, T)                                                       # their diag_out_tail / shifted_out rows
-    g = torch.sigmoid(l2[..., t] - l1[..., t]).transpose(1, 2)[..., None]   # 1 / (1 + exp(lse_d - lse_s))
+    t = slice(S, T)  # their diag_out_tail / shifted_out rows
+    g = torch.sigmoid(l2[..., t] - l1[..., t]).transpose(1, 2)[..., None]  # 1 / (1 + exp(lse_d - lse_s))
     out[:, t] = o1[:, t] * (1 - g) + o2[:, t] * g
     return out
 
@@ -555,7 +576,7 @@ def test_dense_position_matrix_equals_the_authors_two_part_decode_rule(S, W, T):
     assert (authors_two_part(q, k, v, S, W, AF, 500.0, prefill=False) - dense).abs().max() < TOL
     pre = authors_two_part(q, k, v, S, W, AF, 500.0, prefill=True)
     assert (pre[:, :S] - dense[:, :S]).abs().max() < TOL
-    assert (pre[:, S:] - dense[:, S:]).abs().amax(dim=(0, 2, 3)).min() > 1e-6   # every row from S on differs
+    assert (pre[:, S:] - dense[:, S:]).abs().amax(dim=(0, 2, 3)).min() > 1e-6  # every row from S on differs
 
 
 VARIANTS = [("fixed_shift", 1.0), ("authors", AF)]
@@ -576,8 +597,14 @@ def test_attention_fwd_bwd_against_the_dense_position_matrix(variant, af, S, W, 
     k, v = (torch.randn(2, T, 2, D, generator=g, dtype=torch.float64, requires_grad=bwd) for _ in range(2))
     w = torch.randn(2, T, 6, D, generator=g, dtype=torch.float64)
     pos = list(range(T))
-    out = string_attend(decoder.LocalAttention(), authors_rot(q, D, theta, pos), authors_rot(k, D, theta, pos),
-                        authors_rot(k, D, theta, [p + S - W for p in pos]), v, StringSetting(S, W, af, impl))
+    out = string_attend(
+        decoder.LocalAttention(),
+        authors_rot(q, D, theta, pos),
+        authors_rot(k, D, theta, pos),
+        authors_rot(k, D, theta, [p + S - W for p in pos]),
+        v,
+        StringSetting(S, W, af, impl),
+    )
     ref_out = dense_string(q, k, v, S, W, af, theta, pos)
     got, ref = [out], [ref_out]
     if bwd:
@@ -595,8 +622,14 @@ def test_attention_decode_step_against_the_dense_position_matrix(T):
     q = torch.randn(1, T, 4, D, generator=g, dtype=torch.float64)
     k, v = (torch.randn(1, tk, 2, D, generator=g, dtype=torch.float64) for _ in range(2))
     pos = list(range(tk - T, tk))
-    got = string_attend(decoder.LocalAttention(), authors_rot(q, D, theta, pos), authors_rot(k, D, theta, range(tk)),
-                        authors_rot(k, D, theta, [n + S - W for n in range(tk)]), v, StringSetting(S, W, AF))
+    got = string_attend(
+        decoder.LocalAttention(),
+        authors_rot(q, D, theta, pos),
+        authors_rot(k, D, theta, range(tk)),
+        authors_rot(k, D, theta, [n + S - W for n in range(tk)]),
+        v,
+        StringSetting(S, W, AF),
+    )
     assert (got - dense_string(q, k, v, S, W, AF, theta, pos)).abs().max() < TOL
 
 
@@ -627,8 +660,10 @@ def test_model_with_each_variant_against_the_dense_reference(T):
     m = tiny(RopeConfig(theta=theta), seed=7)
     ids = torch.randint(0, 61, (2, T), generator=torch.Generator().manual_seed(T))
     outs = {}
-    for cfg, S, af in ((StringConfig(shift_ratio=0.3, local=2), int(0.3 * T), AF),
-                       (StringConfig(variant="fixed_shift", shift=9, local=2), 9, 1.0)):
+    for cfg, S, af in (
+        (StringConfig(shift_ratio=0.3, local=2), int(0.3 * T), AF),
+        (StringConfig(variant="fixed_shift", shift=9, local=2), 9, 1.0),
+    ):
         apply_string(m, cfg, T)
         with torch.no_grad():
             outs[cfg.variant] = m(ids)
@@ -641,7 +676,7 @@ def test_authors_variant_needs_the_input_length():
     with pytest.raises(ValueError, match="pass the length"):
         apply_string(m, StringConfig())
     assert installed(m) is None
-    with pytest.raises(ValueError, match="S = 3 <= local=128"):   # int(0.33 * 10) = 3
+    with pytest.raises(ValueError, match="S = 3 <= local=128"):  # int(0.33 * 10) = 3
         apply_string(m, StringConfig(), 10)
     assert apply_string(m, StringConfig(), 1000) is None and installed(m) == StringSetting(330, 128, AF)
     assert apply_string(m, None) == StringSetting(330, 128, AF) and installed(m) is None

@@ -5,6 +5,7 @@ inputs; a low-precision result, from either implementation, must be within the d
 tolerance of it. Reductions (a weight gradient summed over rows) get an absolute
 tolerance scaled by the reference's magnitude.
 """
+
 import pytest
 import torch
 
@@ -18,8 +19,9 @@ TOL = {
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, reduction: bool = False,
-                 what: str = ""):
+def assert_close(
+    actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, reduction: bool = False, what: str = ""
+):
     atol, rtol = TOL[dtype]
     expected = expected.double()
     if reduction:

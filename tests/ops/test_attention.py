@@ -13,6 +13,7 @@ of 128, a non-contiguous input (the all-to-all's layout), and one long T. Tolera
 flash-attention tests' rule): FA4's max error against the fp32 reference at most 2x SDPA's
 own in the same dtype, + ATOL[dtype].
 """
+
 import pytest
 import torch
 
@@ -24,8 +25,10 @@ from megablu.ops import attention as A
 
 def _inputs(B, T, H, Hkv, D, dtype=torch.float64, device="cpu", seed=0):
     g = torch.Generator(device=device).manual_seed(seed)
-    q, k, v = (torch.randn(B, T, h, D, generator=g, device=device, dtype=torch.float32).to(dtype).requires_grad_()
-               for h in (H, Hkv, Hkv))
+    q, k, v = (
+        torch.randn(B, T, h, D, generator=g, device=device, dtype=torch.float32).to(dtype).requires_grad_()
+        for h in (H, Hkv, Hkv)
+    )
     return q, k, v
 
 
@@ -33,7 +36,7 @@ def math_causal(q, k, v):
     """softmax(q k^T / sqrt(D) + causal mask) v with kv heads repeated per group: (B, T, H, D)."""
     H, Hkv, D, T = q.shape[2], k.shape[2], q.shape[3], q.shape[1]
     k, v = (x.repeat_interleave(H // Hkv, dim=2) for x in (k, v))
-    s = torch.einsum("bthd,bshd->bhts", q, k) / D ** 0.5
+    s = torch.einsum("bthd,bshd->bhts", q, k) / D**0.5
     s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=q.device).tril(), float("-inf"))
     return torch.einsum("bhts,bshd->bthd", s.softmax(-1), v)
 
@@ -55,22 +58,28 @@ def test_unknown_kernel_and_fa4_on_cpu_are_errors_that_name_the_field():
     q, k, v = _inputs(1, 8, 2, 1, 8, torch.float32)
     with pytest.raises(ValueError, match=r"memory.attention must be one of \('auto', 'sdpa', 'fa4'\), got 'flash'"):
         A.causal_attention(q, k, v, "flash")
-    with pytest.raises(RuntimeError, match=r"memory.attention=fa4: the tensors are on cpu, FlashAttention-4 runs "
-                                           r"on CUDA \(SM90\) only; set memory.attention=sdpa"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"memory.attention=fa4: the tensors are on cpu, FlashAttention-4 runs "
+        r"on CUDA \(SM90\) only; set memory.attention=sdpa",
+    ):
         A.causal_attention(q, k, v, "fa4")
 
 
-@pytest.mark.parametrize("cap,dtype,D,H,Hkv,expect", [
-    ((9, 0), torch.bfloat16, 64, 16, 4, None),
-    ((9, 0), torch.float16, 128, 9, 3, None),
-    ((9, 0), torch.bfloat16, 8, 5, 5, None),
-    ((8, 0), torch.bfloat16, 64, 16, 4, "this GPU is sm_80; FlashAttention-4 is used here on SM90"),
-    ((10, 0), torch.bfloat16, 64, 16, 4, "this GPU is sm_100"),
-    ((9, 0), torch.float32, 64, 16, 4, "dtype torch.float32/torch.float32: FlashAttention-4 takes bf16 or fp16"),
-    ((9, 0), torch.bfloat16, 36, 16, 4, "head_dim 36: FlashAttention-4 takes 8..256, a multiple of 8"),
-    ((9, 0), torch.bfloat16, 264, 16, 4, "head_dim 264"),
-    ((9, 0), torch.bfloat16, 64, 9, 2, "9 query heads are not a multiple of 2 kv heads"),
-])
+@pytest.mark.parametrize(
+    "cap,dtype,D,H,Hkv,expect",
+    [
+        ((9, 0), torch.bfloat16, 64, 16, 4, None),
+        ((9, 0), torch.float16, 128, 9, 3, None),
+        ((9, 0), torch.bfloat16, 8, 5, 5, None),
+        ((8, 0), torch.bfloat16, 64, 16, 4, "this GPU is sm_80; FlashAttention-4 is used here on SM90"),
+        ((10, 0), torch.bfloat16, 64, 16, 4, "this GPU is sm_100"),
+        ((9, 0), torch.float32, 64, 16, 4, "dtype torch.float32/torch.float32: FlashAttention-4 takes bf16 or fp16"),
+        ((9, 0), torch.bfloat16, 36, 16, 4, "head_dim 36: FlashAttention-4 takes 8..256, a multiple of 8"),
+        ((9, 0), torch.bfloat16, 264, 16, 4, "head_dim 264"),
+        ((9, 0), torch.bfloat16, 64, 9, 2, "9 query heads are not a multiple of 2 kv heads"),
+    ],
+)
 def test_fa4_limits(cap, dtype, D, H, Hkv, expect):
     why = A.fa4_unsupported(cap, dtype, dtype, D, D, H, Hkv)
     assert why == expect if expect is None else why.startswith(expect), why
@@ -127,11 +136,14 @@ def test_decode_steps_keep_sdpa_and_doc_mask_refuses_fa4(fake_fa4):
     ids = torch.randint(0, CFG.vocab_size, (1, 12), generator=torch.Generator().manual_seed(2))
     cache = KVCache(CFG.n_layers)
     with torch.no_grad():
-        model(ids[:, :10], cache=cache)          # prefill: T == S, the fa4 kernel
-        model(ids[:, 10:11], cache=cache)        # decode: T < S, SDPA
+        model(ids[:, :10], cache=cache)  # prefill: T == S, the fa4 kernel
+        model(ids[:, 10:11], cache=cache)  # decode: T < S, SDPA
     assert len(fake_fa4.calls) == CFG.n_layers
-    with pytest.raises(ValueError, match=r"memory.attention=fa4 runs plain causal attention; document masking "
-                                         r"\(data.doc_mask\) runs on FlexAttention: set memory.attention=sdpa"):
+    with pytest.raises(
+        ValueError,
+        match=r"memory.attention=fa4 runs plain causal attention; document masking "
+        r"\(data.doc_mask\) runs on FlexAttention: set memory.attention=sdpa",
+    ):
         model(ids, doc_ids=torch.zeros_like(ids))
 
 
@@ -157,8 +169,7 @@ def test_auto_is_the_default_and_runs_sdpa_on_cpu_saying_why(fresh_auto, caplog)
         assert {m.kernel for m in auto.modules() if isinstance(m, LocalAttention)} == {"auto"}
         loss, grads = _loss_and_grads(auto, ids)
     said = [m for m in caplog.messages if m.startswith("memory.attention=auto")]
-    assert said == ["memory.attention=auto: sdpa (the tensors are on cpu, FlashAttention-4 runs on CUDA (SM90) "
-                    "only)"]
+    assert said == ["memory.attention=auto: sdpa (the tensors are on cpu, FlashAttention-4 runs on CUDA (SM90) only)"]
     assert A.AUTO_CHOICE["kernel"] == "sdpa"
     ref = apply_memory(BluModel(CFG, ROPE, seed=0), MemoryConfig(recompute="selective", attention="sdpa"))
     ref_loss, ref_grads = _loss_and_grads(ref, ids)
@@ -176,16 +187,19 @@ def test_auto_runs_fa4_where_it_can_take_the_tensors_and_imports(fake_fa4, fresh
         model = apply_memory(BluModel(CFG, ROPE, seed=0), MemoryConfig(recompute="selective"))
         loss, grads = _loss_and_grads(model, ids)
     assert fake_fa4.calls == [{"q": (2, 37, 9, 8), "k": (2, 37, 3, 8), "causal": True, "kw": {}}] * CFG.n_layers
-    assert "memory.attention=auto: fa4 (CUDA SM90, bf16/fp16, a head size FlashAttention-4 takes, and " \
-           "flash_attn.cute imports)" in caplog.messages
-    ref_loss, ref_grads = _loss_and_grads(apply_memory(BluModel(CFG, ROPE, seed=0),
-                                                       MemoryConfig(recompute="selective", attention="sdpa")), ids)
+    assert (
+        "memory.attention=auto: fa4 (CUDA SM90, bf16/fp16, a head size FlashAttention-4 takes, and "
+        "flash_attn.cute imports)" in caplog.messages
+    )
+    ref_loss, ref_grads = _loss_and_grads(
+        apply_memory(BluModel(CFG, ROPE, seed=0), MemoryConfig(recompute="selective", attention="sdpa")), ids
+    )
     assert loss == pytest.approx(ref_loss, rel=1e-6)
     for k in ref_grads:
         torch.testing.assert_close(grads[k], ref_grads[k], msg=lambda m: f"{k}: {m}")
     fake_fa4.calls.clear()
     with torch.no_grad():
-        model(ids, doc_ids=torch.zeros_like(ids))                # document-causal: FlexAttention's path
+        model(ids, doc_ids=torch.zeros_like(ids))  # document-causal: FlexAttention's path
     assert fake_fa4.calls == []
 
     def missing():
@@ -195,8 +209,10 @@ def test_auto_runs_fa4_where_it_can_take_the_tensors_and_imports(fake_fa4, fresh
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(A, "_fa4_func", missing)
         q, k, v = _inputs(1, 8, 2, 1, 8, torch.float32)
-        assert A.auto_kernel(q, k) == ("sdpa", "flash_attn.cute is not importable (ModuleNotFoundError: No module "
-                                                "named 'flash_attn')")
+        assert A.auto_kernel(q, k) == (
+            "sdpa",
+            "flash_attn.cute is not importable (ModuleNotFoundError: No module named 'flash_attn')",
+        )
         torch.testing.assert_close(A.causal_attention(q, k, v, "auto"), A.sdpa_causal(q, k, v), rtol=0, atol=0)
     assert fake_fa4.calls == []
 
@@ -207,7 +223,7 @@ def test_auto_for_a_config_what_the_planner_shows(fresh_auto, monkeypatch):
     from megablu import plan
     from megablu.config import load_config
 
-    monkeypatch.setattr(A, "_fa4_func", lambda: object())    # imports
+    monkeypatch.setattr(A, "_fa4_func", lambda: object())  # imports
     cfg = load_config("configs/l2.yaml", ["parallel.sp=1"])
     assert cfg.memory.attention == "auto"
     assert A.auto_for_config(cfg, "cuda")[0] == "fa4"
@@ -228,9 +244,12 @@ def test_fa4_without_the_library_names_the_fix(monkeypatch):
     monkeypatch.setattr(A, "_fa4_func", missing)
     monkeypatch.setattr(A, "fa4_problem", lambda q, k: None)
     q, k, v = _inputs(1, 8, 2, 1, 8, torch.float32)
-    with pytest.raises(RuntimeError, match=r"memory.attention=fa4: flash_attn.cute is not importable "
-                                           r"\(ModuleNotFoundError: No module named 'flash_attn'\); set "
-                                           r"memory.attention=sdpa"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"memory.attention=fa4: flash_attn.cute is not importable "
+        r"\(ModuleNotFoundError: No module named 'flash_attn'\); set "
+        r"memory.attention=sdpa",
+    ):
         A.causal_attention(q, k, v, "fa4")
 
 
@@ -250,13 +269,13 @@ ATOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
 # each): bf16 everywhere (megablu trains in bf16), fp16 on blu-0.5b's shape only
 SHAPES = [
     # B, T, H, Hkv, D, layout, dtype
-    (2, 1000, 16, 4, 64, "bthd", torch.bfloat16),   # blu-0.5b's heads, T % 128 != 0
+    (2, 1000, 16, 4, 64, "bthd", torch.bfloat16),  # blu-0.5b's heads, T % 128 != 0
     (2, 1000, 16, 4, 64, "bthd", torch.float16),
-    (1, 777, 9, 3, 64, "bthd", torch.bfloat16),     # SmolLM2's 9/3
-    (1, 1100, 5, 5, 64, "bthd", torch.bfloat16),    # MHA: Ulysses' padded heads per rank (9 heads, sp=2 -> 5/5)
-    (1, 513, 8, 2, 128, "bthd", torch.bfloat16),    # head_dim 128
-    (2, 640, 8, 2, 64, "bhtd", torch.bfloat16),     # a non-contiguous (B, T, H, D) view
-    (1, 8192, 16, 4, 64, "bthd", torch.bfloat16),   # a long T
+    (1, 777, 9, 3, 64, "bthd", torch.bfloat16),  # SmolLM2's 9/3
+    (1, 1100, 5, 5, 64, "bthd", torch.bfloat16),  # MHA: Ulysses' padded heads per rank (9 heads, sp=2 -> 5/5)
+    (1, 513, 8, 2, 128, "bthd", torch.bfloat16),  # head_dim 128
+    (2, 640, 8, 2, 64, "bhtd", torch.bfloat16),  # a non-contiguous (B, T, H, D) view
+    (1, 8192, 16, 4, 64, "bthd", torch.bfloat16),  # a long T
 ]
 
 
@@ -284,4 +303,5 @@ def test_fa4_matches_sdpa_fwd_and_grads(B, T, H, Hkv, D, layout, dtype):
         err_fa4 = float((results["fa4"][i].float() - ref).abs().max())
         scale = max(1.0, float(ref.abs().max()))
         assert err_fa4 <= 2 * err_sdpa + ATOL[dtype] * scale, (
-            f"{what}: FA4 max err {err_fa4:.3e} vs SDPA's {err_sdpa:.3e} (ref max {scale:.2f})")
+            f"{what}: FA4 max err {err_fa4:.3e} vs SDPA's {err_sdpa:.3e} (ref max {scale:.2f})"
+        )

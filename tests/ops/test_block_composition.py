@@ -4,6 +4,7 @@ This is the integration recipe for megablu/model/decoder.py (norm -> attention w
 residual add + norm -> SwiGLU MLP -> residual add), checked forward and backward against
 `Block.forward`: exactly on CPU (torch path), within bf16 tolerance on GPU (CUDA kernels).
 """
+
 import pytest
 import torch
 
@@ -29,7 +30,7 @@ def fused_block(blk: Block, x, cos, sin, impl):
     v = attn.v_proj(y1).view(B, T, attn.n_kv_heads, attn.head_dim)
     q, k = apply_rotary(q, k, cos, sin, impl=impl)
     a = attn.o_proj(attn.core(q, k, v).reshape(B, T, attn.n_heads * attn.head_dim))
-    y2, h = add_rms_norm(a, x, n2.weight, n2.eps, impl=impl)      # h = x + a, y2 = norm(h)
+    y2, h = add_rms_norm(a, x, n2.weight, n2.eps, impl=impl)  # h = x + a, y2 = norm(h)
     return h + mlp.down_proj(swiglu(mlp.gate_proj(y2), mlp.up_proj(y2), impl=impl))
 
 
@@ -44,8 +45,10 @@ def _run(device, dtype, T, impl):
     x = torch.randn(2, T, CFG.d_model, device=device, dtype=dtype)
     g = torch.randn_like(x)
     outs = {}
-    for name, fn in (("block", lambda x_: blk(x_, cos, sin)),
-                     ("fused", lambda x_: fused_block(blk, x_, cos, sin, impl))):
+    for name, fn in (
+        ("block", lambda x_: blk(x_, cos, sin)),
+        ("fused", lambda x_: fused_block(blk, x_, cos, sin, impl)),
+    ):
         blk.zero_grad(set_to_none=True)
         xi = x.clone().requires_grad_()
         out = fn(xi)

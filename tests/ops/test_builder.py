@@ -1,5 +1,6 @@
 """Builder: source discovery and hashing on any machine; nvcc compile-only when nvcc exists;
 the JIT build itself on a GPU machine."""
+
 import pytest
 import torch
 
@@ -33,7 +34,7 @@ def test_impl_validates():
     with pytest.raises(ValueError, match="impl must be one of"):
         dispatch.resolve("rmsnorm", (x,), impl="triton")
     assert dispatch.resolve("rmsnorm", (x,), impl="torch") == "torch"
-    assert dispatch.resolve("rmsnorm", (x,)) == "torch"          # auto on CPU tensors
+    assert dispatch.resolve("rmsnorm", (x,)) == "torch"  # auto on CPU tensors
 
 
 @pytest.mark.skipif(builder.find_nvcc() is None, reason="nvcc not installed")

@@ -8,6 +8,7 @@ resolved once per model (liger on a CUDA run where liger_kernel imports, else ch
 that name the field and the fix. The real Liger kernel is tests/model/test_kernel_choices.py's (GPU,
 or Triton's CPU interpreter when asked).
 """
+
 import math
 
 import pytest
@@ -32,22 +33,25 @@ def _inputs(N=45, d=16, V=37, seed=0, dtype=torch.float64):
 def test_chunked_matches_reference_fwd_and_grads(chunk):
     h, w, y = _inputs()
     loss, n = CE.linear_cross_entropy(h, w, y, chunk)
-    gh, gw = torch.autograd.grad(loss * 0.25, (h, w))       # an upstream scale, as loss_sum / count
+    gh, gw = torch.autograd.grad(loss * 0.25, (h, w))  # an upstream scale, as loss_sum / count
     ref, rn = CE.linear_cross_entropy_reference(h, w, y)
     rh, rw = torch.autograd.grad(ref * 0.25, (h, w))
     assert int(n) == int(rn) == 41
     torch.testing.assert_close(loss.double(), ref.double(), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(gh, rh)
-    torch.testing.assert_close(gw, rw, rtol=1e-5, atol=1e-6)    # dW is summed over the chunks in fp32
-    assert float(gh[[0, 7, 8, 44]].abs().max()) == 0.0       # ignored rows get no gradient
+    torch.testing.assert_close(gw, rw, rtol=1e-5, atol=1e-6)  # dW is summed over the chunks in fp32
+    assert float(gh[[0, 7, 8, 44]].abs().max()) == 0.0  # ignored rows get no gradient
 
 
 def test_unknown_loss_is_an_error():
     h, w, y = _inputs()
-    with pytest.raises(ValueError, match=r"memory.loss must be one of \('chunked', 'liger'\) here \(auto resolves "
-                                         r"before: resolve_loss\), got 'cce'"):
+    with pytest.raises(
+        ValueError,
+        match=r"memory.loss must be one of \('chunked', 'liger'\) here \(auto resolves "
+        r"before: resolve_loss\), got 'cce'",
+    ):
         CE.linear_cross_entropy(h, w, y, 8, "cce")
-    with pytest.raises(ValueError, match=r"got 'auto'"):     # auto never reaches the kernel call unresolved
+    with pytest.raises(ValueError, match=r"got 'auto'"):  # auto never reaches the kernel call unresolved
         CE.linear_cross_entropy(h, w, y, 8, "auto")
     with pytest.raises(ValueError, match=r"memory.loss must be one of \('auto', 'chunked', 'liger'\), got 'cce'"):
         CE.resolve_loss("cce", "cpu")
@@ -62,8 +66,9 @@ class FakeLiger:
     def __call__(self, h, w, y, **kw):
         self.calls.append({"shape": tuple(h.shape), **kw})
         assert kw["reduction"] == "sum"
-        return torch.nn.functional.cross_entropy((h @ w.t()).float(), y, ignore_index=kw["ignore_index"],
-                                                 reduction="sum")
+        return torch.nn.functional.cross_entropy(
+            (h @ w.t()).float(), y, ignore_index=kw["ignore_index"], reduction="sum"
+        )
 
 
 @pytest.fixture
@@ -78,8 +83,7 @@ ROPE = RopeConfig(theta=10000.0)
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_liger_through_the_model(fake_liger, tied):
-    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, ffn_dim=48, vocab_size=61,
-                      tie_embeddings=tied)
+    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, ffn_dim=48, vocab_size=61, tie_embeddings=tied)
     ids = torch.randint(0, cfg.vocab_size, (2, 19), generator=torch.Generator().manual_seed(3))
     labels = ids.clone()
     labels[0, :4] = CE.IGNORE_INDEX
@@ -90,8 +94,9 @@ def test_liger_through_the_model(fake_liger, tied):
         s, n = m(ids, labels=labels)
         (s / n).backward()
         out[loss] = (float(s.detach()), int(n), {k: p.grad.clone() for k, p in m.named_parameters()})
-    assert fake_liger.calls == [{"shape": (38, 32), "ignore_index": -100, "reduction": "sum",
-                                 "accum_dtype": torch.float32}]     # no chunk_mem_const: Liger's own chunks
+    assert fake_liger.calls == [
+        {"shape": (38, 32), "ignore_index": -100, "reduction": "sum", "accum_dtype": torch.float32}
+    ]  # no chunk_mem_const: Liger's own chunks
     (s1, n1, g1), (s2, n2, g2) = out["liger"], out["chunked"]
     assert n1 == n2 == 34 and s1 == pytest.approx(s2, rel=1e-6)
     for k in g2:
@@ -110,29 +115,32 @@ def _liger_chunk_reference(T, d, V, c):
 def test_liger_mem_const_is_the_largest_chunk_within_loss_chunk(d, V):
     from megablu.utils.liger import liger_chunk_tokens, liger_mem_const
 
-    top = math.ceil(V / d)           # from here on Liger's chunk is all the tokens
+    top = math.ceil(V / d)  # from here on Liger's chunk is all the tokens
     for T in (1, 45, 100, 1000, 32640, 32768, 131072):
         for c in range(1, top + 2):
             assert liger_chunk_tokens(T, d, V, c) == _liger_chunk_reference(T, d, V, c), (T, c)
         own = _liger_chunk_reference(T, d, V, 1)
-        for chunk in (0, 1, 32, 512, 2048, 3000, 4096, 10 ** 6):
+        for chunk in (0, 1, 32, 512, 2048, 3000, 4096, 10**6):
             c = liger_mem_const(T, d, V, chunk)
             got = _liger_chunk_reference(T, d, V, c)
             if chunk <= 0 or own > chunk:
-                assert c == 1, (T, chunk)                  # Liger's own sizing
+                assert c == 1, (T, chunk)  # Liger's own sizing
                 continue
             assert got <= chunk, (T, chunk, c)
             # the largest: the next constant's chunk is over the budget, or none is larger
             assert c >= top or _liger_chunk_reference(T, d, V, c + 1) > chunk, (T, chunk, c)
     # blu-0.5b at 32k (experiments/speed/LOG.md, issue 17): 512 by itself, 2048 and 4096 on request
     if (d, V) == (1024, 100352):
-        assert [liger_chunk_tokens(32768, d, V, liger_mem_const(32768, d, V, k)) for k in (0, 2048, 4096)] == \
-            [512, 2048, 4096]
+        assert [liger_chunk_tokens(32768, d, V, liger_mem_const(32768, d, V, k)) for k in (0, 2048, 4096)] == [
+            512,
+            2048,
+            4096,
+        ]
 
 
 def test_liger_gets_the_chunk_mem_const_for_loss_chunk(fake_liger, monkeypatch):
     monkeypatch.setattr(CE, "_liger_takes_chunk_mem_const", lambda: True)
-    h, w, y = _inputs()              # N=45, d=16, V=37: constants 1, 2, 3 give chunks 16, 32, 45
+    h, w, y = _inputs()  # N=45, d=16, V=37: constants 1, 2, 3 give chunks 16, 32, 45
     ref, _ = CE.linear_cross_entropy_reference(h, w, y)
     for chunk, const in ((0, 1), (16, 1), (32, 2), (44, 2), (45, 3), (4096, 3)):
         loss, n = CE.linear_cross_entropy(h, w, y, chunk, "liger")
@@ -143,9 +151,12 @@ def test_liger_gets_the_chunk_mem_const_for_loss_chunk(fake_liger, monkeypatch):
     # a Liger whose functional would drop the constant: an error where it matters, not a silent own size
     monkeypatch.setattr(CE, "_liger_takes_chunk_mem_const", lambda: False)
     CE.linear_cross_entropy(h, w, y, 16, "liger")
-    with pytest.raises(RuntimeError, match=r"memory.loss=liger with memory.loss_chunk=32: this liger_kernel does not "
-                                           r"take chunk_mem_const or drops it .*LIGER_KERNEL_IMPL.* or set "
-                                           r"memory.loss_chunk=0"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"memory.loss=liger with memory.loss_chunk=32: this liger_kernel does not "
+        r"take chunk_mem_const or drops it .*LIGER_KERNEL_IMPL.* or set "
+        r"memory.loss_chunk=0",
+    ):
         CE.linear_cross_entropy(h, w, y, 32, "liger")
 
 
@@ -168,13 +179,13 @@ def test_chunk_mem_const_support_reads_the_functional_and_the_function(monkeypat
     monkeypatch.setitem(sys.modules, "liger_kernel", types.ModuleType("liger_kernel"))
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers", types.ModuleType("liger_kernel.transformers"))
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers.functional", mod)
-    takes = CE._liger_takes_chunk_mem_const.__wrapped__      # the answer, uncached (it is cached per process)
+    takes = CE._liger_takes_chunk_mem_const.__wrapped__  # the answer, uncached (it is cached per process)
     monkeypatch.setattr(CE, "_liger_func", lambda: with_param)
     assert takes()
-    monkeypatch.setattr(Fn, "supports_inner_impl_dispatch", False)      # another backend: dropped
+    monkeypatch.setattr(Fn, "supports_inner_impl_dispatch", False)  # another backend: dropped
     assert not takes()
     monkeypatch.setattr(Fn, "supports_inner_impl_dispatch", True)
-    monkeypatch.setattr(CE, "_liger_func", lambda: without_param)      # an older functional
+    monkeypatch.setattr(CE, "_liger_func", lambda: without_param)  # an older functional
     assert not takes()
 
 
@@ -184,9 +195,12 @@ def test_liger_without_the_library_names_the_fix(monkeypatch):
 
     monkeypatch.setattr(CE, "_liger_func", missing)
     h, w, y = _inputs()
-    with pytest.raises(RuntimeError, match=r"memory.loss=liger: liger_kernel is not importable \(ModuleNotFoundError"
-                                           r": No module named 'liger_kernel'\); install liger-kernel .* or set "
-                                           r"memory.loss=chunked"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"memory.loss=liger: liger_kernel is not importable \(ModuleNotFoundError"
+        r": No module named 'liger_kernel'\); install liger-kernel .* or set "
+        r"memory.loss=chunked",
+    ):
         CE.linear_cross_entropy(h, w, y, 0, "liger")
 
 
@@ -207,15 +221,14 @@ def test_auto_is_the_default_and_resolves_to_chunked_on_a_cpu_run(fake_liger, fr
     """Liger is importable here (the stand-in), but the run is on the CPU: chunked, said once with why."""
     assert MemoryConfig().loss == "auto"
     with caplog.at_level("INFO", logger="megablu.ops.dispatch"):
-        m = apply_memory(BluModel(_tiny(), ROPE, seed=0), MemoryConfig(loss_chunk=7))   # parameters on the CPU
+        m = apply_memory(BluModel(_tiny(), ROPE, seed=0), MemoryConfig(loss_chunk=7))  # parameters on the CPU
         apply_memory(BluModel(_tiny(), ROPE, seed=0), MemoryConfig(), device="cpu")
     assert m.lm_head.loss == "chunked"
     ids = torch.randint(0, 61, (1, 11), generator=torch.Generator().manual_seed(0))
     m(ids, labels=ids)
     assert fake_liger.calls == []
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("memory.loss=auto")]
-    assert said == ["memory.loss=auto: chunked (a cpu run: Liger's fused linear cross-entropy is a Triton GPU "
-                    "kernel)"]
+    assert said == ["memory.loss=auto: chunked (a cpu run: Liger's fused linear cross-entropy is a Triton GPU kernel)"]
 
 
 def test_auto_resolves_to_liger_on_a_cuda_run_with_liger(fake_liger, fresh_log, monkeypatch, caplog):
@@ -228,7 +241,7 @@ def test_auto_resolves_to_liger_on_a_cuda_run_with_liger(fake_liger, fresh_log, 
     assert auto.lm_head.loss == "liger"
     assert "memory.loss=auto: liger (a CUDA run and liger_kernel imports)" in caplog.messages
     ref = apply_memory(BluModel(_tiny(), ROPE, seed=0), MemoryConfig(loss="chunked"), device="cuda")
-    assert ref.lm_head.loss == "chunked"                       # explicit choices are kept as given
+    assert ref.lm_head.loss == "chunked"  # explicit choices are kept as given
     out = []
     for m in (auto, ref):
         s, n = m(ids, labels=ids)
@@ -245,7 +258,9 @@ def test_auto_without_liger_resolves_to_chunked_on_a_cuda_run(monkeypatch):
         raise ModuleNotFoundError("No module named 'liger_kernel'")
 
     monkeypatch.setattr(CE, "_liger_func", missing)
-    assert CE.auto_loss("cuda") == ("chunked", "a CUDA run, but liger_kernel is not importable "
-                                               "(ModuleNotFoundError: No module named 'liger_kernel')")
+    assert CE.auto_loss("cuda") == (
+        "chunked",
+        "a CUDA run, but liger_kernel is not importable (ModuleNotFoundError: No module named 'liger_kernel')",
+    )
     assert CE.resolve_loss("auto", "cuda") == "chunked"
-    assert CE.resolve_loss("liger", "cpu") == "liger"        # explicit liger on a CPU run: a config error, not here
+    assert CE.resolve_loss("liger", "cpu") == "liger"  # explicit liger on a CPU run: a config error, not here

@@ -6,6 +6,7 @@ create_block_mask, tile by tile (eager flex applies mask_mod everywhere, so only
 catches a tile wrongly marked full or skipped). GPU (skips without CUDA): the compiled
 FlexAttention and varlen kernels against per-document SDPA in bf16, fwd and bwd.
 """
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -29,9 +30,9 @@ def per_document(q, k, v, doc_ids):
         for d in doc_ids[b].unique():
             idx = (doc_ids[b] == d).nonzero().squeeze(1)
             s, e = int(idx[0]), int(idx[-1]) + 1
-            qd, kd, vd = (x[b:b + 1, s:e].transpose(1, 2) for x in (q, k, v))
+            qd, kd, vd = (x[b : b + 1, s:e].transpose(1, 2) for x in (q, k, v))
             o = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, enable_gqa=qd.shape[1] != kd.shape[1])
-            out[b:b + 1, s:e] = o.transpose(1, 2)
+            out[b : b + 1, s:e] = o.transpose(1, 2)
     return out
 
 
@@ -42,10 +43,10 @@ def qkv(B, S, H, Hkv, D, dtype=torch.float32, device="cpu", seed=0):
 
 
 LAYOUTS = [
-    [[5, 30, 65], [100]],                    # S=100: not a multiple of any block; one row a single document
-    [[1, 1, 14, 16, 16, 52], [40, 60]],      # one-token documents, documents exactly on 16-token tiles
-    [[37], [20, 17]],                        # S=37 < 3 tiles of 16
-    [[64, 64], [16] * 8],                    # S % 16 == 0: full tiles in the last q block too
+    [[5, 30, 65], [100]],  # S=100: not a multiple of any block; one row a single document
+    [[1, 1, 14, 16, 16, 52], [40, 60]],  # one-token documents, documents exactly on 16-token tiles
+    [[37], [20, 17]],  # S=37 < 3 tiles of 16
+    [[64, 64], [16] * 8],  # S % 16 == 0: full tiles in the last q block too
 ]
 
 
@@ -67,13 +68,15 @@ def test_block_mask_tiles_equal_create_block_mask(lengths):
         out = torch.zeros(*idx.shape[:-1], n, dtype=torch.bool)
         for b in range(idx.shape[0]):
             for i in range(idx.shape[2]):
-                out[b, 0, i, idx[b, 0, i, :num[b, 0, i]].long()] = True
+                out[b, 0, i, idx[b, 0, i, : num[b, 0, i]].long()] = True
         return out
 
-    assert torch.equal(dense(mine.kv_num_blocks, mine.kv_indices), dense(ref.kv_num_blocks, ref.kv_indices)), \
+    assert torch.equal(dense(mine.kv_num_blocks, mine.kv_indices), dense(ref.kv_num_blocks, ref.kv_indices)), (
         "partial tiles differ"
-    assert torch.equal(dense(mine.full_kv_num_blocks, mine.full_kv_indices),
-                       dense(ref.full_kv_num_blocks, ref.full_kv_indices)), "full tiles differ"
+    )
+    assert torch.equal(
+        dense(mine.full_kv_num_blocks, mine.full_kv_indices), dense(ref.full_kv_num_blocks, ref.full_kv_indices)
+    ), "full tiles differ"
     assert mine.seq_lengths == (S, S)
 
 
@@ -95,7 +98,7 @@ def test_dense_reference_fwd_bwd_equals_per_document(H, Hkv, dtype, tol):
 @pytest.mark.parametrize("lengths", LAYOUTS)
 def test_flex_forward_on_cpu_equals_per_document(lengths):
     doc = docs_of(lengths)
-    q, k, v = (x.detach() for x in qkv(2, doc.shape[1], 6, 2, 16))   # eager flex: no CPU backward
+    q, k, v = (x.detach() for x in qkv(2, doc.shape[1], 6, 2, 16))  # eager flex: no CPU backward
     with torch.no_grad():
         out = doc_attention(q, k, v, DocMask(doc, impl="flex", block=16))
         ref = per_document(q, k, v, doc)
@@ -104,19 +107,21 @@ def test_flex_forward_on_cpu_equals_per_document(lengths):
 
 def test_one_document_rows_take_plain_causal_and_every_kernel_agrees():
     q, k, v = qkv(2, 50, 4, 2, 8)
-    one = torch.stack([torch.zeros(50, dtype=torch.long), torch.full((50,), 3)])   # each row one document
-    assert DocMask(one).impl == "causal"                       # auto: no mask needed
+    one = torch.stack([torch.zeros(50, dtype=torch.long), torch.full((50,), 3)])  # each row one document
+    assert DocMask(one).impl == "causal"  # auto: no mask needed
     assert DocMask(docs_of([[20, 30], [50]])).impl == "dense"  # auto on CPU with documents to mask
-    ref = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=True,
-                                         enable_gqa=True).transpose(1, 2)
+    ref = F.scaled_dot_product_attention(
+        *(x.transpose(1, 2) for x in (q, k, v)), is_causal=True, enable_gqa=True
+    ).transpose(1, 2)
     for impl in ("causal", "dense"):
         torch.testing.assert_close(doc_attention(q, k, v, DocMask(one, impl=impl)), ref, rtol=1e-6, atol=1e-6)
     with torch.no_grad():
         qd, kd, vd = (x.detach() for x in (q, k, v))
-        torch.testing.assert_close(doc_attention(qd, kd, vd, DocMask(one, impl="flex", block=16)), ref.detach(),
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            doc_attention(qd, kd, vd, DocMask(one, impl="flex", block=16)), ref.detach(), rtol=1e-5, atol=1e-5
+        )
     with use_impl("flex"):
-        assert DocMask(torch.zeros(1, 8, dtype=torch.long)).impl == "flex"   # forced: no shortcut
+        assert DocMask(torch.zeros(1, 8, dtype=torch.long)).impl == "flex"  # forced: no shortcut
 
 
 def test_bad_doc_ids_are_refused():
@@ -133,14 +138,14 @@ def test_bad_doc_ids_are_refused():
 
 # --------------------------------------------------------------------------- GPU
 GPU_LAYOUTS = {
-    "mixed": [[1000, 37, 3000, 1, 2058], [6096]],     # S=6096: not a multiple of 128; a one-token document
+    "mixed": [[1000, 37, 3000, 1, 2058], [6096]],  # S=6096: not a multiple of 128; a one-token document
     "short": [[517] * 8 + [1960]],
 }
 
 
 @cuda
 @pytest.mark.parametrize("impl", ["flex", "varlen"])
-@pytest.mark.parametrize("H,Hkv", [(9, 3), (16, 4), (5, 5)])   # SmolLM2, blu-0.5b, a Ulysses rank of 9 heads at sp=2
+@pytest.mark.parametrize("H,Hkv", [(9, 3), (16, 4), (5, 5)])  # SmolLM2, blu-0.5b, a Ulysses rank of 9 heads at sp=2
 @pytest.mark.parametrize("layout", sorted(GPU_LAYOUTS))
 def test_cuda_kernel_fwd_bwd_equals_sdpa_per_document(impl, H, Hkv, layout):
     """bf16, d=64. Tolerance: the kernel's max error against an fp32 per-document reference may
@@ -174,7 +179,7 @@ def test_cuda_flex_compiles_once_per_shape_not_per_batch():
     import torch._dynamo as dynamo
     import torch._dynamo.utils as dutils
 
-    dynamo.reset()     # other tests' shapes must not exhaust the recompile limit first
+    dynamo.reset()  # other tests' shapes must not exhaust the recompile limit first
     q, k, v = qkv(1, 4096, 16, 4, 64, torch.bfloat16, "cuda")
     layouts = ([4096], [1000, 3096], [17, 2000, 2079], [512] * 8)
     for i, lengths in enumerate(layouts):

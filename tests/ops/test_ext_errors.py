@@ -13,6 +13,7 @@ test_ostream_number_probes_agree says whether ostream number formatting is the c
 The extension's Python callers validate before calling it (megablu/ops/*.py: an unsupported shape or
 dtype takes the torch path), so these checks are the second line; they must still fail loudly and
 never take the process down."""
+
 import json
 import os
 import subprocess
@@ -52,8 +53,12 @@ CASES = [
     ("rmsnorm_bwd_rstd_dtype", "ext.rmsnorm_bwd(gy, gr, r, w, rstd.bfloat16())", "rstd must be fp32"),
     ("rmsnorm_bwd_path_2", "ext.rmsnorm_bwd(gy, gr, r, w, rstd, path=2)", "path must be"),
     ("swiglu_fwd_shape", "ext.swiglu_fwd(t(8, 64), t(8, 32))", "swiglu: up must be (rows, cols)"),
-    ("rope_cpu", "ext.rope_apply(t(1, 8, 2, 64, device='cpu'), t(1, 8, 2, 64, device='cpu'), "
-                 "t(1, 8, 64, device='cpu'), t(1, 8, 64, device='cpu'), False)", "CUDA tensors expected"),
+    (
+        "rope_cpu",
+        "ext.rope_apply(t(1, 8, 2, 64, device='cpu'), t(1, 8, 2, 64, device='cpu'), "
+        "t(1, 8, 64, device='cpu'), t(1, 8, 64, device='cpu'), False)",
+        "CUDA tensors expected",
+    ),
 ]
 
 PROBE = """
@@ -72,8 +77,14 @@ else:
 def run_probe(call: str, setup: str = SETUP) -> tuple[int, str, dict]:
     """Run `call` after `setup` in a fresh interpreter: (rc, stderr, what it raised)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    p = subprocess.run([sys.executable, "-X", "faulthandler", "-c", (setup + PROBE).format(call=call)], cwd=ROOT,
-                       env=env, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", (setup + PROBE).format(call=call)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     lines = p.stdout.strip().splitlines()
     if p.returncode == 0 and not lines:
         return p.returncode, p.stderr, {"raised": "nothing printed", "msg": p.stderr[-2000:]}
@@ -84,8 +95,10 @@ def run_probe(call: str, setup: str = SETUP) -> tuple[int, str, dict]:
 @pytest.mark.parametrize("case,call,fragment,exc", [(*c, "RuntimeError")[:4] for c in CASES], ids=[c[0] for c in CASES])
 def test_extension_check_raises_in_its_own_process(case, call, fragment, exc):
     rc, err, got = run_probe(call)
-    assert rc == 0, (f"{case}: the probe (the extension's load and inputs, then `{call}`) ended the process with "
-                     f"rc {rc}{' (signal %d)' % -rc if rc < 0 else ''} instead of raising; stderr tail:\n{err[-3000:]}")
+    assert rc == 0, (
+        f"{case}: the probe (the extension's load and inputs, then `{call}`) ended the process with "
+        f"rc {rc}{' (signal %d)' % -rc if rc < 0 else ''} instead of raising; stderr tail:\n{err[-3000:]}"
+    )
     assert got["raised"] == exc and fragment in got["msg"], (case, got)
 
 
@@ -104,7 +117,7 @@ def test_probe_tells_a_raise_from_a_crash():
     assert rc == -11 and "Segmentation fault" in err, (rc, err[-500:])
     rc, _, got = run_probe("pass", setup="")
     assert rc == 0 and got["raised"] is None
-    rc, _, got = run_probe("pass", setup="import sys\nsys.exit(0)\n")     # exit 0 before the probe: said so
+    rc, _, got = run_probe("pass", setup="import sys\nsys.exit(0)\n")  # exit 0 before the probe: said so
     assert rc == 0 and got["raised"] == "nothing printed", got
 
 

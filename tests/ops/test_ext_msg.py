@@ -2,6 +2,7 @@
 (literals, std::string, integers of every width, bool, double, sizes, devices, dtypes) come out as the
 message TORCH_CHECK raises, with no std::ostream number formatting (the H100 crash of 2026-12-06,
 tests/ops/test_ext_errors.py). Skipped, saying why, where no C++ compiler or no Python.h can build a torch extension."""
+
 import shutil
 import sysconfig
 from pathlib import Path
@@ -48,20 +49,28 @@ def ext(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("msg_ext")
     (d / "msg.cpp").write_text(SRC)
-    return load("megablu_msg_probe", [str(d / "msg.cpp")], extra_include_paths=[str(ROOT / "csrc" / "includes")],
-                extra_cflags=["-O1"], build_directory=str(d), verbose=False)
+    return load(
+        "megablu_msg_probe",
+        [str(d / "msg.cpp")],
+        extra_include_paths=[str(ROOT / "csrc" / "includes")],
+        extra_cflags=["-O1"],
+        build_directory=str(d),
+        verbose=False,
+    )
 
 
-@pytest.mark.parametrize("kind,want", [
-    (0, "plain"),
-    (1, "d=1024 int 7 size_t 8 u8 9 bool true double 0.500000 str s"),
-    (2, "got [2, 3, 4] empty []"),
-    (3, "on cuda:1 cpu dtype BFloat16"),
-    (4, "no throw"),
-])
+@pytest.mark.parametrize(
+    "kind,want",
+    [
+        (0, "plain"),
+        (1, "d=1024 int 7 size_t 8 u8 9 bool true double 0.500000 str s"),
+        (2, "got [2, 3, 4] empty []"),
+        (3, "on cuda:1 cpu dtype BFloat16"),
+        (4, "no throw"),
+    ],
+)
 def test_megablu_check_message(ext, kind, want):
     assert ext.check(kind) == want
-
 
 
 def test_a_char_or_a_pointer_in_a_message_does_not_compile(tmp_path):
@@ -73,9 +82,16 @@ def test_a_char_or_a_pointer_in_a_message_does_not_compile(tmp_path):
     for i, part in enumerate(["','", "(const int*) nullptr"]):
         d = tmp_path / str(i)
         d.mkdir()
-        (d / "bad.cpp").write_text('#include <pybind11/pybind11.h>\n#include "megablu_msg.h"\n'
-                                   f'void f() {{ MEGABLU_CHECK(false, "x", {part}); }}\n'
-                                   'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("f", &f); }\n')
+        (d / "bad.cpp").write_text(
+            '#include <pybind11/pybind11.h>\n#include "megablu_msg.h"\n'
+            f'void f() {{ MEGABLU_CHECK(false, "x", {part}); }}\n'
+            'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("f", &f); }\n'
+        )
         with pytest.raises(RuntimeError, match="Error building extension"):
-            load(f"megablu_msg_bad{i}", [str(d / "bad.cpp")], extra_include_paths=[str(ROOT / "csrc" / "includes")],
-                 build_directory=str(d), verbose=False)
+            load(
+                f"megablu_msg_bad{i}",
+                [str(d / "bad.cpp")],
+                extra_include_paths=[str(ROOT / "csrc" / "includes")],
+                build_directory=str(d),
+                verbose=False,
+            )

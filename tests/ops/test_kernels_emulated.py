@@ -7,6 +7,7 @@ vectors-per-lane instantiation, the warp reductions, the shared-memory dw reduct
 the rounding order. Timing and the real compiler's code generation are checked on the GPU
 (test_rope/test_rmsnorm/test_swiglu and bench/ops_bench.py).
 """
+
 import ctypes
 import hashlib
 import os
@@ -49,10 +50,15 @@ def _build_emu(tmp_path_factory):
     if cxx is None or inc is None:
         pytest.skip("needs g++ and the CUDA headers (cuda_bf16.h)")
     probe = tmp_path_factory.mktemp("probe") / "p.cpp"
-    probe.write_text("#include <barrier>\n#include <atomic>\n"
-                     "int main(){float f=0; std::atomic_ref<float>(f).fetch_add(1);}\n")
-    if subprocess.run([cxx, "-std=c++20", "-pthread", str(probe), "-o", str(probe.with_suffix(""))],
-                      capture_output=True).returncode != 0:
+    probe.write_text(
+        "#include <barrier>\n#include <atomic>\nint main(){float f=0; std::atomic_ref<float>(f).fetch_add(1);}\n"
+    )
+    if (
+        subprocess.run(
+            [cxx, "-std=c++20", "-pthread", str(probe), "-o", str(probe.with_suffix(""))], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip(f"{cxx} lacks C++20 <barrier>/atomic_ref (g++ >= 11 needed)")
     srcs = sorted([*(ROOT / "csrc").glob("*/*_kernel.cu"), *(ROOT / "csrc/includes").glob("*"), *EMU.glob("*")])
     tag = hashlib.sha256(b"".join(p.read_bytes() for p in srcs)).hexdigest()[:12]
@@ -62,8 +68,19 @@ def _build_emu(tmp_path_factory):
     if not so.is_file():
         cache.mkdir(parents=True, exist_ok=True)
         tmp = tmp_path_factory.mktemp("emu") / so.name
-        cmd = [cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", f"-I{ROOT / 'csrc/includes'}",
-               f"-I{inc}", str(EMU / "emulator.cpp"), "-o", str(tmp)]
+        cmd = [
+            cxx,
+            "-std=c++20",
+            "-O1",
+            "-shared",
+            "-fPIC",
+            "-pthread",
+            f"-I{ROOT / 'csrc/includes'}",
+            f"-I{inc}",
+            str(EMU / "emulator.cpp"),
+            "-o",
+            str(tmp),
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr[-3000:]
         os.replace(tmp, so) if tmp.stat().st_dev == cache.stat().st_dev else shutil.copy(tmp, so)
@@ -76,35 +93,69 @@ def emu(tmp_path_factory):
 
 
 class RopeArgs(ctypes.Structure):
-    _fields_ = [(n, P) for n in ("q", "k", "out_q", "out_k", "cos", "sin")] + \
-               [(n, I64) for n in ("B", "T", "H", "Hkv", "D", "q_sb", "q_st", "q_sh", "k_sb", "k_st", "k_sh",
-                                   "c_sb", "c_st", "s_sb", "s_st")] + \
-               [("dtype", ctypes.c_int), ("table_f32", ctypes.c_bool), ("vec", ctypes.c_int),
-                ("backward", ctypes.c_bool)]
+    _fields_ = (
+        [(n, P) for n in ("q", "k", "out_q", "out_k", "cos", "sin")]
+        + [
+            (n, I64)
+            for n in (
+                "B",
+                "T",
+                "H",
+                "Hkv",
+                "D",
+                "q_sb",
+                "q_st",
+                "q_sh",
+                "k_sb",
+                "k_st",
+                "k_sh",
+                "c_sb",
+                "c_st",
+                "s_sb",
+                "s_st",
+            )
+        ]
+        + [("dtype", ctypes.c_int), ("table_f32", ctypes.c_bool), ("vec", ctypes.c_int), ("backward", ctypes.c_bool)]
+    )
 
 
 class RmsFwdArgs(ctypes.Structure):
-    _fields_ = [(n, P) for n in ("x", "residual", "weight", "y", "r_out", "rstd")] + \
-               [("rows", I64), ("d", I64), ("eps", ctypes.c_float), ("dtype", ctypes.c_int), ("vec", ctypes.c_int),
-                ("vpt", ctypes.c_int)]
+    _fields_ = [(n, P) for n in ("x", "residual", "weight", "y", "r_out", "rstd")] + [
+        ("rows", I64),
+        ("d", I64),
+        ("eps", ctypes.c_float),
+        ("dtype", ctypes.c_int),
+        ("vec", ctypes.c_int),
+        ("vpt", ctypes.c_int),
+    ]
 
 
 class RmsBwdArgs(ctypes.Structure):
-    _fields_ = [(n, P) for n in ("gy", "g_res", "r", "weight", "rstd", "dr", "dw_partial")] + \
-               [("rows", I64), ("d", I64), ("blocks", ctypes.c_int), ("dtype", ctypes.c_int), ("vec", ctypes.c_int),
-                ("vpt", ctypes.c_int), ("async_stages", ctypes.c_bool)]
+    _fields_ = [(n, P) for n in ("gy", "g_res", "r", "weight", "rstd", "dr", "dw_partial")] + [
+        ("rows", I64),
+        ("d", I64),
+        ("blocks", ctypes.c_int),
+        ("dtype", ctypes.c_int),
+        ("vec", ctypes.c_int),
+        ("vpt", ctypes.c_int),
+        ("async_stages", ctypes.c_bool),
+    ]
 
 
 class SwFwdArgs(ctypes.Structure):
-    _fields_ = [(n, P) for n in ("gate", "up", "out")] + \
-               [(n, I64) for n in ("rows", "cols", "gate_rs", "up_rs")] + \
-               [("dtype", ctypes.c_int), ("vec", ctypes.c_int)]
+    _fields_ = (
+        [(n, P) for n in ("gate", "up", "out")]
+        + [(n, I64) for n in ("rows", "cols", "gate_rs", "up_rs")]
+        + [("dtype", ctypes.c_int), ("vec", ctypes.c_int)]
+    )
 
 
 class SwBwdArgs(ctypes.Structure):
-    _fields_ = [(n, P) for n in ("grad", "gate", "up", "d_gate", "d_up")] + \
-               [(n, I64) for n in ("rows", "cols", "grad_rs", "gate_rs", "up_rs", "dgate_rs", "dup_rs")] + \
-               [("dtype", ctypes.c_int), ("vec", ctypes.c_int)]
+    _fields_ = (
+        [(n, P) for n in ("grad", "gate", "up", "d_gate", "d_up")]
+        + [(n, I64) for n in ("rows", "cols", "grad_rs", "gate_rs", "up_rs", "dgate_rs", "dup_rs")]
+        + [("dtype", ctypes.c_int), ("vec", ctypes.c_int)]
+    )
 
 
 def _rand(*shape, dtype, seed, scale=1.0):
@@ -119,24 +170,53 @@ def _st(t, i):
 # --------------------------------------------------------------------------- RoPE
 def _rope_emu(emu, q, k, cos, sin, vec, backward):
     oq, ok = torch.empty(q.shape, dtype=q.dtype), torch.empty(k.shape, dtype=k.dtype)
-    a = RopeArgs(q.data_ptr(), k.data_ptr(), oq.data_ptr(), ok.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-                 *q.shape[:3], k.shape[2], q.shape[3], _st(q, 0), _st(q, 1), _st(q, 2), _st(k, 0), _st(k, 1),
-                 _st(k, 2), _st(cos, 0), _st(cos, 1), _st(sin, 0), _st(sin, 1), DT[q.dtype],
-                 cos.dtype == torch.float32 and q.dtype != torch.float32, vec, backward)
+    a = RopeArgs(
+        q.data_ptr(),
+        k.data_ptr(),
+        oq.data_ptr(),
+        ok.data_ptr(),
+        cos.data_ptr(),
+        sin.data_ptr(),
+        *q.shape[:3],
+        k.shape[2],
+        q.shape[3],
+        _st(q, 0),
+        _st(q, 1),
+        _st(q, 2),
+        _st(k, 0),
+        _st(k, 1),
+        _st(k, 2),
+        _st(cos, 0),
+        _st(cos, 1),
+        _st(sin, 0),
+        _st(sin, 1),
+        DT[q.dtype],
+        cos.dtype == torch.float32 and q.dtype != torch.float32,
+        vec,
+        backward,
+    )
     assert emu.emu_rope(ctypes.byref(a)) == 0
     return oq, ok
 
 
-@pytest.mark.parametrize("dtype,vec,table", [(torch.bfloat16, 8, "same"), (torch.bfloat16, 4, "same"),
-                                             (torch.bfloat16, 2, "same"), (torch.bfloat16, 1, "same"),
-                                             (torch.bfloat16, 8, "f32"), (torch.float32, 4, "same"),
-                                             (torch.float32, 1, "same")])
+@pytest.mark.parametrize(
+    "dtype,vec,table",
+    [
+        (torch.bfloat16, 8, "same"),
+        (torch.bfloat16, 4, "same"),
+        (torch.bfloat16, 2, "same"),
+        (torch.bfloat16, 1, "same"),
+        (torch.bfloat16, 8, "f32"),
+        (torch.float32, 4, "same"),
+        (torch.float32, 1, "same"),
+    ],
+)
 def test_rope_kernel(emu, dtype, vec, table):
     B, T, H, Hkv, D = 2, 5, 9, 3, 64
     # q/k as strided slices of one qkv buffer; the table broadcast over B
     qkv = _rand(B, T, (H + 2 * Hkv) * D, dtype=dtype, seed=0)
     q = qkv[..., : H * D].view(B, T, H, D)
-    k = qkv[..., H * D: (H + Hkv) * D].view(B, T, Hkv, D)
+    k = qkv[..., H * D : (H + Hkv) * D].view(B, T, Hkv, D)
     ang = torch.arange(T, dtype=torch.float64)[:, None] * torch.rand(D // 2, dtype=torch.float64) * 3
     ang = torch.cat([ang, ang], -1)[None]
     tdt = torch.float32 if table == "f32" else dtype
@@ -163,8 +243,9 @@ def test_rope_kernel_per_token_tables_of_beyond_original(emu, dtype):
     from megablu.model.rope import RotaryEmbedding
 
     B, T, H, Hkv, D = 2, 24, 9, 3, 64
-    rot = RotaryEmbedding(D, RopeConfig(theta=1e4, yarn=YarnConfig(factor=2.0, original_max_position=8,
-                                                                    apply="beyond_original")))
+    rot = RotaryEmbedding(
+        D, RopeConfig(theta=1e4, yarn=YarnConfig(factor=2.0, original_max_position=8, apply="beyond_original"))
+    )
     doc = torch.tensor([[0] * 5 + [1] * 12 + [2] * 7, [0] * 24])
     cos, sin = rot(document_positions(doc), torch.float32, document_lengths(doc))
     assert not torch.equal(cos[0], cos[1]) and cos.stride(0) == T * D
@@ -181,9 +262,18 @@ def test_rope_kernel_per_token_tables_of_beyond_original(emu, dtype):
 
 
 # --------------------------------------------------------------------------- RMSNorm
-@pytest.mark.parametrize("dtype,d,vpt", [(torch.bfloat16, 64, 1), (torch.bfloat16, 576, 3), (torch.bfloat16, 1024, 4),
-                                         (torch.bfloat16, 1536, 6), (torch.bfloat16, 2048, 8),
-                                         (torch.float32, 200, 2), (torch.float32, 1024, 8)])
+@pytest.mark.parametrize(
+    "dtype,d,vpt",
+    [
+        (torch.bfloat16, 64, 1),
+        (torch.bfloat16, 576, 3),
+        (torch.bfloat16, 1024, 4),
+        (torch.bfloat16, 1536, 6),
+        (torch.bfloat16, 2048, 8),
+        (torch.float32, 200, 2),
+        (torch.float32, 1024, 8),
+    ],
+)
 @pytest.mark.parametrize("with_res", [True, False])
 def test_rmsnorm_kernels(emu, dtype, d, vpt, with_res):
     rows, eps, vec, blocks = 19, 1e-5, 16 // torch.tensor([], dtype=dtype).element_size(), 2
@@ -192,19 +282,57 @@ def test_rmsnorm_kernels(emu, dtype, d, vpt, with_res):
     gy, gr = _rand(rows, d, dtype=dtype, seed=3), _rand(rows, d, dtype=dtype, seed=4)
 
     y, r_out, rstd = torch.empty_like(x), torch.empty_like(x), torch.empty(rows, dtype=torch.float32)
-    a = RmsFwdArgs(x.data_ptr(), res.data_ptr() if with_res else None, w.data_ptr(), y.data_ptr(),
-                   r_out.data_ptr() if with_res else None, rstd.data_ptr(), rows, d, eps, DT[dtype], vec, vpt)
+    a = RmsFwdArgs(
+        x.data_ptr(),
+        res.data_ptr() if with_res else None,
+        w.data_ptr(),
+        y.data_ptr(),
+        r_out.data_ptr() if with_res else None,
+        rstd.data_ptr(),
+        rows,
+        d,
+        eps,
+        DT[dtype],
+        vec,
+        vpt,
+    )
     assert emu.emu_rmsnorm_fwd(ctypes.byref(a)) == 0
     r = r_out if with_res else x
     # blocks=2 < rows/8: each warp loops over several rows (the grid-stride path)
     dr, part = torch.empty_like(x), torch.empty(blocks, d, dtype=torch.float32)
-    b = RmsBwdArgs(gy.data_ptr(), gr.data_ptr() if with_res else None, r.data_ptr(), w.data_ptr(), rstd.data_ptr(),
-                   dr.data_ptr(), part.data_ptr(), rows, d, blocks, DT[dtype], vec, vpt)
+    b = RmsBwdArgs(
+        gy.data_ptr(),
+        gr.data_ptr() if with_res else None,
+        r.data_ptr(),
+        w.data_ptr(),
+        rstd.data_ptr(),
+        dr.data_ptr(),
+        part.data_ptr(),
+        rows,
+        d,
+        blocks,
+        DT[dtype],
+        vec,
+        vpt,
+    )
     assert emu.emu_rmsnorm_bwd(ctypes.byref(b)) == 0
     # the block's warps add their dw sums in a fixed order (no atomics): bitwise repeatable
     dr2, part2 = torch.empty_like(x), torch.empty(blocks, d, dtype=torch.float32)
-    b2 = RmsBwdArgs(gy.data_ptr(), gr.data_ptr() if with_res else None, r.data_ptr(), w.data_ptr(), rstd.data_ptr(),
-                    dr2.data_ptr(), part2.data_ptr(), rows, d, blocks, DT[dtype], vec, vpt)
+    b2 = RmsBwdArgs(
+        gy.data_ptr(),
+        gr.data_ptr() if with_res else None,
+        r.data_ptr(),
+        w.data_ptr(),
+        rstd.data_ptr(),
+        dr2.data_ptr(),
+        part2.data_ptr(),
+        rows,
+        d,
+        blocks,
+        DT[dtype],
+        vec,
+        vpt,
+    )
     assert emu.emu_rmsnorm_bwd(ctypes.byref(b2)) == 0
     assert torch.equal(part, part2) and torch.equal(dr, dr2)
 
@@ -225,8 +353,10 @@ def test_rmsnorm_kernels(emu, dtype, d, vpt, with_res):
     assert_close(part.sum(0), tdw, dtype, reduction=True, what="dw")
 
 
-@pytest.mark.parametrize("dtype,d,vpt", [(torch.bfloat16, 1024, 4), (torch.bfloat16, 576, 3),
-                                         (torch.bfloat16, 2048, 8), (torch.float32, 1024, 8)])
+@pytest.mark.parametrize(
+    "dtype,d,vpt",
+    [(torch.bfloat16, 1024, 4), (torch.bfloat16, 576, 3), (torch.bfloat16, 2048, 8), (torch.float32, 1024, 8)],
+)
 def test_rmsnorm_backward_async_staging_changes_loads_not_results(emu, dtype, d, vpt):
     """The two backward paths of one build, chosen by the launch argument async_stages (rows
     staged through shared memory by cp.async, the default where the GPU has room, measured
@@ -241,9 +371,22 @@ def test_rmsnorm_backward_async_staging_changes_loads_not_results(emu, dtype, d,
         outs = []
         for async_stages in (False, True):
             dr, part = torch.full_like(gy, float("nan")), torch.full((blocks, d), float("nan"))
-            b = RmsBwdArgs(gy.data_ptr(), gr.data_ptr() if with_res else None, r.data_ptr(), w.data_ptr(),
-                           rstd.data_ptr(), dr.data_ptr(), part.data_ptr(), rows, d, blocks, DT[dtype], vec, vpt,
-                           async_stages)
+            b = RmsBwdArgs(
+                gy.data_ptr(),
+                gr.data_ptr() if with_res else None,
+                r.data_ptr(),
+                w.data_ptr(),
+                rstd.data_ptr(),
+                dr.data_ptr(),
+                part.data_ptr(),
+                rows,
+                d,
+                blocks,
+                DT[dtype],
+                vec,
+                vpt,
+                async_stages,
+            )
             assert emu.emu_rmsnorm_bwd(ctypes.byref(b)) == 0
             outs.append((dr, part))
         assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
@@ -278,10 +421,10 @@ def test_rmsnorm_backward_path_rule(emu):
     assert _pick(emu, 1024, torch.bfloat16, auto, (9, need - 1)) == 0
     assert _pick(emu, 1024, torch.bfloat16, auto, H100) == 1
     assert _pick(emu, 1024, torch.bfloat16, auto, A100) == 1
-    assert _pick(emu, 2048, torch.bfloat16, auto, A100) == 0        # 200 KB > 163 KB
+    assert _pick(emu, 2048, torch.bfloat16, auto, A100) == 0  # 200 KB > 163 KB
     assert _pick(emu, 2048, torch.bfloat16, auto, H100) == 1
-    assert _pick(emu, 1024, torch.float32, auto, A100) == 0         # fp32 stages take twice the bytes
-    assert _pick(emu, 64, torch.bfloat16, auto, SM75) == 0          # fits, but no cp.async below sm_80
+    assert _pick(emu, 1024, torch.float32, auto, A100) == 0  # fp32 stages take twice the bytes
+    assert _pick(emu, 64, torch.bfloat16, auto, SM75) == 0  # fits, but no cp.async below sm_80
     # forced
     assert _pick(emu, 1024, torch.bfloat16, regs, H100) == 0
     assert _pick(emu, 2048, torch.bfloat16, stages, H100) == 1
@@ -295,11 +438,18 @@ def _env_reads(emu, value, then=None):
     env = {k: v for k, v in os.environ.items() if k != "MEGABLU_RMS_BWD_ASYNC"}
     if value is not None:
         env["MEGABLU_RMS_BWD_ASYNC"] = value
-    code = ("import ctypes, os, sys; lib = ctypes.CDLL(sys.argv[1]); a = lib.emu_rmsnorm_bwd_async_env()\n"
-            "if len(sys.argv) > 2: os.environ['MEGABLU_RMS_BWD_ASYNC'] = sys.argv[2]\n"
-            "print(a, lib.emu_rmsnorm_bwd_async_env())")
-    r = subprocess.run([sys.executable, "-c", code, emu._name, *([then] if then is not None else [])], env=env,
-                       capture_output=True, text=True, check=True)
+    code = (
+        "import ctypes, os, sys; lib = ctypes.CDLL(sys.argv[1]); a = lib.emu_rmsnorm_bwd_async_env()\n"
+        "if len(sys.argv) > 2: os.environ['MEGABLU_RMS_BWD_ASYNC'] = sys.argv[2]\n"
+        "print(a, lib.emu_rmsnorm_bwd_async_env())"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, emu._name, *([then] if then is not None else [])],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return tuple(int(x) for x in r.stdout.split())
 
 
@@ -313,8 +463,9 @@ def test_rmsnorm_backward_env_override(emu):
 
 
 # --------------------------------------------------------------------------- SwiGLU
-@pytest.mark.parametrize("dtype,vec", [(torch.bfloat16, 8), (torch.bfloat16, 4), (torch.bfloat16, 1),
-                                       (torch.float32, 4), (torch.float32, 2)])
+@pytest.mark.parametrize(
+    "dtype,vec", [(torch.bfloat16, 8), (torch.bfloat16, 4), (torch.bfloat16, 1), (torch.float32, 4), (torch.float32, 2)]
+)
 @pytest.mark.parametrize("packed", [False, True])
 def test_swiglu_kernels(emu, dtype, vec, packed):
     rows, cols = 7, 48
@@ -325,13 +476,28 @@ def test_swiglu_kernels(emu, dtype, vec, packed):
         gate, up = _rand(rows, cols, dtype=dtype, seed=0, scale=2.0), _rand(rows, cols, dtype=dtype, seed=1, scale=2.0)
     grad = _rand(rows, cols, dtype=dtype, seed=2, scale=2.0)
     out = torch.empty(rows, cols, dtype=dtype)
-    a = SwFwdArgs(gate.data_ptr(), up.data_ptr(), out.data_ptr(), rows, cols, gate.stride(0), up.stride(0),
-                  DT[dtype], vec)
+    a = SwFwdArgs(
+        gate.data_ptr(), up.data_ptr(), out.data_ptr(), rows, cols, gate.stride(0), up.stride(0), DT[dtype], vec
+    )
     assert emu.emu_swiglu_fwd(ctypes.byref(a)) == 0
-    dgu = torch.empty(rows, 2 * cols, dtype=dtype)   # packed grads, as the binding writes them
+    dgu = torch.empty(rows, 2 * cols, dtype=dtype)  # packed grads, as the binding writes them
     dg, du = (dgu[:, :cols], dgu[:, cols:]) if packed else (torch.empty_like(out), torch.empty_like(out))
-    b = SwBwdArgs(grad.data_ptr(), gate.data_ptr(), up.data_ptr(), dg.data_ptr(), du.data_ptr(), rows, cols,
-                  grad.stride(0), gate.stride(0), up.stride(0), dg.stride(0), du.stride(0), DT[dtype], vec)
+    b = SwBwdArgs(
+        grad.data_ptr(),
+        gate.data_ptr(),
+        up.data_ptr(),
+        dg.data_ptr(),
+        du.data_ptr(),
+        rows,
+        cols,
+        grad.stride(0),
+        gate.stride(0),
+        up.stride(0),
+        dg.stride(0),
+        du.stride(0),
+        DT[dtype],
+        vec,
+    )
     assert emu.emu_swiglu_bwd(ctypes.byref(b)) == 0
 
     g64, u64 = gate.double().requires_grad_(), up.double().requires_grad_()
@@ -367,10 +533,23 @@ class EmulatedExt:
 
     def rope_apply(self, q, k, cos, sin, backward):
         es, ts = q.element_size(), cos.element_size()
-        strides = [_st(q, 0), _st(q, 1), _st(q, 2), _st(k, 0), _st(k, 1), _st(k, 2), _st(cos, 0), _st(cos, 1),
-                   _st(sin, 0), _st(sin, 1)]
-        vec = self._vec(16 // es, [q.shape[3] // 2, *strides],
-                        [(q.data_ptr(), es), (k.data_ptr(), es), (cos.data_ptr(), ts), (sin.data_ptr(), ts)])
+        strides = [
+            _st(q, 0),
+            _st(q, 1),
+            _st(q, 2),
+            _st(k, 0),
+            _st(k, 1),
+            _st(k, 2),
+            _st(cos, 0),
+            _st(cos, 1),
+            _st(sin, 0),
+            _st(sin, 1),
+        ]
+        vec = self._vec(
+            16 // es,
+            [q.shape[3] // 2, *strides],
+            [(q.data_ptr(), es), (k.data_ptr(), es), (cos.data_ptr(), ts), (sin.data_ptr(), ts)],
+        )
         return list(_rope_emu(self.lib, q, k, cos, sin, vec, backward))
 
     @staticmethod
@@ -385,9 +564,20 @@ class EmulatedExt:
         assert weight.data_ptr() % 16 == 0 and x.is_contiguous()
         y, rstd = torch.empty_like(x), torch.empty(rows, dtype=torch.float32)
         r = torch.empty_like(x) if residual is not None else x
-        a = RmsFwdArgs(x.data_ptr(), residual.data_ptr() if residual is not None else None, weight.data_ptr(),
-                       y.data_ptr(), r.data_ptr() if residual is not None else None, rstd.data_ptr(), rows, d, eps,
-                       DT[x.dtype], vec, vpt)
+        a = RmsFwdArgs(
+            x.data_ptr(),
+            residual.data_ptr() if residual is not None else None,
+            weight.data_ptr(),
+            y.data_ptr(),
+            r.data_ptr() if residual is not None else None,
+            rstd.data_ptr(),
+            rows,
+            d,
+            eps,
+            DT[x.dtype],
+            vec,
+            vpt,
+        )
         assert self.lib.emu_rmsnorm_fwd(ctypes.byref(a)) == 0
         return [y, r, rstd]
 
@@ -402,9 +592,22 @@ class EmulatedExt:
             raise RuntimeError(f"rmsnorm: the cp.async backward is forced but cannot run at d={d}")
         blocks = min((rows + 7) // 8, 3)
         dr, part = torch.empty_like(r), torch.zeros(max(blocks, 1), d, dtype=torch.float32)
-        a = RmsBwdArgs(gy.data_ptr(), g_res.data_ptr() if g_res is not None else None, r.data_ptr(),
-                       weight.data_ptr(), rstd.data_ptr(), dr.data_ptr(), part.data_ptr(), rows, d, blocks,
-                       DT[r.dtype], vec, vpt, pick == 1)
+        a = RmsBwdArgs(
+            gy.data_ptr(),
+            g_res.data_ptr() if g_res is not None else None,
+            r.data_ptr(),
+            weight.data_ptr(),
+            rstd.data_ptr(),
+            dr.data_ptr(),
+            part.data_ptr(),
+            rows,
+            d,
+            blocks,
+            DT[r.dtype],
+            vec,
+            vpt,
+            pick == 1,
+        )
         assert self.lib.emu_rmsnorm_bwd(ctypes.byref(a)) == 0
         return [dr, part.sum(0).to(weight.dtype)]
 
@@ -428,8 +631,19 @@ class EmulatedExt:
             dg, du = torch.empty(rows, cols, dtype=gate.dtype), torch.empty(rows, cols, dtype=gate.dtype)
         rs = [grad.stride(0), gate.stride(0), up.stride(0), dg.stride(0)]
         vec = self._vec(16 // es, [cols, *rs], [(t.data_ptr(), es) for t in (grad, gate, up, dg, du)])
-        a = SwBwdArgs(grad.data_ptr(), gate.data_ptr(), up.data_ptr(), dg.data_ptr(), du.data_ptr(), rows, cols,
-                      *rs, du.stride(0), DT[gate.dtype], vec)
+        a = SwBwdArgs(
+            grad.data_ptr(),
+            gate.data_ptr(),
+            up.data_ptr(),
+            dg.data_ptr(),
+            du.data_ptr(),
+            rows,
+            cols,
+            *rs,
+            du.stride(0),
+            DT[gate.dtype],
+            vec,
+        )
         assert self.lib.emu_swiglu_bwd(ctypes.byref(a)) == 0
         return [dgu] if packed else [dg, du]
 
@@ -479,7 +693,7 @@ def test_rmsnorm_function(emulated_ext, mode):
         use_res = mode != "plain"
         if name == "emulated":
             o = _AddRmsNormFn.apply(xc, rc if use_res else None, w, eps)
-            y, r = (o if use_res else (o, xc))
+            y, r = o if use_res else (o, xc)
         else:
             y, r = rms_norm_reference(xc, w, eps, rc if use_res else None)
         loss = (y * gy).sum() + ((r * gr).sum() if mode in ("add", "misaligned_weight") else 0)

@@ -1,4 +1,5 @@
 """Fused residual add + RMSNorm vs the model's RMSNorm: forward, backward (x, residual, weight)."""
+
 import pytest
 import torch
 
@@ -116,7 +117,7 @@ def test_cuda_fwd_bwd(shape, dtype, mode):
 
 @cuda
 def test_cuda_unsupported_d_falls_back_in_auto():
-    x, res, w, *_ = _inputs((3, 100), torch.bfloat16, "cuda")   # 100 % 8 != 0
+    x, res, w, *_ = _inputs((3, 100), torch.bfloat16, "cuda")  # 100 % 8 != 0
     y, r = add_rms_norm(x, res, w, EPS)
     ty, _, *_ = _truth(x, res, w, x, None)
     assert_close(y, ty, torch.bfloat16, what="y")
@@ -168,8 +169,9 @@ def test_cuda_backward_is_bitwise_repeatable():
 
 
 @cuda
-@pytest.mark.parametrize("dtype,d", [(torch.bfloat16, 1024), (torch.bfloat16, 576), (torch.bfloat16, 2048),
-                                     (torch.float32, 1024)])
+@pytest.mark.parametrize(
+    "dtype,d", [(torch.bfloat16, 1024), (torch.bfloat16, 576), (torch.bfloat16, 2048), (torch.float32, 1024)]
+)
 def test_cuda_backward_paths_bitwise_equal(dtype, d):
     """The backward's two paths, forced through the binding's `path` (0: registers; 1: rows
     staged through shared memory by cp.async, the default where the GPU has room), give the
@@ -183,7 +185,7 @@ def test_cuda_backward_paths_bitwise_equal(dtype, d):
     regs = ext.rmsnorm_bwd(gy, gr, r, w, rstd, path=0)
     default = ext.rmsnorm_bwd(gy, gr, r, w, rstd)
     props = torch.cuda.get_device_properties(r.device)
-    need = 4 * d + 8 * 2 * 3 * d * r.element_size()          # fp32 dw sums + 8 warps x 2 stages x 3 rows
+    need = 4 * d + 8 * 2 * 3 * d * r.element_size()  # fp32 dw sums + 8 warps x 2 stages x 3 rows
     if props.major >= 8 and need <= props.shared_memory_per_block_optin:
         staged = ext.rmsnorm_bwd(gy, gr, r, w, rstd, path=1)
         assert torch.equal(regs[0], staged[0]) and torch.equal(regs[1], staged[1])

@@ -1,5 +1,6 @@
 """Fused RoPE vs the rotation the model runs (ops.rope.rope_reference): forward and backward,
 awkward shapes, dtypes; that reference itself against an independent complex-number rotation."""
+
 import pytest
 import torch
 
@@ -39,7 +40,7 @@ def _complex_rotation(x, cos, sin):
     table's first half (the halves are equal), scaled by the table's norm (YaRN's factor)."""
     h = x.shape[-1] // 2
     z = torch.complex(x[..., :h].double(), x[..., h:].double())
-    w = torch.complex(cos[..., :h].double(), sin[..., :h].double()).unsqueeze(2)    # (B, T, 1, D/2)
+    w = torch.complex(cos[..., :h].double(), sin[..., :h].double()).unsqueeze(2)  # (B, T, 1, D/2)
     r = z * w
     return torch.cat((r.real, r.imag), dim=-1)
 
@@ -76,12 +77,12 @@ def test_forced_cuda_on_cpu_raises():
 
 # --------------------------------------------------------------------------- GPU
 SHAPES = [
-    (2, 37, 9, 3, 64),        # odd heads (SmolLM2: 9 / 3), T not a multiple of 128
-    (1, 1000, 16, 4, 64),     # blu-0.5b heads
-    (3, 129, 5, 5, 128),      # MHA, D=128
-    (1, 17, 3, 1, 24),        # D/2 = 12: 4-wide vectors for bf16
-    (1, 9, 2, 1, 6),          # D/2 = 3: scalar path
-    (1, 33000, 16, 4, 64),    # long T
+    (2, 37, 9, 3, 64),  # odd heads (SmolLM2: 9 / 3), T not a multiple of 128
+    (1, 1000, 16, 4, 64),  # blu-0.5b heads
+    (3, 129, 5, 5, 128),  # MHA, D=128
+    (1, 17, 3, 1, 24),  # D/2 = 12: 4-wide vectors for bf16
+    (1, 9, 2, 1, 6),  # D/2 = 3: scalar path
+    (1, 33000, 16, 4, 64),  # long T
 ]
 
 
@@ -113,7 +114,7 @@ def test_cuda_strided_qkv_views_and_broadcast_table(dtype):
     g = torch.Generator(device="cpu").manual_seed(3)
     qkv = torch.randn(B, T, (H + 2 * Hkv) * D, generator=g).to("cuda", dtype).requires_grad_()
     q = qkv[..., : H * D].view(B, T, H, D)
-    k = qkv[..., H * D: (H + Hkv) * D].view(B, T, Hkv, D)
+    k = qkv[..., H * D : (H + Hkv) * D].view(B, T, Hkv, D)
     cos, sin = _table(1, T, D, dtype, "cuda", start=100_000)
     gq, gk = _qk(B, T, H, Hkv, D, dtype, "cuda", seed=4)
     tq, tk, tdq, tdk = _truth(q.detach(), k.detach(), cos, sin, gq, gk)
@@ -122,8 +123,8 @@ def test_cuda_strided_qkv_views_and_broadcast_table(dtype):
     assert_close(oq, tq, dtype, what="q'")
     assert_close(ok, tk, dtype, what="k'")
     assert_close(qkv.grad[..., : H * D].view(B, T, H, D), tdq, dtype, what="dq")
-    assert_close(qkv.grad[..., H * D: (H + Hkv) * D].view(B, T, Hkv, D), tdk, dtype, what="dk")
-    assert torch.all(qkv.grad[..., (H + Hkv) * D:] == 0)
+    assert_close(qkv.grad[..., H * D : (H + Hkv) * D].view(B, T, Hkv, D), tdk, dtype, what="dk")
+    assert torch.all(qkv.grad[..., (H + Hkv) * D :] == 0)
 
 
 @cuda

@@ -1,4 +1,5 @@
 """Fused SwiGLU vs silu(gate) * up: forward and backward, separate and packed inputs."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,7 +11,7 @@ from .helpers import assert_close, cuda
 
 def _inputs(shape, dtype, device, seed=0):
     g = torch.Generator(device="cpu").manual_seed(seed)
-    return [(2 * torch.randn(*shape, generator=g)).to(device, dtype) for _ in range(3)]   # gate, up, grad
+    return [(2 * torch.randn(*shape, generator=g)).to(device, dtype) for _ in range(3)]  # gate, up, grad
 
 
 def _truth(gate, up, grad):

@@ -5,6 +5,7 @@ YaRN on top, Gemma 3's switches with a sliding window crossing the ranks' bounda
 window in every layer; uneven heads (9 heads on 2 ranks) included. Every norm weight is randomised (the init's
 ones cannot tell a norm applied on the wrong side of the all-to-all). Gradient clipping 0.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -15,29 +16,54 @@ from megablu.model.decoder import BluModel
 from tests.dist_utils import run_distributed
 from tests.parallel.test_sp_parity import VOCAB, _global_batch, engine_grads
 
-LLAMA3_YARN = RopeConfig(theta=10000.0, scaling=RopeScalingConfig(type="llama3", factor=8.0, low_freq_factor=1.0,
-                                                                  high_freq_factor=4.0, original_max_position=8),
-                         yarn=YarnConfig(factor=2.0, original_max_position=16))
+LLAMA3_YARN = RopeConfig(
+    theta=10000.0,
+    scaling=RopeScalingConfig(
+        type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=8
+    ),
+    yarn=YarnConfig(factor=2.0, original_max_position=16),
+)
 PLAIN = RopeConfig(theta=10000.0)
 GEMMA3 = dict(qk_norm="head", norm_layout="sandwich", norm_offset=True, embed_scale=True, activation="gelu_tanh")
-SWITCHES = ("family", "qk_norm", "norm_layout", "nope_layers", "norm_offset", "embed_scale", "activation",
-            "sliding_window", "sliding_layers")
+SWITCHES = (
+    "family",
+    "qk_norm",
+    "norm_layout",
+    "nope_layers",
+    "norm_offset",
+    "embed_scale",
+    "activation",
+    "sliding_window",
+    "sliding_layers",
+)
 
 CASES = [
     dict(family="qwen3", qk_norm="head", h=4, kv=2, T=31, rope=LLAMA3_YARN),
-    dict(family="olmo2", qk_norm="proj", norm_layout="post", h=9, kv=3, T=32, rope=PLAIN),   # uneven heads
+    dict(family="olmo2", qk_norm="proj", norm_layout="post", h=9, kv=3, T=32, rope=PLAIN),  # uneven heads
     dict(family="smollm3", nope_layers=[1], h=4, kv=4, T=32, rope=LLAMA3_YARN),
     # an 8-token window over 31 tokens (each rank holds 16): the window crosses the ranks' boundary
-    dict(family="gemma3", **GEMMA3, sliding_window=8, sliding_layers=[0], h=9, kv=3, T=31,
-         rope=RopeConfig(theta=1e6, local_theta=1e4, yarn=YarnConfig(factor=2.0, original_max_position=16))),
+    dict(
+        family="gemma3",
+        **GEMMA3,
+        sliding_window=8,
+        sliding_layers=[0],
+        h=9,
+        kv=3,
+        T=31,
+        rope=RopeConfig(theta=1e6, local_theta=1e4, yarn=YarnConfig(factor=2.0, original_max_position=16)),
+    ),
     dict(family="mistral", sliding_window=8, sliding_layers=[0, 1], h=4, kv=2, T=32, rope=PLAIN),
 ]
 
 
 def _model(c) -> BluModel:
     switches = {k: c[k] for k in SWITCHES if k in c}
-    m = BluModel(ModelConfig(n_layers=2, d_model=8 * c["h"], n_heads=c["h"], n_kv_heads=c["kv"], ffn_dim=40,
-                             vocab_size=VOCAB, **switches), c["rope"])
+    m = BluModel(
+        ModelConfig(
+            n_layers=2, d_model=8 * c["h"], n_heads=c["h"], n_kv_heads=c["kv"], ffn_dim=40, vocab_size=VOCAB, **switches
+        ),
+        c["rope"],
+    )
     m.reset_parameters(seed=0)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -57,9 +83,17 @@ def _reference(c):
 
 CASES_4 = [
     # 6 heads on 4 ranks (padded), kv 3; a 8-token window over 30 tokens held 8 per rank
-    dict(family="gemma3", **GEMMA3, sliding_window=8, sliding_layers=[0], h=6, kv=3, T=30,
-         rope=RopeConfig(theta=1e6, local_theta=1e4)),
-    dict(family="olmo2", qk_norm="proj", norm_layout="post", h=8, kv=2, T=32, rope=LLAMA3_YARN),   # kv < sp
+    dict(
+        family="gemma3",
+        **GEMMA3,
+        sliding_window=8,
+        sliding_layers=[0],
+        h=6,
+        kv=3,
+        T=30,
+        rope=RopeConfig(theta=1e6, local_theta=1e4),
+    ),
+    dict(family="olmo2", qk_norm="proj", norm_layout="post", h=8, kv=2, T=32, rope=LLAMA3_YARN),  # kv < sp
 ]
 
 

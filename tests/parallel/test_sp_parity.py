@@ -2,6 +2,7 @@
 
 Gradient clipping is 0 so a wrong gradient scale cannot hide (DESIGN.md: the trap).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -49,16 +50,22 @@ def engine_grads(model, g, stage: int, T: int, ga: int = 1, rs: bool = True):
 
     from megablu.train.step import forward_backward
 
-    ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": ga, "gradient_clipping": 0.0,
-          "zero_optimization": {"stage": stage, **({"reduce_scatter": rs} if stage == 3 else {})},
-          "steps_per_print": 10 ** 9, "zero_allow_untested_optimizer": True}
+    ds = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": ga,
+        "gradient_clipping": 0.0,
+        "zero_optimization": {"stage": stage, **({"reduce_scatter": rs} if stage == 3 else {})},
+        "steps_per_print": 10**9,
+        "zero_allow_untested_optimizer": True,
+    }
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=ds, mpu=g)
     ids, labels = _global_batch(g.dp * ga, T)
     # dp replica d takes sequences [d*ga, (d+1)*ga): one per micro-batch
-    micro = [{"input_ids": ids[g.dp_rank * ga + i][None], "labels": labels[g.dp_rank * ga + i][None]}
-             for i in range(ga)]
+    micro = [
+        {"input_ids": ids[g.dp_rank * ga + i][None], "labels": labels[g.dp_rank * ga + i][None]} for i in range(ga)
+    ]
     loss = forward_backward(engine, micro, g, stage, rs)
     params = list(engine.module.named_parameters())
     with deepspeed.zero.GatheredParameters([p for _, p in params], enabled=stage == 3):
@@ -84,17 +91,17 @@ def _worker(rank, world, cases):
 CASES_2 = [
     dict(h=4, kv=4, sp=2, T=32, stage=0),
     dict(h=4, kv=4, sp=2, T=32, stage=1),
-    dict(h=4, kv=2, sp=2, T=31, stage=2),            # window not divisible by sp
+    dict(h=4, kv=2, sp=2, T=31, stage=2),  # window not divisible by sp
     dict(h=4, kv=4, sp=2, T=32, stage=3, rs=True),
     dict(h=4, kv=4, sp=2, T=32, stage=3, rs=False),
-    dict(h=9, kv=3, sp=2, T=32, stage=2),            # heads not divisible by sp (SmolLM2-like)
+    dict(h=9, kv=3, sp=2, T=32, stage=2),  # heads not divisible by sp (SmolLM2-like)
 ]
 CASES_4 = [
-    dict(h=8, kv=2, sp=4, T=30, stage=1),            # kv < sp, T % sp != 0
-    dict(h=6, kv=3, sp=4, T=32, stage=3, rs=True),   # uneven heads, ZeRO-3
-    dict(h=4, kv=4, sp=4, T=32, stage=0),            # MHA sp=4
-    dict(h=4, kv=2, sp=2, T=32, stage=2, ga=2),      # hybrid dp=2 x sp=2 with grad accumulation
-    dict(h=4, kv=2, sp=2, T=32, stage=3, rs=True),   # hybrid under ZeRO-3
+    dict(h=8, kv=2, sp=4, T=30, stage=1),  # kv < sp, T % sp != 0
+    dict(h=6, kv=3, sp=4, T=32, stage=3, rs=True),  # uneven heads, ZeRO-3
+    dict(h=4, kv=4, sp=4, T=32, stage=0),  # MHA sp=4
+    dict(h=4, kv=2, sp=2, T=32, stage=2, ga=2),  # hybrid dp=2 x sp=2 with grad accumulation
+    dict(h=4, kv=2, sp=2, T=32, stage=3, rs=True),  # hybrid under ZeRO-3
 ]
 
 

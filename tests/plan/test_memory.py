@@ -1,5 +1,6 @@
 """The planner's terms for memory.mlp_tiles and memory.offload_activations: hand-checked bytes,
 GPU activations independent of depth when offloaded, the host memory they need, suggestions."""
+
 import pytest
 
 from megablu import plan
@@ -20,13 +21,13 @@ ATTN_BWD = 128 + 128 + 256 + 256 + 256 + 16
 def test_hand_checked_parts():
     lb = plan.layer_bytes_per_token(TINY, "cuda")
     assert (lb["attn"], lb["mlp"], lb["mlp_ffn"], lb["h"]) == (ATTN, MLP, FFN, H)
-    assert plan.layer_bytes_per_token(TINY, "torch")["mlp_ffn"] == 4 * 2 * 128   # + silu(gate)
+    assert plan.layer_bytes_per_token(TINY, "torch")["mlp_ffn"] == 4 * 2 * 128  # + silu(gate)
     assert plan.outside_layers_per_token(TINY, "cuda") == OUT
 
 
 def test_tiles_drop_the_saved_ffn_part_only_without_recompute():
     assert plan.saved_per_token(TINY, "none", "cuda", mlp_tiles=4) == 2 * (ATTN + MLP - FFN) + OUT
-    for r in ("selective", "full"):   # these never saved the ffn part
+    for r in ("selective", "full"):  # these never saved the ffn part
         assert plan.saved_per_token(TINY, r, "cuda", mlp_tiles=4) == plan.saved_per_token(TINY, r, "cuda")
 
 
@@ -51,17 +52,18 @@ def test_tiles_shrink_the_backward_working_set():
     lb = plan.layer_bytes_per_token(BLU05B, "cuda")
     saved = (plan.layer_working_set(lb, "full") - plan.layer_working_set(lb, "full", 8)) * t - 4 * 3 * 1024 * 2816
     assert e1.allocated - e8.allocated == pytest.approx(saved)
-    assert saved / 1e9 > 19                  # floored by the attention backward, not the MLP
+    assert saved / 1e9 > 19  # floored by the attention backward, not the MLP
 
 
 def test_offload_gpu_activations_independent_of_depth_and_host_holds_the_rest():
     deep = TINY.model_copy(update={"n_layers": 8})
     for m in (TINY, deep):
         assert plan.saved_per_token(m, "selective", "cuda", offload=True) == 2 * (ATTN + H) + OUT
-        assert plan.host_per_token(m, "selective", "cuda") == (m.n_layers - 1) * (ATTN + H)   # the last layer stays
+        assert plan.host_per_token(m, "selective", "cuda") == (m.n_layers - 1) * (ATTN + H)  # the last layer stays
     assert plan.saved_per_token(deep, "full", "cuda", offload=True) == 2 * H + OUT
     from megablu.memory.offload import KEEP_LAST
-    assert plan.OFFLOAD_KEPT_LAYERS == KEEP_LAST          # the planner counts what the model keeps
+
+    assert plan.OFFLOAD_KEPT_LAYERS == KEEP_LAST  # the planner counts what the model keeps
     e = plan.estimate(plan.Setup(deep, 1024, recompute="full", loss_chunk=256, offload_activations=True))
     assert e.host == 7 * H * 1024 and e.host_gb == pytest.approx(7 * H * 1024 / 1e9)
     assert plan.estimate(plan.Setup(deep, 1024, recompute="full", loss_chunk=256)).host == 0
@@ -81,8 +83,7 @@ def test_offload_keep_moves_blocks_from_host_to_gpu():
     # offload_fraction 0.5 of the 7 blocks before the last: 3 offloaded, 5 kept + 1 in flight on the GPU
     assert plan.host_per_token(deep, "selective", "cuda", fraction=0.5) == 3 * per
     assert plan.saved_per_token(deep, "selective", "cuda", offload=True, fraction=0.5) == 6 * per + OUT
-    half = plan.Setup(deep, 1024, recompute="selective", loss_chunk=256, offload_activations=True,
-                      offload_fraction=0.5)
+    half = plan.Setup(deep, 1024, recompute="selective", loss_chunk=256, offload_activations=True, offload_fraction=0.5)
     assert plan.estimate(half).host == 3 * per * 1024 and "fraction=0.5" in half.describe()
 
 
@@ -90,13 +91,13 @@ def test_blu05b_at_1m_tokens_on_one_gpu():
     def est(**kw):
         return plan.estimate(plan.Setup(BLU05B, 1048576, loss_chunk=4096, **kw))
 
-    assert est(recompute="selective").gpu_gb > 141                  # 36 layers x 11 KB/token
+    assert est(recompute="selective").gpu_gb > 141  # 36 layers x 11 KB/token
     off = est(recompute="selective", offload_activations=True)
     assert off.gpu_gb < 0.8 * 141
     # host: 35 of the 36 layers (the last stays on the GPU) x (attention half 9284 B + h 2048 B) per token
     assert off.host_gb == pytest.approx(35 * (9284 + 2048) * 1048576 / 1e9)
     tiled = est(recompute="selective", offload_activations=True, mlp_tiles=8)
-    assert tiled.gpu_gb < off.gpu_gb                                  # the MLP rebuild per tile
+    assert tiled.gpu_gb < off.gpu_gb  # the MLP rebuild per tile
     # full + offload keeps only the layer inputs on host (the ALST recipe)
     assert est(recompute="full", offload_activations=True).host_gb == pytest.approx(35 * 2048 * 1048576 / 1e9)
 
@@ -119,24 +120,27 @@ def test_table_reports_host_memory_and_suggestion_respects_a_host_limit():
     assert all(r["verdict"] == "comfortable" for r in rows)
     text = plan.format_table(rows, 141.0)
     assert "Pinned host memory for offloaded activations" in text and "1 GPUs 1M: 415.9 GB" in text
-    assert "not checked against any host: pass --host-gb" in text      # no limit given: said so
+    assert "not checked against any host: pass --host-gb" in text  # no limit given: said so
     host_limited = plan.fit_table(on, [1, 2], plan.parse_tokens("1M"), 141.0, host_gb=300.0)
-    assert [r["verdict"] for r in host_limited] == ["impossible", "comfortable"]   # 415.9 GB > 300; 2 GPUs: ~246
+    assert [r["verdict"] for r in host_limited] == ["impossible", "comfortable"]  # 415.9 GB > 300; 2 GPUs: ~246
     assert "not checked" not in plan.format_table(host_limited, 141.0, 300.0)
 
 
 def test_suggestions_obey_the_offload_invariant():
     s = plan.Setup(BLU05B, 1048576, recompute="none", loss_chunk=4096)
-    assert plan.apply_change(s, "offload_activations") is None               # untiled MLP intermediates
+    assert plan.apply_change(s, "offload_activations") is None  # untiled MLP intermediates
     assert plan.apply_change(plan.apply_change(s, "mlp_tiles=8"), "offload_activations").offload_activations
 
 
 def test_fit_table_refuses_rows_beyond_the_host_memory():
 
-    cfg = load_config("configs/ext32k.yaml", ["memory.recompute=full", "memory.mlp_tiles=16",
-                                                   "memory.offload_activations=true"], device="cuda")
-    free = plan.fit_table(cfg, [1], [2 ** 21], 141.0)
-    capped = plan.fit_table(cfg, [1], [2 ** 21], 141.0, host_gb=110)
+    cfg = load_config(
+        "configs/ext32k.yaml",
+        ["memory.recompute=full", "memory.mlp_tiles=16", "memory.offload_activations=true"],
+        device="cuda",
+    )
+    free = plan.fit_table(cfg, [1], [2**21], 141.0)
+    capped = plan.fit_table(cfg, [1], [2**21], 141.0, host_gb=110)
     assert free[0]["host_gb_per_gpu"] > 110 and free[0]["verdict"] != "impossible"
     assert capped[0]["verdict"] == "impossible" and "pinned host memory" in capped[0]["limiting"]
 
@@ -148,11 +152,23 @@ def test_backward_peaks_of_the_h200_long_steps(name):
     of the measured peak, never more than 1.5% below it; the host memory exactly."""
     import json
     from pathlib import Path
+
     results = Path(__file__).resolve().parents[2] / "experiments" / "speed" / "results" / "2026-12-03"
     r = json.loads((results / name).read_text())[0]
     m = BLU05B.model_copy(update={"n_layers": r["n_layers"]})
-    e = plan.estimate(plan.Setup(m, r["T"], zero_stage=0, optimizer=False, loss_chunk=r["loss_chunk"], ops="cuda",
-                                 recompute="full", mlp_tiles=16, offload_activations=True))
+    e = plan.estimate(
+        plan.Setup(
+            m,
+            r["T"],
+            zero_stage=0,
+            optimizer=False,
+            loss_chunk=r["loss_chunk"],
+            ops="cuda",
+            recompute="full",
+            mlp_tiles=16,
+            offload_activations=True,
+        )
+    )
     assert e.phase == "backward"
     assert -0.015 < e.allocated_gb / r["peak_gb"] - 1 < 0.10, (e.allocated_gb, r["peak_gb"])
     assert e.host_gb == pytest.approx(r["host_gb"], rel=1e-3)
@@ -166,7 +182,7 @@ MEASURED_LOSS_GB_32K = {"chunked": 4.59, "liger": 0.68}
 
 @pytest.mark.parametrize("loss", ["chunked", "liger"])
 def test_loss_footprint_matches_the_h200(loss):
-    const, tok = plan.loss_bytes(BLU05B, 32768, 4096 if loss == "chunked" else 0, loss)   # Liger: its own chunks
+    const, tok = plan.loss_bytes(BLU05B, 32768, 4096 if loss == "chunked" else 0, loss)  # Liger: its own chunks
     assert (const + tok * 32768) / 1e9 == pytest.approx(MEASURED_LOSS_GB_32K[loss], rel=0.02)
 
 
@@ -176,8 +192,13 @@ def test_liger_footprint_hand_checked():
     assert [plan.memory.liger_chunk(BLU05B, t) for t in (32768, 131072, 100, 1)] == [512, 2048, 2, 1]
     # memory.loss_chunk: the largest of at most that many tokens it makes (chunk_mem_const 6: ceil(98/6) = 17,
     # next_pow2(ceil(32768/17)) = 2048; 13: 8 -> 4096); below its own chunk, its own; beyond T, T
-    assert [plan.memory.liger_chunk(BLU05B, 32768, c) for c in (2048, 4096, 3000, 100, 65536)] == \
-        [2048, 4096, 2048, 512, 32768]
+    assert [plan.memory.liger_chunk(BLU05B, 32768, c) for c in (2048, 4096, 3000, 100, 65536)] == [
+        2048,
+        4096,
+        2048,
+        512,
+        32768,
+    ]
     # 32k: the end (fp32 dW + its bf16 cast, 6Vd) beats the loop (4Vd + bf16 logits 2*512*V); per token
     # dh (2d), the fp32 loss (4) and the label mask (1); 128k: the loop (4Vd + 2*2048*V)
     assert plan.loss_bytes(BLU05B, 32768, 0, "liger") == (6 * V * d, 2 * d + 5)
@@ -196,15 +217,17 @@ def test_fa4_backward_buffers_hand_checked():
     assert plan.layer_bytes_per_token(TINY, "cuda", attention="fa4")["attn_bwd"] == ATTN_BWD - 256 + 256 - 16 + 32
     # MHA: no accumulators for dk/dv in either
     mha = TINY.model_copy(update={"n_kv_heads": 4})
-    assert (plan.layer_bytes_per_token(mha, "cuda", attention="fa4")["attn_bwd"]
-            == plan.layer_bytes_per_token(mha, "cuda")["attn_bwd"] + 16)
+    assert (
+        plan.layer_bytes_per_token(mha, "cuda", attention="fa4")["attn_bwd"]
+        == plan.layer_bytes_per_token(mha, "cuda")["attn_bwd"] + 16
+    )
 
 
 def test_kernel_choices_from_config():
     cfg = load_config("configs/l2.yaml", ["memory.loss=liger", "memory.attention=fa4"])
     s = plan.Setup.from_config(cfg, gpus=1, window=32768)
     assert (s.loss, s.attention) == ("liger", "fa4")
-    assert "loss=liger loss_chunk=4096" in s.describe() and "attention=fa4" in s.describe()   # base.yaml's chunk
+    assert "loss=liger loss_chunk=4096" in s.describe() and "attention=fa4" in s.describe()  # base.yaml's chunk
     # Liger's loss needs no loss_chunk: the planner never suggests one to it
     assert plan.apply_change(s, "loss_chunk=4096") is None
     assert plan.Setup.from_json(s.to_json()) == s

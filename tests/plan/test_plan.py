@@ -1,4 +1,5 @@
 """The memory planner: hand-checkable terms, the measured H200 rows, calibration, the table."""
+
 import json
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from megablu.config.schema import ModelConfig
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 OFFLOAD_RESULTS = BENCH.parent / "experiments" / "zero_offload" / "results" / "2026-12-03"
-sys.path.insert(0, str(BENCH))   # bench/offload_table.py and offload_bench.py (no GPU imports at top)
+sys.path.insert(0, str(BENCH))  # bench/offload_table.py and offload_bench.py (no GPU imports at top)
 
 BLU05B = ModelConfig(n_layers=36, d_model=1024, n_heads=16, n_kv_heads=4, ffn_dim=2816, vocab_size=100352)
 TINY = ModelConfig(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=1000)
@@ -22,8 +23,12 @@ TINY = ModelConfig(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, ffn_dim=128,
 # 2026-12-02): blu-0.5b, bf16, batch 1, one fwd+bwd without optimizer, loss chunk 4096,
 # pure-torch ops; peak = torch.cuda.max_memory_allocated in GB (1e9 B).
 MEASURED = [
-    ("none", 16384, 33.2), ("selective", 16384, 16.3), ("full", 16384, 8.4),
-    ("none", 32768, 59.4), ("selective", 32768, 25.6), ("full", 32768, 9.8),
+    ("none", 16384, 33.2),
+    ("selective", 16384, 16.3),
+    ("full", 16384, 8.4),
+    ("none", 32768, 59.4),
+    ("selective", 32768, 25.6),
+    ("full", 32768, 9.8),
 ]
 
 
@@ -59,8 +64,11 @@ def test_calibration_scales_activations(tmp_path):
     d = {k: getattr(s, k) for k in s.__dataclass_fields__}
     d["model"] = TINY.model_dump()
     # a probe that measured twice the predicted dynamic memory and 1 GB more static
-    probe = {"setup": d, "static_gb": e.static / 1e9 + 1.0,
-             "peak_gb": (e.static + 2 * (e.allocated - e.static)) / 1e9 + 1.0}
+    probe = {
+        "setup": d,
+        "static_gb": e.static / 1e9 + 1.0,
+        "peak_gb": (e.static + 2 * (e.allocated - e.static)) / 1e9 + 1.0,
+    }
     (tmp_path / "probe.json").write_text(json.dumps(probe))
     cal = plan.load_calibration(tmp_path / "probe.json")
     assert cal.act_scale == pytest.approx(2.0, rel=0.02)
@@ -97,7 +105,7 @@ def test_activation_terms_hand_checked():
     lb = plan.layer_bytes_per_token(TINY, "cuda")
     assert lb["attn"] == (2 * 64 + 4) + 2 * 64 + 2 * (64 + 64) + 2 * 64 + 4 * 4
     assert lb["mlp"] == (2 * 64 + 4) + 2 * 64 + 2 * 128 * 3
-    extra = 2 * 64 + 2 * 2 * 16 + 24   # final norm r, cos/sin, ids/labels/positions
+    extra = 2 * 64 + 2 * 2 * 16 + 24  # final norm r, cos/sin, ids/labels/positions
     assert plan.saved_per_token(TINY, "full", "cuda") == 2 * 2 * 64 + extra
     assert plan.saved_per_token(TINY, "selective", "cuda") == 2 * (lb["attn"] + 2 * 64) + extra
     assert plan.saved_per_token(TINY, "none", "cuda") == 2 * (lb["attn"] + lb["mlp"]) + extra
@@ -123,8 +131,10 @@ def test_sp_divides_tokens_and_full_recompute_is_cheapest():
     s2 = plan.Setup(BLU05B, 65536, gpus=2, sp=2, recompute="selective", loss_chunk=4096)
     assert s2.tokens_per_rank == 32768
     assert plan.estimate(s2).allocated < plan.estimate(s1).allocated
-    g = {r: plan.estimate(plan.Setup(BLU05B, 131072, recompute=r, loss_chunk=4096)).allocated
-         for r in ("none", "selective", "full")}
+    g = {
+        r: plan.estimate(plan.Setup(BLU05B, 131072, recompute=r, loss_chunk=4096)).allocated
+        for r in ("none", "selective", "full")
+    }
     assert g["full"] < g["selective"] < g["none"]
 
 
@@ -164,9 +174,11 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-c", REGISTER, *args], capture_output=True, text=True, timeout=120)
 
 
-REGISTER = ("import sys, argparse\nimport megablu.plan.cli as pc, megablu.train.cli as tc\n"
-            "p = argparse.ArgumentParser(); s = p.add_subparsers(dest='c', required=True)\n"
-            "pc.register(s); tc.register(s); a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
+REGISTER = (
+    "import sys, argparse\nimport megablu.plan.cli as pc, megablu.train.cli as tc\n"
+    "p = argparse.ArgumentParser(); s = p.add_subparsers(dest='c', required=True)\n"
+    "pc.register(s); tc.register(s); a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))"
+)
 
 
 def test_plan_cli_table_on_stdout_and_exit_codes(tmp_path):
@@ -176,8 +188,11 @@ def test_plan_cli_table_on_stdout_and_exit_codes(tmp_path):
     r = _cli("plan", "--config", "configs/l2.yaml", "--windows", "32k", "--json")
     assert json.loads(r.stdout)[0]["window"] == 32768
     bad = tmp_path / "bad.yaml"
-    bad.write_text("inherit: " + str((__import__("pathlib").Path("configs/base.yaml")).resolve()) +
-                   "\nmemory: {recompute: sometimes}\n")
+    bad.write_text(
+        "inherit: "
+        + str((__import__("pathlib").Path("configs/base.yaml")).resolve())
+        + "\nmemory: {recompute: sometimes}\n"
+    )
     r = _cli("plan", "--config", str(bad))
     assert r.returncode == 2 and r.stdout == "" and "recompute" in r.stderr
 
@@ -188,22 +203,28 @@ def test_probe_cli_dry_run_builds_the_entry_command():
     cmd = r.stdout.strip()
     # the launch `megablu train` makes: the entry module, from any directory
     assert "-m deepspeed.launcher.runner --num_gpus 1 " in cmd and "--module megablu.train.entry" in cmd
-    for s in ("train.max_steps=3", "train.probe_steps=3", "schedule.kind=cosine", "checkpoint.save_final=false",
-              "eval.final=false", "name=l2_probe"):
+    for s in (
+        "train.max_steps=3",
+        "train.probe_steps=3",
+        "schedule.kind=cosine",
+        "checkpoint.save_final=false",
+        "eval.final=false",
+        "name=l2_probe",
+    ):
         assert f"--set {s}" in cmd
     # the probe's overrides come after the user's so they win
     assert cmd.index("parallel.sp=1") < cmd.index("train.max_steps=3")
 
 
 def test_fit_table_with_the_configs_sp_shards_zero_over_dp_times_sp():
-    cfg = load_config("configs/l2.yaml", [])   # sp=2
+    cfg = load_config("configs/l2.yaml", [])  # sp=2
     rows = plan.fit_table(cfg, [1, 2, 4], [32768], 141.0, sp=cfg.parallel.sp)
     assert [(r["gpus"], r["sp"], r["tokens_per_rank"]) for r in rows] == [(2, 2, 16384), (4, 2, 16384)]
     # same tokens per rank; 4 GPUs shard the optimizer over 4 ranks instead of 2
     assert rows[1]["gb_per_gpu"] < rows[0]["gb_per_gpu"]
 
 
-FAKE_DEEPSPEED = r'''
+FAKE_DEEPSPEED = r"""
 # stands in for `python -m deepspeed.launcher.runner ... --module megablu.train.entry`: writes the
 # probe.json the trainer would
 import json, sys
@@ -222,23 +243,39 @@ res = {{"setup": setup_dict(cfg, int(a[a.index("--num_gpus") + 1])), "steps": cf
        "static_gb": 5.0, "peak_gb": None if oom else 20.0, "oom": oom}}
 (run / ("probe.rank1.json" if oom else "probe.json")).write_text(json.dumps(res))
 sys.exit(1 if oom else 0)
-'''
+"""
 
 
 @pytest.mark.parametrize("oom", [False, True])
 def test_probe_cli_reads_the_runs_probe_json(tmp_path, oom):
-    fake = tmp_path / "fake" / "deepspeed" / "launcher"     # a deepspeed package whose runner is the fake
+    fake = tmp_path / "fake" / "deepspeed" / "launcher"  # a deepspeed package whose runner is the fake
     fake.mkdir(parents=True)
     for d in (fake, fake.parent):
         (d / "__init__.py").write_text("")
     (fake / "runner.py").write_text(FAKE_DEEPSPEED.format(oom=oom))
     os_ = __import__("os")
     env = {**os_.environ, "PYTHONPATH": os_.pathsep.join([str(tmp_path / "fake"), os_.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run([sys.executable, "-c", REGISTER,
-                        "probe", "--config", "configs/l2.yaml", "--gpus", "1", "--set", "parallel.sp=1",
-                        "--set", f"runs_dir={tmp_path / 'runs'}"], capture_output=True, text=True, env=env,
-                       timeout=120)
-    assert "chatter on stdout" in r.stderr          # the child's stdout is a log, not our result
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            REGISTER,
+            "probe",
+            "--config",
+            "configs/l2.yaml",
+            "--gpus",
+            "1",
+            "--set",
+            "parallel.sp=1",
+            "--set",
+            f"runs_dir={tmp_path / 'runs'}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert "chatter on stdout" in r.stderr  # the child's stdout is a log, not our result
     out = json.loads(r.stdout)
     assert out["setup"]["gpus"] == 1 and out["steps"] == 3
     if oom:
@@ -249,9 +286,23 @@ def test_probe_cli_reads_the_runs_probe_json(tmp_path, oom):
 
 
 def test_megablu_command_has_plan_and_probe():
-    r = subprocess.run([sys.executable, "-m", "megablu.cli", "plan", "--config", "configs/ext32k.yaml",
-                        "--gpus", "2", "--windows", "64k"], capture_output=True, text=True,
-                       cwd=Path(__file__).resolve().parents[2])
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "megablu.cli",
+            "plan",
+            "--config",
+            "configs/ext32k.yaml",
+            "--gpus",
+            "2",
+            "--windows",
+            "64k",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert r.returncode == 0, r.stderr
     assert "| 2 | 2 | 64k | 32,768 |" in r.stdout and "comfortable" in r.stdout
     h = subprocess.run([sys.executable, "-m", "megablu.cli", "probe", "--help"], capture_output=True, text=True)
@@ -263,16 +314,21 @@ def _measured_offload_overheads():
     ZeRO-1 step of the same call at the same window (another call's when that call ran none)."""
     from offload_table import merge_file
 
-    calls = [list(merge_file(str(f)).values())
-             for f in sorted(OFFLOAD_RESULTS.glob("offload_*.jsonl"))]
-    z1 = [{(r["shape"], r["fit_T"]): r["fit_T"] / r["tok_s_at_fit"]
-           for r in rows if r["setting"] == "z1" and "tok_s_at_fit" in r} for rows in calls]
+    calls = [list(merge_file(str(f)).values()) for f in sorted(OFFLOAD_RESULTS.glob("offload_*.jsonl"))]
+    z1 = [
+        {
+            (r["shape"], r["fit_T"]): r["fit_T"] / r["tok_s_at_fit"]
+            for r in rows
+            if r["setting"] == "z1" and "tok_s_at_fit" in r
+        }
+        for rows in calls
+    ]
     any_call = {k: v for base in z1 for k, v in base.items()}
     out = []
     for rows, base in zip(calls, z1):
         for r in rows:
             key = (r["shape"], r.get("fit_T"))
-            z1_s = base.get(key) or any_call.get(key)   # the same call's ZeRO-1 step first
+            z1_s = base.get(key) or any_call.get(key)  # the same call's ZeRO-1 step first
             if r["setting"] != "z1" and "tok_s_at_fit" in r and z1_s:
                 out.append((r, r["fit_T"] / r["tok_s_at_fit"] - z1_s))
     return out
@@ -288,8 +344,9 @@ def test_offload_step_cost_matches_the_h200_rows():
     assert len(rows) == 12
     model_sum = meas_sum = 0.0
     for r, measured in rows:
-        cfg = load_config(Path("configs") / SETTINGS["z1"][0], SETTINGS["z1"][1] + SHAPES[r["shape"]],
-                          world_size=1, device="cuda")
+        cfg = load_config(
+            Path("configs") / SETTINGS["z1"][0], SETTINGS["z1"][1] + SHAPES[r["shape"]], world_size=1, device="cuda"
+        )
         s, cost = replace(plan.Setup.from_config(cfg, gpus=1, window=r["fit_T"]), zero_stage=r["zero_stage"]), 1.0
         for change in [c for c in ("offload_optimizer", "offload_params") if r[c]]:
             s = plan.apply_change(s, change)
@@ -301,7 +358,11 @@ def test_offload_step_cost_matches_the_h200_rows():
 
 
 def test_offload_cost_falls_with_the_window():
-    s16, s256 = (plan.apply_change(plan.Setup(BLU05B, t, gpus=1, sp=1, recompute="selective", loss_chunk=4096),
-                             "offload_optimizer") for t in (16384, 262144))
-    assert plan.change_cost("offload_optimizer", s16) > 1.5          # a 0.4 s CPU step against a ~0.3 s step
-    assert plan.change_cost("offload_optimizer", s256) < 1.02        # hidden behind a ~40 s step
+    s16, s256 = (
+        plan.apply_change(
+            plan.Setup(BLU05B, t, gpus=1, sp=1, recompute="selective", loss_chunk=4096), "offload_optimizer"
+        )
+        for t in (16384, 262144)
+    )
+    assert plan.change_cost("offload_optimizer", s16) > 1.5  # a 0.4 s CPU step against a ~0.3 s step
+    assert plan.change_cost("offload_optimizer", s256) < 1.02  # hidden behind a ~40 s step

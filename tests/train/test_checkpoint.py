@@ -2,6 +2,7 @@
 
 Engine-level save/load/kill tests: test_checkpoint_faults.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -102,18 +103,29 @@ def test_config_hash_refusal_names_what_changed(tmp_path):
     not only two opaque hashes."""
     from megablu.checkpoint import CheckpointManager
 
-    meta = {"config_hash": "aaa", "tokenizer": "t", "dp": 1, "sp": 2, "zero_stage": 1,
-            "model": {"n_layers": 2, "d_model": 32}, "rope": {"theta": 1e4, "yarn": None}, "window": 512}
+    meta = {
+        "config_hash": "aaa",
+        "tokenizer": "t",
+        "dp": 1,
+        "sp": 2,
+        "zero_stage": 1,
+        "model": {"n_layers": 2, "d_model": 32},
+        "rope": {"theta": 1e4, "yarn": None},
+        "window": 512,
+    }
     saved = {"config_hash": "aaa", "tokenizer": "t", "meta": dict(meta)}
-    mgr = CheckpointManager(tmp_path / "run-0001", keep=1, meta={**meta, "config_hash": "bbb", "sp": 1, "dp": 2,
-                                                                 "rope": {"theta": 1e4, "yarn": {"factor": 2.0}}})
+    mgr = CheckpointManager(
+        tmp_path / "run-0001",
+        keep=1,
+        meta={**meta, "config_hash": "bbb", "sp": 1, "dp": 2, "rope": {"theta": 1e4, "yarn": {"factor": 2.0}}},
+    )
     with pytest.raises(CheckpointError) as e:
         mgr.check_compatible(saved)
     msg = str(e.value)
     assert "config_hash='aaa' but this run has config_hash='bbb'" in msg
     assert "sp saved 2, now 1" in msg and "rope.yarn saved None, now {'factor': 2.0}" in msg
-    assert "dp saved" not in msg and "model." not in msg          # unchanged fields are not listed
-    mgr.check_compatible(saved, allow_config_change=True)    # a deliberate change
+    assert "dp saved" not in msg and "model." not in msg  # unchanged fields are not listed
+    mgr.check_compatible(saved, allow_config_change=True)  # a deliberate change
 
 
 def _publish(mgr, step: int) -> None:
@@ -126,8 +138,12 @@ def _publish(mgr, step: int) -> None:
     d = mgr.ckpt_dir / step_name(step)
     d.mkdir(parents=True)
     (d / WEIGHTS).write_bytes(bytes([step]) * 8)
-    m = {"format": 1, "run_id": mgr.run_id, "step": step,
-         "files": {WEIGHTS: {"size": 8, "sha256": sha256_file(d / WEIGHTS)}}}
+    m = {
+        "format": 1,
+        "run_id": mgr.run_id,
+        "step": step,
+        "files": {WEIGHTS: {"size": 8, "sha256": sha256_file(d / WEIGHTS)}},
+    }
     m["manifest_sha256"] = _manifest_digest(m)
     (d / MANIFEST).write_text(json.dumps(m))
     mgr.prune(newest=d)
@@ -140,7 +156,7 @@ def _rotate(run_dir, keep: int, keep_every: int, steps: int = 10, half_written=(
     mgr = CheckpointManager(run_dir, keep=keep, meta={}, keep_every=keep_every)
     after = {}
     for s in range(1, steps + 1):
-        if s in half_written:   # a step dir without its manifest (not what save() publishes, but on disk)
+        if s in half_written:  # a step dir without its manifest (not what save() publishes, but on disk)
             (mgr.ckpt_dir / step_name(s)).mkdir(parents=True)
         else:
             _publish(mgr, s)

@@ -15,6 +15,7 @@ After every trial the driver checks the filesystem invariants and resumes:
 The default pytest run does every save phase on each rank plus a few random-time kills;
 MEGABLU_SLOW=1 (or -m slow) runs the long random sweep (count in docs/RELIABILITY.md).
 """
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,15 @@ def _free_port() -> int:
 
 
 def _rank_main(rank: int, world: int, port: int, spec: dict, tdir: Path) -> int:
-    os.environ.update(DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    os.environ.update(
+        DS_ACCELERATOR="cpu",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+    )
     import deepspeed
     import numpy as np
     import torch
@@ -90,14 +98,31 @@ def _rank_main(rank: int, world: int, port: int, spec: dict, tdir: Path) -> int:
     model = BluModel(ModelConfig(**MODEL), RopeConfig(theta=10000))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     stage = spec.get("stage", 2)
-    eng, *_ = deepspeed.initialize(model=model, optimizer=opt, config={
-        "train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0.0, "zero_allow_untested_optimizer": True,
-        "zero_optimization": {"stage": stage}, "steps_per_print": 10 ** 9})
-    meta = {"config_hash": spec.get("config_hash", "cfg0"), "tokenizer": spec.get("tokenizer", "bytes-97"),
-            "dp": world, "sp": 1, "world_size": world, "zero_stage": stage, "model": MODEL, "rope": {"theta": 10000.0},
-            "window": 64}
-    mgr = CheckpointManager(spec["run_dir"], keep=spec.get("keep", KEEP), meta=meta, on_phase=hook,
-                            keep_every=spec.get("keep_every", 0))
+    eng, *_ = deepspeed.initialize(
+        model=model,
+        optimizer=opt,
+        config={
+            "train_micro_batch_size_per_gpu": 1,
+            "gradient_clipping": 0.0,
+            "zero_allow_untested_optimizer": True,
+            "zero_optimization": {"stage": stage},
+            "steps_per_print": 10**9,
+        },
+    )
+    meta = {
+        "config_hash": spec.get("config_hash", "cfg0"),
+        "tokenizer": spec.get("tokenizer", "bytes-97"),
+        "dp": world,
+        "sp": 1,
+        "world_size": world,
+        "zero_stage": stage,
+        "model": MODEL,
+        "rope": {"theta": 10000.0},
+        "window": 64,
+    }
+    mgr = CheckpointManager(
+        spec["run_dir"], keep=spec.get("keep", KEEP), meta=meta, on_phase=hook, keep_every=spec.get("keep_every", 0)
+    )
     torch.manual_seed(1000 + rank)
     random.seed(rank)
     np.random.seed(rank)
@@ -112,8 +137,14 @@ def _rank_main(rank: int, world: int, port: int, spec: dict, tdir: Path) -> int:
         """Full fp32 master weights and Adam moments per parameter (collective under ZeRO)."""
         from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
-        st = {n: [safe_get_full_fp32_param(p), safe_get_full_optimizer_state(p, "exp_avg"),
-                  safe_get_full_optimizer_state(p, "exp_avg_sq")] for n, p in eng.module.named_parameters()}
+        st = {
+            n: [
+                safe_get_full_fp32_param(p),
+                safe_get_full_optimizer_state(p, "exp_avg"),
+                safe_get_full_optimizer_state(p, "exp_avg_sq"),
+            ]
+            for n, p in eng.module.named_parameters()
+        }
         # Adam's step count (bias correction) per flat/partitioned group
         steps = {float(v["step"]) for v in eng.optimizer.optimizer.state.values() if "step" in v}
         st["__adam_steps__"] = [torch.tensor(sorted(steps))]
@@ -126,7 +157,7 @@ def _rank_main(rank: int, world: int, port: int, spec: dict, tdir: Path) -> int:
             start = cs["step"]
             set_rng_state(cs["rng"])
         elif spec.get("resume"):
-            p = bcast(str(mgr.resume_point() or "") if rank == 0 else None) or None   # as Trainer._load_resume
+            p = bcast(str(mgr.resume_point() or "") if rank == 0 else None) or None  # as Trainer._load_resume
             if p:
                 cs = mgr.load(eng, p)
                 set_rng_state(cs["rng"])
@@ -154,8 +185,13 @@ def _rank_main(rank: int, world: int, port: int, spec: dict, tdir: Path) -> int:
             tokens += T * world
             losses.write(f"{step} {loss.item()!r}\n")
             if step % spec.get("every", EVERY) == 0 or step == spec.get("steps", STEPS):
-                cs = {"step": step, "tokens_seen": tokens, "loader": {"index": step},
-                      "schedule": {"step": step}, "rng": get_rng_state()}
+                cs = {
+                    "step": step,
+                    "tokens_seen": tokens,
+                    "loader": {"index": step},
+                    "schedule": {"step": step},
+                    "rng": get_rng_state(),
+                }
                 mgr.save(eng, step, cs, pin=step in spec.get("pin", []))
                 hook("saved")
         if spec.get("dump_state"):
@@ -225,22 +261,30 @@ def trial(spec: dict, world: int = 2, kill_after: float | None = None, timeout: 
             t_ready = time.time()
         time.sleep(0.005)
     # how long the ranks ran after all were ready (the span random kills are spread over)
-    out = {"rc": [status[r] for r in range(world)], "tdir": str(tdir),
-           "loop_s": time.time() - (t_ready or time.time())}
+    out = {"rc": [status[r] for r in range(world)], "tdir": str(tdir), "loop_s": time.time() - (t_ready or time.time())}
     for name in ("start",):
         f = tdir / name
         out[name] = int(f.read_text()) if f.exists() else None
-    out["errors"] = {r: (tdir / f"ckpt_error_{r}.txt").read_text() for r in range(world)
-                     if (tdir / f"ckpt_error_{r}.txt").exists()}
-    out["tracebacks"] = {r: (tdir / f"traceback_{r}.txt").read_text() for r in range(world)
-                         if (tdir / f"traceback_{r}.txt").exists()}
+    out["errors"] = {
+        r: (tdir / f"ckpt_error_{r}.txt").read_text() for r in range(world) if (tdir / f"ckpt_error_{r}.txt").exists()
+    }
+    out["tracebacks"] = {
+        r: (tdir / f"traceback_{r}.txt").read_text() for r in range(world) if (tdir / f"traceback_{r}.txt").exists()
+    }
     out["losses"] = _losses(tdir / "losses_0.txt")
-    out["state_match"] = json.loads((tdir / "state_match.json").read_text()) \
-        if (tdir / "state_match.json").exists() else None
-    out["phases"] = [ln.split() for ln in (tdir / "phase_0.log").read_text().splitlines()] \
-        if (tdir / "phase_0.log").exists() else []
-    out["phases1"] = [ln.split() for ln in (tdir / "phase_1.log").read_text().splitlines()] \
-        if (tdir / "phase_1.log").exists() else []
+    out["state_match"] = (
+        json.loads((tdir / "state_match.json").read_text()) if (tdir / "state_match.json").exists() else None
+    )
+    out["phases"] = (
+        [ln.split() for ln in (tdir / "phase_0.log").read_text().splitlines()]
+        if (tdir / "phase_0.log").exists()
+        else []
+    )
+    out["phases1"] = (
+        [ln.split() for ln in (tdir / "phase_1.log").read_text().splitlines()]
+        if (tdir / "phase_1.log").exists()
+        else []
+    )
     return out
 
 
@@ -275,12 +319,18 @@ def fs_check(run_dir: Path) -> dict:
                 print(f"CORRUPTED {p}: {probs}", file=sys.stderr)
     latest = (ck / LATEST).read_text().strip() if (ck / LATEST).exists() else None
     latest_ok = latest is None or (step_of(latest) in steps)
-    return {"verified": steps, "corrupted": corrupted, "latest": latest, "latest_ok": latest_ok,
-            "tmp": sorted(p.name for p in ck.iterdir() if p.name.startswith(".")) if ck.is_dir() else []}
+    return {
+        "verified": steps,
+        "corrupted": corrupted,
+        "latest": latest,
+        "latest_ok": latest_ok,
+        "tmp": sorted(p.name for p in ck.iterdir() if p.name.startswith(".")) if ck.is_dir() else [],
+    }
 
 
 def new_run(base: Path, name: str = "t") -> Path:
     from megablu.train.runs import allocate_run
+
     return allocate_run(base, name)
 
 
@@ -312,14 +362,36 @@ def kill_case(base: Path, ref: dict, kill=None, kill_after=None, world=2, stage=
     res2 = trial({"run_dir": str(run), "stage": stage, "resume": True}, world)
     fs2 = fs_check(run)
     mism = [s for s, v in res2["losses"].items() if ref.get(s) != v]
-    ok = (res2["rc"] == [0] * world and not fs["corrupted"] and fs["latest_ok"] and not lost and not mism
-          and not fs2["corrupted"] and not fs2["tmp"] and res2["start"] >= done
-          and sorted(res2["losses"]) == list(range(res2["start"] + 1, STEPS + 1)))
-    out = {"kill": kill, "kill_after": kill_after, "killed": killed, "phase_at_kill": last,
-           "rc": res["rc"], "verified_after_kill": fs["verified"], "corrupted": fs["corrupted"],
-           "latest": fs["latest"], "leftovers": fs["tmp"], "last_done": done, "lost": lost,
-           "resumed_from": res2["start"], "resume_rc": res2["rc"], "loss_mismatch": mism,
-           "after_resume_leftovers": fs2["tmp"], "verified_after_resume": fs2["verified"], "ok": ok}
+    ok = (
+        res2["rc"] == [0] * world
+        and not fs["corrupted"]
+        and fs["latest_ok"]
+        and not lost
+        and not mism
+        and not fs2["corrupted"]
+        and not fs2["tmp"]
+        and res2["start"] >= done
+        and sorted(res2["losses"]) == list(range(res2["start"] + 1, STEPS + 1))
+    )
+    out = {
+        "kill": kill,
+        "kill_after": kill_after,
+        "killed": killed,
+        "phase_at_kill": last,
+        "rc": res["rc"],
+        "verified_after_kill": fs["verified"],
+        "corrupted": fs["corrupted"],
+        "latest": fs["latest"],
+        "leftovers": fs["tmp"],
+        "last_done": done,
+        "lost": lost,
+        "resumed_from": res2["start"],
+        "resume_rc": res2["rc"],
+        "loss_mismatch": mism,
+        "after_resume_leftovers": fs2["tmp"],
+        "verified_after_resume": fs2["verified"],
+        "ok": ok,
+    }
     if not ok:
         out["debug"] = {"tb": res["tracebacks"], "tb2": res2["tracebacks"], "err2": res2["errors"]}
     shutil.rmtree(res["tdir"], ignore_errors=True)
@@ -342,8 +414,11 @@ def scenario_kills(base: Path, n_random: int, seed: int = 0, ref=None, full: boo
         for r in [0, 1] if ph in rank1 else [0]:
             cases.append(kill_case(base, ref, kill=[ph, 4, r]))
     # the first save (nothing older to fall back to) and the last one
-    for ph, st in ([("ds_write", 2), ("publish", 2), ("latest", 2), ("ds_write", 6), ("publish", 6),
-                    ("latest", 6), ("trashed", 6)] if full else [("publish", 2), ("latest", 6), ("trashed", 6)]):
+    for ph, st in (
+        [("ds_write", 2), ("publish", 2), ("latest", 2), ("ds_write", 6), ("publish", 6), ("latest", 6), ("trashed", 6)]
+        if full
+        else [("publish", 2), ("latest", 6), ("trashed", 6)]
+    ):
         cases.append(kill_case(base, ref, kill=[ph, st, 0]))
     rng = random.Random(seed)
     loop = trial({"run_dir": str(new_run(base)), "stage": 2}, 2)["loop_s"]
@@ -364,10 +439,16 @@ def scenario_faults(base: Path, ref=None) -> dict:
         fs = fs_check(run)
         res2 = trial({"run_dir": str(run), "resume": True})
         out[f"write_{kind}_rank1"] = {
-            "rc": res["rc"], "errors": res["errors"], "verified": fs["verified"], "latest": fs["latest"],
-            "leftovers": fs["tmp"], "resumed_from": res2["start"], "resume_rc": res2["rc"],
+            "rc": res["rc"],
+            "errors": res["errors"],
+            "verified": fs["verified"],
+            "latest": fs["latest"],
+            "leftovers": fs["tmp"],
+            "resumed_from": res2["start"],
+            "resume_rc": res2["rc"],
             "loss_mismatch": [s for s, v in res2["losses"].items() if ref.get(s) != v],
-            "tb": res["tracebacks"]}
+            "tb": res["tracebacks"],
+        }
     # a complete run, then damage its newest step in three ways
     good = new_run(base, "good")
     assert trial({"run_dir": str(good)})["rc"] == [0, 0]
@@ -396,10 +477,13 @@ def scenario_faults(base: Path, ref=None) -> dict:
         explicit = trial({"run_dir": str(run), "load": str(step6)})
         res2 = trial({"run_dir": str(run), "resume": True})
         out[f"damage_{dmg}"] = {
-            "explicit_rc": explicit["rc"], "explicit_errors": explicit["errors"],
-            "resumed_from": res2["start"], "resume_rc": res2["rc"],
+            "explicit_rc": explicit["rc"],
+            "explicit_errors": explicit["errors"],
+            "resumed_from": res2["start"],
+            "resume_rc": res2["rc"],
             "loss_mismatch": [s for s, v in res2["losses"].items() if ref.get(s) != v],
-            "tb": explicit["tracebacks"] or res2["tracebacks"]}
+            "tb": explicit["tracebacks"] or res2["tracebacks"],
+        }
     # re-saving an existing step (resume from 4 by hand, run to 6 again), killed between
     # moving the old step 6 aside and publishing the new one: the old one comes back
     run = new_run(base, "resave")
@@ -410,9 +494,14 @@ def scenario_faults(base: Path, ref=None) -> dict:
     fs = fs_check(run)
     r2 = trial({"run_dir": str(run), "resume": True})
     fs2 = fs_check(run)
-    out["resave_kill"] = {"rc": r["rc"], "after_kill": fs, "resume_rc": r2["rc"], "resumed_from": r2["start"],
-                          "after_resume": fs2, "loss_mismatch": [s for s, v in {**r["losses"], **r2["losses"]}.items()
-                                                                 if ref.get(s) != v]}
+    out["resave_kill"] = {
+        "rc": r["rc"],
+        "after_kill": fs,
+        "resume_rc": r2["rc"],
+        "resumed_from": r2["start"],
+        "after_resume": fs2,
+        "loss_mismatch": [s for s, v in {**r["losses"], **r2["losses"]}.items() if ref.get(s) != v],
+    }
     # resuming with another tokenizer or config is refused before anything is loaded
     for key, val in (("tokenizer", "tiktoken-cl100k"), ("config_hash", "cfg-other")):
         r = trial({"run_dir": str(good), "resume": True, key: val})
@@ -451,10 +540,20 @@ def scenario_keep(base: Path) -> dict:
     rc = trial({"run_dir": str(c), "keep": 1, "keep_every": 3, "every": 1, "steps": 10})
     fc = fs_check(c)
     rc2 = trial({"run_dir": str(c), "keep": 1, "keep_every": 3, "every": 1, "steps": 12, "resume": True})
-    return {"ids": [a.name, b.name], "rc": [ra["rc"], rb["rc"]], "a": fa, "b": fb,
-            "tb": [ra["tracebacks"], rb["tracebacks"], rc["tracebacks"], rc2["tracebacks"]],
-            "every": {"id": c.name, "rc": [rc["rc"], rc2["rc"]], "after_10": fc, "resumed_from": rc2["start"],
-                      "after_12": fs_check(c)}}
+    return {
+        "ids": [a.name, b.name],
+        "rc": [ra["rc"], rb["rc"]],
+        "a": fa,
+        "b": fb,
+        "tb": [ra["tracebacks"], rb["tracebacks"], rc["tracebacks"], rc2["tracebacks"]],
+        "every": {
+            "id": c.name,
+            "rc": [rc["rc"], rc2["rc"]],
+            "after_10": fc,
+            "resumed_from": rc2["start"],
+            "after_12": fs_check(c),
+        },
+    }
 
 
 def scenario_topology(base: Path) -> dict:
@@ -463,14 +562,30 @@ def scenario_topology(base: Path) -> dict:
     for stage, w_save, w_resume in ((0, 2, 1), (1, 2, 1), (2, 2, 1), (2, 1, 2), (3, 2, 1)):
         run = new_run(base, f"topo{stage}")
         dump = base / f"state_{stage}_{w_save}.pt"
-        r1 = trial({"run_dir": str(run), "stage": stage, "steps": 4,
-                    **({"dump_state": str(dump)} if stage else {})}, world=w_save)
-        r2 = trial({"run_dir": str(run), "stage": stage, "resume": True, "steps": 6,
-                    **({"expect_state": str(dump)} if stage else {})}, world=w_resume)
+        r1 = trial(
+            {"run_dir": str(run), "stage": stage, "steps": 4, **({"dump_state": str(dump)} if stage else {})},
+            world=w_save,
+        )
+        r2 = trial(
+            {
+                "run_dir": str(run),
+                "stage": stage,
+                "resume": True,
+                "steps": 6,
+                **({"expect_state": str(dump)} if stage else {}),
+            },
+            world=w_resume,
+        )
         out[f"stage{stage}_w{w_save}to{w_resume}"] = {
-            "save_rc": r1["rc"], "resume_rc": r2["rc"], "start": r2["start"], "errors": r2["errors"],
-            "state_match": r2["state_match"], "resumed_steps": sorted(r2["losses"]),
-            "leftovers": fs_check(run)["tmp"], "tb": r1["tracebacks"] or r2["tracebacks"]}
+            "save_rc": r1["rc"],
+            "resume_rc": r2["rc"],
+            "start": r2["start"],
+            "errors": r2["errors"],
+            "state_match": r2["state_match"],
+            "resumed_steps": sorted(r2["losses"]),
+            "leftovers": fs_check(run)["tmp"],
+            "tb": r1["tracebacks"] or r2["tracebacks"],
+        }
     # exact resume under ZeRO-3 (same world)
     ref = reference(base, stage=3)
     out["stage3_kill"] = kill_case(base, ref, kill=["publish", 4, 0], stage=3)
@@ -480,23 +595,32 @@ def scenario_topology(base: Path) -> dict:
 def scenario_all(base: Path, n_random: int) -> dict:
     ref = reference(base)
     out = {}
-    for name, fn in [("kills", lambda: scenario_kills(base, n_random, ref=ref)),
-                     ("faults", lambda: scenario_faults(base, ref=ref)),
-                     ("keep", lambda: scenario_keep(base)), ("topology", lambda: scenario_topology(base))]:
+    for name, fn in [
+        ("kills", lambda: scenario_kills(base, n_random, ref=ref)),
+        ("faults", lambda: scenario_faults(base, ref=ref)),
+        ("keep", lambda: scenario_keep(base)),
+        ("topology", lambda: scenario_topology(base)),
+    ]:
         t0 = time.time()
         out[name] = fn()
         out[name]["seconds"] = round(time.time() - t0, 1)
     return out
 
 
-SCENARIOS = {"kills": scenario_kills, "faults": scenario_faults, "keep": scenario_keep,
-             "topology": scenario_topology, "all": scenario_all}
+SCENARIOS = {
+    "kills": scenario_kills,
+    "faults": scenario_faults,
+    "keep": scenario_keep,
+    "topology": scenario_topology,
+    "all": scenario_all,
+}
 
 
 def _driver_main(argv: list[str]) -> None:
     sys.path.insert(0, str(ROOT))
     os.environ["DS_ACCELERATOR"] = "cpu"
     import logging
+
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     # import everything heavy once, before forking ranks (no torch op runs in the parent)
     import deepspeed  # noqa: F401
@@ -508,6 +632,7 @@ def _driver_main(argv: list[str]) -> None:
 
     skip_cpu_shm_op()
     import megablu.checkpoint  # noqa: F401
+
     name = argv[0]
     base = Path(argv[1])
     kw = json.loads(argv[2]) if len(argv) > 2 else {}
@@ -519,8 +644,14 @@ def _driver_main(argv: list[str]) -> None:
 
 def run_scenario(name: str, base: Path, timeout: int = 900, **kw) -> dict:
     env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    p = subprocess.run([sys.executable, str(HERE), name, str(base), json.dumps(kw)], capture_output=True,
-                       text=True, timeout=timeout, env=env, cwd=str(ROOT))
+    p = subprocess.run(
+        [sys.executable, str(HERE), name, str(base), json.dumps(kw)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=str(ROOT),
+    )
     assert p.returncode == 0, p.stderr[-4000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -559,7 +690,7 @@ def _check_kills(res):
     for c in cases:  # every deterministic kill really killed the job
         if c["kill"]:
             assert c["killed"], c
-        if c["kill"] and c["kill"][0] == "trashed":   # a step keep-N had pruned never comes back
+        if c["kill"] and c["kill"][0] == "trashed":  # a step keep-N had pruned never comes back
             assert c["verified_after_resume"] == [4, 6], c
     hit = {c["phase_at_kill"][1] for c in cases if c["killed"]}
     assert set(PHASES_BOTH + PHASES_R0) <= hit, hit
@@ -581,8 +712,16 @@ def test_kill9_random_sweep():
         shutil.rmtree(base, ignore_errors=True)
     _check_kills(res)
     from collections import Counter
-    print(json.dumps({"cases": len(res["cases"]), "seconds": res["seconds"],
-                      "phase_at_kill": Counter(c["phase_at_kill"][1] for c in res["cases"] if c["killed"])}))
+
+    print(
+        json.dumps(
+            {
+                "cases": len(res["cases"]),
+                "seconds": res["seconds"],
+                "phase_at_kill": Counter(c["phase_at_kill"][1] for c in res["cases"] if c["killed"]),
+            }
+        )
+    )
 
 
 def test_failing_write_on_one_rank_is_fatal_everywhere(results):
@@ -601,12 +740,16 @@ def test_failing_write_on_one_rank_is_fatal_everywhere(results):
 
 def test_damaged_shard_refused_by_name_and_resume_falls_back(results):
     out = results["faults"]
-    expect = {"delete": "missing ds/zero_pp_rank_1", "truncate": "size ds/zero_pp_rank_1",
-              "flip": "checksum ds/zero_pp_rank_1", "manifest_edit": "manifest checksum mismatch",
-              "extra_shard": "unlisted file ds/zero_pp_rank_2"}
+    expect = {
+        "delete": "missing ds/zero_pp_rank_1",
+        "truncate": "size ds/zero_pp_rank_1",
+        "flip": "checksum ds/zero_pp_rank_1",
+        "manifest_edit": "manifest checksum mismatch",
+        "extra_shard": "unlisted file ds/zero_pp_rank_2",
+    }
     for dmg, needle in expect.items():
         c = out[f"damage_{dmg}"]
-        assert c["explicit_rc"] == [3, 3], c          # explicit load refused on every rank
+        assert c["explicit_rc"] == [3, 3], c  # explicit load refused on every rank
         for msg in c["explicit_errors"].values():
             assert "refusing to load" in msg and needle in msg, (dmg, msg)
         # resume skips the damaged newest step and continues exactly from the previous one
@@ -694,6 +837,7 @@ def test_consolidated_weights_equal_fp32_master(results):
 
 def _cli(argv, capsys):
     from megablu.cli import main
+
     rc = main(argv)
     cap = capsys.readouterr()
     return rc, cap.out, cap.err
@@ -711,8 +855,12 @@ def test_cli_verify_list_export_roundtrip(results, tmp_path, capsys):
 
     good = results["_base"] / "good-0001"
     rc, out, _ = _cli(["ckpt", "verify", str(good)], capsys)
-    assert rc == 0 and out.split() == ["OK", str(good / "checkpoints/step_0000004"),
-                                       "OK", str(good / "checkpoints/step_0000006")]
+    assert rc == 0 and out.split() == [
+        "OK",
+        str(good / "checkpoints/step_0000004"),
+        "OK",
+        str(good / "checkpoints/step_0000006"),
+    ]
     rc, out, _ = _cli(["ckpt", "list", str(results["_base"]), "--json"], capsys)
     rows = {r["path"]: r for r in json.loads(out)}
     # the fault runs beside it hold damaged and foreign steps: a BAD row is exit 2, like verify
@@ -741,16 +889,16 @@ def test_cli_verify_list_export_roundtrip(results, tmp_path, capsys):
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     assert type(hf).__name__ == "LlamaForCausalLM"
     blu = BluModel(ModelConfig(**MODEL), RopeConfig(theta=10000))
-    load_weights(blu, good / "checkpoints/step_0000006")     # consolidated weights of the step
+    load_weights(blu, good / "checkpoints/step_0000006")  # consolidated weights of the step
     x = torch.randint(0, 97, (2, 24))
     with torch.no_grad():
         ref = blu(x)
         assert torch.allclose(hf(x).logits, ref, atol=1e-5, rtol=1e-5)
-        back = from_hf(hf)                                    # HF -> BluModel -> HF
+        back = from_hf(hf)  # HF -> BluModel -> HF
         assert torch.equal(back(x), ref)
         assert torch.equal(to_hf(back, max_position=hf.config.max_position_embeddings)(x).logits, hf(x).logits)
     blu2 = BluModel(ModelConfig(**MODEL), RopeConfig(theta=10000))
-    load_weights(blu2, tmp_path / "hf")                       # init_from an export
+    load_weights(blu2, tmp_path / "hf")  # init_from an export
     assert all(torch.equal(a, b) for a, b in zip(blu.state_dict().values(), blu2.state_dict().values()))
     # refuses to overwrite; a damaged step is never exported
     rc, _, err = _cli(["ckpt", "export", str(good), "--out", str(tmp_path / "hf")], capsys)
@@ -762,16 +910,31 @@ def test_cli_verify_list_export_roundtrip(results, tmp_path, capsys):
 def test_hub_upload_with_model_card_to_local_stand_in(results, tmp_path, capsys):
     good = results["_base"] / "good-0001"
     (good / "eval").mkdir(exist_ok=True)
-    (good / "eval" / "passkey.json").write_text(json.dumps({"rows": [{"length": 1024, "acc": 0.8},
-                                                                     {"length": 4096, "acc": 0.62}]}))
+    (good / "eval" / "passkey.json").write_text(
+        json.dumps({"rows": [{"length": 1024, "acc": 0.8}, {"length": 4096, "acc": 0.62}]})
+    )
     rc, out, err = _cli(["hub", "upload", str(good), "--to-local", str(tmp_path / "repo")], capsys)
     assert rc == 0, err
     assert sorted(out.split()) == ["README.md", "config.json", "megablu_export.json", "model.safetensors"]
     card = (tmp_path / "repo" / "README.md").read_text()
     assert "step 6" in card and "| 4096 | 0.62 |" in card and "bytes-97" in card
     # and it downloads back, verified
-    rc, out, err = _cli(["hub", "download", "me/x", "--from-local", str(tmp_path / "repo"), "--include", "*.json",
-                         "--include", "model.safetensors", "--local-dir", str(tmp_path / "dl")], capsys)
+    rc, out, err = _cli(
+        [
+            "hub",
+            "download",
+            "me/x",
+            "--from-local",
+            str(tmp_path / "repo"),
+            "--include",
+            "*.json",
+            "--include",
+            "model.safetensors",
+            "--local-dir",
+            str(tmp_path / "dl"),
+        ],
+        capsys,
+    )
     assert rc == 0 and len(out.split()) == 3, err
 
 

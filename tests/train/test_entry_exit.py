@@ -1,5 +1,6 @@
 """How a rank leaves (megablu/train/entry.py): a rank whose run ended well leaves the process group
 through utils.dist.finish(); if a peer is already gone, one line and exit 1, never a traceback."""
+
 from megablu.train import entry
 from megablu.utils import dist
 
@@ -22,4 +23,4 @@ def test_leave_is_0_when_the_group_closes_and_one_line_when_a_peer_is_gone(monke
 
 
 def test_finish_without_a_process_group_is_a_no_op():
-    dist.finish()     # a world of one started as plain python: nothing to close, no error
+    dist.finish()  # a world of one started as plain python: nothing to close, no error

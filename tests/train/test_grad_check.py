@@ -5,6 +5,7 @@ engages: one with DeepSpeed's per-tensor checks, one with the fused ones. Every 
 weights after the steps must agree; a step with one infinite or NaN gradient element (on one rank only) must
 be skipped by both. A profile of the step says the fused check runs no per-tensor kernels.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,12 +20,14 @@ from tests.dist_utils import run_distributed
 
 VOCAB = 64
 STEPS = 4
-BAD_STEP = 2   # 0-based: this step's gradient gets one bad element on rank 0
+BAD_STEP = 2  # 0-based: this step's gradient gets one bad element on rank 0
 
 
 def _model(n_layers=2):
-    m = BluModel(ModelConfig(n_layers=n_layers, d_model=32, n_heads=4, n_kv_heads=2, ffn_dim=40, vocab_size=VOCAB),
-                 RopeConfig(theta=10000.0))
+    m = BluModel(
+        ModelConfig(n_layers=n_layers, d_model=32, n_heads=4, n_kv_heads=2, ffn_dim=40, vocab_size=VOCAB),
+        RopeConfig(theta=10000.0),
+    )
     m.reset_parameters(seed=0)
     return m
 
@@ -34,10 +37,15 @@ def _engine(model, stage, dtype, fused, clip=0.05, ga=1, extra=None):
 
     from megablu.train.trainer import param_groups
 
-    ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": ga, "gradient_clipping": clip,
-          # no clip: no norm either, so the overflow check alone must catch a bad gradient
-          "zero_optimization": {"stage": stage, **({} if clip else {"compute_grad_norm": False}), **(extra or {})},
-          "steps_per_print": 10 ** 9, "zero_allow_untested_optimizer": True}
+    ds = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": ga,
+        "gradient_clipping": clip,
+        # no clip: no norm either, so the overflow check alone must catch a bad gradient
+        "zero_optimization": {"stage": stage, **({} if clip else {"compute_grad_norm": False}), **(extra or {})},
+        "steps_per_print": 10**9,
+        "zero_allow_untested_optimizer": True,
+    }
     if dtype == "bf16":
         ds["bf16"] = {"enabled": True}
     # the trainer's two groups (matrices with weight decay, norms without): the checks run per group
@@ -62,10 +70,12 @@ def _run(c, fused, rank):
             toks = torch.randint(0, VOCAB, (1, 17), generator=g)
             hook = None
             if c["bad"] is not None and step == BAD_STEP and rank == 0 and micro == ga - 1:
+
                 def poison(grad):
                     grad = grad.clone()
                     grad.view(-1)[7] = c["bad"]
                     return grad
+
                 hook = target.register_hook(poison)
             loss_sum, count = engine(toks[:, :-1], labels=toks[:, 1:])
             engine.backward(loss_sum / count)
@@ -90,16 +100,22 @@ NORM = "layers.0.post_attention_layernorm.weight"
 INF, NAN = float("inf"), float("nan")
 # with no clip (and no norm) a bf16 step relies on the overflow check alone; ga: gradient accumulation (the
 # 32k configs use 4); extra: ZeRO-2 with its comm overlap and contiguous gradient buffers
-CASES = [dict(stage=1, dtype="fp32", bad=None, clip=0.05), dict(stage=2, dtype="fp32", bad=None, clip=0.05),
-         dict(stage=1, dtype="bf16", bad=None, clip=0.05), dict(stage=2, dtype="bf16", bad=None, clip=0.05),
-         dict(stage=1, dtype="fp32", bad=INF, clip=0.05), dict(stage=2, dtype="fp32", bad=NAN, clip=0.05),
-         dict(stage=1, dtype="bf16", bad=NAN, clip=0.05), dict(stage=2, dtype="bf16", bad=-INF, clip=0.05),
-         dict(stage=1, dtype="bf16", bad=NAN, clip=0.0), dict(stage=2, dtype="bf16", bad=INF, clip=0.0),
-         dict(stage=1, dtype="bf16", bad=NAN, clip=0.0, target=NORM),
-         dict(stage=2, dtype="bf16", bad=-INF, clip=0.0, target=NORM),
-         dict(stage=1, dtype="bf16", bad=INF, clip=0.05, ga=2, target=NORM),
-         dict(stage=2, dtype="bf16", bad=NAN, clip=0.05, ga=2,
-              extra={"overlap_comm": True, "contiguous_gradients": True})]
+CASES = [
+    dict(stage=1, dtype="fp32", bad=None, clip=0.05),
+    dict(stage=2, dtype="fp32", bad=None, clip=0.05),
+    dict(stage=1, dtype="bf16", bad=None, clip=0.05),
+    dict(stage=2, dtype="bf16", bad=None, clip=0.05),
+    dict(stage=1, dtype="fp32", bad=INF, clip=0.05),
+    dict(stage=2, dtype="fp32", bad=NAN, clip=0.05),
+    dict(stage=1, dtype="bf16", bad=NAN, clip=0.05),
+    dict(stage=2, dtype="bf16", bad=-INF, clip=0.05),
+    dict(stage=1, dtype="bf16", bad=NAN, clip=0.0),
+    dict(stage=2, dtype="bf16", bad=INF, clip=0.0),
+    dict(stage=1, dtype="bf16", bad=NAN, clip=0.0, target=NORM),
+    dict(stage=2, dtype="bf16", bad=-INF, clip=0.0, target=NORM),
+    dict(stage=1, dtype="bf16", bad=INF, clip=0.05, ga=2, target=NORM),
+    dict(stage=2, dtype="bf16", bad=NAN, clip=0.05, ga=2, extra={"overlap_comm": True, "contiguous_gradients": True}),
+]
 
 
 def test_fused_check_takes_deepspeeds_steps():
@@ -115,7 +131,7 @@ def test_fused_check_takes_deepspeeds_steps():
                 continue
             assert moved_s and moved_f, (case, step)
             if clip:
-                assert n_s > clip, (case, step, n_s)   # the clip engaged
+                assert n_s > clip, (case, step, n_s)  # the clip engaged
                 assert n_f == pytest.approx(n_s, rel=1e-5), (case, step)
         assert set(w_fused) == set(w_stock) and any(n.startswith("master") for n in w_stock)
         for n in w_stock:
@@ -137,7 +153,7 @@ def _check_ops(stage, n_layers, fused):
                 counts[name] += 1
             return func(*args, **(kwargs or {}))
 
-    engine = _engine(_model(n_layers), stage, "bf16", fused)   # fp32: DeepSpeed runs no overflow check
+    engine = _engine(_model(n_layers), stage, "bf16", fused)  # fp32: DeepSpeed runs no overflow check
     toks = torch.randint(0, VOCAB, (1, 17), generator=torch.Generator().manual_seed(0))
     loss_sum, count = engine(toks[:, :-1], labels=toks[:, 1:])
     engine.backward(loss_sum / count)
@@ -147,8 +163,9 @@ def _check_ops(stage, n_layers, fused):
 
 
 def _ops_worker(rank, world):
-    return {(stage, n, fused): _check_ops(stage, n, fused) for stage in (1, 2) for n in (2, 6)
-            for fused in (False, True)}
+    return {
+        (stage, n, fused): _check_ops(stage, n, fused) for stage in (1, 2) for n in (2, 6) for fused in (False, True)
+    }
 
 
 def test_fused_check_runs_no_per_tensor_kernels():
@@ -190,9 +207,9 @@ def test_nonfinite_any_and_sum_of_squares():
     # mixed kinds (one multi-tensor pass each): bf16, fp32 and a float64 that float32 norms would not take
     mixed = [torch.ones(3, dtype=torch.bfloat16), torch.arange(4.0), torch.full((2,), 1e200, dtype=torch.float64)]
     assert grad_check.sum_of_squares(mixed[:2]).item() == pytest.approx(3 + 14)
-    assert grad_check.sum_of_squares(mixed).item() == math.inf   # 2e400 as the float32 DeepSpeed returns
+    assert grad_check.sum_of_squares(mixed).item() == math.inf  # 2e400 as the float32 DeepSpeed returns
     assert not grad_check.nonfinite_any(mixed, "cpu").item()
-    for i in range(3):   # a bad value in each kind's pass
+    for i in range(3):  # a bad value in each kind's pass
         u = [x.clone() for x in mixed]
         u[i][1] = float("nan")
         assert grad_check.nonfinite_any(u, "cpu").item(), i

@@ -1,4 +1,5 @@
 """The probe on CPU: timings, probe.json contents, and the OOM path (a real torch.cuda.OutOfMemoryError)."""
+
 import json
 import os
 import statistics
@@ -20,8 +21,16 @@ def test_probe_measures_steps_and_writes_json(tmp_path):
         torch.ones(64, 64) @ torch.ones(64, 64)
 
     out = tmp_path / "run" / "probe.json"
-    r = run_probe(step, steps=3, tokens_per_rank=1000, tokens_per_step=4000, device="cpu",
-                  flops_per_token=1e6, peak_tflops=989.0, out=out)
+    r = run_probe(
+        step,
+        steps=3,
+        tokens_per_rank=1000,
+        tokens_per_step=4000,
+        device="cpu",
+        flops_per_token=1e6,
+        peak_tflops=989.0,
+        out=out,
+    )
     assert calls == [0, 1, 2]
     saved = json.loads(out.read_text())
     assert saved == json.loads(json.dumps(r))
@@ -30,15 +39,17 @@ def test_probe_measures_steps_and_writes_json(tmp_path):
     assert saved["step_time_s"] == pytest.approx(statistics.median(saved["step_times_s"][1:]))
     assert saved["tokens_per_s"] == pytest.approx(4000 / saved["step_time_s"])
     assert saved["mfu"] == pytest.approx(1e6 * 4000 / saved["step_time_s"] / 989e12)
-    assert saved["peak_gb"] is None and saved["static_gb"] is None   # no memory accounting on CPU
+    assert saved["peak_gb"] is None and saved["static_gb"] is None  # no memory accounting on CPU
     # no peak given and none known for this device (CPU): no MFU rather than one against a guessed peak
     r = run_probe(step, steps=2, tokens_per_rank=1000, device="cpu", flops_per_token=1e6, out=None)
     assert "mfu" not in r
 
 
 def test_probe_oom_is_a_clean_abort_with_numbers_and_suggestion(tmp_path):
-    cfg = load_config("configs/l2.yaml", ["parallel.sp=1", "data.window=1048576",
-                                               "rope.yarn={factor: 64, original_max_position: 16384}"])
+    cfg = load_config(
+        "configs/l2.yaml",
+        ["parallel.sp=1", "data.window=1048576", "rope.yarn={factor: 64, original_max_position: 16384}"],
+    )
     setup = setup_dict(cfg, world_size=1)
     assert setup["ops"] == "cuda" and setup["ops_config"] == "auto"
 
@@ -61,7 +72,7 @@ def test_probe_oom_is_a_clean_abort_with_numbers_and_suggestion(tmp_path):
     saved = json.loads(out.read_text())
     assert saved["oom"] is True and saved["suggestion"] == e.suggestion and saved["steps_done"] == 1
     assert saved["error"].startswith("CUDA out of memory")
-    assert saved["setup"]["ops"] == "torch"   # step 0 ran on CPU: the reference ops
+    assert saved["setup"]["ops"] == "torch"  # step 0 ran on CPU: the reference ops
 
 
 def test_probe_json_setup_calibrates_the_planner():
@@ -80,8 +91,9 @@ def test_probe_rejects_zero_steps():
 
 def test_probe_setup_keeps_the_memory_switches():
     """A probe of a tiled/offloaded run calibrates the planner for that setup, not the plain one."""
-    cfg = load_config("configs/l2.yaml", ["parallel.sp=1", "memory.mlp_tiles=8",
-                                               "memory.offload_activations=true"], device="cuda")
+    cfg = load_config(
+        "configs/l2.yaml", ["parallel.sp=1", "memory.mlp_tiles=8", "memory.offload_activations=true"], device="cuda"
+    )
     s = plan.Setup.from_json(setup_dict(cfg, world_size=1))
     assert s.mlp_tiles == 8 and s.offload_activations is True
     plain = plan.estimate(plan.Setup.from_config(load_config("configs/l2.yaml", ["parallel.sp=1"]), gpus=1))
@@ -99,7 +111,7 @@ def test_probe_setup_records_the_loss_that_ran(monkeypatch):
     monkeypatch.setattr(cross_entropy, "liger_import_problem", lambda: None)
     cfg = load_config("configs/l2.yaml", ["parallel.sp=1"])
     assert cfg.memory.loss == "auto"
-    ran = setup_dict(cfg, world_size=1, loss_used="chunked")   # e.g. a CPU run: auto picked chunked
+    ran = setup_dict(cfg, world_size=1, loss_used="chunked")  # e.g. a CPU run: auto picked chunked
     assert (ran["loss"], ran["loss_config"]) == ("chunked", "auto")
     assert plan.Setup.from_json(ran).loss == "chunked"
     assert setup_dict(cfg, world_size=1)["loss"] == plan.Setup.from_config(cfg, gpus=1).loss == "liger"
@@ -116,13 +128,19 @@ def test_oom_suggestion_asks_no_more_pinned_host_than_this_node_has(monkeypatch)
     from megablu.config.schema import ModelConfig
     from megablu.train import probe
 
-    assert 0 < probe._host_gb_per_gpu() < 1e5       # Linux: this node's RAM, read
+    assert 0 < probe._host_gb_per_gpu() < 1e5  # Linux: this node's RAM, read
     m = ModelConfig(n_layers=36, d_model=1024, n_heads=16, n_kv_heads=4, ffn_dim=2816, vocab_size=151936)
-    setup = {"model": m.model_dump(), "window": 1 << 20, "gpus": 2, "sp": 2, "recompute": "selective",
-             "loss_chunk": 4096}
+    setup = {
+        "model": m.model_dump(),
+        "window": 1 << 20,
+        "gpus": 2,
+        "sp": 2,
+        "recompute": "selective",
+        "loss_chunk": 4096,
+    }
     s = plan.Setup.from_json(setup)
     free = plan.suggest(s, 141.0)
-    assert free.startswith("memory.offload_activations")      # the cheapest when the host is big enough
+    assert free.startswith("memory.offload_activations")  # the cheapest when the host is big enough
     need = plan.estimate(plan.apply_change(s, "offload_activations")).host_gb
     monkeypatch.setattr(probe, "_host_gb_per_gpu", lambda: need / 2)
     _, sug = probe._planner(setup, 141.0)
@@ -140,14 +158,30 @@ def test_a_run_records_the_loss_auto_picked(tmp_path, stdlib_data, monkeypatch):
     fake.mkdir(parents=True)
     (fake.parent / "__init__.py").write_text("")
     (fake / "__init__.py").write_text("")
-    (fake / "functional.py").write_text("def liger_fused_linear_cross_entropy(*a, **k):\n"
-                                        "    raise AssertionError('a CPU run called Liger')\n")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path / "fake"),
-                                                                    os.environ.get("PYTHONPATH")])))
-    out = launch(1, [f"runs_dir={tmp_path}/runs", f"data.path={stdlib_data}", "parallel.sp=1", "train.micro_batch=1",
-                     "train.tokens_per_step=512", "train.max_steps=1", "train.probe_steps=1", "schedule.kind=cosine",
-                     "schedule.warmup_steps=0", "schedule.decay_start=null", "checkpoint.every_steps=0",
-                     "eval.final=false", "data.max_epochs=100"])
+    (fake / "functional.py").write_text(
+        "def liger_fused_linear_cross_entropy(*a, **k):\n    raise AssertionError('a CPU run called Liger')\n"
+    )
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path / "fake"), os.environ.get("PYTHONPATH")]))
+    )
+    out = launch(
+        1,
+        [
+            f"runs_dir={tmp_path}/runs",
+            f"data.path={stdlib_data}",
+            "parallel.sp=1",
+            "train.micro_batch=1",
+            "train.tokens_per_step=512",
+            "train.max_steps=1",
+            "train.probe_steps=1",
+            "schedule.kind=cosine",
+            "schedule.warmup_steps=0",
+            "schedule.decay_start=null",
+            "checkpoint.every_steps=0",
+            "eval.final=false",
+            "data.max_epochs=100",
+        ],
+    )
     setup = json.loads((Path(out["run_dir"]) / "probe.json").read_text())["setup"]
     assert (setup["loss"], setup["loss_config"]) == ("chunked", "auto")
     # memory.attention=auto on a CPU run: the first step ran sdpa, recorded beside the configured value

@@ -1,5 +1,6 @@
 """End to end through the deepspeed launcher on CPU (2 ranks, sp=2, ZeRO-2):
 N steps straight == N/2 + resume + N/2 (same loss and LR at every step, bit for bit)."""
+
 import csv
 import json
 import os
@@ -22,18 +23,31 @@ SCRATCH = "rope.allow_yarn_from_scratch=true"
 
 def launch(ranks, sets, resume=None):
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(ranks), "--master_port",
-           str(free_port()), str(ROOT / "launch" / "ext32k.py"), "--config", str(TINY), "--set", SCRATCH]
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--num_gpus",
+        str(ranks),
+        "--master_port",
+        str(free_port()),
+        str(ROOT / "launch" / "ext32k.py"),
+        "--config",
+        str(TINY),
+        "--set",
+        SCRATCH,
+    ]
     for s in sets:
         cmd += ["--set", s]
     if resume:
         cmd += ["--resume", resume]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     if r.returncode != 0:
-        tail = [ln for ln in (r.stdout + "\n" + r.stderr).splitlines() if ln.strip()][-60:]   # the whole story
+        tail = [ln for ln in (r.stdout + "\n" + r.stderr).splitlines() if ln.strip()][-60:]  # the whole story
         pytest.fail(f"launch {sets} resume={resume} exit {r.returncode}:\n" + "\n".join(tail))
     from megablu.utils.dist import CLOSED
-    assert CLOSED in r.stderr, r.stderr[-3000:]    # every rank left the gloo group together (no exit-time abort)
+
+    assert CLOSED in r.stderr, r.stderr[-3000:]  # every rank left the gloo group together (no exit-time abort)
     return json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1])
 
 
@@ -45,10 +59,20 @@ def rows(run_dir):
 def common(data, runs) -> list[str]:
     """6 steps at sp=2 (tiny_cpu_ext) through a data.mix of two sources (long documents packed, short
     ones whole), so a resumed loader must continue each source where it stopped."""
-    mix = ("data.mix=[{name: long, path: %s, bucket: 'b1,b2,b3,b4,b5,b6', mode: pack, weight: 0.6}, "
-           "{name: short, path: %s, bucket: b0, mode: fit, weight: 0.4}]" % (data, data))
-    return [f"runs_dir={runs}", "data.path=null", mix, "train.max_steps=6", "schedule.warmup_steps=2",
-            "schedule.decay_start=3", "checkpoint.every_steps=0", "data.max_epochs=100"]
+    mix = (
+        "data.mix=[{name: long, path: %s, bucket: 'b1,b2,b3,b4,b5,b6', mode: pack, weight: 0.6}, "
+        "{name: short, path: %s, bucket: b0, mode: fit, weight: 0.4}]" % (data, data)
+    )
+    return [
+        f"runs_dir={runs}",
+        "data.path=null",
+        mix,
+        "train.max_steps=6",
+        "schedule.warmup_steps=2",
+        "schedule.decay_start=3",
+        "checkpoint.every_steps=0",
+        "data.max_epochs=100",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +95,7 @@ def test_split_run_with_resume_equals_straight_run(stdlib_data, straight, tmp_pa
     assert resumed["run_dir"] == first["run_dir"] and resumed["steps"] == 6
     a, b = rows(straight["run_dir"]), rows(first["run_dir"])
     assert [r[0] for r in b] == [1, 2, 3, 4, 5, 6]
-    assert a == b          # identical losses and learning rates, as strings (bit for bit)
+    assert a == b  # identical losses and learning rates, as strings (bit for bit)
     assert "stopped" not in resumed
     mixture = json.loads((Path(first["run_dir"]) / "mixture.json").read_text())
     assert [s["name"] for s in mixture["sources"]] == ["long", "short"]
@@ -89,6 +113,6 @@ def test_resume_with_another_sp_continues_the_same_run(stdlib_data, straight, tm
     assert resumed["steps"] == 6 and "sp 2" in resumed["world"]
     a, b = rows(straight["run_dir"]), rows(first["run_dir"])
     assert [r[0] for r in b] == [1, 2, 3, 4, 5, 6]
-    assert [r[2] for r in a] == [r[2] for r in b]                       # the schedule did not move
+    assert [r[2] for r in a] == [r[2] for r in b]  # the schedule did not move
     for (s, la, _), (_, lb, _) in zip(a, b):
         assert float(la) == pytest.approx(float(lb), rel=1e-4), s

@@ -1,4 +1,5 @@
 """Run ids: exclusive, monotonic, never reused, safe under concurrent launches."""
+
 from __future__ import annotations
 
 import json
@@ -26,9 +27,9 @@ def test_concurrent_launches_get_distinct_ids(tmp_path):
             start.set()
             ids = [i for chunk in res.get(60) for i in chunk]
     assert len(ids) == procs * per
-    assert len(set(ids)) == len(ids), sorted(ids)          # no two launches share an id
+    assert len(set(ids)) == len(ids), sorted(ids)  # no two launches share an id
     assert sorted(ids) == [f"ext-{n:04d}" for n in range(1, procs * per + 1)]
-    for i in ids:                                          # each dir exists and names itself
+    for i in ids:  # each dir exists and names itself
         assert json.loads((tmp_path / i / "run.json").read_text())["run_id"] == i
 
 
@@ -42,7 +43,7 @@ def test_ids_never_reused_after_deletion(tmp_path):
 
 
 def test_hand_made_dir_is_skipped_not_shared(tmp_path):
-    (tmp_path / "y-0001").mkdir()            # e.g. created by hand or an older tool
+    (tmp_path / "y-0001").mkdir()  # e.g. created by hand or an older tool
     (tmp_path / "y-0001" / "keepme").write_text("1")
     r = allocate_run(tmp_path, "y")
     assert r.name == "y-0002"
@@ -51,7 +52,7 @@ def test_hand_made_dir_is_skipped_not_shared(tmp_path):
 
 def test_names_do_not_collide_by_prefix(tmp_path):
     a = allocate_run(tmp_path, "run")
-    b = allocate_run(tmp_path, "run-0001")   # a name that looks like another run's id
+    b = allocate_run(tmp_path, "run-0001")  # a name that looks like another run's id
     assert a.name == "run-0001" and b.name == "run-0001-0001"
     assert a != b and list_runs(tmp_path) == sorted([a, b])
 

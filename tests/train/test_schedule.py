@@ -1,4 +1,3 @@
-
 import pytest
 
 from megablu.config.schema import ScheduleConfig
@@ -9,9 +8,9 @@ def test_wsd_shape():
     s = ScheduleConfig(kind="wsd", lr=3e-4, min_lr=3e-5, warmup_steps=100, decay_start=3900)
     lrs = [lr_at(i, s, 4000) for i in range(4000)]
     assert lrs[0] == pytest.approx(3e-6) and lrs[99] == pytest.approx(3e-4)
-    assert all(x == 3e-4 for x in lrs[100:3900])                 # flat 3.0e-4 for steps 100-3899
-    assert lrs[3999] == pytest.approx(3e-5)                        # tail ends at min_lr
-    assert all(a > b for a, b in zip(lrs[3900:], lrs[3901:]))      # strictly decaying tail
+    assert all(x == 3e-4 for x in lrs[100:3900])  # flat 3.0e-4 for steps 100-3899
+    assert lrs[3999] == pytest.approx(3e-5)  # tail ends at min_lr
+    assert all(a > b for a, b in zip(lrs[3900:], lrs[3901:]))  # strictly decaying tail
 
 
 def test_cosine_shape_and_single_warmup():

@@ -1,6 +1,7 @@
 """train.tracker (megablu/train/tracker.py): optional, local-first experiment trackers beside
 metrics.csv and TensorBoard. Offline: a stand-in module records what megablu hands the tracker;
 the real packages are exercised where they are installed (they are extras, not requirements)."""
+
 from __future__ import annotations
 
 import csv
@@ -25,7 +26,7 @@ TINY = ROOT / "tests" / "configs" / "tiny_cpu.yaml"
 
 # A stand-in for wandb / trackio: init(**kw) -> a run whose log calls, and finish(), land in RECORD (a JSON
 # lines file when MEGABLU_TRACKER_RECORD names one, so a subprocess's calls can be read back).
-STAND_IN = '''
+STAND_IN = """
 import json, os
 RECORD = []
 def _rec(*e):
@@ -41,7 +42,7 @@ def finish():
 def init(**kw):
     _rec("init", {k: v for k, v in kw.items() if k != "config"}, sorted(kw.get("config") or {}))
     return _Run()
-'''
+"""
 
 
 def stand_in(name: str, monkeypatch) -> types.ModuleType:
@@ -58,11 +59,11 @@ def tracker_check(cfg):
 
 @pytest.mark.parametrize("name", ["wandb", "trackio"])
 def test_a_tracker_that_is_not_installed_is_refused_naming_the_extra(name, monkeypatch):
-    monkeypatch.setitem(sys.modules, name, None)          # find_spec and import of it fail, as when absent
+    monkeypatch.setitem(sys.modules, name, None)  # find_spec and import of it fail, as when absent
     (p,) = tracker_check(load_config(TINY, [f"train.tracker={name}"]))
     assert p.startswith(f"train.tracker={name}: the {name} package is not installed")
     assert f"pip install 'megablu[{name}]'" in p and "train.tracker=none" in p
-    assert tracker_check(load_config(TINY, [])) == []     # the default, none, needs nothing
+    assert tracker_check(load_config(TINY, [])) == []  # the default, none, needs nothing
     with pytest.raises(RuntimeError, match=rf"megablu\[{name}\]"):
         T.open_tracker(name, Path("runs/x"), {})
 
@@ -86,10 +87,12 @@ def test_every_logged_step_reaches_the_tracker_beside_the_csv(name, tmp_path, mo
     init, *logs, fin = mod.RECORD
     assert init[0] == "init" and init[1]["project"] == "megablu" and init[1]["name"] == run.name
     assert init[1]["resume"] == "allow" and init[2] == ["train"]
-    if name == "wandb":        # offline, its files under the run dir
+    if name == "wandb":  # offline, its files under the run dir
         assert init[1]["mode"] == "offline" and init[1]["dir"] == str(run) and init[1]["id"] == run.name
-    assert logs == [("log", {"train/loss": 5.5, "train/lr": 1e-3, "train/tokens_seen": 512}, 1),
-                    ("log", {"train/loss": 5.0, "train/lr": 1e-3, "train/tokens_seen": 1024}, 2)]
+    assert logs == [
+        ("log", {"train/loss": 5.5, "train/lr": 1e-3, "train/tokens_seen": 512}, 1),
+        ("log", {"train/loss": 5.0, "train/lr": 1e-3, "train/tokens_seen": 1024}, 2),
+    ]
     assert fin == ("finish",)
     with open(run / "metrics.csv") as f:
         assert [r["step"] for r in csv.DictReader(f)] == ["1", "2"]
@@ -110,13 +113,34 @@ def test_a_training_run_logs_to_the_tracker(tmp_path, stdlib_data):
     (tmp_path / "site" / "wandb.py").write_text(STAND_IN)
     record = tmp_path / "record.jsonl"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(DS_ACCELERATOR="cpu", MEGABLU_TRACKER_RECORD=str(record),
-               PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), str(ROOT), env.get("PYTHONPATH", "")]))
-    sets = [f"runs_dir={tmp_path}/runs", f"data.path={stdlib_data}", "train.max_steps=2", "schedule.warmup_steps=1",
-            "checkpoint.every_steps=0", "train.probe_steps=0", "train.tracker=wandb"]
-    r = subprocess.run([sys.executable, str(ROOT / "launch" / "ext32k.py"), "--config", str(TINY),
-                        *sum((["--set", s] for s in sets), [])], capture_output=True, text=True, env=env, cwd=ROOT,
-                       timeout=600)
+    env.update(
+        DS_ACCELERATOR="cpu",
+        MEGABLU_TRACKER_RECORD=str(record),
+        PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), str(ROOT), env.get("PYTHONPATH", "")]),
+    )
+    sets = [
+        f"runs_dir={tmp_path}/runs",
+        f"data.path={stdlib_data}",
+        "train.max_steps=2",
+        "schedule.warmup_steps=1",
+        "checkpoint.every_steps=0",
+        "train.probe_steps=0",
+        "train.tracker=wandb",
+    ]
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "launch" / "ext32k.py"),
+            "--config",
+            str(TINY),
+            *sum((["--set", s] for s in sets), []),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     (run,) = (tmp_path / "runs").glob("tiny_cpu-*")
     calls = [json.loads(ln) for ln in record.read_text().splitlines()]

@@ -11,6 +11,7 @@ data.py, train.py (parallel, train, schedule, checkpoint), memory.py, eval.py, r
 hub, the run's name), checks.py (CHECKS, check_invariants, kernel_invariants, WARNINGS,
 config_warnings). Every public name is importable from here: `from megablu.config.schema import X`.
 """
+
 from __future__ import annotations
 
 from .base import MAX_STEPS_MAX, SEED_MAX, Section
@@ -33,11 +34,45 @@ from .model import FAMILIES, ModelConfig, RopeConfig, RopeScalingConfig, Tokeniz
 from .root import RUN_NAME_MAX, Config, HubConfig, grad_accum_steps, run_name_problem
 from .train import CheckpointConfig, ParallelConfig, ScheduleConfig, TrainConfig, checkpoint_problems
 
-__all__ = ["CHECKS", "FAMILIES", "FA4_HEAD_DIM", "MAX_STEPS_MAX", "RUN_NAME_MAX", "SEED_MAX", "STRING_AUTHORS_FACTOR",
-           "STRING_AUTHORS_LOCAL", "STRING_AUTHORS_RATIO", "CheckpointConfig", "Config", "DataConfig", "EvalConfig",
-           "GateConfig", "HubConfig", "LossEvalConfig", "MemoryConfig", "MixSource", "Mode", "ModelConfig",
-           "ParallelConfig", "RopeConfig", "RopeScalingConfig", "ScheduleConfig", "Section", "StringConfig",
-           "TokenizerConfig", "TrainConfig", "WARNINGS", "YarnConfig", "check_invariants", "checkpoint_problems",
-           "config_warnings",
-           "eval_padded_len", "eval_problems", "grad_accum_steps", "kernel_invariants", "mix_invariants",
-           "run_name_problem", "string_problems"]
+__all__ = [
+    "CHECKS",
+    "FAMILIES",
+    "FA4_HEAD_DIM",
+    "MAX_STEPS_MAX",
+    "RUN_NAME_MAX",
+    "SEED_MAX",
+    "STRING_AUTHORS_FACTOR",
+    "STRING_AUTHORS_LOCAL",
+    "STRING_AUTHORS_RATIO",
+    "CheckpointConfig",
+    "Config",
+    "DataConfig",
+    "EvalConfig",
+    "GateConfig",
+    "HubConfig",
+    "LossEvalConfig",
+    "MemoryConfig",
+    "MixSource",
+    "Mode",
+    "ModelConfig",
+    "ParallelConfig",
+    "RopeConfig",
+    "RopeScalingConfig",
+    "ScheduleConfig",
+    "Section",
+    "StringConfig",
+    "TokenizerConfig",
+    "TrainConfig",
+    "WARNINGS",
+    "YarnConfig",
+    "check_invariants",
+    "checkpoint_problems",
+    "config_warnings",
+    "eval_padded_len",
+    "eval_problems",
+    "grad_accum_steps",
+    "kernel_invariants",
+    "mix_invariants",
+    "run_name_problem",
+    "string_problems",
+]

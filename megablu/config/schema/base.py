@@ -1,4 +1,5 @@
 """What every config section shares: unknown keys are errors, inf and nan are never a setting."""
+
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
@@ -10,8 +11,8 @@ class Section(BaseModel):
 
 
 # Seeds feed numpy's and torch's generators, whose seeds are unsigned (numpy's legacy API: 32 bits).
-SEED_MAX = 2 ** 32 - 1
+SEED_MAX = 2**32 - 1
 
 
 # More optimizer steps than any run megablu is for; a bigger value is a typo (1e30).
-MAX_STEPS_MAX = 10 ** 9
+MAX_STEPS_MAX = 10**9

@@ -1,5 +1,6 @@
 """The eval section: lengths, tasks, the gate, the held-out loss, STRING at evaluation, and the eval's
 checks against the window that need no tokenizer (eval_problems, string_problems)."""
+
 from __future__ import annotations
 
 import math
@@ -16,25 +17,42 @@ class GateConfig(Section):
     parent: Optional[str] = Field(default=None, description="parent eval json to gate against")
     short_lengths: list[PositiveInt] = [1024, 4096]
     margin_pp: float = Field(default=5.0, ge=0)
-    loss_margin_rel: float = Field(default=0.02, ge=0, description="short-document validation loss (eval.loss) "
-                                   "may rise at most this fraction above the parent's: 0.02 = +2% nats/token")
-    ruler_at_window: bool = Field(default=True, description="also gate every RULER task (ruler_*) at the parent's "
-                                  "window: the longest length the parent result has for it (megablu/eval/gate.py)")
+    loss_margin_rel: float = Field(
+        default=0.02,
+        ge=0,
+        description="short-document validation loss (eval.loss) "
+        "may rise at most this fraction above the parent's: 0.02 = +2% nats/token",
+    )
+    ruler_at_window: bool = Field(
+        default=True,
+        description="also gate every RULER task (ruler_*) at the parent's "
+        "window: the longest length the parent result has for it (megablu/eval/gate.py)",
+    )
 
 
 class LossEvalConfig(Section):
     """Held-out language-modelling loss beside the retrieval tasks (megablu/eval/loss.py)."""
 
-    data: Optional[str] = Field(default=None, description="dataset dir ('DIR' or 'DIR@bucket') whose val split is "
-                                "scored: loss per token at each eval length, and on whole short documents")
+    data: Optional[str] = Field(
+        default=None,
+        description="dataset dir ('DIR' or 'DIR@bucket') whose val split is "
+        "scored: loss per token at each eval length, and on whole short documents",
+    )
     n: int = Field(default=8, gt=0, description="sequences of exactly L val tokens per eval length")
-    short_docs: int = Field(default=200, ge=0, description="val documents of short_min..short_max tokens scored "
-                            "whole (the gate's short-context loss); 0 = none")
+    short_docs: int = Field(
+        default=200,
+        ge=0,
+        description="val documents of short_min..short_max tokens scored "
+        "whole (the gate's short-context loss); 0 = none",
+    )
     short_min: int = Field(default=1024, gt=0)
     short_max: int = Field(default=4096, gt=0)
-    sets: dict[str, str] = Field(default={}, description="more held-out sets, by name, each scored like data: "
-                                 "'DIR' or 'DIR@bucket' (a dataset's val split) or 'megablu:essays' (the shipped "
-                                 "prose, outside every training corpus here; docs/EVAL.md)")
+    sets: dict[str, str] = Field(
+        default={},
+        description="more held-out sets, by name, each scored like data: "
+        "'DIR' or 'DIR@bucket' (a dataset's val split) or 'megablu:essays' (the shipped "
+        "prose, outside every training corpus here; docs/EVAL.md)",
+    )
 
     @field_validator("sets")
     @classmethod
@@ -43,8 +61,10 @@ class LossEvalConfig(Section):
 
         bad = [k for k in v if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", k) or k == "data"]
         if bad:
-            raise ValueError(f"eval.loss.sets: names {bad} are not plain names (letters, digits, _ . -; not 'data', "
-                             f"which is eval.loss.data's); rename them")
+            raise ValueError(
+                f"eval.loss.sets: names {bad} are not plain names (letters, digits, _ . -; not 'data', "
+                f"which is eval.loss.data's); rename them"
+            )
         return v
 
 
@@ -52,8 +72,8 @@ class LossEvalConfig(Section):
 # vllm_string's rotary_embedding.py: 0.1 * ln(2) + 1, YaRN's mscale at scale 2): it multiplies the rotary cos and
 # sin, so q and k alike, and the attention logits by its square, at every distance, whenever STRING is on.
 STRING_AUTHORS_FACTOR = 0.1 * math.log(2) + 1
-STRING_AUTHORS_RATIO = 0.33   # shifted_ratio: ruler/test_ruler_llama.py's default and the README's
-STRING_AUTHORS_LOCAL = 128    # local_value / small_local_value: their Llama default
+STRING_AUTHORS_RATIO = 0.33  # shifted_ratio: ruler/test_ruler_llama.py's default and the README's
+STRING_AUTHORS_LOCAL = 128  # local_value / small_local_value: their Llama default
 
 
 class StringConfig(Section):
@@ -68,29 +88,56 @@ class StringConfig(Section):
                    attention_factor 1 + 0.1 ln 2;
       fixed_shift  megablu's earlier variant: S = `shift` tokens at every length, attention_factor 1."""
 
-    variant: Literal["authors", "fixed_shift"] = Field(default="authors", description="authors: S = shift_ratio x "
-                                                       "the input's length, the authors' factor; fixed_shift: S = "
-                                                       "shift tokens at every length, no factor")
-    shift_ratio: Optional[float] = Field(default=None, gt=0, lt=1, description="authors: S = int(shift_ratio * L) "
-                                         f"for an input of L tokens (default {STRING_AUTHORS_RATIO})")
-    shift: Optional[int] = Field(default=None, strict=True, gt=0, description="fixed_shift: S in tokens, the same "
-                                 "at every length (required there)")
-    local: Optional[int] = Field(default=None, strict=True, ge=0, description="W: the position a distance of "
-                                 f"exactly S becomes; W < S (authors default {STRING_AUTHORS_LOCAL}; fixed_shift: "
-                                 "required)")
-    attention_factor: Optional[float] = Field(default=None, gt=0, description="multiplies q and k (the logits by "
-                                              "its square) whenever STRING is on (default: authors "
-                                              f"{STRING_AUTHORS_FACTOR:.6f} = 1 + 0.1 ln 2, fixed_shift 1)")
-    beyond: int = Field(default=0, strict=True, ge=0, description="STRING only for prompts (and held-out loss "
-                        "sequences) longer than this many tokens; shorter ones are evaluated plain. 0: every "
-                        "length")
+    variant: Literal["authors", "fixed_shift"] = Field(
+        default="authors",
+        description="authors: S = shift_ratio x "
+        "the input's length, the authors' factor; fixed_shift: S = "
+        "shift tokens at every length, no factor",
+    )
+    shift_ratio: Optional[float] = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description=f"authors: S = int(shift_ratio * L) for an input of L tokens (default {STRING_AUTHORS_RATIO})",
+    )
+    shift: Optional[int] = Field(
+        default=None,
+        strict=True,
+        gt=0,
+        description="fixed_shift: S in tokens, the same at every length (required there)",
+    )
+    local: Optional[int] = Field(
+        default=None,
+        strict=True,
+        ge=0,
+        description="W: the position a distance of "
+        f"exactly S becomes; W < S (authors default {STRING_AUTHORS_LOCAL}; fixed_shift: "
+        "required)",
+    )
+    attention_factor: Optional[float] = Field(
+        default=None,
+        gt=0,
+        description="multiplies q and k (the logits by "
+        "its square) whenever STRING is on (default: authors "
+        f"{STRING_AUTHORS_FACTOR:.6f} = 1 + 0.1 ln 2, fixed_shift 1)",
+    )
+    beyond: int = Field(
+        default=0,
+        strict=True,
+        ge=0,
+        description="STRING only for prompts (and held-out loss "
+        "sequences) longer than this many tokens; shorter ones are evaluated plain. 0: every "
+        "length",
+    )
     kernel: Literal["auto", "sdpa", "flex"] = Field(
-        default="auto", description="the kernel of STRING's attention (megablu/model/string.py): sdpa = masked "
+        default="auto",
+        description="the kernel of STRING's attention (megablu/model/string.py): sdpa = masked "
         "SDPA over the plain and shifted keys, per block of query rows (any device); flex = FlexAttention "
         "skipping the tiles with no visible pair (compiled on CUDA); auto = flex on CUDA for a prefill, sdpa "
         "otherwise. The same attention up to the order of float sums: how, not what, so every JSON dump leaves "
         "it out (the result's eval.string, the resolved config, the config hash); the result records it as "
-        "string_kernel, and the calls each kernel ran as string_kernels_used")
+        "string_kernel, and the calls each kernel ran as string_kernels_used",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -100,9 +147,14 @@ class StringConfig(Section):
         if not isinstance(data, dict):
             return data
         d = dict(data)
-        defaults = {"authors": {"shift_ratio": STRING_AUTHORS_RATIO, "local": STRING_AUTHORS_LOCAL,
-                                "attention_factor": STRING_AUTHORS_FACTOR},
-                    "fixed_shift": {"attention_factor": 1.0}}.get(d.get("variant", "authors"), {})
+        defaults = {
+            "authors": {
+                "shift_ratio": STRING_AUTHORS_RATIO,
+                "local": STRING_AUTHORS_LOCAL,
+                "attention_factor": STRING_AUTHORS_FACTOR,
+            },
+            "fixed_shift": {"attention_factor": 1.0},
+        }.get(d.get("variant", "authors"), {})
         for k, v in defaults.items():
             if d.get(k) is None:
                 d[k] = v
@@ -112,24 +164,32 @@ class StringConfig(Section):
     def _fields(self):
         if self.variant == "authors":
             if self.shift is not None:
-                raise ValueError(f"eval.string: shift={self.shift} (tokens at every length) is variant fixed_shift's "
-                                 f"field; variant authors (the default) takes S = shift_ratio x the input's length: "
-                                 f"set eval.string.variant=fixed_shift to keep S={self.shift}, or drop shift (and set "
-                                 f"shift_ratio, default {STRING_AUTHORS_RATIO})")
+                raise ValueError(
+                    f"eval.string: shift={self.shift} (tokens at every length) is variant fixed_shift's "
+                    f"field; variant authors (the default) takes S = shift_ratio x the input's length: "
+                    f"set eval.string.variant=fixed_shift to keep S={self.shift}, or drop shift (and set "
+                    f"shift_ratio, default {STRING_AUTHORS_RATIO})"
+                )
             return self
         if self.shift_ratio is not None:
-            raise ValueError(f"eval.string: shift_ratio={self.shift_ratio} with variant fixed_shift, whose S is "
-                             f"`shift` tokens; set variant=authors for S = shift_ratio x the input's length, or drop "
-                             f"shift_ratio")
+            raise ValueError(
+                f"eval.string: shift_ratio={self.shift_ratio} with variant fixed_shift, whose S is "
+                f"`shift` tokens; set variant=authors for S = shift_ratio x the input's length, or drop "
+                f"shift_ratio"
+            )
         missing = [f for f in ("shift", "local") if getattr(self, f) is None]
         if missing:
-            raise ValueError(f"eval.string: variant fixed_shift needs {' and '.join(missing)} (no default: S and W in "
-                             f"tokens, e.g. shift=10922, local=128), or use variant authors (S = "
-                             f"{STRING_AUTHORS_RATIO} x the input's length, W = {STRING_AUTHORS_LOCAL})")
+            raise ValueError(
+                f"eval.string: variant fixed_shift needs {' and '.join(missing)} (no default: S and W in "
+                f"tokens, e.g. shift=10922, local=128), or use variant authors (S = "
+                f"{STRING_AUTHORS_RATIO} x the input's length, W = {STRING_AUTHORS_LOCAL})"
+            )
         if self.local >= self.shift:
-            raise ValueError(f"eval.string: local={self.local} >= shift={self.shift}; STRING maps distances d >= "
-                             f"shift to d - shift + local, which only moves them closer when local < shift: set "
-                             f"local < shift (e.g. shift=10922, local=128)")
+            raise ValueError(
+                f"eval.string: local={self.local} >= shift={self.shift}; STRING maps distances d >= "
+                f"shift to d - shift + local, which only moves them closer when local < shift: set "
+                f"local < shift (e.g. shift=10922, local=128)"
+            )
         return self
 
     @model_serializer(mode="wrap")
@@ -156,15 +216,25 @@ class StringConfig(Section):
 
 
 class EvalConfig(Section):
-    lengths: list[PositiveInt] = Field(default=[], description="prompt lengths in tokens; each must hold every "
-                                       "task's prompt without filler (checked against the tokenizer)")
-    max_new: int = Field(default=24, gt=0, description="tokens generated for passkey/needle/multikey (the other "
-                         "tasks have their own budget, megablu.config.eval_tasks.default_max_new)")
+    lengths: list[PositiveInt] = Field(
+        default=[],
+        description="prompt lengths in tokens; each must hold every "
+        "task's prompt without filler (checked against the tokenizer)",
+    )
+    max_new: int = Field(
+        default=24,
+        gt=0,
+        description="tokens generated for passkey/needle/multikey (the other "
+        "tasks have their own budget, megablu.config.eval_tasks.default_max_new)",
+    )
     pad: int = Field(default=256, gt=0)
-    tasks: list[str] = Field(default=["passkey"], description="task names: the built-in ones "
-                             "(megablu.config.eval_tasks.PRESETS) or names defined in task_defs")
-    task_defs: dict[str, TaskSpec] = Field(default={}, description="tasks of your own, by name: a family and its "
-                                           "options (megablu/config/eval_tasks.py)")
+    tasks: list[str] = Field(
+        default=["passkey"],
+        description="task names: the built-in ones (megablu.config.eval_tasks.PRESETS) or names defined in task_defs",
+    )
+    task_defs: dict[str, TaskSpec] = Field(
+        default={}, description="tasks of your own, by name: a family and its options (megablu/config/eval_tasks.py)"
+    )
     n: int = Field(default=50, gt=0, description="prompts per (task, length)")
     seed: int = Field(default=0, ge=0)
     at_steps: list[int] = []
@@ -172,16 +242,25 @@ class EvalConfig(Section):
     haystack: Optional[str] = Field(default=None, description="dataset dir whose val text is the haystack")
     loss: LossEvalConfig = LossEvalConfig()
     gate: GateConfig = GateConfig()
-    string: Optional[StringConfig] = Field(default=None, description="STRING position remapping at evaluation "
-                                           "({variant: authors | fixed_shift, ...}; megablu/model/string.py); "
-                                           "null = off")
-    suite: Optional[str] = Field(default=None, description="a named set of tasks added to eval.tasks (alone when "
-                                 "eval.tasks is not given): 'ruler' = RULER's 11 synthetic tasks as published, "
-                                 "ruler_niah_single_1 ... ruler_fwe (megablu/config/ruler_tasks.py)")
-    chat_template: Literal["auto", "on", "off"] = Field(default="auto", description="wrap the ruler_* prompts in the "
-                                                        "tokenizer's chat template, as RULER does for a chat model: "
-                                                        "auto = when the tokenizer has one; on = required (an error "
-                                                        "without one); off = plain text")
+    string: Optional[StringConfig] = Field(
+        default=None,
+        description="STRING position remapping at evaluation "
+        "({variant: authors | fixed_shift, ...}; megablu/model/string.py); "
+        "null = off",
+    )
+    suite: Optional[str] = Field(
+        default=None,
+        description="a named set of tasks added to eval.tasks (alone when "
+        "eval.tasks is not given): 'ruler' = RULER's 11 synthetic tasks as published, "
+        "ruler_niah_single_1 ... ruler_fwe (megablu/config/ruler_tasks.py)",
+    )
+    chat_template: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="wrap the ruler_* prompts in the "
+        "tokenizer's chat template, as RULER does for a chat model: "
+        "auto = when the tokenizer has one; on = required (an error "
+        "without one); off = plain text",
+    )
 
     @field_validator("chat_template", mode="before")
     @classmethod
@@ -192,9 +271,11 @@ class EvalConfig(Section):
     @field_validator("seed", mode="before")
     @classmethod
     def _seed_not_bool(cls, v):
-        if isinstance(v, bool):   # pydantic would take true as 1: seed 1's prompts under another name
-            raise ValueError(f"eval.seed={v!r}: a bool is not a seed (true would reproduce seed 1's prompts); give "
-                             f"an integer >= 0, e.g. eval.seed=1")
+        if isinstance(v, bool):  # pydantic would take true as 1: seed 1's prompts under another name
+            raise ValueError(
+                f"eval.seed={v!r}: a bool is not a seed (true would reproduce seed 1's prompts); give "
+                f"an integer >= 0, e.g. eval.seed=1"
+            )
         return v
 
     @model_validator(mode="before")
@@ -205,8 +286,10 @@ class EvalConfig(Section):
             return data
         name = data["suite"]
         if name not in SUITES:
-            raise ValueError(f"eval.suite={name!r} is not a suite; known: {sorted(SUITES)} ('ruler': RULER's 11 "
-                             f"synthetic tasks as published); or list the tasks in eval.tasks")
+            raise ValueError(
+                f"eval.suite={name!r} is not a suite; known: {sorted(SUITES)} ('ruler': RULER's 11 "
+                f"synthetic tasks as published); or list the tasks in eval.tasks"
+            )
         tasks = list(data.get("tasks") or [])
         return {**data, "tasks": tasks + [t for t in SUITES[name] if t not in tasks]}
 
@@ -214,13 +297,17 @@ class EvalConfig(Section):
     def _tasks(self):
         clash = sorted(set(self.task_defs) & set(PRESETS))
         if clash:
-            raise ValueError(f"eval.task_defs: {clash} are built-in task names (they mean the same prompts in every "
-                             f"config); give your variant another name")
+            raise ValueError(
+                f"eval.task_defs: {clash} are built-in task names (they mean the same prompts in every "
+                f"config); give your variant another name"
+            )
         unknown = [t for t in self.tasks if t not in PRESETS and t not in self.task_defs]
         if unknown:
-            raise ValueError(f"eval.tasks: unknown task(s) {unknown}; known tasks: {sorted(PRESETS)}"
-                             + (f" and task_defs {sorted(self.task_defs)}" if self.task_defs else "")
-                             + "; or define one under eval.task_defs")
+            raise ValueError(
+                f"eval.tasks: unknown task(s) {unknown}; known tasks: {sorted(PRESETS)}"
+                + (f" and task_defs {sorted(self.task_defs)}" if self.task_defs else "")
+                + "; or define one under eval.task_defs"
+            )
         if not self.tasks:
             raise ValueError("eval.tasks is empty: name at least one task")
         return self
@@ -255,15 +342,21 @@ def eval_problems(e: EvalConfig, window: int) -> list[str]:
             padded = eval_padded_len(e.task_prompt_len(task, L), mn, e.pad)
             if padded > window:
                 fit = (window // e.pad) * e.pad - (mn if spec.family != "ruler" else 0)
-                errs.append(f"eval.lengths: {task}@{L} + max_new {mn} pads to {padded} at pad {e.pad} > data.window "
-                            f"{window}; the longest length that fits is {fit}")
+                errs.append(
+                    f"eval.lengths: {task}@{L} + max_new {mn} pads to {padded} at pad {e.pad} > data.window "
+                    f"{window}; the longest length that fits is {fit}"
+                )
         short = [L for L in e.lengths if L < min_words(spec)]
         if short:
-            errs.append(f"eval.lengths: {short} cannot hold task {task}'s content (at least {min_words(spec)} tokens: "
-                        f"instruction, needles/list, question); drop those lengths or the task")
+            errs.append(
+                f"eval.lengths: {short} cannot hold task {task}'s content (at least {min_words(spec)} tokens: "
+                f"instruction, needles/list, question); drop those lengths or the task"
+            )
         if needs_text_haystack(spec) and not e.haystack:
-            errs.append(f"eval.haystack: task {task} needs a real-text haystack; set eval.haystack to a dataset dir "
-                        f"(its val split is the haystack, e.g. data_cache/demo@b3) or drop the task")
+            errs.append(
+                f"eval.haystack: task {task} needs a real-text haystack; set eval.haystack to a dataset dir "
+                f"(its val split is the haystack, e.g. data_cache/demo@b3) or drop the task"
+            )
     if (e.at_steps or e.final) and not e.lengths:
         errs.append("eval.lengths: empty but eval.at_steps/eval.final ask for evaluation")
     for L in e.gate.short_lengths:
@@ -274,8 +367,7 @@ def eval_problems(e: EvalConfig, window: int) -> list[str]:
     if lo.short_min > lo.short_max:
         errs.append(f"eval.loss: short_min={lo.short_min} > short_max={lo.short_max}")
     if (lo.data or lo.sets) and lo.short_docs and lo.short_max > window:
-        errs.append(f"eval.loss.short_max={lo.short_max} > data.window {window}: a short document must fit the "
-                    f"window")
+        errs.append(f"eval.loss.short_max={lo.short_max} > data.window {window}: a short document must fit the window")
     return errs
 
 
@@ -289,26 +381,32 @@ def string_problems(e: EvalConfig) -> list[str]:
     if st is None:
         return []
     W = st.local
-    assert W is not None   # StringConfig's validators fill it (authors) or require it (fixed_shift)
+    assert W is not None  # StringConfig's validators fill it (authors) or require it (fixed_shift)
     errs = []
     for L in sorted(set(e.lengths)):
         if not st.applies(L):
             continue
         S = st.shift_for(L)
         if st.variant == "fixed_shift" and S >= L:
-            errs.append(f"eval.string.shift={S} >= eval length {L} (variant fixed_shift, beyond={st.beyond}): no "
-                        f"distance in a {L}-token prompt reaches S, so STRING would only touch the answer; set "
-                        f"eval.string.beyond >= {L} to evaluate that length plain, a shift below {L}, or "
-                        f"variant authors (S = shift_ratio x the length)")
+            errs.append(
+                f"eval.string.shift={S} >= eval length {L} (variant fixed_shift, beyond={st.beyond}): no "
+                f"distance in a {L}-token prompt reaches S, so STRING would only touch the answer; set "
+                f"eval.string.beyond >= {L} to evaluate that length plain, a shift below {L}, or "
+                f"variant authors (S = shift_ratio x the length)"
+            )
         elif S <= W:
-            errs.append(f"eval.string at length {L}: S = int(shift_ratio {st.shift_ratio:g} x {L}) = {S} <= local="
-                        f"{st.local}; STRING moves distances d >= S to d - S + local, closer only when local < S: "
-                        f"raise shift_ratio, lower local, or set eval.string.beyond >= {L}")
+            errs.append(
+                f"eval.string at length {L}: S = int(shift_ratio {st.shift_ratio:g} x {L}) = {S} <= local="
+                f"{st.local}; STRING moves distances d >= S to d - S + local, closer only when local < S: "
+                f"raise shift_ratio, lower local, or set eval.string.beyond >= {L}"
+            )
     lo = e.loss
     if st.variant == "authors" and (lo.data or lo.sets) and lo.short_docs:
         shortest = max(lo.short_min, st.beyond + 1)
         if shortest <= lo.short_max and st.shift_for(shortest) <= W:
-            errs.append(f"eval.string with eval.loss short documents: at {shortest} tokens S = int(shift_ratio "
-                        f"{st.shift_ratio:g} x {shortest}) = {st.shift_for(shortest)} <= local={st.local}; raise "
-                        f"eval.loss.short_min or eval.string.beyond, or lower local")
+            errs.append(
+                f"eval.string with eval.loss short documents: at {shortest} tokens S = int(shift_ratio "
+                f"{st.shift_ratio:g} x {shortest}) = {st.shift_for(shortest)} <= local={st.local}; raise "
+                f"eval.loss.short_min or eval.string.beyond, or lower local"
+            )
     return errs

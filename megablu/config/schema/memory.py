@@ -1,5 +1,6 @@
 """The memory section: recompute, tiling, activation offload and the kernels of the loss and attention
 (installed by megablu/memory/apply.py; their cross-field checks are checks.py's kernel_invariants)."""
+
 from __future__ import annotations
 
 from typing import Literal
@@ -11,44 +12,68 @@ from .base import Section
 
 class MemoryConfig(Section):
     recompute: Literal["none", "selective", "full"] = "none"
-    loss_chunk: int = Field(default=0, ge=0, description="tokens per vocab-loss chunk. chunked: 0 = unchunked "
-                            "(fp32 [T, V] logits); liger: its chunk is the largest power of two of at most "
-                            "loss_chunk tokens it can make, or all the rank's tokens (Liger's chunk_mem_const), "
-                            "never below its own sizing "
-                            "(~T*d/V tokens; 0 = that). Larger chunks hold more bf16 logits (2*V B per token of "
-                            "the chunk) and read-modify-write the fp32 (V, d) weight-gradient sum fewer times "
-                            "(experiments/speed/LOG.md has the trade-off measured)")
+    loss_chunk: int = Field(
+        default=0,
+        ge=0,
+        description="tokens per vocab-loss chunk. chunked: 0 = unchunked "
+        "(fp32 [T, V] logits); liger: its chunk is the largest power of two of at most "
+        "loss_chunk tokens it can make, or all the rank's tokens (Liger's chunk_mem_const), "
+        "never below its own sizing "
+        "(~T*d/V tokens; 0 = that). Larger chunks hold more bf16 logits (2*V B per token of "
+        "the chunk) and read-modify-write the fp32 (V, d) weight-gradient sum fewer times "
+        "(experiments/speed/LOG.md has the trade-off measured)",
+    )
     ops: Literal["auto", "torch", "cuda"] = "auto"
-    mlp_tiles: int = Field(default=1, ge=1, description="sequence tiles of the SwiGLU MLP (one tile's "
-                           "(tokens, ffn) intermediates alive at a time, fwd and bwd); 1 = untiled")
-    offload_activations: bool = Field(default=False, description="each block's saved activations to pinned "
-                                      "host memory in the forward, prefetched back one block ahead in the "
-                                      "backward (CUDA side stream)")
-    offload_keep: int = Field(default=1, ge=1, description="with offload_activations: the last offload_keep "
-                              "blocks keep their saved activations on the GPU (the backward needs them first; "
-                              "each kept block gives the prefetch of the offloaded ones a block's backward of "
-                              "head start, for one block's saved set of GPU memory: megablu plan shows both)")
-    offload_fraction: float = Field(default=1.0, gt=0, le=1, description="with offload_activations: the share of "
-                                    "the blocks before the last offload_keep that offload, spread evenly (0.75: "
-                                    "three of every four); the kept ones stay on the GPU and their compute hides "
-                                    "the others' copies, where the host link is slower than a block's forward "
-                                    "(experiments/speed/LOG.md)")
+    mlp_tiles: int = Field(
+        default=1,
+        ge=1,
+        description="sequence tiles of the SwiGLU MLP (one tile's "
+        "(tokens, ffn) intermediates alive at a time, fwd and bwd); 1 = untiled",
+    )
+    offload_activations: bool = Field(
+        default=False,
+        description="each block's saved activations to pinned "
+        "host memory in the forward, prefetched back one block ahead in the "
+        "backward (CUDA side stream)",
+    )
+    offload_keep: int = Field(
+        default=1,
+        ge=1,
+        description="with offload_activations: the last offload_keep "
+        "blocks keep their saved activations on the GPU (the backward needs them first; "
+        "each kept block gives the prefetch of the offloaded ones a block's backward of "
+        "head start, for one block's saved set of GPU memory: megablu plan shows both)",
+    )
+    offload_fraction: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="with offload_activations: the share of "
+        "the blocks before the last offload_keep that offload, spread evenly (0.75: "
+        "three of every four); the kept ones stay on the GPU and their compute hides "
+        "the others' copies, where the host link is slower than a block's forward "
+        "(experiments/speed/LOG.md)",
+    )
     loss: Literal["auto", "chunked", "liger"] = Field(
-        default="auto", description="the lm head's vocab loss: chunked = megablu's own (ops/cross_entropy.py; "
+        default="auto",
+        description="the lm head's vocab loss: chunked = megablu's own (ops/cross_entropy.py; "
         "loss_chunk tokens at a time, fp32 logits, dW summed in fp32); liger = Liger-Kernel's fused linear "
         "cross-entropy (optional package liger-kernel, CUDA only; dW accumulated in fp32: accum_dtype=fp32), "
         "same sum over labelled tokens, ignore_index -100 and tied-embedding grads; auto (the default) = liger "
         "when the run is on CUDA and liger_kernel imports, else chunked (chosen once per run, logged with its "
         "reason, recorded in probe.json's setup as loss, the configured value as loss_config; experiments/speed/LOG.md "
-        "compares the two); loss_chunk sizes the chunks of both")
+        "compares the two); loss_chunk sizes the chunks of both",
+    )
     attention: Literal["auto", "sdpa", "fa4"] = Field(
-        default="auto", description="the local causal attention kernel (also the one Ulysses wraps): sdpa = "
+        default="auto",
+        description="the local causal attention kernel (also the one Ulysses wraps): sdpa = "
         "torch's scaled_dot_product_attention (cuDNN on Hopper GPUs); fa4 = FlashAttention-4 (optional package "
         "flash-attn-4, CuTe DSL; SM90 GPUs, bf16/fp16, head_dim a multiple of 8 in 8..256; not with "
         "data.doc_mask, whose FlexAttention path is unchanged); auto (the default) = fa4 where it can take the "
         "tensors (CUDA SM90, bf16/fp16, its head sizes) and flash_attn.cute imports, else sdpa, chosen at the "
         "first call and logged with its reason (probe.json's setup: attention, attention_config); with "
-        "data.doc_mask the masked path runs as before (experiments/speed/LOG.md compares the kernels)")
+        "data.doc_mask the masked path runs as before (experiments/speed/LOG.md compares the kernels)",
+    )
 
 
 # FlashAttention-4's SM90 head sizes (flash_attn/cute/interface.py `_validate_head_dims`, 4.0.0b40: 8..256,

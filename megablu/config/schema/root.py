@@ -1,5 +1,6 @@
 """The whole config: one section per component (model, rope, tokenizer, parallel, data, train, schedule,
 checkpoint, memory, eval, hub), the run's name and its parent."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -39,8 +40,10 @@ class Config(Section):
     @classmethod
     def _init_from(cls, v: Optional[str]) -> Optional[str]:
         if v is not None and not v.strip():
-            raise ValueError(f"init_from={v!r} is empty (an unset shell variable?); give the parent (a run dir, a "
-                             f"step dir or an exported model dir), or null to train from scratch")
+            raise ValueError(
+                f"init_from={v!r} is empty (an unset shell variable?); give the parent (a run dir, a "
+                f"step dir or an exported model dir), or null to train from scratch"
+            )
         return v
 
     @field_validator("name")
@@ -61,13 +64,17 @@ RUN_NAME_MAX = 255 - len("-999999") - len("_probe")
 def run_name_problem(name: str) -> Optional[str]:
     """Why `name` cannot name run dirs (runs/<name>-NNNN), or None. Shared with train/runs.py."""
     if not name or any(c in name for c in "/\\ \t\n\0") or name.startswith("."):
-        return (f"name={name!r} must be non-empty, without slashes, spaces or NUL, and not start with '.' "
-                f"(it names run dirs, and a dot-dir is hidden from `megablu ckpt list` and the run tools)")
+        return (
+            f"name={name!r} must be non-empty, without slashes, spaces or NUL, and not start with '.' "
+            f"(it names run dirs, and a dot-dir is hidden from `megablu ckpt list` and the run tools)"
+        )
     n = len(name.encode("utf-8", "surrogateescape"))
     if n > RUN_NAME_MAX:
-        return (f"name={name[:40]}... is {n} bytes long; it names run dirs (<name>-NNNN, at most 255 bytes a name "
-                f"on the usual filesystems, with room for the run number and `megablu probe`'s '_probe'), so it "
-                f"may be at most {RUN_NAME_MAX} bytes: shorten it")
+        return (
+            f"name={name[:40]}... is {n} bytes long; it names run dirs (<name>-NNNN, at most 255 bytes a name "
+            f"on the usual filesystems, with room for the run number and `megablu probe`'s '_probe'), so it "
+            f"may be at most {RUN_NAME_MAX} bytes: shorten it"
+        )
     return None
 
 

@@ -8,6 +8,7 @@ vocabulary size, scoring (string_match_all, megablu.eval.prompts.score with scor
 average over tasks with its 85.6 threshold (megablu.eval.results.ruler_average). What differs, and why:
 docs/EVAL.md ("RULER as published").
 """
+
 from __future__ import annotations
 
 from ..prompts import EvalError

@@ -1,5 +1,6 @@
 """The RULER suite's word lists and essay text, shipped in megablu/eval/assets/ruler (provenance and
 licences: its README.md; built by make_assets.py), read once per process."""
+
 from __future__ import annotations
 
 import functools

@@ -9,6 +9,7 @@ it (a sandboxed Jinja environment with trim_blocks and lstrip_blocks, `raise_exc
 same prompts every day. The user's text is rendered as a placeholder and split out, so the prompt is
 composed in token space around it.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -40,8 +41,10 @@ def _render(template: str, messages: list[dict], tokens: dict) -> str:
     try:
         return env.from_string(template).render(messages=messages, add_generation_prompt=True, **tokens)
     except TemplateError as e:
-        raise EvalError(f"the tokenizer's chat template failed to render a RULER prompt ({e}); set "
-                        f"eval.chat_template: off to evaluate on plain text") from None
+        raise EvalError(
+            f"the tokenizer's chat template failed to render a RULER prompt ({e}); set "
+            f"eval.chat_template: off to evaluate on plain text"
+        ) from None
 
 
 class Chat:
@@ -52,10 +55,12 @@ class Chat:
         if mode not in ("auto", "on", "off"):
             raise EvalError(f"eval.chat_template={mode!r}: expected auto, on or off")
         if mode == "on" and not template:
-            raise EvalError(f"eval.chat_template=on but tokenizer {tokenizer.identity} has no chat template (task "
-                            f"{task}); give it one (chat_template.jinja or tokenizer_config.json's chat_template "
-                            f"beside tokenizer.json), or set eval.chat_template: auto (plain text for a tokenizer "
-                            f"without one) or off")
+            raise EvalError(
+                f"eval.chat_template=on but tokenizer {tokenizer.identity} has no chat template (task "
+                f"{task}); give it one (chat_template.jinja or tokenizer_config.json's chat_template "
+                f"beside tokenizer.json), or set eval.chat_template: auto (plain text for a tokenizer "
+                f"without one) or off"
+            )
         self.on = bool(template) and mode != "off"
         self.template = template
         self.tokens = dict(getattr(tokenizer, "template_tokens", {}) or {})
@@ -63,12 +68,14 @@ class Chat:
     def around(self, turns: Sequence[tuple[str, str]] = ()) -> tuple[str, str]:
         """(text before, text after) the final user message, after the earlier `turns` ((role, content),
         e.g. cwe's worked example as a user and an assistant turn); ('', '') when off."""
-        if not self.on or self.template is None:   # on implies a template
+        if not self.on or self.template is None:  # on implies a template
             return "", ""
         msgs = [{"role": r, "content": c} for r, c in turns] + [{"role": "user", "content": _SLOT}]
         text = _render(self.template, msgs, self.tokens)
         if text.count(_SLOT) != 1:
-            raise EvalError("the tokenizer's chat template does not show the user's message verbatim once; set "
-                            "eval.chat_template: off to evaluate on plain text")
+            raise EvalError(
+                "the tokenizer's chat template does not show the user's message verbatim once; set "
+                "eval.chat_template: off to evaluate on plain text"
+            )
         before, after = text.split(_SLOT)
         return before, after

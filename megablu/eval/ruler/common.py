@@ -12,6 +12,7 @@ paired) and another eval.seed is another sample of every choice. The first asked
 stratified: prompt i takes stratum perm[i] of n, perm a seed-dependent permutation, a uniform draw
 inside it (the marginal law of RULER's uniform depth, with every depth band covered).
 """
+
 from __future__ import annotations
 
 import functools
@@ -26,7 +27,7 @@ from .chat import Chat
 def random_item(rng, kind: str) -> str:
     """niah.py lines 108-126: 7-digit numbers, 'adjective-noun' words, UUID4s."""
     if kind == "numbers":
-        return str(rng.randint(10 ** 6, 10 ** 7 - 1))
+        return str(rng.randint(10**6, 10**7 - 1))
     if kind == "words":
         return niah_key(rng)
     if kind == "uuids":
@@ -77,17 +78,28 @@ class RulerBuilder:
         """Context tokens left at `length` (RULER's max_seq_length) after `fixed` tokens and the budget."""
         n_ctx = length - self.ttg - fixed
         if n_ctx < 0:
-            raise EvalError(f"{self.task}: length {length} cannot hold the prompt without its context ({fixed} "
-                            f"tokens) plus tokens_to_generate {self.ttg}; use longer lengths (preflight names the "
-                            f"shortest)")
+            raise EvalError(
+                f"{self.task}: length {length} cannot hold the prompt without its context ({fixed} "
+                f"tokens) plus tokens_to_generate {self.ttg}; use longer lengths (preflight names the "
+                f"shortest)"
+            )
         return n_ctx
 
     def prompt(self, length, index, ids, answers, depths=(), meta=None) -> Prompt:
         assert len(ids) == length - self.ttg, (self.task, len(ids), length - self.ttg)
         depths = tuple(round(d, 4) for d in depths)
-        return Prompt(self.task, length, index, tuple(ids), ", ".join(answers), depths[0] if depths else None,
-                      {**(meta or {}), "chat": self.chat.on}, answers=tuple(answers), depths=depths,
-                      scoring="all")
+        return Prompt(
+            self.task,
+            length,
+            index,
+            tuple(ids),
+            ", ".join(answers),
+            depths[0] if depths else None,
+            {**(meta or {}), "chat": self.chat.on},
+            answers=tuple(answers),
+            depths=depths,
+            scoring="all",
+        )
 
     def min_length(self) -> int:
         """The shortest length every one of the n prompts builds at (searched: builds are cheap there)."""
@@ -113,8 +125,9 @@ class RulerBuilder:
         raise NotImplementedError
 
 
-def lines_context(line_ids: Sequence[Sequence[int]], inserts: Sequence[tuple[int, list[int]]], n_ctx: int,
-                  tail: Sequence[int]) -> tuple[list[int], list[int]]:
+def lines_context(
+    line_ids: Sequence[Sequence[int]], inserts: Sequence[tuple[int, list[int]]], n_ctx: int, tail: Sequence[int]
+) -> tuple[list[int], list[int]]:
     """Lines joined by newlines (each piece its line + '\\n') with `inserts` (slot, ids) placed before line
     `slot` (RULER's sentences.insert), then the first tokens of `tail` (the next line, cut) to fill n_ctx.
     Returns (context ids, the start of each insert in it)."""

@@ -11,6 +11,7 @@ longer list cwe falls back to, as RULER falls back to its json/english_words.jso
 prose of the Python documentation's HOWTOs, FAQs, tutorial and What's New essays: the stand-in for Paul
 Graham's essays). Provenance and licences: megablu/eval/assets/ruler/README.md, docs/EVAL.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,8 @@ OUT = Path(__file__).resolve().parents[1] / "assets" / "ruler"
 WONDER = {"nouns": "nounlist.txt", "adjectives": "adjectivelist.txt", "verbs": "verblist.txt"}
 ESSAY_DIRS = ("whatsnew", "howto", "faq", "tutorial")
 
-_ROLE = re.compile(r":[\w:+-]+:`~?([^`<]*?)(?:\s*<[^>]*>)?`")     # :func:`~a.b <x>` -> a.b
-_LINK = re.compile(r"`([^`<]+?)\s*<[^>]*>`__?")                   # `text <url>`_ -> text
+_ROLE = re.compile(r":[\w:+-]+:`~?([^`<]*?)(?:\s*<[^>]*>)?`")  # :func:`~a.b <x>` -> a.b
+_LINK = re.compile(r"`([^`<]+?)\s*<[^>]*>`__?")  # `text <url>`_ -> text
 _LIT = re.compile(r"``([^`]+)``")
 _EMPH = re.compile(r"(\*\*|\*|`)([^*`]+)\1_?")
 _HEADING = re.compile(r"^([=\-~^*#+\"'`.:_])\1{2,}\s*$")
@@ -40,12 +41,13 @@ def rst_prose(text: str) -> list[str]:
             continue
         first = lines[0]
         if first[:1].isspace() or first.startswith((".. ", "..\t", "+-", "|", "=", ">>>", "$ ", "%")):
-            continue   # indented (literal blocks, directive bodies, quotes), directives, tables, sessions
+            continue  # indented (literal blocks, directive bodies, quotes), directives, tables, sessions
         para = " ".join(x.strip() for x in lines)
         for role, name in (("pep", "PEP "), ("rfc", "RFC "), ("issue", "bpo-"), ("bpo", "bpo-"), ("gh", "gh-")):
             para = re.sub(rf":{role}:`(\d+)`", rf"{name}\1", para)
-        para = _ROLE.sub(lambda m: m.group(1).strip().split(".")[-1] if m.group(0).count("~") else m.group(1).strip(),
-                         para)
+        para = _ROLE.sub(
+            lambda m: m.group(1).strip().split(".")[-1] if m.group(0).count("~") else m.group(1).strip(), para
+        )
         para = _LINK.sub(r"\1", para)
         para = _LIT.sub(r"\1", para)
         para = _EMPH.sub(r"\2", para)
@@ -62,7 +64,7 @@ def essays(doc_sources: Path) -> str:
     docs = []
     for d in ESSAY_DIRS:
         for f in sorted((doc_sources / d).glob("*.rst.txt")):
-            if f.name.startswith(("changelog", "index")):   # lists of issue numbers, tables of contents
+            if f.name.startswith(("changelog", "index")):  # lists of issue numbers, tables of contents
                 continue
             paras = rst_prose(f.read_text(encoding="utf-8"))
             if paras:
@@ -75,7 +77,7 @@ def english_words(path: Path, exclude: set[str]) -> list[str]:
     -ed, -ing, -ly): a long list of distinct base words."""
     ws = {w.strip() for w in path.read_text(encoding="utf-8", errors="replace").split("\n")}
     ws = {w for w in ws if re.fullmatch(r"[a-z]{4,10}", w)}
-    stem = lambda w: any(w.endswith(s) and w[:-len(s)] in ws for s in ("s", "es", "ed", "ing", "ly", "d"))  # noqa: E731
+    stem = lambda w: any(w.endswith(s) and w[: -len(s)] in ws for s in ("s", "es", "ed", "ing", "ly", "d"))  # noqa: E731
     return sorted(w for w in ws if not stem(w) and w not in exclude)
 
 

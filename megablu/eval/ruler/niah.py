@@ -14,6 +14,7 @@ for {key} ... text is"). Haystacks (niah.py lines 84-93, 147-182):
 num_needle_k keys with num_needle_v values each; num_needle_q of the keys are asked; the answers are every
 value of every asked key (scored string_match_all).
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,7 +25,7 @@ from .assets import essay_text
 from .common import RulerBuilder, lines_context, random_item
 from .templates import NEEDLE, NIAH_ANSWER, NIAH_TEMPLATE, NOISE, join_query, singular
 
-SNAP = 64   # tokens searched either side of a target position for a sentence end
+SNAP = 64  # tokens searched either side of a target position for a sentence end
 
 
 class EssayStream:
@@ -63,11 +64,11 @@ class RulerNiah(RulerBuilder):
     def __init__(self, task, spec, tokenizer, seed, n, chat_template, essay: str | None = None):
         super().__init__(task, spec, tokenizer, seed, n, chat_template)
         s = spec
-        self.nk = max(s.num_needle_k, s.num_needle_q)          # niah.py line 77
+        self.nk = max(s.num_needle_k, s.num_needle_q)  # niah.py line 77
         full, self.tv = NIAH_TEMPLATE + NIAH_ANSWER, s.type_needle_v
         if s.num_needle_q * s.num_needle_v == 1:
             full, self.tv = singular(full, s.type_needle_v)
-        cut = full.rfind(NIAH_ANSWER[:10])                     # niah.py line 277: where the answer prefix starts
+        cut = full.rfind(NIAH_ANSWER[:10])  # niah.py line 277: where the answer prefix starts
         self.user, self.answer = full[:cut], full[cut:]
         if s.type_haystack == "essay":
             self.essay = _stream(tokenizer, essay if essay is not None else essay_text())
@@ -93,7 +94,7 @@ class RulerNiah(RulerBuilder):
                     seen.add(v)
                     vs.append(v)
             values.append(vs)
-        asked = rng.sample(range(self.nk), s.num_needle_q)   # niah.py line 186
+        asked = rng.sample(range(self.nk), s.num_needle_q)  # niah.py line 186
         depths = [[rng.random() for _ in vs] for vs in values]
         depths[asked[0]][0] = self.depth(index)
         return keys, values, asked, depths
@@ -101,16 +102,22 @@ class RulerNiah(RulerBuilder):
     def _frame(self, keys, asked):
         before, after = self.user.split("{context}")
         query = join_query([keys[i] for i in asked])
-        return self.frame(before.format(type_needle_v=self.tv), after.format(type_needle_v=self.tv, query=query),
-                          self.answer.format(type_needle_v=self.tv, query=query))
+        return self.frame(
+            before.format(type_needle_v=self.tv),
+            after.format(type_needle_v=self.tv, query=query),
+            self.answer.format(type_needle_v=self.tv, query=query),
+        )
 
     def build(self, length: int, index: int):
         s = self.spec
         keys, values, asked, depths = self._draw(index)
         head, tail = self._frame(keys, asked)
         # the needle text is plural in every task (niah.py line 137 formats it with args.type_needle_v)
-        needles = [(j, m, NEEDLE.format(type_needle_v=s.type_needle_v, key=k, value=v))
-                   for j, (k, vs) in enumerate(zip(keys, values, strict=True)) for m, v in enumerate(vs)]
+        needles = [
+            (j, m, NEEDLE.format(type_needle_v=s.type_needle_v, key=k, value=v))
+            for j, (k, vs) in enumerate(zip(keys, values, strict=True))
+            for m, v in enumerate(vs)
+        ]
         sep = " " if s.type_haystack == "essay" else ""
         nid = [self.enc(sep + t + ("\n" if s.type_haystack != "essay" else "")) for _, _, t in needles]
         n_ctx = self.budget(length, len(head) + len(tail) + sum(map(len, nid)))
@@ -120,9 +127,18 @@ class RulerNiah(RulerBuilder):
         total = n_ctx + sum(map(len, nid))
         answers = [v for j in asked for v in values[j]]
         where = [pos[(j, m)] / max(total, 1) for j in asked for m in range(s.num_needle_v)]
-        return self.prompt(length, index, head + ctx + tail, answers, where,
-                           {**meta, "keys": [keys[j] for j in asked], "distractor_keys":
-                            [k for j, k in enumerate(keys) if j not in asked]})
+        return self.prompt(
+            length,
+            index,
+            head + ctx + tail,
+            answers,
+            where,
+            {
+                **meta,
+                "keys": [keys[j] for j in asked],
+                "distractor_keys": [k for j, k in enumerate(keys) if j not in asked],
+            },
+        )
 
     def _context(self, length, index, n_ctx, nid, ds, keys, values):
         """(context ids with the needles, each needle's start, meta) for n_ctx haystack tokens."""
@@ -139,7 +155,7 @@ class RulerNiah(RulerBuilder):
             order = sorted(range(len(nid)), key=lambda j: (cuts[j], j))
             out, starts, prev = [], [0] * len(nid), 0
             for j in order:
-                out += hay[prev:cuts[j]]
+                out += hay[prev : cuts[j]]
                 starts[j] = len(out)
                 out += nid[j]
                 prev = cuts[j]
@@ -148,7 +164,7 @@ class RulerNiah(RulerBuilder):
             full = n_ctx // len(self.unit)
             lines = [self.unit] * full
             tail = self.unit
-        else:   # needle: lines of other keys and values, as many whole lines as fit
+        else:  # needle: lines of other keys and values, as many whole lines as fit
             rng = self.rng("lines", length, index)
             taken = set(keys) | {v for vs in values for v in vs}
             lines, used = [], 0
@@ -156,8 +172,12 @@ class RulerNiah(RulerBuilder):
                 k = random_item(rng, self.spec.type_needle_k)
                 if k in taken:
                     continue
-                line = self.enc(NEEDLE.format(type_needle_v=self.spec.type_needle_v, key=k,
-                                              value=random_item(rng, self.spec.type_needle_v)) + "\n")
+                line = self.enc(
+                    NEEDLE.format(
+                        type_needle_v=self.spec.type_needle_v, key=k, value=random_item(rng, self.spec.type_needle_v)
+                    )
+                    + "\n"
+                )
                 if used + len(line) > n_ctx:
                     tail = line
                     break

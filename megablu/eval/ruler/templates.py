@@ -10,27 +10,37 @@
 RULER builds `template + answer_prefix` (prepare.py line 101: the model template wraps the task template,
 the answer prefix follows it) and sends `input + answer_prefix` to the model (pred/call_api.py line 305).
 """
+
 from __future__ import annotations
 
 # constants.py lines 25-47
-NIAH_TEMPLATE = ("Some special magic {type_needle_v} are hidden within the following text. Make sure to memorize "
-                 "it. I will quiz you about the {type_needle_v} afterwards.\n{context}\nWhat are all the special "
-                 "magic {type_needle_v} for {query} mentioned in the provided text?")
+NIAH_TEMPLATE = (
+    "Some special magic {type_needle_v} are hidden within the following text. Make sure to memorize "
+    "it. I will quiz you about the {type_needle_v} afterwards.\n{context}\nWhat are all the special "
+    "magic {type_needle_v} for {query} mentioned in the provided text?"
+)
 NIAH_ANSWER = " The special magic {type_needle_v} for {query} mentioned in the provided text are"
-VT_TEMPLATE = ("Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\n"
-               "Question: Find all variables that are assigned the value {query} in the text above.")
-VT_ANSWER = (" Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables are "
-             "assigned the value {query}, they are: ")
-CWE_TEMPLATE = ("Below is a numbered list of words. In these words, some appear more often than others. Memorize "
-                "the ones that appear most often.\n{context}\nQuestion: What are the 10 most common words in the "
-                "above list?")
+VT_TEMPLATE = (
+    "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\n"
+    "Question: Find all variables that are assigned the value {query} in the text above."
+)
+VT_ANSWER = (
+    " Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables are "
+    "assigned the value {query}, they are: "
+)
+CWE_TEMPLATE = (
+    "Below is a numbered list of words. In these words, some appear more often than others. Memorize "
+    "the ones that appear most often.\n{context}\nQuestion: What are the 10 most common words in the "
+    "above list?"
+)
 CWE_ANSWER = " Answer: The top 10 words that appear most often in the list are:"
-FWE_TEMPLATE = ("Read the following coded text and track the frequency of each coded word. Find the three most "
-                "frequently appeared coded words. {context}\nQuestion: Do not provide any explanation. Please ignore "
-                "the dots '....'. What are the three most frequently appeared words in the above coded text?")
+FWE_TEMPLATE = (
+    "Read the following coded text and track the frequency of each coded word. Find the three most "
+    "frequently appeared coded words. {context}\nQuestion: Do not provide any explanation. Please ignore "
+    "the dots '....'. What are the three most frequently appeared words in the above coded text?"
+)
 FWE_ANSWER = " Answer: According to the coded text above, the three most frequently appeared words are:"
-TOKENS_TO_GENERATE = {"niah": 128, "variable_tracking": 30, "common_words_extraction": 120,
-                      "freq_words_extraction": 50}
+TOKENS_TO_GENERATE = {"niah": 128, "variable_tracking": 30, "common_words_extraction": 120, "freq_words_extraction": 50}
 
 # niah.py line 83 (also the lines of the 'needle' haystack, line 91) and line 89
 NEEDLE = "One of the special magic {type_needle_v} for {key} is: {value}."

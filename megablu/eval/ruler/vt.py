@@ -18,6 +18,7 @@ names, a newline, then a newline before the task (inside the user's turn when a 
 Chain lines go to uniformly drawn, sorted line slots (lines 152-157), the first chain's value is asked
 and its 5 names are the answers (string_match_all).
 """
+
 from __future__ import annotations
 
 import string
@@ -26,7 +27,7 @@ from ..prompts import EvalError
 from .common import RulerBuilder, lines_context
 from .templates import NOISE, VT_ANSWER, VT_HOP, VT_TEMPLATE, VT_VALUE
 
-ICL_TOKENS = 500   # the example's budget (main() line 304: max_seq_length=500)
+ICL_TOKENS = 500  # the example's budget (main() line 304: max_seq_length=500)
 
 
 class RulerVT(RulerBuilder):
@@ -45,10 +46,12 @@ class RulerVT(RulerBuilder):
                 names.append(x)
         out_n, out_l = [], []
         for c in range(self.spec.num_chains):
-            vs = names[c * (hops + 1):(c + 1) * (hops + 1)]
+            vs = names[c * (hops + 1) : (c + 1) * (hops + 1)]
             out_n.append(vs)
-            out_l.append([VT_VALUE.format(var=vs[0], value=value_of())]
-                         + [VT_HOP.format(var=vs[j + 1], prev=vs[j]) for j in range(hops)])
+            out_l.append(
+                [VT_VALUE.format(var=vs[0], value=value_of())]
+                + [VT_HOP.format(var=vs[j + 1], prev=vs[j]) for j in range(hops)]
+            )
         return out_n, out_l
 
     def _context(self, rng, chains, units: int, n_ctx: int):
@@ -57,15 +60,17 @@ class RulerVT(RulerBuilder):
         inserts = []
         for ls in chains:
             if units < len(ls):
-                raise EvalError(f"{self.task}: {units} noise lines cannot hold a chain of {len(ls)} lines; use "
-                                f"longer lengths (preflight names the shortest)")
+                raise EvalError(
+                    f"{self.task}: {units} noise lines cannot hold a chain of {len(ls)} lines; use "
+                    f"longer lengths (preflight names the shortest)"
+                )
             # before noise line p (p < units: a noise line always follows, as RULER's insert at p + j)
             slots = sorted(rng.sample(range(units), len(ls)))
             inserts += [(p, self.enc(x + "\n")) for p, x in zip(slots, ls, strict=True)]
         return lines_context([self.unit] * units, inserts, n_ctx, self.unit)
 
     def _example(self, index: int) -> str:
-        if index not in self._examples:    # the same at every length
+        if index not in self._examples:  # the same at every length
             self._examples[index] = self._make_example(index)
         return self._examples[index]
 
@@ -86,7 +91,7 @@ class RulerVT(RulerBuilder):
                     ctx.insert(s + j, x)
             return (VT_TEMPLATE + VT_ANSWER).format(context="\n".join(ctx), query=value, num_v=hops + 1)
 
-        units = hops + 1                  # the fewest lines a chain fits in
+        units = hops + 1  # the fewest lines a chain fits in
         while len(self.enc(text(units + 1))) <= ICL_TOKENS and units < 10 * ICL_TOKENS:
             units += 1
         return text(units) + " " + " ".join(names[0]) + "\n"
@@ -97,13 +102,15 @@ class RulerVT(RulerBuilder):
         names, chains = self._chains(rng, 5, s.num_hops, lambda: str(rng.randint(10000, 99998)))
         value = chains[0][0].split("=")[-1].strip()
         example = self._example(index)
-        head, tail = self.frame(example + "\n" + self.before, self.after.format(query=value),
-                                VT_ANSWER.format(num_v=s.num_hops + 1, query=value))
+        head, tail = self.frame(
+            example + "\n" + self.before,
+            self.after.format(query=value),
+            VT_ANSWER.format(num_v=s.num_hops + 1, query=value),
+        )
         chain_ids = sum(len(self.enc(x + "\n")) for ls in chains for x in ls)
         n_ctx = self.budget(length, len(head) + len(tail) + chain_ids)
         units = n_ctx // len(self.unit)
         ctx, starts = self._context(self.rng("slots", length, index), chains, units, n_ctx + chain_ids)
         # the first chain's lines are the answers; their depths in the context
         where = [starts[j] / len(ctx) for j in range(s.num_hops + 1)]
-        return self.prompt(length, index, head + ctx + tail, names[0], where,
-                           {"value": value, "chains": names})
+        return self.prompt(length, index, head + ctx + tail, names[0], where, {"value": value, "chains": names})

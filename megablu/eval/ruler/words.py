@@ -18,6 +18,7 @@ largest that fits. Answers: ranks 2-4 (line 91: vocab[1:4]).
 Both fill the length with whole items; the few tokens left (less than one more word's occurrences) are
 newlines before the question.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -52,7 +53,7 @@ class RulerCWE(RulerBuilder):
         """(the example's task text, its answer "1. w1 ... 10. w10"); words drawn as get_example's."""
         rng = self.rng("example", index)
         words = rng.sample(cwe_words(), ex[0])
-        common, uncommon = words[:self.spec.num_cw], words[self.spec.num_cw:]
+        common, uncommon = words[: self.spec.num_cw], words[self.spec.num_cw :]
         seq = common * ex[1] + uncommon * ex[2]
         rng.shuffle(seq)
         return CWE_TEMPLATE.format(context=_numbered(seq)), _numbered(common)
@@ -67,7 +68,7 @@ class RulerCWE(RulerBuilder):
         return self._orders[key]
 
     def _num_ids(self, i: int) -> list[int]:
-        while len(self._num) <= i:   # " 12." (the first entry follows the template's newline: "1.")
+        while len(self._num) <= i:  # " 12." (the first entry follows the template's newline: "1.")
             j = len(self._num)
             self._num.append(self.enc(f"{j}." if j == 1 else f" {j}."))
         return self._num[i]
@@ -90,6 +91,7 @@ class RulerCWE(RulerBuilder):
 
         def cost(W: int) -> int:
             return self._numbers(c * reps[0] + (W - c) * reps[1]) + reps[0] * cum[c] + reps[1] * (cum[W] - cum[c])
+
         return cost
 
     def build(self, length: int, index: int):
@@ -97,44 +99,60 @@ class RulerCWE(RulerBuilder):
         ex, reps = self._regime(length)
         ex_text, ex_answer = self._example(index, ex)
         if self.chat.on:
-            head, tail = self.frame(self.before, self.after, CWE_ANSWER,
-                                    turns=[("user", ex_text), ("assistant", CWE_ANSWER.strip() + " " + ex_answer)])
+            head, tail = self.frame(
+                self.before,
+                self.after,
+                CWE_ANSWER,
+                turns=[("user", ex_text), ("assistant", CWE_ANSWER.strip() + " " + ex_answer)],
+            )
         else:
-            head, tail = self.frame(ex_text + CWE_ANSWER + " " + ex_answer + "\n" + self.before, self.after,
-                                    CWE_ANSWER)
+            head, tail = self.frame(ex_text + CWE_ANSWER + " " + ex_answer + "\n" + self.before, self.after, CWE_ANSWER)
         budget = self.budget(length, len(head) + len(tail))
         # the most words whose list fits; each prompt's own order of the list (the same at every length
         # while one list serves), so its common words are the same at every length
         wonder = self._order(index, "words", cwe_words)
         cost = self._coster(wonder, reps)
         lo, hi = c, len(wonder)
-        if cost(hi) <= budget:   # wonderwords runs out: the longer list (RULER's too)
+        if cost(hi) <= budget:  # wonderwords runs out: the longer list (RULER's too)
             wonder = self._order(index, "english-words", english_words)
             cost = self._coster(wonder, reps)
             lo, hi = c, len(wonder)
             if cost(hi) <= budget:
-                raise EvalError(f"{self.task}: length {length} needs more than the {hi} distinct words of "
-                                f"the English word list (every uncommon word is distinct); use shorter lengths")
-        while hi - lo > 1:   # largest W with cost(W) <= budget, cost(hi) > budget
+                raise EvalError(
+                    f"{self.task}: length {length} needs more than the {hi} distinct words of "
+                    f"the English word list (every uncommon word is distinct); use shorter lengths"
+                )
+        while hi - lo > 1:  # largest W with cost(W) <= budget, cost(hi) > budget
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if cost(mid) <= budget else (lo, mid)
         words = wonder[:lo]
         if lo <= c or cost(lo) > budget:
-            raise EvalError(f"{self.task}: length {length} holds no uncommon word after the {c} common ones; use "
-                            f"longer lengths (preflight names the shortest)")
+            raise EvalError(
+                f"{self.task}: length {length} holds no uncommon word after the {c} common ones; use "
+                f"longer lengths (preflight names the shortest)"
+            )
         seq = words[:c] * reps[0] + words[c:] * reps[1]
         self.rng("order", length, index).shuffle(seq)
         body = []
         for i, w in enumerate(seq, 1):
             body += self._num_ids(i) + self.enc(" " + w)
         ids = head + body + repeat_ids(self.pad, budget - len(body)) + tail
-        return self.prompt(length, index, ids, words[:c], (),
-                           {"words": len(words), "entries": len(seq), "list": "wonderwords" if len(words) <= len(
-                               cwe_words()) else "english_words"})
+        return self.prompt(
+            length,
+            index,
+            ids,
+            words[:c],
+            (),
+            {
+                "words": len(words),
+                "entries": len(seq),
+                "list": "wonderwords" if len(words) <= len(cwe_words()) else "english_words",
+            },
+        )
 
 
 class RulerFWE(RulerBuilder):
-    CODE = 6   # coded_wordlen
+    CODE = 6  # coded_wordlen
 
     def __init__(self, task, spec, tokenizer, seed, n, chat_template):
         super().__init__(task, spec, tokenizer, seed, n, chat_template)
@@ -158,13 +176,15 @@ class RulerFWE(RulerBuilder):
 
     def _counts(self, N: int, size: int) -> list[int]:
         a = self.spec.alpha
-        return [int(N * k ** -a / self.z) for k in range(1, size + 1)]
+        return [int(N * k**-a / self.z) for k in range(1, size + 1)]
 
     def build(self, length: int, index: int):
         size = (length - self.ttg) // 50
         if size < 5:
-            raise EvalError(f"{self.task}: length {length} gives a vocabulary of {size} < 5 coded words; use longer "
-                            f"lengths (preflight names the shortest)")
+            raise EvalError(
+                f"{self.task}: length {length} gives a vocabulary of {size} < 5 coded words; use longer "
+                f"lengths (preflight names the shortest)"
+            )
         vocab = self._vocab(index, size)
         cost = [len(self.enc(" " + w)) for w in vocab]
         head, tail = self.frame(self.before, self.after, FWE_ANSWER)
@@ -178,8 +198,10 @@ class RulerFWE(RulerBuilder):
             lo, hi = (mid, hi) if total(mid) <= budget else (lo, mid)
         counts = self._counts(lo, size)
         if not all(counts[r] > counts[r + 1] for r in (1, 2, 3)):
-            raise EvalError(f"{self.task}: at length {length} the three answers are not strictly the most frequent "
-                            f"(counts {counts[:5]}); use longer lengths (preflight names the shortest)")
+            raise EvalError(
+                f"{self.task}: at length {length} the three answers are not strictly the most frequent "
+                f"(counts {counts[:5]}); use longer lengths (preflight names the shortest)"
+            )
         seq = [w for w, k in zip(vocab, counts, strict=True) for _ in range(k)]
         self.rng("order", length, index).shuffle(seq)
         enc = {w: self.enc(" " + w) for w in vocab}
