@@ -1644,6 +1644,17 @@ def _ctrl_c():
     time.sleep(5)  # the handlers raise before this ends
 
 
+def _ctrl_c_at_setup():
+    """Ctrl-C while the Trainer is built: SIGINT alone, raised in this (the main) thread. Before the entry's
+    handlers are installed a SIGTERM would end the test process itself, and os.kill may hand a signal to
+    another thread, so that the KeyboardInterrupt comes only after the next signal."""
+    import signal
+    import time
+
+    signal.raise_signal(signal.SIGINT)
+    time.sleep(5)  # KeyboardInterrupt is raised before this ends
+
+
 case("commands", "Ctrl-C during a launched run names SIGINT", "stopped by SIGINT (Ctrl-C)", rc=130)(
     lambda lab: _with_fake_trainer(lambda: lab.entry(world=2), then=_ctrl_c)
 )
@@ -1653,7 +1664,7 @@ case(
     "stopped by SIGINT (Ctrl-C)",
     "no step was trained",
     rc=130,
-)(lambda lab: _with_fake_trainer(lambda: lab.entry(world=2), on_init=_ctrl_c))
+)(lambda lab: _with_fake_trainer(lambda: lab.entry(world=2), on_init=_ctrl_c_at_setup))
 
 _LAUNCH = [
     ("--master-port 99999", ["--master-port", "99999"], "--master-port: 99999 is not a port (1..65535"),
