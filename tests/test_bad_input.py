@@ -1651,6 +1651,9 @@ def _ctrl_c_at_setup():
     import signal
     import time
 
+    # a process started in the background by a non-interactive shell ignores SIGINT (so does Python then);
+    # a terminal's Ctrl-C reaches a foreground process, whose SIGINT handler is Python's
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.raise_signal(signal.SIGINT)
     time.sleep(5)  # KeyboardInterrupt is raised before this ends
 

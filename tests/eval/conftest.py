@@ -129,7 +129,19 @@ class OracleModel(torch.nn.Module):
 
     def forward(self, input_ids, position_ids=None, cache=None, logits_index=None):
         B, T = input_ids.shape
-        st = cache.__dict__.setdefault("_oracle", {"seen": [[] for _ in range(B)], "decoded": 0, "target": None})
+        st = cache.__dict__.get("_oracle")
+        if st is None:
+            st = cache.__dict__["_oracle"] = {"seen": [[] for _ in range(B)], "decoded": 0, "target": None}
+            keep = cache.keep_rows
+
+            def keep_rows(rows, keep=keep, st=st):  # a decode drops done rows: this state follows the cache's
+                idx = rows.tolist()
+                st["seen"] = [st["seen"][i] for i in idx]
+                if st["target"] is not None:
+                    st["target"] = [st["target"][i] for i in idx]
+                keep(rows)
+
+            cache.keep_rows = keep_rows
         if T > 1:
             for b in range(B):
                 st["seen"][b] += input_ids[b].tolist()
