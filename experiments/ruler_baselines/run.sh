@@ -219,7 +219,7 @@ case "$ARM" in
               # 32768 (three groups) and the oracle at 4096 (ORACLE_N, 50), each run.sh in the background with its
               # own OUT and WORK under $DEV/parts, its deadline BUDGET_S from its own start; then the compare of both
               # arms. $OUT (6 files): report_faithful.md and faithful.tar.gz, refreshed every SNAP_S (15) s so that a call cut
-              # short still returns what finished; ruler.md/png; the oracle's table and JSON. The lead's command:
+              # short still returns what finished; ruler.md/png; the oracle's table and JSON. The command:
               #   SUITE=ruler ARM=faithful BUDGET_S=450 OUT=$OUT bash experiments/ruler_baselines/run.sh
     model; data || fail "no stdlib data: see logs/data.err"
     part() {   # part NAME ARM [VAR=value ...]

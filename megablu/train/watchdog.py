@@ -18,6 +18,7 @@ outside (LauncherGone), not as failed with a misleading gloo error.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -96,10 +97,8 @@ def exit_with_launcher(
                 rank = os.environ.get("RANK", "?")
                 try:
                     if record is not None:
-                        try:
+                        with contextlib.suppress(Exception):  # the exit must happen; stderr still says why
                             record(why)
-                        except Exception:  # noqa: BLE001 - the exit must happen; stderr still says why
-                            pass
                     sys.stderr.write(
                         f"rank {rank}: {why}; stopping so that no rank trains unattended\n"
                         + message().rstrip("\n")
