@@ -78,6 +78,15 @@ def _arch_value(m: ModelConfig, field: str):
     return m.resolved_head_dim if field == "head_dim" else getattr(m, field)
 
 
+def _same(a, b) -> bool:
+    """Equal, floats at float32 precision: a norm eps that passed through a float32 field (a GGUF
+    header, a transformers config read from one) is the same eps to the kernels, which add it in
+    float32; 1e-5 against 1e-6 still differs."""
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-6)
+    return a == b
+
+
 def architecture_problems(recorded: Optional[ModelConfig], config: ModelConfig, source: str) -> list[str]:
     """Every field where the architecture a checkpoint records differs from the config's, as
     'model.field=config but source was trained with X; fix' (empty: identical or no record)."""
@@ -86,7 +95,7 @@ def architecture_problems(recorded: Optional[ModelConfig], config: ModelConfig, 
     diff = [
         (f, _arch_value(config, f), _arch_value(recorded, f))
         for f in ARCH_FIELDS
-        if _arch_value(config, f) != _arch_value(recorded, f)
+        if not _same(_arch_value(config, f), _arch_value(recorded, f))
     ]
     if not diff:
         return []

@@ -576,3 +576,15 @@ def test_export_of_a_run_evaluated_with_string_says_the_export_scores_plain(tmp_
     note = json.loads((tmp_path / "str" / "megablu_export.json").read_text())["string_not_exported"]
     assert str((tmp_path / "elsewhere").resolve()) in note and "scores as the plain model" in note, note
     assert any("transformers has no STRING" in r.getMessage() for r in caplog.records)
+
+
+def test_a_norm_eps_that_passed_through_float32_is_the_same_architecture():
+    """transformers' GGUF loader records rms_norm_eps as float32(1e-5) = 9.999999747378752e-06;
+    that is SmolLM2's own eps, not another function. Another eps (1e-6) still differs."""
+    from megablu.config.lineage import architecture_problems
+
+    base = dict(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=256)
+    cfg = ModelConfig(**base, norm_eps=1e-5)
+    assert architecture_problems(ModelConfig(**base, norm_eps=9.999999747378752e-06), cfg, "ckpt") == []
+    (p,) = architecture_problems(ModelConfig(**base, norm_eps=1e-6), cfg, "ckpt")
+    assert "model.norm_eps=1e-05 vs 1e-06" in p
