@@ -65,6 +65,8 @@ LIKE = {
     "ruler_fwe": "fwe",
 }
 # megablu's RULER as published (`ruler_<RULER's name>`, megablu/config/ruler_tasks.py), where it exists
+EXAMPLES = 3  # lm-eval answers kept per cell in --out's JSON
+
 FAITHFUL = {lm: lm if lm.startswith("ruler_") else f"ruler_{lm}" for lm in LIKE}
 
 
@@ -168,11 +170,16 @@ def run_megablu(
     return {(c["task"], c["length"]): (c["correct"], c["n"]) for c in res["cells"]}
 
 
-def run_lm_eval(lm, lm_tasks: list[str], lengths: list[int], n: int, chat: bool = False) -> dict:
+def run_lm_eval(
+    lm, lm_tasks: list[str], lengths: list[int], n: int, chat: bool = False, examples: dict | None = None
+) -> dict:
     """{(lm-eval task, L): (summed score, samples)}: one lm-eval run per length (RULER builds 500 samples
     per length in order; --limit n keeps the first n of that length). chat: lm-eval's
-    apply_chat_template, on where megablu's side wraps its prompts in the tokenizer's chat template."""
+    apply_chat_template, on where megablu's side wraps its prompts in the tokenizer's chat template.
+    examples: filled with {(task, L): the first EXAMPLES samples' target, response and score}."""
     import contextlib
+
+    examples = {} if examples is None else examples
 
     import lm_eval
 
@@ -191,8 +198,14 @@ def run_lm_eval(lm, lm_tasks: list[str], lengths: list[int], n: int, chat: bool 
                 apply_chat_template=chat,
             )
         for t in lm_tasks:
-            scores = [s[str(L)] for s in res["samples"][t]]
+            samples = res["samples"][t]
+            scores = [s[str(L)] for s in samples]
             out[(t, L)] = (sum(scores), len(scores))
+            # the first few answers beside their targets: what a 0% (or a disagreement) looks like
+            examples[(t, L)] = [
+                {"target": s["target"], "response": s["filtered_resps"][0], "score": s[str(L)]}
+                for s in samples[:EXAMPLES]
+            ]
     return out
 
 
@@ -287,7 +300,8 @@ def main(argv=None, model=None, tok=None, cfg=None) -> int:
     from megablu.eval.ruler.chat import Chat
 
     chat = Chat(tok, cfg.eval.chat_template, "oracle").on
-    lmres = run_lm_eval(lm, [p[0] for p in pairs], args.lengths, args.n, chat=chat)
+    examples: dict = {}
+    lmres = run_lm_eval(lm, [p[0] for p in pairs], args.lengths, args.n, chat=chat, examples=examples)
     rows = compare(mb, lmres, pairs, args.lengths)
     print(table(rows))
     kind = (
@@ -309,6 +323,7 @@ def main(argv=None, model=None, tok=None, cfg=None) -> int:
                     "lm_eval_offline": replaced,
                     "chat_template": chat,
                     "cells": rows,
+                    "lm_eval_examples": {f"{t}@{L}": ex for (t, L), ex in examples.items()},
                 },
                 indent=1,
             )

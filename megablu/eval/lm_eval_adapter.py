@@ -280,12 +280,27 @@ class MegabluLM(TemplateLM):
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
-        return env.from_string(self._template()).render(
+        text = env.from_string(self._template()).render(
             messages=chat_history,
             add_generation_prompt=add_generation_prompt,
             bos_token="",
             eos_token=self.tok.decode([self.tok.eot_id]),
         )
+        if add_generation_prompt or not chat_history:
+            return text
+        # lm-eval asks for no generation prompt when a task has a gen_prefix: the prefix is the last
+        # (assistant) message and the model continues it, as transformers' continue_final_message (what
+        # lm-eval's HF backend passes). Rendered whole, the template would close that message (ChatML:
+        # "<|im_end|>") and the model would answer an ended turn.
+        final = chat_history[-1]["content"]
+        at = text.rfind(final.strip())
+        if not final.strip() or at < 0:
+            raise AdapterError(
+                f"the chat template does not render the final message {final!r} verbatim, so it cannot be "
+                f"continued (a task's gen_prefix): pass another chat_template= or drop --apply_chat_template"
+            )
+        keep = len(final.lstrip()) if text[at : at + len(final.lstrip())] == final.lstrip() else len(final.strip())
+        return text[: at + keep]
 
     def _template(self) -> str:
         if self._chat_template is not None:

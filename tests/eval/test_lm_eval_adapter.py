@@ -167,6 +167,35 @@ def test_chat_template(tmp_path, byte_tok):
         _lm(_model(), byte_tok).apply_chat_template(chat)
 
 
+TRIM = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] | trim }}</s>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+
+
+@pytest.mark.parametrize("template", [None, TRIM], ids=["chatml", "trimming"])
+def test_a_gen_prefix_is_continued_as_transformers_does(tmp_path, template):
+    """lm-eval renders a task's gen_prefix (RULER's "The special magic number for X ... is") as a final
+    assistant message with add_generation_prompt=False, and its HF backend passes
+    continue_final_message=True: the prompt must end with the prefix, not with the turn closed."""
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.hf_tok import write_chat_tokenizer
+
+    d = write_chat_tokenizer(tmp_path, "What is the special magic number? the quick fox", 300)
+    tok = load_tokenizer(TokenizerConfig(kind="hf", path=str(d)))
+    kw = {} if template is None else {"chat_template": str(tmp_path / "t.jinja")}
+    if template is not None:
+        (tmp_path / "t.jinja").write_text(template)
+    lm = _lm(tiny_model(vocab=tok.vocab_size).double(), tok, tokenizer_path=str(d / "tokenizer.json"), **kw)
+    ref = PreTrainedTokenizerFast(tokenizer_file=str(d / "tokenizer.json"), chat_template=template or CHATML)
+    for prefix in ["The special magic number is", "The answer is: ", " trailing space "]:
+        chat = [{"role": "user", "content": "Number?"}, {"role": "assistant", "content": prefix}]
+        got = lm.apply_chat_template(chat, add_generation_prompt=False)
+        want = ref.apply_chat_template(chat, tokenize=False, add_generation_prompt=False, continue_final_message=True)
+        assert got == want and got.rstrip().endswith(prefix.strip())
+        # with a generation prompt nothing is cut: the template's own rendering
+        full = ref.apply_chat_template(chat[:1], tokenize=False, add_generation_prompt=True)
+        assert lm.apply_chat_template(chat[:1], add_generation_prompt=True) == full
+
+
 def _rope(orig, factor):
     yarn = YarnConfig(factor=factor, original_max_position=orig, apply="beyond_original")
     return RopeConfig(theta=10000.0, yarn=yarn)
