@@ -249,6 +249,7 @@ _SESSION_FIELDS = {
     ("train", "profile_trace_mib"),
     ("train", "fused_grad_check"),
     ("train", "tracker"),
+    ("eval", "decode"),  # how the same tokens are generated
     ("runs_dir",),
 }
 

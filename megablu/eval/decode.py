@@ -23,12 +23,13 @@ tokens (tests/eval/test_decode.py):
   x 3 kv heads x 64 x 2 bytes per row (0.75 GB at 32k), is what a step must read at HBM speed whatever
   the mode.
 
-"auto" (what greedy_generate runs by default): when AUTO_GRAPH is on, graph on CUDA for a BluModel whose
-attention kernels are LocalAttention (one rank, no STRING), with no forward hook and no ZeRO-3 partitioned
-parameter, when there are at least MIN_STEPS steps to run; eager otherwise. A capture that fails (an op of
-the model that a graph cannot hold) falls back to uncaptured static steps with a warning. AUTO_GRAPH stays
-off (auto is eager) until the CUDA tests of tests/eval/test_decode.py have passed on a GPU: the graph
-path's token equality with eager is a GPU fact that CPU tests cannot show; decode="graph" opts in meanwhile.
+"auto" (what greedy_generate runs by default): graph on CUDA for a BluModel whose attention kernels are
+LocalAttention (one rank, no STRING), with no forward hook and no ZeRO-3 partitioned parameter, when there
+are at least MIN_STEPS steps to run; eager otherwise. A capture that fails (an op of the model that a graph
+cannot hold) falls back to uncaptured static steps with a warning. The graph path's token equality with
+eager is a GPU fact that CPU tests cannot show: the CUDA tests of tests/eval/test_decode.py check it, and
+bench/eval_decode.py reports the agreement beside the speed (docs/BENCHMARKS.md). AUTO_GRAPH = False makes
+auto eager again.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 MODES = ("auto", "eager", "static", "graph")
 WARM = 2  # real steps run before the capture (cuBLAS/SDPA workspaces and lazy inits happen there)
 CHECK_EVERY = 8  # graph replays between two host reads of `done` (each read waits for the GPU)
-AUTO_GRAPH = False  # module doc: auto picks graph only when on
+AUTO_GRAPH = True  # module doc: auto picks graph where it can run
 MIN_STEPS = 16  # auto captures a graph only for this many decode steps or more: a capture costs a few steps
 _warned: set = set()
 

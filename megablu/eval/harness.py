@@ -492,6 +492,7 @@ def _generate_cell(
             sp_group=sp_group,
             prefill_chunk=_chunk_for(prefill_chunk, device, on, string.kernel if on else "auto"),
             stop_ids=tokenizer.stop_ids,
+            decode=eval_cfg.decode,
         ).tolist()
         for p, g in zip(batch, gen, strict=True):
             done.append(_sample(task, L, p, tokenizer.decode(cut_at_stop(g, tokenizer.stop_ids))))

@@ -368,3 +368,17 @@ def test_a_resume_may_change_when_checkpoints_are_saved_and_kept():
     assert resume_problems(saved, cfg(["checkpoint.every_steps=3", "checkpoint.save_final=false"]), 3) == [
         "checkpoint.save_final: saved True, now False"
     ]
+
+
+def test_a_graph_decode_that_cannot_run_is_refused_before_the_run():
+    # configs/ext32k.yaml is sp=2: sequence-parallel decode is eager
+    (e,) = errors(["eval.decode=graph"])
+    assert "eval.decode=graph cannot run with parallel.sp=2" in e and "set eval.decode=auto" in e
+    assert errors(["eval.decode=auto"]) == [] and errors(["eval.decode=eager"]) == []
+    one = ["parallel.sp=1", "train.tokens_per_step=65536"]
+    assert errors([*one, "eval.decode=static"], world=1) == []
+    (e,) = errors([*one, "eval.decode=static", "eval.string={variant: authors}"], world=1)
+    assert "eval.decode=static cannot run with eval.string is set" in e
+    (e,) = errors([*one, "eval.decode=static", "parallel.zero_stage=3"], world=1)
+    assert "parallel.zero_stage=3" in e
+    assert any("captures CUDA graphs" in e for e in errors([*one, "eval.decode=graph"], world=1, device="cpu"))

@@ -161,3 +161,22 @@ def test_scoring_stops_at_the_end_of_turn(tmp_path, chat_tok):
     )
     assert [(s["output"], s["score"]) for s in res["samples"]] == [(" 1. 2.", 0.0)] * 3
     assert res["cells"][0]["acc_pp"] == 0.0
+
+
+def test_eval_decode_reaches_the_generation_and_gives_the_same_answers(tmp_path, byte_tok, monkeypatch):
+    import megablu.eval.harness as harness
+
+    seen, real = [], harness.greedy_generate
+
+    def spy(*a, **kw):
+        seen.append(kw.get("decode"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(harness, "greedy_generate", spy)
+    out = {}
+    for mode in ("eager", "static"):
+        cfg = EvalConfig(lengths=[300], tasks=["passkey"], n=3, max_new=6, pad=32, decode=mode)
+        res = run_eval(tiny_model(seed=2), byte_tok, cfg, 512, step=1, out_dir=tmp_path / mode, rank=0, plot=False)
+        out[mode] = json.loads((tmp_path / mode / "step_1.json").read_text())["samples"]
+    assert seen and set(seen) == {"eager", "static"} and res["cells"]
+    assert out["eager"] and out["eager"] == out["static"]

@@ -167,7 +167,10 @@ def test_chat_template(tmp_path, byte_tok):
         _lm(_model(), byte_tok).apply_chat_template(chat)
 
 
-TRIM = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] | trim }}</s>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+TRIM = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] | trim }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
 
 
 @pytest.mark.parametrize("template", [None, TRIM], ids=["chatml", "trimming"])

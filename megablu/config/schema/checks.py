@@ -133,6 +133,21 @@ def eval_section_problems(cfg: Config, world_size: Optional[int], device: Option
             f"sequence-parallel prefill shards the keys it remaps); run the eval with parallel.sp=1 "
             f"(megablu eval --set parallel.sp=1), or set eval.string=null for this run's own evals"
         )
+    dec = cfg.eval.decode
+    if dec in ("static", "graph"):  # eval/decode.py graph_problem, before any rank starts instead of at the eval
+        why = (
+            f"parallel.sp={cfg.parallel.sp} (sequence-parallel decode is eager)"
+            if cfg.parallel.sp > 1
+            else "eval.string is set (STRING's shifted keys are indexed by position)"
+            if cfg.eval.string is not None
+            else "parallel.zero_stage=3 (its parameters are gathered by hooks at each forward)"
+            if cfg.parallel.zero_stage == 3
+            else None
+        )
+        if why:
+            errs.append(f"eval.decode={dec} cannot run with {why}: set eval.decode=auto (eager here) or eager")
+    if dec == "graph" and device == "cpu":
+        errs.append("eval.decode=graph captures CUDA graphs: on a CPU run set eval.decode=auto, eager or static")
     return errs
 
 

@@ -254,6 +254,12 @@ class EvalConfig(Section):
         "eval.tasks is not given): 'ruler' = RULER's 11 synthetic tasks as published, "
         "ruler_niah_single_1 ... ruler_fwe (megablu/config/ruler_tasks.py)",
     )
+    decode: Literal["auto", "eager", "static", "graph"] = Field(
+        default="auto",
+        description="how generation runs its one-token steps (megablu/eval/decode.py): auto = CUDA "
+        "graphs where the model allows them (one rank, no STRING, no hooks), eager otherwise; the "
+        "same tokens either way",
+    )
     chat_template: Literal["auto", "on", "off"] = Field(
         default="auto",
         description="wrap the ruler_* prompts in the "
