@@ -42,6 +42,7 @@ from ..config.schema import ModelConfig, RopeConfig
 from ..ops.attention import causal_attention
 from ..ops.cross_entropy import linear_cross_entropy
 from ..ops.doc_attention import DocMask, doc_attention
+from ..ops.window_attention import window_attention
 from .packing import document_lengths
 from .rope import RotaryEmbedding
 
@@ -140,8 +141,8 @@ class LocalAttention(nn.Module):
     chose (FlexAttention on CUDA); fa4 refuses it.
 
     `window` (model.sliding_window on the layers of model.sliding_layers): a query at i attends to keys
-    i - window < j <= i only, through SDPA with that boolean mask whatever the kernel (under Ulysses
-    too: this kernel sees the whole sequence). The config refuses the window with fa4 or doc_mask."""
+    i - window < j <= i only, through SDPA by blocks of queries whatever the kernel (ops/window_attention.py;
+    under Ulysses too: this kernel sees the whole sequence). The config refuses the window with fa4 or doc_mask."""
 
     def __init__(self, layer_idx: int = 0, window: Optional[int] = None):
         super().__init__()
@@ -174,14 +175,9 @@ class LocalAttention(nn.Module):
 
     def _windowed(self, q, k, v):
         """q (B, T, H, D) over k, v (B, tk, Hkv, D), bottom-right aligned, each query seeing its last
-        `window` keys (itself included), as transformers' sliding_window_causal mask."""
-        tq, tk = q.shape[1], k.shape[1]
-        i = torch.arange(tq, device=q.device)[:, None] + (tk - tq)
-        j = torch.arange(tk, device=q.device)[None, :]
-        mask = (j <= i) & (j > i - self.window)  # (tq, tk)
-        q, k, v = (x.transpose(1, 2) for x in (q, k, v))  # (B, T, H, D) -> (B, H, T, D)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
-        return out.transpose(1, 2)
+        `window` keys (itself included), as transformers' sliding_window_causal mask (ops/window_attention.py:
+        by blocks of query rows, never a (T, tk) mask)."""
+        return window_attention(q, k, v, self.window)
 
     def _plain(self, q, k, v):
         """Causal attention of q (B, T, H, D) over k, v (B, tk, Hkv, D), tk >= T (bottom-right aligned)."""
