@@ -10,8 +10,10 @@ Implementations (`use_impl` forces one in a block, for tests and benchmarks):
            earlier key chunks: every key its rows may see, and at most nb*C + C keys) with a
            slice of one (C, nb*C + C) additive mask shared by every block. O(T * (C + window))
            work, O(C * (C + window)) mask, one SDPA call per block.
-"auto" is blocked: with one block (tq <= C: a decode step, short inputs) it is the dense call on
-the keys the window reaches, so there is no length below which the dense one is cheaper.
+"auto" is blocked when tq > C; with one block's rows or fewer (a decode step, a short input or
+prefill chunk) it is the dense call on the keys the window reaches, [tk - tq - window + 1, tk): the
+same single SDPA call without the (C, nb*C + C) mask of the loop to build, and a decode step reads
+`window` cached keys, not the whole cache.
 
 Why C = the window rounded up to a multiple of 128: a block then needs its own chunk and one
 earlier chunk (nb = 1), so it computes 2C keys per row against the `window` it uses (at most
@@ -76,7 +78,11 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     name, block = _override or ("auto", None)
     if name == "dense":
         return dense(q, k, v, window)
-    return blocked(q, k, v, window, block or block_rows(window))
+    block = block or block_rows(window)
+    if name == "auto" and q.shape[1] <= block:
+        lo = max(0, k.shape[1] - q.shape[1] - window + 1)  # the first key the first query sees
+        return dense(q, k[:, lo:], v[:, lo:], window)
+    return blocked(q, k, v, window, block)
 
 
 def dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor:
