@@ -44,8 +44,9 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from ..utils.window import block_rows, earlier_chunks
+
 IMPLS = ("auto", "dense", "blocked")
-TILE = 128  # the block is a multiple of this (module docstring)
 _override: Optional[tuple[str, Optional[int]]] = None
 
 
@@ -62,11 +63,6 @@ def use_impl(name: str, block: Optional[int] = None) -> Iterator[None]:
         yield
     finally:
         _override = prev
-
-
-def block_rows(window: int) -> int:
-    """Query rows per block: the window rounded up to a multiple of TILE (module docstring)."""
-    return TILE * max(1, math.ceil(window / TILE))
 
 
 def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor:
@@ -111,7 +107,7 @@ def blocked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, bloc
     tq, tk = q.shape[1], k.shape[1]
     off = tk - tq
     gqa = q.shape[2] != k.shape[2]
-    nb = math.ceil((window - 1) / block)  # earlier key chunks a block's first row reaches
+    nb = earlier_chunks(window, block)  # earlier key chunks a block's first row reaches
     rows = min(block, tq)
     mask = _block_mask(rows, nb, block, window, q)  # (rows, nb*block + rows), every block's is a view
     q, k, v = (x.transpose(1, 2) for x in (q, k, v))  # (B, T, H, D) -> (B, H, T, D)

@@ -35,6 +35,7 @@ from .memory import (
     outside_layers_per_token,
     saved_per_layer,
     saved_per_token,
+    window_copies_per_token,
 )
 from .table import fit_table, format_table, parse_tokens
 
@@ -73,4 +74,5 @@ __all__ = [
     "step_seconds",
     "suggest",
     "verdict",
+    "window_copies_per_token",
 ]

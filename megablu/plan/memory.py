@@ -31,6 +31,12 @@ memory.attention=fa4 saves what SDPA saves (q, k, v, out, fp32 LSE); its backwar
 differ (flash-attn-4 4.0.0b40 interface.py `_flash_attn_bwd`, read, not measured): the fp32 dq
 accumulator, two fp32 row scratches per head, and with GQA fp32 dk/dv accumulators at the kv
 head count instead of SDPA's dk/dv at the query head count.
+Sliding-window layers (model.sliding_layers, ops/window_attention.py) longer than one block of C rows
+(C = the window rounded up to 128) run SDPA per block on keys concatenated from nb + 1 chunks (nb =
+ceil((window - 1) / C)): SDPA saves those copies, (nb + 1) x k and v per token beside the rest
+(`window_copies_per_token`). Their one (C, (nb + 1) C) mask per layer (1 MiB at window 512) and a block's
+scores (inside the fused kernel) are not per token and not counted; nor is the mask of a sequence of one
+block or less (the dense call on <= C + window keys).
 Under Ulysses SP a rank holds T/sp tokens; the attention output is saved twice (before and
 after the all-to-all back) and kv heads replicated to a multiple of sp grow k and v.
 memory.mlp_tiles = n (memory/tiled.py): the MLP's (T, ffn) tensors are never saved (its input
@@ -58,6 +64,7 @@ from ..memory.constants import KEEP_LAST, MAX_INFLIGHT, offloaded_count
 from ..parallel.heads import head_plan
 from ..utils.device import peak_bf16_tflops
 from ..utils.liger import liger_chunk_tokens, liger_mem_const
+from ..utils.window import block_rows, earlier_chunks
 
 GB = 1e9
 BF16 = 2
@@ -228,9 +235,12 @@ def _kv_rep(m: ModelConfig, sp: int) -> int:
     return 1 if sp == 1 else head_plan(m.n_heads, m.n_kv_heads, sp)[0]
 
 
-def layer_bytes_per_token(m: ModelConfig, ops: str, sp: int = 1, attention: str = "sdpa") -> dict:
+def layer_bytes_per_token(
+    m: ModelConfig, ops: str, sp: int = 1, attention: str = "sdpa", window_copies: float = 0.0
+) -> dict:
     """Saved bytes per token per layer, by part: attn half, MLP half, the layer input, h.
-    attention: memory.attention (the backward's buffers differ, module docstring)."""
+    attention: memory.attention (the backward's buffers differ, module docstring). window_copies: what a
+    sliding-window layer's blocks save beside (`window_copies_per_token`), in the attention half."""
     d, F, hd = m.d_model, m.ffn_dim, m.resolved_head_dim
     q, kv = m.n_heads * hd, m.n_kv_heads * hd * _kv_rep(m, sp)
     # norm: torch keeps r.float() (4d) + the normalised bf16 (2d); cuda keeps r (2d); + rstd
@@ -241,7 +251,8 @@ def layer_bytes_per_token(m: ModelConfig, ops: str, sp: int = 1, attention: str 
         + BF16 * (q + 2 * kv)  # post-RoPE q, k, v (SDPA)
         + BF16 * q
         + FP32 * m.n_heads
-    )  # attention output + LSE
+        + window_copies
+    )  # attention output + LSE (+ a sliding layer's key/value copies)
     if sp > 1:
         attn += BF16 * q  # output saved again after the all-to-all back
     mlp = (
@@ -272,6 +283,26 @@ def layer_bytes_per_token(m: ModelConfig, ops: str, sp: int = 1, attention: str 
         "attn_bwd": BF16 * d + BF16 * q + FP32 * q + gqa_expand + BF16 * (q + 2 * kv) + scratch,
         "a2a": 3 * BF16 * (2 * q + 2 * kv) if sp > 1 else 0,
     }
+
+
+def window_copies_per_token(m: ModelConfig, tokens: int, sp: int = 1) -> float:
+    """Bytes per token per rank one sliding-window layer saves beyond SDPA's q, k, v, output and LSE, for a
+    sequence of `tokens` (the attention sees the whole sequence, under Ulysses too): the keys and values
+    each block concatenates, nb + 1 chunks of C (ops/window_attention.py), so (nb + 1) copies of k and v.
+    0 without sliding layers, or when the sequence is one block or less (module docstring)."""
+    if m.sliding_window is None or not m.sliding_layers:
+        return 0.0
+    block = block_rows(m.sliding_window)
+    if tokens <= block:
+        return 0.0
+    kv = m.n_kv_heads * m.resolved_head_dim * _kv_rep(m, sp)
+    return (earlier_chunks(m.sliding_window, block) + 1) * 2 * BF16 * kv
+
+
+def mean_window_copies(m: ModelConfig, tokens: int, sp: int = 1) -> float:
+    """window_copies_per_token spread over all layers (the sliding ones hold it): what the sums over
+    layers below add per layer."""
+    return window_copies_per_token(m, tokens, sp) * len(m.sliding_layers) / m.n_layers
 
 
 def saved_per_layer(lb: dict, recompute: str, mlp_tiles: int = 1) -> float:
@@ -317,9 +348,12 @@ def saved_per_token(
     offload: bool = False,
     keep: int = OFFLOAD_KEPT_LAYERS,
     fraction: float = 1.0,
+    tokens: int = 0,
 ) -> float:
-    """Bytes per token per rank saved for backward on the GPU over all layers + head + RoPE tables."""
-    per_layer = saved_per_layer(layer_bytes_per_token(m, ops, sp), recompute, mlp_tiles)
+    """Bytes per token per rank saved for backward on the GPU over all layers + head + RoPE tables.
+    tokens: the sequence length, for the sliding-window layers' copies (0: not counted)."""
+    lb = layer_bytes_per_token(m, ops, sp, window_copies=mean_window_copies(m, tokens, sp))
+    per_layer = saved_per_layer(lb, recompute, mlp_tiles)
     layers = resident_layers(m.n_layers, keep, fraction) if offload else m.n_layers
     return layers * per_layer + outside_layers_per_token(m, ops)
 
@@ -332,13 +366,13 @@ def host_per_token(
     mlp_tiles: int = 1,
     keep: int = OFFLOAD_KEPT_LAYERS,
     fraction: float = 1.0,
+    tokens: int = 0,
 ) -> float:
     """Pinned host bytes per token per rank with memory.offload_activations: the saved sets of the
     blocks that offload (all but the last `keep`, memory.offload_keep, or `fraction` of them spread
-    evenly, memory.offload_fraction: memory/constants.py offloaded)."""
-    return offloaded_count(m.n_layers, keep, fraction) * saved_per_layer(
-        layer_bytes_per_token(m, ops, sp), recompute, mlp_tiles
-    )
+    evenly, memory.offload_fraction: memory/constants.py offloaded); tokens as in saved_per_token."""
+    lb = layer_bytes_per_token(m, ops, sp, window_copies=mean_window_copies(m, tokens, sp))
+    return offloaded_count(m.n_layers, keep, fraction) * saved_per_layer(lb, recompute, mlp_tiles)
 
 
 def layer_working_set(lb: dict, recompute: str, mlp_tiles: int = 1) -> float:
@@ -417,11 +451,20 @@ def estimate(s: Setup, calib: Optional[Calibration] = None) -> Estimate:
     a = calib.act_scale
     per_tok = (
         saved_per_token(
-            m, s.recompute, s.ops, s.sp, s.mlp_tiles, s.offload_activations, s.offload_keep, s.offload_fraction
+            m,
+            s.recompute,
+            s.ops,
+            s.sp,
+            s.mlp_tiles,
+            s.offload_activations,
+            s.offload_keep,
+            s.offload_fraction,
+            tokens=s.window,
         )
         * a
     )
-    lb = layer_bytes_per_token(m, s.ops, s.sp, s.attention)
+    # one layer's working set: a sliding layer's, copies included, where the model has one (the larger)
+    lb = layer_bytes_per_token(m, s.ops, s.sp, s.attention, window_copies_per_token(m, s.window, s.sp))
     loss_const, loss_tok = loss_bytes(m, t, s.loss_chunk, s.loss)
     fwd_end = per_tok * t + (loss_const + loss_tok * t) * a
     layer_ws = layer_working_set(lb, s.recompute, s.mlp_tiles) * a
@@ -429,7 +472,7 @@ def estimate(s: Setup, calib: Optional[Calibration] = None) -> Estimate:
     tile_acc = FP32 * 3 * m.d_model * m.ffn_dim if s.mlp_tiles > 1 else 0.0
     bwd = per_tok * t + layer_ws * t + tile_acc
     host = (
-        host_per_token(m, s.recompute, s.ops, s.sp, s.mlp_tiles, s.offload_keep, s.offload_fraction) * a * t
+        host_per_token(m, s.recompute, s.ops, s.sp, s.mlp_tiles, s.offload_keep, s.offload_fraction, s.window) * a * t
         if s.offload_activations
         else 0.0
     )

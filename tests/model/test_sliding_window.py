@@ -12,6 +12,7 @@ import torch
 from megablu.model.decoder import KVCache, LocalAttention
 from megablu.model.hf import from_hf
 from megablu.ops import window_attention as wa
+from megablu.utils.window import block_rows
 
 from .test_families import VOCAB, hf_family
 
@@ -135,7 +136,7 @@ def test_gemma3_with_blocks_smaller_than_its_window_matches_transformers(block):
 
 
 def test_block_rows_and_refusals():
-    assert [wa.block_rows(w) for w in (1, 24, 128, 129, 512, 1024)] == [128, 128, 128, 256, 512, 1024]
+    assert [block_rows(w) for w in (1, 24, 128, 129, 512, 1024)] == [128, 128, 128, 256, 512, 1024]
     with pytest.raises(ValueError, match="impl must be one of"), wa.use_impl("flash"):
         pass
     with pytest.raises(ValueError, match="block must be >= 1 query rows, got 0"), wa.use_impl("blocked", 0):
