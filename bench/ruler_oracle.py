@@ -210,39 +210,82 @@ def run_lm_eval(
 
 
 def compare(mb: dict, lm: dict, pairs: list[tuple[str, str]], lengths: list[int]) -> list[dict]:
-    from megablu.eval.stats import wilson
+    """A row per (task, length): each side's accuracy with its Wilson interval, and megablu - lm-eval with
+    Newcombe's interval for two independent samples (the two sides draw their own needles and keys: the
+    prompts are not paired). agree: that interval holds 0."""
+    from megablu.eval.stats import newcombe, wilson
 
     rows = []
     for lm_task, task in pairs:
         for L in lengths:
             (k1, n1), (k2, n2) = mb[(task, L)], lm[(lm_task, L)]
-            p1, lo1, hi1 = wilson(k1, n1)
-            p2, lo2, hi2 = wilson(k2, n2)
+            d = newcombe(k1, n1, k2, n2)
             rows.append(
                 {
                     "task": task,
                     "lm_eval_task": lm_task,
                     "length": L,
-                    "megablu": [k1, n1, p1, lo1, hi1],
-                    "lm_eval": [k2, n2, p2, lo2, hi2],
-                    "agree": max(lo1, lo2) <= min(hi1, hi2),
+                    "megablu": [k1, n1, *wilson(k1, n1)],
+                    "lm_eval": [k2, n2, *wilson(k2, n2)],
+                    "diff": [d.diff, d.lo, d.hi],
+                    "agree": d.lo <= 0 <= d.hi,
                 }
             )
     return rows
 
 
-def table(rows: list[dict]) -> str:
+def summary(rows: list[dict], lengths: list[int]) -> list[dict]:
+    """Per length, the mean over tasks on each side and their difference with a normal 95% interval from
+    the cells' binomial variances (as the RULER average's, megablu.eval.stats.mean_interval): the suite's
+    verdict, narrower than any one cell's."""
+    from megablu.eval.stats import mean_interval, z_of
+
+    out = []
+    for L in lengths:
+        at = [r for r in rows if r["length"] == L]
+        if not at:
+            continue
+        sides = {}
+        for side in ("megablu", "lm_eval"):
+            cells = [(r[side][0], r[side][1]) for r in at]
+            m, lo, hi = mean_interval(cells)
+            sides[side] = (m, ((hi - lo) / (2 * z_of())) ** 2)
+        d = sides["megablu"][0] - sides["lm_eval"][0]
+        half = z_of() * (sides["megablu"][1] + sides["lm_eval"][1]) ** 0.5
+        out.append(
+            {
+                "length": L,
+                "tasks": len(at),
+                "megablu": sides["megablu"][0],
+                "lm_eval": sides["lm_eval"][0],
+                "diff": [d, d - half, d + half],
+                "agree": d - half <= 0 <= d + half,
+            }
+        )
+    return out
+
+
+def table(rows: list[dict], means: list[dict] | None = None) -> str:
     def fmt(k, n, p, lo, hi):
         return f"{100 * p:.1f} [{100 * lo:.1f}, {100 * hi:.1f}] (n={n})"
 
+    def pp(d, lo, hi):
+        return f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+
     out = [
-        "| task | lm-eval task | length | megablu % [95% Wilson] | lm-eval % [95% Wilson] | agree |",
-        "|---|---|---|---|---|---|",
+        "| task | lm-eval task | length | megablu % [95% Wilson] | lm-eval % [95% Wilson] | megablu - lm-eval pp "
+        "[95% Newcombe] | agree |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
             f"| {r['task']} | {r['lm_eval_task']} | {r['length']} | {fmt(*r['megablu'])} | "
-            f"{fmt(*r['lm_eval'])} | {'yes' if r['agree'] else 'NO'} |"
+            f"{fmt(*r['lm_eval'])} | {pp(*r['diff'])} | {'yes' if r['agree'] else 'NO'} |"
+        )
+    for m in means or []:
+        out.append(
+            f"| **mean of {m['tasks']}** | | {m['length']} | {100 * m['megablu']:.1f} | {100 * m['lm_eval']:.1f} | "
+            f"{pp(*m['diff'])} | {'yes' if m['agree'] else 'NO'} |"
         )
     return "\n".join(out)
 
@@ -303,7 +346,8 @@ def main(argv=None, model=None, tok=None, cfg=None) -> int:
     examples: dict = {}
     lmres = run_lm_eval(lm, [p[0] for p in pairs], args.lengths, args.n, chat=chat, examples=examples)
     rows = compare(mb, lmres, pairs, args.lengths)
-    print(table(rows))
+    means = summary(rows, args.lengths)
+    print(table(rows, means))
     kind = (
         "megablu's RULER as published (ruler_*)"
         if all(t in FAITHFUL.values() for t in tasks)
@@ -323,6 +367,7 @@ def main(argv=None, model=None, tok=None, cfg=None) -> int:
                     "lm_eval_offline": replaced,
                     "chat_template": chat,
                     "cells": rows,
+                    "means": means,
                     "lm_eval_examples": {f"{t}@{L}": ex for (t, L), ex in examples.items()},
                 },
                 indent=1,

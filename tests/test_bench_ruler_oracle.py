@@ -98,9 +98,16 @@ def test_oracle_table(tmp_path, monkeypatch, capsys):
     assert two["megablu"][:2] == [4, 4] and two["lm_eval"][:2] == [0, 4] and not two["agree"]
     # 4 prompts: the smallest n whose 100% and 0% Wilson intervals do not overlap (4/(4+1.96^2) > 1/2)
     assert (
-        "| niah_single_1 | niah_single_1 | 512 | 100.0 [51.0, 100.0] (n=4) | 100.0 [51.0, 100.0] (n=4) | yes |" in text
+        "| niah_single_1 | niah_single_1 | 512 | 100.0 [51.0, 100.0] (n=4) | 100.0 [51.0, 100.0] (n=4) | "
+        "+0.0 [-49.0, +49.0] | yes |" in text
     )
-    assert "| niah_single_2 | niah_single_2 | 512 | 100.0" in text and "| 0.0 [0.0, 49.0] (n=4) | NO |" in text
+    # 4/4 against 0/4: Newcombe's interval for the difference excludes 0
+    assert "| niah_single_2 | niah_single_2 | 512 | 100.0" in text and "| 0.0 [0.0, 49.0] (n=4) | +100.0 [+30.7" in text
+    assert one["diff"][0] == 0 and two["diff"][1] > 0
+    # the suite's verdict: the mean over the two tasks, 100 vs 50, its interval excluding 0 (two tasks of 4)
+    (mean,) = json.loads(out.read_text())["means"]
+    assert mean["tasks"] == 2 and mean["megablu"] == 1.0 and mean["lm_eval"] == 0.5 and not mean["agree"]
+    assert "| **mean of 2** | | 512 | 100.0 | 50.0 | +50.0 [" in text
     # both sides read the faithful suite's shipped essay stand-in (pydoc_data.topics only where it is absent)
     assert "essay haystack: ruler/essays.txt.gz (megablu's RULER essay haystack)" in text
     assert "RULER-like presets" in text
