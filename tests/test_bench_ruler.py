@@ -316,7 +316,8 @@ def test_oracle_arm_runs_the_oracle_on_native_inside_its_window(tmp_path, pieces
 
 def test_faithful_runs_every_part_side_by_side_then_one_compare(tmp_path, pieces):
     """ARM=faithful (issue 40's re-measure in one call after prep): native 4096/8192 inside its window, YaRN x4 at
-    16384 and at 32768 (three groups), the oracle at 4096, as background parts; the compare after every eval,
+    16384 and at 32768 (three groups), the oracle at 4096 and 8192 (native) and 16384 and 32768 (YaRN x4), as
+    background parts; the compare after every eval,
     over both arms; what comes back fits the call (the joined report, one tarball with each part's files)."""
     import tarfile
 
@@ -337,8 +338,11 @@ def test_faithful_runs_every_part_side_by_side_then_one_compare(tmp_path, pieces
         assert not eval_problems_of(ns), (name, eval_problems_of(ns))
         assert _window(ns) == (8192 if name.startswith("rnative") else 32768), name
         assert ns.rope_override == name.startswith("ryarn4"), name
-    oracle = [c for c in cmds if any(a.endswith("bench/ruler_oracle.py") for a in c)]
-    assert len(oracle) == 1 and "4096" in oracle[0]
+    oracle = {c[c.index("--lengths") + 1]: c for c in cmds if any(a.endswith("bench/ruler_oracle.py") for a in c)}
+    assert sorted(oracle, key=int) == ["4096", "8192", "16384", "32768"]
+    for L, c in oracle.items():  # native inside its window, the suite's YaRN x4 beyond it
+        native = int(L) <= 8192
+        assert ("--rope-override" in c) != native and f"data.window={8192 if native else 32768}" in c, c
     compares = [i for i, c in enumerate(cmds) if c[3:4] == ["compare"]]
     assert len(compares) == 1 and compares[0] == len(cmds) - 1, [c[:4] for c in cmds]  # once, after everything
     _, ns = parse_command(cmds[compares[0]])
@@ -346,7 +350,7 @@ def test_faithful_runs_every_part_side_by_side_then_one_compare(tmp_path, pieces
     out = tmp_path / "out_faithful"
     assert {"report_faithful.md", "faithful.tar.gz"} <= {p.name for p in out.iterdir()}
     report = (out / "report_faithful.md").read_text()
-    assert all(f"## part {p}" in report for p in ("native", "oracle", "yarn4_16k", "yarn4_32k")), report
+    assert all(f"## part {p}" in report for p in ("native", "oracle", "oracle_long", "yarn4_16k", "yarn4_32k")), report
     with tarfile.open(out / "faithful.tar.gz") as t:
         names = t.getnames()
     assert any(n.startswith("parts/yarn4_32k/") for n in names)

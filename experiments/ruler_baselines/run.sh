@@ -206,8 +206,12 @@ case "$ARM" in
       touch /tmp/site/.megablu_lme
     fi
     for L in ${ORACLE_LENGTHS:-4096}; do
+      # the faithful suite's arms: native inside its 8192 positions (RULER's L counts the answer), beyond them
+      # the config's YaRN 4 x 8192 with --rope-override, as the suite's yarn4 cells
+      if [ "$L" -le 8192 ]; then rope=(--set rope.yarn=null --set data.window=8192)
+      else rope=(--rope-override --set data.window=32768); fi
       guard "oracle_$L" "$BUDGET" env HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $PY bench/ruler_oracle.py --config "$CFG" \
-        --ckpt "$MODEL" --set rope.yarn=null --set data.window=8192 --set "eval.lengths=[$L]" \
+        --ckpt "$MODEL" "${rope[@]}" --set "eval.lengths=[$L]" \
         --set "eval.tasks=[ruler_niah_single_1]" --lengths "$L" \
         --n "${ORACLE_N:-50}" \
         --out "$OUT/oracle_$L.json"
@@ -216,7 +220,8 @@ case "$ARM" in
     done ;;
   faithful)   # issue 40's re-measure in one call after A: the model and the data, then side by side on the one GPU
               # (SmolLM2-135M's decode leaves it mostly idle) native at 4096 and 8192, YaRN x4 at 16384, YaRN x4 at
-              # 32768 (three groups) and the oracle at 4096 (ORACLE_N, 50), each run.sh in the background with its
+              # 32768 (three groups) and the oracle (ORACLE_N, 50) at 4096 and 8192 (native) and at 16384 and 32768
+              # (YaRN x4; ORACLE_SHORT and ORACLE_LONG, an empty one skips its part), each run.sh in the background with its
               # own OUT and WORK under $DEV/parts, its deadline BUDGET_S from its own start; then the compare of both
               # arms. $OUT (6 files): report_faithful.md and faithful.tar.gz, refreshed every SNAP_S (15) s so that a call cut
               # short still returns what finished; ruler.md/png; the oracle's table and JSON. The command:
@@ -239,13 +244,14 @@ case "$ARM" in
       mv "$OUT/report_faithful.md.tmp" "$OUT/report_faithful.md"
       tar czf "$OUT/faithful.tar.gz.tmp" -C "$DEV" eval parts "work_faithful" 2> /dev/null
       mv "$OUT/faithful.tar.gz.tmp" "$OUT/faithful.tar.gz"
-      cp "$DEV"/parts/oracle/oracle_*.md "$DEV"/parts/oracle/oracle_*.json "$OUT/" 2> /dev/null
+      cp "$DEV"/parts/oracle*/oracle_*.md "$DEV"/parts/oracle*/oracle_*.json "$OUT/" 2> /dev/null
       return 0
     }
     part native native LENGTHS="${NATIVE_LENGTHS:-4096 8192}"
     part yarn4_16k yarn4 LENGTHS=16384 NO_COMPARE=1
     part yarn4_32k yarn4 LENGTHS=32768 NO_COMPARE=1
-    part oracle oracle ORACLE_LENGTHS=4096
+    part oracle oracle ORACLE_LENGTHS="${ORACLE_SHORT:-4096 8192}"
+    part oracle_long oracle ORACLE_LENGTHS="${ORACLE_LONG:-16384 32768}"
     while [ -n "$(jobs -rp)" ]; do snapshot; sleep "${SNAP_S:-15}"; done
     wait
     BUDGET=$(now) compare   # the parts' deadlines ran from their own starts: the compare's 30 s from now
