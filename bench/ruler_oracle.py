@@ -238,7 +238,7 @@ def summary(rows: list[dict], lengths: list[int]) -> list[dict]:
     """Per length, the mean over tasks on each side and their difference with a normal 95% interval from
     the cells' binomial variances (as the RULER average's, megablu.eval.stats.mean_interval): the suite's
     verdict, narrower than any one cell's."""
-    from megablu.eval.stats import mean_interval, z_of
+    from megablu.eval.stats import mean_variance, z_of
 
     out = []
     for L in lengths:
@@ -248,8 +248,7 @@ def summary(rows: list[dict], lengths: list[int]) -> list[dict]:
         sides = {}
         for side in ("megablu", "lm_eval"):
             cells = [(r[side][0], r[side][1]) for r in at]
-            m, lo, hi = mean_interval(cells)
-            sides[side] = (m, ((hi - lo) / (2 * z_of())) ** 2)
+            sides[side] = (sum(k / n for k, n in cells) / len(cells), mean_variance(cells))
         d = sides["megablu"][0] - sides["lm_eval"][0]
         half = z_of() * (sides["megablu"][1] + sides["lm_eval"][1]) ** 0.5
         out.append(

@@ -316,9 +316,9 @@ def test_oracle_arm_runs_the_oracle_on_native_inside_its_window(tmp_path, pieces
 
 def test_faithful_runs_every_part_side_by_side_then_one_compare(tmp_path, pieces):
     """ARM=faithful (issue 40's re-measure in one call after prep): native 4096/8192 inside its window, YaRN x4 at
-    16384 and at 32768 (three groups), the oracle at 4096 and 8192 (native) and 16384 and 32768 (YaRN x4), as
-    background parts; the compare after every eval,
-    over both arms; what comes back fits the call (the joined report, one tarball with each part's files)."""
+    16384 and at 32768 (three groups), the oracle at 4096 and 8192 (native) and at 16384 and 32768 (YaRN x4),
+    as background parts; the compare after every eval, over both arms; what comes back fits the call (the
+    joined report, one tarball with each part's files)."""
     import tarfile
 
     prefix, _ = pieces
@@ -355,3 +355,15 @@ def test_faithful_runs_every_part_side_by_side_then_one_compare(tmp_path, pieces
         names = t.getnames()
     assert any(n.startswith("parts/yarn4_32k/") for n in names)
     assert any(n.startswith("eval/rnative_8192") for n in names)
+
+
+def test_faithful_skips_an_oracle_part_whose_lengths_are_set_empty(tmp_path, pieces):
+    """ORACLE_LONG= (set, empty) drops the long oracle part, as every knob of run.sh: set but empty is not
+    its default."""
+    prefix, _ = pieces
+    dev = tmp_path / "dev"
+    _call(tmp_path, dev, prefix, "prep")
+    cmds = _call(tmp_path, dev, prefix, "faithful", SUITE="ruler", SNAP_S="1", ORACLE_LONG="")
+    lengths = [c[c.index("--lengths") + 1] for c in cmds if any(a.endswith("bench/ruler_oracle.py") for a in c)]
+    assert sorted(lengths, key=int) == ["4096", "8192"]
+    assert "## part oracle_long" not in (tmp_path / "out_faithful" / "report_faithful.md").read_text()

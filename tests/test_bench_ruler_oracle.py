@@ -5,6 +5,7 @@ prompts (niah_single_2 through lm-eval), where it answers a wrong number: niah_s
 100% on both sides ("yes"), niah_single_2 100% for megablu and 0% for lm-eval ("NO")."""
 
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -107,6 +108,10 @@ def test_oracle_table(tmp_path, monkeypatch, capsys):
     # the suite's verdict: the mean over the two tasks, 100 vs 50, its interval excluding 0 (two tasks of 4)
     (mean,) = json.loads(out.read_text())["means"]
     assert mean["tasks"] == 2 and mean["megablu"] == 1.0 and mean["lm_eval"] == 0.5 and not mean["agree"]
+    # each side's variance of the mean: two cells of n = 4 at the Agresti-Coull estimate 6/8 or 2/8, each
+    # (3/4)(1/4)/4, over 2^2; written out here, not read back from a (clipped) interval
+    half = 1.959964 * math.sqrt(2 * (2 * (0.75 * 0.25 / 4) / 4))
+    assert mean["diff"][1:] == pytest.approx([0.5 - half, 0.5 + half], abs=1e-5)
     assert "| **mean of 2** | | 512 | 100.0 | 50.0 | +50.0 [" in text
     # both sides read the faithful suite's shipped essay stand-in (pydoc_data.topics only where it is absent)
     assert "essay haystack: ruler/essays.txt.gz (megablu's RULER essay haystack)" in text

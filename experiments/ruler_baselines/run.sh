@@ -250,8 +250,8 @@ case "$ARM" in
     part native native LENGTHS="${NATIVE_LENGTHS:-4096 8192}"
     part yarn4_16k yarn4 LENGTHS=16384 NO_COMPARE=1
     part yarn4_32k yarn4 LENGTHS=32768 NO_COMPARE=1
-    part oracle oracle ORACLE_LENGTHS="${ORACLE_SHORT:-4096 8192}"
-    part oracle_long oracle ORACLE_LENGTHS="${ORACLE_LONG:-16384 32768}"
+    [ -n "${ORACLE_SHORT-4096 8192}" ] && part oracle oracle ORACLE_LENGTHS="${ORACLE_SHORT-4096 8192}"
+    [ -n "${ORACLE_LONG-16384 32768}" ] && part oracle_long oracle ORACLE_LENGTHS="${ORACLE_LONG-16384 32768}"
     while [ -n "$(jobs -rp)" ]; do snapshot; sleep "${SNAP_S:-15}"; done
     wait
     BUDGET=$(now) compare   # the parts' deadlines ran from their own starts: the compare's 30 s from now

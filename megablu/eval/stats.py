@@ -312,14 +312,20 @@ def effective_length_contiguous(
     return best
 
 
+def mean_variance(cells: Sequence[tuple[float, int]]) -> float:
+    """The variance of the mean accuracy of T tasks (k_t, n_t), from each task's binomial variance at the
+    Agresti-Coull estimate (k + 2) / (n + 4) (module docstring)."""
+    if not cells:
+        raise ValueError("mean_variance: no cells")
+    return sum(((k + 2) / (n + 4)) * (1 - (k + 2) / (n + 4)) / n for k, n in cells) / len(cells) ** 2
+
+
 def mean_interval(cells: Sequence[tuple[float, int]], conf: float = 0.95) -> tuple[float, float, float]:
     """(mean, lo, hi) of the accuracies k_t / n_t of T tasks (module docstring)."""
     if not cells:
         raise ValueError("mean_interval: no cells")
-    T = len(cells)
-    m = sum(k / n for k, n in cells) / T
-    var = sum(((k + 2) / (n + 4)) * (1 - (k + 2) / (n + 4)) / n for k, n in cells) / T**2
-    half = z_of(conf) * math.sqrt(var)
+    m = sum(k / n for k, n in cells) / len(cells)
+    half = z_of(conf) * math.sqrt(mean_variance(cells))
     return m, max(0.0, m - half), min(1.0, m + half)
 
 
