@@ -38,6 +38,7 @@ Writes --out (JSON: every cell's k, n, intervals); the table goes to stdout, log
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -170,34 +171,92 @@ def run_megablu(
     return {(c["task"], c["length"]): (c["correct"], c["n"]) for c in res["cells"]}
 
 
-def run_lm_eval(
-    lm, lm_tasks: list[str], lengths: list[int], n: int, chat: bool = False, examples: dict | None = None
-) -> dict:
-    """{(lm-eval task, L): (summed score, samples)}: one lm-eval run per length (RULER builds 500 samples
-    per length in order; --limit n keeps the first n of that length). chat: lm-eval's
-    apply_chat_template, on where megablu's side wraps its prompts in the tokenizer's chat template.
-    examples: filled with {(task, L): the first EXAMPLES samples' target, response and score}."""
-    import contextlib
+# lm-eval's RULER sample generators, each called with num_samples=500 by its task's dataset function
+GENERATORS = {
+    "prepare_niah": "generate_samples",
+    "cwe_utils": "sys_word_pair_random",
+    "fwe_utils": "sys_kwext",
+    "vt_utils": "sys_vartrack_w_noise_random",
+}
 
+
+@contextlib.contextmanager
+def capped_samples(n: int, built: dict):
+    """lm-eval's RULER generators build at most n samples a call instead of 500: --limit n scores only n,
+    and building the other 500 - n costs minutes per task at 16k-32k (each sample is tokenized whole, its
+    haystack searched for the size that fits). Their code runs unchanged, sample after sample from the same
+    seeds; a task built alone gets the first n of its 500, and the tasks after a capped one start from
+    another random state (another draw from the same generators, which is all an unpaired comparison
+    needs). built: filled with {module.function: samples built}."""
+    import functools
+    import importlib
+    import inspect
+
+    from megablu.eval.lm_eval_adapter import _patch_ruler_modules
+
+    originals = []
+    for mod_name, fn_name in GENERATORS.items():
+        home = importlib.import_module(f"lm_eval.tasks.ruler.{mod_name}")
+        orig = getattr(home, fn_name)
+        sig = inspect.signature(orig)
+
+        def capped(*a, _orig=orig, _sig=sig, _key=f"{mod_name}.{fn_name}", **kw):
+            b = _sig.bind(*a, **kw)
+            b.apply_defaults()
+            b.arguments["num_samples"] = min(int(b.arguments["num_samples"]), n)
+            res = _orig(*b.args, **b.kwargs)
+            built[_key] = built.get(_key, 0) + len(res)
+            return res
+
+        _patch_ruler_modules(fn_name, functools.wraps(orig)(capped), home)
+        originals.append((fn_name, orig, home))
+    try:
+        yield built
+    finally:
+        for fn_name, orig, home in originals:
+            _patch_ruler_modules(fn_name, orig, home)
+
+
+def run_lm_eval(
+    lm,
+    lm_tasks: list[str],
+    lengths: list[int],
+    n: int,
+    chat: bool = False,
+    examples: dict | None = None,
+    built: dict | None = None,
+    on_cell=None,
+) -> dict:
+    """{(lm-eval task, L): (summed score, samples)}: one lm-eval run per task and length, its generators
+    capped at n samples (capped_samples; --limit n scores them). chat: lm-eval's apply_chat_template, on
+    where megablu's side wraps its prompts in the tokenizer's chat template. examples: filled with {(task,
+    L): the first EXAMPLES samples' target, response and score}; built: with the samples each generator
+    built; on_cell(out): called after each cell, with the cells so far (a run cut short keeps them)."""
     examples = {} if examples is None else examples
+    built = {} if built is None else built
+
+    import time
 
     import lm_eval
+    from lm_eval.tasks import TaskManager
 
-    out = {}
+    out: dict = {}
     for L in lengths:
-        # lm-eval's RULER code prints progress on stdout (nltk's download notice, vt's noise search): stdout
-        # is this script's table
-        with contextlib.redirect_stdout(sys.stderr):
-            res = lm_eval.simple_evaluate(
-                model=lm,
-                tasks=lm_tasks,
-                limit=n,
-                log_samples=True,
-                metadata={"max_seq_lengths": [L]},
-                bootstrap_iters=0,
-                apply_chat_template=chat,
-            )
+        tm = TaskManager(metadata={"max_seq_lengths": [L]})  # indexes lm-eval's task folders once per length
         for t in lm_tasks:
+            t0 = time.perf_counter()
+            # lm-eval's RULER code prints progress on stdout (nltk's download notice, vt's noise search):
+            # stdout is this script's table
+            with contextlib.redirect_stdout(sys.stderr), capped_samples(n, built):
+                res = lm_eval.simple_evaluate(
+                    model=lm,
+                    tasks=[t],
+                    limit=n,
+                    log_samples=True,
+                    task_manager=tm,
+                    bootstrap_iters=0,
+                    apply_chat_template=chat,
+                )
             samples = res["samples"][t]
             scores = [s[str(L)] for s in samples]
             out[(t, L)] = (sum(scores), len(scores))
@@ -206,6 +265,16 @@ def run_lm_eval(
                 {"target": s["target"], "response": s["filtered_resps"][0], "score": s[str(L)]}
                 for s in samples[:EXAMPLES]
             ]
+            log.info(
+                "lm-eval %s@%d: %.1f%% of %d in %.1fs",
+                t,
+                L,
+                100 * sum(scores) / max(1, len(scores)),
+                len(scores),
+                time.perf_counter() - t0,
+            )
+            if on_cell is not None:
+                on_cell(out)
     return out
 
 
@@ -218,6 +287,8 @@ def compare(mb: dict, lm: dict, pairs: list[tuple[str, str]], lengths: list[int]
     rows = []
     for lm_task, task in pairs:
         for L in lengths:
+            if (lm_task, L) not in lm:  # a run cut short: the cells lm-eval finished
+                continue
             (k1, n1), (k2, n2) = mb[(task, L)], lm[(lm_task, L)]
             d = newcombe(k1, n1, k2, n2)
             rows.append(
@@ -322,8 +393,6 @@ def main(argv=None, model=None, tok=None, cfg=None) -> int:
             print(f"ruler_oracle: {e}", file=sys.stderr)
             return 2
     docs, source = essay_docs(args.essays)
-    import contextlib
-
     with contextlib.redirect_stdout(sys.stderr):  # importing lm-eval's RULER code prints nltk's download notice
         replaced = install_ruler_offline("\n\n".join(docs))
     on_gpu = next(model.parameters()).device.type == "cuda"
@@ -343,9 +412,41 @@ def main(argv=None, model=None, tok=None, cfg=None) -> int:
 
     chat = Chat(tok, cfg.eval.chat_template, "oracle").on
     examples: dict = {}
-    lmres = run_lm_eval(lm, [p[0] for p in pairs], args.lengths, args.n, chat=chat, examples=examples)
-    rows = compare(mb, lmres, pairs, args.lengths)
-    means = summary(rows, args.lengths)
+    built: dict = {}
+
+    def write(lm_cells: dict, complete: bool) -> tuple[list, list]:
+        rows = compare(mb, lm_cells, pairs, args.lengths)
+        means = summary(rows, args.lengths)
+        if args.out:  # after every lm-eval cell: a run cut short keeps what finished
+            record = {
+                "lengths": args.lengths,
+                "n": args.n,
+                "complete": complete,
+                "essays": source,
+                "lm_eval_offline": replaced,
+                "chat_template": chat,
+                "cells": rows,
+                "means": means,
+                "megablu_cells": [[t, L, k, m] for (t, L), (k, m) in mb.items()],
+                "lm_eval_examples": {f"{t}@{L}": ex for (t, L), ex in examples.items()},
+                "lm_eval_samples_built": built,
+            }
+            tmp = Path(str(args.out) + ".tmp")
+            tmp.write_text(json.dumps(record, indent=1))
+            tmp.replace(args.out)
+        return rows, means
+
+    lmres = run_lm_eval(
+        lm,
+        [p[0] for p in pairs],
+        args.lengths,
+        args.n,
+        chat=chat,
+        examples=examples,
+        built=built,
+        on_cell=lambda cells: write(cells, False),
+    )
+    rows, means = write(lmres, True)
     print(table(rows, means))
     kind = (
         "megablu's RULER as published (ruler_*)"
@@ -356,22 +457,6 @@ def main(argv=None, model=None, tok=None, cfg=None) -> int:
         f"\nessay haystack: {source}; lm-eval: {replaced['essay_haystack']}, sentence split: "
         f"{replaced['sentences']}. megablu tasks: {kind}. Chat template: {'on' if chat else 'off'} (both sides)."
     )
-    if args.out:
-        Path(args.out).write_text(
-            json.dumps(
-                {
-                    "lengths": args.lengths,
-                    "n": args.n,
-                    "essays": source,
-                    "lm_eval_offline": replaced,
-                    "chat_template": chat,
-                    "cells": rows,
-                    "means": means,
-                    "lm_eval_examples": {f"{t}@{L}": ex for (t, L), ex in examples.items()},
-                },
-                indent=1,
-            )
-        )
     return 0
 
 

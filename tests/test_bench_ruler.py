@@ -317,7 +317,7 @@ def test_oracle_arm_runs_the_oracle_on_native_inside_its_window(tmp_path, pieces
 def test_faithful_runs_every_part_side_by_side_then_one_compare(tmp_path, pieces):
     """ARM=faithful (issue 40's re-measure in one call after prep): native 4096/8192 inside its window, YaRN x4 at
     16384 and at 32768 (three groups), the oracle at 4096 and 8192 (native) and at 16384 and 32768 (YaRN x4),
-    as background parts; the compare after every eval, over both arms; what comes back fits the call (the
+    a part per length, as background parts; the compare after every eval, over both arms; what comes back fits the call (the
     joined report, one tarball with each part's files)."""
     import tarfile
 
@@ -350,7 +350,8 @@ def test_faithful_runs_every_part_side_by_side_then_one_compare(tmp_path, pieces
     out = tmp_path / "out_faithful"
     assert {"report_faithful.md", "faithful.tar.gz"} <= {p.name for p in out.iterdir()}
     report = (out / "report_faithful.md").read_text()
-    assert all(f"## part {p}" in report for p in ("native", "oracle", "oracle_long", "yarn4_16k", "yarn4_32k")), report
+    parts = ("native", "oracle_4096", "oracle_8192", "oracle_16384", "oracle_32768", "yarn4_16k", "yarn4_32k")
+    assert all(f"## part {p}\n" in report for p in parts), report
     with tarfile.open(out / "faithful.tar.gz") as t:
         names = t.getnames()
     assert any(n.startswith("parts/yarn4_32k/") for n in names)
@@ -358,12 +359,13 @@ def test_faithful_runs_every_part_side_by_side_then_one_compare(tmp_path, pieces
 
 
 def test_faithful_skips_an_oracle_part_whose_lengths_are_set_empty(tmp_path, pieces):
-    """ORACLE_LONG= (set, empty) drops the long oracle part, as every knob of run.sh: set but empty is not
-    its default."""
+    """ORACLE_LONG= (set, empty) drops the long oracle lengths' parts, as every knob of run.sh: set but empty
+    is not its default."""
     prefix, _ = pieces
     dev = tmp_path / "dev"
     _call(tmp_path, dev, prefix, "prep")
     cmds = _call(tmp_path, dev, prefix, "faithful", SUITE="ruler", SNAP_S="1", ORACLE_LONG="")
     lengths = [c[c.index("--lengths") + 1] for c in cmds if any(a.endswith("bench/ruler_oracle.py") for a in c)]
     assert sorted(lengths, key=int) == ["4096", "8192"]
-    assert "## part oracle_long" not in (tmp_path / "out_faithful" / "report_faithful.md").read_text()
+    report = (tmp_path / "out_faithful" / "report_faithful.md").read_text()
+    assert "## part oracle_4096\n" in report and "## part oracle_16384" not in report

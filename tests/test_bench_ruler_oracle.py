@@ -48,14 +48,7 @@ class NiahOracle(OracleModel):
         return self.tok.encode(" " + ans + ".") + [self.tok.eot_id] * 200
 
 
-def test_oracle_table(tmp_path, monkeypatch, capsys):
-    import ruler_oracle
-
-    from megablu.config import load_config
-    from megablu.data.tokenizer import ByteTokenizer
-
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+def _config(tmp_path):
     cfg_path = tmp_path / "oracle.yaml"
     cfg_path.write_text(
         yaml.safe_dump(
@@ -70,6 +63,18 @@ def test_oracle_table(tmp_path, monkeypatch, capsys):
             }
         )
     )
+    return cfg_path
+
+
+def test_oracle_table(tmp_path, monkeypatch, capsys):
+    import ruler_oracle
+
+    from megablu.config import load_config
+    from megablu.data.tokenizer import ByteTokenizer
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg_path = _config(tmp_path)
     cfg = load_config(cfg_path)
     tok = ByteTokenizer()
     out = tmp_path / "cells.json"
@@ -116,6 +121,47 @@ def test_oracle_table(tmp_path, monkeypatch, capsys):
     # both sides read the faithful suite's shipped essay stand-in (pydoc_data.topics only where it is absent)
     assert "essay haystack: ruler/essays.txt.gz (megablu's RULER essay haystack)" in text
     assert "RULER-like presets" in text
+    # lm-eval built the 4 samples it scored per task, not its 500 (the niah tasks share one generator)
+    record = json.loads(out.read_text())
+    assert record["lm_eval_samples_built"] == {"prepare_niah.generate_samples": 8}
+    assert record["complete"] and sorted(map(tuple, record["megablu_cells"])) == [
+        ("niah_single_1", 512, 4, 4),
+        ("niah_single_2", 512, 4, 4),
+    ]
+
+
+def test_a_run_cut_short_keeps_the_cells_lm_eval_finished(tmp_path, monkeypatch):
+    """--out is written after every lm-eval cell: killed in the second task, the first one's row is there."""
+    import ruler_oracle
+
+    from megablu.config import load_config
+    from megablu.data.tokenizer import ByteTokenizer
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg_path = _config(tmp_path)
+    real = ruler_oracle.run_lm_eval
+
+    def cut(*a, on_cell=None, **kw):
+        def once(cells):
+            on_cell(cells)
+            raise KeyboardInterrupt  # the deadline's kill, after the first cell
+
+        return real(*a, on_cell=once, **kw)
+
+    monkeypatch.setattr(ruler_oracle, "run_lm_eval", cut)
+    out = tmp_path / "cells.json"
+    argv = ["--config", str(cfg_path), "--lengths", "512", "--n", "2", "--out", str(out)]
+    with pytest.raises(KeyboardInterrupt):
+        ruler_oracle.main(
+            argv + ["niah_single_1", "niah_single_2"],
+            model=NiahOracle(ByteTokenizer()),
+            tok=ByteTokenizer(),
+            cfg=load_config(cfg_path),
+        )
+    record = json.loads(out.read_text())
+    assert not record["complete"] and [r["task"] for r in record["cells"]] == ["niah_single_1"]
+    assert record["cells"][0]["lm_eval"][:2] == [2, 2] and len(record["megablu_cells"]) == 2
 
 
 def test_help_and_bad_names(capsys):

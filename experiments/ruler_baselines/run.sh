@@ -221,7 +221,7 @@ case "$ARM" in
   faithful)   # issue 40's re-measure in one call after A: the model and the data, then side by side on the one GPU
               # (SmolLM2-135M's decode leaves it mostly idle) native at 4096 and 8192, YaRN x4 at 16384, YaRN x4 at
               # 32768 (three groups) and the oracle (ORACLE_N, 50) at 4096 and 8192 (native) and at 16384 and 32768
-              # (YaRN x4; ORACLE_SHORT and ORACLE_LONG, an empty one skips its part), each run.sh in the background with its
+              # (YaRN x4; ORACLE_SHORT and ORACLE_LONG, an empty one skips its lengths), each run.sh in the background with its
               # own OUT and WORK under $DEV/parts, its deadline BUDGET_S from its own start; then the compare of both
               # arms. $OUT (6 files): report_faithful.md and faithful.tar.gz, refreshed every SNAP_S (15) s so that a call cut
               # short still returns what finished; ruler.md/png; the oracle's table and JSON. The command:
@@ -250,8 +250,9 @@ case "$ARM" in
     part native native LENGTHS="${NATIVE_LENGTHS:-4096 8192}"
     part yarn4_16k yarn4 LENGTHS=16384 NO_COMPARE=1
     part yarn4_32k yarn4 LENGTHS=32768 NO_COMPARE=1
-    [ -n "${ORACLE_SHORT-4096 8192}" ] && part oracle oracle ORACLE_LENGTHS="${ORACLE_SHORT-4096 8192}"
-    [ -n "${ORACLE_LONG-16384 32768}" ] && part oracle_long oracle ORACLE_LENGTHS="${ORACLE_LONG-16384 32768}"
+    for L in ${ORACLE_SHORT-4096 8192} ${ORACLE_LONG-16384 32768}; do   # a part per length: lm-eval's side decodes
+      part "oracle_$L" oracle ORACLE_LENGTHS="$L"                        # one prompt at a time, host-bound
+    done
     while [ -n "$(jobs -rp)" ]; do snapshot; sleep "${SNAP_S:-15}"; done
     wait
     BUDGET=$(now) compare   # the parts' deadlines ran from their own starts: the compare's 30 s from now
