@@ -300,7 +300,7 @@ def test_oracle_arm_runs_the_oracle_on_native_inside_its_window(tmp_path, pieces
     prefix, _ = pieces
     dev = tmp_path / "dev"
     _call(tmp_path, dev, prefix, "prep")
-    cmds = _call(tmp_path, dev, prefix, "oracle", ORACLE_LENGTHS="4096 8192", ORACLE_N="50")
+    cmds = _call(tmp_path, dev, prefix, "oracle", ORACLE_LENGTHS="4096 8192", ORACLE_N="50", ORACLE_TASKS_8192="ruler_vt ruler_cwe")
     oracle = [c for c in cmds if any(a.endswith("bench/ruler_oracle.py") for a in c)]
     assert len(oracle) == 2
     from megablu.config import load_config
@@ -309,6 +309,7 @@ def test_oracle_arm_runs_the_oracle_on_native_inside_its_window(tmp_path, pieces
         argv = c[c.index("bench/ruler_oracle.py") + 1 :]
         ns = ruler_oracle.parse_args(argv)
         assert ns.lengths == [L] and ns.n == 50 and ns.out.endswith(f"oracle_{L}.json")
+        assert ns.tasks == ([] if L == 4096 else ["ruler_vt", "ruler_cwe"])  # all 11 by default
         cfg = load_config(ROOT / ns.config, ns.set)
         assert cfg.rope.yarn is None and cfg.data.window == 8192 and not ns.rope_override
         assert "HF_DATASETS_OFFLINE=1" in c and "HF_HUB_OFFLINE=1" in c

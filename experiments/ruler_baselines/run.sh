@@ -210,11 +210,13 @@ case "$ARM" in
       # the config's YaRN 4 x 8192 with --rope-override, as the suite's yarn4 cells
       if [ "$L" -le 8192 ]; then rope=(--set rope.yarn=null --set data.window=8192)
       else rope=(--rope-override --set data.window=32768); fi
+      # ORACLE_TASKS_<L>: megablu task names, the cells an earlier call left (default: all 11)
+      tasks_var=ORACLE_TASKS_$L; read -r -a otasks <<< "${!tasks_var:-}"
       guard "oracle_$L" "$BUDGET" env HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $PY bench/ruler_oracle.py --config "$CFG" \
         --ckpt "$MODEL" "${rope[@]}" --set "eval.lengths=[$L]" \
         --set "eval.tasks=[ruler_niah_single_1]" --lengths "$L" \
         --n "${ORACLE_N:-50}" \
-        --out "$OUT/oracle_$L.json"
+        --out "$OUT/oracle_$L.json" ${otasks[@]+"${otasks[@]}"}
       cp "$WORK/logs/oracle_$L.out" "$OUT/oracle_$L.md" 2>/dev/null
       finish
     done ;;
