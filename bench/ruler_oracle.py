@@ -6,6 +6,7 @@ and whether the two intervals overlap.
   python bench/ruler_oracle.py --config experiments/ruler_baselines/rep_smollm2_32k.yaml --ckpt /tmp/smollm2_blu \\
       --lengths 4096 8192 --n 100 niah_single_1 niah_multikey_2 vt cwe fwe
   python bench/ruler_oracle.py ... --map ruler_vt=my_vt     # lm-eval task -> megablu task name
+  python bench/ruler_oracle.py merge a.json b.json --out all.json   # runs that each did some cells
 
 Positional arguments are megablu task names; the mapping gives the lm-eval task of each (override or
 add with --map LM_EVAL_TASK=MEGABLU_TASK). It is FAITHFUL (lm-eval's niah_single_1 -> megablu's
@@ -360,8 +361,39 @@ def table(rows: list[dict], means: list[dict] | None = None) -> str:
     return "\n".join(out)
 
 
+def merge(paths: list[str], out: str | None = None) -> tuple[list[dict], list[dict]]:
+    """The cells of several --out files (runs cut short, then the cells they left: ORACLE_TASKS_<L> in
+    experiments/ruler_baselines/run.sh) as one table: each (task, length) from exactly one file, the mean
+    rows recomputed over them all. -> (rows, means); out: written as one JSON."""
+    rows: list[dict] = []
+    seen: dict = {}
+    for path in paths:
+        for r in json.loads(Path(path).read_text())["cells"]:
+            key = (r["task"], r["length"])
+            if key in seen:
+                raise SystemExit(f"ruler_oracle merge: {key[0]}@{key[1]} is in both {seen[key]} and {path}")
+            seen[key] = path
+            rows.append(r)
+    lengths = sorted({r["length"] for r in rows})
+    order = {t: i for i, t in enumerate(FAITHFUL.values())}
+    rows.sort(key=lambda r: (r["length"], order.get(r["task"], len(order)), r["task"]))
+    means = summary(rows, lengths)
+    if out:
+        Path(out).write_text(json.dumps({"merged_from": list(paths), "cells": rows, "means": means}, indent=1))
+    return rows, means
+
+
 def main(argv=None, model=None, tok=None, cfg=None) -> int:
-    """model/tok/cfg: an already-built model (the CPU test's); else loaded from --config/--ckpt."""
+    """model/tok/cfg: an already-built model (the CPU test's); else loaded from --config/--ckpt.
+    `merge A.json B.json [--out M.json]`: merge()'s table."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["merge"]:
+        mp = argparse.ArgumentParser(prog="ruler_oracle.py merge", description=merge.__doc__)
+        mp.add_argument("files", nargs="+")
+        mp.add_argument("--out")
+        margs = mp.parse_args(argv[1:])
+        print(table(*merge(margs.files, margs.out)))
+        return 0
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     from megablu.eval.lm_eval_adapter import LM_EVAL_MISSING, MegabluLM, install_ruler_offline, load_for_eval

@@ -181,3 +181,29 @@ def test_help_and_bad_names(capsys):
     assert ruler_oracle.FAITHFUL["ruler_vt"] == "ruler_vt" and ruler_oracle.LIKE["ruler_vt"] == "vt"
     m = ruler_oracle.mapping([f"my_lm_vt={want['ruler_vt']}"])  # another lm-eval task for the same megablu task
     assert m["my_lm_vt"] == want["ruler_vt"] and "ruler_vt" not in m  # replaces ruler_vt's
+
+
+def test_merge_joins_runs_that_each_did_some_cells(tmp_path, capsys):
+    """Two --out files with disjoint cells: one table, the mean row over all of them; a cell in both is
+    refused."""
+    import ruler_oracle
+
+    def cell(task, L, k1, k2, n=10):  # as the oracle writes it
+        (row,) = ruler_oracle.compare({(task, L): (k1, n)}, {(task, L): (k2, n)}, [(task, task)], [L])
+        return row
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({"cells": [cell("ruler_niah_single_1", 4096, 10, 10), cell("ruler_vt", 8192, 1, 2)]}))
+    b.write_text(json.dumps({"cells": [cell("ruler_cwe", 4096, 0, 10)]}))
+    assert ruler_oracle.main(["merge", str(a), str(b), "--out", str(tmp_path / "m.json")]) == 0
+    merged = json.loads((tmp_path / "m.json").read_text())
+    assert [(r["task"], r["length"]) for r in merged["cells"]] == [
+        ("ruler_niah_single_1", 4096),
+        ("ruler_cwe", 4096),
+        ("ruler_vt", 8192),
+    ]
+    m4096 = next(m for m in merged["means"] if m["length"] == 4096)
+    assert m4096["tasks"] == 2 and m4096["megablu"] == 0.5 and m4096["lm_eval"] == 1.0
+    assert "| **mean of 2** | | 4096 | 50.0 | 100.0 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="ruler_niah_single_1@4096 is in both"):
+        ruler_oracle.merge([str(a), str(a)])

@@ -65,11 +65,20 @@ def main(argv=None) -> int:
     for (task, L), (k1, n1) in res["RULER (megablu)"].items():
         k2, n2 = res["lm-eval"][(task, L)]
         d = newcombe(k1, n1, k2, n2)
-        rows.append({"task": task, "length": L, "ruler": [k1, n1, *wilson(k1, n1)],
-                     "lm_eval_wording": [k2, n2, *wilson(k2, n2)], "diff": [d.diff, d.lo, d.hi]})
-        print(f"{task}@{L}: RULER wording {k1}/{n1} [{100 * wilson(k1, n1)[1]:.1f}, {100 * wilson(k1, n1)[2]:.1f}]"
-              f"; lm-eval wording {k2}/{n2} [{100 * wilson(k2, n2)[1]:.1f}, {100 * wilson(k2, n2)[2]:.1f}]"
-              f"; RULER - lm-eval {100 * d.diff:+.1f} pp [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}] (unpaired)")
+        rows.append(
+            {
+                "task": task,
+                "length": L,
+                "ruler": [k1, n1, *wilson(k1, n1)],
+                "lm_eval_wording": [k2, n2, *wilson(k2, n2)],
+                "diff": [d.diff, d.lo, d.hi],
+            }
+        )
+        print(
+            f"{task}@{L}: RULER wording {k1}/{n1} [{100 * wilson(k1, n1)[1]:.1f}, {100 * wilson(k1, n1)[2]:.1f}]"
+            f"; lm-eval wording {k2}/{n2} [{100 * wilson(k2, n2)[1]:.1f}, {100 * wilson(k2, n2)[2]:.1f}]"
+            f"; RULER - lm-eval {100 * d.diff:+.1f} pp [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}] (unpaired)"
+        )
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
     return 0
