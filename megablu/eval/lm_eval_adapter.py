@@ -19,7 +19,9 @@ length-aware choice as trained), tokenizer and memory switches; --ckpt weights c
 tokenizer; a rope that differs from the checkpoint's needs rope_override=True. Model args:
   config (required), ckpt | hf (exactly one), set (config overrides `a.b=v`, several joined by ';'),
   rope_override, sp (Ulysses ranks; the launcher's world size), max_length (default data.window),
-  prefill_chunk, batch_tokens (as in `megablu eval`), chat_template (a Jinja file), device, batch_size.
+  prefill_chunk, batch_tokens (as in `megablu eval`), chat_template (a Jinja file), device, batch_size,
+  decode (auto | eager | static | graph: how greedy decoding runs its steps, eval/decode.py; default the
+  config's eval.decode).
 
 - generate_until: megablu's greedy_generate (eval/generate.py, KV cache, one rank or a sharded prefill),
   the answer cut at the tokenizer's stop ids, then at the first `until` string (greedy: cutting after the
@@ -46,6 +48,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from .decode import MODES as DECODE_MODES
 from .loss import _LastHidden  # the last block's output, before the final norm
 
 log = logging.getLogger(__name__)
@@ -137,6 +140,7 @@ class MegabluLM(TemplateLM):
         "device",
         "batch_size",
         "max_batch_size",
+        "decode",
     )
 
     def __init__(
@@ -154,6 +158,7 @@ class MegabluLM(TemplateLM):
         device: Optional[str] = None,
         batch_size=1,
         max_batch_size=None,
+        decode: Optional[str] = None,
         *,
         model=None,
         tokenizer=None,
@@ -181,6 +186,7 @@ class MegabluLM(TemplateLM):
                 f"sp={self.sp} but the launcher started {world} ranks: the megablu backend runs one "
                 f"sequence-parallel group of all ranks; pass sp={world} (or launch {self.sp})"
             )
+        cfg_decode = "auto"
         if model is None:
             if tokenizer is not None:
                 raise AdapterError(
@@ -201,6 +207,7 @@ class MegabluLM(TemplateLM):
             model, tokenizer, cfg, self.info = load_for_eval(config, ckpt, hf, sets, _bool(rope_override), device)
             window = cfg.data.window
             tokenizer_path = tokenizer_file(cfg.tokenizer)
+            cfg_decode = cfg.eval.decode
             if self.sp > 1:
                 from ..parallel.groups import build_groups
                 from ..parallel.ulysses import apply_ulysses
@@ -213,6 +220,15 @@ class MegabluLM(TemplateLM):
             if tokenizer is None or window is None:
                 raise AdapterError("MegabluLM(model=...) needs tokenizer= and window=")
         self.model, self.tok, self.tokenizer_path = model, tokenizer, tokenizer_path
+        # how greedy decoding runs its steps (eval/decode.py): the config's eval.decode unless given here
+        self.decode = str(decode) if decode is not None else cfg_decode
+        if self.decode not in DECODE_MODES:
+            raise AdapterError(f"model_args decode={self.decode!r}: one of {', '.join(DECODE_MODES)}")
+        if self.sp > 1 and self.decode in ("static", "graph"):
+            raise AdapterError(
+                f"model_args decode={self.decode} with sp={self.sp}: sequence-parallel decode is eager; "
+                f"pass decode=auto or decode=eager"
+            )
         self._device = next(model.parameters()).device
         self._max_length = int(max_length or window)
         on_gpu = self._device.type == "cuda"
@@ -365,6 +381,7 @@ class MegabluLM(TemplateLM):
                     sp_group=self.sp_group,
                     prefill_chunk=self.prefill_chunk,
                     stop_ids=self.tok.stop_ids,
+                    decode=self.decode,
                 ).tolist()
                 for (i, _, _, until), g in zip(batch, gen, strict=True):
                     text = self.tok.decode(cut_at_stop(g, self.tok.stop_ids))

@@ -80,6 +80,32 @@ def test_generate_until_equals_greedy_decoding(byte_tok):
         _lm(m, byte_tok).generate_until([_req("generate_until", (prompts[0], {"do_sample": True}))])
 
 
+def test_decode_model_arg_reaches_greedy_generate(byte_tok, monkeypatch):
+    """decode= picks how greedy decoding runs (the config's eval.decode when loaded); a bad value or a
+    one-rank mode under sp is refused at construction."""
+    import megablu.eval.generate as generate
+
+    seen = []
+    real = generate.greedy_generate
+
+    def spy(*a, **kw):
+        seen.append(kw.get("decode"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(generate, "greedy_generate", spy)
+    m = _model()
+    req = _req("generate_until", ("The grass is green. The sky is", {"max_gen_toks": 8}))
+    for mode, want in ((None, "auto"), ("eager", "eager"), ("static", "static")):
+        kw = {} if mode is None else {"decode": mode}
+        _lm(m, byte_tok, **kw).generate_until([req])
+        assert seen[-1] == want
+    with pytest.raises(AdapterError, match="decode='fast': one of auto, eager, static, graph"):
+        _lm(m, byte_tok, decode="fast")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(AdapterError, match="sequence-parallel decode is eager"):
+        _lm(m, byte_tok, sp=2, decode="graph")
+
+
 def _direct_ll(m, ctx, cont):
     """sum log p(cont | ctx), greedy?: one forward of the unpadded sequence, every position's logits."""
     ids = torch.tensor([ctx + cont])
@@ -244,6 +270,9 @@ def test_loaded_from_config_and_checkpoint(tmp_path, byte_tok):
         set="rope.yarn.original_max_position=32;data.window=256;rope.yarn.factor=8.0",
     )
     assert lm.max_length == 256 and lm.info["rope_override"]["differences"] == ["rope: not recorded"]
+    assert lm.decode == "auto"  # the config's eval.decode
+    eager = MegabluLM(config=str(cfg), ckpt=str(ck), rope_override="True", device="cpu", set="eval.decode=eager")
+    assert eager.decode == "eager"
     ref = tiny_model(seed=3, rope=_rope(32, 8.0))  # the same weights with the overridden rope, built here
     ctx = byte_tok.encode("A context longer than the 32 original positions: is the sky")
     want = _direct_ll(ref, ctx, byte_tok.encode(" blue"))[0]
