@@ -300,7 +300,8 @@ def test_oracle_arm_runs_the_oracle_on_native_inside_its_window(tmp_path, pieces
     prefix, _ = pieces
     dev = tmp_path / "dev"
     _call(tmp_path, dev, prefix, "prep")
-    cmds = _call(tmp_path, dev, prefix, "oracle", ORACLE_LENGTHS="4096 8192", ORACLE_N="50", ORACLE_TASKS_8192="ruler_vt ruler_cwe")
+    knobs = {"ORACLE_LENGTHS": "4096 8192", "ORACLE_N": "50", "ORACLE_TASKS_8192": "ruler_vt ruler_cwe"}
+    cmds = _call(tmp_path, dev, prefix, "oracle", **knobs)
     oracle = [c for c in cmds if any(a.endswith("bench/ruler_oracle.py") for a in c)]
     assert len(oracle) == 2
     from megablu.config import load_config
@@ -318,8 +319,8 @@ def test_oracle_arm_runs_the_oracle_on_native_inside_its_window(tmp_path, pieces
 def test_faithful_runs_every_part_side_by_side_then_one_compare(tmp_path, pieces):
     """ARM=faithful (issue 40's re-measure in one call after prep): native 4096/8192 inside its window, YaRN x4 at
     16384 and at 32768 (three groups), the oracle at 4096 and 8192 (native) and at 16384 and 32768 (YaRN x4),
-    a part per length, as background parts; the compare after every eval, over both arms; what comes back fits the call (the
-    joined report, one tarball with each part's files)."""
+    a part per length, as background parts; the compare after every eval, over both arms; what comes back
+    fits the call (the joined report, one tarball with each part's files)."""
     import tarfile
 
     prefix, _ = pieces
