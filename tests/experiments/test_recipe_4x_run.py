@@ -34,9 +34,11 @@ case "$*" in
     mkdir -p "$to"
     case "$to" in */eval/*) echo '{}' > "$to/step_0.json" ;; *) touch "$to/model.safetensors" ;; esac ;;
   "deepspeed "*)   # a session that stopped with a checkpoint at REHEARSE_STEP (checkpoint.keep 1)
-    runs=; name=; while [ $# -gt 0 ]; do case "$1" in runs_dir=*) runs=${1#runs_dir=} ;; name=*) name=${1#name=} ;; esac; shift; done
+    runs=; name=
+    while [ $# -gt 0 ]; do case "$1" in runs_dir=*) runs=${1#runs_dir=} ;; name=*) name=${1#name=} ;; esac; shift; done
     run=$runs/$name-0001; rm -rf "$run/checkpoints"; ck=$run/checkpoints/$(printf 'step_%07d' "$REHEARSE_STEP")
-    mkdir -p "$ck/ds"; touch "$ck/model.safetensors" "$ck/ds/mp_rank_00_model_states.pt"; echo '{}' > "$ck/manifest.json"
+    mkdir -p "$ck/ds"; touch "$ck/model.safetensors" "$ck/ds/mp_rank_00_model_states.pt"
+    echo '{}' > "$ck/manifest.json"
     echo "step,loss" > "$run/metrics.csv"; echo '{}' > "$run/mixture.json" ;;
 esac
 exit 0
@@ -261,7 +263,8 @@ def test_eval_runs_the_longest_first_and_skips_cells_already_done(tmp_path, piec
     for name in list((dev / "eval").iterdir()):
         shutil.rmtree(name)
     evals = _evals(_call(tmp_path, prefix, "g", STEP="eval", ARM="long_only", K="0", LENGTHS="32768 8192"))
-    assert list(evals) == [f"long_only_s0_{c}" for c in ("suite_32768", "passkey_32744", "suite_8192", "needle_32744", "needle_8168", "passkey_8168")]
+    order = ("suite_32768", "passkey_32744", "suite_8192", "needle_32744", "needle_8168", "passkey_8168")
+    assert list(evals) == [f"long_only_s0_{c}" for c in order]
 
 
 def test_eval_refuses_a_training_that_has_not_finished(tmp_path, pieces):
@@ -308,7 +311,8 @@ def test_controls_native_in_its_window_then_untrained_yarn_static_and_length_awa
             assert cfg.rope.yarn.apply == ("beyond_original" if beyond else "always")
             assert "rope_override" in _rope_against_checkpoint(ns, cfg)
     names = _tar_names(tmp_path / "out_b" / "results_controls.tar.gz")
-    assert "eval/native_suite_8192/step_0.json" in names and "eval/yarn_untrained_beyond_needle_32744/step_0.json" in names
+    assert "eval/native_suite_8192/step_0.json" in names
+    assert "eval/yarn_untrained_beyond_needle_32744/step_0.json" in names
 
 
 @pytest.mark.parametrize(
@@ -327,3 +331,21 @@ def test_a_wrong_knob_exits_2_naming_it_before_anything_runs(tmp_path, pieces, k
     r = _run(tmp_path, prefix, "x", **knobs)
     assert r.returncode == 2 and all(s in r.stderr for s in says), r.stderr
     assert not (tmp_path / "cmds_x.log").exists() and not (tmp_path / "dev").exists()
+
+
+def test_prep_of_another_training_on_the_same_machine_replaces_its_synthetic_set(tmp_path, pieces):
+    """The synthetic set is the training's (--seed K): a set of another seed is rebuilt (megablu replaces it
+    once the new one is complete), the corpus is not unpacked again, the same seed is not rebuilt."""
+    prefix, _ = pieces
+    dev = tmp_path / "dev"
+    cmds = _call(tmp_path, prefix, "a", STEP="prep", ARM="recipe_evallike", K="0")
+    (synth,) = [parse_command(c)[1] for c in cmds if c[3:5] == ["data", "synth"]]
+    assert (synth.profile, synth.seed, synth.overwrite) == ("kv", 0, False) and synth.out == f"{dev}/synth_evallike"
+    (dev / "synth_evallike").mkdir()
+    (dev / "synth_evallike" / "manifest.json").write_text("{}")  # what the build left
+    assert not any(
+        c[3:5] == ["data", "synth"] for c in _call(tmp_path, prefix, "b", STEP="prep", ARM="recipe_evallike", K="0")
+    )
+    cmds = _call(tmp_path, prefix, "c", STEP="prep", ARM="recipe_evallike", K="2")
+    (synth,) = [parse_command(c)[1] for c in cmds if c[3:5] == ["data", "synth"]]
+    assert (synth.seed, synth.overwrite) == (2, True) and not any("unpack" in c for c in cmds)
