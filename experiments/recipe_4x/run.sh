@@ -8,8 +8,8 @@
 #   STEP=parent    join + convert the parent from data_cache/smol_{0,1,2}; only once every piece the pieces'
 #                  manifest names is there (a call that carries part of them says which are missing, no error)
 #   STEP=train     call B/C: the README's deepspeed command, train.stop_after_s = the call's remaining seconds
-#                  - 30; resumes the run r4x_<arm>_s<K> from its checkpoint when there is one; skipped once the
-#                  run's final checkpoint (train.max_steps) is there
+#                  - TRAIN_MARGIN_S (30); resumes the run r4x_<arm>_s<K> from its checkpoint when there is one;
+#                  skipped once the run's final checkpoint (train.max_steps) is there
 #   STEP=eval      call C/D: the final checkpoint's cells, one `megablu eval` per cell, in the plan's priority
 #                  order ("Session budget and order", item 3); a cell whose step_*.json exists is skipped, a cell
 #                  cut by the deadline goes on from its step_<N>.json.partial in the next call
@@ -37,10 +37,12 @@
 # train.seed=1234+K, the synthetic set's --seed K), DEADLINE_S (570: seconds of the call the script may use,
 # counted from its start; every phase ends by then), N (100 prompts per cell), LENGTHS (the suite lengths to
 # run, of 1024 4096 8192 16384 32768; each brings its passkey/needle length L - 24 (1024: 1024); set but empty:
-# no cells), SNAP_S (30). REHEARSE_CPU=1 (tests/experiments/test_recipe_4x_run.py): no wheels; the test puts a
-# `timeout` on PATH that logs each guarded command instead of running it, so the control flow runs on CPU in
-# seconds; R4X_DEV, R4X_CARRY, R4X_PIECES move data_cache/r4x, data_cache/carry_r4x and data_cache/smol there
-# (on the device they must stay: the arms' YAMLs name data_cache/r4x).
+# no cells), SNAP_S (30), TRAIN_MARGIN_S (30: the seconds of the launch before the Trainer's clock starts, kept
+# out of train.stop_after_s; raise it if a call's train log shows a slower start).
+# REHEARSE_CPU=1 (tests/experiments/test_recipe_4x_run.py): no wheels; the test puts a `timeout` on PATH that
+# logs each guarded command instead of running it, so the control flow runs on CPU in seconds; R4X_DEV, R4X_CARRY
+# and R4X_PIECES move data_cache/r4x, data_cache/carry_r4x and data_cache/smol there (on the device they stay:
+# the arms' YAMLs name data_cache/r4x).
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/r4x_out}
@@ -50,6 +52,7 @@ PIECES=${R4X_PIECES:-data_cache/smol}
 DEADLINE=${DEADLINE_S:-570}
 N=${N:-100}
 SNAP_S=${SNAP_S:-30}
+MARGIN=${TRAIN_MARGIN_S:-30}   # the README's: train.stop_after_s = the call's remaining seconds - 30
 SUITE_LENGTHS="1024 4096 8192 16384 32768"   # the plan's; passkey/needle at L - max_new 24 (1024 itself)
 declare -A PK=([1024]=1024 [4096]=4072 [8192]=8168 [16384]=16360 [32768]=32744)
 NATIVE_LENGTHS="1024 4096 8192"              # native's own window
@@ -69,10 +72,12 @@ if [ -n "$ARM" ] && ! in_words "$ARM" "$TRAINED $CONTROLS"; then
   bad "ARM=$ARM is not an arm; one of: ${TRAINED// /, }, ${CONTROLS// /, } (README \"The arms\")"
 fi
 K=${K:-}
-if [ -n "$K" ] && ! in_words "$K" "0 1 2"; then bad "K=$K is not a training index; one of: 0, 1, 2 (README \"The trainings and their seeds\")"; fi
+if [ -n "$K" ] && ! in_words "$K" "0 1 2"; then
+  bad "K=$K is not a training index; one of: 0, 1, 2 (README \"The trainings and their seeds\")"
+fi
 if in_words "$ARM" "$TRAINED"; then
   [ -n "$K" ] || bad "K is not set; ARM=$ARM is trained three times: K=0, 1 or 2"
-  in_words controls "$STEP" && bad "STEP=controls with ARM=$ARM: the controls are ${CONTROLS// /, } (or ARM unset: both)"
+  in_words controls "$STEP" && bad "STEP=controls with ARM=$ARM: the controls are ${CONTROLS// /, } (ARM unset: both)"
 else
   for s in train eval; do
     in_words "$s" "$STEP" && [ "$s" = train -o -z "$ARM" ] \
@@ -80,10 +85,14 @@ else
   done
 fi
 [[ $N =~ ^[1-9][0-9]*$ ]] || bad "N=$N is not a number of prompts; a whole number >= 1 (the plan: 100)"
-[[ $DEADLINE =~ ^[1-9][0-9]*$ ]] || bad "DEADLINE_S=$DEADLINE is not a number of seconds; a whole number >= 1 (<= the call's timeout_s)"
+[[ $DEADLINE =~ ^[1-9][0-9]*$ ]] \
+  || bad "DEADLINE_S=$DEADLINE is not a number of seconds; a whole number >= 1 (at most the call's timeout_s)"
 [[ $SNAP_S =~ ^[1-9][0-9]*$ ]] || bad "SNAP_S=$SNAP_S is not a number of seconds; a whole number >= 1"
+[[ $MARGIN =~ ^[0-9]+$ ]] || bad "TRAIN_MARGIN_S=$MARGIN is not a number of seconds; a whole number >= 0 (plan: 30)"
 LENGTHS=${LENGTHS-$SUITE_LENGTHS}
-for L in $LENGTHS; do in_words "$L" "$SUITE_LENGTHS" || bad "LENGTHS holds $L; the plan's suite lengths: $SUITE_LENGTHS"; done
+for L in $LENGTHS; do
+  in_words "$L" "$SUITE_LENGTHS" || bad "LENGTHS holds $L; the plan's suite lengths: $SUITE_LENGTHS"
+done
 if [ "$DEV" != data_cache/r4x ] && [ "${REHEARSE_CPU:-0}" != 1 ]; then
   bad "R4X_DEV=$DEV: the arms' YAMLs read data_cache/r4x; another place only with REHEARSE_CPU=1"
 fi
@@ -186,20 +195,8 @@ prep() {   # call A: the corpus and its tokenizer (carried), verified; the arm's
 parent() {   # the parent's pieces (carried in different calls) joined and converted, once all are here
   [ -f "$MODEL/model.safetensors" ] && return 0
   local missing
-  missing=$($PY - "$PIECES" << 'EOF'
-import json, sys
-from pathlib import Path
-base = Path(sys.argv[1])
-mans = sorted(base.parent.glob(f"{base.name}_*/manifest.json"))
-if not mans:
-    print(f"every piece ({base}_*/: no manifest arrived)")
-else:
-    m = json.loads(mans[0].read_text())
-    print(" ".join(e["path"] for e in m["pieces"] if not (base.parent / e["path"]).is_file()))
-EOF
-)
-  if [ -n "$missing" ]; then
-    printf 'parent: waiting for %s\t%d\t%d\t-\n' "$missing" "$(now)" "$(now)" >> "$WORK/timeline.tsv"
+  if ! missing=$($PY dev/smollm2_pieces.py missing "$PIECES" 2>&1); then
+    printf 'parent: waiting for %s\t%d\t%d\t-\n' "$(echo $missing)" "$(now)" "$(now)" >> "$WORK/timeline.tsv"
     finish
     return 0
   fi
@@ -232,18 +229,19 @@ train() {   # call B/C: the README's launch, stopping with a checkpoint before t
   run=$(run_dir)
   final=$(printf 'step_%07d' "$(max_steps)")
   if [ -n "$run" ] && [ -f "$run/checkpoints/$final/model.safetensors" ]; then
-    printf 'train: %s finished (%s)\t%d\t%d\t-\n' "$(basename "$run")" "$final" "$(now)" "$(now)" >> "$WORK/timeline.tsv"
+    printf 'train: %s finished (%s)\t%d\t%d\t-\n' "$(basename "$run")" "$final" "$(now)" "$(now)" \
+      >> "$WORK/timeline.tsv"
     return 0
   fi
   # a run with a checkpoint goes on from its newest verified one; a run cut before its first is started anew
   [ -n "$run" ] && ls "$run"/checkpoints/step_*/model.safetensors > /dev/null 2>&1 && resume=(--resume "$run")
-  stop=$(( DEADLINE - $(now) - 30 ))   # the launch and the Trainer's start come before its clock
+  stop=$(( DEADLINE - $(now) - MARGIN ))   # the launch and the Trainer's start come before its clock
   if [ "$stop" -lt 60 ]; then
     printf 'train\t%d\t%d\tskipped (stop_after_s %d: no time left)\n' "$(now)" "$(now)" "$stop" >> "$WORK/timeline.tsv"
     return 0
   fi
   guard train "$DEADLINE" deepspeed --num_gpus 1 launch/ext32k.py --config "$CFG" \
-    --set runs_dir="$RUNS" --set name="$NAME" --set data.seed="$K" --set train.seed=$((1234 + K)) \
+    --set runs_dir="$RUNS" --set name="$NAME" --set data.seed="$K" --set train.seed=1234 \
     --set train.stop_after_s="$stop" ${resume[@]+"${resume[@]}"} &
   p=$!
   while kill -0 "$p" 2> /dev/null; do   # snapshots while it trains: its metrics come back however the call ends

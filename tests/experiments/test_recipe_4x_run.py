@@ -89,7 +89,8 @@ def _run(tmp_path: Path, prefix: Path, call: str, **knobs: str) -> subprocess.Co
     (fake / "timeout").chmod(0o755)
     log = tmp_path / f"cmds_{call}.log"
     log.unlink(missing_ok=True)
-    keep = {k: v for k, v in os.environ.items() if k not in ("STEP", "ARM", "K", "LENGTHS", "N", "DEADLINE_S")}
+    knob_names = ("STEP", "ARM", "K", "LENGTHS", "N", "DEADLINE_S", "TRAIN_MARGIN_S", "SNAP_S")
+    keep = {k: v for k, v in os.environ.items() if k not in knob_names}
     env = {
         **keep,
         "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}",
@@ -324,6 +325,7 @@ def test_controls_native_in_its_window_then_untrained_yarn_static_and_length_awa
         (dict(STEP="evaluate", ARM="recipe", K="0"), ["STEP=evaluate", "prep parent train eval controls"]),
         (dict(STEP="train", ARM="native"), ["STEP=train", "ARM=native", "long_only"]),
         (dict(STEP="eval", ARM="recipe", K="0", LENGTHS="32640"), ["LENGTHS holds 32640", "32768"]),
+        (dict(STEP="train", ARM="recipe", K="0", TRAIN_MARGIN_S="half"), ["TRAIN_MARGIN_S=half", "(plan: 30)"]),
     ],
 )
 def test_a_wrong_knob_exits_2_naming_it_before_anything_runs(tmp_path, pieces, knobs, says):
