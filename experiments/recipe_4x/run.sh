@@ -241,7 +241,7 @@ train() {   # call B/C: the README's launch, stopping with a checkpoint before t
     return 0
   fi
   guard train "$DEADLINE" deepspeed --num_gpus 1 launch/ext32k.py --config "$CFG" \
-    --set runs_dir="$RUNS" --set name="$NAME" --set data.seed="$K" --set train.seed=1234 \
+    --set runs_dir="$RUNS" --set name="$NAME" --set data.seed="$K" --set train.seed=$((1234 + K)) \
     --set train.stop_after_s="$stop" ${resume[@]+"${resume[@]}"} &
   p=$!
   while kill -0 "$p" 2> /dev/null; do   # snapshots while it trains: its metrics come back however the call ends
