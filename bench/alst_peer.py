@@ -186,7 +186,8 @@ def check_on_cpu(attention: str = "sdpa", softmax_scale: float | None = None) ->
     torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
     for (n, p), q in zip(ref.named_parameters(), peer.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=lambda m: f"{n}: {m}")
-    print(f"{impl_name(attention)} peer == plain HF: loss {float(a.detach()):.6f}, {sum(1 for _ in ref.parameters())} grads equal")
+    n_grads = sum(1 for _ in ref.parameters())
+    print(f"{impl_name(attention)} peer == plain HF: loss {float(a.detach()):.6f}, {n_grads} grads equal")
 
 
 def main() -> int:
