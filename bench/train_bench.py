@@ -92,10 +92,11 @@ def build(impl: str, mode: str, T: int, loss_chunk: int, ops: str = "auto", mlp_
     if impl == "megablu":
         m = apply_memory(BluModel(BLU05B, rope), MemoryConfig(ops=ops, **memory_fields(mode, loss_chunk, mlp_tiles)))
         return m.to(device, torch.bfloat16)
-    if impl == "alst":  # the ALST-style peer (bench/alst_peer.py)
+    if impl.startswith("alst"):  # the ALST-style peer (bench/alst_peer.py): "alst" (SDPA) or "alst+fa4"
         import alst_peer
 
-        return alst_peer.build(BLU05B, rope, "cuda", torch.bfloat16, max_position=T).train()
+        attention = alst_peer.attention_of(impl)
+        return alst_peer.build(BLU05B, rope, "cuda", torch.bfloat16, max_position=T, attention=attention).train()
     import transformers
 
     from megablu.model.hf import hf_config_dict
@@ -112,7 +113,7 @@ def step(model, impl: str, ids: torch.Tensor):
     if impl == "megablu":
         s, n = model(ids, labels=ids)
         loss = s / n
-    elif impl == "alst":
+    elif impl.startswith("alst"):
         import alst_peer
 
         loss = alst_peer.tiled_loss(model, ids)
