@@ -8,7 +8,8 @@ only its answer prefix singular. This runs megablu's own task, same needles and 
       --ckpt /tmp/rl/smollm2_blu --set rope.yarn=null --set data.window=8192 --set train.device=cpu \\
       --set train.dtype=fp32 --lengths 4096 --n 50 ruler_niah_single_3
 
-prints one line per wording and task: correct / n with its Wilson interval, and the paired difference.
+prints one line per arm and task: correct / n with its Wilson interval. --arms lm_eval_like also starts the
+essay haystack at the essays' first word, as RULER's niah.py and lm-eval do (megablu draws a window per prompt).
 """
 
 from __future__ import annotations
@@ -33,6 +34,21 @@ def lm_eval_wording(full: str, type_needle_v: str) -> tuple[str, str]:
     return full[:cut] + answer, type_needle_v
 
 
+ARMS = {
+    # name: (the question's wording, the essay haystack's start)
+    "ruler": ("RULER", "drawn"),  # megablu's ruler_* task as it is
+    "lm_eval_wording": ("lm-eval", "drawn"),
+    "lm_eval_like": ("lm-eval", "start"),  # and the haystack from the essays' first word, as RULER's niah.py
+}
+
+
+class _Start:
+    """An rng whose every offset is 0: the essay haystack from its start (RULER: haystack[:num_haystack])."""
+
+    def randrange(self, n):
+        return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("tasks", nargs="+")
@@ -41,6 +57,7 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--lengths", type=int, nargs="+", required=True)
     ap.add_argument("--n", type=int, default=50)
+    ap.add_argument("--arms", nargs="+", default=["ruler", "lm_eval_wording"], choices=sorted(ARMS))
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
@@ -49,36 +66,28 @@ def main(argv=None) -> int:
 
     import megablu.eval.ruler.niah as niah
     from megablu.eval.lm_eval_adapter import load_for_eval
-    from megablu.eval.stats import newcombe, wilson
+    from megablu.eval.stats import wilson
 
     model, tok, cfg, _ = load_for_eval(args.config, args.ckpt, None, args.set, False)
     docs, _ = ruler_oracle.essay_docs(None)
-    res = {}
-    ruler_singular = niah.singular
-    for name, fn in (("RULER (megablu)", ruler_singular), ("lm-eval", lm_eval_wording)):
-        niah.singular = fn
-        try:
-            res[name] = ruler_oracle.run_megablu(model, tok, cfg, args.tasks, args.lengths, args.n, docs, 16384)
-        finally:
-            niah.singular = ruler_singular
+    ruler_singular, ruler_rng = niah.singular, niah.RulerNiah.rng
+
+    def start_rng(self, tag, *key):
+        return _Start() if tag == "offset" else ruler_rng(self, tag, *key)
+
     rows = []
-    for (task, L), (k1, n1) in res["RULER (megablu)"].items():
-        k2, n2 = res["lm-eval"][(task, L)]
-        d = newcombe(k1, n1, k2, n2)
-        rows.append(
-            {
-                "task": task,
-                "length": L,
-                "ruler": [k1, n1, *wilson(k1, n1)],
-                "lm_eval_wording": [k2, n2, *wilson(k2, n2)],
-                "diff": [d.diff, d.lo, d.hi],
-            }
-        )
-        print(
-            f"{task}@{L}: RULER wording {k1}/{n1} [{100 * wilson(k1, n1)[1]:.1f}, {100 * wilson(k1, n1)[2]:.1f}]"
-            f"; lm-eval wording {k2}/{n2} [{100 * wilson(k2, n2)[1]:.1f}, {100 * wilson(k2, n2)[2]:.1f}]"
-            f"; RULER - lm-eval {100 * d.diff:+.1f} pp [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}] (unpaired)"
-        )
+    for arm in args.arms:
+        wording, start = ARMS[arm]
+        niah.singular = lm_eval_wording if wording == "lm-eval" else ruler_singular
+        niah.RulerNiah.rng = start_rng if start == "start" else ruler_rng
+        try:
+            res = ruler_oracle.run_megablu(model, tok, cfg, args.tasks, args.lengths, args.n, docs, 16384)
+        finally:
+            niah.singular, niah.RulerNiah.rng = ruler_singular, ruler_rng
+        for (task, L), (k, n) in res.items():
+            _, lo, hi = wilson(k, n)
+            rows.append({"arm": arm, "wording": wording, "haystack": start, "task": task, "length": L, "k": k, "n": n})
+            print(f"{task}@{L} {arm} ({wording} wording, haystack {start}): {k}/{n} [{100 * lo:.1f}, {100 * hi:.1f}]")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
     return 0
