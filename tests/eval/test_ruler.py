@@ -256,6 +256,19 @@ def test_niah_essay_multi_and_singular_texts(byte_tok):
         ), (task, found)
 
 
+def test_essay_needles_go_between_sentences_not_inside_a_dotted_word(byte_tok):
+    """A '.' inside '2.3', 'os.path' or 'e.g.x' ends no sentence: every needle follows '. ', '! ' or '? ' and is
+    followed by a space (RULER splits the essay into sentences and inserts between them)."""
+    essay = "Version 2.3 of os.path came out. It was fast, e.g.x was. Was it good? Yes! " * 300
+    b = _b("ruler_niah_multivalue", byte_tok, n=12, essay=essay)  # 4 needles a prompt
+    for index in range(12):
+        p = b.build(3000, index)
+        text = byte_tok.decode(list(p.ids))
+        for m in re.finditer(r"One of the special magic numbers for [\w-]+ is: \d+\.", text):
+            before, after = text[m.start() - 2 : m.start()], text[m.end() : m.end() + 1]
+            assert before in (". ", "! ", "? ") and after in (" ", "\n"), (index, text[m.start() - 30 : m.end() + 10])
+
+
 def test_vt_text_is_rulers(byte_tok):
     p = _b("ruler_vt", byte_tok).build(3000, 0)
     text = byte_tok.decode(list(p.ids))

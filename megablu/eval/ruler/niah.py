@@ -29,14 +29,22 @@ SNAP = 64  # tokens searched either side of a target position for a sentence end
 
 
 class EssayStream:
-    """The essay text as one token stream and, per token, whether a sentence ends with it."""
+    """The essay text as one token stream and, per token, whether a sentence ends with it: the token ends in
+    . ! or ? and the next one starts with whitespace (RULER places needles between the sentences of its
+    split, niah.py lines 155-166; '2.3', 'os.path' or 'e.g.' followed by a word do not end one)."""
 
     def __init__(self, tokenizer: TokenizerLike, text: str):
         self.ids = tokenizer.encode(text)
         if len(self.ids) < 2:
             raise EvalError("the RULER essay haystack encodes to fewer than 2 tokens")
-        ends = {t: tokenizer.decode([t]).rstrip().endswith((".", "!", "?")) for t in set(self.ids)}
-        self.end = [ends[t] for t in self.ids]
+        pieces = {t: tokenizer.decode([t]) for t in set(self.ids)}
+        punct = {t: p.rstrip().endswith((".", "!", "?")) for t, p in pieces.items()}
+        space = {t: p[:1].isspace() for t, p in pieces.items()}
+        N = len(self.ids)  # the stream wraps round (window), so the last token's next is the first
+        self.end = [
+            punct[t] and (pieces[t] != pieces[t].rstrip() or space[self.ids[(i + 1) % N]])
+            for i, t in enumerate(self.ids)
+        ]
 
     def window(self, off: int, count: int) -> tuple[list[int], list[bool]]:
         """count tokens from off, wrapping round the stream (RULER repeats its essays when a length needs
