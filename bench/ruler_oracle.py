@@ -242,40 +242,41 @@ def run_lm_eval(
     from lm_eval.tasks import TaskManager
 
     out: dict = {}
-    for L in lengths:
-        tm = TaskManager(metadata={"max_seq_lengths": [L]})  # indexes lm-eval's task folders once per length
-        for t in lm_tasks:
-            t0 = time.perf_counter()
-            # lm-eval's RULER code prints progress on stdout (nltk's download notice, vt's noise search):
-            # stdout is this script's table
-            with contextlib.redirect_stdout(sys.stderr), capped_samples(n, built):
-                res = lm_eval.simple_evaluate(
-                    model=lm,
-                    tasks=[t],
-                    limit=n,
-                    log_samples=True,
-                    task_manager=tm,
-                    bootstrap_iters=0,
-                    apply_chat_template=chat,
+    with capped_samples(n, built):
+        for L in lengths:
+            tm = TaskManager(metadata={"max_seq_lengths": [L]})  # indexes lm-eval's task folders once per length
+            for t in lm_tasks:
+                t0 = time.perf_counter()
+                # lm-eval's RULER code prints progress on stdout (nltk's download notice, vt's noise search):
+                # stdout is this script's table
+                with contextlib.redirect_stdout(sys.stderr):
+                    res = lm_eval.simple_evaluate(
+                        model=lm,
+                        tasks=[t],
+                        limit=n,
+                        log_samples=True,
+                        task_manager=tm,
+                        bootstrap_iters=0,
+                        apply_chat_template=chat,
+                    )
+                samples = res["samples"][t]
+                scores = [s[str(L)] for s in samples]
+                out[(t, L)] = (sum(scores), len(scores))
+                # the first few answers beside their targets: what a 0% (or a disagreement) looks like
+                examples[(t, L)] = [
+                    {"target": s["target"], "response": s["filtered_resps"][0], "score": s[str(L)]}
+                    for s in samples[:EXAMPLES]
+                ]
+                log.info(
+                    "lm-eval %s@%d: %.1f%% of %d in %.1fs",
+                    t,
+                    L,
+                    100 * sum(scores) / max(1, len(scores)),
+                    len(scores),
+                    time.perf_counter() - t0,
                 )
-            samples = res["samples"][t]
-            scores = [s[str(L)] for s in samples]
-            out[(t, L)] = (sum(scores), len(scores))
-            # the first few answers beside their targets: what a 0% (or a disagreement) looks like
-            examples[(t, L)] = [
-                {"target": s["target"], "response": s["filtered_resps"][0], "score": s[str(L)]}
-                for s in samples[:EXAMPLES]
-            ]
-            log.info(
-                "lm-eval %s@%d: %.1f%% of %d in %.1fs",
-                t,
-                L,
-                100 * sum(scores) / max(1, len(scores)),
-                len(scores),
-                time.perf_counter() - t0,
-            )
-            if on_cell is not None:
-                on_cell(out)
+                if on_cell is not None:
+                    on_cell(out)
     return out
 
 

@@ -1,4 +1,5 @@
-"""Checks shared by the device scripts' CPU rehearsals (tests/test_bench_issue14.py, tests/test_bench_ruler.py).
+"""Checks shared by the device scripts' CPU rehearsals (tests/test_bench_issue14.py, tests/test_bench_ruler.py,
+tests/experiments/test_recipe_4x_run.py).
 
 A script run with REHEARSE_CPU=1 finds a `timeout` on PATH that logs each guarded command instead of
 running it; what the logged commands would meet first on the device is checked here: the config with its
@@ -73,6 +74,16 @@ def parse_command(c: Command) -> Optional[tuple[str, argparse.Namespace]]:
         return prog, parser.parse_args(rest)
     except SystemExit:  # argparse has written the reason to stderr
         raise AssertionError(f"{prog} refuses the arguments of: {shlex.join(words)}") from None
+
+
+def evals_by_out(cmds: Sequence[Command]) -> dict:
+    """{--out's name: parsed arguments} of the logged `megablu eval` commands, in the order they ran."""
+    out = {}
+    for c in cmds:
+        if _words(c)[1:4] == ["-m", "megablu.cli", "eval"]:
+            ns = parse_command(c)[1]
+            out[Path(ns.out).name] = ns
+    return out
 
 
 def eval_problems_of(ns: argparse.Namespace) -> list[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench_rehearse import assert_configs_load, eval_problems_of, parse_command
+from tests.bench_rehearse import assert_configs_load, eval_problems_of, evals_by_out as _evals, parse_command
 
 pytestmark = pytest.mark.bench
 
@@ -94,16 +94,6 @@ def _call(tmp_path: Path, dev: Path, prefix: Path, arm: str, rc: int = 0, **knob
     for c in cmds:
         parse_command(c)
     return cmds
-
-
-def _evals(cmds) -> dict:
-    """{--out's name: parsed arguments} of the `megablu eval` commands."""
-    out = {}
-    for c in cmds:
-        if c[1:4] == ["-m", "megablu.cli", "eval"]:
-            ns = parse_command(c)[1]
-            out[Path(ns.out).name] = ns
-    return out
 
 
 def _window(ns) -> int:

@@ -21,6 +21,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -70,11 +71,8 @@ def main(argv=None) -> int:
     rows = []
     for arm in args.arms:
         start = ARMS[arm]
-        niah.RulerNiah.rng = start_rng if start == "start" else ruler_rng
-        try:
+        with mock.patch.object(niah.RulerNiah, "rng", start_rng if start == "start" else ruler_rng):
             res = ruler_oracle.run_megablu(model, tok, cfg, args.tasks, args.lengths, args.n, docs, 16384)
-        finally:
-            niah.RulerNiah.rng = ruler_rng
         for (task, L), (k, n) in res.items():
             _, lo, hi = wilson(k, n)
             rows.append({"arm": arm, "haystack": start, "task": task, "length": L, "k": k, "n": n})

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench_rehearse import assert_configs_load, eval_problems_of, parse_command
+from tests.bench_rehearse import assert_configs_load, eval_problems_of, evals_by_out as _evals, parse_command
 
 pytestmark = pytest.mark.bench
 
@@ -146,16 +146,6 @@ def _call(tmp_path: Path, prefix: Path, call: str, rc: int = 0, **knobs: str) ->
             assert c[1:4] == ["--num_gpus", "1", "launch/ext32k.py"], c  # the README's launch form
             _parse_train(c[4:])
     return cmds
-
-
-def _evals(cmds) -> dict:
-    """{--out's name: parsed arguments} of the `megablu eval` commands, in the order they ran."""
-    out = {}
-    for c in cmds:
-        if c[1:4] == ["-m", "megablu.cli", "eval"]:
-            ns = parse_command(c)[1]
-            out[Path(ns.out).name] = ns
-    return out
 
 
 def _trains(cmds) -> list[argparse.Namespace]:
