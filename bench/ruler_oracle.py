@@ -110,6 +110,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--batch-tokens", type=int, help="as `megablu eval` (default 262144 on a GPU, 16384 on a CPU)")
     p.add_argument("--out", help="write the cells as JSON here")
+    p.add_argument(
+        "--lm-eval-from",
+        action="append",
+        default=[],
+        metavar="JSON",
+        help="an earlier --out file (repeatable) whose lm-eval cells (same n, chat template and essays) stand "
+        "in for running lm-eval again: its side does not depend on megablu's code, so a megablu fix re-runs "
+        "megablu's side only, and a run cut short resumes where it stopped",
+    )
     return p
 
 
@@ -218,6 +227,36 @@ def capped_samples(n: int, built: dict):
             _patch_ruler_modules(fn_name, orig, home)
 
 
+def reused_lm_eval(paths: list[str], n: int, chat: bool, essays: str) -> tuple[dict, dict, dict]:
+    """lm-eval's cells from earlier --out files -> ({(lm-eval task, L): (score, samples)}, {(task, L):
+    examples}, {"task@L": path}). A file scored with another n, chat template or essay haystack is refused
+    (its cells measured another thing); the same cell in two files too."""
+    cells: dict = {}
+    examples: dict = {}
+    where: dict = {}
+    for path in paths:
+        rec = json.loads(Path(path).read_text())
+        differs = [
+            f"{k} {rec.get(k)!r} (this run: {v!r})"
+            for k, v in (("n", n), ("chat_template", chat), ("essays", essays))
+            if rec.get(k) != v
+        ]
+        if differs:
+            why = "; ".join(differs)
+            raise SystemExit(f"ruler_oracle --lm-eval-from {path}: its lm-eval cells differ from this run: {why}")
+        for r in rec["cells"]:
+            key = (r["lm_eval_task"], r["length"])
+            if key in cells:
+                name = f"{key[0]}@{key[1]}"
+                raise SystemExit(f"ruler_oracle --lm-eval-from: {name} is in both {where[name]} and {path}")
+            cells[key] = (r["lm_eval"][0], r["lm_eval"][1])
+            where[f"{key[0]}@{key[1]}"] = path
+            ex = (rec.get("lm_eval_examples") or {}).get(f"{key[0]}@{key[1]}")
+            if ex is not None:
+                examples[key] = ex
+    return cells, examples, where
+
+
 def run_lm_eval(
     lm,
     lm_tasks: list[str],
@@ -227,6 +266,7 @@ def run_lm_eval(
     examples: dict | None = None,
     built: dict | None = None,
     on_cell=None,
+    have: dict | None = None,
 ) -> dict:
     """{(lm-eval task, L): (summed score, samples)}: one lm-eval run per task and length, its generators
     capped at n samples (capped_samples; --limit n scores them). chat: lm-eval's apply_chat_template, on
@@ -241,11 +281,15 @@ def run_lm_eval(
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    out: dict = {}
+    out: dict = {k: v for k, v in (have or {}).items() if k[0] in lm_tasks and k[1] in lengths}
     with capped_samples(n, built):
         for L in lengths:
+            if all((t, L) in out for t in lm_tasks):
+                continue
             tm = TaskManager(metadata={"max_seq_lengths": [L]})  # indexes lm-eval's task folders once per length
             for t in lm_tasks:
+                if (t, L) in out:
+                    continue
                 t0 = time.perf_counter()
                 # lm-eval's RULER code prints progress on stdout (nltk's download notice, vt's noise search):
                 # stdout is this script's table
@@ -444,7 +488,7 @@ def main(argv=None, model=None, tok=None, cfg=None) -> int:
     from megablu.eval.ruler.chat import Chat
 
     chat = Chat(tok, cfg.eval.chat_template, "oracle").on
-    examples: dict = {}
+    have, examples, reused = reused_lm_eval(args.lm_eval_from, args.n, chat, source)
     built: dict = {}
 
     def write(lm_cells: dict, complete: bool) -> tuple[list, list]:
@@ -461,8 +505,9 @@ def main(argv=None, model=None, tok=None, cfg=None) -> int:
                 "cells": rows,
                 "means": means,
                 "megablu_cells": [[t, L, k, m] for (t, L), (k, m) in mb.items()],
-                "lm_eval_examples": {f"{t}@{L}": ex for (t, L), ex in examples.items()},
+                "lm_eval_examples": {f"{t}@{L}": ex for (t, L), ex in examples.items() if (t, L) in lm_cells},
                 "lm_eval_samples_built": built,
+                "lm_eval_reused_from": {f"{t}@{L}": reused[f"{t}@{L}"] for t, L in lm_cells if f"{t}@{L}" in reused},
             }
             tmp = Path(str(args.out) + ".tmp")
             tmp.write_text(json.dumps(record, indent=1))
@@ -478,6 +523,7 @@ def main(argv=None, model=None, tok=None, cfg=None) -> int:
         examples=examples,
         built=built,
         on_cell=lambda cells: write(cells, False),
+        have=have,
     )
     rows, means = write(lmres, True)
     print(table(rows, means))

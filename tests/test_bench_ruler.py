@@ -361,3 +361,48 @@ def test_faithful_skips_an_oracle_part_whose_lengths_are_set_empty(tmp_path, pie
     assert sorted(lengths, key=int) == ["4096", "8192"]
     report = (tmp_path / "out_faithful" / "report_faithful.md").read_text()
     assert "## part oracle_4096\n" in report and "## part oracle_16384" not in report
+
+
+def test_faithful_measures_a_subset_again_beside_the_first_cells(tmp_path, pieces):
+    """After a fix to some tasks: RULER_TASKS runs only those, into eval dirs tagged EVAL_TAG (the first dirs
+    stay, and are skipped by no one); the oracle parts split ORACLE_CHUNK tasks a part and reuse the lm-eval
+    cells of ORACLE_REUSE's files; no compare on the device (the tagged and first dirs share cells: that
+    join is rerun_join.py's, here)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import ruler_oracle
+
+    prefix, _ = pieces
+    dev = tmp_path / "dev"
+    _call(tmp_path, dev, prefix, "prep")
+    essay = "ruler_niah_single_2 ruler_niah_single_3 ruler_niah_multikey_1 ruler_niah_multivalue ruler_niah_multiquery"
+    knobs = {
+        "RULER_TASKS": essay,
+        "EVAL_TAG": "_fix",
+        "ORACLE_SHORT": "",
+        "ORACLE_LONG": "16384",
+        "ORACLE_TASKS_16384": "ruler_niah_single_2 ruler_niah_single_3 ruler_vt",
+        "ORACLE_CHUNK": "2",
+        "ORACLE_REUSE": "r/a.json r/b.json",
+    }
+    cmds = _call(tmp_path, dev, prefix, "faithful", SUITE="ruler", SNAP_S="1", **knobs)
+    evals = _evals(cmds)
+    assert sorted(evals) == [
+        "rnative_fix_4096",
+        "rnative_fix_8192",
+        "ryarn4_fix_16384",
+        "ryarn4_fix_32768",
+        "ryarn4_fix_32768_g1",
+        "ryarn4_fix_32768_g2",
+    ]
+    got = sorted(t for name, ns in evals.items() if "32768" in name for t in ns.tasks)
+    assert got == sorted(essay.split()) and evals["rnative_fix_4096"].tasks == essay.split()
+    oracle = [c for c in cmds if any(a.endswith("bench/ruler_oracle.py") for a in c)]
+    parsed = sorted(
+        (ruler_oracle.parse_args(c[c.index("bench/ruler_oracle.py") + 1 :]) for c in oracle), key=lambda ns: ns.out
+    )
+    assert [Path(ns.out).name for ns in parsed] == ["oracle_16384_c0.json", "oracle_16384_c1.json"]
+    assert [ns.tasks for ns in parsed] == [["ruler_niah_single_2", "ruler_niah_single_3"], ["ruler_vt"]]
+    assert all(ns.lm_eval_from == ["r/a.json", "r/b.json"] and ns.lengths == [16384] for ns in parsed)
+    assert not [c for c in cmds if c[3:4] == ["compare"]]
+    report = (tmp_path / "out_faithful" / "report_faithful.md").read_text()
+    assert "## part oracle_16384_c0\n" in report and "## part oracle_16384_c1\n" in report

@@ -207,3 +207,56 @@ def test_merge_joins_runs_that_each_did_some_cells(tmp_path, capsys):
     assert "| **mean of 2** | | 4096 | 50.0 | 100.0 |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="ruler_niah_single_1@4096 is in both"):
         ruler_oracle.merge([str(a), str(a)])
+
+
+def test_lm_eval_cells_reused_from_an_earlier_run(tmp_path, monkeypatch):
+    """--lm-eval-from: the cells an earlier --out holds are not run through lm-eval again (a megablu fix
+    re-runs megablu's side only; a run cut short resumes), the others are; megablu's side always runs. A
+    file scored with another n is refused."""
+    import lm_eval
+    import ruler_oracle
+
+    from megablu.config import load_config
+    from megablu.data.tokenizer import ByteTokenizer
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg_path = _config(tmp_path)
+    tok = ByteTokenizer()
+    argv = ["--config", str(cfg_path), "--lengths", "512", "--n", "2"]
+    first = tmp_path / "first.json"
+    assert (
+        ruler_oracle.main(
+            argv + ["--out", str(first), "niah_single_2"], model=NiahOracle(tok), tok=tok, cfg=load_config(cfg_path)
+        )
+        == 0
+    )
+    ran = []
+    real = lm_eval.simple_evaluate
+
+    def spy(*a, tasks, **kw):
+        ran.extend(tasks)
+        return real(*a, tasks=tasks, **kw)
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", spy)
+    second = tmp_path / "second.json"
+    rc = ruler_oracle.main(
+        argv + ["--out", str(second), "--lm-eval-from", str(first), "niah_single_1", "niah_single_2"],
+        model=NiahOracle(tok),
+        tok=tok,
+        cfg=load_config(cfg_path),
+    )
+    assert rc == 0 and ran == ["niah_single_1"]
+    record = json.loads(second.read_text())
+    got = {r["task"]: r for r in record["cells"]}
+    assert got["niah_single_2"]["lm_eval"][:2] == [0, 2] and got["niah_single_1"]["lm_eval"][:2] == [2, 2]
+    assert record["lm_eval_reused_from"] == {"niah_single_2@512": str(first)}
+    assert "niah_single_2@512" in record["lm_eval_examples"]  # the earlier run's answers travel with its cell
+    assert sorted(map(tuple, record["megablu_cells"])) == [("niah_single_1", 512, 2, 2), ("niah_single_2", 512, 2, 2)]
+    with pytest.raises(SystemExit, match=r"its lm-eval cells differ from this run: n 2 \(this run: 3\)"):
+        ruler_oracle.main(
+            ["--config", str(cfg_path), "--lengths", "512", "--n", "3", "--lm-eval-from", str(first), "niah_single_2"],
+            model=NiahOracle(tok),
+            tok=tok,
+            cfg=load_config(cfg_path),
+        )

@@ -64,7 +64,11 @@ if [ "$SUITE" = ruler ]; then
   CWE_LENGTHS=""
   ANSWER=0
   PREFIX=r
+  # RULER_TASKS: a subset (cells to measure again after a fix), into eval dirs r<arm><EVAL_TAG>_<L> beside
+  # the first ones; compare them here with the first dirs through experiments/ruler_baselines/rerun_join.py
+  TASKS=${RULER_TASKS:-$TASKS}
 fi
+TAG=${EVAL_TAG:-}
 GROUPS_FROM=${GROUPS_FROM:-32640}   # from this length on, a length's tasks run in NGROUPS evals
 NGROUPS=${NGROUPS:-3}
 CFG=experiments/ruler_baselines/rep_smollm2_32k.yaml   # its tokenizer: data_cache/smollm2/hf_tokenizer (carried in A)
@@ -146,7 +150,7 @@ cells() {
 # suite native|yarn4: the suite with the held-out loss, then cwe (its 128-token answers make it the slowest
 # task: a deadline takes it first)
 suite() {
-  cells "$1" "$PREFIX$1" "$TASKS" "$LENGTHS"
+  cells "$1" "$PREFIX$1$TAG" "$TASKS" "$LENGTHS"
   [ -n "$CWE_LENGTHS" ] && cells "$1" "${1}_cwe" cwe "$CWE_LENGTHS" --set eval.loss.data=null
   return 0
 }
@@ -212,12 +216,16 @@ case "$ARM" in
       else rope=(--rope-override --set data.window=32768); fi
       # ORACLE_TASKS_<L>: megablu task names, the cells an earlier call left (default: all 11)
       tasks_var=ORACLE_TASKS_$L; read -r -a otasks <<< "${!tasks_var:-}"
-      guard "oracle_$L" "$BUDGET" env HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $PY bench/ruler_oracle.py --config "$CFG" \
+      # ORACLE_REUSE: earlier --out files whose lm-eval cells stand in for running them again (lm-eval's side
+      # does not change with megablu's code; a cut run resumes); ORACLE_TAG: this part's file names
+      reuse=(); for f in ${ORACLE_REUSE:-}; do reuse+=(--lm-eval-from "$f"); done
+      o=oracle_$L${ORACLE_TAG:-}
+      guard "$o" "$BUDGET" env HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $PY bench/ruler_oracle.py --config "$CFG" \
         --ckpt "$MODEL" "${rope[@]}" --set "eval.lengths=[$L]" \
         --set "eval.tasks=[ruler_niah_single_1]" --lengths "$L" \
-        --n "${ORACLE_N:-50}" \
-        --out "$OUT/oracle_$L.json" ${otasks[@]+"${otasks[@]}"}
-      cp "$WORK/logs/oracle_$L.out" "$OUT/oracle_$L.md" 2>/dev/null
+        --n "${ORACLE_N:-50}" ${reuse[@]+"${reuse[@]}"} \
+        --out "$OUT/$o.json" ${otasks[@]+"${otasks[@]}"}
+      cp "$WORK/logs/$o.out" "$OUT/$o.md" 2>/dev/null
       finish
     done ;;
   faithful)   # issue 40's re-measure in one call after A: the model and the data, then side by side on the one GPU
@@ -252,12 +260,21 @@ case "$ARM" in
     part native native LENGTHS="${NATIVE_LENGTHS:-4096 8192}"
     part yarn4_16k yarn4 LENGTHS=16384 NO_COMPARE=1
     part yarn4_32k yarn4 LENGTHS=32768 NO_COMPARE=1
-    for L in ${ORACLE_SHORT-4096 8192} ${ORACLE_LONG-16384 32768}; do   # a part per length: lm-eval's side decodes
-      part "oracle_$L" oracle ORACLE_LENGTHS="$L"                        # one prompt at a time, host-bound
+    # a part per length (lm-eval's side decodes one prompt at a time, host-bound), or per ORACLE_CHUNK tasks of
+    # a length's ORACLE_TASKS_<L> (default all 11) where one part would not finish them in time
+    for L in ${ORACLE_SHORT-4096 8192} ${ORACLE_LONG-16384 32768}; do
+      tasks_var=ORACLE_TASKS_$L; read -r -a ot <<< "${!tasks_var:-$TASKS}"
+      k=${ORACLE_CHUNK:-${#ot[@]}}
+      for (( c = 0; c * k < ${#ot[@]}; c++ )); do
+        tag=; [ "$k" -lt "${#ot[@]}" ] && tag=_c$c
+        part "oracle_$L$tag" oracle ORACLE_LENGTHS="$L" ORACLE_TAG="$tag" "$tasks_var=${ot[*]:$(( c * k )):$k}"
+      done
     done
     while [ -n "$(jobs -rp)" ]; do snapshot; sleep "${SNAP_S:-15}"; done
     wait
-    BUDGET=$(now) compare   # the parts' deadlines ran from their own starts: the compare's 30 s from now
+    # the parts' deadlines ran from their own starts: the compare's 30 s from now. A subset measured again
+    # (EVAL_TAG) is compared here, beside the first cells (rerun_join.py)
+    [ -z "$TAG" ] && BUDGET=$(now) compare
     snapshot
     echo "faithful done in $(now) s; $OUT: $(ls "$OUT" | tr '\n' ' ')"
     exit 0 ;;
