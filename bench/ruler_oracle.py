@@ -7,6 +7,7 @@ and whether the two intervals overlap.
       --lengths 4096 8192 --n 100 niah_single_1 niah_multikey_2 vt cwe fwe
   python bench/ruler_oracle.py ... --map ruler_vt=my_vt     # lm-eval task -> megablu task name
   python bench/ruler_oracle.py merge a.json b.json --out all.json   # runs that each did some cells
+  python bench/ruler_oracle.py merge a.json --again fixed.json --out all.json   # fixed's cells replace a's
 
 Positional arguments are megablu task names; the mapping gives the lm-eval task of each (override or
 add with --map LM_EVAL_TASK=MEGABLU_TASK). It is FAITHFUL (lm-eval's niah_single_1 -> megablu's
@@ -230,7 +231,8 @@ def capped_samples(n: int, built: dict):
 def reused_lm_eval(paths: list[str], n: int, chat: bool, essays: str) -> tuple[dict, dict, dict]:
     """lm-eval's cells from earlier --out files -> ({(lm-eval task, L): (score, samples)}, {(task, L):
     examples}, {"task@L": path}). A file scored with another n, chat template or essay haystack is refused
-    (its cells measured another thing); the same cell in two files too."""
+    (its cells measured another thing); the same cell in two files too, unless the same score (a run that
+    reused it carries it on)."""
     cells: dict = {}
     examples: dict = {}
     where: dict = {}
@@ -246,6 +248,8 @@ def reused_lm_eval(paths: list[str], n: int, chat: bool, essays: str) -> tuple[d
             raise SystemExit(f"ruler_oracle --lm-eval-from {path}: its lm-eval cells differ from this run: {why}")
         for r in rec["cells"]:
             key = (r["lm_eval_task"], r["length"])
+            if key in cells and cells[key] == (r["lm_eval"][0], r["lm_eval"][1]):
+                continue  # the same cell carried by a later run that reused it: one measurement
             if key in cells:
                 name = f"{key[0]}@{key[1]}"
                 raise SystemExit(f"ruler_oracle --lm-eval-from: {name} is in both {where[name]} and {path}")
@@ -406,25 +410,36 @@ def table(rows: list[dict], means: list[dict] | None = None) -> str:
     return "\n".join(out)
 
 
-def merge(paths: list[str], out: str | None = None) -> tuple[list[dict], list[dict]]:
-    """The cells of several --out files (runs cut short, then the cells they left: ORACLE_TASKS_<L> in
-    experiments/ruler_baselines/run.sh) as one table: each (task, length) from exactly one file, the mean
-    rows recomputed over them all. -> (rows, means); out: written as one JSON."""
-    rows: list[dict] = []
+def _cells_of(paths: list[str]) -> dict:
+    """{(task, length): (row, path)} of --out files, each cell from exactly one of them."""
     seen: dict = {}
     for path in paths:
         for r in json.loads(Path(path).read_text())["cells"]:
             key = (r["task"], r["length"])
             if key in seen:
-                raise SystemExit(f"ruler_oracle merge: {key[0]}@{key[1]} is in both {seen[key]} and {path}")
-            seen[key] = path
-            rows.append(r)
+                raise SystemExit(f"ruler_oracle merge: {key[0]}@{key[1]} is in both {seen[key][1]} and {path}")
+            seen[key] = (r, path)
+    return seen
+
+
+def merge(paths: list[str], out: str | None = None, again: list[str] | None = None) -> tuple[list[dict], list[dict]]:
+    """The cells of several --out files (runs cut short, then the cells they left: ORACLE_TASKS_<L> in
+    experiments/ruler_baselines/run.sh) as one table: each (task, length) from exactly one file, the mean
+    rows recomputed over them all. again: files of cells measured again (after a fix to megablu's side),
+    which replace the same cells of `paths` (listed in the JSON as measured_again). -> (rows, means); out:
+    written as one JSON."""
+    first, new = _cells_of(paths), _cells_of(again or [])
+    replaced = sorted(f"{t}@{L}" for t, L in first if (t, L) in new)
+    rows = [r for r, _ in {**first, **new}.values()]
     lengths = sorted({r["length"] for r in rows})
     order = {t: i for i, t in enumerate(FAITHFUL.values())}
     rows.sort(key=lambda r: (r["length"], order.get(r["task"], len(order)), r["task"]))
     means = summary(rows, lengths)
     if out:
-        Path(out).write_text(json.dumps({"merged_from": list(paths), "cells": rows, "means": means}, indent=1))
+        record = {"merged_from": list(paths), "cells": rows, "means": means}
+        if again:
+            record |= {"measured_again_in": list(again), "measured_again": replaced}
+        Path(out).write_text(json.dumps(record, indent=1))
     return rows, means
 
 
@@ -435,9 +450,12 @@ def main(argv=None, model=None, tok=None, cfg=None) -> int:
     if argv[:1] == ["merge"]:
         mp = argparse.ArgumentParser(prog="ruler_oracle.py merge", description=merge.__doc__)
         mp.add_argument("files", nargs="+")
+        mp.add_argument(
+            "--again", action="append", default=[], metavar="JSON", help="cells measured again (repeatable)"
+        )
         mp.add_argument("--out")
         margs = mp.parse_args(argv[1:])
-        print(table(*merge(margs.files, margs.out)))
+        print(table(*merge(margs.files, margs.out, margs.again)))
         return 0
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")

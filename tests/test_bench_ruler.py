@@ -365,7 +365,7 @@ def test_faithful_skips_an_oracle_part_whose_lengths_are_set_empty(tmp_path, pie
 
 def test_faithful_measures_a_subset_again_beside_the_first_cells(tmp_path, pieces):
     """After a fix to some tasks: RULER_TASKS runs only those, into eval dirs tagged EVAL_TAG (the first dirs
-    stay, and are skipped by no one); the oracle parts split ORACLE_CHUNK tasks a part and reuse the lm-eval
+    stay, and are skipped by no one); the oracle parts split ORACLE_CHUNK_<L> tasks a part and reuse the lm-eval
     cells of ORACLE_REUSE's files; no compare on the device (the tagged and first dirs share cells: that
     join is rerun_join.py's, here)."""
     sys.path.insert(0, str(ROOT / "bench"))
@@ -381,7 +381,9 @@ def test_faithful_measures_a_subset_again_beside_the_first_cells(tmp_path, piece
         "ORACLE_SHORT": "",
         "ORACLE_LONG": "16384",
         "ORACLE_TASKS_16384": "ruler_niah_single_2 ruler_niah_single_3 ruler_vt",
-        "ORACLE_CHUNK": "2",
+        "ORACLE_CHUNK_16384": "2",
+        "ORACLE_CHUNK": "1",  # the length's own chunk size wins
+        "ORACLE_BATCH_TOKENS": "65536",
         "ORACLE_REUSE": "r/a.json r/b.json",
     }
     cmds = _call(tmp_path, dev, prefix, "faithful", SUITE="ruler", SNAP_S="1", **knobs)
@@ -403,6 +405,7 @@ def test_faithful_measures_a_subset_again_beside_the_first_cells(tmp_path, piece
     assert [Path(ns.out).name for ns in parsed] == ["oracle_16384_c0.json", "oracle_16384_c1.json"]
     assert [ns.tasks for ns in parsed] == [["ruler_niah_single_2", "ruler_niah_single_3"], ["ruler_vt"]]
     assert all(ns.lm_eval_from == ["r/a.json", "r/b.json"] and ns.lengths == [16384] for ns in parsed)
+    assert all(ns.batch_tokens == 65536 for ns in parsed)
     assert not [c for c in cmds if c[3:4] == ["compare"]]
     report = (tmp_path / "out_faithful" / "report_faithful.md").read_text()
     assert "## part oracle_16384_c0\n" in report and "## part oracle_16384_c1\n" in report

@@ -207,6 +207,15 @@ def test_merge_joins_runs_that_each_did_some_cells(tmp_path, capsys):
     assert "| **mean of 2** | | 4096 | 50.0 | 100.0 |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="ruler_niah_single_1@4096 is in both"):
         ruler_oracle.merge([str(a), str(a)])
+    # a cell measured again (after a fix to megablu's side) replaces the first one; the means follow it
+    c = tmp_path / "c.json"
+    c.write_text(json.dumps({"cells": [cell("ruler_cwe", 4096, 10, 10)]}))
+    argv = ["merge", str(a), str(b), "--again", str(c), "--out", str(tmp_path / "m2.json")]
+    assert ruler_oracle.main(argv) == 0
+    m2 = json.loads((tmp_path / "m2.json").read_text())
+    cwe = [r for r in m2["cells"] if r["task"] == "ruler_cwe"]
+    assert len(cwe) == 1 and cwe[0]["megablu"][0] == 10 and m2["measured_again"] == ["ruler_cwe@4096"]
+    assert next(m for m in m2["means"] if m["length"] == 4096)["megablu"] == 1.0
 
 
 def test_lm_eval_cells_reused_from_an_earlier_run(tmp_path, monkeypatch):
@@ -253,6 +262,12 @@ def test_lm_eval_cells_reused_from_an_earlier_run(tmp_path, monkeypatch):
     assert record["lm_eval_reused_from"] == {"niah_single_2@512": str(first)}
     assert "niah_single_2@512" in record["lm_eval_examples"]  # the earlier run's answers travel with its cell
     assert sorted(map(tuple, record["megablu_cells"])) == [("niah_single_1", 512, 2, 2), ("niah_single_2", 512, 2, 2)]
+    # resuming from both files: the cell the second carried on from the first is one measurement, not two
+    ran.clear()
+    third = tmp_path / "third.json"
+    argv3 = argv + ["--out", str(third), "--lm-eval-from", str(first), "--lm-eval-from", str(second)]
+    assert ruler_oracle.main(argv3 + ["niah_single_2"], model=NiahOracle(tok), tok=tok, cfg=load_config(cfg_path)) == 0
+    assert ran == [] and json.loads(third.read_text())["cells"][0]["lm_eval"][:2] == [0, 2]
     with pytest.raises(SystemExit, match=r"its lm-eval cells differ from this run: n 2 \(this run: 3\)"):
         ruler_oracle.main(
             ["--config", str(cfg_path), "--lengths", "512", "--n", "3", "--lm-eval-from", str(first), "niah_single_2"],

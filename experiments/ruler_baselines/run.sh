@@ -223,7 +223,7 @@ case "$ARM" in
       guard "$o" "$BUDGET" env HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $PY bench/ruler_oracle.py --config "$CFG" \
         --ckpt "$MODEL" "${rope[@]}" --set "eval.lengths=[$L]" \
         --set "eval.tasks=[ruler_niah_single_1]" --lengths "$L" \
-        --n "${ORACLE_N:-50}" ${reuse[@]+"${reuse[@]}"} \
+        --n "${ORACLE_N:-50}" ${reuse[@]+"${reuse[@]}"} ${ORACLE_BATCH_TOKENS:+--batch-tokens "$ORACLE_BATCH_TOKENS"} \
         --out "$OUT/$o.json" ${otasks[@]+"${otasks[@]}"}
       cp "$WORK/logs/$o.out" "$OUT/$o.md" 2>/dev/null
       finish
@@ -260,11 +260,11 @@ case "$ARM" in
     part native native LENGTHS="${NATIVE_LENGTHS:-4096 8192}"
     part yarn4_16k yarn4 LENGTHS=16384 NO_COMPARE=1
     part yarn4_32k yarn4 LENGTHS=32768 NO_COMPARE=1
-    # a part per length (lm-eval's side decodes one prompt at a time, host-bound), or per ORACLE_CHUNK tasks of
-    # a length's ORACLE_TASKS_<L> (default all 11) where one part would not finish them in time
+    # a part per length (lm-eval's side decodes one prompt at a time, host-bound), or per ORACLE_CHUNK_<L> (or
+    # ORACLE_CHUNK) tasks of its ORACLE_TASKS_<L> (default: the suite's tasks) where one part would not finish
     for L in ${ORACLE_SHORT-4096 8192} ${ORACLE_LONG-16384 32768}; do
       tasks_var=ORACLE_TASKS_$L; read -r -a ot <<< "${!tasks_var:-$TASKS}"
-      k=${ORACLE_CHUNK:-${#ot[@]}}
+      chunk_var=ORACLE_CHUNK_$L; k=${!chunk_var:-${ORACLE_CHUNK:-${#ot[@]}}}
       for (( c = 0; c * k < ${#ot[@]}; c++ )); do
         tag=; [ "$k" -lt "${#ot[@]}" ] && tag=_c$c
         part "oracle_$L$tag" oracle ORACLE_LENGTHS="$L" ORACLE_TAG="$tag" "$tasks_var=${ot[*]:$(( c * k )):$k}"
