@@ -28,8 +28,9 @@ line=$(printf '%q ' "$@"); echo "$line" >> "$REHEARSE_LOG"   # one write: parts 
 case "$*" in
   *"smollm2_pieces.py join "*) exec "$@" ;;   # it must find every piece the manifest names
   *"megablu.cli data build "*) exec "$@" --tokenizer tiktoken_file:megablu:stdlib4k --max-bytes 1M ;;
-  *"smollm2_pieces.py convert "*|*"megablu.cli eval "*)   # what they leave: the model dir, a cell's result
-    to=; while [ $# -gt 0 ]; do case "$1" in --to|--out) to=$2 ;; esac; shift; done
+  *"smollm2_pieces.py convert "*|*"megablu.cli eval "*|*"ruler_oracle.py "*)   # what they leave: the model dir,
+    to=; while [ $# -gt 0 ]; do case "$1" in --to|--out) to=$2 ;; esac; shift; done   # a cell's result, the oracle's
+    case "$to" in *.json) echo '{}' > "$to"; exit 0 ;; esac
     mkdir -p "$to"
     case "$to" in */eval/*) echo '{}' > "$to/step_0.json" ;; *) touch "$to/model.safetensors" ;; esac ;;
 esac
@@ -368,6 +369,8 @@ def test_faithful_measures_a_subset_again_beside_the_first_cells(tmp_path, piece
     stay, and are skipped by no one); the oracle parts split ORACLE_CHUNK_<L> tasks a part and reuse the lm-eval
     cells of ORACLE_REUSE's files; no compare on the device (the tagged and first dirs share cells: that
     join is rerun_join.py's, here)."""
+    import tarfile
+
     sys.path.insert(0, str(ROOT / "bench"))
     import ruler_oracle
 
@@ -378,11 +381,11 @@ def test_faithful_measures_a_subset_again_beside_the_first_cells(tmp_path, piece
     knobs = {
         "RULER_TASKS": essay,
         "EVAL_TAG": "_fix",
-        "ORACLE_SHORT": "",
+        "ORACLE_SHORT": "4096",
         "ORACLE_LONG": "16384",
         "ORACLE_TASKS_16384": "ruler_niah_single_2 ruler_niah_single_3 ruler_vt",
         "ORACLE_CHUNK_16384": "2",
-        "ORACLE_CHUNK": "1",  # the length's own chunk size wins
+        "ORACLE_CHUNK": "5",  # 16384: its own chunk size wins; 4096: 5 tasks, one part
         "ORACLE_BATCH_TOKENS": "65536",
         "ORACLE_REUSE": "r/a.json r/b.json",
     }
@@ -402,10 +405,14 @@ def test_faithful_measures_a_subset_again_beside_the_first_cells(tmp_path, piece
     parsed = sorted(
         (ruler_oracle.parse_args(c[c.index("bench/ruler_oracle.py") + 1 :]) for c in oracle), key=lambda ns: ns.out
     )
-    assert [Path(ns.out).name for ns in parsed] == ["oracle_16384_c0.json", "oracle_16384_c1.json"]
-    assert [ns.tasks for ns in parsed] == [["ruler_niah_single_2", "ruler_niah_single_3"], ["ruler_vt"]]
-    assert all(ns.lm_eval_from == ["r/a.json", "r/b.json"] and ns.lengths == [16384] for ns in parsed)
-    assert all(ns.batch_tokens == 65536 for ns in parsed)
+    assert [Path(ns.out).name for ns in parsed] == ["oracle_16384_c0.json", "oracle_16384_c1.json", "oracle_4096.json"]
+    assert [ns.tasks for ns in parsed[:2]] == [["ruler_niah_single_2", "ruler_niah_single_3"], ["ruler_vt"]]
+    assert parsed[2].tasks == essay.split()  # a length without ORACLE_TASKS_<L>: the suite's tasks, one part
+    assert all(ns.lm_eval_from == ["r/a.json", "r/b.json"] and ns.batch_tokens == 65536 for ns in parsed)
     assert not [c for c in cmds if c[3:4] == ["compare"]]
     report = (tmp_path / "out_faithful" / "report_faithful.md").read_text()
     assert "## part oracle_16384_c0\n" in report and "## part oracle_16384_c1\n" in report
+    # what one call returns: 8 files at most; three parts' tables and JSONs travel in the tarball only
+    assert sorted(p.name for p in (tmp_path / "out_faithful").iterdir()) == ["faithful.tar.gz", "report_faithful.md"]
+    with tarfile.open(tmp_path / "out_faithful" / "faithful.tar.gz") as t:
+        assert "parts/oracle_16384_c1/oracle_16384_c1.json" in t.getnames()
