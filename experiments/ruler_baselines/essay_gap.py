@@ -29,9 +29,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 
 ARMS = {
-    # name: the essay haystack's start
-    "ruler": "drawn",  # megablu's ruler_* task as it is: a window per prompt
-    "start": "start",  # from the essays' first word in every prompt, as RULER's niah.py and lm-eval take it
+    # name: (the essay haystack's start, the answer prefix after the chat template's assistant turn)
+    "ruler": ("drawn", "ruler"),  # megablu's ruler_* task as it is: a window per prompt, RULER's prefix
+    "start": ("start", "ruler"),  # from the essays' first word in every prompt, as RULER's niah.py and lm-eval
+    # lm-eval's gen_prefix: RULER's answer prefix stripped of its leading space (" The special magic ..."
+    # follows "assistant\n" in RULER's input + answer_prefix; lm-eval renders "The special magic ...")
+    "nospace": ("drawn", "lm-eval"),
+    "start_nospace": ("start", "lm-eval"),
 }
 
 
@@ -68,15 +72,27 @@ def main(argv=None) -> int:
     def start_rng(self, tag, *key):
         return _Start() if tag == "offset" else ruler_rng(self, tag, *key)
 
+    ruler_init = niah.RulerNiah.__init__
+
+    def lm_eval_init(self, *a, **kw):
+        ruler_init(self, *a, **kw)
+        self.answer = self.answer.lstrip()
+
     rows = []
     for arm in args.arms:
-        start = ARMS[arm]
-        with mock.patch.object(niah.RulerNiah, "rng", start_rng if start == "start" else ruler_rng):
+        start, prefix = ARMS[arm]
+        with (
+            mock.patch.object(niah.RulerNiah, "rng", start_rng if start == "start" else ruler_rng),
+            mock.patch.object(niah.RulerNiah, "__init__", lm_eval_init if prefix == "lm-eval" else ruler_init),
+        ):
             res = ruler_oracle.run_megablu(model, tok, cfg, args.tasks, args.lengths, args.n, docs, 16384)
         for (task, L), (k, n) in res.items():
             _, lo, hi = wilson(k, n)
-            rows.append({"arm": arm, "haystack": start, "task": task, "length": L, "k": k, "n": n})
-            print(f"{task}@{L} {arm} (essay haystack {start}): {k}/{n} [{100 * lo:.1f}, {100 * hi:.1f}]")
+            rows.append({"arm": arm, "haystack": start, "prefix": prefix, "task": task, "length": L, "k": k, "n": n})
+            print(
+                f"{task}@{L} {arm} (essay haystack {start}, {prefix} answer prefix): {k}/{n} "
+                f"[{100 * lo:.1f}, {100 * hi:.1f}]"
+            )
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
     return 0
