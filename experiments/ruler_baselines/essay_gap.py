@@ -17,6 +17,7 @@ prints one line per arm, task and length: correct / n with its Wilson interval.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -46,6 +47,28 @@ class _Start:
         return 0
 
 
+@contextlib.contextmanager
+def patched(arm: str):
+    """megablu's RULER niah tasks built as `arm` says (ARMS) while the block runs."""
+    import megablu.eval.ruler.niah as niah
+
+    start, prefix = ARMS[arm]
+    ruler_rng, ruler_init = niah.RulerNiah.rng, niah.RulerNiah.__init__
+
+    def start_rng(self, tag, *key):
+        return _Start() if tag == "offset" else ruler_rng(self, tag, *key)
+
+    def lm_eval_init(self, *a, **kw):
+        ruler_init(self, *a, **kw)
+        self.answer = self.answer.lstrip()
+
+    with (
+        mock.patch.object(niah.RulerNiah, "rng", start_rng if start == "start" else ruler_rng),
+        mock.patch.object(niah.RulerNiah, "__init__", lm_eval_init if prefix == "lm-eval" else ruler_init),
+    ):
+        yield
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("tasks", nargs="+")
@@ -61,30 +84,15 @@ def main(argv=None) -> int:
 
     import ruler_oracle
 
-    import megablu.eval.ruler.niah as niah
     from megablu.eval.lm_eval_adapter import load_for_eval
     from megablu.eval.stats import wilson
 
     model, tok, cfg, _ = load_for_eval(args.config, args.ckpt, None, args.set, False)
     docs, _ = ruler_oracle.essay_docs(None)
-    ruler_rng = niah.RulerNiah.rng
-
-    def start_rng(self, tag, *key):
-        return _Start() if tag == "offset" else ruler_rng(self, tag, *key)
-
-    ruler_init = niah.RulerNiah.__init__
-
-    def lm_eval_init(self, *a, **kw):
-        ruler_init(self, *a, **kw)
-        self.answer = self.answer.lstrip()
-
     rows = []
     for arm in args.arms:
         start, prefix = ARMS[arm]
-        with (
-            mock.patch.object(niah.RulerNiah, "rng", start_rng if start == "start" else ruler_rng),
-            mock.patch.object(niah.RulerNiah, "__init__", lm_eval_init if prefix == "lm-eval" else ruler_init),
-        ):
+        with patched(arm):
             res = ruler_oracle.run_megablu(model, tok, cfg, args.tasks, args.lengths, args.n, docs, 16384)
         for (task, L), (k, n) in res.items():
             _, lo, hi = wilson(k, n)
