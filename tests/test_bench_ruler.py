@@ -351,6 +351,16 @@ def test_faithful_runs_every_part_side_by_side_then_one_compare(tmp_path, pieces
     assert any(n.startswith("eval/rnative_8192") for n in names)
 
 
+def test_faithful_refuses_the_megablu_suite(tmp_path, pieces):
+    """ARM=faithful is issue 40's RULER as published: without SUITE=ruler its oracle parts would get megablu's
+    RULER-like task names, which map to no lm-eval task. Refused before anything runs."""
+    prefix, _ = pieces
+    dev = tmp_path / "dev"
+    _call(tmp_path, dev, prefix, "prep")
+    cmds = _call(tmp_path, dev, prefix, "faithful", rc=2, SNAP_S="1")
+    assert not [c for c in cmds if any("ruler_oracle" in a or a == "eval" for a in c)]
+
+
 def test_faithful_skips_an_oracle_part_whose_lengths_are_set_empty(tmp_path, pieces):
     """ORACLE_LONG= (set, empty) drops the long oracle lengths' parts, as every knob of run.sh: set but empty
     is not its default."""

@@ -236,6 +236,7 @@ case "$ARM" in
               # arms. $OUT (6 files): report_faithful.md and faithful.tar.gz, refreshed every SNAP_S (15) s so that a call cut
               # short still returns what finished; ruler.md/png; the oracle's table and JSON. The command:
               #   SUITE=ruler ARM=faithful BUDGET_S=450 OUT=$OUT bash experiments/ruler_baselines/run.sh
+    [ "$SUITE" = ruler ] || { echo "ARM=faithful measures RULER as published: set SUITE=ruler" >&2; exit 2; }
     model; data || fail "no stdlib data: see logs/data.err"
     part() {   # part NAME ARM [VAR=value ...]
       local name=$1 arm=$2; shift 2
