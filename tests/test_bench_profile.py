@@ -520,6 +520,14 @@ def test_cpu_rehearsal_of_the_whole_path(tmp_path):
     assert "### T=256, selective+offload" in r.stdout
 
 
+def _this_python():
+    """PATH for a device script's rehearsal: its `python`, `python3` and `deepspeed` are this test's
+    interpreter and its environment's launcher, not whichever Python the shell finds first."""
+    import os
+
+    return {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(
     __import__("os").environ.get("MEGABLU_SLOW") != "1",
@@ -537,7 +545,14 @@ def test_h200_speed_script_rehearsal(tmp_path):
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env={**os.environ, "REHEARSE_CPU": "1", "OUT": str(out), "WORK": str(work), "DS_ACCELERATOR": "cpu"},
+        env={
+            **os.environ,
+            "REHEARSE_CPU": "1",
+            "OUT": str(out),
+            "WORK": str(work),
+            "DS_ACCELERATOR": "cpu",
+            **_this_python(),
+        },
     )
     assert r.returncode == 0, r.stderr[-3000:]
     names = sorted(p.name for p in out.iterdir())
@@ -631,7 +646,7 @@ def test_h200_kernels_script_rehearsal(tmp_path):
         "REHEARSE_CPU": "1",
         "DS_ACCELERATOR": "cpu",
         "FA4_DIR": str(tmp_path / "fa4"),
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        **_this_python(),
     }
     out1, out = tmp_path / "out1", tmp_path / "out"
     r = subprocess.run(
@@ -685,7 +700,15 @@ def test_h200_entry32k_script_rehearsal(tmp_path):
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env={**os.environ, "REHEARSE_CPU": "1", "OUT": str(out), "WORK": str(work), "STEPS": "6", "PROFILE_STEP": "5"},
+        env={
+            **os.environ,
+            **_this_python(),
+            "REHEARSE_CPU": "1",
+            "OUT": str(out),
+            "WORK": str(work),
+            "STEPS": "6",
+            "PROFILE_STEP": "5",
+        },
         timeout=600,
     )
     assert r.returncode == 0, r.stderr[-3000:]
@@ -707,6 +730,7 @@ def test_h200_entry32k_script_rehearsal(tmp_path):
         cwd=ROOT,
         env={
             **os.environ,
+            **_this_python(),
             "REHEARSE_CPU": "1",
             "OUT": str(out / "stock"),
             "WORK": str(work / "stock"),
