@@ -629,6 +629,29 @@ def test_gains_against_the_baseline_mode():
     assert md[6].startswith("| 131072 | selective+offload+liger+fa4 | 14000* | - |")  # no baseline at 128k
 
 
+def test_h200_speed_script_rehearsal_needs_torch(tmp_path):
+    """REHEARSE_CPU=1 under a `python` without torch stops at once with the fix, rather than running every
+    part into its log and returning an empty report with exit 0."""
+    import os
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python").write_text("#!/bin/sh\nexit 1\n")
+    (fake / "python").chmod(0o755)
+    out, work = tmp_path / "out", tmp_path / "work"
+    r = subprocess.run(
+        ["bash", str(ROOT / "experiments/speed/speed.sh")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "REHEARSE_CPU": "1", "OUT": str(out), "WORK": str(work), "PATH": f"{fake}:/usr/bin:/bin"},
+        timeout=60,
+    )
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    assert f"python ({fake / 'python'}) cannot import torch" in r.stderr and "PATH=.venv/bin:$PATH" in r.stderr
+    assert (work / "timeline.tsv").read_text() == ""  # no part ran
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(
     __import__("os").environ.get("MEGABLU_SLOW") != "1",
