@@ -520,6 +520,14 @@ def test_cpu_rehearsal_of_the_whole_path(tmp_path):
     assert "### T=256, selective+offload" in r.stdout
 
 
+def _this_python():
+    """PATH for a device script's rehearsal: its `python`, `python3` and `deepspeed` are this test's
+    interpreter and its environment's launcher, not whichever Python the shell finds first."""
+    import os
+
+    return {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(
     __import__("os").environ.get("MEGABLU_SLOW") != "1",
@@ -537,7 +545,14 @@ def test_h200_speed_script_rehearsal(tmp_path):
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env={**os.environ, "REHEARSE_CPU": "1", "OUT": str(out), "WORK": str(work), "DS_ACCELERATOR": "cpu"},
+        env={
+            **os.environ,
+            "REHEARSE_CPU": "1",
+            "OUT": str(out),
+            "WORK": str(work),
+            "DS_ACCELERATOR": "cpu",
+            **_this_python(),
+        },
     )
     assert r.returncode == 0, r.stderr[-3000:]
     names = sorted(p.name for p in out.iterdir())
@@ -614,6 +629,29 @@ def test_gains_against_the_baseline_mode():
     assert md[6].startswith("| 131072 | selective+offload+liger+fa4 | 14000* | - |")  # no baseline at 128k
 
 
+def test_h200_speed_script_rehearsal_needs_torch(tmp_path):
+    """REHEARSE_CPU=1 under a `python` without torch stops at once with the fix, rather than running every
+    part into its log and returning an empty report with exit 0."""
+    import os
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python").write_text("#!/bin/sh\nexit 1\n")
+    (fake / "python").chmod(0o755)
+    out, work = tmp_path / "out", tmp_path / "work"
+    r = subprocess.run(
+        ["bash", str(ROOT / "experiments/speed/speed.sh")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "REHEARSE_CPU": "1", "OUT": str(out), "WORK": str(work), "PATH": f"{fake}:/usr/bin:/bin"},
+        timeout=60,
+    )
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    assert f"python ({fake / 'python'}) cannot import torch" in r.stderr and "PATH=.venv/bin:$PATH" in r.stderr
+    assert (work / "timeline.tsv").read_text() == ""  # no part ran
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(
     __import__("os").environ.get("MEGABLU_SLOW") != "1",
@@ -631,7 +669,7 @@ def test_h200_kernels_script_rehearsal(tmp_path):
         "REHEARSE_CPU": "1",
         "DS_ACCELERATOR": "cpu",
         "FA4_DIR": str(tmp_path / "fa4"),
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        **_this_python(),
     }
     out1, out = tmp_path / "out1", tmp_path / "out"
     r = subprocess.run(
@@ -685,7 +723,15 @@ def test_h200_entry32k_script_rehearsal(tmp_path):
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env={**os.environ, "REHEARSE_CPU": "1", "OUT": str(out), "WORK": str(work), "STEPS": "6", "PROFILE_STEP": "5"},
+        env={
+            **os.environ,
+            **_this_python(),
+            "REHEARSE_CPU": "1",
+            "OUT": str(out),
+            "WORK": str(work),
+            "STEPS": "6",
+            "PROFILE_STEP": "5",
+        },
         timeout=600,
     )
     assert r.returncode == 0, r.stderr[-3000:]
@@ -707,6 +753,7 @@ def test_h200_entry32k_script_rehearsal(tmp_path):
         cwd=ROOT,
         env={
             **os.environ,
+            **_this_python(),
             "REHEARSE_CPU": "1",
             "OUT": str(out / "stock"),
             "WORK": str(work / "stock"),

@@ -43,6 +43,9 @@ if [ "$REHEARSE" = 1 ]; then   # the CPU refuses activation offload: the plain s
   export DS_ACCELERATOR=cpu
   [ -f .venv/bin/activate ] && source .venv/bin/activate
   CFG=tests/configs/tiny_cpu.yaml T=512 TOK=tiktoken_file:megablu:stdlib4k PY=python3 MODE=${MODE_CPU:-selective}
+  $PY -c 'import deepspeed, torch' 2> /dev/null || {
+    echo "REHEARSE_CPU=1: python3 ($(command -v python3)) cannot import torch and deepspeed; put the venv's bin" \
+      "first: PATH=.venv/bin:\$PATH" >&2; exit 1; }
 else
   [ -f /tmp/fa4/env.sh ] && source /tmp/fa4/env.sh
   source dev/device_env.sh || { say "dev/device_env.sh failed"; exit 1; }

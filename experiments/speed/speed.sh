@@ -44,6 +44,9 @@ if [ "${REHEARSE_CPU:-0}" = 1 ]; then
   loss=(--device cpu --T 64,96 --d 32 --V 200 --iters 2)
   p32=(--rehearse-cpu --T 256); p128=(--rehearse-cpu --T 384)
   echo "REHEARSE_CPU=1: toy shapes on the CPU" > "$WORK/logs/nvidia-smi.txt"
+  python -c 'import torch' 2> /dev/null || {   # else every part fails in its log and the report is empty
+    echo "REHEARSE_CPU=1: python ($(command -v python)) cannot import torch; put the venv's bin first:" \
+      "PATH=.venv/bin:\$PATH" >&2; exit 1; }
 else
   build=(python -m megablu.ops.builder --build)
   loss=(--T 32768,131072)
