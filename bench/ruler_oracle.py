@@ -112,6 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-tokens", type=int, help="as `megablu eval` (default 262144 on a GPU, 16384 on a CPU)")
     p.add_argument("--out", help="write the cells as JSON here")
     p.add_argument(
+        "--aligned",
+        action="store_true",
+        help="also run megablu's side laid out as lm-eval's port lays out its prompts where the two differ by "
+        "design (lm_eval_layout: the essay haystack from its start, the answer prefix without its leading "
+        "space): a cell that disagrees there points at an implementation difference, one that disagrees "
+        "only as-is at a design choice, with its size",
+    )
+    p.add_argument(
         "--lm-eval-from",
         action="append",
         default=[],
@@ -180,6 +188,42 @@ def run_megablu(
             arm="oracle",
         )
     return {(c["task"], c["length"]): (c["correct"], c["n"]) for c in res["cells"]}
+
+
+class _FromStart:
+    """An rng whose every offset is 0: the essay haystack from its start (RULER: haystack[:num_haystack])."""
+
+    def randrange(self, n):
+        return 0
+
+
+@contextlib.contextmanager
+def lm_eval_layout(haystack: bool = True, prefix: bool = True):
+    """megablu's RULER prompts laid out as lm-eval 0.4.13's port lays out its own where the two differ by
+    design (docs/EVAL.md), while the block runs. haystack: the essay haystack from its first sentence in
+    every prompt (RULER's niah.py and lm-eval take haystack[:num_haystack]; megablu draws a window per
+    prompt, so that a second eval.seed is a second sample). prefix: under a chat template, the answer
+    prefix without its leading space (lm-eval strips gen_prefix; RULER sends the model template + " The
+    special magic ...", as megablu does). Still megablu's: the prompt length (lm-eval grows the essay in
+    500-word steps and stops short of L), cwe's worked example, vt's noise lines."""
+    from unittest import mock
+
+    from megablu.eval.ruler.common import RulerBuilder
+    from megablu.eval.ruler.niah import RulerNiah
+
+    rng, frame = RulerNiah.rng, RulerBuilder.frame
+
+    def from_start(self, tag, *key):
+        return _FromStart() if tag == "offset" else rng(self, tag, *key)
+
+    def stripped(self, user_before, user_after, answer_prefix, turns=()):
+        return frame(self, user_before, user_after, answer_prefix.lstrip() if self.chat.on else answer_prefix, turns)
+
+    with (
+        mock.patch.object(RulerNiah, "rng", from_start if haystack else rng),
+        mock.patch.object(RulerBuilder, "frame", stripped if prefix else frame),
+    ):
+        yield
 
 
 # lm-eval's RULER sample generators, each called with num_samples=500 by its task's dataset function
@@ -328,10 +372,13 @@ def run_lm_eval(
     return out
 
 
-def compare(mb: dict, lm: dict, pairs: list[tuple[str, str]], lengths: list[int]) -> list[dict]:
+def compare(
+    mb: dict, lm: dict, pairs: list[tuple[str, str]], lengths: list[int], aligned: dict | None = None
+) -> list[dict]:
     """A row per (task, length): each side's accuracy with its Wilson interval, and megablu - lm-eval with
     Newcombe's interval for two independent samples (the two sides draw their own needles and keys: the
-    prompts are not paired). agree: that interval holds 0."""
+    prompts are not paired). agree: that interval holds 0. aligned: megablu's cells under lm_eval_layout(),
+    the same against lm-eval (megablu_aligned, aligned_diff, aligned_agree)."""
     from megablu.eval.stats import newcombe, wilson
 
     rows = []
@@ -341,17 +388,24 @@ def compare(mb: dict, lm: dict, pairs: list[tuple[str, str]], lengths: list[int]
                 continue
             (k1, n1), (k2, n2) = mb[(task, L)], lm[(lm_task, L)]
             d = newcombe(k1, n1, k2, n2)
-            rows.append(
-                {
-                    "task": task,
-                    "lm_eval_task": lm_task,
-                    "length": L,
-                    "megablu": [k1, n1, *wilson(k1, n1)],
-                    "lm_eval": [k2, n2, *wilson(k2, n2)],
-                    "diff": [d.diff, d.lo, d.hi],
-                    "agree": d.lo <= 0 <= d.hi,
+            row = {
+                "task": task,
+                "lm_eval_task": lm_task,
+                "length": L,
+                "megablu": [k1, n1, *wilson(k1, n1)],
+                "lm_eval": [k2, n2, *wilson(k2, n2)],
+                "diff": [d.diff, d.lo, d.hi],
+                "agree": d.lo <= 0 <= d.hi,
+            }
+            if aligned is not None:
+                ka, na = aligned[(task, L)]
+                da = newcombe(ka, na, k2, n2)
+                row |= {
+                    "megablu_aligned": [ka, na, *wilson(ka, na)],
+                    "aligned_diff": [da.diff, da.lo, da.hi],
+                    "aligned_agree": da.lo <= 0 <= da.hi,
                 }
-            )
+            rows.append(row)
     return rows
 
 
@@ -367,21 +421,22 @@ def summary(rows: list[dict], lengths: list[int]) -> list[dict]:
         if not at:
             continue
         sides = {}
-        for side in ("megablu", "lm_eval"):
-            cells = [(r[side][0], r[side][1]) for r in at]
-            sides[side] = (sum(k / n for k, n in cells) / len(cells), mean_variance(cells))
-        d = sides["megablu"][0] - sides["lm_eval"][0]
-        half = z_of() * (sides["megablu"][1] + sides["lm_eval"][1]) ** 0.5
-        out.append(
-            {
-                "length": L,
-                "tasks": len(at),
-                "megablu": sides["megablu"][0],
-                "lm_eval": sides["lm_eval"][0],
-                "diff": [d, d - half, d + half],
-                "agree": d - half <= 0 <= d + half,
-            }
-        )
+        for side in ("megablu", "lm_eval", "megablu_aligned"):
+            if all(side in r for r in at):
+                cells = [(r[side][0], r[side][1]) for r in at]
+                sides[side] = (sum(k / n for k, n in cells) / len(cells), mean_variance(cells))
+
+        def diff(side):
+            d = sides[side][0] - sides["lm_eval"][0]
+            half = z_of() * (sides[side][1] + sides["lm_eval"][1]) ** 0.5
+            return [d, d - half, d + half], d - half <= 0 <= d + half
+
+        m = {"length": L, "tasks": len(at), "megablu": sides["megablu"][0], "lm_eval": sides["lm_eval"][0]}
+        m["diff"], m["agree"] = diff("megablu")
+        if "megablu_aligned" in sides:  # every cell of the length has its aligned twin
+            m["megablu_aligned"] = sides["megablu_aligned"][0]
+            m["aligned_diff"], m["aligned_agree"] = diff("megablu_aligned")
+        out.append(m)
     return out
 
 
@@ -392,20 +447,40 @@ def table(rows: list[dict], means: list[dict] | None = None) -> str:
     def pp(d, lo, hi):
         return f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
 
+    al = any("megablu_aligned" in r for r in rows)
+
+    def yes(ok):
+        return "yes" if ok else "NO"
+
     out = [
         "| task | lm-eval task | length | megablu % [95% Wilson] | lm-eval % [95% Wilson] | megablu - lm-eval pp "
-        "[95% Newcombe] | agree |",
-        "|---|---|---|---|---|---|---|",
+        "[95% Newcombe] | agree |"
+        + (" megablu aligned % [95% Wilson] | aligned - lm-eval pp [95% Newcombe] | agree (aligned) |" if al else ""),
+        "|---|---|---|---|---|---|---|" + ("---|---|---|" if al else ""),
     ]
     for r in rows:
+        extra = ""
+        if al:
+            extra = (
+                f" {fmt(*r['megablu_aligned'])} | {pp(*r['aligned_diff'])} | {yes(r['aligned_agree'])} |"
+                if "megablu_aligned" in r
+                else " - | - | - |"
+            )
         out.append(
             f"| {r['task']} | {r['lm_eval_task']} | {r['length']} | {fmt(*r['megablu'])} | "
-            f"{fmt(*r['lm_eval'])} | {pp(*r['diff'])} | {'yes' if r['agree'] else 'NO'} |"
+            f"{fmt(*r['lm_eval'])} | {pp(*r['diff'])} | {yes(r['agree'])} |" + extra
         )
     for m in means or []:
+        extra = ""
+        if al:
+            extra = (
+                f" {100 * m['megablu_aligned']:.1f} | {pp(*m['aligned_diff'])} | {yes(m['aligned_agree'])} |"
+                if "megablu_aligned" in m
+                else " - | - | - |"
+            )
         out.append(
             f"| **mean of {m['tasks']}** | | {m['length']} | {100 * m['megablu']:.1f} | {100 * m['lm_eval']:.1f} | "
-            f"{pp(*m['diff'])} | {'yes' if m['agree'] else 'NO'} |"
+            f"{pp(*m['diff'])} | {yes(m['agree'])} |" + extra
         )
     return "\n".join(out)
 
@@ -496,6 +571,10 @@ def main(argv=None, model=None, tok=None, cfg=None) -> int:
 
     try:
         mb = run_megablu(model, tok, cfg, tasks, args.lengths, args.n, docs, bt)
+        aligned = None
+        if args.aligned:
+            with lm_eval_layout():
+                aligned = run_megablu(model, tok, cfg, tasks, args.lengths, args.n, docs, bt)
     except EvalError as e:  # a length the window cannot hold, an unknown task: megablu's own message
         print(f"ruler_oracle: megablu eval: {e}", file=sys.stderr)
         return 2
@@ -510,7 +589,7 @@ def main(argv=None, model=None, tok=None, cfg=None) -> int:
     built: dict = {}
 
     def write(lm_cells: dict, complete: bool) -> tuple[list, list]:
-        rows = compare(mb, lm_cells, pairs, args.lengths)
+        rows = compare(mb, lm_cells, pairs, args.lengths, aligned)
         means = summary(rows, args.lengths)
         if args.out:  # after every lm-eval cell: a run cut short keeps what finished
             record = {
@@ -523,6 +602,7 @@ def main(argv=None, model=None, tok=None, cfg=None) -> int:
                 "cells": rows,
                 "means": means,
                 "megablu_cells": [[t, L, k, m] for (t, L), (k, m) in mb.items()],
+                "megablu_aligned_cells": [[t, L, k, m] for (t, L), (k, m) in (aligned or {}).items()],
                 "lm_eval_examples": {f"{t}@{L}": ex for (t, L), ex in examples.items() if (t, L) in lm_cells},
                 "lm_eval_samples_built": built,
                 "lm_eval_reused_from": {f"{t}@{L}": reused[f"{t}@{L}"] for t, L in lm_cells if f"{t}@{L}" in reused},

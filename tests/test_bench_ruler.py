@@ -300,7 +300,7 @@ def test_oracle_arm_runs_the_oracle_on_native_inside_its_window(tmp_path, pieces
     for c, L in zip(oracle, (4096, 8192)):
         argv = c[c.index("bench/ruler_oracle.py") + 1 :]
         ns = ruler_oracle.parse_args(argv)
-        assert ns.lengths == [L] and ns.n == 50 and ns.out.endswith(f"oracle_{L}.json")
+        assert ns.lengths == [L] and ns.n == 50 and ns.out.endswith(f"oracle_{L}.json") and not ns.aligned
         assert ns.tasks == ([] if L == 4096 else ["ruler_vt", "ruler_cwe"])  # all 11 by default
         cfg = load_config(ROOT / ns.config, ns.set)
         assert cfg.rope.yarn is None and cfg.data.window == 8192 and not ns.rope_override
@@ -397,6 +397,7 @@ def test_faithful_measures_a_subset_again_beside_the_first_cells(tmp_path, piece
         "ORACLE_CHUNK_16384": "2",
         "ORACLE_CHUNK": "5",  # 16384: its own chunk size wins; 4096: 5 tasks, one part
         "ORACLE_BATCH_TOKENS": "65536",
+        "ORACLE_ALIGNED": "1",
         "ORACLE_REUSE": "r/a.json r/b.json",
     }
     cmds = _call(tmp_path, dev, prefix, "faithful", SUITE="ruler", SNAP_S="1", **knobs)
@@ -419,6 +420,7 @@ def test_faithful_measures_a_subset_again_beside_the_first_cells(tmp_path, piece
     assert [ns.tasks for ns in parsed[:2]] == [["ruler_niah_single_2", "ruler_niah_single_3"], ["ruler_vt"]]
     assert parsed[2].tasks == essay.split()  # a length without ORACLE_TASKS_<L>: the suite's tasks, one part
     assert all(ns.lm_eval_from == ["r/a.json", "r/b.json"] and ns.batch_tokens == 65536 for ns in parsed)
+    assert all(ns.aligned for ns in parsed)
     assert not [c for c in cmds if c[3:4] == ["compare"]]
     report = (tmp_path / "out_faithful" / "report_faithful.md").read_text()
     assert "## part oracle_16384_c0\n" in report and "## part oracle_16384_c1\n" in report

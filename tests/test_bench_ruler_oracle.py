@@ -275,3 +275,45 @@ def test_lm_eval_cells_reused_from_an_earlier_run(tmp_path, monkeypatch):
             tok=tok,
             cfg=load_config(cfg_path),
         )
+
+
+class StartOracle(OracleModel):
+    """Answers the asked needles' values only where the context opens with the essays' first words, as
+    RULER's and lm-eval's essay haystack always does (haystack[:num_haystack]); elsewhere a wrong number."""
+
+    def _answer(self, ids):
+        text = self.tok.decode(ids)
+        vals = _needles(text)
+        if not vals:
+            return [self.tok.eot_id] * 200
+        opens = "A new release of Python, version 2.0" in text.split("afterwards.\n", 1)[1][:60]
+        return self.tok.encode(" " + (", ".join(vals) if opens else "1234567") + ".") + [self.tok.eot_id] * 200
+
+
+def test_aligned_column_lays_megablu_out_as_lm_eval(tmp_path, monkeypatch, capsys):
+    """--aligned runs megablu's side a second time under lm_eval_layout(): a model that only answers on the
+    essays' opening text fails megablu's drawn windows (NO) and passes the aligned prompts, as lm-eval's
+    (yes): the difference is the design choice, measured; the implementation agrees."""
+    import ruler_oracle
+
+    from megablu.config import load_config
+    from megablu.data.tokenizer import ByteTokenizer
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg_path = _config(tmp_path)
+    cfg_path.write_text(cfg_path.read_text().replace("window: 1024", "window: 8192"))
+    tok = ByteTokenizer()
+    out = tmp_path / "cells.json"
+    argv = ["--config", str(cfg_path), "--lengths", "4096", "--n", "4", "--aligned", "--out", str(out)]
+    assert (
+        ruler_oracle.main(argv + ["ruler_niah_single_2"], model=StartOracle(tok), tok=tok, cfg=load_config(cfg_path))
+        == 0
+    )
+    (row,) = json.loads(out.read_text())["cells"]
+    assert row["megablu"][:2] == [0, 4] and row["lm_eval"][:2] == [4, 4] and not row["agree"]
+    assert row["megablu_aligned"][:2] == [4, 4] and row["aligned_agree"]
+    (mean,) = json.loads(out.read_text())["means"]
+    assert mean["megablu_aligned"] == 1.0 and mean["aligned_agree"] and not mean["agree"]
+    text = capsys.readouterr().out
+    assert "| agree (aligned) |" in text and "| 100.0 [51.0, 100.0] (n=4) | +0.0 [-49.0, +49.0] | yes |" in text

@@ -17,12 +17,10 @@ prints one line per arm, task and length: correct / n with its Wilson interval.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import sys
 from pathlib import Path
-from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -40,33 +38,12 @@ ARMS = {
 }
 
 
-class _Start:
-    """An rng whose every offset is 0: the essay haystack from its start (RULER: haystack[:num_haystack])."""
-
-    def randrange(self, n):
-        return 0
-
-
-@contextlib.contextmanager
 def patched(arm: str):
-    """megablu's RULER niah tasks built as `arm` says (ARMS) while the block runs."""
-    import megablu.eval.ruler.niah as niah
+    """megablu's RULER tasks built as `arm` says (ARMS) while the block runs (ruler_oracle.lm_eval_layout)."""
+    import ruler_oracle
 
     start, prefix = ARMS[arm]
-    ruler_rng, ruler_init = niah.RulerNiah.rng, niah.RulerNiah.__init__
-
-    def start_rng(self, tag, *key):
-        return _Start() if tag == "offset" else ruler_rng(self, tag, *key)
-
-    def lm_eval_init(self, *a, **kw):
-        ruler_init(self, *a, **kw)
-        self.answer = self.answer.lstrip()
-
-    with (
-        mock.patch.object(niah.RulerNiah, "rng", start_rng if start == "start" else ruler_rng),
-        mock.patch.object(niah.RulerNiah, "__init__", lm_eval_init if prefix == "lm-eval" else ruler_init),
-    ):
-        yield
+    return ruler_oracle.lm_eval_layout(haystack=start == "start", prefix=prefix == "lm-eval")
 
 
 def main(argv=None) -> int:

@@ -217,13 +217,15 @@ case "$ARM" in
       # ORACLE_TASKS_<L>: megablu task names, the cells an earlier call left (default: all 11)
       tasks_var=ORACLE_TASKS_$L; read -r -a otasks <<< "${!tasks_var:-}"
       # ORACLE_REUSE: earlier --out files whose lm-eval cells stand in for running them again (lm-eval's side
-      # does not change with megablu's code; a cut run resumes); ORACLE_TAG: this part's file names
+      # does not change with megablu's code; a cut run resumes); ORACLE_TAG: this part's file names;
+      # ORACLE_ALIGNED (non-empty): megablu's side also laid out as lm-eval's (ruler_oracle.py --aligned)
       reuse=(); for f in ${ORACLE_REUSE:-}; do reuse+=(--lm-eval-from "$f"); done
       o=oracle_$L${ORACLE_TAG:-}
       guard "$o" "$BUDGET" env HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $PY bench/ruler_oracle.py --config "$CFG" \
         --ckpt "$MODEL" "${rope[@]}" --set "eval.lengths=[$L]" \
         --set "eval.tasks=[ruler_niah_single_1]" --lengths "$L" \
         --n "${ORACLE_N:-50}" ${reuse[@]+"${reuse[@]}"} ${ORACLE_BATCH_TOKENS:+--batch-tokens "$ORACLE_BATCH_TOKENS"} \
+        ${ORACLE_ALIGNED:+--aligned} \
         --out "$OUT/$o.json" ${otasks[@]+"${otasks[@]}"}
       cp "$WORK/logs/$o.out" "$OUT/$o.md" 2>/dev/null
       finish

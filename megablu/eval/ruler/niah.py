@@ -155,9 +155,11 @@ class RulerNiah(RulerBuilder):
             st = self.essay
             rng = self.rng("offset", length, index)
             off = rng.randrange(len(st.ids))
-            # start at a sentence (RULER's text starts at its first word): after the next sentence end
-            ahead, ends = st.window(off, SNAP)
-            off += next((i + 1 for i, e in enumerate(ends) if e), 0)
+            # start at a sentence (RULER's text starts at its first word): the stream's start is one, else
+            # after the next sentence end
+            if off:
+                _, ends = st.window(off, SNAP)
+                off += next((i + 1 for i, e in enumerate(ends) if e), 0)
             hay, ends = st.window(off, n_ctx)
             cuts = [_snap(ends, round(d * n_ctx), n_ctx) for d in ds]
             order = sorted(range(len(nid)), key=lambda j: (cuts[j], j))
