@@ -1,10 +1,12 @@
 """Where does the oracle's essay-task gap come from? megablu's ruler_niah_* tasks and lm-eval 0.4.13's RULER
-word their prompts alike (RULER's singular rewrite for one asked value, the same answer prefix) but build the
-essay haystack differently: megablu draws a window of the essays per prompt (a second eval.seed is a second
+word their prompts alike (RULER's singular rewrite for one asked value, the same answer prefix up to its
+leading space, which lm-eval strips under a chat template and RULER keeps) but build the essay haystack
+differently: megablu draws a window of the essays per prompt (a second eval.seed is a second
 sample) and fills the prompt to exactly L tokens; RULER's niah.py and lm-eval take the essays from their first
 word every time (haystack[:num_haystack]) and grow the haystack in steps of words, so their prompts end up
 shorter than L (3,650 of 4,096 at niah_single_2 with SmolLM2's tokenizer). This runs megablu's own task with
-the haystack drawn (arm ruler) or from the start (arm start), at any length:
+the haystack drawn (arm ruler) or from the start (arm start), and each with lm-eval's answer prefix (arms
+nospace, start_nospace), at any length:
 
   python experiments/ruler_baselines/essay_gap.py --config experiments/ruler_baselines/rep_smollm2_32k.yaml \
       --ckpt /tmp/rl/smollm2_blu --set rope.yarn=null --set data.window=8192 --set train.device=cpu \
