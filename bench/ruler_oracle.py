@@ -200,8 +200,8 @@ class _FromStart:
 @contextlib.contextmanager
 def lm_eval_layout(haystack: bool = True, prefix: bool = True):
     """megablu's RULER prompts laid out as lm-eval 0.4.13's port lays out its own where the two differ by
-    design (docs/EVAL.md), while the block runs. haystack: the essay haystack from its first sentence in
-    every prompt (RULER's niah.py and lm-eval take haystack[:num_haystack]; megablu draws a window per
+    design (docs/EVAL.md), while the block runs. haystack: the essay haystack from its first word in every
+    prompt (RULER's niah.py and lm-eval take haystack[:num_haystack]; megablu draws a window per
     prompt, so that a second eval.seed is a second sample). prefix: under a chat template, the answer
     prefix without its leading space (lm-eval strips gen_prefix; RULER sends the model template + " The
     special magic ...", as megablu does). Still megablu's: the prompt length (lm-eval grows the essay in
@@ -291,15 +291,17 @@ def reused_lm_eval(paths: list[str], n: int, chat: bool, essays: str) -> tuple[d
             why = "; ".join(differs)
             raise SystemExit(f"ruler_oracle --lm-eval-from {path}: its lm-eval cells differ from this run: {why}")
         for r in rec["cells"]:
-            key = (r["lm_eval_task"], r["length"])
-            if key in cells and cells[key] == (r["lm_eval"][0], r["lm_eval"][1]):
+            key, name, kn = (
+                (r["lm_eval_task"], r["length"]),
+                f"{r['lm_eval_task']}@{r['length']}",
+                tuple(r["lm_eval"][:2]),
+            )
+            if cells.get(key) == kn:
                 continue  # the same cell carried by a later run that reused it: one measurement
             if key in cells:
-                name = f"{key[0]}@{key[1]}"
                 raise SystemExit(f"ruler_oracle --lm-eval-from: {name} is in both {where[name]} and {path}")
-            cells[key] = (r["lm_eval"][0], r["lm_eval"][1])
-            where[f"{key[0]}@{key[1]}"] = path
-            ex = (rec.get("lm_eval_examples") or {}).get(f"{key[0]}@{key[1]}")
+            cells[key], where[name] = kn, path
+            ex = (rec.get("lm_eval_examples") or {}).get(name)
             if ex is not None:
                 examples[key] = ex
     return cells, examples, where
@@ -458,26 +460,22 @@ def table(rows: list[dict], means: list[dict] | None = None) -> str:
         + (" megablu aligned % [95% Wilson] | aligned - lm-eval pp [95% Newcombe] | agree (aligned) |" if al else ""),
         "|---|---|---|---|---|---|---|" + ("---|---|---|" if al else ""),
     ]
+
+    def aligned(x, pct):  # the aligned columns of a row or a mean row, "-" where it has none
+        if not al:
+            return ""
+        if "megablu_aligned" not in x:
+            return " - | - | - |"
+        return f" {pct(x['megablu_aligned'])} | {pp(*x['aligned_diff'])} | {yes(x['aligned_agree'])} |"
+
     for r in rows:
-        extra = ""
-        if al:
-            extra = (
-                f" {fmt(*r['megablu_aligned'])} | {pp(*r['aligned_diff'])} | {yes(r['aligned_agree'])} |"
-                if "megablu_aligned" in r
-                else " - | - | - |"
-            )
+        extra = aligned(r, lambda v: fmt(*v))
         out.append(
             f"| {r['task']} | {r['lm_eval_task']} | {r['length']} | {fmt(*r['megablu'])} | "
             f"{fmt(*r['lm_eval'])} | {pp(*r['diff'])} | {yes(r['agree'])} |" + extra
         )
     for m in means or []:
-        extra = ""
-        if al:
-            extra = (
-                f" {100 * m['megablu_aligned']:.1f} | {pp(*m['aligned_diff'])} | {yes(m['aligned_agree'])} |"
-                if "megablu_aligned" in m
-                else " - | - | - |"
-            )
+        extra = aligned(m, lambda v: f"{100 * v:.1f}")
         out.append(
             f"| **mean of {m['tasks']}** | | {m['length']} | {100 * m['megablu']:.1f} | {100 * m['lm_eval']:.1f} | "
             f"{pp(*m['diff'])} | {yes(m['agree'])} |" + extra
