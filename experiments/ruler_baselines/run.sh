@@ -199,15 +199,13 @@ case "$ARM" in
     [ "${NO_COMPARE:-0}" = 1 ] || compare ;;
   oracle)   # issue 40 item 3: megablu's RULER suite against lm-eval's RULER tasks (bench/ruler_oracle.py), native
             # SmolLM2 inside its own 8192 positions, ORACLE_N prompts a cell on each side, one length per process.
-            # lm-eval 0.4.13 and what the image lacks travel as wheels: carry [".whl_lme"] (12.8 MB, built here:
-            # `pip download --no-deps --python-version 3.12` of requirements.txt's lm-eval block less what the image
-            # holds, the three sdists turned into wheels with `pip wheel --no-deps`)
+            # lm-eval 0.4.13 and what the image lacks travel as wheels: carry [".whl_lme"] (44.7 MB, built here by
+            # `python dev/lme_wheels.py build`; a call of its own, as its size leaves no room for a piece beside it)
     model
     # once per machine (a stamp, as dev/device_env.sh): arms running beside this one import from /tmp/site
     if [ "${REHEARSE_CPU:-0}" != 1 ] && [ ! -f /tmp/site/.megablu_lme ]; then
-      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .whl_lme/*.whl > "$WORK/logs/lme_install.log" 2>&1 || fail "the lm-eval wheels did not install: logs/lme_install.log"
-      touch /tmp/site/.megablu_lme
+      $PY dev/lme_wheels.py install --target /tmp/site > "$WORK/logs/lme_install.log" 2>&1 \
+        || fail "the lm-eval wheels did not install: logs/lme_install.log"
     fi
     for L in ${ORACLE_LENGTHS:-4096}; do
       # the faithful suite's arms: native inside its 8192 positions (RULER's L counts the answer), beyond them
