@@ -53,22 +53,32 @@ def build(out: Path) -> None:
     print(f"{out}: {len(list(out.glob('*.whl')))} wheels, {size:,} B")
 
 
-def install(wheels: Path, target: Path) -> None:
+def _held(dist: str) -> bool:
+    try:
+        importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def choose(wheels: list[Path], held=_held) -> tuple[list[Path], list[str]]:
+    """(the wheels to install, the image's distributions kept): every pure-python wheel, and a compiled
+    one only where `held` says the image lacks its distribution."""
     chosen, kept = [], []
-    for whl in sorted(wheels.glob("*.whl")):
-        dist, tags = whl.name.split("-")[0], whl.stem.split("-")[-1]
-        try:
-            importlib.metadata.version(dist)
-            held = True
-        except importlib.metadata.PackageNotFoundError:
-            held = False
-        if held and tags != "any":
+    for whl in sorted(wheels):
+        dist, platform = whl.name.split("-")[0], whl.stem.split("-")[-1]
+        if platform != "any" and held(dist):
             kept.append(dist)
         else:
-            chosen.append(str(whl))
+            chosen.append(whl)
+    return chosen, kept
+
+
+def install(wheels: Path, target: Path) -> None:
+    chosen, kept = choose(list(wheels.glob("*.whl")))
     print(f"installing {len(chosen)} wheels; the image's own kept: {' '.join(kept) or 'none'}")
     cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
-    subprocess.run([*cmd, "--no-cache-dir", "--upgrade", "--target", str(target), *chosen], check=True)
+    subprocess.run([*cmd, "--no-cache-dir", "--upgrade", "--target", str(target), *map(str, chosen)], check=True)
     (target / ".megablu_lme").touch()
 
 
