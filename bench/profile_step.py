@@ -13,6 +13,10 @@ against the same-shape SDPA microbenchmark measured in the same process.
     python bench/profile_step.py --summarize $OUT/profile_*.json --baseline selective+offload
                                     # + each case's tokens/s against the baseline mode's at its T
     python bench/profile_step.py --rehearse-cpu                    # the whole path, toy shape, CPU
+    # a mode is train_bench's (`python bench/train_bench.py --help`), the fusions included: +fuseqkv (q/k/v as
+    # one GEMM), +fusegu (gate/up as one GEMM), +fuseadd (the MLP residual add in the next block's input norm)
+    B=selective+offload+frac0.75+liger+fa4+lchunk4096
+    OUT=$OUT python bench/profile_step.py --T 32768 --timed 3 --modes $B,$B+fuseqkv,$B+fusegu,$B+fuseadd
 
 The step is bench/train_bench.py's: its `build` (blu-0.5b: 36 layers, d=1024, 16 heads x 64,
 4 kv heads, SwiGLU 2816, vocab 100352; bf16, batch 1; `--ops cuda`; chunked vocab loss of

@@ -8,11 +8,13 @@ copied to pinned host memory per step (host GB).
 MFU counts model flops only (6 N per token + causal attention 6 L T H D), no recompute,
 against the H200's dense bf16 peak (megablu/utils/device.py PEAK_BF16_TFLOPS).
 
-A mode is `<recompute>[+tiles[N]][+offload[+keepN][+fracF]][+liger][+fa4]`: recompute none|selective|full, the MLP
-over N sequence tiles (memory.mlp_tiles; N defaults to --mlp-tiles), saved activations offloaded
-to pinned host memory (memory.offload_activations), the lm head's loss through Liger's fused
+A mode is `<recompute>[+tiles[N]][+offload[+keepN][+fracF]][+liger][+fa4][+lchunkN][+fuseqkv][+fusegu][+fuseadd]`:
+recompute none|selective|full, the MLP over N sequence tiles (memory.mlp_tiles; N defaults to --mlp-tiles), saved
+activations offloaded to pinned host memory (memory.offload_activations), the lm head's loss through Liger's fused
 linear cross-entropy (memory.loss=liger; else megablu's chunked loss of --loss-chunk tokens), the
-causal attention through FlashAttention-4 (memory.attention=fa4; else SDPA).
+causal attention through FlashAttention-4 (memory.attention=fa4; else SDPA), the fusions: q/k/v as one GEMM
+(memory.fuse_qkv), gate/up as one GEMM (memory.fuse_gate_up), the MLP residual add inside the next block's input
+norm (memory.fuse_block_add; not with full).
 
   python bench/train_bench.py --T 16384,32768 --modes none,selective,full --loss-chunk 4096 --hf
   python bench/train_bench.py --T 32768,131072 --modes selective,selective+tiles,selective+offload,full+tiles+offload
@@ -49,10 +51,14 @@ def flops_per_token(cfg: ModelConfig, T: int) -> float:
     return 6 * n + attn
 
 
+FUSE_FLAGS = {"fuseqkv": "fuse_qkv", "fusegu": "fuse_gate_up", "fuseadd": "fuse_block_add"}
+
+
 def parse_mode(mode: str, default_tiles: int = 8) -> dict:
-    """'selective+tiles16+offload+keep8+liger+fa4+lchunk2048' -> MemoryConfig fields (recompute, mlp_tiles,
+    """'selective+tiles16+offload+keep8+liger+fa4+lchunk2048+fuseqkv' -> MemoryConfig fields (recompute, mlp_tiles,
     offload_activations, offload_keep, offload_fraction, loss, attention, loss_chunk: lchunkN overrides
-    --loss-chunk for that mode; lchunk0 = Liger's own chunks, or megablu's loss unchunked)."""
+    --loss-chunk for that mode; lchunk0 = Liger's own chunks, or megablu's loss unchunked; fuse_qkv,
+    fuse_gate_up, fuse_block_add: set only by their flags, so the MemoryConfig default (off) applies without)."""
     recompute, *flags = mode.split("+")
     out = {"recompute": recompute, "mlp_tiles": 1, "offload_activations": False, "loss": "chunked", "attention": "sdpa"}
     for f in flags:
@@ -70,10 +76,15 @@ def parse_mode(mode: str, default_tiles: int = 8) -> dict:
             out["attention"] = "fa4"
         elif f.startswith("lchunk") and f[6:].isdigit():
             out["loss_chunk"] = int(f[6:])
+        elif f in FUSE_FLAGS:
+            out[FUSE_FLAGS[f]] = True
         else:
             raise ValueError(
-                f"mode {mode!r}: unknown flag {f!r} (tiles[N], offload, keepN, fracF, liger, fa4, lchunkN)"
+                f"mode {mode!r}: unknown flag {f!r} (tiles[N], offload, keepN, fracF, liger, fa4, lchunkN, "
+                f"{', '.join(FUSE_FLAGS)})"
             )
+    if out.get("fuse_block_add") and out["recompute"] == "full":
+        raise ValueError(f"mode {mode!r}: fuseadd with full recompute is refused (memory.fuse_block_add)")
     return out
 
 
@@ -162,14 +173,11 @@ def measure(
         dt = sorted(times)[len(times) // 2]
         off = getattr(model, "offload", None)
         if impl == "megablu":  # the planner's prediction for the same step (no optimizer, no ZeRO)
-            s = Setup(
-                BLU05B,
-                T,
-                zero_stage=0,
-                optimizer=False,
-                ops="torch" if ops == "torch" else "cuda",
-                **memory_fields(mode, loss_chunk, mlp_tiles),
-            )
+            # the fusions save what the unfused step saves (tests/memory/test_fusions.py): not the planner's
+            fields = {
+                k: v for k, v in memory_fields(mode, loss_chunk, mlp_tiles).items() if k not in FUSE_FLAGS.values()
+            }
+            s = Setup(BLU05B, T, zero_stage=0, optimizer=False, ops="torch" if ops == "torch" else "cuda", **fields)
             row["planned_gb"] = estimate(s).allocated_gb
         row.update(
             peak_gb=peak / 1e9,

@@ -486,9 +486,13 @@ def test_arguments():
     assert ps.estimate_case_s(131072, 0) > ps.estimate_case_s(32768, 2)
 
 
+FUSED = "selective+offload+fuseqkv+fusegu+fuseadd"
+
+
 def test_cpu_rehearsal_of_the_whole_path(tmp_path):
     """The GPU path (train_bench's build and step, the SDPA micro, the profiler, the linking, the
-    JSON and markdown) at 2 layers, d=64, T=256 on CPU, leaf CPU ops standing in for kernels."""
+    JSON and markdown) at 2 layers, d=64, T=256 on CPU, leaf CPU ops standing in for kernels; a mode with
+    the fusions (memory.fuse_*) beside the plain one."""
     r = subprocess.run(
         [
             sys.executable,
@@ -500,6 +504,8 @@ def test_cpu_rehearsal_of_the_whole_path(tmp_path):
             "1",
             "--timed",
             "1",
+            "--modes",
+            f"selective+offload,selective,{FUSED}",
         ],
         capture_output=True,
         text=True,
@@ -507,8 +513,9 @@ def test_cpu_rehearsal_of_the_whole_path(tmp_path):
         env={**__import__("os").environ, "DS_ACCELERATOR": "cpu"},
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    for mode in ("selective-offload", "selective"):
-        row = json.loads((tmp_path / f"profile_256_{mode}.json").read_text())
+    rows = {}
+    for mode in ("selective-offload", "selective", ps.mode_fs(FUSED)):
+        rows[mode] = row = json.loads((tmp_path / f"profile_256_{mode}.json").read_text())
         assert "error" not in row, row.get("error")
         p = row["profile"]
         assert row["profile_stats"]["linked_pct"] == pytest.approx(100)
@@ -517,7 +524,11 @@ def test_cpu_rehearsal_of_the_whole_path(tmp_path):
         assert p["attention"]["fwd_calls"] == 2 and p["attention"]["bwd_calls"] == 2  # 2 layers, selective
         assert p["gpu"]["busy_ms"] + p["gpu"]["idle_ms"] == pytest.approx(p["wall_ms"])
         assert row["micro"]["kernel_fwd_ms"] > 0
-    assert "### T=256, selective+offload" in r.stdout
+    assert "### T=256, selective+offload" in r.stdout and f"### T=256, {FUSED}" in r.stdout
+    # the fusions ran: per layer q/k/v 2 GEMMs forward and backward fewer + 4 backward, gate/up 1 fewer in the
+    # forward and in selective's recompute + 2 backward: 10 a layer, 2 layers
+    gemms = {m: row["profile"]["classes"]["gemm"]["count"] for m, row in rows.items()}
+    assert gemms["selective-offload"] - gemms[ps.mode_fs(FUSED)] == 20, gemms
 
 
 def _this_python():
@@ -602,6 +613,12 @@ def test_modes_name_the_kernel_choices():
     assert tb.memory_fields("selective+liger+lchunk0", 4096)["loss_chunk"] == 0
     with pytest.raises(ValueError, match="unknown flag 'fa3'"):
         tb.parse_mode("selective+fa3")
+    fused = tb.parse_mode("selective+offload+frac0.75+liger+fa4+lchunk4096+fuseqkv+fusegu+fuseadd")
+    assert fused["fuse_qkv"] and fused["fuse_gate_up"] and fused["fuse_block_add"]
+    assert tb.parse_mode("selective+fuseqkv").keys() == tb.parse_mode("selective").keys() | {"fuse_qkv"}
+    assert tb.parse_mode("full+fuseqkv+fusegu")["fuse_gate_up"]
+    with pytest.raises(ValueError, match="fuseadd with full recompute"):
+        tb.parse_mode("full+fuseadd")
     assert ps.mode_fs("selective+offload+liger+fa4") == "selective-offload-liger-fa4"
 
 

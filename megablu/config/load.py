@@ -265,6 +265,9 @@ _LATER_FIELDS = {
     ("model", "family"),
     ("model", "sliding_window"),
     ("rope", "local_theta"),
+    ("memory", "fuse_qkv"),
+    ("memory", "fuse_gate_up"),
+    ("memory", "fuse_block_add"),
 }
 # ... and fields added with a default that is the behaviour before them, left out while at it
 # (memory.loss's default became auto, hashed as itself; chunked keeps the hash of the runs

@@ -20,9 +20,13 @@ STRING (eval.string) is installed from outside too, for evaluation only: model/s
 knows of it (the KV cache only has room for the extra keys such a wrapper keeps).
 
 Memory switches (config `memory:`: recompute, mlp_tiles, offload_activations, loss_chunk,
-loss, attention, ops) are applied from outside, like Ulysses: megablu/memory/apply.py
-`apply_memory(model, cfg.memory)` installs them on the blocks, the MLPs, the attention kernels
-and the head of a built model.
+loss, attention, ops, fuse_qkv, fuse_gate_up, fuse_block_add) are applied from outside, like Ulysses:
+megablu/memory/apply.py `apply_memory(model, cfg.memory)` installs them on the blocks, the MLPs, the
+attention kernels and the head of a built model. The three fusions are flags read here (`Attention.fuse_qkv`,
+`MLP.fuse_gate_up`, `Block.defer_add`), off by default; each computes the same function with the same
+parameters (names and shapes unchanged): one GEMM for q/k/v and one for gate/up (ops/linear.py), and the MLP
+residual add of block i done inside block i+1's input norm (ops.add_rms_norm, as the attention residual add is
+inside a block).
 """
 
 from __future__ import annotations
@@ -220,15 +224,30 @@ class Attention(nn.Module):
         self.sliding = layer_idx in cfg.sliding_layers
         # The inner kernel; apply_ulysses replaces it with a sequence-parallel wrapper.
         self.core: nn.Module = LocalAttention(layer_idx, cfg.sliding_window if self.sliding else None)
+        # memory.fuse_qkv (set by megablu.memory.apply_memory): q, k and v as one GEMM
+        self.fuse_qkv = False
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q, k, v) projections of x (B, T, d): (B, T, H*D), (B, T, Hkv*D) twice. Three GEMMs, or with
+        fuse_qkv one over the three weights concatenated (ops/linear.py), split into views of its output."""
+        if not self.fuse_qkv:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        ps = (self.q_proj, self.k_proj, self.v_proj)
+        y = ops.packed_linear(x, [p.weight for p in ps], [p.bias for p in ps])
+        q, k, v = y.split([p.out_features for p in ps], dim=-1)
+        # q and k leave through RoPE (new tensors); v reaches the attention kernel, which saves it for the
+        # backward: as a view it would keep the whole (B, T, (H + 2 Hkv) D) output alive (offloaded whole), so
+        # it gets its own (B, T, Hkv*D) storage
+        return q, k, v.contiguous()
 
     def forward(self, x, cos, sin, cache: Optional[KVCache] = None, docs: Optional[DocMask] = None):
         B, T, _ = x.shape
-        q, k = self.q_proj(x), self.k_proj(x)
+        q, k, v = self.project(x)
         if self.qk_norm == "proj":
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(B, T, self.n_heads, self.head_dim)
         k = k.view(B, T, self.n_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        v = v.view(B, T, self.n_kv_heads, self.head_dim)
         if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rope:
@@ -243,7 +262,11 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)); GeGLU with activation=gelu_tanh (Gemma's gelu_pytorch_tanh)."""
+    """SwiGLU: down(silu(gate(x)) * up(x)); GeGLU with activation=gelu_tanh (Gemma's gelu_pytorch_tanh).
+
+    fuse_gate_up (memory.fuse_gate_up, set by megablu.memory.apply_memory): gate and up as one GEMM
+    (ops/linear.py) into a (..., 2*ffn) [gate | up] tensor that ops.swiglu_packed takes whole (its backward
+    returns the packed gradient: no split, no concatenation)."""
 
     def __init__(self, cfg: ModelConfig, impl: Optional[str] = None):
         super().__init__()
@@ -252,8 +275,15 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)
         self.up_proj = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)
         self.down_proj = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=False)
+        self.fuse_gate_up = False
 
     def forward(self, x):
+        if self.fuse_gate_up:
+            gu = ops.packed_linear(x, (self.gate_proj.weight, self.up_proj.weight))
+            if self.gelu:
+                gate, up = gu.chunk(2, dim=-1)
+                return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+            return self.down_proj(ops.swiglu_packed(gu, impl=self.impl))
         if self.gelu:
             return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
         return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x), impl=self.impl))
@@ -264,7 +294,13 @@ class Block(nn.Module):
     post (OLMo 2): h = x + post_attention_layernorm(attn(x)); out = h + post_feedforward_layernorm(mlp(h)).
     sandwich (Gemma 3): h = x + post_attention_layernorm(attn(input_layernorm(x)));
     out = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h))).
-    The names are transformers' (an import/export maps them by prefix)."""
+    The names are transformers' (an import/export maps them by prefix).
+
+    memory.fuse_block_add (pre only; megablu.memory.apply_memory sets `defer_add` on every block but the
+    last): the block returns (h, mlp branch) unsummed, and the next block receives them as (x, pending) and
+    forms its input x + pending inside its input_layernorm (ops.add_rms_norm: one pass writes the sum and its
+    norm, and its backward adds the residual gradient itself). The last block adds: its output is the
+    hidden state the final norm and the eval's hooks read."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, impl: Optional[str] = None):
         super().__init__()
@@ -283,11 +319,34 @@ class Block(nn.Module):
         if self.layout != "pre":
             self.post_feedforward_layernorm = norm()
         self.mlp = MLP(cfg, impl)
+        self.defer_add = False  # memory.fuse_block_add: return (h, mlp branch) for the next block to add
 
-    def attend(self, x, cos, sin, cache: Optional[KVCache] = None, docs: Optional[DocMask] = None):
-        """x + the attention branch (the first residual)."""
-        if self.layout == "pre":
-            return x + self.self_attn(self.input_layernorm(x), cos, sin, cache, docs)
+    def input_norm(self, x: torch.Tensor, pending: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input_layernorm(x'), x') for the block input x' = x + pending (norm_layout pre): `pending` is the
+        previous block's MLP branch it left unsummed (memory.fuse_block_add), added inside the norm's kernel;
+        x' = x without it."""
+        if pending is not None and self.layout != "pre":
+            raise ValueError(
+                f"a pending residual (memory.fuse_block_add) needs model.norm_layout=pre, got {self.layout}"
+            )
+        n = self.input_layernorm
+        if pending is None:
+            return n(x), x
+        return ops.add_rms_norm(pending, x, n.scale(), n.eps, impl=n.impl)
+
+    def attend(
+        self,
+        x,
+        cos,
+        sin,
+        cache: Optional[KVCache] = None,
+        docs: Optional[DocMask] = None,
+        pending: Optional[torch.Tensor] = None,
+    ):
+        """x' + the attention branch (the first residual), x' = x + pending (see input_norm)."""
+        if self.layout == "pre" or pending is not None:
+            y, x = self.input_norm(x, pending)
+            return x + self.self_attn(y, cos, sin, cache, docs)
         a = self.self_attn(x if self.layout == "post" else self.input_layernorm(x), cos, sin, cache, docs)
         return x + self.post_attention_layernorm(a)
 
@@ -309,17 +368,30 @@ class Block(nn.Module):
             return self.post_feedforward_layernorm(mlp(h))
         return self.post_feedforward_layernorm(mlp(self.pre_feedforward_layernorm(h)))
 
-    def forward(self, x, cos, sin, cache: Optional[KVCache] = None, docs: Optional[DocMask] = None):
+    def forward(
+        self,
+        x,
+        cos,
+        sin,
+        cache: Optional[KVCache] = None,
+        docs: Optional[DocMask] = None,
+        pending: Optional[torch.Tensor] = None,
+    ):
         """`docs`: document-causal attention (the same DocMask for every layer). cos/sin: this layer's
-        rope tables (BluModel.forward picks the local ones for a sliding layer with rope.local_theta)."""
+        rope tables (BluModel.forward picks the local ones for a sliding layer with rope.local_theta).
+        `pending`: the previous block's unsummed MLP branch (input_norm). Returns the block's output, or
+        with `defer_add` the pair (h, mlp branch) whose sum it is."""
         if self.layout != "pre":
-            h = self.attend(x, cos, sin, cache, docs)
-            return h + self.ffn(h)
-        a = self.self_attn(self.input_layernorm(x), cos, sin, cache, docs)
+            h = self.attend(x, cos, sin, cache, docs, pending)
+            m = self.ffn(h)
+            return (h, m) if self.defer_add else h + m
+        y0, x = self.input_norm(x, pending)
+        a = self.self_attn(y0, cos, sin, cache, docs)
         # fused residual add + norm: h = x + a, y = rmsnorm(h) in one pass
         n = self.post_attention_layernorm
         y, h = ops.add_rms_norm(a, x, n.scale(), n.eps, impl=self.impl)
-        return h + self.mlp(y)
+        m = self.mlp(y)
+        return (h, m) if self.defer_add else h + m
 
 
 class LMHead(nn.Module):
@@ -440,9 +512,16 @@ class BluModel(nn.Module):
         rl = self._rope_len(B, T, cache, doc_ids, rope_len, input_ids.device) if self.rotary.length_aware else None
         cos, sin = self.rotary(position_ids, h.dtype, rl)
         local = self.rotary_local(position_ids, h.dtype) if self.rotary_local is not None else (cos, sin)
+        pending = None  # memory.fuse_block_add: the MLP branch the previous block left to this one to add
         for layer in cast("Iterable[Block]", self.layers):  # nn.ModuleList iterates as nn.Module
             c, s = local if layer.self_attn.sliding else (cos, sin)
-            h = layer(h, c, s, cache, docs=docs)
+            if pending is None:
+                out = layer(h, c, s, cache, docs=docs)
+            else:
+                out = layer(h, c, s, cache, docs=docs, pending=pending)
+            h, pending = out if layer.defer_add else (out, None)
+        if pending is not None:  # the last block deferred too (apply_memory never sets it there)
+            h = h + pending
         if labels is None and logits_index is not None:
             i = logits_index % T
             h = h[:, i : i + 1]

@@ -93,8 +93,9 @@ def swiglu_packed(gate_up: torch.Tensor, impl: Optional[str] = None) -> torch.Te
     """silu(gate_up[..., :F]) * gate_up[..., F:] for a fused (..., 2F) gate/up projection."""
     if gate_up.shape[-1] % 2:
         raise ValueError(f"swiglu_packed: last dim must be even (gate | up), got {tuple(gate_up.shape)}")
-    f = gate_up.shape[-1] // 2
-    gate, up = gate_up[..., :f], gate_up[..., f:]
+    # chunk, not two slices: its backward concatenates the two gradients (a slice's backward would
+    # zero-fill a full (..., 2F) gradient per half and sum them)
+    gate, up = gate_up.chunk(2, dim=-1)
     if resolve("swiglu", (gate_up,), _unsupported(gate, up), impl) == "torch":
         return swiglu_reference(gate, up)
     return _SwigluPackedFn.apply(gate_up)

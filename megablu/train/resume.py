@@ -10,6 +10,8 @@ exceptions, checked here once for the preflight and the trainer:
 - memory.offload_keep, offload_fraction: where saved activations wait (GPU or pinned host), not what they are;
 - memory.attention: the same causal attention by another kernel (sdpa, fa4, or auto's pick); nothing
   saved depends on it (a run started with sdpa, the default before auto, resumes under auto);
+- memory.fuse_qkv, fuse_gate_up, fuse_block_add: the same block computed with fewer kernels, over the same
+  parameters; nothing saved depends on them;
 - checkpoint.every_steps, keep, keep_every: when to save and what to keep from now on (e.g. keep_every
   turned on for a run under way, to evaluate its later checkpoints); nothing saved depends on them, and
   the steps already on disk are kept or pruned by the new rule at the next save;
@@ -45,6 +47,9 @@ RESUMABLE = {
     "memory.attention",
     "memory.offload_keep",
     "memory.offload_fraction",
+    "memory.fuse_qkv",
+    "memory.fuse_gate_up",
+    "memory.fuse_block_add",
     "train.max_steps",
     "schedule.decay_start",
     "checkpoint.every_steps",

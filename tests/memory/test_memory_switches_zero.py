@@ -32,7 +32,7 @@ def _worker(rank, world, cases):
         if model.offload is not None:  # CPU: the copy path (every saved tensor through pack/unpack)
             model.offload = ActivationOffload(min_bytes=0, copy_cpu=True)
         apply_ulysses(model, g)
-        results.append(engine_grads(model, g, c["stage"], c["T"]))
+        results.append(engine_grads(model, g, c["stage"], c["T"], zero=c.get("zero")))
     return results
 
 
@@ -45,14 +45,35 @@ CASES = [
     dict(stage=3, sp=2, T=32, memory=dict(recompute="full", offload_activations=True)),
     dict(stage=2, sp=2, T=31, memory=dict(recompute="selective", offload_activations=True)),
 ]
+_FUSED = dict(fuse_qkv=True, fuse_gate_up=True, fuse_block_add=True)
+_PROJ = dict(fuse_qkv=True, fuse_gate_up=True)
+# the fusions (test_fusions.py): under ZeRO-3 the fused projections read q/k/v's and gate/up's weights without
+# calling their modules, so apply_memory registers them as external parameters of the module that reads them.
+# Persistence threshold 0: every weight partitioned (ZeRO-3 keeps ones under 1e5 elements whole by default)
+_Z3 = dict(stage=3, zero=dict(stage3_param_persistence_threshold=0))
+FUSED_CASES = [
+    dict(**_Z3, sp=2, T=32, memory=dict(recompute="none", **_FUSED)),
+    dict(**_Z3, sp=2, T=32, memory=dict(recompute="selective", mlp_tiles=3, offload_activations=True, **_FUSED)),
+    dict(**_Z3, sp=1, T=31, memory=dict(recompute="none", mlp_tiles=3, **_FUSED)),  # the tiled ZeRO-3 backward
+    dict(**_Z3, sp=2, T=32, memory=dict(recompute="full", offload_activations=True, **_PROJ)),
+    dict(stage=1, sp=2, T=31, memory=dict(recompute="selective", offload_activations=True, **_FUSED)),
+]
 
 
-def test_switches_under_zero_and_ulysses_match_one_rank():
-    world = 2
-    results = run_distributed(_worker, world, CASES)
-    for c, (loss, grads) in zip(CASES, results):
+def _check(cases, results, world):
+    for c, (loss, grads) in zip(cases, results):
         ref_loss, ref_grads = _reference(4, 2, c["T"], world // c["sp"])
         assert loss == pytest.approx(ref_loss, rel=1e-5), c
         assert set(grads) == set(ref_grads)
         for n, g in grads.items():
             torch.testing.assert_close(g, ref_grads[n], rtol=2e-4, atol=2e-6, msg=lambda m: f"{c} {n}: {m}")
+
+
+def test_switches_under_zero_and_ulysses_match_one_rank():
+    _check(CASES, run_distributed(_worker, 2, CASES), 2)
+
+
+def test_fusions_under_zero3_and_ulysses_match_one_rank():
+    """fuse_qkv, fuse_gate_up, fuse_block_add under ZeRO-3 (partitioned weights gathered per module) and sp=2,
+    with the memory modes that wrap a block: the plain unfused one-rank model's loss and gradients."""
+    _check(FUSED_CASES, run_distributed(_worker, 2, FUSED_CASES), 2)

@@ -5,6 +5,8 @@ Gradient clipping is 0 so a wrong gradient scale cannot hide (DESIGN.md: the tra
 
 from __future__ import annotations
 
+from typing import Optional
+
 import pytest
 import torch
 
@@ -40,9 +42,11 @@ def _reference(h, kv, T, n_seq):
     return float(loss), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
-def engine_grads(model, g, stage: int, T: int, ga: int = 1, rs: bool = True):
+def engine_grads(model, g, stage: int, T: int, ga: int = 1, rs: bool = True, zero: Optional[dict] = None):
     """One DeepSpeed step of `model` (already Ulysses-wrapped) on this rank's share of the global
-    batch: (token-mean loss, every parameter's reduced gradient).
+    batch: (token-mean loss, every parameter's reduced gradient). `zero`: more zero_optimization keys
+    (e.g. stage3_param_persistence_threshold=0: ZeRO-3 partitions even these tiny weights, which it
+    otherwise keeps whole on every rank below 1e5 elements).
 
     Plain SGD at lr 1: the update of every parameter IS minus its reduced gradient, read back
     through ZeRO's own gather (robust for stages 0-3)."""
@@ -54,7 +58,7 @@ def engine_grads(model, g, stage: int, T: int, ga: int = 1, rs: bool = True):
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": ga,
         "gradient_clipping": 0.0,
-        "zero_optimization": {"stage": stage, **({"reduce_scatter": rs} if stage == 3 else {})},
+        "zero_optimization": {"stage": stage, **({"reduce_scatter": rs} if stage == 3 else {}), **(zero or {})},
         "steps_per_print": 10**9,
         "zero_allow_untested_optimizer": True,
     }

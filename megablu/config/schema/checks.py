@@ -254,6 +254,13 @@ def memory_problems(cfg: Config, world_size: Optional[int], device: Optional[str
             "memory.offload_activations on a CPU run has no effect (activations already live in host "
             "memory); set it false"
         )
+    if mem.fuse_block_add and m.norm_layout != "pre":
+        # post has no input norm to fuse the add into; sandwich could, but only pre is built and tested
+        errs.append(
+            f"memory.fuse_block_add with model.norm_layout={m.norm_layout}: the fusion is built for the pre "
+            f"layout (Llama's), whose next input_layernorm reads the residual sum; set memory.fuse_block_add=false "
+            f"for this model"
+        )
     return errs
 
 

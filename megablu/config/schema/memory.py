@@ -1,11 +1,12 @@
-"""The memory section: recompute, tiling, activation offload and the kernels of the loss and attention
-(installed by megablu/memory/apply.py; their cross-field checks are checks.py's kernel_invariants)."""
+"""The memory section: recompute, tiling, activation offload, the kernels of the loss and attention, and the
+block's fusions (installed by megablu/memory/apply.py; their cross-field checks are checks.py's kernel_invariants
+and memory_problems)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .base import Section
 
@@ -74,6 +75,41 @@ class MemoryConfig(Section):
         "first call and logged with its reason (probe.json's setup: attention, attention_config); with "
         "data.doc_mask the masked path runs as before (experiments/speed/LOG.md compares the kernels)",
     )
+    fuse_qkv: bool = Field(
+        default=False,
+        description="the q, k and v projections as one GEMM over their weights concatenated at each call "
+        "(ops/linear.py): the parameters, their names and checkpoints are unchanged, ZeRO-3 gathers them around "
+        "the attention module; the input is read once and its gradient comes out of one GEMM instead of three "
+        "summed by autograd, for a (tokens, q+k+v) concatenation of the output gradients in the backward. Same "
+        "loss and gradients (tests/memory/test_fusions.py); off until a measured gain (bench/profile_step.py, "
+        "mode flag fuseqkv; docs/BENCHMARKS.md)",
+    )
+    fuse_gate_up: bool = Field(
+        default=False,
+        description="the MLP's gate and up projections as one GEMM (as fuse_qkv), whose [gate | up] output "
+        "the SwiGLU kernel takes whole (ops.swiglu_packed): one read of the input, one input-gradient GEMM "
+        "instead of two summed. Mode flag fusegu of bench/profile_step.py",
+    )
+    fuse_block_add: bool = Field(
+        default=False,
+        description="the MLP residual add of each block done inside the next block's input RMSNorm "
+        "(ops.add_rms_norm, as the attention residual add is inside a block), so its backward sums the residual "
+        "gradient in the same kernel: one activation-size add fewer per block forward and per block backward. "
+        "model.norm_layout=pre only; not with recompute=full, whose checkpoint at the block boundary would then "
+        "save the residual and the MLP branch apart, twice the layer input it keeps. Mode flag fuseadd of "
+        "bench/profile_step.py",
+    )
+
+    @model_validator(mode="after")
+    def _fusions(self):
+        if self.fuse_block_add and self.recompute == "full":
+            raise ValueError(
+                "memory.fuse_block_add with memory.recompute=full: the full checkpoint cuts at the block boundary, "
+                "where the fused add leaves two tensors (the residual and the MLP branch) instead of their sum, so "
+                "every block would save twice the layer input full recompute keeps; set memory.fuse_block_add=false, "
+                "or memory.recompute=selective"
+            )
+        return self
 
 
 # FlashAttention-4's SM90 head sizes (flash_attn/cute/interface.py `_validate_head_dims`, 4.0.0b40: 8..256,
