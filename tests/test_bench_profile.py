@@ -785,3 +785,61 @@ def test_h200_entry32k_script_rehearsal(tmp_path):
     assert "5 steps, train.fused_grad_check=false" in (out / "stock" / "entry32k.md").read_text()
     resolved = next((work / "stock" / "runs").glob("*/config.resolved.yaml")).read_text()
     assert "fused_grad_check: false" in resolved, resolved
+
+
+def test_issue43_script_rehearsal(tmp_path):
+    """experiments/speed/issue43.sh with REHEARSE_CPU=1: the tests, megablu's base with each fusion alone and all
+    three at the first T, base and all at the second, the peer at each T with sdpa (its CPU equality check) and
+    fa4 (stops with its reason here, the call goes on); what comes back (<= 8 files) and the report."""
+    import os
+    import re
+
+    out, work = tmp_path / "out", tmp_path / "w"
+    r = subprocess.run(
+        ["bash", str(ROOT / "experiments/speed/issue43.sh")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={
+            **os.environ,
+            **_this_python(),
+            "REHEARSE_CPU": "1",
+            "BUDGET_S": "400",
+            "OUT": str(out),
+            "WORK": str(work),
+        },
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["issue43.md", "logs.tar.gz", "profiles.tar.gz", "tests.xml", "versions.txt"], names
+    timeline = [ln.split("\t") for ln in (work / "timeline.tsv").read_text().splitlines()]
+    parts = ["tests", "prof32k", "peer32k_sdpa", "peer32k_fa4", "prof128k", "peer128k_sdpa", "peer128k_fa4"]
+    assert [t[0] for t in timeline] == parts
+    assert {t[0]: t[3] for t in timeline} == {**dict.fromkeys(parts, "0"), "peer32k_fa4": "2", "peer128k_fa4": "2"}
+    md = (out / "issue43.md").read_text()
+    for mode in ("fuseqkv", "fusegu", "fuseadd", "fuseqkv+fusegu+fuseadd"):
+        assert re.search(rf"\| 256 \| selective\+offload\+{re.escape(mode)} \| \d", md), mode
+    assert re.search(r"\| 384 \| selective\+fuseqkv\+fusegu\+fuseadd \| \d", md)
+    assert md.count("alst peer == plain HF") == 2
+    assert md.count("alst_peer.py --attention fa4:") == 2  # the reason, in place of a table
+    assert "## megablu / peer, tokens/s" in md and "| 256 | selective+offload | " in md
+
+
+def test_issue43_ratio_pairs_each_megablu_mode_with_each_peer_at_its_T(tmp_path):
+    sys.path.insert(0, str(ROOT / "experiments" / "speed"))
+    import issue43_ratio
+
+    prof, logs = tmp_path / "prof", tmp_path / "logs"
+    prof.mkdir(), logs.mkdir()
+    for T, mode, tps in [(32768, "base", 40000.0), (32768, "base+fuseadd", 41000.0), (131072, "base", 14000.0)]:
+        row = {"T": T, "mode": mode, "step": {"tokens_per_s": tps, "peak_gb": 8.0}}
+        (prof / f"profile_{T}_{mode}.json").write_text(json.dumps(row))
+    (prof / "profile_131072_broken.json").write_text(json.dumps({"T": 131072, "mode": "broken", "error": "OOM"}))
+    peer = [{"impl": "alst+fa4", "T": 32768, "tokens_per_s": 25000.0, "peak_gb": 8.3}]
+    (logs / "peer32k_fa4.err").write_text("a warning\n" + "\n".join(json.dumps(p) for p in peer) + "\n")
+    md = issue43_ratio.table(issue43_ratio.megablu_rows(prof), issue43_ratio.peer_rows(logs))
+    assert "| 32768 | base | 40,000 | 8.0 | alst+fa4 | 25,000 | 8.3 | **1.60x** |" in md
+    assert "| 32768 | base+fuseadd | 41,000 | 8.0 | alst+fa4 | 25,000 | 8.3 | **1.64x** |" in md
+    assert "| 131072 | base | 14,000 | 8.0 | (no peer row) | | | |" in md
+    assert "broken" not in md

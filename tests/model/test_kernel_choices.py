@@ -126,3 +126,18 @@ def test_both_new_kernels_together_match_todays_paths():
     got = run_model(MemoryConfig(attention="fa4", loss="liger", recompute="selective"), "cuda", torch.bfloat16)
     ref = run_model(MemoryConfig(recompute="selective", loss="chunked", loss_chunk=128), "cuda", torch.bfloat16)
     assert_same(got, ref, torch.bfloat16, "fa4+liger vs sdpa+chunked")
+
+
+FUSIONS = dict(fuse_qkv=True, fuse_gate_up=True, fuse_block_add=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the compiled ops)")
+@pytest.mark.parametrize("recompute,offload", [("none", False), ("selective", True)])
+def test_fusions_match_the_unfused_model_with_the_compiled_ops(recompute, offload):
+    """memory.fuse_qkv/fuse_gate_up/fuse_block_add under bf16 with megablu's compiled CUDA ops (the packed
+    SwiGLU, add+RMSNorm with the residual gradient), as bench/profile_step.py measures them; the fp32 CPU
+    equality of every mode is tests/memory/test_fusions.py's."""
+    base = dict(ops="cuda", recompute=recompute, offload_activations=offload)
+    got = run_model(MemoryConfig(**base, **FUSIONS), "cuda", torch.bfloat16)
+    ref = run_model(MemoryConfig(**base), "cuda", torch.bfloat16)
+    assert_same(got, ref, torch.bfloat16, f"fusions vs unfused ({recompute}, offload={offload})")
