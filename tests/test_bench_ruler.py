@@ -428,3 +428,21 @@ def test_faithful_measures_a_subset_again_beside_the_first_cells(tmp_path, piece
     assert sorted(p.name for p in (tmp_path / "out_faithful").iterdir()) == ["faithful.tar.gz", "report_faithful.md"]
     with tarfile.open(tmp_path / "out_faithful" / "faithful.tar.gz") as t:
         assert "parts/oracle_16384_c1/oracle_16384_c1.json" in t.getnames()
+
+
+def test_eval_decode_times_the_suite_per_checkpoint_eager_then_graph(tmp_path, pieces):
+    """EVAL_DECODE with EVAL_TAG: the same native cells once per decode, into their own dirs (issue 43's suite
+    minutes per checkpoint before and after the CUDA-graph decode); unset, the config's own (auto)."""
+    from megablu.config import load_config
+
+    prefix, _ = pieces
+    dev = tmp_path / "dev"
+    _call(tmp_path, dev, prefix, "prep")
+    runs = {}
+    for decode in ("eager", "graph"):
+        knobs = dict(SUITE="ruler", LENGTHS="8192", EVAL_TAG=f"_{decode}", EVAL_DECODE=decode)
+        runs.update(_evals(_call(tmp_path, dev, prefix, "native", **knobs)))
+    runs.update(_evals(_call(tmp_path, dev, prefix, "native", SUITE="ruler", LENGTHS="4096")))
+    assert list(runs) == ["rnative_eager_8192", "rnative_graph_8192", "rnative_4096"]
+    decodes = {n: load_config(ROOT / ns.config, ns.set).eval.decode for n, ns in runs.items()}
+    assert decodes == {"rnative_eager_8192": "eager", "rnative_graph_8192": "graph", "rnative_4096": "auto"}

@@ -35,7 +35,8 @@
 # (eval jsons and md, logs, heatmaps), ruler.md and ruler.png (C), eval_bench_<arm>.md/.json (A, D).
 # Finishing what a session left (2026-12-06 ran 1024-16384, no cwe): `LENGTHS=32640 CWE_LENGTHS= ARM=native` runs
 # 32640 only (in NGROUPS evals), `LENGTHS= ARM=yarn4` cwe only; a set but empty knob is not its default.
-# Knobs: PREP_BENCH (1; 0: prep installs and builds the data only), N (100 prompts per cell), LENGTHS, CWE_LENGTHS, GROUPS_FROM and NGROUPS (32640 and 3), BUDGET_S (540: the evals' deadline in s from the start), ARM;
+# Knobs: EVAL_DECODE (eval.decode for the suite's evals: eager or graph, the decode timed per checkpoint),
+# PREP_BENCH (1; 0: prep installs and builds the data only), N (100 prompts per cell), LENGTHS, CWE_LENGTHS, GROUPS_FROM and NGROUPS (32640 and 3), BUDGET_S (540: the evals' deadline in s from the start), ARM;
 # OPS17=1 with ARM=prep: issue 17's extension error cases after the bench (ops_tests.xml comes back).
 # REHEARSE_CPU=1 (tests/test_bench_ruler.py): no wheels to install; the test puts a `timeout` on PATH that
 # logs each guarded command instead of running it (the join and the data build run), so each arm's flow is
@@ -141,7 +142,7 @@ cells() {
       guard "eval_$out" "$BUDGET" $PY -m megablu.cli eval --config "$CFG" --ckpt "$MODEL" --step 0 \
         --arm "smollm2-$arm" "${rope[@]}" --set "eval.haystack=$DATA" --set "eval.loss.data=$DATA" --set eval.loss.n=8 \
         --n "$N" --tasks "${part[@]}" --lengths "$L" --set "eval.lengths=[$L]" --set "eval.tasks=[$(IFS=,; echo "${part[*]}")]" \
-        --no-plot --out "$DEV/eval/$out" "$@" \
+        --no-plot --out "$DEV/eval/$out" "$@" ${EVAL_DECODE:+--set "eval.decode=$EVAL_DECODE"} \
         ${loss[@]+"${loss[@]}"}   # (an empty array under set -u: bash < 4.4 calls it unbound)
       finish
     done
