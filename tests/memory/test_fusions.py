@@ -8,19 +8,18 @@ ops="cuda" runs the CUDA ops' autograd Functions with a torch stand-in for the c
 (test_memory_switches.TorchExt), so the packed SwiGLU and the fused add+norm with a residual gradient run here.
 """
 
-import importlib
-
 import pytest
 import torch
 from pydantic import ValidationError
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from megablu.config.schema import MemoryConfig, ModelConfig, RopeConfig
+from megablu.config.schema.model import FAMILIES
 from megablu.memory.apply import apply_memory
 from megablu.memory.offload import ActivationOffload
 from megablu.model.decoder import BluModel, KVCache
 from tests.config.test_invariants import errors
-from tests.memory.test_memory_switches import TorchExt, assert_same, step
+from tests.memory.test_memory_switches import TorchExt, assert_same, install_ext_as_cuda, step
 
 ROPE = RopeConfig(theta=10000.0)
 # head_dim 12: H*D = 48 != d_model = 64, so an activation-size (B, T, d) tensor is never a q/k/v one
@@ -79,16 +78,7 @@ class PausingExt(TorchExt):
 @pytest.fixture
 def cuda_ops(monkeypatch):
     """ops="cuda" on CPU tensors: the ops' autograd Functions with PausingExt as the extension."""
-    fake = PausingExt()
-    for name in ("rope", "rmsnorm", "swiglu"):
-        mod = importlib.import_module(f"megablu.ops.{name}")
-        monkeypatch.setattr(mod, "ext", lambda: fake)
-        monkeypatch.setattr(
-            mod,
-            "resolve",
-            lambda op, tensors, unsupported=None, impl=None: "torch" if impl == "torch" or unsupported else "cuda",
-        )
-    return fake
+    return install_ext_as_cuda(monkeypatch, PausingExt())
 
 
 def batch(cfg=CFG, seed=0):
@@ -293,18 +283,14 @@ def test_full_recompute_refuses_the_block_add():
     assert len(errs) == 1 and "memory.fuse_block_add with memory.recompute=full" in errs[0], errs
 
 
-# the families whose layout is not pre, with their switches (config/schema/model.py FAMILIES)
-FAMILY_SETS = {
-    "post": ["model.family=olmo2", "model.qk_norm=proj", "model.norm_layout=post"],
-    "sandwich": [
-        "model.family=gemma3",
-        "model.qk_norm=head",
-        "model.norm_layout=sandwich",
-        "model.norm_offset=true",
-        "model.embed_scale=true",
-        "model.activation=gelu_tanh",
-    ],
-}
+def family_sets(family: str) -> list[str]:
+    """--set overrides selecting a family with the switches it fixes (config/schema/model.py FAMILIES)."""
+    yaml = lambda v: str(v).lower() if isinstance(v, bool) else str(v)  # noqa: E731
+    return [f"model.family={family}", *(f"model.{k}={yaml(v)}" for k, v in FAMILIES[family].items())]
+
+
+# the families whose layout is not pre
+FAMILY_SETS = {"post": family_sets("olmo2"), "sandwich": family_sets("gemma3")}
 
 
 @pytest.mark.parametrize("layout", ["post", "sandwich"])

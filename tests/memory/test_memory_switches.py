@@ -68,10 +68,8 @@ class TorchExt:
         return list((rope_backward_reference if backward else rope_reference)(q, k, cos, sin))
 
 
-@pytest.fixture
-def torch_ext_as_cuda(monkeypatch):
-    """ops="cuda" on CPU tensors: the ops' autograd Functions with TorchExt as the extension."""
-    fake = TorchExt()
+def install_ext_as_cuda(monkeypatch, fake):
+    """ops="cuda" on CPU tensors: the ops' autograd Functions run with `fake` as the compiled extension."""
     for name in ("rope", "rmsnorm", "swiglu"):
         mod = importlib.import_module(f"megablu.ops.{name}")
         monkeypatch.setattr(mod, "ext", lambda: fake)
@@ -81,6 +79,12 @@ def torch_ext_as_cuda(monkeypatch):
             lambda op, tensors, unsupported=None, impl=None: "torch" if impl == "torch" or unsupported else "cuda",
         )
     return fake
+
+
+@pytest.fixture
+def torch_ext_as_cuda(monkeypatch):
+    """ops="cuda" on CPU tensors: the ops' autograd Functions with TorchExt as the extension."""
+    return install_ext_as_cuda(monkeypatch, TorchExt())
 
 
 def batch(seed=0):
